@@ -1,0 +1,75 @@
+"""The ``quorra`` command: server, simulator, benchmarks, pipeline, and a small client.
+
+Sub-commands import their modules lazily so that ``quorra sim`` does not load FastAPI
+and ``quorra serve`` does not load PySpark.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+cli = typer.Typer(
+    name="quorra",
+    help="Quorra: a Raft-replicated queue platform.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+_PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
+
+
+@cli.command()
+def serve(
+    data_dir: Annotated[Path, typer.Option(help="Directory for all node data.")] = Path("./data"),
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to bind.")] = 8000,
+) -> None:
+    """Start a single-node server."""
+    from app.server import run_server
+
+    run_server(data_dir=data_dir, host=host, port=port)
+
+
+@cli.command(context_settings=_PASSTHROUGH)
+def sim(ctx: typer.Context) -> None:
+    """Run the deterministic simulator (see `quorra sim --help`)."""
+    from engine.sim.cli import main as sim_main
+
+    raise typer.Exit(sim_main(list(ctx.args)))
+
+
+@cli.command(context_settings=_PASSTHROUGH)
+def bench(ctx: typer.Context, name: Annotated[str, typer.Argument(help="Benchmark name.")]) -> None:
+    """Run a benchmark from bench/ and print its JSON figures."""
+    import bench as benches
+
+    raise typer.Exit(benches.run(name, list(ctx.args)))
+
+
+@cli.command(context_settings=_PASSTHROUGH)
+def pipeline(ctx: typer.Context) -> None:
+    """Spark pipeline jobs (see `quorra pipeline --help`)."""
+    from pipeline.cli import main as pipeline_main
+
+    raise typer.Exit(pipeline_main(list(ctx.args)))
+
+
+def _register_client_commands() -> None:
+    """User, token, publish and consume commands live in app.client_cli."""
+    import importlib.util
+
+    if importlib.util.find_spec("app.client_cli") is None:
+        return
+    from app.client_cli import register
+
+    register(cli)
+
+
+_register_client_commands()
+
+
+def main() -> None:
+    cli()

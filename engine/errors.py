@@ -1,0 +1,111 @@
+"""The closed set of operating errors.
+
+An operating error is something a correct program meets in production: bad input, a full
+disk, no quorum. Each kind is one class here, with the HTTP status and the RFC 9457
+problem type the app maps it to. Programmer errors (a broken invariant) are not here:
+they are ``AssertionError`` and crash loudly.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class QuorraError(Exception):
+    """Base of every operating error. ``detail`` is safe to show to a client."""
+
+    status: ClassVar[int] = 500
+    problem: ClassVar[str] = "internal"
+    title: ClassVar[str] = "Internal error"
+    retry_after_s: int | None = None
+
+    def __init__(self, detail: str, *, retry_after_s: int | None = None) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        if retry_after_s is not None:
+            self.retry_after_s = retry_after_s
+
+    @property
+    def problem_type(self) -> str:
+        return f"/problems/{self.problem}"
+
+
+class InvalidRequest(QuorraError):
+    status, problem, title = 400, "invalid-request", "Malformed request"
+
+
+class ValidationFailed(QuorraError):
+    status, problem, title = 422, "validation-failed", "Validation failed"
+
+
+class QueueNotFound(QuorraError):
+    status, problem, title = 404, "queue-not-found", "Queue not found"
+
+
+class NotFound(QuorraError):
+    status, problem, title = 404, "not-found", "Not found"
+
+
+class QueueConflict(QuorraError):
+    """A queue exists with other arguments, or the request conflicts with its state."""
+
+    status, problem, title = 409, "queue-conflict", "Conflicting queue definition"
+
+
+class StaleReceipt(QuorraError):
+    status, problem, title = 409, "stale-receipt", "Stale receipt"
+
+
+class MessageTooLarge(QuorraError):
+    status, problem, title = 413, "message-too-large", "Message or batch too large"
+
+
+class QueueFull(QuorraError):
+    """``max_length``/``max_bytes`` reached with ``overflow = reject-publish``."""
+
+    status, problem, title = 429, "queue-full", "Queue full"
+    retry_after_s = 1
+
+
+class Backpressure(QuorraError):
+    """An in-flight limit of the queue or node is reached; retry later."""
+
+    status, problem, title = 429, "backpressure", "Too many requests in flight"
+    retry_after_s = 1
+
+
+class NoLeader(QuorraError):
+    """No leader or no quorum for the queue right now; retry later."""
+
+    status, problem, title = 503, "no-leader", "No leader or no quorum"
+    retry_after_s = 1
+
+
+class StorageFailed(QuorraError):
+    """The disk refused a write (full, I/O error). The queue refuses writes; data is intact."""
+
+    status, problem, title = 503, "storage-failed", "Storage unavailable"
+    retry_after_s = 5
+
+
+class RecoveryRefused(QuorraError):
+    """The data on disk cannot be recovered safely; the server refuses to serve it."""
+
+    status, problem, title = 503, "recovery-refused", "Data cannot be recovered safely"
+
+
+__all__ = [
+    "Backpressure",
+    "InvalidRequest",
+    "MessageTooLarge",
+    "NoLeader",
+    "NotFound",
+    "QueueConflict",
+    "QueueFull",
+    "QueueNotFound",
+    "QuorraError",
+    "RecoveryRefused",
+    "StaleReceipt",
+    "StorageFailed",
+    "ValidationFailed",
+]

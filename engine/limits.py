@@ -1,0 +1,92 @@
+"""Every bound of the engine, in one place, units last, relations asserted.
+
+A limit that is exceeded is an explicit, typed rejection (see ``engine.errors``), never
+unbounded growth. Layers read the fields of their own section; a test builds ``Limits``
+with small values to reach the bounds quickly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+KIB = 1024
+MIB = 1024 * KIB
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    # --- raft -----------------------------------------------------------------------
+    tick_ms: int = 10
+    """How often the runtime delivers a Tick to each Raft server."""
+    election_timeout_ms_min: int = 300
+    election_timeout_ms_max: int = 600
+    heartbeat_interval_ms: int = 50
+    append_entries_per_message_max: int = 512
+    append_bytes_per_message_max: int = 1 * MIB
+    inflight_messages_per_follower_max: int = 64
+    inflight_bytes_per_follower_max: int = 16 * MIB
+    uncommitted_bytes_max: int = 64 * MIB
+    """Proposals beyond this many uncommitted bytes are rejected (back-pressure)."""
+    snapshot_chunk_bytes: int = 1 * MIB
+    catch_up_rounds_max: int = 10
+    """A learner is promoted once it is within one round of the leader, tried this often."""
+
+    # --- storage --------------------------------------------------------------------
+    wal_file_bytes_max: int = 256 * MIB
+    wal_batch_bytes_max: int = 32 * MIB
+    """The WAL writer takes at most this much into one write + fdatasync."""
+    segment_file_bytes_max: int = 64 * MIB
+    segment_entries_max: int = 65_536
+    segment_readers_open_max: int = 64
+    checkpoints_kept_max: int = 8
+    entry_bytes_max: int = 32 * MIB
+
+    # --- queue ----------------------------------------------------------------------
+    message_bytes_max: int = 1 * MIB
+    """Default of a queue's ``max_message_bytes``; a queue may lower it."""
+    message_bytes_max_ceiling: int = 16 * MIB
+    """No queue may set ``max_message_bytes`` above this."""
+    batch_messages_max: int = 1000
+    batch_bytes_max: int = 16 * MIB
+    receive_messages_max: int = 1000
+    receive_wait_ms_max: int = 20_000
+    lease_ms_default: int = 30_000
+    lease_ms_max: int = 12 * 3600 * 1000
+    delivery_limit_default: int = 20
+    priorities_max: int = 10
+    headers_bytes_max: int = 16 * KIB
+    dedup_window_ms: int = 5 * 60 * 1000
+    dedup_ids_max: int = 1_000_000
+    page_refs: int = 4096
+    """References per page of the ready FIFO."""
+    dead_bytes_per_live_checkpoint_factor: int = 2
+    checkpoint_bytes_per_message_estimate: int = 64
+
+    # --- compaction -----------------------------------------------------------------
+    compaction_dead_per_100_live_max: int = 30
+
+    # --- runtime / server -----------------------------------------------------------
+    queues_per_node_max: int = 10_000
+    inflight_publish_bytes_per_queue_max: int = 64 * MIB
+    inflight_requests_per_node_max: int = 10_000
+
+    def __post_init__(self) -> None:
+        assert 0 < self.tick_ms <= self.heartbeat_interval_ms
+        assert self.heartbeat_interval_ms * 2 < self.election_timeout_ms_min
+        assert self.election_timeout_ms_min < self.election_timeout_ms_max
+        assert self.append_entries_per_message_max >= 1
+        assert self.inflight_messages_per_follower_max >= 1
+        assert self.append_bytes_per_message_max <= self.inflight_bytes_per_follower_max
+        assert self.entry_bytes_max <= self.wal_batch_bytes_max <= self.wal_file_bytes_max
+        assert self.batch_bytes_max <= self.entry_bytes_max
+        assert self.message_bytes_max <= self.message_bytes_max_ceiling <= self.batch_bytes_max
+        assert 1 <= self.batch_messages_max and 1 <= self.receive_messages_max
+        assert 1 <= self.priorities_max <= 255
+        assert self.page_refs >= 16 and self.page_refs & (self.page_refs - 1) == 0
+        assert 0 <= self.compaction_dead_per_100_live_max
+        assert self.checkpoints_kept_max >= 2
+
+
+DEFAULT_LIMITS = Limits()
+
+__all__ = ["DEFAULT_LIMITS", "KIB", "MIB", "Limits"]

@@ -1,0 +1,1 @@
+"""engine.queue (see engine/__init__.py for the layering)."""

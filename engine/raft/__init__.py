@@ -1,0 +1,1 @@
+"""engine.raft (see engine/__init__.py for the layering)."""

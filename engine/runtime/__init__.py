@@ -1,0 +1,1 @@
+"""engine.runtime (see engine/__init__.py for the layering)."""

@@ -1,0 +1,1 @@
+"""engine.sim (see engine/__init__.py for the layering)."""

@@ -1,0 +1,1 @@
+"""engine.storage (see engine/__init__.py for the layering)."""

@@ -1,0 +1,25 @@
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from engine.limits import DEFAULT_LIMITS, Limits
+
+
+def test_default_limits_hold_their_relations() -> None:
+    assert DEFAULT_LIMITS == Limits()
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"election_timeout_ms_min": 50},
+        {"page_refs": 1000},
+        {"message_bytes_max": 64 * 1024 * 1024},
+        {"checkpoints_kept_max": 1},
+    ],
+)
+def test_limits_reject_broken_relations(change: dict[str, int]) -> None:
+    with pytest.raises(AssertionError):
+        dataclasses.replace(DEFAULT_LIMITS, **change)
