@@ -61,6 +61,12 @@ class Limits:
     """References per page of the ready FIFO."""
     dead_bytes_per_live_checkpoint_factor: int = 2
     checkpoint_bytes_per_message_estimate: int = 64
+    checkpoint_bytes_min: int = 1 * MIB
+    """Floor of the checkpoint size estimate, so a near-empty queue does not checkpoint often."""
+    enqueue_time_resolution_ms: int = 1000
+    """Precision of enqueue times kept for queue TTL (one sample per interval, not per message)."""
+    dead_letter_retry_ms: int = 10_000
+    """A dead-letter effect not confirmed by then is emitted again by the expire command."""
 
     # --- compaction -----------------------------------------------------------------
     compaction_dead_per_100_live_max: int = 30

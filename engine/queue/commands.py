@@ -1,0 +1,399 @@
+"""Queue commands as bytes: what the runtime proposes through Raft and the machine applies.
+
+Rule of this module: encoders build bytes, decoders read them back, assert on both sides
+of the boundary; no machine state here. Every command starts with a one-byte kind and a
+one-byte format version.
+
+The enqueue entry (one Raft entry per publish batch of 1..1024 messages) is laid out so
+that the machine reads only a fixed table of per-message records and never touches a
+body, and so that the runtime finds message ``k`` in O(1)::
+
+    0   u8  kind = b"E"        1   u8  version = 1
+    2   u16 n (messages)       4   n x 32-byte records, then the data area
+    record k:  u32 body_len | u32 headers_len | u32 data_offset | u16 dedup_len |
+               u8 priority | u8 flags (0) | i64 ttl_ms (-1 = none) | i64 delay_ms (0 = none)
+    data of k, at data_offset:  dedup id | headers | body
+
+Headers are opaque bytes to the machine (the runtime encodes them, e.g. as a msgpack
+map). A message's *size* is ``body_len + headers_len``; that is what ``max_bytes``,
+``bytes_ready`` and the packed reference count.
+
+Receipts-carrying commands (settle, return, discard, extend) carry ``n`` pairs of u64
+``(delivery tag, ref)``, read as one numpy array without a Python object per receipt.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import msgpack
+import numpy as np
+import numpy.typing as npt
+
+from engine.errors import InvalidRequest
+from engine.queue.refs import SLOTS_PER_ENTRY_MAX
+
+FORMAT_VERSION = 1
+
+RECORD_DTYPE = np.dtype(
+    [
+        ("body_len", "<u4"),
+        ("headers_len", "<u4"),
+        ("data_offset", "<u4"),
+        ("dedup_len", "<u2"),
+        ("priority", "u1"),
+        ("flags", "u1"),
+        ("ttl_ms", "<i8"),
+        ("delay_ms", "<i8"),
+    ]
+)
+RECORD_BYTES = 32
+assert RECORD_DTYPE.itemsize == RECORD_BYTES
+_RECORD = struct.Struct("<IIIHBBqq")
+assert _RECORD.size == RECORD_BYTES
+_ENQ_HEAD = struct.Struct("<BBH")
+_RECEIPTS_HEAD = struct.Struct("<BBHI")
+_EXTEND_HEAD = struct.Struct("<BBHIq")
+_CHECKOUT_HEAD = struct.Struct("<BBHqH")
+_SIMPLE_HEAD = struct.Struct("<BB")
+
+CONSUMER_ID_BYTES_MAX = 255
+DEDUP_ID_BYTES_MAX = 255
+
+
+class Kind(bytes, Enum):
+    ENQUEUE = b"E"
+    CHECKOUT = b"C"
+    SETTLE = b"S"
+    RETURN = b"R"
+    DISCARD = b"D"
+    EXTEND = b"X"
+    PURGE = b"P"
+    EXPIRE = b"T"
+    POLICY = b"O"
+    DEAD_LETTER_CONFIRM = b"K"
+
+
+# --- enqueue ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class NewMessage:
+    """One message of a publish batch, as the runtime hands it to ``encode_enqueue``."""
+
+    body: bytes
+    headers: bytes = b""
+    priority: int = 0
+    ttl_ms: int | None = None
+    delay_ms: int = 0
+    dedup_id: bytes | None = None
+
+    def __post_init__(self) -> None:
+        assert 0 <= self.priority <= 255
+        assert self.ttl_ms is None or self.ttl_ms >= 0
+        assert self.delay_ms >= 0
+        assert self.dedup_id is None or 1 <= len(self.dedup_id) <= DEDUP_ID_BYTES_MAX
+
+
+def encode_enqueue(messages: list[NewMessage]) -> bytes:
+    """One log entry for a publish batch (all or nothing when applied)."""
+    n = len(messages)
+    assert 1 <= n <= SLOTS_PER_ENTRY_MAX, n
+    records: list[bytes] = []
+    data: list[bytes] = []
+    offset = _ENQ_HEAD.size + n * RECORD_BYTES
+    for m in messages:
+        dedup = m.dedup_id or b""
+        records.append(
+            _RECORD.pack(
+                len(m.body),
+                len(m.headers),
+                offset,
+                len(dedup),
+                m.priority,
+                0,
+                -1 if m.ttl_ms is None else m.ttl_ms,
+                m.delay_ms,
+            )
+        )
+        data += (dedup, m.headers, m.body)
+        offset += len(dedup) + len(m.headers) + len(m.body)
+    assert offset < 1 << 32
+    return b"".join([_ENQ_HEAD.pack(Kind.ENQUEUE[0], FORMAT_VERSION, n), *records, *data])
+
+
+def enqueue_records(command: bytes) -> npt.NDArray[Any]:
+    """The record table of an enqueue entry as a numpy structured array (no copy)."""
+    kind, version, n = _ENQ_HEAD.unpack_from(command, 0)
+    assert kind == Kind.ENQUEUE[0] and version == FORMAT_VERSION
+    if not 1 <= n <= SLOTS_PER_ENTRY_MAX or len(command) < _ENQ_HEAD.size + n * RECORD_BYTES:
+        raise InvalidRequest("malformed enqueue entry")
+    return np.frombuffer(command, dtype=RECORD_DTYPE, count=n, offset=_ENQ_HEAD.size)
+
+
+def enqueue_count(entry: bytes) -> int:
+    return int(_ENQ_HEAD.unpack_from(entry, 0)[2])
+
+
+@dataclass(frozen=True, slots=True)
+class MessageView:
+    """Message ``slot`` of an enqueue entry; ``body`` and ``headers`` are views, not copies."""
+
+    body: memoryview
+    headers: memoryview
+    priority: int
+    ttl_ms: int | None
+    delay_ms: int
+    dedup_id: bytes | None
+
+
+def read_message(entry: bytes, slot: int) -> MessageView:
+    """What the runtime calls for each delivered ref: O(1), one record parse."""
+    n = enqueue_count(entry)
+    assert entry[0] == Kind.ENQUEUE[0] and 0 <= slot < n, (slot, n)
+    body_len, headers_len, off, dedup_len, priority, _flags, ttl_ms, delay_ms = _RECORD.unpack_from(
+        entry, _ENQ_HEAD.size + slot * RECORD_BYTES
+    )
+    view = memoryview(entry)
+    headers_at = off + dedup_len
+    body_at = headers_at + headers_len
+    assert body_at + body_len <= len(entry)
+    return MessageView(
+        body=view[body_at : body_at + body_len],
+        headers=view[headers_at:body_at],
+        priority=priority,
+        ttl_ms=None if ttl_ms < 0 else ttl_ms,
+        delay_ms=delay_ms,
+        dedup_id=bytes(view[off:headers_at]) if dedup_len else None,
+    )
+
+
+def dedup_id_at(entry: bytes, record: Any) -> bytes:
+    off = int(record["data_offset"])
+    return bytes(entry[off : off + int(record["dedup_len"])])
+
+
+# --- receipts-carrying commands -----------------------------------------------------
+
+
+def _encode_receipts(
+    kind: Kind, receipts: list[tuple[int, int]], extra: int | None = None
+) -> bytes:
+    n = len(receipts)
+    assert 0 <= n < 1 << 16
+    body = np.array(receipts, dtype="<u8").reshape(n, 2).tobytes()
+    if extra is None:
+        return _RECEIPTS_HEAD.pack(kind[0], FORMAT_VERSION, n, 0) + body
+    return _EXTEND_HEAD.pack(kind[0], FORMAT_VERSION, n, 0, extra) + body
+
+
+def encode_settle(receipts: list[tuple[int, int]]) -> bytes:
+    """Ack: each receipt is ``(delivery tag, ref)`` as from ``decode_receipt``."""
+    return _encode_receipts(Kind.SETTLE, receipts)
+
+
+def encode_return(receipts: list[tuple[int, int]]) -> bytes:
+    """Nack with requeue: the messages go back to the front of their level."""
+    return _encode_receipts(Kind.RETURN, receipts)
+
+
+def encode_discard(receipts: list[tuple[int, int]]) -> bytes:
+    """Nack without requeue: dead-letter with reason ``rejected`` (or drop)."""
+    return _encode_receipts(Kind.DISCARD, receipts)
+
+
+def encode_extend(receipts: list[tuple[int, int]], lease_ms: int) -> bytes:
+    """Extend leases to ``now + lease_ms`` (0 = the queue's default)."""
+    assert lease_ms >= 0
+    return _encode_receipts(Kind.EXTEND, receipts, lease_ms)
+
+
+def decode_receipts(command: bytes) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64], int]:
+    """(tags, refs, lease_ms or 0) of a settle/return/discard/extend command."""
+    head = _EXTEND_HEAD if command[0] == Kind.EXTEND[0] else _RECEIPTS_HEAD
+    fields = head.unpack_from(command, 0)
+    n = fields[2]
+    if len(command) != head.size + 16 * n:
+        raise InvalidRequest("malformed receipts command")
+    pairs = np.frombuffer(command, dtype="<u8", count=2 * n, offset=head.size).reshape(n, 2)
+    lease_ms = fields[4] if head is _EXTEND_HEAD else 0
+    return pairs[:, 0].astype(np.uint64), pairs[:, 1].astype(np.uint64), int(lease_ms)
+
+
+# --- checkout and simple commands ---------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Checkout:
+    consumer: str
+    max_messages: int
+    lease_ms: int
+    """0 means the queue's ``lease_ms``."""
+
+
+def encode_checkout(consumer: str, max_messages: int, lease_ms: int = 0) -> bytes:
+    raw = consumer.encode("utf-8")
+    assert 1 <= len(raw) <= CONSUMER_ID_BYTES_MAX and 1 <= max_messages < 1 << 16
+    assert lease_ms >= 0
+    return (
+        _CHECKOUT_HEAD.pack(Kind.CHECKOUT[0], FORMAT_VERSION, max_messages, lease_ms, len(raw))
+        + raw
+    )
+
+
+def decode_checkout(command: bytes) -> Checkout:
+    _k, _v, n, lease_ms, clen = _CHECKOUT_HEAD.unpack_from(command, 0)
+    raw = command[_CHECKOUT_HEAD.size :]
+    if len(raw) != clen or clen == 0:
+        raise InvalidRequest("malformed checkout command")
+    return Checkout(consumer=raw.decode("utf-8"), max_messages=n, lease_ms=lease_ms)
+
+
+def encode_purge() -> bytes:
+    return _SIMPLE_HEAD.pack(Kind.PURGE[0], FORMAT_VERSION)
+
+
+def encode_expire() -> bytes:
+    """The timer command: the leader appends it; its ``now_ms`` drives every expiry."""
+    return _SIMPLE_HEAD.pack(Kind.EXPIRE[0], FORMAT_VERSION)
+
+
+def encode_dead_letter_confirm(refs: list[int]) -> bytes:
+    """The target queue holds these dead-lettered messages; the source may forget them."""
+    n = len(refs)
+    assert n < 1 << 16
+    head = _RECEIPTS_HEAD.pack(Kind.DEAD_LETTER_CONFIRM[0], FORMAT_VERSION, n, 0)
+    return head + np.array(refs, dtype="<u8").tobytes()
+
+
+def decode_dead_letter_confirm(command: bytes) -> npt.NDArray[np.uint64]:
+    n = _RECEIPTS_HEAD.unpack_from(command, 0)[2]
+    if len(command) != _RECEIPTS_HEAD.size + 8 * n:
+        raise InvalidRequest("malformed dead-letter confirm")
+    return np.frombuffer(command, dtype="<u8", count=n, offset=_RECEIPTS_HEAD.size).astype(
+        np.uint64
+    )
+
+
+# --- policy -------------------------------------------------------------------------
+
+OVERFLOW_REJECT_PUBLISH = "reject-publish"
+OVERFLOW_DROP_HEAD = "drop-head"
+
+
+@dataclass(frozen=True, slots=True)
+class QueuePolicy:
+    """The queue arguments of API.md that the machine enforces. ``None`` = unlimited."""
+
+    max_length: int | None = None
+    max_bytes: int | None = None
+    overflow: str = OVERFLOW_REJECT_PUBLISH
+    delivery_limit: int | None = 20
+    dead_letter_queue: str | None = None
+    message_ttl_ms: int | None = None
+    priorities: int = 1
+    lease_ms: int = 30_000
+    max_message_bytes: int = 1 << 20
+
+    def check(self, lease_ms_max: int, priorities_max: int, message_bytes_ceiling: int) -> str:
+        """Why this policy is invalid, or ``""``."""
+        if self.overflow not in (OVERFLOW_REJECT_PUBLISH, OVERFLOW_DROP_HEAD):
+            return f"overflow must be {OVERFLOW_REJECT_PUBLISH} or {OVERFLOW_DROP_HEAD}"
+        for name in ("max_length", "max_bytes", "message_ttl_ms"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 0):
+                return f"{name} must be a non-negative integer or null"
+        if self.delivery_limit is not None and (
+            not isinstance(self.delivery_limit, int) or self.delivery_limit < 1
+        ):
+            return "delivery_limit must be at least 1 or null"
+        if not isinstance(self.priorities, int) or not 1 <= self.priorities <= priorities_max:
+            return f"priorities must be 1..{priorities_max}"
+        if not isinstance(self.lease_ms, int) or not 1 <= self.lease_ms <= lease_ms_max:
+            return f"lease_ms must be 1..{lease_ms_max}"
+        if (
+            not isinstance(self.max_message_bytes, int)
+            or not 1 <= self.max_message_bytes <= message_bytes_ceiling
+        ):
+            return f"max_message_bytes must be 1..{message_bytes_ceiling}"
+        dlq = self.dead_letter_queue
+        if dlq is not None and (not isinstance(dlq, str) or not dlq):
+            return "dead_letter_queue must be a queue name or null"
+        return ""
+
+    def to_wire(self) -> dict[str, object]:
+        return {name: getattr(self, name) for name in POLICY_FIELDS}
+
+
+POLICY_FIELDS = (
+    "max_length",
+    "max_bytes",
+    "overflow",
+    "delivery_limit",
+    "dead_letter_queue",
+    "message_ttl_ms",
+    "priorities",
+    "lease_ms",
+    "max_message_bytes",
+)
+
+
+def encode_policy(changes: dict[str, object]) -> bytes:
+    """Change some policy fields (``None`` clears a limit); unknown names are rejected."""
+    unknown = sorted(set(changes) - set(POLICY_FIELDS))
+    assert not unknown, unknown
+    ordered = {name: changes[name] for name in POLICY_FIELDS if name in changes}
+    return _SIMPLE_HEAD.pack(Kind.POLICY[0], FORMAT_VERSION) + bytes(msgpack.packb(ordered))
+
+
+def decode_policy(command: bytes) -> dict[str, object]:
+    try:
+        changes = msgpack.unpackb(command[_SIMPLE_HEAD.size :], strict_map_key=True)
+    except Exception as e:  # msgpack raises several kinds on garbage
+        raise InvalidRequest("malformed policy command") from e
+    if not isinstance(changes, dict) or not set(changes) <= set(POLICY_FIELDS):
+        raise InvalidRequest("malformed policy command")
+    return {name: changes[name] for name in POLICY_FIELDS if name in changes}
+
+
+def command_kind(command: bytes) -> Kind:
+    if len(command) < 2 or command[1] != FORMAT_VERSION:
+        raise InvalidRequest("unknown command format")
+    try:
+        return Kind(command[:1])
+    except ValueError as e:
+        raise InvalidRequest("unknown command kind") from e
+
+
+__all__ = [
+    "OVERFLOW_DROP_HEAD",
+    "OVERFLOW_REJECT_PUBLISH",
+    "POLICY_FIELDS",
+    "RECORD_DTYPE",
+    "Checkout",
+    "Kind",
+    "MessageView",
+    "NewMessage",
+    "QueuePolicy",
+    "command_kind",
+    "decode_checkout",
+    "decode_dead_letter_confirm",
+    "decode_policy",
+    "decode_receipts",
+    "encode_checkout",
+    "encode_dead_letter_confirm",
+    "encode_discard",
+    "encode_enqueue",
+    "encode_expire",
+    "encode_extend",
+    "encode_policy",
+    "encode_purge",
+    "encode_return",
+    "encode_settle",
+    "enqueue_count",
+    "enqueue_records",
+    "read_message",
+]

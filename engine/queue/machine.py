@@ -1,0 +1,807 @@
+"""The queue state machine: ``apply(meta, command) -> (reply, effects)``, pure and deterministic.
+
+Rule of this module: time comes only from ``ApplyMeta.now_ms``; state is numbers, numpy
+arrays of packed refs and dicts keyed by ints (iterated in insertion order, which is the
+same on every replica); nothing reads a clock, a random source or a payload.
+
+Where a message is, at any moment (exactly one of):
+
+* **ready**: in a lane of its priority level. Each level has two lanes, *returns*
+  (messages given back after a delivery) served before *main* (first deliveries in
+  publish order). Levels are strict: a higher level is always served first.
+* **delayed**: in a heap by due time, moved to the tail of its level's main lane when
+  a checkout or expire command applies at or after the due time.
+* **pending**: leased to a consumer under a delivery tag (``engine.queue.pending``).
+* **dead-lettering**: waiting for the target queue to confirm it holds a copy.
+
+Sparse extras cost memory only for messages that need them: ``_delivered_before`` (the
+number of earlier deliveries, for messages given back at least once), ``_expires_at``
+(per-message TTL), the delayed heap, the dead-letter table and the fallback refs.
+
+Queue-level TTL needs each message's enqueue time. Leader time never decreases along the
+log, so the machine keeps a sparse series of (raft index, leader ms) samples, one each
+time the clock moved by ``Limits.enqueue_time_resolution_ms`` at an enqueue. A message's
+enqueue time is bounded above by ``sample + resolution - 1``, so queue TTL expires a
+message at most ``resolution - 1`` ms late and never early. The cost is 16 bytes per
+resolution interval during which something was published, not per message.
+
+Expiry is at the head (as in RabbitMQ quorum queues): a message whose TTL passed is
+never delivered; it is dead-lettered (reason ``expired``) when it reaches the head of its
+lane during a checkout or an expire sweep. Until then it counts as ready.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+from array import array
+from bisect import bisect_right
+from collections import deque
+from typing import ClassVar
+
+import msgpack
+import numpy as np
+import numpy.typing as npt
+from pyroaring import BitMap64
+
+from engine.errors import (
+    InvalidRequest,
+    MessageTooLarge,
+    QueueConflict,
+    QueueFull,
+    ValidationFailed,
+)
+from engine.limits import DEFAULT_LIMITS, Limits
+from engine.queue import commands as cmd
+from engine.queue.commands import RECORD_BYTES, Kind, QueuePolicy
+from engine.queue.effects import (
+    REASON_DELIVERY_LIMIT,
+    REASON_EXPIRED,
+    REASON_MAXLEN,
+    REASON_REJECTED,
+    CheckedOut,
+    DeadLetter,
+    DeadLetterConfirmed,
+    Delivery,
+    Enqueued,
+    Expired,
+    MessagesAvailable,
+    PolicyChanged,
+    Purged,
+    Rejected,
+    Settled,
+)
+from engine.queue.pages import RefFifo
+from engine.queue.pending import Pending
+from engine.queue.refs import FallbackTable, RefParts, indexes_of, message_id, pack_batch, sizes_of
+from engine.raft.machine import ApplyMeta, CheckpointRequest, MachineEffect, ReleaseCursor
+
+U64 = npt.NDArray[np.uint64]
+_DICT_ENTRY_BYTES_ESTIMATE = 100
+_CURSOR_POS_BITS = 48
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class QueueStats:
+    messages_ready: int
+    messages_delayed: int
+    messages_unacked: int
+    messages_dead_lettering: int
+    bytes_ready: int
+    bytes_unacked: int
+    consumers: dict[str, int]
+    """Leased messages per consumer id (consumers with an active lease)."""
+    published: int
+    duplicates: int
+    delivered: int
+    acked: int
+    returned: int
+    dead_lettered: int
+    expired: int
+    dropped: int
+    memory_bytes: int
+    """Estimate of the engine memory this queue's state holds (pages, rings, extras)."""
+    last_applied: int
+    dead_bytes: int
+    """Log bytes no longer needed since the last checkpoint request."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BrowseItem:
+    cursor: int
+    """Pass as ``after`` to continue after this item."""
+    ref: int
+    priority: int
+    delivery_count: int
+    """Deliveries so far (0 for a message never delivered)."""
+
+
+class QueueMachine:
+    """One queue. Constructed identically on every replica, then driven only by ``apply``."""
+
+    version: ClassVar[int] = 1
+
+    def __init__(self, policy: QueuePolicy | None = None, limits: Limits = DEFAULT_LIMITS) -> None:
+        self._limits = limits
+        self.policy = policy or QueuePolicy(
+            delivery_limit=limits.delivery_limit_default,
+            lease_ms=limits.lease_ms_default,
+            max_message_bytes=limits.message_bytes_max,
+        )
+        why = self._check_policy(self.policy)
+        assert not why, why
+        self._reset()
+
+    def _reset(self) -> None:
+        levels = self.policy.priorities
+        self._lanes = [RefFifo(self._limits.page_refs) for _ in range(2 * levels)]
+        self._fallback = FallbackTable()
+        self._pending = Pending(self._limits.page_refs)
+        self._delivered_before: dict[int, int] = {}
+        self._expires_at: dict[int, int] = {}
+        self._delayed: list[tuple[int, int, int, int]] = []
+        """Heap of (due_ms, seq, ref, level)."""
+        self._delayed_seq = 0
+        self._dead_lettering: dict[int, tuple[str, int, int]] = {}
+        """ref -> (reason, delivery count, ms of the last DeadLetter effect)."""
+        self._dedup: dict[bytes, int] = {}
+        self._dedup_order: deque[tuple[int, bytes]] = deque()
+        self._sample_index = array("q")
+        self._sample_ms = array("q")
+        self._now_ms = 0
+        self._last_index = 0
+        self._dead_bytes = 0
+        self._bytes_ready = 0
+        self._bytes_delayed = 0
+        self._bytes_pending = 0
+        self._counters = dict.fromkeys(_COUNTERS, 0)
+
+    # === the Machine contract ======================================================
+
+    def apply(self, meta: ApplyMeta, command: bytes) -> tuple[object, list[MachineEffect]]:
+        assert meta.index > self._last_index, (meta.index, self._last_index)
+        self._last_index = meta.index
+        self._now_ms = max(self._now_ms, meta.now_ms)
+        ready_before = self._ready_count()
+        effects: list[MachineEffect] = []
+        kind: Kind | None = None
+        try:
+            kind = cmd.command_kind(command)
+            reply = _HANDLERS[kind](self, meta, command, effects)
+        except InvalidRequest as e:
+            reply = Rejected(InvalidRequest, e.detail)
+        if isinstance(reply, Rejected) or kind is not Kind.ENQUEUE:
+            self._dead_bytes += len(command)
+        ready_after = self._ready_count()
+        if ready_before == 0 < ready_after:
+            effects.append(MessagesAvailable(ready_after))
+        self._maybe_checkpoint(meta.index, effects)
+        return reply, effects
+
+    def live_indexes(self) -> BitMap64:
+        return BitMap64(np.unique(indexes_of(self._all_refs(), self._fallback)))
+
+    def snapshot(self) -> bytes:
+        lanes = [[lane.head_pos, lane.to_array().tobytes()] for lane in self._lanes]
+        state = [
+            self.version,
+            self.policy.to_wire(),
+            [self._now_ms, self._last_index, self._dead_bytes, self._delayed_seq],
+            [self._counters[name] for name in _COUNTERS],
+            lanes,
+            self._fallback.to_wire(),
+            self._pending.to_wire(),
+            list(self._delivered_before.items()),
+            list(self._expires_at.items()),
+            [list(item) for item in self._delayed],
+            [[ref, *entry] for ref, entry in self._dead_lettering.items()],
+            [[expiry, key, self._dedup[key]] for expiry, key in self._dedup_order],
+            [self._sample_index.tobytes(), self._sample_ms.tobytes()],
+        ]
+        return bytes(msgpack.packb(state, use_bin_type=True))
+
+    def restore(self, data: bytes) -> None:
+        state = msgpack.unpackb(data, raw=False, strict_map_key=False, use_list=True)
+        version, policy, clock, counters, lanes, fallback, pending = state[:7]
+        delivered, expires, delayed, dead_lettering, dedup, samples = state[7:]
+        assert version == self.version, version
+        self.policy = QueuePolicy(**policy)
+        self._reset()
+        self._now_ms, self._last_index, self._dead_bytes, self._delayed_seq = clock
+        self._counters = dict(zip(_COUNTERS, counters, strict=True))
+        for lane, (head_pos, raw) in zip(self._lanes, lanes, strict=True):
+            lane.push_many(np.frombuffer(raw, dtype=np.uint64))
+            lane.head_pos = head_pos
+        self._fallback = FallbackTable.from_wire(fallback)
+        self._pending = Pending.from_wire(self._limits.page_refs, pending)
+        self._delivered_before = {ref: n for ref, n in delivered}
+        self._expires_at = {ref: ms for ref, ms in expires}
+        self._delayed = [(d, s, r, lv) for d, s, r, lv in delayed]
+        self._dead_lettering = {ref: (reason, n, ms) for ref, reason, n, ms in dead_lettering}
+        for expiry, key, mid in dedup:
+            self._dedup_order.append((expiry, key))
+            self._dedup[key] = mid
+        self._sample_index.frombytes(samples[0])
+        self._sample_ms.frombytes(samples[1])
+        self._bytes_ready = sum(self._lane_bytes(lane) for lane in self._lanes)
+        self._bytes_delayed = sum(self._size(ref) for _d, _s, ref, _lv in self._delayed)
+        self._bytes_pending = int(sizes_of(self._pending.refs(), self._fallback).sum())
+
+    # === queries for the runtime and the API =======================================
+
+    def ref_parts(self, ref: int) -> RefParts:
+        """(Raft index, slot, size) of a ref this machine handed out and still holds."""
+        return self._fallback.unpack(ref)
+
+    def stats(self) -> QueueStats:
+        c = self._counters
+        return QueueStats(
+            messages_ready=self._ready_count(),
+            messages_delayed=len(self._delayed),
+            messages_unacked=len(self._pending),
+            messages_dead_lettering=len(self._dead_lettering),
+            bytes_ready=self._bytes_ready,
+            bytes_unacked=self._bytes_pending,
+            consumers=self._pending.consumers(),
+            published=c["published"],
+            duplicates=c["duplicates"],
+            delivered=c["delivered"],
+            acked=c["acked"],
+            returned=c["returned"],
+            dead_lettered=c["dead_lettered"],
+            expired=c["expired"],
+            dropped=c["dropped"],
+            memory_bytes=self.memory_bytes(),
+            last_applied=self._last_index,
+            dead_bytes=self._dead_bytes,
+        )
+
+    def memory_bytes(self) -> int:
+        extras = (
+            len(self._delivered_before)
+            + len(self._expires_at)
+            + len(self._dead_lettering)
+            + len(self._fallback)
+            + 2 * len(self._dedup)
+            + len(self._delayed)
+        )
+        return (
+            sum(lane.nbytes() for lane in self._lanes)
+            + self._pending.nbytes()
+            + extras * _DICT_ENTRY_BYTES_ESTIMATE
+            + 16 * len(self._sample_index)
+        )
+
+    def browse(self, after: int | None = None, limit: int = 100) -> list[BrowseItem]:
+        """Ready messages in the order they would be delivered, without consuming them.
+
+        ``after`` is the ``cursor`` of the last item of the previous page (None = start).
+        Expired messages not yet swept may appear; delayed and leased ones do not.
+        """
+        limit = max(0, min(limit, self._limits.receive_messages_max))
+        lane_no, pos = (0, 0) if after is None else _split_cursor(after + 1)
+        out: list[BrowseItem] = []
+        levels = self.policy.priorities
+        while lane_no < len(self._lanes) and len(out) < limit:
+            lane = self._lanes[lane_no]
+            pos = max(pos, lane.head_pos)
+            refs = lane.slice_from(pos, limit - len(out)).tolist()
+            level = levels - 1 - lane_no // 2
+            for k, ref in enumerate(refs):
+                cursor = (lane_no << _CURSOR_POS_BITS) | (pos + k)
+                out.append(BrowseItem(cursor, ref, level, self._delivered_before.get(ref, 0)))
+            lane_no, pos = lane_no + 1, 0
+        return out
+
+    def next_deadline_ms(self) -> int | None:
+        """When the runtime should next propose ``encode_expire()`` (None: no timer needed)."""
+        candidates: list[int] = []
+        if self._delayed:
+            candidates.append(self._delayed[0][0])
+        lease = self._pending.next_expiry_ms()
+        if lease is not None:
+            candidates.append(lease)
+        for lane in self._lanes:
+            if lane:
+                expiry = self._expiry_of(lane.peek())
+                if expiry is not None:
+                    candidates.append(expiry)
+        if self._dead_lettering:
+            oldest = min(ms for _r, _n, ms in self._dead_lettering.values())
+            candidates.append(oldest + self._limits.dead_letter_retry_ms)
+        return min(candidates) if candidates else None
+
+    def pending_items(self) -> list[tuple[int, int]]:
+        """(delivery tag, ref) of every leased message, in tag order."""
+        return self._pending.items()
+
+    def check_invariants(self) -> None:
+        """Counts equal contents; the tests and the simulator call it after every step."""
+        for lane in self._lanes:
+            lane.check()
+        self._pending.check()
+        assert self._bytes_ready == sum(self._lane_bytes(lane) for lane in self._lanes)
+        assert self._bytes_pending == int(sizes_of(self._pending.refs(), self._fallback).sum())
+        assert self._bytes_delayed == sum(self._size(r) for _d, _s, r, _lv in self._delayed)
+        refs = self._all_refs()
+        assert len(np.unique(refs)) == len(refs), "a message is in two places"
+        assert len(self._dedup) == len(self._dedup_order)
+        held = set(refs.tolist())
+        assert set(self._delivered_before) <= held
+        assert set(self._expires_at) <= held
+
+    # === command handlers ==========================================================
+
+    def _on_enqueue(self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]) -> object:
+        recs = cmd.enqueue_records(command)
+        n = len(recs)
+        sizes = recs["body_len"].astype(np.uint64) + recs["headers_len"].astype(np.uint64)
+        if n > self._limits.batch_messages_max:
+            return Rejected(
+                MessageTooLarge, f"a batch holds at most {self._limits.batch_messages_max} messages"
+            )
+        if int(sizes.max()) > self.policy.max_message_bytes:
+            return Rejected(
+                MessageTooLarge, f"a message is larger than {self.policy.max_message_bytes} bytes"
+            )
+        ids = [message_id(meta.index, k) for k in range(n)]
+        duplicate = [False] * n
+        has_dedup = bool(recs["dedup_len"].any())
+        if has_dedup:
+            self._prune_dedup()
+            self._find_duplicates(command, recs, ids, duplicate)
+        fresh = np.logical_not(np.array(duplicate, dtype=bool))
+        count_new, bytes_new = int(fresh.sum()), int(sizes[fresh].sum())
+        full = self._over_limits(count_new, bytes_new)
+        if full and self.policy.overflow == cmd.OVERFLOW_REJECT_PUBLISH:
+            return Rejected(QueueFull, "the queue is at max_length or max_bytes")
+        if has_dedup:
+            self._remember_dedup(command, recs, ids, duplicate)
+        self._note_time(meta.index)
+        self._dead_bytes += int(sizes[~fresh].sum()) + RECORD_BYTES * (n - count_new)
+        self._counters["duplicates"] += n - count_new
+        self._counters["published"] += count_new
+        if count_new:
+            self._place_new(meta.index, recs, sizes, fresh)
+        if full:
+            self._drop_head(effects)
+        return Enqueued(tuple(ids), tuple(duplicate))
+
+    def _place_new(
+        self, index: int, recs: npt.NDArray[np.void], sizes: U64, fresh: npt.NDArray[np.bool_]
+    ) -> None:
+        top = self.policy.priorities - 1
+        prios = np.minimum(recs["priority"], top)
+        simple = (
+            fresh.all()
+            and not recs["delay_ms"].any()
+            and not (recs["ttl_ms"] >= 0).any()
+            and (prios == prios[0]).all()
+        )
+        if simple:
+            refs = pack_batch(index, sizes, self._fallback)
+            self._lanes[2 * (top - int(prios[0])) + 1].push_many(refs)
+            self._bytes_ready += int(sizes.sum())
+            return
+        for k in np.flatnonzero(fresh).tolist():
+            size = int(sizes[k])
+            ref = self._fallback.pack(index, k, size)
+            level = int(prios[k])
+            ttl_ms = int(recs["ttl_ms"][k])
+            if ttl_ms >= 0:
+                self._expires_at[ref] = self._now_ms + ttl_ms
+            delay_ms = int(recs["delay_ms"][k])
+            if delay_ms > 0:
+                heapq.heappush(
+                    self._delayed, (self._now_ms + delay_ms, self._delayed_seq, ref, level)
+                )
+                self._delayed_seq += 1
+                self._bytes_delayed += size
+            else:
+                self._lanes[2 * (top - level) + 1].push(ref)
+                self._bytes_ready += size
+
+    def _on_checkout(self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]) -> object:
+        c = cmd.decode_checkout(command)
+        self._advance_time(effects)
+        lease_ms = min(c.lease_ms or self.policy.lease_ms, self._limits.lease_ms_max)
+        expires_ms = self._now_ms + lease_ms
+        wanted = min(c.max_messages, self._limits.receive_messages_max)
+        deliveries: list[Delivery] = []
+        expired: list[int] = []
+        levels = self.policy.priorities
+        for level in range(levels - 1, -1, -1):
+            if len(deliveries) >= wanted:
+                break
+            lane_no = 2 * (levels - 1 - level)
+            taken = [
+                self._take(self._lanes[lane_no], wanted - len(deliveries), expired),
+            ]
+            taken.append(
+                self._take(
+                    self._lanes[lane_no + 1], wanted - len(deliveries) - len(taken[0]), expired
+                )
+            )
+            refs = np.concatenate(taken)
+            if not len(refs):
+                continue
+            size = int(sizes_of(refs, self._fallback).sum())
+            self._bytes_ready -= size
+            self._bytes_pending += size
+            first = self._pending.add(refs, c.consumer, level, expires_ms)
+            before = self._delivered_before
+            deliveries += [
+                Delivery(first + k, ref, level, before.get(ref, 0) + 1)
+                for k, ref in enumerate(refs.tolist())
+            ]
+        self._dead_letter(expired, REASON_EXPIRED, effects)
+        self._counters["delivered"] += len(deliveries)
+        return CheckedOut(tuple(deliveries), expires_ms)
+
+    def _take(self, lane: RefFifo, n: int, expired: list[int]) -> U64:
+        """Pop up to ``n`` deliverable refs from a lane; expired heads go to ``expired``."""
+        if n <= 0 or not lane:
+            return np.empty(0, dtype=np.uint64)
+        if self.policy.message_ttl_ms is None and not self._expires_at:
+            return lane.pop_many(n)
+        out: list[int] = []
+        while lane and len(out) < n:
+            ref = lane.pop()
+            if self._is_expired(ref):
+                self._bytes_ready -= self._size(ref)
+                expired.append(ref)
+            else:
+                out.append(ref)
+        return np.array(out, dtype=np.uint64)
+
+    def _on_settle(self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]) -> object:
+        tags, refs, _ = cmd.decode_receipts(command)
+        ok = self._pending.matching(tags, refs)
+        for tag in tags[ok].tolist():
+            ref, _level = self._pending.remove(tag)
+            self._bytes_pending -= self._size(ref)
+            self._forget(ref)
+        count = int(ok.sum())
+        self._counters["acked"] += count
+        return Settled(count, tuple(np.flatnonzero(~ok).tolist()))
+
+    def _on_return(self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]) -> object:
+        tags, refs, _ = cmd.decode_receipts(command)
+        ok = self._pending.matching(tags, refs)
+        self._give_back(tags[ok].tolist(), effects)
+        return Settled(int(ok.sum()), tuple(np.flatnonzero(~ok).tolist()))
+
+    def _on_discard(self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]) -> object:
+        tags, refs, _ = cmd.decode_receipts(command)
+        ok = self._pending.matching(tags, refs)
+        rejected: list[int] = []
+        for tag in tags[ok].tolist():
+            ref, _level = self._pending.remove(tag)
+            self._bytes_pending -= self._size(ref)
+            self._delivered_before[ref] = self._delivered_before.get(ref, 0) + 1
+            rejected.append(ref)
+        self._dead_letter(rejected, REASON_REJECTED, effects)
+        return Settled(len(rejected), tuple(np.flatnonzero(~ok).tolist()))
+
+    def _on_extend(self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]) -> object:
+        tags, refs, lease_ms = cmd.decode_receipts(command)
+        ok = self._pending.matching(tags, refs)
+        lease_ms = min(lease_ms or self.policy.lease_ms, self._limits.lease_ms_max)
+        for tag in tags[ok].tolist():
+            self._pending.extend(tag, self._now_ms + lease_ms)
+        return Settled(int(ok.sum()), tuple(np.flatnonzero(~ok).tolist()))
+
+    def _on_purge(self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]) -> object:
+        """Drop every ready and delayed message (not leased ones), without dead-lettering."""
+        dropped = [lane.clear() for lane in self._lanes]
+        dropped.append(np.array([r for _d, _s, r, _lv in self._delayed], dtype=np.uint64))
+        self._delayed.clear()
+        refs = np.concatenate(dropped)
+        self._bytes_ready = self._bytes_delayed = 0
+        self._forget_many(refs)
+        self._counters["dropped"] += len(refs)
+        return Purged(len(refs))
+
+    def _on_expire(self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]) -> object:
+        leases, messages, released = self._advance_time(effects)
+        self._retry_dead_letters(effects)
+        return Expired(leases, messages, released)
+
+    def _on_policy(self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]) -> object:
+        changes = cmd.decode_policy(command)
+        if "priorities" in changes and changes["priorities"] != self.policy.priorities:
+            return Rejected(QueueConflict, "priorities is fixed when the queue is created")
+        try:
+            policy = dataclasses.replace(self.policy, **changes)  # type: ignore[arg-type]
+        except TypeError as e:
+            return Rejected(ValidationFailed, str(e))
+        why = self._check_policy(policy)
+        if why:
+            return Rejected(ValidationFailed, why)
+        self.policy = policy
+        if policy.dead_letter_queue is None and self._dead_lettering:
+            self._forget_many(np.array(list(self._dead_lettering), dtype=np.uint64))
+            self._counters["dropped"] += len(self._dead_lettering)
+            self._dead_lettering.clear()
+        if policy.overflow == cmd.OVERFLOW_DROP_HEAD:
+            self._drop_head(effects)
+        return PolicyChanged(policy)
+
+    def _on_dead_letter_confirm(
+        self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]
+    ) -> object:
+        count = 0
+        for ref in cmd.decode_dead_letter_confirm(command).tolist():
+            if self._dead_lettering.pop(ref, None) is not None:
+                self._forget(ref)
+                count += 1
+        return DeadLetterConfirmed(count)
+
+    # === time ======================================================================
+
+    def _advance_time(self, effects: list[MachineEffect]) -> tuple[int, int, int]:
+        """Release due delayed messages, end expired leases, sweep expired heads."""
+        released = 0
+        top = self.policy.priorities - 1
+        while self._delayed and self._delayed[0][0] <= self._now_ms:
+            _due, _seq, ref, level = heapq.heappop(self._delayed)
+            size = self._size(ref)
+            self._bytes_delayed -= size
+            self._bytes_ready += size
+            self._lanes[2 * (top - level) + 1].push(ref)
+            released += 1
+        tags = self._pending.take_expired(self._now_ms)
+        self._give_back(tags, effects)
+        expired: list[int] = []
+        for lane in self._lanes:
+            while lane and self._is_expired(lane.peek()):
+                ref = lane.pop()
+                self._bytes_ready -= self._size(ref)
+                expired.append(ref)
+        self._dead_letter(expired, REASON_EXPIRED, effects)
+        return len(tags), len(expired), released
+
+    def _give_back(self, tags: list[int], effects: list[MachineEffect]) -> None:
+        """Return leased messages to the returns lane of their level, or dead-letter those
+        that reached the delivery limit."""
+        top = self.policy.priorities - 1
+        limit = self.policy.delivery_limit
+        over: list[int] = []
+        for tag in tags:
+            ref, level = self._pending.remove(tag)
+            size = self._size(ref)
+            self._bytes_pending -= size
+            count = self._delivered_before.get(ref, 0) + 1
+            self._delivered_before[ref] = count
+            if limit is not None and count >= limit:
+                over.append(ref)
+                continue
+            self._lanes[2 * (top - level)].push(ref)
+            self._bytes_ready += size
+        self._counters["returned"] += len(tags) - len(over)
+        self._dead_letter(over, REASON_DELIVERY_LIMIT, effects)
+
+    def _expiry_of(self, ref: int) -> int | None:
+        expiry = self._expires_at.get(ref)
+        ttl_ms = self.policy.message_ttl_ms
+        if ttl_ms is not None:
+            by_queue = self._enqueued_ms_max(self._fallback.unpack(ref).index) + ttl_ms
+            expiry = by_queue if expiry is None else min(expiry, by_queue)
+        return expiry
+
+    def _is_expired(self, ref: int) -> bool:
+        expiry = self._expiry_of(ref)
+        return expiry is not None and expiry <= self._now_ms
+
+    def _note_time(self, index: int) -> None:
+        resolution = self._limits.enqueue_time_resolution_ms
+        if not self._sample_ms or self._now_ms >= self._sample_ms[-1] + resolution:
+            self._sample_index.append(index)
+            self._sample_ms.append(self._now_ms)
+
+    def _enqueued_ms_max(self, index: int) -> int:
+        """Latest leader time at which the enqueue entry ``index`` can have been proposed."""
+        i = bisect_right(self._sample_index, index) - 1
+        assert i >= 0, index
+        return self._sample_ms[i] + self._limits.enqueue_time_resolution_ms - 1
+
+    # === dead-lettering, limits, dedup =============================================
+
+    def _dead_letter(self, refs: list[int], reason: str, effects: list[MachineEffect]) -> None:
+        """Hand messages that left the ready/pending state to the dead-letter target, or
+        drop them when the queue has none."""
+        if not refs:
+            return
+        if reason == REASON_EXPIRED:
+            self._counters["expired"] += len(refs)
+        target = self.policy.dead_letter_queue
+        if target is None:
+            self._forget_many(np.array(refs, dtype=np.uint64))
+            self._counters["dropped"] += len(refs)
+            return
+        counts = tuple(self._delivered_before.get(ref, 0) for ref in refs)
+        for ref, count in zip(refs, counts, strict=True):
+            self._dead_lettering[ref] = (reason, count, self._now_ms)
+        self._counters["dead_lettered"] += len(refs)
+        effects.append(DeadLetter(target, reason, tuple(refs), counts))
+
+    def _retry_dead_letters(self, effects: list[MachineEffect]) -> None:
+        target = self.policy.dead_letter_queue
+        due = self._now_ms - self._limits.dead_letter_retry_ms
+        by_reason: dict[str, list[tuple[int, int]]] = {}
+        for ref, (reason, count, ms) in self._dead_lettering.items():
+            if ms <= due:
+                by_reason.setdefault(reason, []).append((ref, count))
+        for reason in sorted(by_reason):
+            items = by_reason[reason]
+            for ref, count in items:
+                self._dead_lettering[ref] = (reason, count, self._now_ms)
+            assert target is not None
+            refs = tuple(r for r, _ in items)
+            effects.append(DeadLetter(target, reason, refs, tuple(c for _, c in items)))
+
+    def _waiting(self) -> tuple[int, int]:
+        """(messages, bytes) that count against max_length / max_bytes: ready and delayed."""
+        return self._ready_count() + len(self._delayed), self._bytes_ready + self._bytes_delayed
+
+    def _over_limits(self, extra_count: int = 0, extra_bytes: int = 0) -> bool:
+        count, size = self._waiting()
+        p = self.policy
+        return (p.max_length is not None and count + extra_count > p.max_length) or (
+            p.max_bytes is not None and size + extra_bytes > p.max_bytes
+        )
+
+    def _drop_head(self, effects: list[MachineEffect]) -> None:
+        """Overflow ``drop-head``: dead-letter (reason ``maxlen``) from the head of the lowest
+        level (its returns lane first), then delayed messages, until within the limits."""
+        dropped: list[int] = []
+        order = [
+            self._lanes[lane_no]
+            for pair in range(len(self._lanes) - 2, -1, -2)
+            for lane_no in (pair, pair + 1)
+        ]
+        while self._over_limits():
+            lane = next((lane for lane in order if lane), None)
+            if lane is not None:
+                ref = lane.pop()
+                self._bytes_ready -= self._size(ref)
+            else:
+                _due, _seq, ref, _level = heapq.heappop(self._delayed)
+                self._bytes_delayed -= self._size(ref)
+            dropped.append(ref)
+        self._dead_letter(dropped, REASON_MAXLEN, effects)
+
+    def _prune_dedup(self) -> None:
+        while self._dedup_order and self._dedup_order[0][0] <= self._now_ms:
+            _expiry, key = self._dedup_order.popleft()
+            del self._dedup[key]
+
+    def _find_duplicates(
+        self, command: bytes, recs: npt.NDArray[np.void], ids: list[int], duplicate: list[bool]
+    ) -> None:
+        seen: dict[bytes, int] = {}
+        for k in np.flatnonzero(recs["dedup_len"]).tolist():
+            key = cmd.dedup_id_at(command, recs[k])
+            first = self._dedup.get(key, seen.get(key))
+            if first is not None:
+                duplicate[k] = True
+                ids[k] = first
+            else:
+                seen[key] = ids[k]
+
+    def _remember_dedup(
+        self, command: bytes, recs: npt.NDArray[np.void], ids: list[int], duplicate: list[bool]
+    ) -> None:
+        expiry = self._now_ms + self._limits.dedup_window_ms
+        for k in np.flatnonzero(recs["dedup_len"]).tolist():
+            if duplicate[k]:
+                continue
+            key = cmd.dedup_id_at(command, recs[k])
+            self._dedup[key] = ids[k]
+            self._dedup_order.append((expiry, key))
+            if len(self._dedup) > self._limits.dedup_ids_max:
+                _old, old_key = self._dedup_order.popleft()
+                del self._dedup[old_key]
+
+    # === bookkeeping ===============================================================
+
+    def _maybe_checkpoint(self, index: int, effects: list[MachineEffect]) -> None:
+        """Ask for a checkpoint once the dead log bytes reach about twice what the checkpoint
+        will weigh, then release the prefix that no live message needs."""
+        held = (
+            self._ready_count()
+            + len(self._delayed)
+            + len(self._pending)
+            + len(self._dead_lettering)
+        )
+        estimate = max(
+            held * self._limits.checkpoint_bytes_per_message_estimate,
+            self._limits.checkpoint_bytes_min,
+        )
+        if self._dead_bytes < self._limits.dead_bytes_per_live_checkpoint_factor * estimate:
+            return
+        self._dead_bytes = 0
+        indexes = indexes_of(self._all_refs(), self._fallback)
+        first_live = int(indexes.min()) if len(indexes) else index + 1
+        self._prune_samples(first_live)
+        effects.append(CheckpointRequest(index))
+        effects.append(ReleaseCursor(first_live))
+
+    def _prune_samples(self, first_live: int) -> None:
+        i = bisect_right(self._sample_index, first_live) - 1
+        if i > 0:
+            del self._sample_index[:i]
+            del self._sample_ms[:i]
+
+    def _forget(self, ref: int) -> None:
+        """A message left the queue for good: drop its extras, count its log bytes dead."""
+        self._dead_bytes += RECORD_BYTES + self._size(ref)
+        if self._delivered_before:
+            self._delivered_before.pop(ref, None)
+        if self._expires_at:
+            self._expires_at.pop(ref, None)
+        self._fallback.release(ref)
+
+    def _forget_many(self, refs: U64) -> None:
+        if not len(refs):
+            return
+        self._dead_bytes += int(sizes_of(refs, self._fallback).sum()) + RECORD_BYTES * len(refs)
+        if self._delivered_before or self._expires_at or len(self._fallback):
+            for ref in refs.tolist():
+                self._delivered_before.pop(ref, None)
+                self._expires_at.pop(ref, None)
+                self._fallback.release(ref)
+
+    def _size(self, ref: int) -> int:
+        return self._fallback.unpack(ref).size
+
+    def _lane_bytes(self, lane: RefFifo) -> int:
+        return sum(int(sizes_of(chunk, self._fallback).sum()) for chunk in lane.chunks())
+
+    def _ready_count(self) -> int:
+        return sum(len(lane) for lane in self._lanes)
+
+    def _all_refs(self) -> U64:
+        parts = [chunk for lane in self._lanes for chunk in lane.chunks()]
+        parts.append(self._pending.refs())
+        parts.append(np.array([r for _d, _s, r, _lv in self._delayed], dtype=np.uint64))
+        parts.append(np.array(list(self._dead_lettering), dtype=np.uint64))
+        return np.concatenate(parts)
+
+    def _check_policy(self, policy: QueuePolicy) -> str:
+        return policy.check(
+            self._limits.lease_ms_max,
+            self._limits.priorities_max,
+            self._limits.message_bytes_max_ceiling,
+        )
+
+
+def _split_cursor(cursor: int) -> tuple[int, int]:
+    return cursor >> _CURSOR_POS_BITS, cursor & ((1 << _CURSOR_POS_BITS) - 1)
+
+
+_COUNTERS = (
+    "published",
+    "duplicates",
+    "delivered",
+    "acked",
+    "returned",
+    "dead_lettered",
+    "expired",
+    "dropped",
+)
+
+_HANDLERS = {
+    Kind.ENQUEUE: QueueMachine._on_enqueue,
+    Kind.CHECKOUT: QueueMachine._on_checkout,
+    Kind.SETTLE: QueueMachine._on_settle,
+    Kind.RETURN: QueueMachine._on_return,
+    Kind.DISCARD: QueueMachine._on_discard,
+    Kind.EXTEND: QueueMachine._on_extend,
+    Kind.PURGE: QueueMachine._on_purge,
+    Kind.EXPIRE: QueueMachine._on_expire,
+    Kind.POLICY: QueueMachine._on_policy,
+    Kind.DEAD_LETTER_CONFIRM: QueueMachine._on_dead_letter_confirm,
+}
+
+__all__ = ["BrowseItem", "QueueMachine", "QueueStats"]

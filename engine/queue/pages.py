@@ -1,0 +1,166 @@
+"""A FIFO of packed references in fixed-size pages (the ready messages of one lane).
+
+Rule of this module: no Python object per message. A page is a numpy ``uint64`` array of
+``page_refs`` slots; the FIFO is a deque of pages, with a read offset in the first page
+and a fill count in the last. Only the head page is read and only the tail page is
+written, so every page in between is immutable while it sits there: a later issue can
+spill such a *cold* page to disk as one contiguous block (``page.tobytes()``) and load
+it back when it reaches the head, without touching the others (the Qpid paged-queue
+design, restricted to what a FIFO needs).
+
+Positions are absolute: ``head_pos`` counts every ref ever popped, so a browse cursor
+stays valid while the head moves.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+
+import numpy as np
+import numpy.typing as npt
+
+U64 = npt.NDArray[np.uint64]
+
+
+class RefFifo:
+    __slots__ = ("_head", "_len", "_page_refs", "_pages", "_tail", "head_pos")
+
+    def __init__(self, page_refs: int) -> None:
+        assert page_refs >= 16 and page_refs & (page_refs - 1) == 0
+        self._page_refs = page_refs
+        self._pages: deque[U64] = deque()
+        self._head = 0
+        """Read offset in ``_pages[0]``."""
+        self._tail = 0
+        """Fill count of ``_pages[-1]``."""
+        self._len = 0
+        self.head_pos = 0
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __bool__(self) -> bool:
+        return self._len > 0
+
+    @property
+    def page_count(self) -> int:
+        return len(self._pages)
+
+    def nbytes(self) -> int:
+        """Resident bytes of the pages (array headers included, ~112 B each)."""
+        return len(self._pages) * (self._page_refs * 8 + 112)
+
+    def push(self, ref: int) -> None:
+        if not self._pages or self._tail == self._page_refs:
+            self._pages.append(np.empty(self._page_refs, dtype=np.uint64))
+            self._tail = 0
+        self._pages[-1][self._tail] = ref
+        self._tail += 1
+        self._len += 1
+
+    def push_many(self, refs: U64) -> None:
+        done = 0
+        n = len(refs)
+        while done < n:
+            if not self._pages or self._tail == self._page_refs:
+                self._pages.append(np.empty(self._page_refs, dtype=np.uint64))
+                self._tail = 0
+            k = min(n - done, self._page_refs - self._tail)
+            self._pages[-1][self._tail : self._tail + k] = refs[done : done + k]
+            self._tail += k
+            done += k
+        self._len += n
+
+    def peek(self) -> int:
+        assert self._len > 0
+        return int(self._pages[0][self._head])
+
+    def pop(self) -> int:
+        ref = self.peek()
+        self._advance(1)
+        return ref
+
+    def pop_many(self, n: int) -> U64:
+        """Up to ``n`` refs from the head, in order, as a new array."""
+        n = min(n, self._len)
+        if n == 0:
+            return np.empty(0, dtype=np.uint64)
+        first = self._pages[0]
+        end = self._page_end(0)
+        if self._head + n <= end:
+            out = first[self._head : self._head + n].copy()
+            self._advance(n)
+            return out
+        parts: list[U64] = []
+        left = n
+        while left:
+            end = self._page_end(0)
+            k = min(left, end - self._head)
+            parts.append(self._pages[0][self._head : self._head + k].copy())
+            self._advance(k)
+            left -= k
+        return np.concatenate(parts)
+
+    def _page_end(self, i: int) -> int:
+        return self._tail if i == len(self._pages) - 1 else self._page_refs
+
+    def _advance(self, n: int) -> None:
+        self._head += n
+        self._len -= n
+        self.head_pos += n
+        assert self._head <= self._page_end(0)
+        if self._head == self._page_end(0):
+            self._pages.popleft()
+            self._head = 0
+            if not self._pages:
+                self._tail = 0
+        assert self._len >= 0
+
+    def clear(self) -> U64:
+        """Remove everything; returns the refs that were there, in order."""
+        out = self.to_array()
+        self.head_pos += self._len
+        self._pages.clear()
+        self._head = self._tail = self._len = 0
+        return out
+
+    def chunks(self) -> Iterator[U64]:
+        """Views of the refs in order, one per page (read-only use)."""
+        last = len(self._pages) - 1
+        for i, page in enumerate(self._pages):
+            lo = self._head if i == 0 else 0
+            hi = self._tail if i == last else self._page_refs
+            if hi > lo:
+                yield page[lo:hi]
+
+    def to_array(self) -> U64:
+        parts = list(self.chunks())
+        return np.concatenate(parts) if parts else np.empty(0, dtype=np.uint64)
+
+    def slice_from(self, pos: int, limit: int) -> U64:
+        """Up to ``limit`` refs starting at absolute position ``pos`` (>= ``head_pos``)."""
+        offset = max(0, pos - self.head_pos)
+        if offset >= self._len or limit <= 0:
+            return np.empty(0, dtype=np.uint64)
+        at = self._head + offset
+        page_i, in_page = divmod(at, self._page_refs)
+        parts: list[U64] = []
+        left = min(limit, self._len - offset)
+        while left:
+            hi = self._page_end(page_i)
+            k = min(left, hi - in_page)
+            parts.append(self._pages[page_i][in_page : in_page + k])
+            left -= k
+            page_i += 1
+            in_page = 0
+        return np.concatenate(parts)
+
+    def check(self) -> None:
+        """Invariants; the tests call it after every step."""
+        total = sum(len(c) for c in self.chunks())
+        assert total == self._len, (total, self._len)
+        assert (self._len == 0) == (not self._pages)
+
+
+__all__ = ["RefFifo"]

@@ -1,0 +1,276 @@
+"""Leased (checked-out) messages, keyed by a dense delivery tag.
+
+Rule of this module: one 8-byte slot per leased message, nothing else per message in
+the common case. Tags are assigned from a counter, one per delivery (a redelivery gets a
+new tag), so they are dense and increasing, as rabbit_fifo keys its checked-out messages.
+The ring is a map ``page number -> uint64 array`` of ``page_refs`` slots; slot
+``tag % page_refs`` holds the ref, 0 once settled. A page is freed as soon as its last
+live slot is settled, so holes cost memory only while a page still holds a live lease.
+
+What is shared by the messages of one checkout is stored once, in a ``LeaseGroup``: the
+consumer, the lease expiry and the priority level (a checkout takes levels in turn, so
+the tags of one level are contiguous and each group has one level). ``extend`` on part
+of a group stores a per-tag expiry override, paid only by the messages extended.
+
+Sizes are O(1): counters, never a scan. Ordering is kept only where the semantics need
+it: the expiry heap (earliest lease first); the tag ring is unordered by time.
+"""
+
+from __future__ import annotations
+
+import heapq
+from bisect import bisect_right
+
+import numpy as np
+import numpy.typing as npt
+
+U64 = npt.NDArray[np.uint64]
+
+_GROUP_BYTES_ESTIMATE = 200
+_OVERRIDE_BYTES_ESTIMATE = 150
+
+
+class LeaseGroup:
+    __slots__ = ("consumer", "count", "expires_ms", "first_tag", "live", "priority")
+
+    def __init__(self, first_tag: int, count: int, consumer: str, priority: int, expires_ms: int):
+        self.first_tag = first_tag
+        self.count = count
+        self.live = count
+        self.consumer = consumer
+        self.priority = priority
+        self.expires_ms = expires_ms
+
+
+class Pending:
+    __slots__ = (
+        "_consumers",
+        "_groups",
+        "_heap",
+        "_overrides",
+        "_page_live",
+        "_page_refs",
+        "_pages",
+        "_shift",
+        "_size",
+        "_starts",
+        "next_tag",
+    )
+
+    def __init__(self, page_refs: int) -> None:
+        assert page_refs >= 16 and page_refs & (page_refs - 1) == 0
+        self._page_refs = page_refs
+        self._shift = page_refs.bit_length() - 1
+        self._pages: dict[int, U64] = {}
+        self._page_live: dict[int, int] = {}
+        self._size = 0
+        self.next_tag = 1
+        self._groups: dict[int, LeaseGroup] = {}
+        self._starts: list[int] = []
+        """First tags of live groups, increasing."""
+        self._heap: list[tuple[int, int, int]] = []
+        """(expires_ms, 0, group first tag) or (expires_ms, 1, tag of an override)."""
+        self._overrides: dict[int, int] = {}
+        self._consumers: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return self._size
+
+    def consumers(self) -> dict[str, int]:
+        """Leased messages per consumer, sorted by consumer id."""
+        return {c: self._consumers[c] for c in sorted(self._consumers)}
+
+    def nbytes(self) -> int:
+        return (
+            len(self._pages) * (self._page_refs * 8 + 112 + 100)
+            + len(self._groups) * _GROUP_BYTES_ESTIMATE
+            + len(self._overrides) * _OVERRIDE_BYTES_ESTIMATE
+        )
+
+    # --- adding -------------------------------------------------------------------
+
+    def add(self, refs: U64, consumer: str, priority: int, expires_ms: int) -> int:
+        """Lease ``refs`` (tags ``first..first+n-1``); returns the first tag."""
+        n = len(refs)
+        assert n >= 1
+        first = self.next_tag
+        done = 0
+        while done < n:
+            tag = first + done
+            page_no = tag >> self._shift
+            at = tag & (self._page_refs - 1)
+            page = self._pages.get(page_no)
+            if page is None:
+                page = self._pages[page_no] = np.zeros(self._page_refs, dtype=np.uint64)
+                self._page_live[page_no] = 0
+            k = min(n - done, self._page_refs - at)
+            page[at : at + k] = refs[done : done + k]
+            self._page_live[page_no] += k
+            done += k
+        self.next_tag += n
+        self._size += n
+        group = LeaseGroup(first, n, consumer, priority, expires_ms)
+        self._groups[first] = group
+        self._starts.append(first)
+        heapq.heappush(self._heap, (expires_ms, 0, first))
+        self._consumers[consumer] = self._consumers.get(consumer, 0) + n
+        return first
+
+    # --- reading ------------------------------------------------------------------
+
+    def ref_at(self, tag: int) -> int:
+        """The ref leased under ``tag``, or 0 if the tag is settled or unknown."""
+        page = self._pages.get(tag >> self._shift)
+        return 0 if page is None else int(page[tag & (self._page_refs - 1)])
+
+    def group_of(self, tag: int) -> LeaseGroup:
+        i = bisect_right(self._starts, tag) - 1
+        assert i >= 0
+        group = self._groups[self._starts[i]]
+        assert group.first_tag <= tag < group.first_tag + group.count
+        return group
+
+    def expires_ms(self, tag: int) -> int:
+        return self._overrides.get(tag, self.group_of(tag).expires_ms)
+
+    def matching(self, tags: U64, refs: U64) -> npt.NDArray[np.bool_]:
+        """Which receipts name a live lease; a repeated receipt matches only once."""
+        ok = np.zeros(len(tags), dtype=bool)
+        seen: set[int] = set()
+        for k, (tag, ref) in enumerate(zip(tags.tolist(), refs.tolist(), strict=True)):
+            if tag in seen or ref == 0:
+                continue
+            if self.ref_at(tag) == ref:
+                ok[k] = True
+                seen.add(tag)
+        return ok
+
+    def refs(self) -> U64:
+        """Every leased ref, in tag order."""
+        parts = [self._pages[p] for p in sorted(self._pages)]
+        if not parts:
+            return np.empty(0, dtype=np.uint64)
+        whole: U64 = np.concatenate(parts)
+        live: U64 = whole[whole != 0]
+        return live
+
+    def items(self) -> list[tuple[int, int]]:
+        """(tag, ref) of every lease in tag order (tests and snapshots)."""
+        out: list[tuple[int, int]] = []
+        for p in sorted(self._pages):
+            page = self._pages[p]
+            for at in np.flatnonzero(page).tolist():
+                out.append(((p << self._shift) | at, int(page[at])))
+        return out
+
+    # --- removing -----------------------------------------------------------------
+
+    def remove(self, tag: int) -> tuple[int, int]:
+        """Forget a live lease; returns (ref, priority level)."""
+        page_no = tag >> self._shift
+        page = self._pages[page_no]
+        at = tag & (self._page_refs - 1)
+        ref = int(page[at])
+        assert ref != 0, tag
+        page[at] = 0
+        self._page_live[page_no] -= 1
+        if self._page_live[page_no] == 0:
+            del self._pages[page_no], self._page_live[page_no]
+        self._size -= 1
+        self._overrides.pop(tag, None)
+        group = self.group_of(tag)
+        group.live -= 1
+        left = self._consumers[group.consumer] - 1
+        if left:
+            self._consumers[group.consumer] = left
+        else:
+            del self._consumers[group.consumer]
+        if group.live == 0:
+            del self._groups[group.first_tag]
+            i = bisect_right(self._starts, group.first_tag) - 1
+            del self._starts[i]
+        return ref, group.priority
+
+    def extend(self, tag: int, expires_ms: int) -> None:
+        self._overrides[tag] = expires_ms
+        heapq.heappush(self._heap, (expires_ms, 1, tag))
+
+    def next_expiry_ms(self) -> int | None:
+        """Earliest lease expiry, skipping stale heap entries."""
+        while self._heap:
+            expires_ms, kind, key = self._heap[0]
+            if self._heap_entry_live(expires_ms, kind, key):
+                return expires_ms
+            heapq.heappop(self._heap)
+        return None
+
+    def _heap_entry_live(self, expires_ms: int, kind: int, key: int) -> bool:
+        if kind == 1:
+            return self._overrides.get(key) == expires_ms
+        group = self._groups.get(key)
+        return group is not None and group.expires_ms == expires_ms
+
+    def take_expired(self, now_ms: int) -> list[int]:
+        """Tags whose lease ended at or before ``now_ms``, in expiry then tag order."""
+        out: list[int] = []
+        while self._heap and self._heap[0][0] <= now_ms:
+            expires_ms, kind, key = heapq.heappop(self._heap)
+            if not self._heap_entry_live(expires_ms, kind, key):
+                continue
+            if kind == 1:
+                out.append(key)
+                continue
+            group = self._groups[key]
+            for tag in range(group.first_tag, group.first_tag + group.count):
+                if tag not in self._overrides and self.ref_at(tag) != 0:
+                    out.append(tag)
+        return out
+
+    # --- snapshot -----------------------------------------------------------------
+
+    def to_wire(self) -> list[object]:
+        groups = [
+            [g.first_tag, g.count, g.consumer, g.priority, g.expires_ms]
+            for g in (self._groups[s] for s in self._starts)
+        ]
+        pages = [[p, self._pages[p].tobytes()] for p in sorted(self._pages)]
+        overrides = sorted(self._overrides.items())
+        return [self.next_tag, pages, groups, overrides]
+
+    @classmethod
+    def from_wire(cls, page_refs: int, wire: list[object]) -> Pending:
+        pending = cls(page_refs)
+        next_tag, pages, groups, overrides = wire
+        assert isinstance(next_tag, int) and isinstance(pages, list)
+        assert isinstance(groups, list) and isinstance(overrides, list)
+        pending.next_tag = next_tag
+        for p, raw in pages:
+            page = np.frombuffer(raw, dtype=np.uint64).copy()
+            assert len(page) == page_refs
+            pending._pages[p] = page
+            pending._page_live[p] = int(np.count_nonzero(page))
+            pending._size += pending._page_live[p]
+        for first, count, consumer, priority, expires_ms in groups:
+            group = LeaseGroup(first, count, consumer, priority, expires_ms)
+            live = sum(1 for t in range(first, first + count) if pending.ref_at(t) != 0)
+            group.live = live
+            pending._groups[first] = group
+            pending._starts.append(first)
+            pending._heap.append((expires_ms, 0, first))
+            pending._consumers[consumer] = pending._consumers.get(consumer, 0) + live
+        for tag, expires_ms in overrides:
+            pending._overrides[tag] = expires_ms
+            pending._heap.append((expires_ms, 1, tag))
+        heapq.heapify(pending._heap)
+        return pending
+
+    def check(self) -> None:
+        assert self._size == sum(self._page_live.values())
+        assert self._size == sum(g.live for g in self._groups.values())
+        assert self._size == sum(self._consumers.values())
+        assert self._starts == sorted(self._groups)
+        for p, page in self._pages.items():
+            assert self._page_live[p] == int(np.count_nonzero(page)) > 0
+
+
+__all__ = ["LeaseGroup", "Pending"]

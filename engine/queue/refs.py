@@ -1,0 +1,243 @@
+"""Packed message references: one unsigned 64-bit integer names one message in the log.
+
+Rule of this module: pure functions over ints and numpy arrays, no state except the
+``FallbackTable`` that the machine owns (and snapshots).
+
+A message is identified by the Raft index of its enqueue entry, its slot in that entry
+(a publish batch is one entry) and its byte size (body + headers), which the machine
+needs for ``max_bytes`` and ``bytes_ready`` without reading the log. Three forms:
+
+========  =====================================================  =====================
+tag bits  layout (high to low)                                   used when
+========  =====================================================  =====================
+``0``     tag:1 | index:44 | size:15 | slot:4                     index < 2^44, size < 2^15, slot < 16
+``10``    tag:2 | index:37 | slot:10 | size:15                    index < 2^37, size < 2^15, slot < 1024
+``11``    tag:2 | handle:62 (into the machine's ``FallbackTable``) anything else
+========  =====================================================  =====================
+
+The first form is the one the issue fixes for single-message entries (and batches of at
+most 16). A ref is never 0, because a Raft index is at least 1; 0 marks an empty slot in
+the pending ring. Packing is a function of (index, slot, size) except in the fallback
+form, whose handle the machine assigns from a counter, so every replica assigns the same.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+U64 = npt.NDArray[np.uint64]
+
+INDEX_BITS_SHORT = 44
+SIZE_BITS = 15
+SLOT_BITS_SHORT = 4
+INDEX_BITS_LONG = 37
+SLOT_BITS_LONG = 10
+HANDLE_BITS = 62
+
+INDEX_LIMIT_SHORT = 1 << INDEX_BITS_SHORT
+INDEX_LIMIT_LONG = 1 << INDEX_BITS_LONG
+SIZE_LIMIT = 1 << SIZE_BITS
+SLOT_LIMIT_SHORT = 1 << SLOT_BITS_SHORT
+SLOT_LIMIT_LONG = 1 << SLOT_BITS_LONG
+SLOTS_PER_ENTRY_MAX = SLOT_LIMIT_LONG
+"""A batch entry holds at most this many messages (``message_id`` uses 10 slot bits)."""
+
+_TAG_LONG = 0b10 << 62
+_TAG_FALLBACK = 0b11 << 62
+_SIZE_MASK = SIZE_LIMIT - 1
+_SLOT_MASK_SHORT = SLOT_LIMIT_SHORT - 1
+_SLOT_MASK_LONG = SLOT_LIMIT_LONG - 1
+_INDEX_MASK_SHORT = INDEX_LIMIT_SHORT - 1
+_INDEX_MASK_LONG = INDEX_LIMIT_LONG - 1
+_HANDLE_MASK = (1 << HANDLE_BITS) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class RefParts:
+    index: int
+    slot: int
+    size: int
+
+
+def is_fallback(ref: int) -> bool:
+    return ref >> 62 == 0b11
+
+
+def try_pack(index: int, slot: int, size: int) -> int | None:
+    """The compact ref of a message, or ``None`` when only the fallback form fits."""
+    assert index >= 1 and 0 <= slot < SLOTS_PER_ENTRY_MAX and size >= 0
+    if size >= SIZE_LIMIT:
+        return None
+    if index < INDEX_LIMIT_SHORT and slot < SLOT_LIMIT_SHORT:
+        return (index << (SIZE_BITS + SLOT_BITS_SHORT)) | (size << SLOT_BITS_SHORT) | slot
+    if index < INDEX_LIMIT_LONG:
+        return _TAG_LONG | (index << (SLOT_BITS_LONG + SIZE_BITS)) | (slot << SIZE_BITS) | size
+    return None
+
+
+def unpack_compact(ref: int) -> RefParts:
+    """(index, slot, size) of a ref in one of the two compact forms."""
+    assert 0 < ref < (1 << 64) and not is_fallback(ref), ref
+    if ref >> 63 == 0:
+        return RefParts(
+            index=ref >> (SIZE_BITS + SLOT_BITS_SHORT),
+            slot=ref & _SLOT_MASK_SHORT,
+            size=(ref >> SLOT_BITS_SHORT) & _SIZE_MASK,
+        )
+    return RefParts(
+        index=(ref >> (SLOT_BITS_LONG + SIZE_BITS)) & _INDEX_MASK_LONG,
+        slot=(ref >> SIZE_BITS) & _SLOT_MASK_LONG,
+        size=ref & _SIZE_MASK,
+    )
+
+
+def fallback_ref(handle: int) -> int:
+    assert 0 <= handle <= _HANDLE_MASK
+    return _TAG_FALLBACK | handle
+
+
+def fallback_handle(ref: int) -> int:
+    assert is_fallback(ref)
+    return ref & _HANDLE_MASK
+
+
+def message_id(index: int, slot: int) -> int:
+    """The stable public id of a message: ``index * 1024 + slot`` (what the API shows)."""
+    assert index >= 1 and 0 <= slot < SLOTS_PER_ENTRY_MAX
+    return (index << SLOT_BITS_LONG) | slot
+
+
+def message_id_parts(mid: int) -> tuple[int, int]:
+    return mid >> SLOT_BITS_LONG, mid & _SLOT_MASK_LONG
+
+
+class FallbackTable:
+    """Refs that do not fit a compact form: handle -> (index, slot, size).
+
+    Entries are few (messages of 32 KiB or more, or logs past 2^37 entries with large
+    batches) and are removed when their message leaves the queue.
+    """
+
+    __slots__ = ("_entries", "_next_handle")
+
+    def __init__(self) -> None:
+        self._entries: dict[int, tuple[int, int, int]] = {}
+        self._next_handle = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def pack(self, index: int, slot: int, size: int) -> int:
+        """The ref of a message, compact when it fits, else a new fallback handle."""
+        ref = try_pack(index, slot, size)
+        if ref is not None:
+            return ref
+        handle = self._next_handle
+        self._next_handle += 1
+        self._entries[handle] = (index, slot, size)
+        return fallback_ref(handle)
+
+    def unpack(self, ref: int) -> RefParts:
+        if not is_fallback(ref):
+            return unpack_compact(ref)
+        index, slot, size = self._entries[fallback_handle(ref)]
+        return RefParts(index=index, slot=slot, size=size)
+
+    def release(self, ref: int) -> None:
+        """Forget a fallback ref whose message left the queue (no-op for compact refs)."""
+        if is_fallback(ref):
+            del self._entries[fallback_handle(ref)]
+
+    def to_wire(self) -> list[object]:
+        return [self._next_handle, [[h, *parts] for h, parts in self._entries.items()]]
+
+    @classmethod
+    def from_wire(cls, wire: list[object]) -> FallbackTable:
+        table = cls()
+        next_handle, rows = wire
+        assert isinstance(next_handle, int) and isinstance(rows, list)
+        table._next_handle = next_handle
+        for row in rows:
+            handle, index, slot, size = row
+            table._entries[handle] = (index, slot, size)
+        return table
+
+
+# --- vectorised forms over numpy arrays (hot paths) -------------------------------------
+
+
+def indexes_of(refs: U64, table: FallbackTable) -> U64:
+    """Raft index of each ref."""
+    out = np.empty(refs.shape, dtype=np.uint64)
+    short = (refs >> np.uint64(63)) == 0
+    out[short] = refs[short] >> np.uint64(SIZE_BITS + SLOT_BITS_SHORT)
+    long_ = (refs >> np.uint64(62)) == 0b10
+    out[long_] = (refs[long_] >> np.uint64(SLOT_BITS_LONG + SIZE_BITS)) & np.uint64(
+        _INDEX_MASK_LONG
+    )
+    fb = ~(short | long_)
+    if fb.any():
+        out[fb] = [table.unpack(int(r)).index for r in refs[fb]]
+    return out
+
+
+def sizes_of(refs: U64, table: FallbackTable) -> U64:
+    """Byte size of each ref."""
+    out = np.empty(refs.shape, dtype=np.uint64)
+    short = (refs >> np.uint64(63)) == 0
+    out[short] = (refs[short] >> np.uint64(SLOT_BITS_SHORT)) & np.uint64(_SIZE_MASK)
+    long_ = (refs >> np.uint64(62)) == 0b10
+    out[long_] = refs[long_] & np.uint64(_SIZE_MASK)
+    fb = ~(short | long_)
+    if fb.any():
+        out[fb] = [table.unpack(int(r)).size for r in refs[fb]]
+    return out
+
+
+def pack_batch(index: int, sizes: U64, table: FallbackTable) -> U64:
+    """Refs of the messages at slots ``0..n-1`` of entry ``index`` (vectorised)."""
+    n = len(sizes)
+    assert 1 <= n <= SLOTS_PER_ENTRY_MAX
+    slots = np.arange(n, dtype=np.uint64)
+    small = sizes < np.uint64(SIZE_LIMIT)
+    refs = np.zeros(n, dtype=np.uint64)
+    if index < INDEX_LIMIT_LONG:
+        head = np.uint64(_TAG_LONG | (index << (SLOT_BITS_LONG + SIZE_BITS)))
+        refs = (head | (slots << np.uint64(SIZE_BITS))) | sizes
+    if index < INDEX_LIMIT_SHORT:
+        k = min(n, SLOT_LIMIT_SHORT)
+        head = np.uint64(index << (SIZE_BITS + SLOT_BITS_SHORT))
+        refs[:k] = (head | (sizes[:k] << np.uint64(SLOT_BITS_SHORT))) | slots[:k]
+    else:
+        small[:] = False
+    if index >= INDEX_LIMIT_LONG:
+        small[SLOT_LIMIT_SHORT:] = False
+    if not small.all():
+        for k in np.flatnonzero(~small).tolist():
+            refs[k] = table.pack(index, int(k), int(sizes[k]))
+    return refs
+
+
+__all__ = [
+    "INDEX_LIMIT_LONG",
+    "INDEX_LIMIT_SHORT",
+    "SIZE_LIMIT",
+    "SLOTS_PER_ENTRY_MAX",
+    "SLOT_LIMIT_LONG",
+    "SLOT_LIMIT_SHORT",
+    "FallbackTable",
+    "RefParts",
+    "fallback_handle",
+    "fallback_ref",
+    "indexes_of",
+    "is_fallback",
+    "message_id",
+    "message_id_parts",
+    "pack_batch",
+    "sizes_of",
+    "try_pack",
+    "unpack_compact",
+]
