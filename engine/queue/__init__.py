@@ -1,1 +1,139 @@
-"""engine.queue (see engine/__init__.py for the layering)."""
+"""engine.queue: the queue state machine (pure, deterministic) and its wire formats.
+
+How the runtime uses it
+-----------------------
+* **Create** one ``QueueMachine(policy, limits)`` per queue replica, identically on
+  every replica; Raft applies committed command entries with
+  ``machine.apply(ApplyMeta(index, term, now_ms), command) -> (reply, effects)``.
+* **Publish**: ``encode_enqueue([NewMessage(body, headers, priority, ttl_ms, delay_ms,
+  dedup_id), ...])`` gives ONE log entry for a batch of up to 1000 messages, all or
+  nothing. Reply ``Enqueued(ids, duplicate)`` or ``Rejected(error_class, detail)``
+  (``QueueFull``, ``MessageTooLarge``...; ``reply.to_error()`` gives the exception).
+* **Receive**: ``encode_checkout(consumer, max_messages, lease_ms)`` -> reply
+  ``CheckedOut(deliveries, lease_expires_ms)``; each ``Delivery(tag, ref, priority,
+  delivery_count)``. For each, ``machine.ref_parts(ref)`` gives ``(index, slot, size)``;
+  read the log entry at ``index`` and call ``read_message(entry, slot)`` for body and
+  headers (memoryviews, no copy); ``published_at`` is that entry's ``now_ms``. The
+  receipt is ``encode_receipt(tag, ref)``; the public message id is
+  ``message_id(index, slot)`` (= index * 1024 + slot, as in ``Enqueued.ids``).
+* **Ack / nack / extend**: ``decode_receipt`` each receipt, then ``encode_settle``,
+  ``encode_return`` (nack requeue), ``encode_discard`` (nack without requeue: dead-letter
+  with reason ``rejected``), ``encode_extend(receipts, lease_ms)``. Reply
+  ``Settled(count, stale)``: ``stale`` lists the positions of receipts whose lease is no
+  longer live (HTTP 409 per receipt).
+* **Timers**: after applying, ``machine.next_deadline_ms()`` says when the leader should
+  append ``encode_expire()``; that command (with the leader's ``now_ms``) releases
+  delayed messages, ends leases (a lease end counts as a delivery attempt), sweeps
+  expired messages and re-emits unconfirmed dead-letters.
+* **Admin**: ``encode_purge()``, ``encode_policy({field: value})`` (fields of
+  ``QueuePolicy``; ``priorities`` is fixed at creation), ``machine.stats()``,
+  ``machine.browse(after, limit)``.
+* **Effects** (performed by the leader only): ``MessagesAvailable`` (wake long polls);
+  ``DeadLetter(target, reason, refs, delivery_counts)``: publish copies to ``target``
+  with dedup ids ``dlx:<source uid>:<message id>``, then propose
+  ``encode_dead_letter_confirm(refs)`` here (see ``DeadLetter``); ``CheckpointRequest``
+  and ``ReleaseCursor`` from ``engine.raft.machine`` (every replica).
+
+Packed references (``refs``): one uint64 per message, tag bit 63 = 0: index:44 | size:15 |
+slot:4; tag 10: index:37 | slot:10 | size:15; tag 11: handle into the machine's fallback
+table. Receipts (``receipts``): 32 hex digits, delivery tag then ref.
+
+Dedup window: a message whose ``dedup_id`` was seen in this queue within
+``Limits.dedup_window_ms`` (leader time, default 5 minutes) of the first publish is
+acknowledged with the first message's id and not enqueued again, whether or not the first
+was consumed meanwhile. At most ``Limits.dedup_ids_max`` ids are remembered; beyond that
+the oldest are forgotten early (the window shrinks, never grows).
+
+Module rule: nothing here does I/O or reads a clock (tests/test_purity.py).
+"""
+
+from engine.queue.commands import (
+    OVERFLOW_DROP_HEAD,
+    OVERFLOW_REJECT_PUBLISH,
+    POLICY_FIELDS,
+    Kind,
+    MessageView,
+    NewMessage,
+    QueuePolicy,
+    command_kind,
+    encode_checkout,
+    encode_dead_letter_confirm,
+    encode_discard,
+    encode_enqueue,
+    encode_expire,
+    encode_extend,
+    encode_policy,
+    encode_purge,
+    encode_return,
+    encode_settle,
+    enqueue_count,
+    read_message,
+)
+from engine.queue.effects import (
+    DEAD_LETTER_REASONS,
+    REASON_DELIVERY_LIMIT,
+    REASON_EXPIRED,
+    REASON_MAXLEN,
+    REASON_REJECTED,
+    CheckedOut,
+    DeadLetter,
+    DeadLetterConfirmed,
+    Delivery,
+    Enqueued,
+    Expired,
+    MessagesAvailable,
+    PolicyChanged,
+    Purged,
+    Rejected,
+    Settled,
+)
+from engine.queue.machine import BrowseItem, QueueMachine, QueueStats
+from engine.queue.receipts import decode_receipt, encode_receipt
+from engine.queue.refs import RefParts, message_id, message_id_parts
+
+__all__ = [
+    "DEAD_LETTER_REASONS",
+    "OVERFLOW_DROP_HEAD",
+    "OVERFLOW_REJECT_PUBLISH",
+    "POLICY_FIELDS",
+    "REASON_DELIVERY_LIMIT",
+    "REASON_EXPIRED",
+    "REASON_MAXLEN",
+    "REASON_REJECTED",
+    "BrowseItem",
+    "CheckedOut",
+    "DeadLetter",
+    "DeadLetterConfirmed",
+    "Delivery",
+    "Enqueued",
+    "Expired",
+    "Kind",
+    "MessageView",
+    "MessagesAvailable",
+    "NewMessage",
+    "PolicyChanged",
+    "Purged",
+    "QueueMachine",
+    "QueuePolicy",
+    "QueueStats",
+    "RefParts",
+    "Rejected",
+    "Settled",
+    "command_kind",
+    "decode_receipt",
+    "encode_checkout",
+    "encode_dead_letter_confirm",
+    "encode_discard",
+    "encode_enqueue",
+    "encode_expire",
+    "encode_extend",
+    "encode_policy",
+    "encode_purge",
+    "encode_receipt",
+    "encode_return",
+    "encode_settle",
+    "enqueue_count",
+    "message_id",
+    "message_id_parts",
+    "read_message",
+]

@@ -385,7 +385,7 @@ class QueueMachine:
             return
         for k in np.flatnonzero(fresh).tolist():
             size = int(sizes[k])
-            ref = self._fallback.pack(index, k, size)
+            ref = self._fallback.pack(index, k, size, len(sizes))
             level = int(prios[k])
             ttl_ms = int(recs["ttl_ms"][k])
             if ttl_ms >= 0:

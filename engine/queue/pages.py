@@ -8,6 +8,12 @@ spill such a *cold* page to disk as one contiguous block (``page.tobytes()``) an
 it back when it reaches the head, without touching the others (the Qpid paged-queue
 design, restricted to what a FIFO needs).
 
+A page that is full and no longer the head is *sealed*: if every step between
+neighbouring refs fits in a signed 32-bit integer (refs of consecutive slots and entries
+differ by small multiples of 2^15..2^25), it is kept as its first ref plus int32 deltas,
+4 bytes per message instead of 8, and expanded back when it reaches the head. Deltas
+are taken modulo 2^64, so the round trip is exact for every form of ref.
+
 Positions are absolute: ``head_pos`` counts every ref ever popped, so a browse cursor
 stays valid while the head moves.
 """
@@ -21,6 +27,39 @@ import numpy as np
 import numpy.typing as npt
 
 U64 = npt.NDArray[np.uint64]
+_ARRAY_HEADER_BYTES = 112
+_I32_MIN = -(1 << 31)
+_I32_MAX = (1 << 31) - 1
+
+
+class SealedPage:
+    """A full page stored as its first ref and the int32 steps between neighbours."""
+
+    __slots__ = ("deltas", "first")
+
+    def __init__(self, first: int, deltas: npt.NDArray[np.int32]) -> None:
+        self.first = first
+        self.deltas = deltas
+
+    @classmethod
+    def maybe_seal(cls, page: U64) -> SealedPage | None:
+        steps = np.diff(page).view(np.int64)
+        if len(steps) and (steps.min() < _I32_MIN or steps.max() > _I32_MAX):
+            return None
+        return cls(int(page[0]), steps.astype(np.int32))
+
+    def expand(self) -> U64:
+        out = np.empty(len(self.deltas) + 1, dtype=np.uint64)
+        out[0] = self.first
+        np.cumsum(self.deltas.astype(np.int64).view(np.uint64), out=out[1:])
+        out[1:] += np.uint64(self.first)
+        return out
+
+    def nbytes(self) -> int:
+        return int(self.deltas.nbytes) + _ARRAY_HEADER_BYTES + 56
+
+
+Page = U64 | SealedPage
 
 
 class RefFifo:
@@ -29,7 +68,7 @@ class RefFifo:
     def __init__(self, page_refs: int) -> None:
         assert page_refs >= 16 and page_refs & (page_refs - 1) == 0
         self._page_refs = page_refs
-        self._pages: deque[U64] = deque()
+        self._pages: deque[Page] = deque()
         self._head = 0
         """Read offset in ``_pages[0]``."""
         self._tail = 0
@@ -48,14 +87,41 @@ class RefFifo:
         return len(self._pages)
 
     def nbytes(self) -> int:
-        """Resident bytes of the pages (array headers included, ~112 B each)."""
-        return len(self._pages) * (self._page_refs * 8 + 112)
+        """Resident bytes of the pages (array headers included)."""
+        return sum(
+            p.nbytes() if isinstance(p, SealedPage) else int(p.nbytes) + _ARRAY_HEADER_BYTES
+            for p in self._pages
+        )
+
+    def _new_tail_page(self) -> U64:
+        """Append an empty page; seal the one before it unless it is the head."""
+        if len(self._pages) >= 2:
+            prev = self._pages[-1]
+            assert not isinstance(prev, SealedPage)
+            sealed = SealedPage.maybe_seal(prev)
+            if sealed is not None:
+                self._pages[-1] = sealed
+        page = np.empty(self._page_refs, dtype=np.uint64)
+        self._pages.append(page)
+        self._tail = 0
+        return page
+
+    def _hot(self, i: int) -> U64:
+        page = self._pages[i]
+        return page.expand() if isinstance(page, SealedPage) else page
+
+    def _head_page(self) -> U64:
+        page = self._pages[0]
+        if isinstance(page, SealedPage):
+            page = self._pages[0] = page.expand()
+        return page
 
     def push(self, ref: int) -> None:
         if not self._pages or self._tail == self._page_refs:
-            self._pages.append(np.empty(self._page_refs, dtype=np.uint64))
-            self._tail = 0
-        self._pages[-1][self._tail] = ref
+            self._new_tail_page()
+        tail = self._pages[-1]
+        assert not isinstance(tail, SealedPage)
+        tail[self._tail] = ref
         self._tail += 1
         self._len += 1
 
@@ -64,17 +130,18 @@ class RefFifo:
         n = len(refs)
         while done < n:
             if not self._pages or self._tail == self._page_refs:
-                self._pages.append(np.empty(self._page_refs, dtype=np.uint64))
-                self._tail = 0
+                self._new_tail_page()
+            tail = self._pages[-1]
+            assert not isinstance(tail, SealedPage)
             k = min(n - done, self._page_refs - self._tail)
-            self._pages[-1][self._tail : self._tail + k] = refs[done : done + k]
+            tail[self._tail : self._tail + k] = refs[done : done + k]
             self._tail += k
             done += k
         self._len += n
 
     def peek(self) -> int:
         assert self._len > 0
-        return int(self._pages[0][self._head])
+        return int(self._head_page()[self._head])
 
     def pop(self) -> int:
         ref = self.peek()
@@ -86,7 +153,7 @@ class RefFifo:
         n = min(n, self._len)
         if n == 0:
             return np.empty(0, dtype=np.uint64)
-        first = self._pages[0]
+        first = self._head_page()
         end = self._page_end(0)
         if self._head + n <= end:
             out = first[self._head : self._head + n].copy()
@@ -97,7 +164,7 @@ class RefFifo:
         while left:
             end = self._page_end(0)
             k = min(left, end - self._head)
-            parts.append(self._pages[0][self._head : self._head + k].copy())
+            parts.append(self._head_page()[self._head : self._head + k].copy())
             self._advance(k)
             left -= k
         return np.concatenate(parts)
@@ -128,11 +195,11 @@ class RefFifo:
     def chunks(self) -> Iterator[U64]:
         """Views of the refs in order, one per page (read-only use)."""
         last = len(self._pages) - 1
-        for i, page in enumerate(self._pages):
+        for i in range(len(self._pages)):
             lo = self._head if i == 0 else 0
             hi = self._tail if i == last else self._page_refs
             if hi > lo:
-                yield page[lo:hi]
+                yield self._hot(i)[lo:hi]
 
     def to_array(self) -> U64:
         parts = list(self.chunks())
@@ -150,7 +217,7 @@ class RefFifo:
         while left:
             hi = self._page_end(page_i)
             k = min(left, hi - in_page)
-            parts.append(self._pages[page_i][in_page : in_page + k])
+            parts.append(self._hot(page_i)[in_page : in_page + k])
             left -= k
             page_i += 1
             in_page = 0
@@ -163,4 +230,4 @@ class RefFifo:
         assert (self._len == 0) == (not self._pages)
 
 
-__all__ = ["RefFifo"]
+__all__ = ["RefFifo", "SealedPage"]

@@ -15,8 +15,8 @@ tag bits  layout (high to low)                                   used when
 ``11``    tag:2 | handle:62 (into the machine's ``FallbackTable``) anything else
 ========  =====================================================  =====================
 
-The first form is the one the issue fixes for single-message entries (and batches of at
-most 16). A ref is never 0, because a Raft index is at least 1; 0 marks an empty slot in
+The first form is the one for single-message entries (and batches of at most 16); the
+second is used for every slot of a larger batch. A ref is never 0, because a Raft index is at least 1; 0 marks an empty slot in
 the pending ring. Packing is a function of (index, slot, size) except in the fallback
 form, whose handle the machine assigns from a counter, so every replica assigns the same.
 """
@@ -66,12 +66,15 @@ def is_fallback(ref: int) -> bool:
     return ref >> 62 == 0b11
 
 
-def try_pack(index: int, slot: int, size: int) -> int | None:
-    """The compact ref of a message, or ``None`` when only the fallback form fits."""
-    assert index >= 1 and 0 <= slot < SLOTS_PER_ENTRY_MAX and size >= 0
+def try_pack(index: int, slot: int, size: int, batch: int = 1) -> int | None:
+    """The compact ref of message ``slot`` of an entry holding ``batch`` messages, or
+    ``None`` when only the fallback form fits. Entries of at most 16 messages use the
+    first form, larger batches the second for every slot, so that neighbouring refs
+    of one batch differ by small steps (see ``engine.queue.pages``)."""
+    assert index >= 1 and 0 <= slot < batch <= SLOTS_PER_ENTRY_MAX and size >= 0
     if size >= SIZE_LIMIT:
         return None
-    if index < INDEX_LIMIT_SHORT and slot < SLOT_LIMIT_SHORT:
+    if index < INDEX_LIMIT_SHORT and batch <= SLOT_LIMIT_SHORT:
         return (index << (SIZE_BITS + SLOT_BITS_SHORT)) | (size << SLOT_BITS_SHORT) | slot
     if index < INDEX_LIMIT_LONG:
         return _TAG_LONG | (index << (SLOT_BITS_LONG + SIZE_BITS)) | (slot << SIZE_BITS) | size
@@ -130,9 +133,9 @@ class FallbackTable:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def pack(self, index: int, slot: int, size: int) -> int:
+    def pack(self, index: int, slot: int, size: int, batch: int = 1) -> int:
         """The ref of a message, compact when it fits, else a new fallback handle."""
-        ref = try_pack(index, slot, size)
+        ref = try_pack(index, slot, size, batch)
         if ref is not None:
             return ref
         handle = self._next_handle
@@ -203,21 +206,18 @@ def pack_batch(index: int, sizes: U64, table: FallbackTable) -> U64:
     assert 1 <= n <= SLOTS_PER_ENTRY_MAX
     slots = np.arange(n, dtype=np.uint64)
     small = sizes < np.uint64(SIZE_LIMIT)
-    refs = np.zeros(n, dtype=np.uint64)
-    if index < INDEX_LIMIT_LONG:
+    if n <= SLOT_LIMIT_SHORT and index < INDEX_LIMIT_SHORT:
+        head = np.uint64(index << (SIZE_BITS + SLOT_BITS_SHORT))
+        refs = (head | (sizes << np.uint64(SLOT_BITS_SHORT))) | slots
+    elif index < INDEX_LIMIT_LONG:
         head = np.uint64(_TAG_LONG | (index << (SLOT_BITS_LONG + SIZE_BITS)))
         refs = (head | (slots << np.uint64(SIZE_BITS))) | sizes
-    if index < INDEX_LIMIT_SHORT:
-        k = min(n, SLOT_LIMIT_SHORT)
-        head = np.uint64(index << (SIZE_BITS + SLOT_BITS_SHORT))
-        refs[:k] = (head | (sizes[:k] << np.uint64(SLOT_BITS_SHORT))) | slots[:k]
     else:
+        refs = np.zeros(n, dtype=np.uint64)
         small[:] = False
-    if index >= INDEX_LIMIT_LONG:
-        small[SLOT_LIMIT_SHORT:] = False
     if not small.all():
         for k in np.flatnonzero(~small).tolist():
-            refs[k] = table.pack(index, int(k), int(sizes[k]))
+            refs[k] = table.pack(index, int(k), int(sizes[k]), n)
     return refs
 
 

@@ -1,0 +1,143 @@
+"""``quorra bench machine``: memory per message and apply throughput of the queue machine.
+
+Memory is measured with ``tracemalloc`` (numpy reports its buffers to it), as the traced
+bytes the machine holds after the workload minus those of the same machine empty,
+divided by the number of messages: everything the state keeps (pages, page headers,
+deques, groups, dicts), not an estimate. Throughput is wall time around ``apply`` of
+pre-encoded commands, each carrying a batch of 100 messages or receipts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import time
+import tracemalloc
+from typing import Any
+
+import bench
+from engine.queue import (
+    CheckedOut,
+    NewMessage,
+    QueueMachine,
+    encode_checkout,
+    encode_enqueue,
+    encode_settle,
+)
+from engine.raft.machine import ApplyMeta
+
+BATCH = 100
+BODY = b"x" * 100
+
+
+class _Driver:
+    """Applies commands with increasing indexes and a clock that moves 1 ms per entry."""
+
+    def __init__(self) -> None:
+        self.machine = QueueMachine()
+        self.index = 0
+
+    def apply(self, command: bytes) -> object:
+        self.index += 1
+        reply, _effects = self.machine.apply(ApplyMeta(self.index, 1, self.index), command)
+        return reply
+
+
+def _fill(driver: _Driver, messages: int) -> None:
+    command = encode_enqueue([NewMessage(BODY) for _ in range(BATCH)])
+    for _ in range(messages // BATCH):
+        driver.apply(command)
+
+
+def _checkout_all(driver: _Driver, messages: int) -> list[list[tuple[int, int]]]:
+    command = encode_checkout("bench-consumer", BATCH, 3_600_000)
+    batches: list[list[tuple[int, int]]] = []
+    for _ in range(messages // BATCH):
+        reply = driver.apply(command)
+        assert isinstance(reply, CheckedOut)
+        batches.append([(d.tag, d.ref) for d in reply.deliveries])
+    return batches
+
+
+def _traced_bytes_per_message(messages: int, pending: bool) -> dict[str, Any]:
+    gc.collect()
+    tracemalloc.start()
+    driver = _Driver()
+    base = tracemalloc.get_traced_memory()[0]
+    _fill(driver, messages)
+    if pending:
+        command = encode_checkout("bench-consumer", BATCH, 3_600_000)
+        for _ in range(messages // BATCH):
+            driver.apply(command)
+    gc.collect()
+    held = tracemalloc.get_traced_memory()[0] - base
+    tracemalloc.stop()
+    stats = driver.machine.stats()
+    assert (stats.messages_unacked if pending else stats.messages_ready) == messages
+    return {
+        "messages": messages,
+        "traced_bytes": held,
+        "bytes_per_message": round(held / messages, 3),
+        "machine_estimate_bytes": stats.memory_bytes,
+    }
+
+
+def _ops(messages: int) -> dict[str, Any]:
+    driver = _Driver()
+    command = encode_enqueue([NewMessage(BODY) for _ in range(BATCH)])
+    n = messages // BATCH
+    t0 = time.perf_counter()
+    for _ in range(n):
+        driver.apply(command)
+    t1 = time.perf_counter()
+    batches = _checkout_all(driver, messages)
+    t2 = time.perf_counter()
+    settles = [encode_settle(b) for b in batches]
+    t3 = time.perf_counter()
+    for s in settles:
+        driver.apply(s)
+    t4 = time.perf_counter()
+    assert driver.machine.stats().acked == messages
+
+    def figures(seconds: float) -> dict[str, float]:
+        return {
+            "commands_per_s": round(n / seconds),
+            "messages_per_s": round(messages / seconds),
+        }
+
+    return {
+        "batch": BATCH,
+        "messages": messages,
+        "enqueue": figures(t1 - t0),
+        "checkout": figures(t2 - t1),
+        "settle": figures(t4 - t3),
+    }
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="quorra bench machine")
+    parser.add_argument("--json", action="store_true", help="print JSON (the only format)")
+    parser.add_argument(
+        "--ready",
+        default="1000000,10000000",
+        help="comma-separated ready-queue depths to measure",
+    )
+    parser.add_argument("--pending", default="50000,200000")
+    parser.add_argument("--ops-messages", type=int, default=200_000)
+    args = parser.parse_args(argv)
+    ready = [_traced_bytes_per_message(int(n), False) for n in args.ready.split(",") if n]
+    pending = [_traced_bytes_per_message(int(n), True) for n in args.pending.split(",") if n]
+    result = {
+        "bench": "machine",
+        "machine": bench.machine_info(),
+        "body_bytes": len(BODY),
+        "batch_messages": BATCH,
+        "bytes_per_ready_message": {str(r["messages"]): r["bytes_per_message"] for r in ready},
+        "bytes_per_pending_message": {str(r["messages"]): r["bytes_per_message"] for r in pending},
+        "ops_per_s": _ops(args.ops_messages),
+        "details": {"ready": ready, "pending": pending},
+        "targets": {"bytes_per_ready_message": 8, "bytes_per_pending_message": 16},
+    }
+    print(json.dumps(result, indent=2))
+    return 0
