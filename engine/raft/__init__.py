@@ -1,1 +1,65 @@
-"""engine.raft (see engine/__init__.py for the layering)."""
+"""engine.raft: a sans-IO Raft core (see engine/__init__.py for the layering).
+
+Drive a ``RaftServer`` with events (``Tick``, ``Receive``, ``Propose``, ``ReadIndex``,
+``AddServer``, ``RemoveServer``, ``TransferLeadership``, ``Persisted``,
+``SnapshotTaken``, ``SnapshotInstalled``) and act on the ``Ready`` it returns, in the
+order ``engine.raft.events`` states.
+"""
+
+from engine.raft.config import EMPTY_CONFIGURATION, Configuration
+from engine.raft.events import (
+    Accepted,
+    AddServer,
+    Completed,
+    Event,
+    HardState,
+    Persisted,
+    Propose,
+    ReadIndex,
+    ReadReady,
+    Ready,
+    Receive,
+    Rejected,
+    RemoveServer,
+    SnapshotInstalled,
+    SnapshotTaken,
+    Tick,
+    TransferLeadership,
+)
+from engine.raft.log import Entry, EntryKind, LogStore
+from engine.raft.machine import ApplyMeta, Machine
+from engine.raft.server import Fault, RaftOptions, RaftServer, RandomSource, Role
+from engine.raft.snapshot import Snapshot
+
+__all__ = [
+    "EMPTY_CONFIGURATION",
+    "Accepted",
+    "AddServer",
+    "ApplyMeta",
+    "Completed",
+    "Configuration",
+    "Entry",
+    "EntryKind",
+    "Event",
+    "Fault",
+    "HardState",
+    "LogStore",
+    "Machine",
+    "Persisted",
+    "Propose",
+    "RaftOptions",
+    "RaftServer",
+    "RandomSource",
+    "ReadIndex",
+    "ReadReady",
+    "Ready",
+    "Receive",
+    "Rejected",
+    "RemoveServer",
+    "Role",
+    "Snapshot",
+    "SnapshotInstalled",
+    "SnapshotTaken",
+    "Tick",
+    "TransferLeadership",
+]

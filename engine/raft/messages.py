@@ -1,0 +1,137 @@
+"""Messages between the Raft servers of one group. Frozen values; the runtime moves them.
+
+Every message names its sender, its receiver and the sender's term. The core never
+assumes delivery, order or uniqueness: the network may drop, delay, reorder and repeat.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.ids import ServerId
+from engine.raft.log import Entry
+
+
+@dataclass(frozen=True, slots=True)
+class VoteRequest:
+    src: ServerId
+    dst: ServerId
+    term: int
+    last_index: int
+    last_term: int
+    pre: bool
+    """A pre-vote: asks whether a vote would be granted, changes no term."""
+    transfer: bool
+    """Sent on a leadership transfer: voters ignore their leader lease."""
+
+
+@dataclass(frozen=True, slots=True)
+class VoteResponse:
+    src: ServerId
+    dst: ServerId
+    term: int
+    granted: bool
+    pre: bool
+
+
+@dataclass(frozen=True, slots=True)
+class AppendRequest:
+    src: ServerId
+    dst: ServerId
+    term: int
+    prev_index: int
+    prev_term: int
+    entries: list[Entry]
+    commit: int
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResponse:
+    src: ServerId
+    dst: ServerId
+    term: int
+    success: bool
+    match_index: int
+    """On success, the last index known to match the leader's log."""
+    rejected_prev_index: int
+    """On failure, the ``prev_index`` the follower could not match."""
+    conflict_term: int
+    """On failure, the follower's term at ``rejected_prev_index`` (0: it has no entry)."""
+    conflict_index: int
+    """On failure, the first index of ``conflict_term`` in the follower's log, or its
+    last index + 1 when the log is too short."""
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    src: ServerId
+    dst: ServerId
+    term: int
+    commit: int
+    """``min(commit, match of this follower)``: safe to adopt without a log check."""
+    read_seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatResponse:
+    src: ServerId
+    dst: ServerId
+    term: int
+    read_seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotChunk:
+    src: ServerId
+    dst: ServerId
+    term: int
+    snapshot_index: int
+    snapshot_term: int
+    offset: int
+    data: bytes
+    done: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotResponse:
+    src: ServerId
+    dst: ServerId
+    term: int
+    snapshot_index: int
+    next_offset: int
+    """The offset the follower wants next; ``-1`` once the snapshot is installed."""
+
+
+@dataclass(frozen=True, slots=True)
+class TimeoutNow:
+    """Leadership transfer: the receiver campaigns at once, skipping the pre-vote."""
+
+    src: ServerId
+    dst: ServerId
+    term: int
+
+
+Message = (
+    VoteRequest
+    | VoteResponse
+    | AppendRequest
+    | AppendResponse
+    | Heartbeat
+    | HeartbeatResponse
+    | SnapshotChunk
+    | SnapshotResponse
+    | TimeoutNow
+)
+
+__all__ = [
+    "AppendRequest",
+    "AppendResponse",
+    "Heartbeat",
+    "HeartbeatResponse",
+    "Message",
+    "SnapshotChunk",
+    "SnapshotResponse",
+    "TimeoutNow",
+    "VoteRequest",
+    "VoteResponse",
+]

@@ -1,0 +1,109 @@
+"""What a leader knows of one follower: match and next index, and the flow control state.
+
+States (as etcd-io/raft): PROBE sends one message and waits for its answer; REPLICATE
+pipelines optimistically, bounded by in-flight messages and bytes; SNAPSHOT ships a
+snapshot in chunks, one chunk in flight.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from enum import IntEnum
+
+
+class ProgressState(IntEnum):
+    PROBE = 0
+    REPLICATE = 1
+    SNAPSHOT = 2
+
+
+class Progress:
+    __slots__ = (
+        "inflight",
+        "inflight_bytes",
+        "last_progress_ms",
+        "match",
+        "next",
+        "probe_sent",
+        "read_acked",
+        "recent_active",
+        "snapshot_data",
+        "snapshot_index",
+        "snapshot_offset",
+        "snapshot_sent_ms",
+        "snapshot_term",
+        "state",
+    )
+
+    def __init__(self, next_index: int, now_ms: int) -> None:
+        self.match = 0
+        self.next = next_index
+        self.state = ProgressState.PROBE
+        self.probe_sent = False
+        self.inflight: deque[tuple[int, int]] = deque()
+        """(last index, bytes) of each append message not yet acknowledged."""
+        self.inflight_bytes = 0
+        self.recent_active = True
+        self.read_acked = 0
+        self.last_progress_ms = now_ms
+        self.snapshot_data = b""
+        self.snapshot_index = 0
+        self.snapshot_term = 0
+        self.snapshot_offset = 0
+        self.snapshot_sent_ms = 0
+
+    def is_paused(self, inflight_max: int, inflight_bytes_max: int) -> bool:
+        if self.state is ProgressState.PROBE:
+            return self.probe_sent
+        if self.state is ProgressState.SNAPSHOT:
+            return True
+        return len(self.inflight) >= inflight_max or self.inflight_bytes >= inflight_bytes_max
+
+    def sent(self, last_index: int, size_bytes: int) -> None:
+        if self.state is ProgressState.REPLICATE:
+            if last_index >= self.next:
+                self.next = last_index + 1
+                self.inflight.append((last_index, size_bytes))
+                self.inflight_bytes += size_bytes
+        else:
+            self.probe_sent = True
+
+    def maybe_update(self, match: int, now_ms: int) -> bool:
+        """A success up to ``match``; says whether it taught us anything new."""
+        updated = match > self.match
+        if updated:
+            self.match = match
+            self.last_progress_ms = now_ms
+        self.next = max(self.next, match + 1)
+        self.probe_sent = False
+        inflight = self.inflight
+        while inflight and inflight[0][0] <= match:
+            self.inflight_bytes -= inflight.popleft()[1]
+        return updated
+
+    def become_probe(self, next_index: int) -> None:
+        self.state = ProgressState.PROBE
+        self.next = max(self.match + 1, next_index)
+        self.probe_sent = False
+        self.inflight.clear()
+        self.inflight_bytes = 0
+        self.snapshot_data = b""
+
+    def become_replicate(self) -> None:
+        self.state = ProgressState.REPLICATE
+        self.next = self.match + 1
+        self.probe_sent = False
+        self.inflight.clear()
+        self.inflight_bytes = 0
+
+    def become_snapshot(self, index: int, term: int, data: bytes, now_ms: int) -> None:
+        self.state = ProgressState.SNAPSHOT
+        self.inflight.clear()
+        self.inflight_bytes = 0
+        self.snapshot_index, self.snapshot_term = index, term
+        self.snapshot_data = data
+        self.snapshot_offset = 0
+        self.snapshot_sent_ms = now_ms
+
+
+__all__ = ["Progress", "ProgressState"]
