@@ -1,0 +1,78 @@
+"""Operations endpoints: ``/healthz`` and ``/readyz`` (open), ``/metrics`` (a token),
+and ``/api/v1/whoami`` and ``/api/v1/audit``."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Query, Request, Response
+from fastapi.responses import JSONResponse
+
+from app.api.deps import API_PREFIX, AdminDep, PrincipalDep, SessionDep
+from app.api.schemas import AuditOut, Health, Permissions, Readiness, WhoAmI
+from app.db import repo
+from app.metrics import CONTENT_TYPE_LATEST, AppMetrics
+from app.negotiation import NegotiatedRoute
+
+ops_router = APIRouter(tags=["operations"])
+api_router = APIRouter(prefix=API_PREFIX, tags=["operations"], route_class=NegotiatedRoute)
+
+
+def readiness(request: Request) -> Readiness:
+    state = request.app.state
+    node = state.node
+    engine = "absent" if node is None else "recovered" if node.recovered else "recovering"
+    ready = bool(state.ready) and state.migrations is not None and engine != "recovering"
+    return Readiness(ready=ready, migrations=state.migrations, engine=engine)
+
+
+@ops_router.get("/healthz", response_model=Health)
+def healthz() -> Health:
+    """The process is alive and serving HTTP."""
+    return Health(status="ok")
+
+
+@ops_router.get(
+    "/readyz",
+    response_model=Readiness,
+    responses={503: {"model": Readiness, "description": "Not ready yet."}},
+)
+def readyz(request: Request) -> Response:
+    """Metadata migrated and, when an engine runs, every queue recovered."""
+    result = readiness(request)
+    return JSONResponse(result.model_dump(), status_code=200 if result.ready else 503)
+
+
+@ops_router.get(
+    "/metrics",
+    response_class=Response,
+    responses={200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "Prometheus text."}},
+)
+def metrics(request: Request, session: SessionDep, _who: PrincipalDep) -> Response:
+    """Prometheus text format. Needs a bearer token of any user."""
+    app_metrics: AppMetrics = request.app.state.metrics
+    app_metrics.users.set(repo.count_users(session))
+    app_metrics.ready.set(1 if readiness(request).ready else 0)
+    return Response(app_metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+@api_router.get("/whoami", response_model=WhoAmI)
+def whoami(who: PrincipalDep) -> WhoAmI:
+    return WhoAmI(
+        name=who.name,
+        role=who.role,
+        permissions=Permissions(configure=who.configure, write=who.write, read=who.read),
+        token_id=who.token_id,
+    )
+
+
+@api_router.get("/audit", response_model=list[AuditOut])
+def audit_log(
+    session: SessionDep,
+    _who: AdminDep,
+    limit: int = Query(default=100, ge=1, le=1000),
+    before: int | None = Query(default=None, ge=1, description="Entries older than this id."),
+) -> list[AuditOut]:
+    """Administrative actions, newest first."""
+    return [
+        AuditOut.model_validate(e, from_attributes=True)
+        for e in repo.list_audit(session, limit, before)
+    ]

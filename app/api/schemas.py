@@ -1,0 +1,114 @@
+"""Request and response bodies of the admin API (users, tokens, audit), one model per
+direction: what a client sends (``...In``/``...Patch``) never doubles as what it gets."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from app.auth import pattern_error
+
+USER_NAME_PATTERN = r"^[A-Za-z0-9._@-]{1,100}$"
+
+
+def _valid_pattern(pattern: str) -> str:
+    error = pattern_error(pattern)
+    if error is not None:
+        raise ValueError(error)
+    return pattern
+
+
+PermissionPattern = Annotated[
+    str,
+    Field(max_length=500, description="A regular expression over queue names, matched in full."),
+    AfterValidator(_valid_pattern),
+]
+UserName = Annotated[str, Field(pattern=USER_NAME_PATTERN, description="1-100 characters.")]
+Password = Annotated[str, Field(min_length=8, max_length=1024)]
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Permissions(_In):
+    """RabbitMQ-style: ``""`` permits nothing, ``".*"`` everything."""
+
+    configure: PermissionPattern = ""
+    write: PermissionPattern = ""
+    read: PermissionPattern = ""
+
+
+class UserIn(_In):
+    name: UserName
+    password: Password
+    role: Literal["admin", "user"] = "user"
+    permissions: Permissions = Field(default_factory=Permissions)
+
+
+class UserPatch(_In):
+    password: Password | None = None
+    role: Literal["admin", "user"] | None = None
+    permissions: Permissions | None = None
+
+
+class UserOut(BaseModel):
+    name: str
+    role: Literal["admin", "user"]
+    permissions: Permissions
+    created_at: datetime
+    updated_at: datetime
+
+
+class TokenIn(_In):
+    name: str = Field(default="", max_length=200, description="A label, to recognise the token.")
+    user: UserName | None = Field(
+        default=None, description="Admins only: create the token for this user."
+    )
+
+
+class TokenCreated(BaseModel):
+    token: str = Field(description="The secret. Shown only in this response.")
+    id: str
+    user: str
+    name: str
+    created_at: datetime
+
+
+class TokenOut(BaseModel):
+    id: str
+    user: str
+    name: str
+    prefix: str = Field(description="The token's first characters.")
+    created_at: datetime
+    last_used_at: datetime | None
+
+
+class WhoAmI(BaseModel):
+    name: str
+    role: Literal["admin", "user"]
+    permissions: Permissions
+    token_id: str | None
+
+
+class AuditOut(BaseModel):
+    id: int
+    at: datetime
+    actor: str
+    action: str
+    target: str
+    detail: dict[str, Any]
+    source: str
+    remote_addr: str
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+
+
+class Readiness(BaseModel):
+    ready: bool
+    migrations: str | None = Field(description="The metadata schema revision, once migrated.")
+    engine: Literal["absent", "recovering", "recovered"]

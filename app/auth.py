@@ -1,0 +1,135 @@
+"""Credentials and permissions, free of HTTP and of the database.
+
+Passwords are hashed with argon2 (slow on purpose: they are guessable). API tokens are
+256-bit random strings, so a single SHA-256 digest is enough and cheap enough to look
+up on every request. Permissions follow RabbitMQ: three regular expressions per user,
+``configure``, ``write`` and ``read``, each matched against the *whole* queue name; an
+empty pattern permits nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Literal
+
+from argon2 import PasswordHasher
+from argon2.exceptions import InvalidHashError, VerificationError
+
+from app.problems import Forbidden
+
+Permission = Literal["configure", "write", "read"]
+Role = Literal["admin", "user"]
+PERMISSIONS: tuple[Permission, ...] = ("configure", "write", "read")
+
+TOKEN_PREFIX = "qra_"
+TOKEN_BYTES = 32
+"""256 bits of randomness per token."""
+TOKEN_SHOWN_CHARS = 8
+PATTERN_CHARS_MAX = 500
+
+_hasher = PasswordHasher()
+
+
+# --- passwords -------------------------------------------------------------------------
+
+
+def hash_password(password: str) -> str:
+    return _hasher.hash(password)
+
+
+def verify_password(password_hash: str, password: str) -> bool:
+    try:
+        return _hasher.verify(password_hash, password)
+    except (VerificationError, InvalidHashError):
+        return False
+
+
+def random_password() -> str:
+    return secrets.token_urlsafe(18)
+
+
+# --- tokens ----------------------------------------------------------------------------
+
+
+def new_token() -> str:
+    return TOKEN_PREFIX + secrets.token_urlsafe(TOKEN_BYTES)
+
+
+def token_digest(token: str) -> str:
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+def token_prefix(token: str) -> str:
+    return token[: len(TOKEN_PREFIX) + TOKEN_SHOWN_CHARS]
+
+
+def session_digest(session_id: str) -> str:
+    return hashlib.sha256(session_id.encode("utf-8")).hexdigest()
+
+
+# --- permissions -----------------------------------------------------------------------
+
+
+def pattern_error(pattern: str) -> str | None:
+    """Why ``pattern`` is not a usable permission, or None when it is."""
+    if len(pattern) > PATTERN_CHARS_MAX:
+        return f"longer than {PATTERN_CHARS_MAX} characters"
+    try:
+        re.compile(pattern)
+    except re.error as e:
+        return f"not a regular expression: {e}"
+    return None
+
+
+@lru_cache(maxsize=1024)
+def _compiled(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern)
+
+
+def permits(pattern: str, queue_name: str) -> bool:
+    """RabbitMQ semantics: the pattern must match the whole name; ``""`` matches nothing."""
+    if pattern == "":
+        return False
+    return _compiled(pattern).fullmatch(queue_name) is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who is calling: the user behind a token, a Basic login or a dashboard session."""
+
+    user_id: int
+    name: str
+    role: Role
+    configure: str
+    write: str
+    read: str
+    token_id: str | None = None
+
+    @property
+    def is_admin(self) -> bool:
+        return self.role == "admin"
+
+    def pattern(self, permission: Permission) -> str:
+        if permission == "configure":
+            return self.configure
+        if permission == "write":
+            return self.write
+        assert permission == "read"
+        return self.read
+
+    def can(self, permission: Permission, queue_name: str) -> bool:
+        return permits(self.pattern(permission), queue_name)
+
+
+def require(principal: Principal, permission: Permission, queue_name: str) -> None:
+    """Raise 403 unless ``principal`` may ``permission`` on ``queue_name``.
+
+    The admin role does not bypass permissions (as in RabbitMQ): the bootstrap admin
+    holds ``.*`` on all three.
+    """
+    if not principal.can(permission, queue_name):
+        raise Forbidden(f"user {principal.name!r} has no {permission} permission on {queue_name!r}")

@@ -1,0 +1,381 @@
+"""The repository: every query the app makes, as small functions over a ``Session``.
+
+Functions never commit; the caller's transaction (the request, or
+``Database.transaction()``) decides. Secrets arrive here already hashed.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import delete, func, select
+from sqlalchemy.orm import Session
+
+from app.db.models import (
+    ApiToken,
+    AuditEntry,
+    CompactionRecord,
+    NodeRecord,
+    QueueDefinition,
+    SnapshotRecord,
+    UiSession,
+    User,
+    utcnow,
+)
+
+TOKEN_TOUCH_INTERVAL = timedelta(minutes=1)
+"""``last_used_at`` is written at most this often per token, not on every request."""
+HISTORY_ROWS_MAX = 1000
+
+
+# --- users ---------------------------------------------------------------------------
+
+
+def get_user(session: Session, name: str) -> User | None:
+    return session.scalar(select(User).where(User.name == name))
+
+
+def get_user_by_id(session: Session, user_id: int) -> User | None:
+    return session.get(User, user_id)
+
+
+def list_users(session: Session) -> Sequence[User]:
+    return session.scalars(select(User).order_by(User.name)).all()
+
+
+def count_users(session: Session) -> int:
+    return session.scalar(select(func.count()).select_from(User)) or 0
+
+
+def count_admins(session: Session) -> int:
+    return session.scalar(select(func.count()).select_from(User).where(User.role == "admin")) or 0
+
+
+def create_user(
+    session: Session,
+    *,
+    name: str,
+    password_hash: str,
+    role: str,
+    configure: str,
+    write: str,
+    read: str,
+) -> User:
+    user = User(
+        name=name,
+        password_hash=password_hash,
+        role=role,
+        configure=configure,
+        write=write,
+        read=read,
+    )
+    session.add(user)
+    session.flush()
+    return user
+
+
+def delete_user(session: Session, user: User) -> None:
+    session.delete(user)
+    session.flush()
+
+
+# --- API tokens ----------------------------------------------------------------------
+
+
+def new_token_id() -> str:
+    return secrets.token_hex(8)
+
+
+def create_token(session: Session, *, user: User, digest: str, prefix: str, name: str) -> ApiToken:
+    token = ApiToken(id=new_token_id(), user=user, digest=digest, prefix=prefix, name=name)
+    session.add(token)
+    session.flush()
+    return token
+
+
+def find_token(session: Session, digest: str) -> ApiToken | None:
+    return session.scalar(select(ApiToken).where(ApiToken.digest == digest))
+
+
+def get_token(session: Session, token_id: str) -> ApiToken | None:
+    return session.get(ApiToken, token_id)
+
+
+def list_tokens(session: Session, user: User | None = None) -> Sequence[ApiToken]:
+    query = select(ApiToken).order_by(ApiToken.created_at, ApiToken.id)
+    if user is not None:
+        query = query.where(ApiToken.user_id == user.id)
+    return session.scalars(query).all()
+
+
+def revoke_token(session: Session, token: ApiToken) -> None:
+    session.delete(token)
+    session.flush()
+
+
+def maybe_touch_token(token: ApiToken, now: datetime | None = None) -> bool:
+    """Record use, at most once per ``TOKEN_TOUCH_INTERVAL``; says whether it wrote."""
+    now = now or utcnow()
+    if token.last_used_at is not None and now - token.last_used_at < TOKEN_TOUCH_INTERVAL:
+        return False
+    token.last_used_at = now
+    return True
+
+
+# --- dashboard sessions --------------------------------------------------------------
+
+
+def create_ui_session(
+    session: Session, *, user: User, digest: str, csrf_token: str, ttl: timedelta
+) -> UiSession:
+    row = UiSession(digest=digest, user=user, csrf_token=csrf_token, expires_at=utcnow() + ttl)
+    session.add(row)
+    session.flush()
+    return row
+
+
+def find_ui_session(session: Session, digest: str) -> UiSession | None:
+    row = session.get(UiSession, digest)
+    if row is None or row.expires_at <= utcnow():
+        return None
+    return row
+
+
+def delete_ui_session(session: Session, digest: str) -> None:
+    session.execute(delete(UiSession).where(UiSession.digest == digest))
+
+
+def delete_expired_ui_sessions(session: Session) -> int:
+    result = session.execute(delete(UiSession).where(UiSession.expires_at <= utcnow()))
+    return int(getattr(result, "rowcount", 0) or 0)
+
+
+# --- queue definitions ---------------------------------------------------------------
+
+
+def new_queue_uid() -> str:
+    return secrets.token_hex(8)
+
+
+def get_queue(session: Session, name: str) -> QueueDefinition | None:
+    return session.scalar(select(QueueDefinition).where(QueueDefinition.name == name))
+
+
+def get_queue_by_uid(session: Session, uid: str) -> QueueDefinition | None:
+    return session.scalar(select(QueueDefinition).where(QueueDefinition.uid == uid))
+
+
+def list_queues(session: Session, status: str | None = None) -> Sequence[QueueDefinition]:
+    query = select(QueueDefinition).order_by(QueueDefinition.name)
+    if status is not None:
+        query = query.where(QueueDefinition.status == status)
+    return session.scalars(query).all()
+
+
+def create_queue(
+    session: Session, *, name: str, arguments: dict[str, Any], uid: str | None = None
+) -> QueueDefinition:
+    """A new definition in status ``creating``; mark it ``ready`` once the engine has it."""
+    queue = QueueDefinition(
+        name=name, uid=uid or new_queue_uid(), arguments=arguments, policies={}, status="creating"
+    )
+    session.add(queue)
+    session.flush()
+    return queue
+
+
+def set_queue_status(session: Session, queue: QueueDefinition, status: str) -> None:
+    queue.status = status
+    session.flush()
+
+
+def set_queue_policies(session: Session, queue: QueueDefinition, policies: dict[str, Any]) -> None:
+    # A new dict, so that SQLAlchemy sees the JSON column change.
+    queue.policies = dict(policies)
+    session.flush()
+
+
+def delete_queue(session: Session, queue: QueueDefinition) -> None:
+    """Remove the definition and, by cascade, its snapshot and compaction history."""
+    session.delete(queue)
+    session.flush()
+
+
+# --- snapshot and compaction history -------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotFacts:
+    raft_index: int
+    term: int
+    taken_at: datetime
+    bytes: int
+    live_entries: int
+    trigger: str
+    duration_ms: int
+
+
+def record_snapshot(session: Session, queue_uid: str, facts: SnapshotFacts) -> SnapshotRecord:
+    assert facts.trigger in ("manual", "auto")
+    row = SnapshotRecord(
+        queue_uid=queue_uid,
+        raft_index=facts.raft_index,
+        term=facts.term,
+        taken_at=facts.taken_at,
+        bytes=facts.bytes,
+        live_entries=facts.live_entries,
+        trigger=facts.trigger,
+        duration_ms=facts.duration_ms,
+    )
+    session.add(row)
+    session.flush()
+    return row
+
+
+def list_snapshots(
+    session: Session, queue_uid: str, limit: int = HISTORY_ROWS_MAX
+) -> Sequence[SnapshotRecord]:
+    """Newest first."""
+    query = (
+        select(SnapshotRecord)
+        .where(SnapshotRecord.queue_uid == queue_uid)
+        .order_by(SnapshotRecord.taken_at.desc(), SnapshotRecord.id.desc())
+        .limit(min(limit, HISTORY_ROWS_MAX))
+    )
+    return session.scalars(query).all()
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionStart:
+    requested_phase: str
+    trigger: str
+    segments_before: int
+    bytes_before: int
+    live_entries: int
+    dead_entries_before: int
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionResult:
+    phase: int
+    segments_after: int
+    bytes_after: int
+    dead_entries_after: int
+    duration_ms: int
+
+
+def start_compaction(session: Session, queue_uid: str, start: CompactionStart) -> CompactionRecord:
+    assert start.requested_phase in ("auto", "1", "2", "3")
+    assert start.trigger in ("manual", "auto")
+    row = CompactionRecord(
+        queue_uid=queue_uid,
+        requested_phase=start.requested_phase,
+        trigger=start.trigger,
+        status="running",
+        segments_before=start.segments_before,
+        bytes_before=start.bytes_before,
+        live_entries=start.live_entries,
+        dead_entries_before=start.dead_entries_before,
+    )
+    session.add(row)
+    session.flush()
+    return row
+
+
+def finish_compaction(
+    session: Session, row: CompactionRecord, result: CompactionResult | None, error: str = ""
+) -> None:
+    """Close a run: with its result when it succeeded, with ``error`` when it failed."""
+    assert row.status == "running"
+    row.finished_at = utcnow()
+    if result is None:
+        row.status = "failed"
+        row.error = error[:500] or "failed"
+    else:
+        row.status = "done"
+        row.phase = result.phase
+        row.segments_after = result.segments_after
+        row.bytes_after = result.bytes_after
+        row.dead_entries_after = result.dead_entries_after
+        row.duration_ms = result.duration_ms
+    session.flush()
+
+
+def get_compaction(session: Session, row_id: int) -> CompactionRecord | None:
+    return session.get(CompactionRecord, row_id)
+
+
+def list_compactions(
+    session: Session, queue_uid: str, limit: int = HISTORY_ROWS_MAX
+) -> Sequence[CompactionRecord]:
+    """Newest first; a running compaction, if any, comes first."""
+    query = (
+        select(CompactionRecord)
+        .where(CompactionRecord.queue_uid == queue_uid)
+        .order_by(CompactionRecord.started_at.desc(), CompactionRecord.id.desc())
+        .limit(min(limit, HISTORY_ROWS_MAX))
+    )
+    return session.scalars(query).all()
+
+
+# --- audit log -----------------------------------------------------------------------
+
+
+def audit(
+    session: Session,
+    *,
+    actor: str,
+    action: str,
+    target: str = "",
+    detail: dict[str, Any] | None = None,
+    source: str = "api",
+    remote_addr: str = "",
+) -> AuditEntry:
+    assert source in ("api", "ui", "cli", "system")
+    entry = AuditEntry(
+        actor=actor,
+        action=action,
+        target=target,
+        detail=detail or {},
+        source=source,
+        remote_addr=remote_addr,
+    )
+    session.add(entry)
+    session.flush()
+    return entry
+
+
+def list_audit(
+    session: Session, limit: int = 100, before_id: int | None = None
+) -> Sequence[AuditEntry]:
+    query = select(AuditEntry).order_by(AuditEntry.id.desc()).limit(min(limit, HISTORY_ROWS_MAX))
+    if before_id is not None:
+        query = query.where(AuditEntry.id < before_id)
+    return session.scalars(query).all()
+
+
+# --- node registry -------------------------------------------------------------------
+
+
+def register_local_node(session: Session, *, name: str, api_url: str) -> NodeRecord:
+    """Record this process in the registry (once), refreshing its address and last sight."""
+    for other in session.scalars(select(NodeRecord).where(NodeRecord.is_local)).all():
+        if other.name != name:
+            other.is_local = False
+    node = session.get(NodeRecord, name)
+    if node is None:
+        node = NodeRecord(name=name, api_url=api_url, is_local=True)
+        session.add(node)
+    node.api_url = api_url
+    node.is_local = True
+    node.last_seen_at = utcnow()
+    session.flush()
+    return node
+
+
+def list_nodes(session: Session) -> Sequence[NodeRecord]:
+    return session.scalars(select(NodeRecord).order_by(NodeRecord.name)).all()

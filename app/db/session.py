@@ -1,0 +1,51 @@
+"""The database handle: one SQLAlchemy engine and session factory per app.
+
+A request owns its transaction: ``get_session`` (app/api/deps.py) opens one session
+per request, commits when the endpoint returns and rolls back when it raises. Work
+outside a request (start-up, background recording by the engine) uses
+``Database.transaction()``, which does the same around a ``with`` block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.orm import Session, sessionmaker
+
+SQLITE_BUSY_TIMEOUT_MS = 5000
+
+
+def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+    # WAL lets the CLI read and write while the server runs; FULL sync because
+    # metadata writes are rare and a lost queue definition is worse than a slow one.
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=FULL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+    cursor.close()
+
+
+def create_db_engine(url: str) -> Engine:
+    engine = create_engine(url)
+    if engine.dialect.name == "sqlite":
+        event.listen(engine, "connect", _on_connect)
+    return engine
+
+
+class Database:
+    def __init__(self, url: str) -> None:
+        self.engine = create_db_engine(url)
+        self.session_factory = sessionmaker(self.engine, expire_on_commit=False)
+
+    @contextmanager
+    def transaction(self) -> Iterator[Session]:
+        """A session in one transaction: committed on exit, rolled back on error."""
+        with self.session_factory.begin() as session:
+            yield session
+
+    def dispose(self) -> None:
+        self.engine.dispose()

@@ -1,0 +1,176 @@
+"""``create_app(settings)``: the FastAPI app, whose lifespan owns every resource.
+
+Start-up, in order (shutdown undoes it in reverse):
+
+1. the secret key (created in the data directory on first start) and the session signer;
+2. the metadata database: Alembic migrations to head, then the engine and session factory;
+3. bootstrap: user ``admin`` on an empty database, this node in the node registry;
+4. the queue engine: ``start_node`` (app/node.py) -> ``app.state.node``;
+5. ready: ``/readyz`` answers 200 once the engine (if any) has recovered.
+
+Nothing is created at import time; two apps in one process share nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import anyio
+from fastapi import FastAPI
+from fastapi.staticfiles import StaticFiles
+from fastapi.templating import Jinja2Templates
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.api import ops, tokens, users
+from app.auth import hash_password, random_password
+from app.db import repo
+from app.db.migrate import upgrade_to_head
+from app.db.session import Database
+from app.metrics import AppMetrics, MetricsMiddleware
+from app.node import NodeStarter, start_node, stop_node
+from app.problems import install_problem_handlers
+from app.settings import Settings, load_secret_key
+from app.ui.sessions import SessionSigner
+from app.ui.views import install_ui_handlers
+from app.ui.views import router as ui_router
+
+ADMIN_USER = "admin"
+log = logging.getLogger("quorra.app")
+
+
+@dataclass(frozen=True, slots=True)
+class StartupReport:
+    """What the server tells the operator once it is ready."""
+
+    base_url: str
+    admin_created: bool
+    admin_password: str | None
+    """Only when generated at this start; shown once, never stored in clear."""
+
+
+Announce = Callable[[StartupReport], None]
+
+
+def bootstrap(db: Database, settings: Settings) -> StartupReport:
+    """Create ``admin`` on an empty database; register this node. Idempotent."""
+    with db.transaction() as session:
+        created, shown = False, None
+        if repo.count_users(session) == 0:
+            password = settings.admin_password or random_password()
+            repo.create_user(
+                session,
+                name=ADMIN_USER,
+                password_hash=hash_password(password),
+                role="admin",
+                configure=".*",
+                write=".*",
+                read=".*",
+            )
+            repo.audit(
+                session, actor="system", action="user.bootstrap", target=ADMIN_USER, source="system"
+            )
+            created, shown = True, (None if settings.admin_password else password)
+        repo.register_local_node(session, name=settings.node_name, api_url=settings.base_url)
+        repo.delete_expired_ui_sessions(session)
+    return StartupReport(settings.base_url, created, shown)
+
+
+def _lifespan(
+    settings: Settings, node_starter: NodeStarter, announce: Announce | None
+) -> Callable[[FastAPI], AsyncIterator[None]]:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        state = app.state
+        state.ready, state.node, state.migrations = False, None, None
+        secret_key = await anyio.to_thread.run_sync(load_secret_key, settings.data_dir)
+        state.session_signer = SessionSigner(secret_key, settings.session_ttl_s)
+        db = Database(settings.database_url)
+        try:
+            state.migrations = await anyio.to_thread.run_sync(
+                upgrade_to_head, db.engine, settings.migrations_dir
+            )
+            state.db = db
+            report = await anyio.to_thread.run_sync(bootstrap, db, settings)
+            # The seam for the queue engine: started after the metadata it reconciles
+            # with, stopped before the database closes.
+            state.node = await node_starter(settings, db)
+            try:
+                state.ready = True
+                if announce is not None:
+                    announce(report)
+                yield
+            finally:
+                state.ready = False
+                node, state.node = state.node, None
+                await stop_node(node)
+        finally:
+            db.dispose()
+
+    return lifespan  # type: ignore[return-value]
+
+
+class SecurityHeadersMiddleware:
+    """Headers every response gets; HTML pages may load only this server's files."""
+
+    HEADERS = (
+        (b"x-content-type-options", b"nosniff"),
+        (b"x-frame-options", b"DENY"),
+        (b"referrer-policy", b"same-origin"),
+        (
+            b"content-security-policy",
+            b"default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; "
+            b"frame-ancestors 'none'; form-action 'self'; base-uri 'none'",
+        ),
+    )
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_wrapper(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = list(message.get("headers", [])) + list(self.HEADERS)
+            await send(message)
+
+        await self.app(scope, receive, send_wrapper)
+
+
+def create_app(
+    settings: Settings,
+    *,
+    node_starter: NodeStarter = start_node,
+    announce: Announce | None = None,
+) -> FastAPI:
+    app = FastAPI(
+        title="Quorra",
+        version="0.1.0",
+        summary="A Raft-replicated queue platform.",
+        lifespan=_lifespan(settings, node_starter, announce),
+        docs_url=None,  # Swagger UI and ReDoc load from a CDN; /openapi.json is the contract
+        redoc_url=None,
+        max_body_size=settings.request_body_bytes_max,
+    )
+    app.state.settings = settings
+    app.state.metrics = AppMetrics()
+    app.state.templates = Jinja2Templates(directory=settings.templates_dir)
+    app.state.ready, app.state.node, app.state.migrations = False, None, None
+
+    install_problem_handlers(app)
+    install_ui_handlers(app)
+    app.include_router(ops.ops_router)
+    app.include_router(ops.api_router)
+    app.include_router(users.router)
+    app.include_router(tokens.router)
+    app.include_router(ui_router)
+    app.mount("/static", StaticFiles(directory=settings.static_dir, check_dir=False), name="static")
+
+    app.add_middleware(SecurityHeadersMiddleware)
+    app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
+    return app

@@ -1,0 +1,86 @@
+"""Prometheus metrics of the app, in a registry owned by one app (no global registry).
+
+Names follow rabbitmq_prometheus: ``quorra_`` prefix, units last. The engine's queue
+metrics (``quorra_queue_messages_ready``, ...) arrive later as a collector registered
+on ``app.state.metrics.registry`` when the node starts.
+"""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+__all__ = ["CONTENT_TYPE_LATEST", "AppMetrics", "MetricsMiddleware"]
+
+UNMATCHED_ROUTE = "<unmatched>"
+
+
+class AppMetrics:
+    def __init__(self) -> None:
+        # Process-wide in prometheus_client; the *_created series are noise for Quorra.
+        disable_created_metrics()
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.http_requests = Counter(
+            "quorra_http_requests",
+            "HTTP requests served, by route template and status.",
+            ["method", "route", "status"],
+            registry=self.registry,
+        )
+        self.http_request_duration = Histogram(
+            "quorra_http_request_duration_seconds",
+            "Time to the end of the response, by route template.",
+            ["method", "route"],
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=self.registry,
+        )
+        self.ready = Gauge(
+            "quorra_ready", "1 when the node serves requests (see /readyz).", registry=self.registry
+        )
+        self.users = Gauge(
+            "quorra_users", "Users in the metadata database.", registry=self.registry
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class MetricsMiddleware:
+    """Counts every HTTP request by its route template, never by its raw path."""
+
+    def __init__(self, app: ASGIApp, metrics: AppMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            route = scope.get("route")
+            template = getattr(route, "path", None) or UNMATCHED_ROUTE
+            method = scope["method"]
+            self.metrics.http_requests.labels(method, template, str(status)).inc()
+            self.metrics.http_request_duration.labels(method, template).observe(
+                time.perf_counter() - started
+            )

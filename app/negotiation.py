@@ -1,0 +1,180 @@
+"""JSON or MessagePack bodies, chosen by ``Content-Type`` (requests) and ``Accept``
+(responses).
+
+Requests: a router built with ``route_class=NegotiatedRoute`` accepts
+``application/msgpack`` wherever it accepts JSON. The MessagePack body is decoded
+before FastAPI sees it and then validated by the same pydantic model, so endpoints
+declare one body parameter and the OpenAPI schema stays exact; ``bytes`` fields take
+raw binary from MessagePack. Malformed MessagePack is 400; another media type is 415.
+
+Responses: an endpoint that may answer in MessagePack returns ``respond(request,
+payload)``; without MessagePack in ``Accept`` the answer is JSON. Problems stay
+``application/problem+json`` whatever the client accepts.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import datetime
+from enum import Enum
+from typing import Any
+from uuid import UUID
+
+import msgpack
+from fastapi import Request, Response
+from fastapi.encoders import jsonable_encoder
+from fastapi.routing import APIRoute
+from pydantic import BaseModel
+
+from app.problems import UnsupportedMediaType
+from engine.errors import InvalidRequest
+
+JSON = "application/json"
+MSGPACK = "application/msgpack"
+MSGPACK_ALIASES = frozenset({MSGPACK, "application/x-msgpack", "application/vnd.msgpack"})
+BODY_FORMAT_SCOPE_KEY = "quorra.body_format"
+MSGPACK_DEPTH_MAX = 32
+
+
+def media_type(header: str | None) -> str:
+    return (header or "").split(";", 1)[0].strip().lower()
+
+
+def _accept_q(accept: str, wanted: frozenset[str], family: str) -> float:
+    """The q-value ``accept`` gives to any of ``wanted``; wildcards count, exact wins."""
+    best = -1.0
+    for part in accept.split(","):
+        fields = [f.strip() for f in part.split(";")]
+        kind = fields[0].lower()
+        q = 1.0
+        for f in fields[1:]:
+            if f.lower().startswith("q="):
+                try:
+                    q = float(f[2:])
+                except ValueError:
+                    q = 0.0
+        if kind in wanted:
+            best = max(best, q + 0.001)  # an exact type beats a wildcard of equal q
+        elif kind in ("*/*", family):
+            best = max(best, q)
+    return best
+
+
+def wants_msgpack(request: Request) -> bool:
+    """True when ``Accept`` prefers MessagePack to JSON (JSON wins ties and silence)."""
+    accept = request.headers.get("accept", "")
+    if "msgpack" not in accept:
+        return False
+    return _accept_q(accept, MSGPACK_ALIASES, "application/*") > _accept_q(
+        accept, frozenset({JSON}), "application/*"
+    )
+
+
+def _msgpack_default(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat().replace("+00:00", "Z")
+    if isinstance(value, UUID):
+        return str(value)
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="python")
+    if isinstance(value, set | frozenset | tuple):
+        return list(value)
+    raise TypeError(f"cannot encode {type(value).__name__} as MessagePack")
+
+
+def packb(payload: Any) -> bytes:
+    if isinstance(payload, BaseModel):
+        payload = payload.model_dump(mode="python")
+    return msgpack.packb(payload, use_bin_type=True, default=_msgpack_default)
+
+
+def _json_ready(payload: Any) -> Any:
+    """JSON has no bytes: raw bytes in a payload go out base64-encoded."""
+    return jsonable_encoder(
+        payload, custom_encoder={bytes: lambda b: base64.b64encode(b).decode("ascii")}
+    )
+
+
+def respond(
+    request: Request,
+    payload: Any,
+    status_code: int = 200,
+    headers: Mapping[str, str] | None = None,
+) -> Response:
+    """Render ``payload`` (a model, dict or list) in the format the client prefers."""
+    if wants_msgpack(request):
+        return Response(packb(payload), status_code, dict(headers or {}), media_type=MSGPACK)
+    body = json.dumps(_json_ready(payload), ensure_ascii=False, separators=(",", ":"))
+    return Response(body.encode("utf-8"), status_code, dict(headers or {}), media_type=JSON)
+
+
+def unpackb(raw: bytes) -> Any:
+    """Decode a request body; anything but one well-formed object is ``InvalidRequest``."""
+    try:
+        value = msgpack.unpackb(raw, raw=False, strict_map_key=True, use_list=True, timestamp=0)
+    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as e:
+        raise InvalidRequest(f"the body is not valid MessagePack: {e}") from None
+    except (TypeError, UnicodeDecodeError) as e:
+        raise InvalidRequest(f"the body is not valid MessagePack: {e}") from None
+    _check_depth(value, 0)
+    return value
+
+
+def _check_depth(value: Any, depth: int) -> None:
+    if depth > MSGPACK_DEPTH_MAX:
+        raise InvalidRequest(f"the body nests deeper than {MSGPACK_DEPTH_MAX} levels")
+    if isinstance(value, dict):
+        for v in value.values():
+            _check_depth(v, depth + 1)
+    elif isinstance(value, list):
+        for v in value:
+            _check_depth(v, depth + 1)
+
+
+class NegotiatedRoute(APIRoute):
+    """An API route whose body may be JSON or MessagePack."""
+
+    def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:
+        handler = super().get_route_handler()
+
+        async def negotiated(request: Request) -> Response:
+            kind = media_type(request.headers.get("content-type"))
+            if kind in MSGPACK_ALIASES:
+                request = await _as_decoded_json(request)
+            elif kind and kind != JSON and not kind.endswith("+json") and self.body_field:
+                raise UnsupportedMediaType(f"send {JSON} or {MSGPACK}, not {kind}")
+            return await handler(request)
+
+        return negotiated
+
+
+async def _as_decoded_json(request: Request) -> Request:
+    raw = await request.body()
+    decoded = unpackb(raw) if raw else None
+    scope = dict(request.scope)
+    scope[BODY_FORMAT_SCOPE_KEY] = "msgpack"
+    scope["headers"] = [
+        (k, JSON.encode("latin-1") if k == b"content-type" else v) for k, v in scope["headers"]
+    ]
+    replaced = Request(scope, request.receive)
+    # FastAPI parses JSON bodies with `await request.json()`; Starlette caches both.
+    replaced._body = raw
+    if raw:
+        replaced._json = decoded
+    return replaced
+
+
+def openapi_msgpack(model: type[BaseModel] | None = None) -> dict[str, Any]:
+    """``openapi_extra`` for a route whose request body may also be MessagePack."""
+    schema: dict[str, Any] = (
+        {"$ref": f"#/components/schemas/{model.__name__}"} if model is not None else {}
+    )
+    return {"requestBody": {"content": {MSGPACK: {"schema": schema}}}}
+
+
+MSGPACK_RESPONSE: dict[str, Any] = {"content": {MSGPACK: {}}}
+"""Add to ``responses={200: MSGPACK_RESPONSE}`` for routes that use ``respond``."""
