@@ -1,0 +1,224 @@
+"""What the app may ask of a node: the one surface between ``app/`` and the engine.
+
+The app calls these ``async`` methods and reads these frozen values; it never touches the
+engine's files, Raft servers or machines. Queues are addressed by their user-given name;
+the node keeps the name -> internal uid map in its own durable records (its directories
+use the uid, never the name), and the app mirrors definitions into SQLite.
+
+Errors are the closed set of ``engine.errors``: ``QueueNotFound``, ``QueueConflict``,
+``ValidationFailed``, ``MessageTooLarge``, ``QueueFull``, ``Backpressure``, ``NoLeader``,
+``StorageFailed``. A call that raises has had no effect, with one exception stated by
+Raft itself: a proposal whose outcome is unknown (leadership lost after the entry was
+appended) raises ``NoLeader`` and may still commit; publishes carry ``dedup_id`` for
+exactly this reason.
+
+The node is one of possibly several: nothing here assumes the queue's leader is local.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+Trigger = Literal["manual", "auto"]
+CompactionPhase = Literal["auto", 1, 2, 3]
+
+
+@dataclass(frozen=True, slots=True)
+class QueueArgs:
+    """The arguments of ``PUT /queues/{name}`` (API.md), validated by the node."""
+
+    replicas: int | None = None
+    """``None``: min(3, nodes in the cluster)."""
+    max_length: int | None = None
+    max_bytes: int | None = None
+    overflow: str = "reject-publish"
+    delivery_limit: int | None = 20
+    dead_letter_queue: str | None = None
+    message_ttl_ms: int | None = None
+    priorities: int = 1
+    lease_ms: int = 30_000
+    max_message_bytes: int = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class QueueInfo:
+    name: str
+    uid: str
+    args: QueueArgs
+    created_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class OutgoingMessage:
+    """One message of a publish batch. ``headers`` are string pairs, at most
+    ``Limits.headers_bytes_max`` encoded."""
+
+    body: bytes
+    headers: dict[str, str] = field(default_factory=dict)
+    priority: int = 0
+    ttl_ms: int | None = None
+    delay_ms: int = 0
+    dedup_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReceivedMessage:
+    id: int
+    receipt: str
+    body: bytes
+    headers: dict[str, str]
+    priority: int
+    delivery_count: int
+    """Deliveries including this one (1 on first delivery)."""
+    published_at_ms: int
+    lease_expires_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class BrowsedMessage:
+    id: int
+    cursor: int
+    """Pass as ``after`` to continue after this message."""
+    body: bytes
+    headers: dict[str, str]
+    priority: int
+    delivery_count: int
+    published_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class SettleResult:
+    settled: int
+    stale: tuple[int, ...]
+    """Positions (0-based) of receipts whose lease had expired: HTTP 409 per receipt."""
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointRecord:
+    queue: str
+    index: int
+    term: int
+    taken_at_ms: int
+    bytes: int
+    live_entries: int
+    trigger: Trigger
+    duration_ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionRecord:
+    queue: str
+    phase: str
+    """``auto`` or the phases that ran, e.g. ``"1,2"``."""
+    trigger: Trigger
+    started_at_ms: int
+    duration_ms: float
+    segments_before: int
+    segments_after: int
+    bytes_before: int
+    bytes_after: int
+    live_entries: int
+    dead_entries_before: int
+    dead_entries_after: int
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentInfo:
+    name: str
+    first_index: int
+    last_index: int
+    bytes: int
+    live_entries: int
+    dead_entries: int
+
+
+RecordListener = Callable[[CheckpointRecord | CompactionRecord], Awaitable[None]]
+"""The app registers one to store automatic checkpoints and compactions in SQLite."""
+
+
+class QueueEngine(Protocol):
+    """The node as the app sees it (``engine.runtime.Node`` implements it)."""
+
+    async def start(self) -> None:
+        """Recover every queue on disk; ready to serve when it returns."""
+        ...
+
+    async def stop(self) -> None:
+        """Flush and close everything; a later ``start`` loses nothing confirmed."""
+        ...
+
+    def set_record_listener(self, listener: RecordListener | None) -> None: ...
+
+    def queues(self) -> list[QueueInfo]: ...
+
+    async def create_queue(self, name: str, args: QueueArgs) -> tuple[QueueInfo, bool]:
+        """Create, or return the existing one with ``False`` when its args are the same;
+        ``QueueConflict`` when they differ."""
+        ...
+
+    async def delete_queue(self, name: str) -> None: ...
+
+    async def update_policy(self, name: str, changes: dict[str, object]) -> QueueInfo: ...
+
+    async def publish(self, name: str, messages: list[OutgoingMessage]) -> list[int]:
+        """Ids, once the whole batch is durable on a quorum (all or nothing)."""
+        ...
+
+    async def receive(
+        self,
+        name: str,
+        *,
+        consumer: str,
+        max_messages: int,
+        wait_ms: int,
+        lease_ms: int | None,
+    ) -> list[ReceivedMessage]:
+        """Leases up to ``max_messages``; waits up to ``wait_ms`` for the first to arrive."""
+        ...
+
+    async def ack(self, name: str, receipts: list[str]) -> SettleResult: ...
+
+    async def nack(self, name: str, receipts: list[str], *, requeue: bool) -> SettleResult: ...
+
+    async def extend(self, name: str, receipts: list[str], lease_ms: int) -> SettleResult: ...
+
+    async def browse(self, name: str, *, after: int | None, limit: int) -> list[BrowsedMessage]: ...
+
+    async def purge(self, name: str) -> int: ...
+
+    async def checkpoint(self, name: str, *, trigger: Trigger = "manual") -> CheckpointRecord: ...
+
+    async def compact(
+        self, name: str, *, phase: CompactionPhase = "auto", trigger: Trigger = "manual"
+    ) -> CompactionRecord: ...
+
+    def stats(self, name: str) -> dict[str, object]:
+        """The queue stats of API.md: messages_ready, messages_unacked, bytes_ready,
+        consumers, publish_rate, deliver_rate, ack_rate, memory_bytes,
+        memory_per_message_bytes, raft{...}, log{...}, checkpoint{...}."""
+        ...
+
+    def segments(self, name: str) -> list[SegmentInfo]: ...
+
+    def cluster(self) -> dict[str, object]:
+        """Nodes, their health, and the queues each leads (``GET /cluster``)."""
+        ...
+
+
+__all__ = [
+    "BrowsedMessage",
+    "CheckpointRecord",
+    "CompactionPhase",
+    "CompactionRecord",
+    "OutgoingMessage",
+    "QueueArgs",
+    "QueueEngine",
+    "QueueInfo",
+    "ReceivedMessage",
+    "RecordListener",
+    "SegmentInfo",
+    "SettleResult",
+    "Trigger",
+]
