@@ -11,6 +11,8 @@ from typing import Annotated
 
 import typer
 
+from app.client_cli import register as register_client_commands
+
 cli = typer.Typer(
     name="quorra",
     help="Quorra: a Raft-replicated queue platform.",
@@ -57,18 +59,9 @@ def pipeline(ctx: typer.Context) -> None:
     raise typer.Exit(pipeline_main(list(ctx.args)))
 
 
-def _register_client_commands() -> None:
-    """User, token, publish and consume commands live in app.client_cli."""
-    import importlib.util
-
-    if importlib.util.find_spec("app.client_cli") is None:
-        return
-    from app.client_cli import register
-
-    register(cli)
-
-
-_register_client_commands()
+# User, token, publish and consume commands; app.client_cli loads neither FastAPI nor
+# SQLAlchemy until one of its commands runs.
+register_client_commands(cli)
 
 
 def main() -> None:

@@ -22,6 +22,8 @@ import anyio
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.api import ops, tokens, users
@@ -31,7 +33,7 @@ from app.db.migrate import upgrade_to_head
 from app.db.session import Database
 from app.metrics import AppMetrics, MetricsMiddleware
 from app.node import NodeStarter, start_node, stop_node
-from app.problems import install_problem_handlers
+from app.problems import install_problem_handlers, problem_response
 from app.settings import Settings, load_secret_key
 from app.ui.sessions import SessionSigner
 from app.ui.views import install_ui_handlers
@@ -142,6 +144,47 @@ class SecurityHeadersMiddleware:
         await self.app(scope, receive, send_wrapper)
 
 
+class BodyLimitMiddleware:
+    """Refuse request bodies over ``limit_bytes`` with a 413 problem, before parsing.
+
+    A declared ``Content-Length`` over the limit is refused without reading; a chunked
+    body is counted as it arrives and refused when it crosses the limit.
+    """
+
+    def __init__(self, app: ASGIApp, limit_bytes: int) -> None:
+        self.app = app
+        self.limit_bytes = limit_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = Headers(scope=scope).get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit_bytes:
+            await self._too_large()(scope, receive, send)
+            return
+        received = 0
+
+        async def counting_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.limit_bytes:
+                    raise StarletteHTTPException(413, self._detail())
+            return message
+
+        await self.app(scope, counting_receive, send)
+
+    def _detail(self) -> str:
+        return f"the request body is larger than {self.limit_bytes} bytes"
+
+    def _too_large(self) -> ASGIApp:
+        return problem_response(
+            413, "/problems/message-too-large", "Message or batch too large", self._detail()
+        )
+
+
 def create_app(
     settings: Settings,
     *,
@@ -155,7 +198,6 @@ def create_app(
         lifespan=_lifespan(settings, node_starter, announce),
         docs_url=None,  # Swagger UI and ReDoc load from a CDN; /openapi.json is the contract
         redoc_url=None,
-        max_body_size=settings.request_body_bytes_max,
     )
     app.state.settings = settings
     app.state.metrics = AppMetrics()
@@ -171,6 +213,7 @@ def create_app(
     app.include_router(ui_router)
     app.mount("/static", StaticFiles(directory=settings.static_dir, check_dir=False), name="static")
 
+    app.add_middleware(BodyLimitMiddleware, limit_bytes=settings.request_body_bytes_max)
     app.add_middleware(SecurityHeadersMiddleware)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     return app

@@ -7,9 +7,11 @@ before FastAPI sees it and then validated by the same pydantic model, so endpoin
 declare one body parameter and the OpenAPI schema stays exact; ``bytes`` fields take
 raw binary from MessagePack. Malformed MessagePack is 400; another media type is 415.
 
-Responses: an endpoint that may answer in MessagePack returns ``respond(request,
-payload)``; without MessagePack in ``Accept`` the answer is JSON. Problems stay
-``application/problem+json`` whatever the client accepts.
+Responses: when ``Accept`` prefers MessagePack, the JSON answer of a negotiated route
+is re-encoded as MessagePack. Endpoints with binary fields or on hot paths return
+``respond(request, payload)`` instead, which encodes once, keeping ``bytes`` binary in
+MessagePack (base64 in JSON). Problems stay ``application/problem+json`` whatever the
+client accepts.
 """
 
 from __future__ import annotations
@@ -72,9 +74,14 @@ def wants_msgpack(request: Request) -> bool:
     )
 
 
+def _iso(value: datetime) -> str:
+    """As pydantic writes it: UTC as ``Z``."""
+    return value.isoformat().replace("+00:00", "Z")
+
+
 def _msgpack_default(value: Any) -> Any:
     if isinstance(value, datetime):
-        return value.isoformat().replace("+00:00", "Z")
+        return _iso(value)
     if isinstance(value, UUID):
         return str(value)
     if isinstance(value, Enum):
@@ -95,7 +102,8 @@ def packb(payload: Any) -> bytes:
 def _json_ready(payload: Any) -> Any:
     """JSON has no bytes: raw bytes in a payload go out base64-encoded."""
     return jsonable_encoder(
-        payload, custom_encoder={bytes: lambda b: base64.b64encode(b).decode("ascii")}
+        payload,
+        custom_encoder={bytes: lambda b: base64.b64encode(b).decode("ascii"), datetime: _iso},
     )
 
 
@@ -147,9 +155,26 @@ class NegotiatedRoute(APIRoute):
                 request = await _as_decoded_json(request)
             elif kind and kind != JSON and not kind.endswith("+json") and self.body_field:
                 raise UnsupportedMediaType(f"send {JSON} or {MSGPACK}, not {kind}")
-            return await handler(request)
+            response = await handler(request)
+            if response.media_type == JSON and wants_msgpack(request):
+                return _transcoded(response)
+            return response
 
         return negotiated
+
+
+def _transcoded(response: Response) -> Response:
+    """A JSON answer FastAPI serialised, re-encoded as MessagePack (JSON maps losslessly).
+
+    Endpoints on hot paths, or with binary fields, call ``respond`` instead and skip this.
+    """
+    packed = msgpack.packb(json.loads(response.body), use_bin_type=True)
+    headers = {
+        k: v for k, v in response.headers.items() if k not in ("content-length", "content-type")
+    }
+    return Response(
+        packed, response.status_code, headers, media_type=MSGPACK, background=response.background
+    )
 
 
 async def _as_decoded_json(request: Request) -> Request:

@@ -1,0 +1,379 @@
+"""``quorra user add``, ``quorra token create``, ``quorra publish`` and ``quorra consume``.
+
+``user`` and ``token`` work on the local data directory's metadata database directly
+(as ``rabbitmqctl`` does), so they work before the first ``quorra serve`` and while it
+runs (SQLite in WAL mode); they are audited with source ``cli``. ``publish`` and
+``consume`` are HTTP clients of the message endpoints of the REST API (API.md), with a
+bearer token from ``--token`` or ``QUORRA_TOKEN``:
+
+    TOKEN=$(quorra token create --user admin)
+    seq 1 1000 | quorra publish orders --token "$TOKEN"
+    quorra consume orders --token "$TOKEN" --max 1000 > out.txt
+"""
+
+from __future__ import annotations
+
+import base64
+import secrets
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import nullcontext
+from pathlib import Path
+from typing import IO, Annotated, Any
+
+import httpx
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+RETRY_STATUSES = frozenset({429, 503})
+RETRIES_MAX = 30
+RETRY_AFTER_S_MAX = 30.0
+PROGRESS_AFTER_MESSAGES = 1000
+"""Runs shorter than this show no progress bar."""
+
+DataDir = Annotated[Path, typer.Option(help="The server's data directory.")]
+Url = Annotated[str, typer.Option(envvar="QUORRA_URL", help="Base URL of the server.")]
+Token = Annotated[str, typer.Option(envvar="QUORRA_TOKEN", help="API token (or QUORRA_TOKEN).")]
+stderr = Console(stderr=True)
+
+
+class ClientError(Exception):
+    """An answer the client cannot go on from; its text is shown to the user."""
+
+
+# --- local metadata commands -------------------------------------------------------
+
+
+def _local_database(data_dir: Path) -> Any:
+    from app.db.migrate import upgrade_to_head
+    from app.db.session import Database
+    from app.settings import Settings
+
+    settings = Settings(data_dir=data_dir.resolve())
+    if not settings.data_dir.is_dir():
+        raise ClientError(f"no data directory at {settings.data_dir}")
+    db = Database(settings.database_url)
+    upgrade_to_head(db.engine, settings.migrations_dir)
+    return db
+
+
+def add_user(
+    data_dir: Path, name: str, password: str, role: str, configure: str, write: str, read: str
+) -> None:
+    from app.auth import hash_password, pattern_error
+    from app.db import repo
+
+    for label, pattern in (("configure", configure), ("write", write), ("read", read)):
+        if (error := pattern_error(pattern)) is not None:
+            raise ClientError(f"--{label}: {error}")
+    db = _local_database(data_dir)
+    try:
+        with db.transaction() as session:
+            if repo.get_user(session, name) is not None:
+                raise ClientError(f"user {name!r} exists")
+            repo.create_user(
+                session,
+                name=name,
+                password_hash=hash_password(password),
+                role=role,
+                configure=configure,
+                write=write,
+                read=read,
+            )
+            detail = {
+                "role": role,
+                "permissions": {"configure": configure, "write": write, "read": read},
+            }
+            repo.audit(
+                session, actor="cli", action="user.create", target=name, detail=detail, source="cli"
+            )
+    finally:
+        db.dispose()
+
+
+def create_token(data_dir: Path, user_name: str, label: str) -> str:
+    from app.api.tokens import issue_token
+    from app.db import repo
+
+    db = _local_database(data_dir)
+    try:
+        with db.transaction() as session:
+            user = repo.get_user(session, user_name)
+            if user is None:
+                raise ClientError(f"no user {user_name!r}")
+            secret, row = issue_token(session, user, label)
+            detail = {"token_id": row.id, "name": label}
+            repo.audit(
+                session,
+                actor="cli",
+                action="token.create",
+                target=user_name,
+                detail=detail,
+                source="cli",
+            )
+            return secret
+    finally:
+        db.dispose()
+
+
+# --- HTTP client -------------------------------------------------------------------
+
+
+def _problem_text(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return f"HTTP {response.status_code}"
+    if isinstance(body, dict) and "title" in body:
+        detail = f": {body['detail']}" if body.get("detail") else ""
+        return f"{body['title']} (HTTP {response.status_code}){detail}"
+    return f"HTTP {response.status_code}"
+
+
+def _retry_after_s(response: httpx.Response) -> float:
+    try:
+        return min(float(response.headers.get("retry-after", "1")), RETRY_AFTER_S_MAX)
+    except ValueError:
+        return 1.0
+
+
+def call(
+    client: httpx.Client,
+    path: str,
+    body: dict[str, Any],
+    sleep: Callable[[float], None] = time.sleep,
+) -> dict[str, Any]:
+    """POST ``body``; wait and retry on 429/503 as ``Retry-After`` says, else fail clearly."""
+    for _ in range(RETRIES_MAX):
+        response = client.post(path, json=body)
+        if response.status_code in RETRY_STATUSES:
+            sleep(_retry_after_s(response))
+            continue
+        if response.is_error:
+            raise ClientError(_problem_text(response))
+        result = response.json() if response.content else {}
+        if not isinstance(result, dict):
+            raise ClientError(f"unexpected answer from {path}")
+        return result
+    raise ClientError(f"gave up on {path} after {RETRIES_MAX} retries")
+
+
+def _batches(lines: Iterable[str], size: int) -> Iterator[list[str]]:
+    batch: list[str] = []
+    for line in lines:
+        batch.append(line.rstrip("\r\n"))
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def publish_lines(
+    client: httpx.Client,
+    queue: str,
+    lines: Iterable[str],
+    batch_size: int,
+    on_progress: Callable[[int], None] = lambda n: None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
+    """Publish one message per line, ``batch_size`` per request; returns the count.
+
+    Each message carries a ``dedup_id`` unique to this run, so a batch retried after a
+    lost answer is not published twice (within the server's dedup window).
+    """
+    run = secrets.token_hex(6)
+    published = 0
+    for batch in _batches(lines, batch_size):
+        messages = [
+            {"body": body, "dedup_id": f"{run}-{published + i}"} for i, body in enumerate(batch)
+        ]
+        result = call(client, f"/api/v1/queues/{queue}/messages", {"messages": messages}, sleep)
+        if len(result.get("ids", [])) != len(batch):
+            raise ClientError("the server confirmed fewer messages than were sent")
+        published += len(batch)
+        on_progress(len(batch))
+    return published
+
+
+def _body_bytes(message: dict[str, Any]) -> bytes:
+    body = message.get("body", "")
+    if message.get("encoding") == "base64":
+        return base64.b64decode(body)
+    return str(body).encode("utf-8")
+
+
+def consume_lines(
+    client: httpx.Client,
+    queue: str,
+    out: IO[bytes],
+    max_messages: int,
+    batch_size: int,
+    wait_ms: int,
+    follow: bool,
+    on_progress: Callable[[int], None] = lambda n: None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
+    """Receive, write one line per message, then ack (at-least-once); returns the count.
+
+    Stops after ``max_messages`` (0: no limit) or, unless ``follow``, at the first
+    receive that comes back empty.
+    """
+    consumed = 0
+    while max_messages == 0 or consumed < max_messages:
+        want = batch_size if max_messages == 0 else min(batch_size, max_messages - consumed)
+        body = {"max_messages": want, "wait_ms": wait_ms}
+        messages = call(client, f"/api/v1/queues/{queue}/messages/receive", body, sleep).get(
+            "messages", []
+        )
+        if not messages:
+            if follow:
+                continue
+            break
+        for message in messages:
+            out.write(_body_bytes(message) + b"\n")
+        out.flush()
+        receipts = [m["receipt"] for m in messages]
+        call(client, f"/api/v1/queues/{queue}/messages/ack", {"receipts": receipts}, sleep)
+        consumed += len(messages)
+        on_progress(len(messages))
+    return consumed
+
+
+def _client(url: str, token: str) -> httpx.Client:
+    if not token:
+        raise ClientError(
+            "no token: pass --token or set QUORRA_TOKEN (quorra token create makes one)"
+        )
+    headers = {"Authorization": f"Bearer {token}", "User-Agent": "quorra-cli"}
+    return httpx.Client(base_url=url, headers=headers, timeout=httpx.Timeout(60.0))
+
+
+def _progress(label: str, show: bool) -> Any:
+    """A progress bar on stderr, or nothing when ``show`` is false."""
+    if not show:
+        return nullcontext(None)
+    return Progress(
+        TextColumn(label),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=stderr,
+        transient=False,
+    )
+
+
+def _run(action: Callable[[], None]) -> None:
+    try:
+        action()
+    except ClientError as e:
+        stderr.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(1) from None
+    except httpx.HTTPError as e:
+        stderr.print(f"[red]error:[/red] {type(e).__name__}: {e}")
+        raise typer.Exit(1) from None
+
+
+# --- commands ------------------------------------------------------------------------
+
+
+def register(cli: typer.Typer) -> None:
+    user_cli = typer.Typer(help="Users in the local data directory.", no_args_is_help=True)
+    token_cli = typer.Typer(help="API tokens in the local data directory.", no_args_is_help=True)
+    cli.add_typer(user_cli, name="user")
+    cli.add_typer(token_cli, name="token")
+
+    @user_cli.command("add")
+    def user_add(
+        name: Annotated[str, typer.Argument(help="User name.")],
+        password: Annotated[
+            str,
+            typer.Option(prompt=True, hide_input=True, confirmation_prompt=True, help="Password."),
+        ],
+        role: Annotated[str, typer.Option(help="admin or user.")] = "user",
+        configure: Annotated[
+            str, typer.Option(help="Regex of queues to create/delete/purge.")
+        ] = "",
+        write: Annotated[str, typer.Option(help="Regex of queues to publish to.")] = "",
+        read: Annotated[str, typer.Option(help="Regex of queues to consume from.")] = "",
+        data_dir: DataDir = Path("./data"),
+    ) -> None:
+        """Add a user (permissions are RabbitMQ-style regexes; empty permits nothing)."""
+        if role not in ("admin", "user"):
+            raise typer.BadParameter("admin or user", param_hint="--role")
+        if len(password) < 8:
+            raise typer.BadParameter("at least 8 characters", param_hint="--password")
+        _run(lambda: add_user(data_dir, name, password, role, configure, write, read))
+        stderr.print(f"added user {name!r} ({role})")
+
+    @token_cli.command("create")
+    def token_create(
+        user: Annotated[str, typer.Option(help="The token's user.")] = "admin",
+        name: Annotated[str, typer.Option(help="A label for the token.")] = "",
+        data_dir: DataDir = Path("./data"),
+    ) -> None:
+        """Create an API token and print it (only now) on stdout."""
+        _run(lambda: print(create_token(data_dir, user, name)))
+
+    @cli.command()
+    def publish(
+        queue: Annotated[str, typer.Argument(help="Queue name.")],
+        url: Url = DEFAULT_URL,
+        token: Token = "",
+        batch: Annotated[int, typer.Option(min=1, max=1000, help="Messages per request.")] = 100,
+        file: Annotated[
+            Path | None, typer.Option(help="Read lines from this file, not stdin.")
+        ] = None,
+    ) -> None:
+        """Publish each line of stdin (or --file) as one message."""
+
+        def action() -> None:
+            show = stderr.is_terminal
+            source = sys.stdin if file is None else file.open(encoding="utf-8")
+            with source, _client(url, token) as client, _progress("publishing", show) as bar:
+                task = bar.add_task("publish", total=None) if bar else None
+                count = publish_lines(
+                    client, queue, source, batch, lambda n: bar.advance(task, n) if bar else None
+                )
+            stderr.print(f"published {count} messages to {queue!r}")
+
+        _run(action)
+
+    @cli.command()
+    def consume(
+        queue: Annotated[str, typer.Argument(help="Queue name.")],
+        url: Url = DEFAULT_URL,
+        token: Token = "",
+        max_messages: Annotated[
+            int, typer.Option("--max", min=0, help="Stop after this many (0: no limit).")
+        ] = 0,
+        batch: Annotated[int, typer.Option(min=1, max=1000, help="Messages per receive.")] = 100,
+        wait_ms: Annotated[
+            int, typer.Option(min=0, max=20000, help="Long-poll wait per receive.")
+        ] = 1000,
+        follow: Annotated[bool, typer.Option(help="Keep waiting when the queue is empty.")] = False,
+    ) -> None:
+        """Print one message per line on stdout and ack it once written."""
+
+        def action() -> None:
+            show = stderr.is_terminal and (
+                max_messages == 0 or max_messages >= PROGRESS_AFTER_MESSAGES
+            )
+            with _client(url, token) as client, _progress("consuming", show) as bar:
+                task = bar.add_task("consume", total=max_messages or None) if bar else None
+                count = consume_lines(
+                    client,
+                    queue,
+                    sys.stdout.buffer,
+                    max_messages,
+                    batch,
+                    wait_ms,
+                    follow,
+                    lambda n: bar.advance(task, n) if bar else None,
+                )
+            stderr.print(f"consumed {count} messages from {queue!r}")
+
+        _run(action)
