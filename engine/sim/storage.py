@@ -1,0 +1,179 @@
+"""Simulated persistence for one server: what was synced survives a crash, the rest is lost.
+
+``SimStorage`` is the plug point: the simulator talks to a server's storage only through
+it, so the real ``engine.storage`` code on a fake disk can replace ``MemStorage``. Writes
+become visible to reads at once (a page cache) and durable at ``sync``; ``crash`` keeps
+the durable state and, when told to, a torn prefix of the first unsynced write.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from engine.raft.events import HardState
+from engine.raft.log import Entry, LogStore
+from engine.raft.snapshot import Snapshot
+
+
+class SimStorage(LogStore, Protocol):
+    def write(
+        self, hard_state: HardState | None, snapshot: Snapshot | None, entries: list[Entry]
+    ) -> None:
+        """Buffer one ``Ready``'s writes (snapshot, then entries, then hard state)."""
+        ...
+
+    def sync(self) -> None:
+        """Make every buffered write durable, in order."""
+        ...
+
+    def save_snapshot(self, snapshot: Snapshot) -> None:
+        """Durably write a snapshot taken locally and compact the log up to it (keeping
+        the live entries)."""
+        ...
+
+    def crash(self, rng: random.Random, tear: bool) -> None:
+        """Lose what is not durable; with ``tear``, keep a prefix of the first unsynced
+        write's entries (a torn write)."""
+        ...
+
+    def recover(self) -> tuple[HardState | None, Snapshot | None]: ...
+
+    def entry(self, index: int) -> Entry:
+        """A single entry, also a live one kept below the snapshot (machine reads)."""
+        ...
+
+
+@dataclass
+class _State:
+    hard_state: HardState | None = None
+    snapshot: Snapshot | None = None
+    entries: list[Entry] = field(default_factory=list)
+    """Contiguous from ``snapshot index + 1``."""
+    live: dict[int, Entry] = field(default_factory=dict)
+
+    def copy(self) -> _State:
+        return _State(self.hard_state, self.snapshot, list(self.entries), dict(self.live))
+
+    @property
+    def snap_index(self) -> int:
+        return self.snapshot.index if self.snapshot else 0
+
+    def put_entries(self, entries: list[Entry]) -> None:
+        if not entries:
+            return
+        first = self.snap_index + 1
+        start = entries[0].index
+        assert first <= start <= first + len(self.entries), "entries are contiguous"
+        del self.entries[start - first :]
+        self.entries.extend(entries)
+
+    def install(self, snapshot: Snapshot) -> None:
+        self.snapshot = snapshot
+        self.entries = []
+        self.live = {e.index: e for e in snapshot.live_entries}
+
+    def compact(self, snapshot: Snapshot) -> None:
+        first = self.snap_index + 1
+        drop = snapshot.index - first + 1
+        for e in self.entries[:drop]:
+            if e.index in snapshot.live_indexes:
+                self.live[e.index] = e
+        self.live = {i: e for i, e in self.live.items() if i in snapshot.live_indexes}
+        del self.entries[:drop]
+        self.snapshot = snapshot
+
+
+class MemStorage:
+    """``SimStorage`` in memory."""
+
+    def __init__(self) -> None:
+        self.durable = _State()
+        self.visible = _State()
+        self.pending: list[tuple[HardState | None, Snapshot | None, list[Entry]]] = []
+
+    # --- LogStore -------------------------------------------------------------------
+
+    def first_index(self) -> int:
+        return self.visible.snap_index + 1
+
+    def last_index(self) -> int:
+        return self.visible.snap_index + len(self.visible.entries)
+
+    def snapshot_index(self) -> int:
+        return self.visible.snap_index
+
+    def term(self, index: int) -> int | None:
+        v = self.visible
+        snap = v.snap_index
+        if index == snap:
+            return v.snapshot.term if v.snapshot else 0
+        pos = index - snap - 1
+        if 0 <= pos < len(v.entries):
+            return v.entries[pos].term
+        return None
+
+    def entries(self, lo: int, hi: int, max_bytes: int) -> list[Entry]:
+        v = self.visible
+        first = v.snap_index + 1
+        if lo < first:
+            raise LookupError(lo)
+        out = v.entries[lo - first : hi - first]
+        size = 0
+        for n, e in enumerate(out):
+            size += len(e.data)
+            if size > max_bytes and n:
+                return out[:n]
+        return out
+
+    # --- SimStorage -----------------------------------------------------------------
+
+    def write(
+        self, hard_state: HardState | None, snapshot: Snapshot | None, entries: list[Entry]
+    ) -> None:
+        self._apply(self.visible, hard_state, snapshot, entries)
+        self.pending.append((hard_state, snapshot, entries))
+
+    def sync(self) -> None:
+        for hs, snap, entries in self.pending:
+            self._apply(self.durable, hs, snap, entries)
+        self.pending = []
+
+    def save_snapshot(self, snapshot: Snapshot) -> None:
+        assert not self.pending or snapshot.index <= self.durable.snap_index + len(
+            self.durable.entries
+        ), "a snapshot covers durable entries only"
+        self.durable.compact(snapshot)
+        self.visible.compact(snapshot)
+
+    def crash(self, rng: random.Random, tear: bool) -> None:
+        if tear and self.pending:
+            hs, snap, entries = self.pending[0]
+            if snap is None and entries:
+                keep = rng.randint(1, len(entries))
+                self._apply(self.durable, None, None, entries[:keep])
+        self.pending = []
+        self.visible = self.durable.copy()
+
+    def recover(self) -> tuple[HardState | None, Snapshot | None]:
+        return self.visible.hard_state, self.visible.snapshot
+
+    def entry(self, index: int) -> Entry:
+        v = self.visible
+        if index <= v.snap_index:
+            return v.live[index]
+        return v.entries[index - v.snap_index - 1]
+
+    @staticmethod
+    def _apply(
+        state: _State, hs: HardState | None, snap: Snapshot | None, entries: list[Entry]
+    ) -> None:
+        if snap is not None:
+            state.install(snap)
+        state.put_entries(entries)
+        if hs is not None:
+            state.hard_state = hs
+
+
+__all__ = ["MemStorage", "SimStorage"]

@@ -1,0 +1,407 @@
+"""The simulated cluster: servers, a virtual clock, the network, disks, and faults.
+
+One ``random.Random(seed)`` decides everything, and nothing iterates an unordered
+collection, so the same seed gives the same run byte for byte (``World.trace_digest``).
+The world does what a runtime does with each ``Ready`` (see ``engine.raft.events``): it
+buffers the writes, sends what may go at once, applies committed entries, and sends the
+rest and reports ``Persisted`` when a simulated sync completes.
+
+Plug points: ``storage_factory`` (any ``SimStorage``), the ``Workload`` (machine, clients,
+final checks) and extra ``Observer`` checkers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import random
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from engine.ids import ServerId
+from engine.limits import Limits
+from engine.raft.config import Configuration
+from engine.raft.events import (
+    AddServer,
+    Event,
+    Persisted,
+    Propose,
+    ReadIndex,
+    Ready,
+    Receive,
+    Rejected,
+    RemoveServer,
+    SnapshotInstalled,
+    SnapshotTaken,
+    Tick,
+    TransferLeadership,
+)
+from engine.raft.log import EntryKind
+from engine.raft.machine import ApplyMeta, Machine
+from engine.raft.messages import Message
+from engine.raft.server import Fault, RaftOptions, RaftServer, Role
+from engine.raft.snapshot import Snapshot
+from engine.sim.checkers import Observer, RaftSafety
+from engine.sim.network import Network, NetworkFaults
+from engine.sim.storage import MemStorage, SimStorage
+from engine.sim.workload import KvWorkload, Workload
+
+StorageFactory = Callable[[ServerId], SimStorage]
+WorkloadFactory = Callable[[random.Random], Workload]
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    seed: int
+    servers: int = 3
+    steps: int = 3000
+    fault: Fault = Fault.NONE
+    crashes: bool = True
+    partitions: bool = True
+    membership: bool = True
+    transfers: bool = True
+    tear_writes: bool = True
+
+    def __post_init__(self) -> None:
+        assert self.servers in (1, 3, 5) and self.steps >= 1
+
+
+@dataclass
+class SimNode:
+    id: ServerId
+    storage: SimStorage
+    machine: Machine
+    raft: RaftServer
+    rng: random.Random
+    snapshot_every: int
+    alive: bool = True
+    epoch: int = 0
+    sync_scheduled: bool = False
+    after_persist: list[Message] = field(default_factory=list)
+    persist_events: list[Event] = field(default_factory=list)
+    snapshot_index: int = 0
+    seen_role: tuple[int, int] = (-1, -1)
+
+
+def _sim_limits(rng: random.Random) -> Limits:
+    """Small, random bounds so flow control, batching and chunking are all exercised."""
+    append_bytes = rng.choice([64, 256, 4096])
+    return Limits(
+        append_entries_per_message_max=rng.randint(1, 8),
+        append_bytes_per_message_max=append_bytes,
+        inflight_messages_per_follower_max=rng.randint(1, 4),
+        inflight_bytes_per_follower_max=append_bytes * rng.randint(1, 8),
+        snapshot_chunk_bytes=rng.choice([32, 128, 1024]),
+        uncommitted_bytes_max=rng.choice([512, 1 << 20]),
+    )
+
+
+class World:
+    def __init__(
+        self,
+        config: SimConfig,
+        workload_factory: WorkloadFactory | None = None,
+        storage_factory: StorageFactory | None = None,
+        observers: list[Observer] | None = None,
+        keep_trace: bool = False,
+    ) -> None:
+        self.config = config
+        self.rng = random.Random(config.seed)
+        self.now_ms = 0
+        self.steps = 0
+        self.limits = _sim_limits(self.rng)
+        faults = NetworkFaults(
+            delay_ms_min=1,
+            delay_ms_max=self.rng.choice([2, 10, 40]),
+            drop_per_mille=self.rng.choice([0, 10, 50, 150]),
+            duplicate_per_mille=self.rng.choice([0, 10, 50]),
+        )
+        self.network = Network(self.rng, faults)
+        self.queue: list[tuple[int, int, Callable[[], None]]] = []
+        self.seq = 0
+        self.trace: deque[str] = deque(maxlen=30)
+        self.full_trace: list[str] | None = [] if keep_trace else None
+        self.digest = hashlib.sha256()
+        self.safety = RaftSafety()
+        self.observers: list[Observer] = [self.safety, *(observers or [])]
+        make_workload = workload_factory or (lambda rng: KvWorkload(rng))
+        self.workload = make_workload(self.rng)
+        self.storage_factory = storage_factory or (lambda _id: MemStorage())
+        self.ids = [ServerId(f"s{n + 1}") for n in range(config.servers)]
+        self.bootstrap = Configuration(tuple(self.ids))
+        self.nodes: dict[ServerId, SimNode] = {}
+        self.errors: list[str] = []
+        self.next_admin_request = 1 << 40
+        for sid in self.ids:
+            self.nodes[sid] = self._boot(sid, self.storage_factory(sid))
+
+    # --- public surface for workloads -------------------------------------------------
+
+    def server_ids(self) -> list[ServerId]:
+        return list(self.ids)
+
+    def live_nodes(self) -> list[SimNode]:
+        return [n for n in self.nodes.values() if n.alive]
+
+    def schedule(self, delay_ms: int, action: Callable[[], None]) -> None:
+        self.seq += 1
+        heapq.heappush(self.queue, (self.now_ms + max(0, delay_ms), self.seq, action))
+
+    def propose(self, server: ServerId, request_id: int, commands: tuple[bytes, ...]) -> None:
+        self._client_event(server, Propose(request_id, commands), request_id)
+
+    def read(self, server: ServerId, request_id: int) -> None:
+        self._client_event(server, ReadIndex(request_id), request_id)
+
+    def log(self, text: str) -> None:
+        line = f"t={self.now_ms} {text}"
+        self.trace.append(line)
+        self.digest.update(line.encode() + b"\n")
+        if self.full_trace is not None:
+            self.full_trace.append(line)
+
+    def trace_digest(self) -> str:
+        return self.digest.hexdigest()
+
+    # --- running ----------------------------------------------------------------------
+
+    def run(self) -> list[str]:
+        """Run ``config.steps`` events; returns the violations found (empty: passed)."""
+        self.workload.start(self)
+        self.schedule(self.limits.tick_ms, self._tick)
+        self.schedule(self.rng.randint(200, 1000), self._nemesis)
+        while self.steps < self.config.steps and not self.errors:
+            when, _seq, action = heapq.heappop(self.queue)
+            self.now_ms = when
+            self.steps += 1
+            try:
+                action()
+            except AssertionError as exc:
+                self.errors.append(f"t={self.now_ms} assertion failed: {exc}")
+                break
+            for obs in self.observers:
+                obs.after_step(self)
+            if self.safety.found:
+                break
+        found = list(self.errors)
+        for obs in self.observers:
+            found.extend(obs.violations())
+        if not found:
+            found.extend(self.workload.finish(self))
+        self.log(f"end steps={self.steps} violations={len(found)}")
+        return found
+
+    def _tick(self) -> None:
+        for node in self.live_nodes():
+            self._step(node, Tick(self.now_ms))
+        self.schedule(self.limits.tick_ms, self._tick)
+
+    def _client_event(self, server: ServerId, event: Event, request_id: int) -> None:
+        node = self.nodes[server]
+        if not node.alive:
+            self.workload.on_rejected(self, node, Rejected(request_id, "unavailable", None))
+            return
+        self._step(node, event)
+
+    def _deliver(self, msg: Message) -> None:
+        node = self.nodes[msg.dst]
+        if node.alive and self.network.connected(msg.src, msg.dst):
+            self._step(node, Receive(msg))
+
+    def _send(self, msg: Message) -> None:
+        for delay in self.network.delays_ms(msg.src, msg.dst):
+            self.schedule(delay, lambda m=msg: self._deliver(m))  # type: ignore[misc]
+
+    # --- what a runtime does ------------------------------------------------------------
+
+    def _step(self, node: SimNode, event: Event) -> None:
+        node.raft.step(event)
+        self._drain(node)
+
+    def _drain(self, node: SimNode) -> None:
+        while True:
+            rd = node.raft.ready()
+            if rd.is_empty():
+                break
+            self._act(node, rd)
+            self._maybe_snapshot(node)
+        role = (int(node.raft.role), node.raft.term)
+        if role != node.seen_role:
+            node.seen_role = role
+            self.log(f"{node.id} {node.raft.role.name.lower()} term={node.raft.term}")
+
+    def _act(self, node: SimNode, rd: Ready) -> None:
+        for obs in self.observers:
+            obs.on_ready(self, node, rd)
+        wrote = rd.hard_state is not None or rd.snapshot_to_install is not None
+        if wrote or rd.entries_to_persist:
+            node.storage.write(rd.hard_state, rd.snapshot_to_install, rd.entries_to_persist)
+        if rd.entries_to_persist:
+            last = rd.entries_to_persist[-1]
+            node.persist_events.append(Persisted(last.index, last.term))
+        snap = rd.snapshot_to_install
+        if snap is not None:
+            node.machine.restore(snap.machine_state)
+            node.snapshot_index = snap.index
+            node.persist_events.append(SnapshotInstalled(snap.index, snap.term))
+            self.log(f"{node.id} installs snapshot at {snap.index}")
+        node.after_persist.extend(rd.messages_after_persist)
+        if (node.persist_events or node.after_persist) and not node.sync_scheduled:
+            node.sync_scheduled = True
+            epoch = node.epoch
+            self.schedule(self.rng.randint(0, 5), lambda: self._sync(node, epoch))
+        for msg in rd.messages:
+            self._send(msg)
+        self._apply(node, rd)
+        for read in rd.reads:
+            self.workload.on_read(self, node, read)
+        for acc in rd.accepted:
+            self.workload.on_accepted(self, node, acc)
+        for rej in rd.rejected:
+            self.workload.on_rejected(self, node, rej)
+        for done in rd.completed:
+            self.log(f"{node.id} completed request {done.request_id} at {done.index}")
+
+    def _apply(self, node: SimNode, rd: Ready) -> None:
+        for entry in rd.committed_entries:
+            reply: object = None
+            if entry.kind is EntryKind.COMMAND:
+                meta = ApplyMeta(entry.index, entry.term, entry.now_ms)
+                reply, _effects = node.machine.apply(meta, entry.data)
+            for obs in self.observers:
+                obs.on_applied(self, node, entry, reply)
+
+    def _sync(self, node: SimNode, epoch: int) -> None:
+        if not node.alive or node.epoch != epoch:
+            return
+        node.sync_scheduled = False
+        node.storage.sync()
+        messages, node.after_persist = node.after_persist, []
+        events, node.persist_events = node.persist_events, []
+        for msg in messages:
+            self._send(msg)
+        for event in events:
+            node.raft.step(event)
+        self._drain(node)
+
+    def _maybe_snapshot(self, node: SimNode) -> None:
+        raft = node.raft
+        applied = raft.applied
+        if applied - node.snapshot_index < node.snapshot_every:
+            return
+        term = raft.log.term(applied)
+        assert term is not None
+        live = node.machine.live_indexes()
+        entries = tuple(node.storage.entry(i) for i in live)
+        snap = Snapshot(
+            applied, term, raft.config_at(applied), node.machine.snapshot(), live, entries
+        )
+        node.storage.save_snapshot(snap)
+        node.snapshot_index = applied
+        raft.step(SnapshotTaken(snap))
+
+    # --- servers ----------------------------------------------------------------------
+
+    def _boot(self, sid: ServerId, storage: SimStorage) -> SimNode:
+        node_rng = random.Random(self.rng.getrandbits(64))
+        options = RaftOptions(sid, node_rng, self.limits, fault=self.config.fault)
+        hard_state, snapshot = storage.recover()
+        machine = self.workload.make_machine()
+        if snapshot is not None:
+            machine.restore(snapshot.machine_state)
+        raft = RaftServer(options, storage, hard_state, snapshot, self.bootstrap, self.now_ms)
+        every = self.rng.randint(5, 60)
+        node = SimNode(sid, storage, machine, raft, node_rng, every)
+        node.snapshot_index = snapshot.index if snapshot else 0
+        return node
+
+    def crash(self, sid: ServerId) -> None:
+        node = self.nodes[sid]
+        tear = self.config.tear_writes and self.rng.randrange(2) == 0
+        node.alive = False
+        node.epoch += 1
+        node.storage.crash(self.rng, tear)
+        self.log(f"crash {sid}{' (torn write)' if tear else ''}")
+        for obs in [*self.observers, self.workload]:
+            if isinstance(obs, Observer):
+                obs.on_crash(self, node)
+
+    def restart(self, sid: ServerId) -> None:
+        old = self.nodes[sid]
+        node = self._boot(sid, old.storage)
+        node.epoch = old.epoch + 1
+        self.nodes[sid] = node
+        self.log(f"restart {sid} term={node.raft.term} last={node.raft.log.last_index()}")
+        self._drain(node)
+
+    # --- faults -------------------------------------------------------------------------
+
+    def _nemesis(self) -> None:
+        self.schedule(self.rng.randint(200, 1200), self._nemesis)
+        choice = self.rng.randrange(6)
+        cfg = self.config
+        if choice <= 1 and cfg.crashes:
+            self._crash_one()
+        elif choice == 2 and cfg.partitions:
+            self._partition()
+        elif choice == 3 and cfg.membership and cfg.servers > 1:
+            self._reconfigure()
+        elif choice == 4 and cfg.transfers and cfg.servers > 1:
+            self._transfer()
+
+    def _crash_one(self) -> None:
+        alive = [n.id for n in self.live_nodes()]
+        if len(alive) <= len(self.ids) // 2 + 0 and len(self.ids) > 1:
+            return
+        sid = self.rng.choice(alive)
+        self.crash(sid)
+        self.schedule(self.rng.randint(50, 1500), lambda: self.restart(sid))
+
+    def _partition(self) -> None:
+        ids = list(self.ids)
+        self.rng.shuffle(ids)
+        cut = self.rng.randint(1, len(ids) - 1) if len(ids) > 1 else 1
+        groups = [sorted(ids[:cut]), sorted(ids[cut:])]
+        self.network.partition(groups)
+        self.log(f"partition {groups[0]} | {groups[1]}")
+        self.schedule(self.rng.randint(100, 2000), self._heal)
+
+    def _heal(self) -> None:
+        self.network.heal()
+        self.log("heal")
+
+    def _leader(self) -> SimNode | None:
+        leaders = [n for n in self.live_nodes() if n.raft.role is Role.LEADER]
+        return max(leaders, key=lambda n: n.raft.term) if leaders else None
+
+    def _reconfigure(self) -> None:
+        leader = self._leader()
+        if leader is None:
+            return
+        config = leader.raft.config
+        self.next_admin_request += 1
+        outside = [s for s in self.ids if s not in config.members]
+        event: Event
+        if outside:
+            event = AddServer(self.next_admin_request, outside[0])
+        elif len(config.voters) >= 3:
+            event = RemoveServer(self.next_admin_request, self.rng.choice(config.members))
+        else:
+            return
+        self.log(f"{leader.id} asked to {type(event).__name__} {event.server}")
+        self._step(leader, event)
+
+    def _transfer(self) -> None:
+        leader = self._leader()
+        if leader is None:
+            return
+        others = [s for s in leader.raft.config.voters if s != leader.id]
+        if others:
+            self.next_admin_request += 1
+            target = self.rng.choice(others)
+            self.log(f"{leader.id} asked to transfer leadership to {target}")
+            self._step(leader, TransferLeadership(self.next_admin_request, target))
+
+
+__all__ = ["SimConfig", "SimNode", "StorageFactory", "WorkloadFactory", "World"]
