@@ -5,8 +5,10 @@ Start-up, in order (shutdown undoes it in reverse):
 1. the secret key (created in the data directory on first start) and the session signer;
 2. the metadata database: Alembic migrations to head, then the engine and session factory;
 3. bootstrap: user ``admin`` on an empty database, this node in the node registry;
-4. the queue engine: ``start_node`` (app/node.py) -> ``app.state.node``;
-5. ready: ``/readyz`` answers 200 once the engine (if any) has recovered.
+4. the queue engine (app/node.py): ``make_node``, its record listener, ``await
+   node.start()`` (recovery; ``/readyz`` says ``engine: recovering``), then
+   ``app.state.node``;
+5. ready: ``app.state.ready``; ``/readyz`` answers 200.
 
 Nothing is created at import time; two apps in one process share nothing.
 """
@@ -32,7 +34,7 @@ from app.db import repo
 from app.db.migrate import upgrade_to_head
 from app.db.session import Database
 from app.metrics import AppMetrics, MetricsMiddleware
-from app.node import NodeStarter, start_node, stop_node
+from app.node import NodeFactory, make_node, record_listener
 from app.problems import install_problem_handlers, problem_response
 from app.settings import Settings, load_secret_key
 from app.ui.sessions import SessionSigner
@@ -81,12 +83,12 @@ def bootstrap(db: Database, settings: Settings) -> StartupReport:
 
 
 def _lifespan(
-    settings: Settings, node_starter: NodeStarter, announce: Announce | None
+    settings: Settings, node_factory: NodeFactory, announce: Announce | None
 ) -> Callable[[FastAPI], AsyncIterator[None]]:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state = app.state
-        state.ready, state.node, state.migrations = False, None, None
+        state.ready, state.node, state.engine, state.migrations = False, None, "absent", None
         secret_key = await anyio.to_thread.run_sync(load_secret_key, settings.data_dir)
         state.session_signer = SessionSigner(secret_key, settings.session_ttl_s)
         db = Database(settings.database_url)
@@ -96,9 +98,14 @@ def _lifespan(
             )
             state.db = db
             report = await anyio.to_thread.run_sync(bootstrap, db, settings)
-            # The seam for the queue engine: started after the metadata it reconciles
-            # with, stopped before the database closes.
-            state.node = await node_starter(settings, db)
+            # The engine seam (app/node.py): started after the metadata it mirrors
+            # into, stopped before the database closes.
+            node = node_factory(settings)
+            if node is not None:
+                state.engine = "recovering"
+                node.set_record_listener(record_listener(db))
+                await node.start()
+                state.node, state.engine = node, "recovered"
             try:
                 state.ready = True
                 if announce is not None:
@@ -106,8 +113,9 @@ def _lifespan(
                 yield
             finally:
                 state.ready = False
-                node, state.node = state.node, None
-                await stop_node(node)
+                state.node, state.engine = None, "absent"
+                if node is not None:
+                    await node.stop()
         finally:
             db.dispose()
 
@@ -188,21 +196,26 @@ class BodyLimitMiddleware:
 def create_app(
     settings: Settings,
     *,
-    node_starter: NodeStarter = start_node,
+    node_factory: NodeFactory = make_node,
     announce: Announce | None = None,
 ) -> FastAPI:
     app = FastAPI(
         title="Quorra",
         version="0.1.0",
         summary="A Raft-replicated queue platform.",
-        lifespan=_lifespan(settings, node_starter, announce),
+        lifespan=_lifespan(settings, node_factory, announce),
         docs_url=None,  # Swagger UI and ReDoc load from a CDN; /openapi.json is the contract
         redoc_url=None,
     )
     app.state.settings = settings
     app.state.metrics = AppMetrics()
     app.state.templates = Jinja2Templates(directory=settings.templates_dir)
-    app.state.ready, app.state.node, app.state.migrations = False, None, None
+    app.state.ready, app.state.node, app.state.engine, app.state.migrations = (
+        False,
+        None,
+        "absent",
+        None,
+    )
 
     install_problem_handlers(app)
     install_ui_handlers(app)

@@ -1,51 +1,64 @@
 """Where the queue engine attaches to the app.
 
-The lifespan (app/main.py) calls ``start_node`` after the metadata is migrated and
-before the app reports ready, stores the result in ``app.state.node``, and calls
-``stop_node`` first on shutdown, before the database closes. Routers reach the node
-through ``NodeDep`` (app/api/deps.py), which answers 503 ``/problems/no-leader``
-while there is none.
+The node is an ``engine.runtime.api.QueueEngine``. The lifespan (app/main.py):
 
-Until ``engine.runtime`` exists, ``start_node`` returns ``None``: the server runs
-its auth, metadata and operations endpoints without queues. The engine plugs in by
-replacing the body of ``start_node`` with, roughly::
+1. after migrations and bootstrap, calls ``make_node(settings)`` (construction only,
+   no I/O); ``None`` means this build has no engine and the server runs its auth,
+   metadata and operations endpoints without queues;
+2. registers ``record_listener(db)`` so that automatic checkpoints and compactions land
+   in the SQLite history, then awaits ``node.start()`` (recovery) while ``/readyz``
+   says ``engine: recovering``;
+3. stores the node in ``app.state.node`` and reports ready;
+4. on shutdown, first takes the node out of ``app.state``, awaits ``node.stop()``, and
+   only then closes the database.
 
-    node = Node(data_dir=settings.data_dir, name=settings.node_name, limits=settings.limits)
-    await node.start()          # recovers every queue from its checkpoint + WAL tail
-    reconcile(db, node)         # queue definitions in SQLite vs. queues in the engine
-    return node
+Routers reach the node through ``NodeDep`` (app/api/deps.py), 503 while there is none.
+When ``engine.runtime`` gains its ``Node``, ``make_node`` becomes, roughly::
 
-Anything with ``async stop()`` and a ``recovered`` flag fits ``NodeHandle``.
+    return Node(data_dir=settings.data_dir, name=settings.node_name, limits=settings.limits)
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Protocol
+import logging
+from collections.abc import Callable
 
+import anyio
+
+from app.db import repo
 from app.db.session import Database
 from app.settings import Settings
+from engine.runtime.api import CheckpointRecord, CompactionRecord, QueueEngine, RecordListener
+
+NodeFactory = Callable[[Settings], QueueEngine | None]
+log = logging.getLogger("quorra.app")
 
 
-class NodeHandle(Protocol):
-    @property
-    def recovered(self) -> bool:
-        """True once every hosted queue has recovered from disk and can serve."""
-        ...
-
-    async def stop(self) -> None:
-        """Flush and close everything; nothing confirmed may be lost."""
-        ...
-
-
-NodeStarter = Callable[[Settings, Database], Awaitable[NodeHandle | None]]
-
-
-async def start_node(settings: Settings, db: Database) -> NodeHandle | None:
-    """Start the engine for this data directory; ``None`` while there is no engine."""
+def make_node(settings: Settings) -> QueueEngine | None:
+    """The engine node for this data directory; ``None`` until ``engine.runtime.Node``."""
     return None
 
 
-async def stop_node(node: NodeHandle | None) -> None:
-    if node is not None:
-        await node.stop()
+def store_record(db: Database, record: CheckpointRecord | CompactionRecord) -> bool:
+    """Add an engine record to the queue's history; False when the queue is unknown here."""
+    with db.transaction() as session:
+        queue = repo.get_queue(session, record.queue)
+        if queue is None:
+            return False
+        if isinstance(record, CheckpointRecord):
+            repo.record_snapshot(session, queue.uid, repo.snapshot_facts(record))
+        else:
+            repo.record_compaction(session, queue.uid, repo.compaction_facts(record))
+    return True
+
+
+def record_listener(db: Database) -> RecordListener:
+    """The listener the node calls after each automatic checkpoint or compaction (manual
+    ones come back from `node.checkpoint`/`node.compact`; the router stores those)."""
+
+    async def listener(record: CheckpointRecord | CompactionRecord) -> None:
+        stored = await anyio.to_thread.run_sync(store_record, db, record)
+        if not stored:
+            log.warning("history record for unknown queue %r dropped", record.queue)
+
+    return listener

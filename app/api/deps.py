@@ -34,9 +34,9 @@ from app.auth import (
 from app.db import repo
 from app.db.models import User
 from app.db.session import Database
-from app.node import NodeHandle
 from app.problems import Forbidden, Unauthorized
 from engine.errors import NoLeader
+from engine.runtime.api import QueueEngine
 
 API_PREFIX = "/api/v1"
 QUEUE_NAME_PATTERN = r"^[A-Za-z0-9._-]{1,200}$"
@@ -169,14 +169,14 @@ CanWrite = Annotated[Principal, Depends(queue_access("write"))]
 CanRead = Annotated[Principal, Depends(queue_access("read"))]
 
 
-def get_node(request: Request) -> NodeHandle:
-    node: NodeHandle | None = request.app.state.node
+def get_node(request: Request) -> QueueEngine:
+    node: QueueEngine | None = request.app.state.node
     if node is None:
         raise NoLeader("the queue engine is not running on this node")
     return node
 
 
-NodeDep = Annotated[NodeHandle, Depends(get_node)]
+NodeDep = Annotated[QueueEngine, Depends(get_node)]
 
 
 def client_addr(request: Request) -> str:

@@ -18,8 +18,7 @@ api_router = APIRouter(prefix=API_PREFIX, tags=["operations"], route_class=Negot
 
 def readiness(request: Request) -> Readiness:
     state = request.app.state
-    node = state.node
-    engine = "absent" if node is None else "recovered" if node.recovered else "recovering"
+    engine = state.engine
     ready = bool(state.ready) and state.migrations is not None and engine != "recovering"
     return Readiness(ready=ready, migrations=state.migrations, engine=engine)
 

@@ -16,6 +16,7 @@ from sqlalchemy import (
     CheckConstraint,
     DateTime,
     Dialect,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -36,7 +37,6 @@ NAMING_CONVENTION = {
 ROLES = ("admin", "user")
 SNAPSHOT_TRIGGERS = ("manual", "auto")
 QUEUE_STATUSES = ("creating", "ready", "deleting")
-COMPACTION_STATUSES = ("running", "done", "failed")
 
 
 def utcnow() -> datetime:
@@ -138,7 +138,9 @@ class QueueDefinition(Base):
     updated_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow, onupdate=utcnow)
 
 
-class SnapshotRecord(Base):
+class SnapshotEntry(Base):
+    """A checkpoint of a queue (``engine.runtime.api.CheckpointRecord``)."""
+
     __tablename__ = "snapshots"
     __table_args__ = (
         CheckConstraint("trigger IN ('manual', 'auto')", name="trigger"),
@@ -153,38 +155,32 @@ class SnapshotRecord(Base):
     bytes: Mapped[int] = mapped_column(BigInteger)
     live_entries: Mapped[int] = mapped_column(BigInteger)
     trigger: Mapped[str] = mapped_column(String(10))
-    duration_ms: Mapped[int] = mapped_column(Integer)
+    duration_ms: Mapped[float] = mapped_column(Float)
 
 
-class CompactionRecord(Base):
-    """One compaction run: ``running`` while it works, then ``done`` or ``failed``."""
+class CompactionEntry(Base):
+    """A finished compaction run (``engine.runtime.api.CompactionRecord``)."""
 
     __tablename__ = "compactions"
     __table_args__ = (
-        CheckConstraint("status IN ('running', 'done', 'failed')", name="status"),
         CheckConstraint("trigger IN ('manual', 'auto')", name="trigger"),
         Index("ix_compactions_queue_uid_started_at", "queue_uid", "started_at"),
     )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     queue_uid: Mapped[str] = mapped_column(ForeignKey("queues.uid", ondelete="CASCADE"))
-    requested_phase: Mapped[str] = mapped_column(String(10))
-    """``auto`` or the phase asked for (``1``, ``2``, ``3``)."""
-    phase: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    """The last phase that ran."""
+    phase: Mapped[str] = mapped_column(String(20))
+    """``auto`` or the phases that ran, e.g. ``1,2``."""
     trigger: Mapped[str] = mapped_column(String(10))
-    status: Mapped[str] = mapped_column(String(10), default="running")
-    started_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
-    finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
+    started_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    duration_ms: Mapped[float] = mapped_column(Float)
     segments_before: Mapped[int] = mapped_column(Integer)
-    segments_after: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    segments_after: Mapped[int] = mapped_column(Integer)
     bytes_before: Mapped[int] = mapped_column(BigInteger)
-    bytes_after: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    bytes_after: Mapped[int] = mapped_column(BigInteger)
     live_entries: Mapped[int] = mapped_column(BigInteger)
     dead_entries_before: Mapped[int] = mapped_column(BigInteger)
-    dead_entries_after: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-    duration_ms: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    error: Mapped[str | None] = mapped_column(String(500), nullable=True)
+    dead_entries_after: Mapped[int] = mapped_column(BigInteger)
 
 
 class AuditEntry(Base):

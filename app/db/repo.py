@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import datetime, timedelta
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import delete, func, select
@@ -18,14 +18,15 @@ from sqlalchemy.orm import Session
 from app.db.models import (
     ApiToken,
     AuditEntry,
-    CompactionRecord,
+    CompactionEntry,
     NodeRecord,
     QueueDefinition,
-    SnapshotRecord,
+    SnapshotEntry,
     UiSession,
     User,
     utcnow,
 )
+from engine.runtime.api import CheckpointRecord, CompactionRecord
 
 TOKEN_TOUCH_INTERVAL = timedelta(minutes=1)
 """``last_used_at`` is written at most this often per token, not on every request."""
@@ -216,21 +217,59 @@ class SnapshotFacts:
     bytes: int
     live_entries: int
     trigger: str
-    duration_ms: int
+    duration_ms: float
 
 
-def record_snapshot(session: Session, queue_uid: str, facts: SnapshotFacts) -> SnapshotRecord:
-    assert facts.trigger in ("manual", "auto")
-    row = SnapshotRecord(
-        queue_uid=queue_uid,
-        raft_index=facts.raft_index,
-        term=facts.term,
-        taken_at=facts.taken_at,
-        bytes=facts.bytes,
-        live_entries=facts.live_entries,
-        trigger=facts.trigger,
-        duration_ms=facts.duration_ms,
+@dataclass(frozen=True, slots=True)
+class CompactionFacts:
+    phase: str
+    trigger: str
+    started_at: datetime
+    duration_ms: float
+    segments_before: int
+    segments_after: int
+    bytes_before: int
+    bytes_after: int
+    live_entries: int
+    dead_entries_before: int
+    dead_entries_after: int
+
+
+def _from_ms(epoch_ms: int) -> datetime:
+    return datetime.fromtimestamp(epoch_ms / 1000, tz=UTC)
+
+
+def snapshot_facts(record: CheckpointRecord) -> SnapshotFacts:
+    return SnapshotFacts(
+        raft_index=record.index,
+        term=record.term,
+        taken_at=_from_ms(record.taken_at_ms),
+        bytes=record.bytes,
+        live_entries=record.live_entries,
+        trigger=record.trigger,
+        duration_ms=record.duration_ms,
     )
+
+
+def compaction_facts(record: CompactionRecord) -> CompactionFacts:
+    return CompactionFacts(
+        phase=record.phase,
+        trigger=record.trigger,
+        started_at=_from_ms(record.started_at_ms),
+        duration_ms=record.duration_ms,
+        segments_before=record.segments_before,
+        segments_after=record.segments_after,
+        bytes_before=record.bytes_before,
+        bytes_after=record.bytes_after,
+        live_entries=record.live_entries,
+        dead_entries_before=record.dead_entries_before,
+        dead_entries_after=record.dead_entries_after,
+    )
+
+
+def record_snapshot(session: Session, queue_uid: str, facts: SnapshotFacts) -> SnapshotEntry:
+    assert facts.trigger in ("manual", "auto")
+    row = SnapshotEntry(queue_uid=queue_uid, **asdict(facts))
     session.add(row)
     session.flush()
     return row
@@ -238,85 +277,33 @@ def record_snapshot(session: Session, queue_uid: str, facts: SnapshotFacts) -> S
 
 def list_snapshots(
     session: Session, queue_uid: str, limit: int = HISTORY_ROWS_MAX
-) -> Sequence[SnapshotRecord]:
+) -> Sequence[SnapshotEntry]:
     """Newest first."""
     query = (
-        select(SnapshotRecord)
-        .where(SnapshotRecord.queue_uid == queue_uid)
-        .order_by(SnapshotRecord.taken_at.desc(), SnapshotRecord.id.desc())
+        select(SnapshotEntry)
+        .where(SnapshotEntry.queue_uid == queue_uid)
+        .order_by(SnapshotEntry.taken_at.desc(), SnapshotEntry.id.desc())
         .limit(min(limit, HISTORY_ROWS_MAX))
     )
     return session.scalars(query).all()
 
 
-@dataclass(frozen=True, slots=True)
-class CompactionStart:
-    requested_phase: str
-    trigger: str
-    segments_before: int
-    bytes_before: int
-    live_entries: int
-    dead_entries_before: int
-
-
-@dataclass(frozen=True, slots=True)
-class CompactionResult:
-    phase: int
-    segments_after: int
-    bytes_after: int
-    dead_entries_after: int
-    duration_ms: int
-
-
-def start_compaction(session: Session, queue_uid: str, start: CompactionStart) -> CompactionRecord:
-    assert start.requested_phase in ("auto", "1", "2", "3")
-    assert start.trigger in ("manual", "auto")
-    row = CompactionRecord(
-        queue_uid=queue_uid,
-        requested_phase=start.requested_phase,
-        trigger=start.trigger,
-        status="running",
-        segments_before=start.segments_before,
-        bytes_before=start.bytes_before,
-        live_entries=start.live_entries,
-        dead_entries_before=start.dead_entries_before,
-    )
+def record_compaction(session: Session, queue_uid: str, facts: CompactionFacts) -> CompactionEntry:
+    assert facts.trigger in ("manual", "auto")
+    row = CompactionEntry(queue_uid=queue_uid, **asdict(facts))
     session.add(row)
     session.flush()
     return row
 
 
-def finish_compaction(
-    session: Session, row: CompactionRecord, result: CompactionResult | None, error: str = ""
-) -> None:
-    """Close a run: with its result when it succeeded, with ``error`` when it failed."""
-    assert row.status == "running"
-    row.finished_at = utcnow()
-    if result is None:
-        row.status = "failed"
-        row.error = error[:500] or "failed"
-    else:
-        row.status = "done"
-        row.phase = result.phase
-        row.segments_after = result.segments_after
-        row.bytes_after = result.bytes_after
-        row.dead_entries_after = result.dead_entries_after
-        row.duration_ms = result.duration_ms
-    session.flush()
-
-
-def get_compaction(session: Session, row_id: int) -> CompactionRecord | None:
-    return session.get(CompactionRecord, row_id)
-
-
 def list_compactions(
     session: Session, queue_uid: str, limit: int = HISTORY_ROWS_MAX
-) -> Sequence[CompactionRecord]:
-    """Newest first; a running compaction, if any, comes first."""
+) -> Sequence[CompactionEntry]:
+    """Newest first."""
     query = (
-        select(CompactionRecord)
-        .where(CompactionRecord.queue_uid == queue_uid)
-        .order_by(CompactionRecord.started_at.desc(), CompactionRecord.id.desc())
+        select(CompactionEntry)
+        .where(CompactionEntry.queue_uid == queue_uid)
+        .order_by(CompactionEntry.started_at.desc(), CompactionEntry.id.desc())
         .limit(min(limit, HISTORY_ROWS_MAX))
     )
     return session.scalars(query).all()

@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises: -
-Create Date: 2026-11-22 05:29:05.789269
+Create Date: 2026-11-22 05:37:43.180889
 """
 
 from __future__ import annotations
@@ -89,22 +89,17 @@ def upgrade() -> None:
     op.create_table('compactions',
     sa.Column('id', sa.Integer(), nullable=False),
     sa.Column('queue_uid', sa.String(length=32), nullable=False),
-    sa.Column('requested_phase', sa.String(length=10), nullable=False),
-    sa.Column('phase', sa.Integer(), nullable=True),
+    sa.Column('phase', sa.String(length=20), nullable=False),
     sa.Column('trigger', sa.String(length=10), nullable=False),
-    sa.Column('status', sa.String(length=10), nullable=False),
     sa.Column('started_at', sa.DateTime(), nullable=False),
-    sa.Column('finished_at', sa.DateTime(), nullable=True),
+    sa.Column('duration_ms', sa.Float(), nullable=False),
     sa.Column('segments_before', sa.Integer(), nullable=False),
-    sa.Column('segments_after', sa.Integer(), nullable=True),
+    sa.Column('segments_after', sa.Integer(), nullable=False),
     sa.Column('bytes_before', sa.BigInteger(), nullable=False),
-    sa.Column('bytes_after', sa.BigInteger(), nullable=True),
+    sa.Column('bytes_after', sa.BigInteger(), nullable=False),
     sa.Column('live_entries', sa.BigInteger(), nullable=False),
     sa.Column('dead_entries_before', sa.BigInteger(), nullable=False),
-    sa.Column('dead_entries_after', sa.BigInteger(), nullable=True),
-    sa.Column('duration_ms', sa.Integer(), nullable=True),
-    sa.Column('error', sa.String(length=500), nullable=True),
-    sa.CheckConstraint("status IN ('running', 'done', 'failed')", name=op.f('ck_compactions_status')),
+    sa.Column('dead_entries_after', sa.BigInteger(), nullable=False),
     sa.CheckConstraint("trigger IN ('manual', 'auto')", name=op.f('ck_compactions_trigger')),
     sa.ForeignKeyConstraint(['queue_uid'], ['queues.uid'], name=op.f('fk_compactions_queue_uid_queues'), ondelete='CASCADE'),
     sa.PrimaryKeyConstraint('id', name=op.f('pk_compactions'))
@@ -121,7 +116,7 @@ def upgrade() -> None:
     sa.Column('bytes', sa.BigInteger(), nullable=False),
     sa.Column('live_entries', sa.BigInteger(), nullable=False),
     sa.Column('trigger', sa.String(length=10), nullable=False),
-    sa.Column('duration_ms', sa.Integer(), nullable=False),
+    sa.Column('duration_ms', sa.Float(), nullable=False),
     sa.CheckConstraint("trigger IN ('manual', 'auto')", name=op.f('ck_snapshots_trigger')),
     sa.ForeignKeyConstraint(['queue_uid'], ['queues.uid'], name=op.f('fk_snapshots_queue_uid_queues'), ondelete='CASCADE'),
     sa.PrimaryKeyConstraint('id', name=op.f('pk_snapshots'))
