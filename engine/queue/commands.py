@@ -25,9 +25,11 @@ Receipts-carrying commands (settle, return, discard, extend) carry ``n`` pairs o
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from functools import wraps
+from typing import Any, ParamSpec, TypeVar
 
 import msgpack
 import numpy as np
@@ -61,6 +63,23 @@ _CHECKOUT_HEAD = struct.Struct("<BBHqH")
 _SIMPLE_HEAD = struct.Struct("<BB")
 
 CONSUMER_ID_BYTES_MAX = 255
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _decoder(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+    """Bytes from the log that do not parse are an ``InvalidRequest``, never a crash."""
+
+    @wraps(fn)
+    def decode(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return fn(*args, **kwargs)
+        except (struct.error, ValueError, UnicodeDecodeError, IndexError) as e:
+            raise InvalidRequest(f"malformed command: {e}") from e
+
+    return decode
+
+
 DEDUP_ID_BYTES_MAX = 255
 
 
@@ -125,13 +144,23 @@ def encode_enqueue(messages: list[NewMessage]) -> bytes:
     return b"".join([_ENQ_HEAD.pack(Kind.ENQUEUE[0], FORMAT_VERSION, n), *records, *data])
 
 
+@_decoder
 def enqueue_records(command: bytes) -> npt.NDArray[Any]:
     """The record table of an enqueue entry as a numpy structured array (no copy)."""
     kind, version, n = _ENQ_HEAD.unpack_from(command, 0)
     assert kind == Kind.ENQUEUE[0] and version == FORMAT_VERSION
     if not 1 <= n <= SLOTS_PER_ENTRY_MAX or len(command) < _ENQ_HEAD.size + n * RECORD_BYTES:
         raise InvalidRequest("malformed enqueue entry")
-    return np.frombuffer(command, dtype=RECORD_DTYPE, count=n, offset=_ENQ_HEAD.size)
+    recs = np.frombuffer(command, dtype=RECORD_DTYPE, count=n, offset=_ENQ_HEAD.size)
+    ends = (
+        recs["data_offset"].astype(np.int64)
+        + recs["dedup_len"]
+        + recs["headers_len"]
+        + recs["body_len"]
+    )
+    if int(ends.max()) > len(command):
+        raise InvalidRequest("malformed enqueue entry")
+    return recs
 
 
 def enqueue_count(entry: bytes) -> int:
@@ -211,6 +240,7 @@ def encode_extend(receipts: list[tuple[int, int]], lease_ms: int) -> bytes:
     return _encode_receipts(Kind.EXTEND, receipts, lease_ms)
 
 
+@_decoder
 def decode_receipts(command: bytes) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint64], int]:
     """(tags, refs, lease_ms or 0) of a settle/return/discard/extend command."""
     head = _EXTEND_HEAD if command[0] == Kind.EXTEND[0] else _RECEIPTS_HEAD
@@ -244,6 +274,7 @@ def encode_checkout(consumer: str, max_messages: int, lease_ms: int = 0) -> byte
     )
 
 
+@_decoder
 def decode_checkout(command: bytes) -> Checkout:
     _k, _v, n, lease_ms, clen = _CHECKOUT_HEAD.unpack_from(command, 0)
     raw = command[_CHECKOUT_HEAD.size :]
@@ -269,6 +300,7 @@ def encode_dead_letter_confirm(refs: list[int]) -> bytes:
     return head + np.array(refs, dtype="<u8").tobytes()
 
 
+@_decoder
 def decode_dead_letter_confirm(command: bytes) -> npt.NDArray[np.uint64]:
     n = _RECEIPTS_HEAD.unpack_from(command, 0)[2]
     if len(command) != _RECEIPTS_HEAD.size + 8 * n:
@@ -359,6 +391,7 @@ def decode_policy(command: bytes) -> dict[str, object]:
     return {name: changes[name] for name in POLICY_FIELDS if name in changes}
 
 
+@_decoder
 def command_kind(command: bytes) -> Kind:
     if len(command) < 2 or command[1] != FORMAT_VERSION:
         raise InvalidRequest("unknown command format")

@@ -211,20 +211,22 @@ class Pending:
         return group is not None and group.expires_ms == expires_ms
 
     def take_expired(self, now_ms: int) -> list[int]:
-        """Tags whose lease ended at or before ``now_ms``, in expiry then tag order."""
-        out: list[int] = []
+        """Tags whose lease ended at or before ``now_ms``, ordered by (expiry, tag): leases
+        that end together come back in delivery order."""
+        found: list[tuple[int, int]] = []
         while self._heap and self._heap[0][0] <= now_ms:
             expires_ms, kind, key = heapq.heappop(self._heap)
             if not self._heap_entry_live(expires_ms, kind, key):
                 continue
             if kind == 1:
-                out.append(key)
+                found.append((expires_ms, key))
                 continue
             group = self._groups[key]
             for tag in range(group.first_tag, group.first_tag + group.count):
                 if tag not in self._overrides and self.ref_at(tag) != 0:
-                    out.append(tag)
-        return out
+                    found.append((expires_ms, tag))
+        found.sort()
+        return [tag for _expires_ms, tag in found]
 
     # --- snapshot -----------------------------------------------------------------
 

@@ -1,0 +1,195 @@
+"""Packed refs, receipts, sealed pages and the paged FIFO: round trips at every boundary."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.errors import InvalidRequest
+from engine.queue.pages import RefFifo, SealedPage
+from engine.queue.receipts import decode_receipt, encode_receipt
+from engine.queue.refs import (
+    INDEX_LIMIT_LONG,
+    INDEX_LIMIT_SHORT,
+    SIZE_LIMIT,
+    SLOT_LIMIT_SHORT,
+    SLOTS_PER_ENTRY_MAX,
+    FallbackTable,
+    RefParts,
+    indexes_of,
+    is_fallback,
+    message_id,
+    message_id_parts,
+    pack_batch,
+    sizes_of,
+    try_pack,
+    unpack_compact,
+)
+
+INDEXES = [
+    1,
+    2,
+    INDEX_LIMIT_LONG - 1,
+    INDEX_LIMIT_LONG,
+    INDEX_LIMIT_SHORT - 1,
+    INDEX_LIMIT_SHORT,
+    1 << 62,
+]
+SIZES = [0, 1, SIZE_LIMIT - 1, SIZE_LIMIT, 16 << 20]
+BATCHES = [1, 2, SLOT_LIMIT_SHORT, SLOT_LIMIT_SHORT + 1, SLOTS_PER_ENTRY_MAX]
+
+
+def _expected_form(index: int, size: int, batch: int) -> str:
+    if size >= SIZE_LIMIT:
+        return "fallback"
+    if batch <= SLOT_LIMIT_SHORT and index < INDEX_LIMIT_SHORT:
+        return "short"
+    if index < INDEX_LIMIT_LONG:
+        return "long"
+    return "fallback"
+
+
+def _form(ref: int) -> str:
+    if ref >> 63 == 0:
+        return "short"
+    return "fallback" if is_fallback(ref) else "long"
+
+
+@pytest.mark.parametrize("index", INDEXES)
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("batch", BATCHES)
+def test_pack_round_trip_at_every_boundary(index: int, size: int, batch: int) -> None:
+    table = FallbackTable()
+    for slot in sorted({0, batch // 2, batch - 1}):
+        ref = table.pack(index, slot, size, batch)
+        assert 0 < ref < 1 << 64
+        assert _form(ref) == _expected_form(index, size, batch)
+        assert table.unpack(ref) == RefParts(index, slot, size)
+        if not is_fallback(ref):
+            assert unpack_compact(ref) == RefParts(index, slot, size)
+            assert try_pack(index, slot, size, batch) == ref
+
+
+def test_the_compact_form_of_a_single_message_entry() -> None:
+    ref = try_pack(INDEX_LIMIT_SHORT - 1, 0, SIZE_LIMIT - 1)
+    assert ref == ((INDEX_LIMIT_SHORT - 1) << 19) | ((SIZE_LIMIT - 1) << 4)
+    assert ref >> 63 == 0
+
+
+def test_fallback_refs_are_released() -> None:
+    table = FallbackTable()
+    big = table.pack(5, 0, SIZE_LIMIT)
+    small = table.pack(5, 1, 10, 2)
+    assert len(table) == 1
+    table.release(small)
+    table.release(big)
+    assert len(table) == 0
+    again = table.pack(5, 0, SIZE_LIMIT)
+    assert again != big, "handles are never reused"
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    index=st.integers(1, (1 << 63) - 1),
+    batch=st.integers(1, SLOTS_PER_ENTRY_MAX),
+    data=st.data(),
+)
+def test_pack_batch_agrees_with_scalar_packing(index: int, batch: int, data: st.DataObject) -> None:
+    sizes = data.draw(
+        st.lists(
+            st.one_of(st.integers(0, SIZE_LIMIT + 5), st.integers(0, 1 << 30)),
+            min_size=batch,
+            max_size=batch,
+        )
+    )
+    vec_table, scalar_table = FallbackTable(), FallbackTable()
+    refs = pack_batch(index, np.array(sizes, dtype=np.uint64), vec_table)
+    scalar = [scalar_table.pack(index, k, s, batch) for k, s in enumerate(sizes)]
+    assert refs.tolist() == scalar
+    assert len(set(scalar)) == batch, "every message of a batch has its own ref"
+    assert indexes_of(refs, vec_table).tolist() == [index] * batch
+    assert sizes_of(refs, vec_table).tolist() == sizes
+    wire = FallbackTable.from_wire(vec_table.to_wire())
+    assert [wire.unpack(r) for r in scalar] == [RefParts(index, k, s) for k, s in enumerate(sizes)]
+
+
+@given(index=st.integers(1, 1 << 50), slot=st.integers(0, SLOTS_PER_ENTRY_MAX - 1))
+def test_message_id_round_trip(index: int, slot: int) -> None:
+    assert message_id_parts(message_id(index, slot)) == (index, slot)
+
+
+@given(tag=st.integers(1, (1 << 64) - 1), ref=st.integers(1, (1 << 64) - 1))
+def test_receipt_round_trip(tag: int, ref: int) -> None:
+    text = encode_receipt(tag, ref)
+    assert len(text) == 32
+    assert decode_receipt(text) == (tag, ref)
+
+
+@pytest.mark.parametrize("text", ["", "xyz", "0" * 32, "g" * 32, "A" * 32, "1" * 31, "1" * 33])
+def test_malformed_receipts_are_invalid_requests(text: str) -> None:
+    with pytest.raises(InvalidRequest):
+        decode_receipt(text)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.integers(1, (1 << 64) - 1), min_size=16, max_size=64),
+    st.integers(0, 1 << 40),
+    st.integers(-(1 << 20), 1 << 20),
+)
+def test_sealed_pages_round_trip(values: list[int], start: int, step: int) -> None:
+    random_page = np.array(values, dtype=np.uint64)
+    sealed = SealedPage.maybe_seal(random_page)
+    if sealed is not None:
+        assert sealed.expand().tolist() == values
+    run = [(start + k * step) % (1 << 64) or 1 for k in range(len(values))]
+    run_page = np.array(run, dtype=np.uint64)
+    sealed_run = SealedPage.maybe_seal(run_page)
+    assert sealed_run is not None or 0 in [
+        (start + k * step) % (1 << 64) for k in range(len(values))
+    ]
+    if sealed_run is not None:
+        assert sealed_run.expand().tolist() == run
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(1, 40), st.booleans()), max_size=60))
+def test_ref_fifo_is_a_fifo(ops: list[tuple[bool, int, bool]]) -> None:
+    fifo = RefFifo(16)
+    model: list[int] = []
+    counter = 1 << 63
+    for push, n, compressible in ops:
+        if push:
+            if compressible:
+                values = [counter + (k << 15) for k in range(n)]
+            else:
+                values = [(counter * (k + 7)) % (1 << 64) or 1 for k in range(n)]
+            counter += n << 15
+            if n == 1:
+                fifo.push(values[0])
+            else:
+                fifo.push_many(np.array(values, dtype=np.uint64))
+            model += values
+        else:
+            popped = fifo.pop_many(n).tolist()
+            assert popped == model[: len(popped)]
+            model = model[len(popped) :]
+        fifo.check()
+        assert fifo.to_array().tolist() == model
+        assert fifo.slice_from(fifo.head_pos + 3, 5).tolist() == model[3:8]
+    pos = fifo.head_pos
+    assert fifo.clear().tolist() == model
+    assert fifo.head_pos == pos + len(model) and len(fifo) == 0
+
+
+def test_full_pages_behind_the_head_are_sealed_to_four_bytes() -> None:
+    fifo = RefFifo(4096)
+    refs = (np.uint64(1 << 63) + np.arange(100_000, dtype=np.uint64) * np.uint64(1 << 15)).astype(
+        np.uint64
+    )
+    fifo.push_many(refs)
+    assert fifo.nbytes() < 100_000 * 4 + 2 * 4096 * 8 + 25 * 200, "head and tail pages stay hot"
+    assert fifo.pop_many(50_000).tolist() == refs[:50_000].tolist()
+    assert fifo.to_array().tolist() == refs[50_000:].tolist()
