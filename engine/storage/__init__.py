@@ -1,1 +1,83 @@
-"""engine.storage (see engine/__init__.py for the layering)."""
+"""Durable log storage of a node: one shared WAL with group commit, per-server mem tables
+and segment files, checkpoints and snapshots, recovery. All I/O goes through a ``Disk``.
+
+Using it (the runtime and the simulator do the same, the runtime with two threads)::
+
+    storage = NodeStorage.open(OsDisk(data_dir))        # or FakeDisk() in the simulator
+    rec = storage.open_server(uid)                       # RecoveryRefused if unsafe
+    # restore the machine from rec.checkpoint (if any), hand rec.log (a LogStore) and
+    # rec.hard_state to the Raft core, re-apply committed entries after the checkpoint.
+
+    # for each Ready of the core, step 1 (durable before dependent messages):
+    storage.save_hard_state(uid, HardState(term, vote, commit))
+    storage.append(uid, ready.entries_to_persist)        # from index i: replaces i and after
+
+    # group commit: one write + one fdatasync for every pending op of every server
+    events = storage.complete(storage.write_batch())     # synchronous (simulator)
+    # events: Persisted(uid, index, term), HardStateSaved, SnapshotReset, WriteFailed
+    # -> Raft Persisted(index, term); send messages_after_persist for that server.
+    storage.flush_segments()                             # after a WAL roll (or use sync())
+
+Threads in the real runtime: ``WalThread(storage.wal, on_batch)`` calls
+``wal.write_batch`` whenever something is pending and passes each ``WalBatch`` to
+``on_batch`` in its thread; forward it with ``loop.call_soon_threadsafe`` and call
+``storage.complete(batch)`` on the loop (mem tables change only there; submit through
+``WalThread.submit`` so the writer wakes up). When ``rolled_wal_files()`` is non-empty:
+``flush = storage.prepare_segment_flush()`` on the loop, ``flush.write()`` in a worker,
+``storage.finish_segment_flush(flush)`` back on the loop.
+
+Machine effects: ``CheckpointRequest`` -> ``write_checkpoint(uid, Checkpoint(...))``
+(the log is kept); ``ReleaseCursor`` -> ``release_cursor(uid, index)`` (promotes the
+newest checkpoint at or below it to the snapshot; segments before it without a live entry
+are deleted). Payload reads, also of live entries before the snapshot:
+``storage.log(uid).read(index)``.
+
+Errors: a refused write (disk full, I/O error) comes back as ``WriteFailed`` and the
+server's further writes raise ``StorageFailed``; nothing durable is damaged, other
+servers keep working if the disk accepts their writes. A CRC failure on read raises
+``StorageFailed``; data that cannot be recovered safely raises ``RecoveryRefused``.
+
+Layout under the data directory: ``wal/<seq>.wal``,
+``queues/<uid>/segments/<seq>.seg``, ``queues/<uid>/checkpoints/<index>.chk``,
+``queues/<uid>/snapshots/<index>.chk``. File formats are described at the top of
+``wal.py``, ``segment.py`` and ``checkpoint.py``.
+"""
+
+from __future__ import annotations
+
+from engine.storage.checkpoint import Checkpoint, CheckpointStore
+from engine.storage.disk import Disk, DiskFile, FakeDisk, OsDisk
+from engine.storage.log import ServerLog
+from engine.storage.node import (
+    HardStateSaved,
+    NodeStorage,
+    Persisted,
+    Recovered,
+    SegmentFlush,
+    SnapshotReset,
+    StorageEvent,
+    WriteFailed,
+)
+from engine.storage.wal import HardState, Wal, WalBatch, WalThread
+
+__all__ = [
+    "Checkpoint",
+    "CheckpointStore",
+    "Disk",
+    "DiskFile",
+    "FakeDisk",
+    "HardState",
+    "HardStateSaved",
+    "NodeStorage",
+    "OsDisk",
+    "Persisted",
+    "Recovered",
+    "SegmentFlush",
+    "ServerLog",
+    "SnapshotReset",
+    "StorageEvent",
+    "Wal",
+    "WalBatch",
+    "WalThread",
+    "WriteFailed",
+]

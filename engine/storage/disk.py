@@ -1,0 +1,336 @@
+"""The disk interface: every byte the storage layer reads or writes goes through it.
+
+Rule: storage code never calls ``os`` or ``open`` itself. ``OsDisk`` is the real
+implementation; ``FakeDisk`` keeps files in memory for tests and the simulator and models
+what a crash does to them: data written but not synced may be lost or torn, a file
+created or renamed is only durable once its directory is synced. It can also flip bits
+in any file and fail writes with ``ENOSPC`` or ``EIO``, so the real WAL, segment and
+checkpoint code is exercised against the failures it must survive.
+
+Paths are relative to the disk's root and use ``/``. Directories are created with
+``makedirs`` and treated as durable at once (a simplification of the fake disk).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class DiskFile(Protocol):
+    """An open file. Writes go at the end (``append``) or at an offset (``pwrite``)."""
+
+    def append(self, data: bytes) -> None: ...
+
+    def pwrite(self, offset: int, data: bytes) -> None: ...
+
+    def pread(self, offset: int, length: int) -> bytes: ...
+
+    def size(self) -> int: ...
+
+    def sync(self) -> None:
+        """``fdatasync``: the file's data written so far survives a crash."""
+        ...
+
+    def truncate(self, length: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Disk(Protocol):
+    def open(self, path: str, *, create: bool = False) -> DiskFile:
+        """Open for reading and writing; ``create`` makes an empty file if none exists."""
+        ...
+
+    def read(self, path: str) -> bytes: ...
+
+    def rename(self, src: str, dst: str) -> None:
+        """Atomic replace of ``dst``; durable once the directory is synced."""
+        ...
+
+    def sync_dir(self, path: str) -> None: ...
+
+    def listdir(self, path: str) -> list[str]:
+        """Names in the directory, sorted; empty if it does not exist."""
+        ...
+
+    def remove(self, path: str) -> None: ...
+
+    def makedirs(self, path: str) -> None: ...
+
+    def exists(self, path: str) -> bool: ...
+
+
+def parent(path: str) -> str:
+    return path.rpartition("/")[0]
+
+
+def write_file_atomic(disk: Disk, path: str, data: bytes) -> None:
+    """Temporary name, write, fsync, rename, directory fsync: all of ``data`` or nothing."""
+    tmp = path + ".tmp"
+    f = disk.open(tmp, create=True)
+    try:
+        f.truncate(0)
+        f.append(data)
+        f.sync()
+    finally:
+        f.close()
+    disk.rename(tmp, path)
+    disk.sync_dir(parent(path))
+
+
+# --- the real disk --------------------------------------------------------------------
+
+
+class _OsFile:
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._size = os.fstat(fd).st_size
+
+    def append(self, data: bytes) -> None:
+        self.pwrite(self._size, data)
+
+    def pwrite(self, offset: int, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            n = os.pwrite(self._fd, view, offset)
+            offset += n
+            view = view[n:]
+        self._size = max(self._size, offset)
+
+    def pread(self, offset: int, length: int) -> bytes:
+        return os.pread(self._fd, length, offset)
+
+    def size(self) -> int:
+        return self._size
+
+    def sync(self) -> None:
+        os.fdatasync(self._fd)
+
+    def truncate(self, length: int) -> None:
+        os.ftruncate(self._fd, length)
+        self._size = length
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+class OsDisk:
+    """Files under ``root`` on the real file system."""
+
+    def __init__(self, root: str) -> None:
+        self.root = os.path.abspath(root)
+        os.makedirs(self.root, exist_ok=True)
+
+    def _p(self, path: str) -> str:
+        return os.path.join(self.root, path)
+
+    def open(self, path: str, *, create: bool = False) -> DiskFile:
+        flags = os.O_RDWR | (os.O_CREAT if create else 0)
+        return _OsFile(os.open(self._p(path), flags, 0o644))
+
+    def read(self, path: str) -> bytes:
+        with open(self._p(path), "rb") as f:
+            return f.read()
+
+    def rename(self, src: str, dst: str) -> None:
+        os.rename(self._p(src), self._p(dst))
+
+    def sync_dir(self, path: str) -> None:
+        fd = os.open(self._p(path) if path else self.root, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def listdir(self, path: str) -> list[str]:
+        try:
+            return sorted(os.listdir(self._p(path)))
+        except FileNotFoundError:
+            return []
+
+    def remove(self, path: str) -> None:
+        os.remove(self._p(path))
+
+    def makedirs(self, path: str) -> None:
+        os.makedirs(self._p(path), exist_ok=True)
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(self._p(path))
+
+
+# --- the fake disk --------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class _Inode:
+    data: bytearray = field(default_factory=bytearray)
+    synced: bytes = b""
+
+
+class _FakeFile:
+    def __init__(self, disk: FakeDisk, inode: _Inode) -> None:
+        self._disk = disk
+        self._inode = inode
+        self._epoch = disk.epoch
+
+    def _check(self) -> _Inode:
+        assert self._epoch == self._disk.epoch, "file handle used after a crash"
+        return self._inode
+
+    def append(self, data: bytes) -> None:
+        self.pwrite(len(self._check().data), data)
+
+    def pwrite(self, offset: int, data: bytes) -> None:
+        inode = self._check()
+        self._disk.before_write(max(0, offset + len(data) - len(inode.data)))
+        if offset > len(inode.data):
+            inode.data.extend(bytes(offset - len(inode.data)))
+        inode.data[offset : offset + len(data)] = data
+
+    def pread(self, offset: int, length: int) -> bytes:
+        return bytes(self._check().data[offset : offset + length])
+
+    def size(self) -> int:
+        return len(self._check().data)
+
+    def sync(self) -> None:
+        inode = self._check()
+        self._disk.before_write(0)
+        self._disk.syncs += 1
+        inode.synced = bytes(inode.data)
+
+    def truncate(self, length: int) -> None:
+        inode = self._check()
+        self._disk.before_write(0)
+        del inode.data[length:]
+
+    def close(self) -> None:
+        pass
+
+
+class FakeDisk:
+    """An in-memory disk that can crash, tear, corrupt and fail (see module docstring).
+
+    ``crash(rng)`` models a power loss: each file keeps its synced data plus, if the
+    unsynced part only extends the file, a random prefix of it (a torn write); directory
+    entries not synced are undone. ``fail_errno`` makes every write fail with that errno
+    until cleared; ``space_bytes`` makes writes past that many bytes in total fail with
+    ``ENOSPC`` and write nothing.
+    """
+
+    def __init__(self) -> None:
+        self._dirs: dict[str, dict[str, _Inode]] = {"": {}}
+        self._synced_dirs: dict[str, dict[str, _Inode]] = {"": {}}
+        self.epoch = 0
+        self.syncs = 0
+        self.fail_errno: int | None = None
+        self.space_bytes: int | None = None
+
+    # -- faults -------------------------------------------------------------------------
+
+    def before_write(self, growth_bytes: int) -> None:
+        if self.fail_errno is not None:
+            raise OSError(self.fail_errno, os.strerror(self.fail_errno))
+        if self.space_bytes is not None and self.used_bytes() + growth_bytes > self.space_bytes:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def used_bytes(self) -> int:
+        return sum(len(i.data) for d in self._dirs.values() for i in d.values())
+
+    def flip_bit(self, path: str, bit: int) -> None:
+        """Corrupt one bit of a file, synced or not (as bad media would)."""
+        inode = self._inode(path)
+        byte, mask = bit // 8, 1 << (bit % 8)
+        inode.data[byte] ^= mask
+        if byte < len(inode.synced):
+            synced = bytearray(inode.synced)
+            synced[byte] ^= mask
+            inode.synced = bytes(synced)
+
+    def crash(self, rng: random.Random | None = None) -> None:
+        """Power loss. With ``rng``, unsynced appends may survive in part (torn)."""
+        self.epoch += 1
+        self._dirs = {d: dict(entries) for d, entries in self._synced_dirs.items()}
+        for entries in self._dirs.values():
+            for inode in entries.values():
+                extra = bytes(inode.data[len(inode.synced) :])
+                keep = b""
+                if rng is not None and extra and inode.data.startswith(inode.synced):
+                    keep = extra[: rng.randrange(len(extra) + 1)]
+                inode.data = bytearray(inode.synced + keep)
+
+    # -- the Disk protocol ----------------------------------------------------------------
+
+    def _split(self, path: str) -> tuple[dict[str, _Inode], str]:
+        d, _, name = path.rpartition("/")
+        if d not in self._dirs:
+            raise FileNotFoundError(errno.ENOENT, "no such directory", d)
+        return self._dirs[d], name
+
+    def _inode(self, path: str) -> _Inode:
+        entries, name = self._split(path)
+        if name not in entries:
+            raise FileNotFoundError(errno.ENOENT, "no such file", path)
+        return entries[name]
+
+    def open(self, path: str, *, create: bool = False) -> DiskFile:
+        entries, name = self._split(path)
+        if name not in entries:
+            if not create:
+                raise FileNotFoundError(errno.ENOENT, "no such file", path)
+            self.before_write(0)
+            entries[name] = _Inode()
+        return _FakeFile(self, entries[name])
+
+    def read(self, path: str) -> bytes:
+        return bytes(self._inode(path).data)
+
+    def rename(self, src: str, dst: str) -> None:
+        self.before_write(0)
+        inode = self._inode(src)
+        src_entries, src_name = self._split(src)
+        dst_entries, dst_name = self._split(dst)
+        del src_entries[src_name]
+        dst_entries[dst_name] = inode
+
+    def sync_dir(self, path: str) -> None:
+        self.before_write(0)
+        self.syncs += 1
+        self._synced_dirs[path] = dict(self._dirs[path])
+
+    def listdir(self, path: str) -> list[str]:
+        prefix = path + "/" if path else ""
+        names = set(self._dirs.get(path, {}))
+        names.update(
+            d[len(prefix) :].split("/")[0] for d in self._dirs if d.startswith(prefix) and d
+        )
+        names.discard("")
+        return sorted(names)
+
+    def remove(self, path: str) -> None:
+        entries, name = self._split(path)
+        if name not in entries:
+            raise FileNotFoundError(errno.ENOENT, "no such file", path)
+        del entries[name]
+
+    def makedirs(self, path: str) -> None:
+        parts = path.split("/")
+        for i in range(1, len(parts) + 1):
+            d = "/".join(parts[:i])
+            self._dirs.setdefault(d, {})
+            self._synced_dirs.setdefault(d, {})
+
+    def exists(self, path: str) -> bool:
+        if path in self._dirs:
+            return True
+        d, _, name = path.rpartition("/")
+        return name in self._dirs.get(d, {})
+
+
+__all__ = ["Disk", "DiskFile", "FakeDisk", "OsDisk", "parent", "write_file_atomic"]

@@ -1,0 +1,216 @@
+"""One Raft server's durable log: its mem table over its segments, behind ``LogStore``.
+
+Rule: this object changes only on the node's own thread, through ``NodeStorage`` when a
+WAL batch completes or a segment flush finishes, so the Raft core may read it
+synchronously without locks. It shows persisted entries only: entries still in the WAL
+writer are in the core's unstable buffer.
+
+Reads go to the mem table first, then to the segment that holds the index, through the
+node's ``ReaderCache``. Entries from ``mem_lo`` on are in the mem table and hide any stale
+copy in a segment (a follower's overwritten suffix); ``last_index`` hides anything after
+it. Each mem-table entry remembers the WAL file it was written to, so a flush after a
+WAL roll takes exactly the entries of the rolled file and no others.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+from pyroaring import BitMap64
+
+from engine.errors import StorageFailed
+from engine.raft.log import Entry
+from engine.storage.disk import Disk
+from engine.storage.segment import OVERWRITES, ReaderCache, SegmentInfo
+from engine.storage.wal import HardState
+
+
+class MemTable:
+    """Contiguous entries ``lo .. hi`` held in memory until flushed to a segment."""
+
+    def __init__(self) -> None:
+        self.lo = 0
+        self._entries: list[Entry] = []
+        self._wal_seqs: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def hi(self) -> int:
+        return self.lo + len(self._entries) - 1 if self._entries else 0
+
+    def put(self, entries: tuple[Entry, ...], wal_seq: int) -> None:
+        """Entries from ``entries[0].index`` replace everything at that index and after."""
+        first = entries[0].index
+        if not self._entries or first < self.lo:
+            self.clear()
+            self.lo = first
+        else:
+            assert first <= self.hi + 1, f"gap in mem table: {first} after {self.hi}"
+            del self._entries[first - self.lo :]
+            del self._wal_seqs[first - self.lo :]
+        self._entries.extend(entries)
+        self._wal_seqs.extend([wal_seq] * len(entries))
+
+    def get(self, index: int) -> Entry | None:
+        if self._entries and self.lo <= index <= self.hi:
+            return self._entries[index - self.lo]
+        return None
+
+    def flushable(self, wal_seq: int) -> list[Entry]:
+        """The leading entries written to WAL files up to ``wal_seq``."""
+        n = bisect.bisect_right(self._wal_seqs, wal_seq)
+        return self._entries[:n]
+
+    def drop_flushed(self, wal_seq: int) -> None:
+        n = bisect.bisect_right(self._wal_seqs, wal_seq)
+        del self._entries[:n]
+        del self._wal_seqs[:n]
+        self.lo = self.lo + n if self._entries else 0
+
+    def clear(self) -> None:
+        self.lo = 0
+        self._entries.clear()
+        self._wal_seqs.clear()
+
+
+@dataclass(slots=True)
+class _Segment:
+    info: SegmentInfo
+    hi: int
+    """Last index this segment still answers for (older segments are cut by newer ones)."""
+
+
+class ServerLog:
+    """The ``LogStore`` of one server (see ``engine.raft.log``), plus payload reads."""
+
+    def __init__(self, uid: str, disk: Disk, cache: ReaderCache) -> None:
+        self.uid = uid
+        self._disk = disk
+        self._cache = cache
+        self.mem = MemTable()
+        self._segments: list[_Segment] = []
+        self._snapshot_index = 0
+        self._snapshot_term = 0
+        self._last = 0
+        self.hard_state: HardState | None = None
+        self.failed: StorageFailed | None = None
+        """Set when the disk refused a write for this server; it then refuses writes."""
+        self.next_segment_seq = 1
+
+    # -- LogStore ---------------------------------------------------------------------------
+
+    def first_index(self) -> int:
+        return self._snapshot_index + 1
+
+    def last_index(self) -> int:
+        return self._last
+
+    def snapshot_index(self) -> int:
+        return self._snapshot_index
+
+    def snapshot_term(self) -> int:
+        return self._snapshot_term
+
+    def term(self, index: int) -> int | None:
+        if index == self._snapshot_index and index > 0:
+            return self._snapshot_term
+        if index <= self._snapshot_index or index > self._last:
+            return None
+        entry = self.mem.get(index)
+        if entry is not None:
+            return entry.term
+        seg = self._segment_for(index)
+        return None if seg is None else self._cache.get(seg.info).term(index)
+
+    def entries(self, lo: int, hi: int, max_bytes: int) -> list[Entry]:
+        if lo < self.first_index():
+            raise LookupError(f"entry {lo} is before the first index {self.first_index()}")
+        out: list[Entry] = []
+        size = 0
+        for index in range(lo, min(hi, self._last + 1)):
+            entry = self.read(index)
+            size += len(entry.data)
+            if out and size > max_bytes:
+                break
+            out.append(entry)
+        return out
+
+    # -- payload reads ------------------------------------------------------------------------
+
+    def read(self, index: int) -> Entry:
+        """The entry at ``index``, also before the snapshot if it is still stored (a live
+        entry). Raises ``LookupError`` if absent, ``StorageFailed`` if it fails its CRC."""
+        if 0 < index <= self._last:
+            entry = self.mem.get(index)
+            if entry is not None:
+                return entry
+            seg = self._segment_for(index)
+            if seg is not None:
+                found = self._cache.get(seg.info).read(index)
+                if found is not None:
+                    return found
+        raise LookupError(f"entry {index} of {self.uid} is not stored")
+
+    def _segment_for(self, index: int) -> _Segment | None:
+        k = bisect.bisect_right([s.info.lo for s in self._segments], index) - 1
+        if k >= 0 and index <= self._segments[k].hi:
+            return self._segments[k]
+        return None
+
+    # -- changes, made by NodeStorage on the node's thread --------------------------------
+
+    def apply_append(self, entries: tuple[Entry, ...], wal_seq: int) -> None:
+        first = entries[0].index
+        assert first <= self._last + 1, f"{self.uid}: append at {first} after {self._last}"
+        self.mem.put(entries, wal_seq)
+        self._last = entries[-1].index
+
+    def apply_reset(self, index: int, term: int) -> None:
+        """The log restarts after a snapshot at ``index`` (installed from the leader)."""
+        self.mem.clear()
+        self._segments.clear()
+        self._snapshot_index, self._snapshot_term = index, term
+        self._last = index
+
+    def add_segment(self, info: SegmentInfo) -> list[str]:
+        """Put a new segment in the view; returns paths of segments it hides entirely."""
+        hidden: list[str] = []
+        if info.flags & OVERWRITES:
+            kept: list[_Segment] = []
+            for seg in self._segments:
+                seg.hi = min(seg.hi, info.lo - 1)
+                if seg.hi >= seg.info.lo:
+                    kept.append(seg)
+                else:
+                    hidden.append(seg.info.path)
+            self._segments = kept
+        self._segments.append(_Segment(info, info.hi))
+        self._segments.sort(key=lambda s: s.info.lo)
+        self.next_segment_seq = max(self.next_segment_seq, info.seq + 1)
+        if not len(self.mem):
+            self._last = max(self._snapshot_index, self._segments[-1].hi)
+        return hidden
+
+    def set_snapshot(self, index: int, term: int, live: BitMap64) -> list[str]:
+        """The prefix up to ``index`` is covered by a snapshot; returns segments that hold
+        no live entry and nothing after ``index`` (they may be deleted)."""
+        assert index >= self._snapshot_index
+        self._snapshot_index, self._snapshot_term = index, term
+        self._last = max(self._last, index)
+        dead = [
+            s
+            for s in self._segments
+            if s.hi <= index and live.range_cardinality(s.info.lo, s.hi + 1) == 0
+        ]
+        self._segments = [s for s in self._segments if s not in dead]
+        return [s.info.path for s in dead]
+
+    def segment_infos(self) -> list[tuple[SegmentInfo, int]]:
+        """The segments in the view, each with the last index it answers for."""
+        return [(s.info, s.hi) for s in self._segments]
+
+
+__all__ = ["MemTable", "ServerLog"]

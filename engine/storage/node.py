@@ -1,0 +1,443 @@
+"""The storage of one node: the shared WAL, every server's log, segments and checkpoints.
+
+Rule: ``NodeStorage`` is used from one thread (the runtime's event loop, or the
+simulator). The only work that may run elsewhere is ``Wal.write_batch`` (the WAL writer
+thread) and ``SegmentFlush.write`` (a worker); their results come back through
+``complete`` and ``finish_segment_flush`` on the node's thread.
+
+Recovery (``NodeStorage.open``) reads the WAL files and replays them into mem tables
+(a torn tail of the last file is cut off), reads the header of every segment, and opens
+a fresh WAL file. ``open_server`` then loads a server's newest valid checkpoint. Nothing
+here reads the whole log: the work grows with the WAL (bounded by
+``wal_file_bytes_max``), the number of segment files and the checkpoint size, not with
+the number of messages on a queue.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.errors import RecoveryRefused, StorageFailed
+from engine.limits import DEFAULT_LIMITS, Limits
+from engine.raft.log import Entry
+from engine.storage.checkpoint import Checkpoint, CheckpointStore
+from engine.storage.disk import Disk, parent, write_file_atomic
+from engine.storage.log import ServerLog
+from engine.storage.segment import (
+    OVERWRITES,
+    ReaderCache,
+    SegmentInfo,
+    encode_segment,
+    read_segment_info,
+    segment_dir,
+    segment_path,
+)
+from engine.storage.wal import (
+    AppendOp,
+    HardState,
+    HardStateOp,
+    ResetOp,
+    Wal,
+    WalBatch,
+    WalOp,
+    read_wal_file,
+    wal_path,
+    wal_seqs,
+)
+
+QUEUES_DIR = "queues"
+
+
+@dataclass(frozen=True, slots=True)
+class Persisted:
+    """Entries of ``uid`` up to ``index`` (of ``term``) are durable: the runtime hands the
+    Raft core ``engine.raft.events.Persisted(index, term)``."""
+
+    uid: str
+    index: int
+    term: int
+
+
+@dataclass(frozen=True, slots=True)
+class HardStateSaved:
+    """The hard state of ``uid`` is durable: messages that depend on it may be sent."""
+
+    uid: str
+    hard_state: HardState
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotReset:
+    """The log of ``uid`` restarts after the installed snapshot at ``index``."""
+
+    uid: str
+    index: int
+    term: int
+
+
+@dataclass(frozen=True, slots=True)
+class WriteFailed:
+    """The disk refused a write for ``uid``; nothing of it is durable, the server
+    refuses further writes with ``error`` until it is opened again."""
+
+    uid: str
+    error: StorageFailed
+
+
+StorageEvent = Persisted | HardStateSaved | SnapshotReset | WriteFailed
+
+
+@dataclass(frozen=True, slots=True)
+class Recovered:
+    """What ``open_server`` found for one server."""
+
+    log: ServerLog
+    checkpoint: Checkpoint | None
+    """Restore the machine from it, then apply the committed entries after its index."""
+    hard_state: HardState | None
+    damaged: list[str]
+    """Checkpoint files that failed their check and were passed over."""
+
+
+@dataclass(slots=True)
+class SegmentFlush:
+    """The entries of one rolled WAL file, to be written into segments. ``write`` does
+    the I/O and may run in a worker thread; it touches nothing shared."""
+
+    disk: Disk
+    limits: Limits
+    wal_seq: int
+    plans: list[tuple[str, int, int, list[Entry]]]
+    """(uid, log generation, first segment seq, entries)."""
+    written: list[tuple[str, int, list[SegmentInfo]]] = field(default_factory=list)
+
+    def write(self) -> None:
+        for uid, generation, seq, entries in self.plans:
+            infos: list[SegmentInfo] = []
+            for chunk in _chunks(entries, self.limits):
+                data = encode_segment(seq, chunk, OVERWRITES)
+                path = segment_path(uid, seq)
+                self.disk.makedirs(parent(path))
+                write_file_atomic(self.disk, path, data)
+                info = read_segment_info(self.disk, path)
+                assert info is not None, f"segment {path} unreadable right after writing"
+                infos.append(info)
+                seq += 1
+            self.written.append((uid, generation, infos))
+
+
+def _chunks(entries: list[Entry], limits: Limits) -> list[list[Entry]]:
+    out: list[list[Entry]] = []
+    current: list[Entry] = []
+    size = 0
+    for e in entries:
+        if current and (
+            len(current) >= limits.segment_entries_max
+            or size + len(e.data) > limits.segment_file_bytes_max
+        ):
+            out.append(current)
+            current, size = [], 0
+        current.append(e)
+        size += len(e.data)
+    if current:
+        out.append(current)
+    return out
+
+
+class NodeStorage:
+    """Storage of every Raft server on one node. Build it with ``NodeStorage.open``."""
+
+    def __init__(self, disk: Disk, limits: Limits) -> None:
+        self.disk = disk
+        self.limits = limits
+        self.cache = ReaderCache(disk, limits.segment_readers_open_max)
+        self._logs: dict[str, ServerLog] = {}
+        self._generations: dict[str, int] = {}
+        self._rolled: list[int] = []
+        self._damaged_segments: dict[str, list[str]] = {}
+        self.wal: Wal
+
+    # -- opening --------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, disk: Disk, limits: Limits = DEFAULT_LIMITS) -> NodeStorage:
+        """Recover the node's storage. Raises ``RecoveryRefused`` if a WAL file is corrupt
+        in a place a crash cannot explain (durable entries were lost)."""
+        node = cls(disk, limits)
+        disk.makedirs(QUEUES_DIR)
+        for uid in disk.listdir(QUEUES_DIR):
+            node._load_segments(node._log(uid))
+        seqs = sorted(wal_seqs(disk))
+        for k, seq in enumerate(seqs):
+            wal_file = read_wal_file(disk, seq)
+            if wal_file.good_bytes < wal_file.size:
+                if k != len(seqs) - 1:
+                    raise RecoveryRefused(
+                        f"WAL file {wal_path(seq)} ends with {wal_file.size - wal_file.good_bytes}"
+                        " bad bytes but is not the last one: durable entries were lost"
+                    )
+                node._cut_torn_tail(seq, wal_file.good_bytes)
+            for op in wal_file.ops:
+                node._apply(op, seq, recovering=True)
+        hard_states = {
+            uid: log.hard_state for uid, log in node._logs.items() if log.hard_state is not None
+        }
+        node._rolled = [s for s in seqs if disk.exists(wal_path(s))]
+        node.wal = Wal(disk, limits, (seqs[-1] + 1) if seqs else 1, hard_states)
+        return node
+
+    def _cut_torn_tail(self, seq: int, good_bytes: int) -> None:
+        if good_bytes == 0:
+            self.disk.remove(wal_path(seq))
+            self.disk.sync_dir("wal")
+            return
+        f = self.disk.open(wal_path(seq))
+        try:
+            f.truncate(good_bytes)
+            f.sync()
+        finally:
+            f.close()
+
+    def _log(self, uid: str) -> ServerLog:
+        log = self._logs.get(uid)
+        if log is None:
+            log = self._logs[uid] = ServerLog(uid, self.disk, self.cache)
+            self._generations[uid] = 0
+        return log
+
+    def _load_segments(self, log: ServerLog) -> None:
+        directory = segment_dir(log.uid)
+        for name in self.disk.listdir(directory):
+            path = f"{directory}/{name}"
+            if name.endswith(".tmp"):
+                self.disk.remove(path)
+                continue
+            info = read_segment_info(self.disk, path)
+            if info is None:
+                self._damaged_segments.setdefault(log.uid, []).append(path)
+                continue
+            for hidden in log.add_segment(info):
+                self._remove(hidden)
+
+    def servers(self) -> list[str]:
+        """Uids of every server with data on this node, sorted."""
+        return sorted(self._logs)
+
+    def open_server(self, uid: str) -> Recovered:
+        """Open (or create) the storage of server ``uid`` and say what to restore. Raises
+        ``RecoveryRefused`` if its data cannot be served safely."""
+        log = self._log(uid)
+        self.disk.makedirs(segment_dir(uid))
+        damaged_segments = self._damaged_segments.get(uid)
+        if damaged_segments:
+            raise RecoveryRefused(
+                f"queue {uid}: segment {damaged_segments[0]} is damaged (header or index "
+                "fails its check); restore this replica from its peers"
+            )
+        checkpoints = CheckpointStore(self.disk, uid, self.limits.checkpoints_kept_max)
+        cp, damaged = checkpoints.load_newest()
+        snapshot_index = checkpoints.snapshot_index()
+        if snapshot_index and (cp is None or cp.index < snapshot_index):
+            raise RecoveryRefused(
+                f"queue {uid}: snapshot at index {snapshot_index} is damaged and no newer "
+                "checkpoint is valid; the log before it is gone"
+            )
+        if cp is not None:
+            self._recover_prefix(log, cp, snapshot_index)
+        hs = log.hard_state
+        if hs is not None and hs.commit > log.last_index():
+            raise RecoveryRefused(
+                f"queue {uid}: commit index {hs.commit} is beyond the last stored entry "
+                f"{log.last_index()}: committed entries are missing"
+            )
+        return Recovered(log, cp, hs, damaged)
+
+    def _recover_prefix(self, log: ServerLog, cp: Checkpoint, snapshot_index: int) -> None:
+        """Apply Raft's rule for a snapshot: keep the log if it holds the snapshot's entry
+        with the same term, else it restarts after the snapshot."""
+        if snapshot_index and snapshot_index == cp.index:
+            if log.term(cp.index) not in (None, 0, cp.term) or log.last_index() < cp.index:
+                log.apply_reset(cp.index, cp.term)
+            for path in log.set_snapshot(cp.index, cp.term, cp.live_indexes):
+                self._remove(path)
+        elif log.last_index() < cp.index:
+            log.apply_reset(cp.index, cp.term)
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def append(self, uid: str, entries: list[Entry]) -> None:
+        """Queue ``entries`` for the next group commit; from ``entries[0].index`` they
+        replace what is stored. ``Persisted`` follows once durable."""
+        self._submit(AppendOp(uid, tuple(entries)))
+
+    def save_hard_state(self, uid: str, hard_state: HardState) -> None:
+        """Queue the hard state for the next group commit; ``HardStateSaved`` follows."""
+        self._submit(HardStateOp(uid, hard_state))
+
+    def _submit(self, op: WalOp) -> None:
+        log = self._log(op.uid)
+        if log.failed is not None:
+            raise log.failed
+        self.wal.submit(op)
+
+    def write_batch(self) -> WalBatch:
+        """One group commit, on the caller's thread (the simulator; tests)."""
+        return self.wal.write_batch()
+
+    def complete(self, batch: WalBatch) -> list[StorageEvent]:
+        """Apply a finished WAL batch to the mem tables and say what became durable."""
+        if batch.error is not None:
+            failed: list[StorageEvent] = []
+            for uid in dict.fromkeys(op.uid for op in batch.ops):
+                self._log(uid).failed = batch.error
+                failed.append(WriteFailed(uid, batch.error))
+            return failed
+        events: list[StorageEvent] = []
+        for op in batch.ops:
+            self._apply(op, batch.wal_seq)
+            if isinstance(op, AppendOp):
+                last = op.entries[-1]
+                events.append(Persisted(op.uid, last.index, last.term))
+            elif isinstance(op, HardStateOp):
+                events.append(HardStateSaved(op.uid, op.hard_state))
+            else:
+                events.append(SnapshotReset(op.uid, op.index, op.term))
+        if batch.rolled is not None:
+            self._rolled.append(batch.rolled)
+        return events
+
+    def _apply(self, op: WalOp, wal_seq: int, *, recovering: bool = False) -> None:
+        log = self._log(op.uid)
+        if isinstance(op, AppendOp):
+            if op.entries[0].index > log.last_index() + 1:
+                # Only at recovery, after a snapshot install whose reset record is in a
+                # deleted WAL file: the snapshot rule in open_server sets the term.
+                assert recovering, f"{op.uid}: append at {op.entries[0].index} leaves a gap"
+                log.apply_reset(op.entries[0].index - 1, 0)
+            log.apply_append(op.entries, wal_seq)
+        elif isinstance(op, HardStateOp):
+            log.hard_state = op.hard_state
+        else:
+            self._generations[op.uid] = self._generations.get(op.uid, 0) + 1
+            log.apply_reset(op.index, op.term)
+
+    def sync(self) -> list[StorageEvent]:
+        """Everything pending made durable, and rolled WAL files flushed to segments:
+        what the simulator calls where the runtime's threads would run."""
+        events: list[StorageEvent] = []
+        while self.wal.pending():
+            events.extend(self.complete(self.wal.write_batch()))
+        self.flush_segments()
+        return events
+
+    # -- segments -----------------------------------------------------------------------------
+
+    def rolled_wal_files(self) -> list[int]:
+        """WAL files closed and waiting for their entries to reach segments."""
+        return list(self._rolled)
+
+    def prepare_segment_flush(self) -> SegmentFlush | None:
+        """The flush of the oldest rolled WAL file, or ``None`` if none is waiting."""
+        if not self._rolled:
+            return None
+        seq = self._rolled[0]
+        plans = []
+        for uid in sorted(self._logs):
+            log = self._logs[uid]
+            entries = log.mem.flushable(seq)
+            if entries:
+                plans.append((uid, self._generations[uid], log.next_segment_seq, entries))
+                log.next_segment_seq += len(_chunks(entries, self.limits))
+        return SegmentFlush(self.disk, self.limits, seq, plans)
+
+    def finish_segment_flush(self, flush: SegmentFlush) -> None:
+        """Put the written segments in the views, drop the flushed entries from the mem
+        tables, then delete the WAL file."""
+        assert self._rolled and self._rolled[0] == flush.wal_seq
+        for uid, generation, infos in flush.written:
+            log = self._logs[uid]
+            if generation != self._generations[uid]:
+                for info in infos:  # the log was reset meanwhile: these are stale
+                    self._remove(info.path)
+                continue
+            for info in infos:
+                for hidden in log.add_segment(info):
+                    self._remove(hidden)
+            log.mem.drop_flushed(flush.wal_seq)
+        for uid in self._logs:
+            self._logs[uid].mem.drop_flushed(flush.wal_seq)
+        self.disk.remove(wal_path(flush.wal_seq))
+        self.disk.sync_dir("wal")
+        self._rolled.pop(0)
+
+    def flush_segments(self) -> None:
+        """Flush every rolled WAL file, on this thread."""
+        while (flush := self.prepare_segment_flush()) is not None:
+            flush.write()
+            self.finish_segment_flush(flush)
+
+    def _remove(self, path: str) -> None:
+        self.cache.evict(path)
+        if self.disk.exists(path):
+            self.disk.remove(path)
+            self.disk.sync_dir(parent(path))
+
+    # -- checkpoints and snapshots -------------------------------------------------------------
+
+    def checkpoints(self, uid: str) -> CheckpointStore:
+        return CheckpointStore(self.disk, uid, self.limits.checkpoints_kept_max)
+
+    def write_checkpoint(self, uid: str, cp: Checkpoint) -> None:
+        """Durably write a checkpoint (``CheckpointRequest``); the log is not truncated."""
+        try:
+            self.checkpoints(uid).write(cp)
+        except OSError as exc:
+            raise StorageFailed(f"checkpoint of {uid} at {cp.index} failed: {exc}") from exc
+
+    def release_cursor(self, uid: str, index: int) -> int | None:
+        """``ReleaseCursor``: promote the newest checkpoint at or below ``index`` to the
+        snapshot and delete segments holding only dead entries before it. Returns the
+        snapshot index, or ``None`` if no checkpoint qualifies."""
+        store = self.checkpoints(uid)
+        promoted = store.promote(index)
+        if promoted is None:
+            return None
+        snapshot = store.read_snapshot()
+        assert snapshot is not None, f"{uid}: promoted snapshot {promoted} unreadable"
+        for path in self._log(uid).set_snapshot(promoted, snapshot.term, snapshot.live_indexes):
+            self._remove(path)
+        return promoted
+
+    def install_snapshot(self, uid: str, cp: Checkpoint) -> None:
+        """A snapshot from the leader replaces the whole log of ``uid``: written durably,
+        segments deleted, then a reset record goes through the WAL (``SnapshotReset``
+        follows). Entries the snapshot names live are not carried here (issue 6)."""
+        log = self._log(uid)
+        if log.failed is not None:
+            raise log.failed
+        self.checkpoints(uid).install_snapshot(cp)
+        for info, _ in log.segment_infos():
+            self._remove(info.path)
+        self.wal.submit(ResetOp(uid, cp.index, cp.term))
+
+    def log(self, uid: str) -> ServerLog:
+        return self._logs[uid]
+
+    def close(self) -> None:
+        """Stop cleanly: whatever is pending is made durable and the WAL closed.
+        A crash instead of ``close`` loses nothing that was reported durable."""
+        self.sync()
+        self.wal.close()
+        self.cache.close()
+
+
+__all__ = [
+    "HardStateSaved",
+    "NodeStorage",
+    "Persisted",
+    "Recovered",
+    "SegmentFlush",
+    "SnapshotReset",
+    "StorageEvent",
+    "WriteFailed",
+]

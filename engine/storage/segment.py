@@ -1,0 +1,235 @@
+"""Segment files: a server's entries after they leave the WAL, readable one at a time.
+
+Rule: a segment is written whole, to a temporary name, synced, renamed and its directory
+synced; it is never modified afterwards except by compaction (issue 6), which may cut
+dead data off its end (the data section is last for that reason) or replace it.
+
+File format (``queues/<uid>/segments/<seq:08>.seg``)::
+
+    header   64 bytes: magic "QSEG", version u16, flags u16, count u32, seq u64,
+             lo u64, hi u64, index_offset u64, data_offset u64, index CRC32C u32,
+             4 bytes zero, header CRC32C u32 (over the first 60 bytes)
+    index    count records of 48 bytes, sorted by index, numpy dtype ``INDEX_DTYPE``:
+             index, term, now_ms, offset, length, CRC32C of the data, kind
+    data     the entries' data, back to back, in index order
+
+The index may be sparse (``count < hi - lo + 1``): the segment writer may skip dead
+entries and compaction may rewrite several segments into one. Flag ``OVERWRITES`` marks a
+segment written from the mem table: its entries replace every entry at ``lo`` and after
+in older segments (a follower's log may have been overwritten). A compacted segment
+(issue 6) will not carry the flag: it replaces the files it was made from and nothing
+else. At recovery only the headers are read; a reader loads the index on first use and
+checks it, and checks each entry's data on read.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import crc32c
+import numpy as np
+import numpy.typing as npt
+
+from engine.errors import StorageFailed
+from engine.raft.log import Entry, EntryKind
+from engine.storage.disk import Disk, DiskFile, parent, write_file_atomic
+
+_MAGIC = b"QSEG"
+_VERSION = 1
+_HEADER = struct.Struct("<4sHHIQQQQQI4x")
+HEADER_BYTES = 64
+OVERWRITES = 1
+INDEX_DTYPE = np.dtype(
+    [
+        ("index", "<u8"),
+        ("term", "<u8"),
+        ("now_ms", "<u8"),
+        ("offset", "<u8"),
+        ("length", "<u4"),
+        ("crc", "<u4"),
+        ("kind", "u1"),
+        ("pad", "V7"),
+    ]
+)
+assert INDEX_DTYPE.itemsize == 48 and _HEADER.size + 4 == HEADER_BYTES
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentInfo:
+    """What recovery learns from a segment's header alone."""
+
+    path: str
+    seq: int
+    lo: int
+    hi: int
+    count: int
+    flags: int
+    index_offset: int
+    data_offset: int
+    index_crc: int
+    bytes: int
+
+
+def segment_dir(uid: str) -> str:
+    return f"queues/{uid}/segments"
+
+
+def segment_path(uid: str, seq: int) -> str:
+    return f"{segment_dir(uid)}/{seq:08d}.seg"
+
+
+def encode_segment(seq: int, entries: Sequence[Entry], flags: int) -> bytes:
+    """The bytes of a segment holding ``entries`` (sorted by index, not necessarily dense)."""
+    assert entries
+    count = len(entries)
+    index = np.zeros(count, dtype=INDEX_DTYPE)
+    data_offset = HEADER_BYTES + count * INDEX_DTYPE.itemsize
+    lengths = np.fromiter((len(e.data) for e in entries), dtype=np.uint64, count=count)
+    offsets = data_offset + np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.uint64)
+    index["index"] = np.fromiter((e.index for e in entries), dtype=np.uint64, count=count)
+    index["term"] = np.fromiter((e.term for e in entries), dtype=np.uint64, count=count)
+    index["now_ms"] = np.fromiter((e.now_ms for e in entries), dtype=np.uint64, count=count)
+    index["offset"] = offsets
+    index["length"] = lengths
+    index["crc"] = np.fromiter((crc32c.crc32c(e.data) for e in entries), np.uint32, count)
+    index["kind"] = np.fromiter((int(e.kind) for e in entries), dtype=np.uint8, count=count)
+    assert bool(np.all(np.diff(index["index"].astype(np.int64)) > 0)), "unsorted entries"
+    index_bytes = index.tobytes()
+    head = _HEADER.pack(
+        _MAGIC,
+        _VERSION,
+        flags,
+        count,
+        seq,
+        entries[0].index,
+        entries[-1].index,
+        HEADER_BYTES,
+        data_offset,
+        crc32c.crc32c(index_bytes),
+    )
+    head += struct.pack("<I", crc32c.crc32c(head))
+    return b"".join([head, index_bytes, *(e.data for e in entries)])
+
+
+def write_segment(disk: Disk, uid: str, seq: int, entries: Sequence[Entry], flags: int) -> None:
+    path = segment_path(uid, seq)
+    disk.makedirs(parent(path))
+    write_file_atomic(disk, path, encode_segment(seq, entries, flags))
+
+
+def read_segment_info(disk: Disk, path: str) -> SegmentInfo | None:
+    """The header of a segment, or ``None`` if it is damaged."""
+    f = disk.open(path)
+    try:
+        head, size = f.pread(0, HEADER_BYTES), f.size()
+    finally:
+        f.close()
+    if (
+        len(head) < HEADER_BYTES
+        or crc32c.crc32c(head[:60]) != struct.unpack_from("<I", head, 60)[0]
+    ):
+        return None
+    magic, version, flags, count, seq, lo, hi, index_offset, data_offset, index_crc = (
+        _HEADER.unpack_from(head)
+    )
+    if magic != _MAGIC or version != _VERSION or not (1 <= lo <= hi) or count < 1:
+        return None
+    if data_offset != index_offset + count * INDEX_DTYPE.itemsize or data_offset > size:
+        return None
+    return SegmentInfo(path, seq, lo, hi, count, flags, index_offset, data_offset, index_crc, size)
+
+
+class SegmentReader:
+    """An open segment: its index in memory (checked once), entries read by ``pread``."""
+
+    def __init__(self, disk: Disk, info: SegmentInfo) -> None:
+        self.info = info
+        self._file: DiskFile = disk.open(info.path)
+        raw = self._file.pread(info.index_offset, info.count * INDEX_DTYPE.itemsize)
+        if len(raw) != info.count * INDEX_DTYPE.itemsize or crc32c.crc32c(raw) != info.index_crc:
+            self._file.close()
+            raise StorageFailed(f"segment {info.path}: index section fails its CRC32C check")
+        self.index: npt.NDArray[np.void] = np.frombuffer(raw, dtype=INDEX_DTYPE)
+        self._dense = info.count == info.hi - info.lo + 1
+
+    def position(self, index: int) -> int | None:
+        """Row of ``index`` in the index section, or ``None`` if the segment lacks it."""
+        if not self.info.lo <= index <= self.info.hi:
+            return None
+        if self._dense:
+            return index - self.info.lo
+        row = int(np.searchsorted(self.index["index"], index))
+        if row < self.info.count and int(self.index["index"][row]) == index:
+            return row
+        return None
+
+    def term(self, index: int) -> int | None:
+        row = self.position(index)
+        return None if row is None else int(self.index["term"][row])
+
+    def read(self, index: int) -> Entry | None:
+        row = self.position(index)
+        if row is None:
+            return None
+        rec = self.index[row]
+        offset, length = int(rec["offset"]), int(rec["length"])
+        data = self._file.pread(offset, length)
+        if len(data) != length or crc32c.crc32c(data) != int(rec["crc"]):
+            raise StorageFailed(f"segment {self.info.path}: entry {index} fails its CRC32C check")
+        return Entry(index, int(rec["term"]), EntryKind(int(rec["kind"])), int(rec["now_ms"]), data)
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class ReaderCache:
+    """A bounded LRU of open segment readers, shared by every server of a node."""
+
+    def __init__(self, disk: Disk, open_max: int) -> None:
+        assert open_max >= 1
+        self._disk = disk
+        self._open_max = open_max
+        self._readers: OrderedDict[str, SegmentReader] = OrderedDict()
+
+    def get(self, info: SegmentInfo) -> SegmentReader:
+        reader = self._readers.get(info.path)
+        if reader is not None and reader.info == info:
+            self._readers.move_to_end(info.path)
+            return reader
+        self.evict(info.path)
+        reader = SegmentReader(self._disk, info)
+        self._readers[info.path] = reader
+        while len(self._readers) > self._open_max:
+            _, old = self._readers.popitem(last=False)
+            old.close()
+        return reader
+
+    def evict(self, path: str) -> None:
+        reader = self._readers.pop(path, None)
+        if reader is not None:
+            reader.close()
+
+    def open_count(self) -> int:
+        return len(self._readers)
+
+    def close(self) -> None:
+        for reader in self._readers.values():
+            reader.close()
+        self._readers.clear()
+
+
+__all__ = [
+    "INDEX_DTYPE",
+    "OVERWRITES",
+    "ReaderCache",
+    "SegmentInfo",
+    "SegmentReader",
+    "encode_segment",
+    "read_segment_info",
+    "segment_dir",
+    "segment_path",
+    "write_segment",
+]

@@ -1,0 +1,439 @@
+"""The write-ahead log shared by every Raft server on a node, with group commit.
+
+Rule: one ``write_batch`` call takes everything pending from every server (up to
+``wal_batch_bytes_max``), writes it with one ``append`` and makes it durable with one
+``sync``; only then are the operations reported done. Under load more operations gather
+while the previous sync runs, so batches grow by themselves; when idle a batch holds one
+operation and the latency is one sync.
+
+The writer is synchronous (the simulator calls ``write_batch`` itself); ``WalThread`` is
+the thin wrapper that runs it in a thread for the real runtime.
+
+File format (``wal/<seq:08>.wal``): a 20-byte header (magic ``QWAL``, version, seq,
+CRC32C of the first 16 bytes), then records ``[u32 body length][u32 CRC32C(body)][body]``.
+The body's first byte is its type: ``BATCH`` (starts every write; carries an 8-byte
+marker used to tell a torn tail from corruption in the middle), ``REGISTER`` (binds a
+small per-file number to a server's uid, written once per file before that server's
+first record), ``ENTRY``, ``HARD_STATE`` and ``RESET`` (the log of a server restarts
+after an installed snapshot). When the file reaches ``wal_file_bytes_max`` the WAL rolls
+to the next file, which starts with the hard state of every server, so that an old file
+may be deleted once its entries are in segments.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import crc32c
+
+from engine.errors import RecoveryRefused, StorageFailed
+from engine.limits import Limits
+from engine.raft.log import Entry, EntryKind
+from engine.storage.disk import Disk, DiskFile
+
+WAL_DIR = "wal"
+_MAGIC = b"QWAL"
+_VERSION = 1
+_FILE_HEADER = struct.Struct("<4sIQ")
+FILE_HEADER_BYTES = _FILE_HEADER.size + 4
+_REC = struct.Struct("<II")
+_BATCH_MARKER = b"\xa7QBATCH\x5c"
+_T_BATCH, _T_REGISTER, _T_ENTRY, _T_HARD, _T_RESET = 0, 1, 2, 3, 4
+_BATCH = struct.Struct("<B8sQ")
+_REGISTER = struct.Struct("<BI")
+_ENTRY = struct.Struct("<BIQQQB")
+_HARD = struct.Struct("<BIQQB")
+_RESET = struct.Struct("<BIQQ")
+
+
+@dataclass(frozen=True, slots=True)
+class HardState:
+    """What a Raft server must not forget: its term, its vote in that term, its commit."""
+
+    term: int
+    vote: str | None
+    commit: int
+
+
+@dataclass(frozen=True, slots=True)
+class AppendOp:
+    uid: str
+    entries: tuple[Entry, ...]
+    """Contiguous; the first one replaces the stored entry at its index and all after."""
+
+
+@dataclass(frozen=True, slots=True)
+class HardStateOp:
+    uid: str
+    hard_state: HardState
+
+
+@dataclass(frozen=True, slots=True)
+class ResetOp:
+    """The server's log restarts after an installed snapshot at ``index``/``term``."""
+
+    uid: str
+    index: int
+    term: int
+
+
+WalOp = AppendOp | HardStateOp | ResetOp
+
+
+@dataclass(frozen=True, slots=True)
+class WalBatch:
+    """The outcome of one group commit: ``ops`` in submission order, durable unless
+    ``error`` is set; ``rolled`` names a WAL file that was closed after this batch."""
+
+    ops: tuple[WalOp, ...]
+    error: StorageFailed | None
+    rolled: int | None
+    bytes_written: int
+    wal_seq: int
+    """The WAL file the ops went to."""
+
+
+def wal_path(seq: int) -> str:
+    return f"{WAL_DIR}/{seq:08d}.wal"
+
+
+def wal_seqs(disk: Disk) -> list[int]:
+    return [int(n[:-4]) for n in disk.listdir(WAL_DIR) if n.endswith(".wal")]
+
+
+def _op_bytes(op: WalOp) -> int:
+    if isinstance(op, AppendOp):
+        return sum(len(e.data) + _ENTRY.size + _REC.size for e in op.entries)
+    return 64
+
+
+def _record(body_parts: list[bytes], out: list[bytes]) -> None:
+    crc = 0
+    n = 0
+    for part in body_parts:
+        crc = crc32c.crc32c(part, crc)
+        n += len(part)
+    out.append(_REC.pack(n, crc))
+    out.extend(body_parts)
+
+
+def _encode_op(op: WalOp, ref: int, out: list[bytes]) -> None:
+    if isinstance(op, AppendOp):
+        for e in op.entries:
+            head = _ENTRY.pack(_T_ENTRY, ref, e.index, e.term, e.now_ms, int(e.kind))
+            _record([head, e.data], out)
+    elif isinstance(op, HardStateOp):
+        _encode_hard_state(ref, op.hard_state, out)
+    else:
+        _record([_RESET.pack(_T_RESET, ref, op.index, op.term)], out)
+
+
+def _ref_in(uid: str, out: list[bytes], known: dict[str, int], new: dict[str, int]) -> int:
+    """The file-local number of ``uid``, registering it in ``out`` the first time."""
+    ref = known.get(uid) or new.get(uid)
+    if ref is None:
+        ref = len(known) + len(new) + 1
+        new[uid] = ref
+        _record([_REGISTER.pack(_T_REGISTER, ref), uid.encode()], out)
+    return ref
+
+
+def _encode_hard_state(ref: int, hs: HardState, out: list[bytes]) -> None:
+    vote = b"" if hs.vote is None else hs.vote.encode()
+    head = _HARD.pack(_T_HARD, ref, hs.term, hs.commit, hs.vote is not None)
+    _record([head, vote], out)
+
+
+class Wal:
+    """The node's WAL. ``submit`` from the servers' side, ``write_batch`` from the writer.
+
+    ``submit`` and ``write_batch`` may run on different threads: the pending list is
+    guarded by a lock, everything else belongs to the writer.
+    """
+
+    def __init__(
+        self, disk: Disk, limits: Limits, seq: int, hard_states: dict[str, HardState]
+    ) -> None:
+        self._disk = disk
+        self._limits = limits
+        self._lock = threading.Lock()
+        self._pending: list[WalOp] = []
+        self._pending_bytes = 0
+        self._hard_states = dict(hard_states)
+        self._broken: StorageFailed | None = None
+        self.syncs = 0
+        self._seq = seq
+        self._file, self._refs, self._size = self._create(seq)
+
+    @property
+    def seq(self) -> int:
+        """The WAL file being written."""
+        return self._seq
+
+    def submit(self, op: WalOp) -> None:
+        if self._broken is not None:
+            raise self._broken
+        if isinstance(op, AppendOp):
+            assert op.entries, "empty append"
+            for a, b in zip(op.entries, op.entries[1:], strict=False):
+                assert b.index == a.index + 1, "entries of one append must be contiguous"
+            assert all(len(e.data) <= self._limits.entry_bytes_max for e in op.entries)
+        with self._lock:
+            self._pending.append(op)
+            self._pending_bytes += _op_bytes(op)
+
+    def pending(self) -> bool:
+        return bool(self._pending)
+
+    def forget(self, uid: str) -> None:
+        """The server is deleted: stop carrying its hard state into new files."""
+        self._hard_states.pop(uid, None)
+
+    def write_batch(self) -> WalBatch:
+        """One group commit: one write and one sync of every pending operation (up to the
+        batch limit). Returns the batch, with ``error`` set if the disk refused it."""
+        ops = self._take()
+        seq = self._seq
+        if self._broken is not None:
+            return WalBatch(tuple(ops), self._broken, None, 0, seq)
+        out: list[bytes] = []
+        self._batch_header(out)
+        new_refs: dict[str, int] = {}
+        for op in ops:
+            _encode_op(op, self._ref(op.uid, out, new_refs), out)
+        data = b"".join(out)
+        try:
+            self._file.append(data)
+            self._file.sync()
+        except OSError as exc:
+            return WalBatch(tuple(ops), self._fail(exc), None, 0, seq)
+        self.syncs += 1
+        self._size += len(data)
+        self._refs.update(new_refs)
+        for op in ops:
+            if isinstance(op, HardStateOp):
+                self._hard_states[op.uid] = op.hard_state
+        rolled = self._maybe_roll()
+        return WalBatch(tuple(ops), None, rolled, len(data), seq)
+
+    def close(self) -> None:
+        self._file.close()
+
+    # -- inside the writer ----------------------------------------------------------------
+
+    def _take(self) -> list[WalOp]:
+        with self._lock:
+            budget = self._limits.wal_batch_bytes_max
+            taken = 0
+            n = 0
+            for op in self._pending:
+                size = _op_bytes(op)
+                if n and taken + size > budget:
+                    break
+                taken += size
+                n += 1
+            ops, self._pending = self._pending[:n], self._pending[n:]
+            self._pending_bytes -= taken
+            return ops
+
+    def _batch_header(self, out: list[bytes]) -> None:
+        _record([_BATCH.pack(_T_BATCH, _BATCH_MARKER, self._seq)], out)
+
+    def _ref(self, uid: str, out: list[bytes], new_refs: dict[str, int]) -> int:
+        return _ref_in(uid, out, self._refs, new_refs)
+
+    def _fail(self, exc: OSError) -> StorageFailed:
+        """Undo a failed write: cut the file back to its last durable size. If even that
+        fails, nothing more is written to this WAL until the node restarts."""
+        error = StorageFailed(f"WAL write failed: {exc.strerror or exc}")
+        try:
+            self._file.truncate(self._size)
+            self._file.sync()
+        except OSError as again:
+            self._broken = StorageFailed(f"WAL unusable after a failed write: {again}")
+            return self._broken
+        return error
+
+    def _create(self, seq: int) -> tuple[DiskFile, dict[str, int], int]:
+        """A new WAL file that starts with every server's hard state, durable with its
+        directory entry before any batch is reported done."""
+        self._disk.makedirs(WAL_DIR)
+        f = self._disk.open(wal_path(seq), create=True)
+        f.truncate(0)
+        head = _FILE_HEADER.pack(_MAGIC, _VERSION, seq)
+        out = [head, struct.pack("<I", crc32c.crc32c(head))]
+        refs: dict[str, int] = {}
+        self._seq = seq
+        self._batch_header(out)
+        for uid in sorted(self._hard_states):
+            ref = _ref_in(uid, out, {}, refs)
+            _encode_hard_state(ref, self._hard_states[uid], out)
+        data = b"".join(out)
+        f.append(data)
+        f.sync()
+        self._disk.sync_dir(WAL_DIR)
+        return f, refs, len(data)
+
+    def _maybe_roll(self) -> int | None:
+        if self._size < self._limits.wal_file_bytes_max:
+            return None
+        old_seq, old_file = self._seq, self._file
+        try:
+            self._file, self._refs, self._size = self._create(old_seq + 1)
+        except OSError:
+            # The batch is durable; keep writing the old file and roll at the next batch.
+            self._seq = old_seq
+            return None
+        old_file.close()
+        return old_seq
+
+
+# --- reading at recovery ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WalFile:
+    seq: int
+    ops: list[WalOp]
+    good_bytes: int
+    """Length of the valid prefix; anything after it is a torn tail."""
+    size: int
+
+
+def _records(data: bytes, start: int) -> Iterator[tuple[int, bytes]]:
+    """(offset, body) of each valid record from ``start``; stops at the first bad one."""
+    pos, end = start, len(data)
+    while pos + _REC.size <= end:
+        n, crc = _REC.unpack_from(data, pos)
+        body_end = pos + _REC.size + n
+        if n == 0 or body_end > end:
+            return
+        body = data[pos + _REC.size : body_end]
+        if crc32c.crc32c(body) != crc:
+            return
+        yield pos, body
+        pos = body_end
+
+
+def _valid_batch_after(data: bytes, pos: int) -> int | None:
+    """Offset of a valid BATCH record after ``pos``: proof that the bad bytes at ``pos``
+    are corruption of synced data, not a torn last write."""
+    at = data.find(_BATCH_MARKER, pos + 1)
+    while at >= 0:
+        start = at - _REC.size - 1
+        if start > pos:
+            for _, body in _records(data, start):
+                if body[0] == _T_BATCH:
+                    return start
+                break
+        at = data.find(_BATCH_MARKER, at + 1)
+    return None
+
+
+def read_wal_file(disk: Disk, seq: int) -> WalFile:
+    """Parse one WAL file. Raises ``RecoveryRefused`` if it is corrupt before its end."""
+    data = disk.read(wal_path(seq))
+    head = data[: _FILE_HEADER.size]
+    crc_ok = (
+        len(data) >= FILE_HEADER_BYTES
+        and crc32c.crc32c(head) == struct.unpack_from("<I", data, _FILE_HEADER.size)[0]
+    )
+    if not crc_ok or _FILE_HEADER.unpack(head) != (_MAGIC, _VERSION, seq):
+        return WalFile(seq, [], 0, len(data))
+    uids: dict[int, str] = {}
+    ops: list[WalOp] = []
+    good = FILE_HEADER_BYTES
+    for pos, body in _records(data, FILE_HEADER_BYTES):
+        _decode(body, uids, ops)
+        good = pos + _REC.size + len(body)
+    if good < len(data):
+        later = _valid_batch_after(data, good)
+        if later is not None:
+            raise RecoveryRefused(
+                f"WAL file {wal_path(seq)} is corrupt at byte {good} with valid data at "
+                f"byte {later}: durable entries were lost; restore this node from its peers"
+            )
+    return WalFile(seq, ops, good, len(data))
+
+
+def _decode(body: bytes, uids: dict[int, str], ops: list[WalOp]) -> None:
+    kind = body[0]
+    if kind == _T_ENTRY:
+        _, ref, index, term, now_ms, ek = _ENTRY.unpack_from(body)
+        entry = Entry(index, term, EntryKind(ek), now_ms, body[_ENTRY.size :])
+        last = ops[-1] if ops else None
+        uid = uids[ref]
+        if isinstance(last, AppendOp) and last.uid == uid and last.entries[-1].index + 1 == index:
+            ops[-1] = AppendOp(uid, (*last.entries, entry))
+        else:
+            ops.append(AppendOp(uid, (entry,)))
+    elif kind == _T_REGISTER:
+        _, ref = _REGISTER.unpack_from(body)
+        uids[ref] = body[_REGISTER.size :].decode()
+    elif kind == _T_HARD:
+        _, ref, term, commit, has_vote = _HARD.unpack_from(body)
+        vote = body[_HARD.size :].decode() if has_vote else None
+        ops.append(HardStateOp(uids[ref], HardState(term, vote, commit)))
+    elif kind == _T_RESET:
+        _, ref, index, term = _RESET.unpack_from(body)
+        ops.append(ResetOp(uids[ref], index, term))
+    else:
+        assert kind == _T_BATCH, f"unknown WAL record type {kind}"
+
+
+# --- the writer thread ------------------------------------------------------------------
+
+
+class WalThread:
+    """Runs ``wal.write_batch`` in a thread whenever operations are pending and hands
+    each batch to ``on_batch`` (called in the writer thread: the runtime forwards it to
+    its event loop with ``loop.call_soon_threadsafe``)."""
+
+    def __init__(self, wal: Wal, on_batch: Callable[[WalBatch], None]) -> None:
+        self._wal = wal
+        self._on_batch = on_batch
+        self._wake = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="quorra-wal", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, op: WalOp) -> None:
+        self._wal.submit(op)
+        with self._wake:
+            self._wake.notify()
+
+    def stop(self) -> None:
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._wal.pending() and not self._stopping:
+                    self._wake.wait()
+                if self._stopping and not self._wal.pending():
+                    return
+            self._on_batch(self._wal.write_batch())
+
+
+__all__ = [
+    "AppendOp",
+    "HardState",
+    "HardStateOp",
+    "ResetOp",
+    "Wal",
+    "WalBatch",
+    "WalFile",
+    "WalOp",
+    "WalThread",
+    "read_wal_file",
+    "wal_path",
+    "wal_seqs",
+]
