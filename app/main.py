@@ -59,10 +59,14 @@ Announce = Callable[[StartupReport], None]
 
 
 def bootstrap(db: Database, settings: Settings) -> StartupReport:
-    """Create ``admin`` on an empty database; register this node. Idempotent."""
+    """Create ``admin`` when there is no admin yet; register this node. Idempotent.
+
+    "No admin" rather than "no user": users added with ``quorra user add`` before the
+    first start must not leave the server without anyone who can manage it.
+    """
     with db.transaction() as session:
         created, shown = False, None
-        if repo.count_users(session) == 0:
+        if repo.count_admins(session) == 0 and repo.get_user(session, ADMIN_USER) is None:
             password = settings.admin_password or random_password()
             repo.create_user(
                 session,
