@@ -32,6 +32,21 @@ def decode_value(command: bytes) -> bytes:
     return bytes(value)
 
 
+def _decode(command: bytes) -> tuple[str, str] | None:
+    """``(op, key)`` of a well-formed command, else ``None`` (the reply says so)."""
+    try:
+        op = msgpack.unpackb(command, raw=False)
+    except (ValueError, msgpack.UnpackException):
+        return None
+    if not isinstance(op, list) or not op or not all(isinstance(x, str) for x in op[:2]):
+        return None
+    if op[0] == "put" and len(op) == 3 and isinstance(op[2], bytes):
+        return "put", op[1]
+    if op[0] == "delete" and len(op) == 2:
+        return "delete", op[1]
+    return None
+
+
 class KvMachine:
     version: ClassVar[int] = 1
 
@@ -42,13 +57,13 @@ class KvMachine:
     def apply(self, meta: ApplyMeta, command: bytes) -> tuple[object, list[MachineEffect]]:
         assert meta.index > self.last_index, "entries are applied once, in order"
         self.last_index = meta.index
-        op = msgpack.unpackb(command, raw=False)
+        op = _decode(command)
+        if op is None:
+            return ("error", "malformed command"), []
         if op[0] == "put":
             self.keys[op[1]] = meta.index
-        elif op[0] == "delete":
-            self.keys.pop(op[1], None)
         else:
-            return ("error", "unknown command"), []
+            self.keys.pop(op[1], None)
         return ("ok", meta.index), []
 
     def value_index(self, key: str) -> int | None:

@@ -161,6 +161,7 @@ class RaftServer:
         """(request id, config entry index) of a removal waiting to commit."""
         self.transfer: tuple[int, ServerId, int] | None = None
         """(request id, target, deadline ms) of a leadership transfer in progress."""
+        self.transfer_sent = False
         self.incoming_snapshot: tuple[int, int, bytearray] | None = None
         self.pending_install: Snapshot | None = None
         self.hard_state_out = HardState(self.term, self.vote, self.commit)
@@ -496,6 +497,7 @@ class RaftServer:
             return
         deadline = self.now_ms + self.limits.election_timeout_ms_min
         self.transfer = (event.request_id, event.target, deadline)
+        self.transfer_sent = False
         pr = self.progress[event.target]
         if pr.match == self.log.last_index():
             self._send_timeout_now(event.target)
@@ -504,7 +506,9 @@ class RaftServer:
 
     def _send_timeout_now(self, target: ServerId) -> None:
         assert self.transfer is not None
-        self.rd.messages.append(TimeoutNow(self.id, target, self.term))
+        if not self.transfer_sent:
+            self.transfer_sent = True
+            self.rd.messages.append(TimeoutNow(self.id, target, self.term))
 
     # --- replication (leader) -----------------------------------------------------------
 
@@ -564,9 +568,9 @@ class RaftServer:
             if self._is_voter(msg.src):
                 self._maybe_commit()
             self._maybe_promote(msg.src, pr)
-        if self.transfer is not None and self.transfer[1] == msg.src:
-            if pr.match == self.log.last_index():
-                self._send_timeout_now(msg.src)
+        transfer = self.transfer
+        if transfer is not None and transfer[1] == msg.src and pr.match == self.log.last_index():
+            self._send_timeout_now(msg.src)
         while self._maybe_send_append(msg.src, pr, allow_empty=False):
             if pr.next > self.log.last_index():
                 break
@@ -633,9 +637,10 @@ class RaftServer:
             waiting, self.reads_waiting_term_commit = self.reads_waiting_term_commit, []
             for request_id in waiting:
                 self._on_read_index(request_id)
-        if self.role is Role.LEADER and not self._is_voter(self.id):
-            if self.configs[-1][0] <= index:
-                self._become_follower(self.term, None)
+        removed = self.role is Role.LEADER and not self._is_voter(self.id)
+        if removed and self.configs[-1][0] <= index:
+            # A leader that removed itself leads until the change commits (thesis 4.2.2).
+            self._become_follower(self.term, None)
 
     # --- snapshots (leader side) --------------------------------------------------------
 
