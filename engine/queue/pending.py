@@ -214,12 +214,15 @@ class Pending:
         """Tags whose lease ended at or before ``now_ms``, ordered by (expiry, tag): leases
         that end together come back in delivery order."""
         found: list[tuple[int, int]] = []
+        overridden: set[int] = set()
         while self._heap and self._heap[0][0] <= now_ms:
             expires_ms, kind, key = heapq.heappop(self._heap)
             if not self._heap_entry_live(expires_ms, kind, key):
                 continue
             if kind == 1:
-                found.append((expires_ms, key))
+                if key not in overridden:  # a tag extended twice to the same time
+                    overridden.add(key)
+                    found.append((expires_ms, key))
                 continue
             group = self._groups[key]
             for tag in range(group.first_tag, group.first_tag + group.count):

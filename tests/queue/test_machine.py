@@ -339,3 +339,14 @@ def test_restore_gives_back_the_same_machine(count: int) -> None:
     other.check_invariants()
     assert other.snapshot() == data
     assert replace(other.stats(), memory_bytes=0) == replace(q.machine.stats(), memory_bytes=0)
+
+
+def test_extending_twice_to_the_same_time_expires_once() -> None:
+    q = Q(lease_ms=1000)
+    q.publish(b"a")
+    got = q.take()
+    q.apply(encode_extend(receipts(got), 500))
+    q.apply(encode_extend(receipts(got), 500))
+    q.now += 500
+    assert q.apply(encode_expire())[0] == Expired(1, 0, 0)
+    q.machine.check_invariants()
