@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 
 import anyio
@@ -88,7 +88,7 @@ def bootstrap(db: Database, settings: Settings) -> StartupReport:
 
 def _lifespan(
     settings: Settings, node_factory: NodeFactory, announce: Announce | None
-) -> Callable[[FastAPI], AsyncIterator[None]]:
+) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state = app.state
@@ -123,7 +123,7 @@ def _lifespan(
         finally:
             db.dispose()
 
-    return lifespan  # type: ignore[return-value]
+    return lifespan
 
 
 class SecurityHeadersMiddleware:

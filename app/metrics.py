@@ -28,7 +28,7 @@ UNMATCHED_ROUTE = "<unmatched>"
 class AppMetrics:
     def __init__(self) -> None:
         # Process-wide in prometheus_client; the *_created series are noise for Quorra.
-        disable_created_metrics()
+        disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry(auto_describe=True)
         self.http_requests = Counter(
             "quorra_http_requests",

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from datetime import datetime
 from enum import Enum
 from typing import Any
@@ -96,7 +96,8 @@ def _msgpack_default(value: Any) -> Any:
 def packb(payload: Any) -> bytes:
     if isinstance(payload, BaseModel):
         payload = payload.model_dump(mode="python")
-    return msgpack.packb(payload, use_bin_type=True, default=_msgpack_default)
+    packed: bytes = msgpack.packb(payload, use_bin_type=True, default=_msgpack_default)
+    return packed
 
 
 def _json_ready(payload: Any) -> Any:
@@ -146,7 +147,7 @@ def _check_depth(value: Any, depth: int) -> None:
 class NegotiatedRoute(APIRoute):
     """An API route whose body may be JSON or MessagePack."""
 
-    def get_route_handler(self) -> Callable[[Request], Awaitable[Response]]:
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
 
         async def negotiated(request: Request) -> Response:
@@ -168,7 +169,7 @@ def _transcoded(response: Response) -> Response:
 
     Endpoints on hot paths, or with binary fields, call ``respond`` instead and skip this.
     """
-    packed = msgpack.packb(json.loads(response.body), use_bin_type=True)
+    packed = msgpack.packb(json.loads(bytes(response.body)), use_bin_type=True)
     headers = {
         k: v for k, v in response.headers.items() if k not in ("content-length", "content-type")
     }

@@ -67,15 +67,12 @@ class Settings:
         environ: Mapping[str, str] | None = None,
     ) -> Settings:
         env = os.environ if environ is None else environ
-        extra: dict[str, str] = {}
-        if env.get("QUORRA_NODE_NAME"):
-            extra["node_name"] = env["QUORRA_NODE_NAME"]
         return cls(
             data_dir=data_dir.resolve(),
             host=host,
             port=port,
             admin_password=env.get("QUORRA_ADMIN_PASSWORD") or None,
-            **extra,
+            node_name=env.get("QUORRA_NODE_NAME") or socket.gethostname(),
         )
 
 
