@@ -1,0 +1,183 @@
+from __future__ import annotations
+
+import threading
+
+import pytest
+from pyroaring import BitMap64
+
+from engine.errors import RecoveryRefused, StorageFailed
+from engine.storage import (
+    Checkpoint,
+    FakeDisk,
+    HardState,
+    NodeStorage,
+    Persisted,
+    SnapshotReset,
+    WalBatch,
+    WalThread,
+)
+from engine.storage.wal import AppendOp
+from tests.storage.conftest import entries, small_limits
+
+
+def reopen(disk: FakeDisk, uid: str = "q", **change: int) -> NodeStorage:
+    disk.crash()
+    return NodeStorage.open(disk, small_limits(**change))
+
+
+def all_entries(storage: NodeStorage, uid: str = "q") -> list[int]:
+    log = storage.log(uid)
+    return [
+        (e.index, e.term) for e in log.entries(log.first_index(), log.last_index() + 1, 1 << 30)
+    ]  # type: ignore[misc]
+
+
+def test_overwrite_replaces_the_suffix_in_mem_table_and_segments() -> None:
+    disk = FakeDisk()
+    storage = NodeStorage.open(disk, small_limits())
+    storage.open_server("q")
+    storage.append("q", entries(1, 30, term=1, size=40))
+    storage.sync()
+    assert storage.rolled_wal_files() == [] and disk.listdir("queues/q/segments")
+    storage.append("q", entries(12, 3, term=2))
+    storage.sync()
+    expected = [(i, 1) for i in range(1, 12)] + [(i, 2) for i in range(12, 15)]
+    assert all_entries(storage) == expected
+    assert storage.log("q").term(20) is None
+    storage = reopen(disk)
+    storage.open_server("q")
+    assert all_entries(storage) == expected
+    for i in range(6):  # roll more, so the overwrite itself reaches the segments
+        storage.append("q", entries(15 + 5 * i, 5, term=2, size=40))
+        storage.sync()
+    storage = reopen(disk)
+    storage.open_server("q")
+    assert all_entries(storage) == expected + [(i, 2) for i in range(15, 45)]
+
+
+def test_recovery_loads_the_checkpoint_and_keeps_the_log_after_it() -> None:
+    disk = FakeDisk()
+    storage = NodeStorage.open(disk, small_limits())
+    storage.open_server("q")
+    storage.append("q", entries(1, 40, size=40))
+    storage.save_hard_state("q", HardState(1, "q", 35))
+    storage.sync()
+    cp = Checkpoint(30, 1, 1, b"cfg", BitMap64([3, 17]), b"state")
+    storage.write_checkpoint("q", cp)
+    storage = reopen(disk)
+    rec = storage.open_server("q")
+    assert rec.checkpoint == cp and rec.hard_state == HardState(1, "q", 35)
+    assert rec.log.entries(31, 41, 1 << 20) == entries(31, 10, size=40)
+
+
+def test_release_cursor_promotes_and_deletes_segments_without_live_entries() -> None:
+    disk = FakeDisk()
+    storage = NodeStorage.open(disk, small_limits())
+    storage.open_server("q")
+    storage.append("q", entries(1, 40, size=40))
+    storage.sync()
+    before = disk.listdir("queues/q/segments")
+    storage.write_checkpoint("q", Checkpoint(30, 1, 1, b"", BitMap64([3]), b"s"))
+    assert storage.release_cursor("q", 35) == 30
+    log = storage.log("q")
+    assert log.first_index() == 31 and log.snapshot_index() == 30 and log.term(30) == 1
+    assert log.read(3) == entries(3, 1, size=40)[0]  # live, still readable
+    with pytest.raises(LookupError):
+        log.read(10)
+    with pytest.raises(LookupError):
+        log.entries(3, 10, 100)
+    assert len(disk.listdir("queues/q/segments")) < len(before)
+    storage = reopen(disk)
+    rec = storage.open_server("q")
+    assert rec.log.first_index() == 31 and rec.log.read(3).index == 3
+    assert rec.log.entries(31, 41, 1 << 20) == entries(31, 10, size=40)
+
+
+def test_installed_snapshot_replaces_the_log() -> None:
+    disk = FakeDisk()
+    storage = NodeStorage.open(disk, small_limits())
+    storage.open_server("q")
+    storage.append("q", entries(1, 40, term=1, size=40))
+    storage.sync()
+    storage.install_snapshot("q", Checkpoint(50, 3, 1, b"", BitMap64(), b"leader"))
+    assert storage.sync() == [SnapshotReset("q", 50, 3)]
+    storage.append("q", entries(51, 2, term=3))
+    storage.sync()
+    assert all_entries(storage) == [(51, 3), (52, 3)]
+    storage = reopen(disk)
+    rec = storage.open_server("q")
+    assert rec.checkpoint is not None and rec.checkpoint.state == b"leader"
+    assert (rec.log.first_index(), rec.log.last_index()) == (51, 52)
+
+
+def test_a_damaged_segment_or_snapshot_refuses_to_start_with_a_clear_message() -> None:
+    disk = FakeDisk()
+    storage = NodeStorage.open(disk, small_limits())
+    storage.open_server("q")
+    storage.open_server("r")
+    storage.append("q", entries(1, 40, size=40))
+    storage.append("r", entries(1, 2, size=40))
+    storage.sync()
+    storage.write_checkpoint("r", Checkpoint(2, 1, 1, b"", BitMap64(), b"s"))
+    storage.release_cursor("r", 2)
+    first = "queues/q/segments/" + disk.listdir("queues/q/segments")[0]
+    disk.flip_bit(first, 8 * 20)
+    disk.flip_bit("queues/r/snapshots/" + disk.listdir("queues/r/snapshots")[0], 8 * 58)
+    storage = reopen(disk)
+    with pytest.raises(RecoveryRefused, match=r"segment .* is damaged"):
+        storage.open_server("q")
+    with pytest.raises(RecoveryRefused, match="snapshot at index 2 is damaged"):
+        storage.open_server("r")
+
+
+def test_lost_committed_entries_refuse_to_start() -> None:
+    disk = FakeDisk()
+    storage = NodeStorage.open(disk, small_limits(wal_file_bytes_max=1 << 20))
+    storage.open_server("q")
+    storage.append("q", entries(1, 3))
+    storage.save_hard_state("q", HardState(1, None, 3))
+    storage.sync()
+    reopen(disk, wal_file_bytes_max=1 << 20)  # the new WAL file carries the hard state
+    disk.crash()
+    f = disk.open("wal/00000001.wal")
+    f.truncate(20)  # the entries are gone, as if the media lost them
+    f.sync()
+    with pytest.raises(RecoveryRefused, match="commit index 3 is beyond"):
+        NodeStorage.open(disk, small_limits(wal_file_bytes_max=1 << 20)).open_server("q")
+
+
+def test_corrupt_entry_in_a_segment_is_never_served() -> None:
+    disk = FakeDisk()
+    storage = NodeStorage.open(disk, small_limits())
+    storage.open_server("q")
+    storage.append("q", entries(1, 40, size=40))
+    storage.sync()
+    first = "queues/q/segments/" + disk.listdir("queues/q/segments")[0]
+    disk.flip_bit(first, 8 * (len(disk.read(first)) - 2))
+    storage = reopen(disk)
+    log = storage.open_server("q").log
+    with pytest.raises(StorageFailed, match="CRC32C"):
+        log.entries(1, 10, 1 << 20)
+
+
+def test_wal_thread_runs_group_commits_in_a_thread() -> None:
+    storage = NodeStorage.open(FakeDisk(), small_limits(wal_file_bytes_max=1 << 20))
+    batches: list[WalBatch] = []
+    done = threading.Event()
+
+    def on_batch(batch: WalBatch) -> None:
+        batches.append(batch)
+        if sum(len(b.ops) for b in batches) == 20:
+            done.set()
+
+    thread = WalThread(storage.wal, on_batch)
+    thread.start()
+    for k in range(20):
+        storage.open_server(f"q{k}")
+        thread.submit(AppendOp(f"q{k}", tuple(entries(1, 1))))
+    assert done.wait(10)
+    thread.stop()
+    events = [e for b in batches for e in storage.complete(b)]
+    assert sorted(events, key=lambda e: e.uid) == sorted(
+        (Persisted(f"q{k}", 1, 1) for k in range(20)), key=lambda e: e.uid
+    )

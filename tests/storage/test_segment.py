@@ -1,0 +1,73 @@
+from __future__ import annotations
+
+import pytest
+
+from engine.errors import StorageFailed
+from engine.storage.disk import FakeDisk
+from engine.storage.segment import (
+    HEADER_BYTES,
+    OVERWRITES,
+    ReaderCache,
+    SegmentReader,
+    read_segment_info,
+    segment_path,
+    write_segment,
+)
+from tests.storage.conftest import entries
+
+
+def test_segment_round_trip_reads_any_entry_without_a_scan() -> None:
+    disk = FakeDisk()
+    written = entries(5, 20, term=3)
+    write_segment(disk, "q", 7, written, OVERWRITES)
+    info = read_segment_info(disk, segment_path("q", 7))
+    assert info is not None
+    assert (info.seq, info.lo, info.hi, info.count, info.flags) == (7, 5, 24, 20, OVERWRITES)
+    reader = SegmentReader(disk, info)
+    assert [reader.read(i) for i in range(5, 25)] == written
+    assert reader.read(4) is None and reader.read(25) is None and reader.term(9) == 3
+
+
+def test_sparse_segment_answers_only_for_its_entries() -> None:
+    disk = FakeDisk()
+    kept = [e for e in entries(1, 30) if e.index % 3 == 0]
+    write_segment(disk, "q", 1, kept, 0)
+    info = read_segment_info(disk, segment_path("q", 1))
+    assert info is not None
+    reader = SegmentReader(disk, info)
+    assert [reader.read(i) for i in (3, 15, 30)] == [kept[0], kept[4], kept[9]]
+    assert reader.read(4) is None and reader.term(29) is None
+
+
+def test_damaged_header_index_or_data_is_detected() -> None:
+    disk = FakeDisk()
+    write_segment(disk, "q", 1, entries(1, 4), OVERWRITES)
+    path = segment_path("q", 1)
+    size = len(disk.read(path))
+    disk.flip_bit(path, (size - 3) * 8)  # in the data of the last entry
+    info = read_segment_info(disk, path)
+    assert info is not None
+    reader = SegmentReader(disk, info)
+    assert reader.read(1) == entries(1, 1)[0]
+    with pytest.raises(StorageFailed, match="entry 4 fails its CRC32C"):
+        reader.read(4)
+    disk.flip_bit(path, (HEADER_BYTES + 10) * 8)  # in the index section
+    with pytest.raises(StorageFailed, match="index section"):
+        SegmentReader(disk, info)
+    disk.flip_bit(path, 40 * 8)  # in the header
+    assert read_segment_info(disk, path) is None
+
+
+def test_reader_cache_keeps_a_bounded_number_open() -> None:
+    disk = FakeDisk()
+    infos = []
+    for seq in range(1, 5):
+        write_segment(disk, "q", seq, entries(seq * 10, 2), OVERWRITES)
+        info = read_segment_info(disk, segment_path("q", seq))
+        assert info is not None
+        infos.append(info)
+    cache = ReaderCache(disk, open_max=2)
+    for info in infos:
+        assert cache.get(info).read(info.lo) is not None
+    assert cache.open_count() == 2
+    assert cache.get(infos[-1]) is cache.get(infos[-1])
