@@ -162,9 +162,13 @@ class ServerLog:
 
     # -- changes, made by NodeStorage on the node's thread --------------------------------
 
-    def apply_append(self, entries: tuple[Entry, ...], wal_seq: int) -> None:
+    def apply_append(
+        self, entries: tuple[Entry, ...], wal_seq: int, *, gap_allowed: bool = False
+    ) -> None:
         first = entries[0].index
-        assert first <= self._last + 1, f"{self.uid}: append at {first} after {self._last}"
+        if first > self._last + 1:
+            assert gap_allowed, f"{self.uid}: append at {first} after {self._last}"
+            self.mem.clear()
         self.mem.put(entries, wal_seq)
         self._last = entries[-1].index
 

@@ -256,7 +256,7 @@ class NodeStorage:
         """Apply Raft's rule for a snapshot: keep the log if it holds the snapshot's entry
         with the same term, else it restarts after the snapshot."""
         if snapshot_index and snapshot_index == cp.index:
-            if log.term(cp.index) not in (None, 0, cp.term) or log.last_index() < cp.index:
+            if log.term(cp.index) not in (None, cp.term) or log.last_index() < cp.index:
                 log.apply_reset(cp.index, cp.term)
             for path in log.set_snapshot(cp.index, cp.term, cp.live_indexes):
                 self._remove(path)
@@ -309,12 +309,10 @@ class NodeStorage:
     def _apply(self, op: WalOp, wal_seq: int, *, recovering: bool = False) -> None:
         log = self._log(op.uid)
         if isinstance(op, AppendOp):
-            if op.entries[0].index > log.last_index() + 1:
-                # Only at recovery, after a snapshot install whose reset record is in a
-                # deleted WAL file: the snapshot rule in open_server sets the term.
-                assert recovering, f"{op.uid}: append at {op.entries[0].index} leaves a gap"
-                log.apply_reset(op.entries[0].index - 1, 0)
-            log.apply_append(op.entries, wal_seq)
+            # At recovery a record may follow entries that are gone: superseded by an
+            # overwrite later in the WAL, or before a snapshot whose reset record was in
+            # a deleted WAL file. The mem table then restarts at the record.
+            log.apply_append(op.entries, wal_seq, gap_allowed=recovering)
         elif isinstance(op, HardStateOp):
             log.hard_state = op.hard_state
         else:
