@@ -421,10 +421,14 @@ class NodeStorage:
     def log(self, uid: str) -> ServerLog:
         return self._logs[uid]
 
-    def close(self) -> None:
-        """Stop cleanly: whatever is pending is made durable and the WAL closed.
-        A crash instead of ``close`` loses nothing that was reported durable."""
+    def close(self, *, flush: bool = True) -> None:
+        """Stop cleanly: whatever is pending is made durable; with ``flush`` the WAL is
+        rolled and every mem table written to segments, so the next start replays no
+        WAL. A crash instead of ``close`` loses nothing that was reported durable."""
         self.sync()
+        if flush:
+            self._rolled.append(self.wal.roll())
+            self.flush_segments()
         self.wal.close()
         self.cache.close()
 

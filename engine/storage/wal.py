@@ -219,6 +219,14 @@ class Wal:
         rolled = self._maybe_roll()
         return WalBatch(tuple(ops), None, rolled, len(data), seq)
 
+    def roll(self) -> int:
+        """Close the current file now (a clean shutdown); returns its seq. Call it from
+        the writer's side, with no batch in progress."""
+        old_seq, old_file = self._seq, self._file
+        self._file, self._refs, self._size = self._create(old_seq + 1)
+        old_file.close()
+        return old_seq
+
     def close(self) -> None:
         self._file.close()
 

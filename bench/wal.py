@@ -1,0 +1,154 @@
+"""``quorra bench wal``: durable 1 KiB appends through the shared WAL from 1, 10 and 100
+servers, against plain sequential 64 KiB writes + fdatasync on the same disk.
+
+Each server keeps ``--window`` entries in flight (a Raft leader pipelines its appends);
+when a ``Persisted`` comes back it submits as many new entries, as one append, as it
+has room for. The WAL runs in its writer thread (``WalThread``) exactly as in the
+runtime; batches are applied and servers refilled on the main thread. WAL rolls and
+segment flushes happen as they would (the flush runs in a worker thread). Data goes to a
+temporary directory next to the repository (same disk), removed afterwards.
+MB here are 10^6 bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import shutil
+import tempfile
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import bench
+from engine.limits import DEFAULT_LIMITS
+from engine.raft.log import Entry, EntryKind
+from engine.storage import NodeStorage, OsDisk, Persisted, SegmentFlush, WalBatch, WalThread
+from engine.storage.wal import AppendOp
+
+MB = 1_000_000
+RAW_CHUNK = 64 * 1024
+
+
+def _bench_dir() -> str:
+    root = Path(__file__).resolve().parent.parent
+    return tempfile.mkdtemp(prefix=".bench-wal-", dir=root)
+
+
+def raw_mb_per_s(directory: str, seconds: float) -> float:
+    """Plain sequential 64 KiB writes, each followed by fdatasync."""
+    chunk = os.urandom(RAW_CHUNK)
+    path = os.path.join(directory, "raw.dat")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    written = 0
+    start = time.perf_counter()
+    try:
+        while time.perf_counter() - start < seconds:
+            os.write(fd, chunk)
+            os.fdatasync(fd)
+            written += RAW_CHUNK
+    finally:
+        os.close(fd)
+        os.remove(path)
+    return written / (time.perf_counter() - start) / MB
+
+
+def run_servers(
+    directory: str, servers: int, window: int, entry_bytes: int, seconds: float
+) -> dict[str, Any]:
+    storage = NodeStorage.open(OsDisk(directory), DEFAULT_LIMITS)
+    uids = [f"q{k:04d}" for k in range(servers)]
+    for uid in uids:
+        storage.open_server(uid)
+    payload = os.urandom(entry_bytes)
+    inbox: queue.SimpleQueue[WalBatch] = queue.SimpleQueue()
+    writer = WalThread(storage.wal, inbox.put)
+    next_index = dict.fromkeys(uids, 1)
+    inflight = dict.fromkeys(uids, 0)
+    pool = ThreadPoolExecutor(max_workers=1)
+    flushing: Future[None] | None = None
+    flush: SegmentFlush | None = None
+
+    def refill(uid: str) -> None:
+        n = window - inflight[uid]
+        if n <= 0:
+            return
+        first = next_index[uid]
+        entries = tuple(Entry(i, 1, EntryKind.COMMAND, 0, payload) for i in range(first, first + n))
+        next_index[uid] = first + n
+        inflight[uid] += n
+        writer.submit(AppendOp(uid, entries))
+
+    writer.start()
+    syncs_before = storage.wal.syncs
+    persisted = 0
+    start = time.perf_counter()
+    for uid in uids:
+        refill(uid)
+    while (elapsed := time.perf_counter() - start) < seconds:
+        for event in storage.complete(inbox.get()):
+            assert isinstance(event, Persisted), event
+            done = event.index - (next_index[event.uid] - inflight[event.uid]) + 1
+            inflight[event.uid] -= done
+            persisted += done
+            refill(event.uid)
+        if flushing is not None and flushing.done():
+            flushing.result()
+            assert flush is not None
+            storage.finish_segment_flush(flush)
+            flushing = None
+        if flushing is None and (flush := storage.prepare_segment_flush()) is not None:
+            flushing = pool.submit(flush.write)
+    syncs = storage.wal.syncs - syncs_before
+    writer.stop()
+    while not inbox.empty():
+        storage.complete(inbox.get())
+    if flushing is not None:
+        flushing.result()
+    pool.shutdown()
+    storage.wal.close()
+    storage.cache.close()
+    return {
+        "servers": servers,
+        "window_entries_per_server": window,
+        "entries_per_s": round(persisted / elapsed),
+        "mb_per_s": round(persisted * entry_bytes / elapsed / MB, 1),
+        "fsyncs_per_s": round(syncs / elapsed, 1),
+        "entries_per_fsync": round(persisted / max(syncs, 1), 1),
+    }
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="quorra bench wal", description=__doc__)
+    parser.add_argument("--json", action="store_true", help="print JSON (the default)")
+    parser.add_argument("--servers", default="1,10,100")
+    parser.add_argument("--window", type=int, default=8)
+    parser.add_argument("--entry-bytes", type=int, default=1024)
+    parser.add_argument("--seconds", type=float, default=3.0)
+    args = parser.parse_args(argv)
+    directory = _bench_dir()
+    try:
+        raw = raw_mb_per_s(directory, args.seconds)
+        runs = []
+        for servers in (int(s) for s in args.servers.split(",")):
+            run_dir = os.path.join(directory, f"servers-{servers}")
+            runs.append(run_servers(run_dir, servers, args.window, args.entry_bytes, args.seconds))
+            shutil.rmtree(run_dir)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    for run in runs:
+        run["mb_per_s_vs_raw"] = round(run["mb_per_s"] / raw, 2) if raw else None
+    result = {
+        "bench": "wal",
+        "entry_bytes": args.entry_bytes,
+        "seconds_per_run": args.seconds,
+        "raw_mb_per_s": round(raw, 1),
+        "raw_write_bytes": RAW_CHUNK,
+        "runs": runs,
+        "machine": bench.machine_info(),
+    }
+    print(json.dumps(result, indent=2))
+    return 0
