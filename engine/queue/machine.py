@@ -457,11 +457,11 @@ class QueueMachine:
     def _on_settle(self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]) -> object:
         tags, refs, _ = cmd.decode_receipts(command)
         ok = self._pending.matching(tags, refs)
-        for tag in tags[ok].tolist():
-            ref, _level = self._pending.remove(tag)
-            self._bytes_pending -= self._size(ref)
-            self._forget(ref)
-        count = int(ok.sum())
+        settled = refs[ok]
+        self._pending.remove_many(tags[ok])
+        self._bytes_pending -= int(sizes_of(settled, self._fallback).sum())
+        self._forget_many(settled)
+        count = len(settled)
         self._counters["acked"] += count
         return Settled(count, tuple(np.flatnonzero(~ok).tolist()))
 
@@ -753,7 +753,7 @@ class QueueMachine:
                 self._fallback.release(ref)
 
     def _size(self, ref: int) -> int:
-        return self._fallback.unpack(ref).size
+        return self._fallback.size(ref)
 
     def _lane_bytes(self, lane: RefFifo) -> int:
         return sum(int(sizes_of(chunk, self._fallback).sum()) for chunk in lane.chunks())

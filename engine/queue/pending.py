@@ -42,6 +42,10 @@ class LeaseGroup:
         self.expires_ms = expires_ms
 
 
+def tag_in(group: LeaseGroup, tag: int) -> bool:
+    return group.first_tag <= tag < group.first_tag + group.count
+
+
 class Pending:
     __slots__ = (
         "_consumers",
@@ -134,16 +138,33 @@ class Pending:
         return self._overrides.get(tag, self.group_of(tag).expires_ms)
 
     def matching(self, tags: U64, refs: U64) -> npt.NDArray[np.bool_]:
-        """Which receipts name a live lease; a repeated receipt matches only once."""
-        ok = np.zeros(len(tags), dtype=bool)
-        seen: set[int] = set()
-        for k, (tag, ref) in enumerate(zip(tags.tolist(), refs.tolist(), strict=True)):
-            if tag in seen or ref == 0:
-                continue
-            if self.ref_at(tag) == ref:
-                ok[k] = True
-                seen.add(tag)
+        """Which receipts name a live lease; a repeated receipt matches only once (its
+        first matching occurrence)."""
+        n = len(tags)
+        if n == 0:
+            return np.zeros(0, dtype=bool)
+        current = np.zeros(n, dtype=np.uint64)
+        page_nos = tags >> np.uint64(self._shift)
+        slots = tags & np.uint64(self._page_refs - 1)
+        for p, sel in self._by_page(page_nos):
+            page = self._pages.get(p)
+            if page is not None:
+                current[sel] = page[slots[sel]]
+        ok: npt.NDArray[np.bool_] = (current == refs) & (refs != 0)
+        if n > 1:
+            good = np.flatnonzero(ok)
+            _, first = np.unique(tags[good], return_index=True)
+            if len(first) < len(good):
+                ok[:] = False
+                ok[good[first]] = True
         return ok
+
+    @staticmethod
+    def _by_page(page_nos: U64) -> list[tuple[int, slice | npt.NDArray[np.bool_]]]:
+        lo, hi = int(page_nos.min()), int(page_nos.max())
+        if lo == hi:
+            return [(lo, slice(None))]
+        return [(p, page_nos == p) for p in np.unique(page_nos).tolist()]
 
     def refs(self) -> U64:
         """Every leased ref, in tag order."""
@@ -190,6 +211,46 @@ class Pending:
             i = bisect_right(self._starts, group.first_tag) - 1
             del self._starts[i]
         return ref, group.priority
+
+    def remove_many(self, tags: U64) -> None:
+        """Forget live leases (distinct tags, all live), vectorised per page."""
+        n = len(tags)
+        if n == 0:
+            return
+        page_nos = tags >> np.uint64(self._shift)
+        slots = tags & np.uint64(self._page_refs - 1)
+        for p, sel in self._by_page(page_nos):
+            at = slots[sel]
+            page = self._pages[p]
+            assert page[at].all(), "removing a lease that is not live"
+            page[at] = 0
+            self._page_live[p] -= len(at)
+            if self._page_live[p] == 0:
+                del self._pages[p], self._page_live[p]
+        self._size -= n
+        ordered = sorted(tags.tolist())
+        if self._overrides:
+            for tag in ordered:
+                self._overrides.pop(tag, None)
+        starts = self._starts
+        i = bisect_right(starts, ordered[0]) - 1
+        done: dict[int, int] = {}
+        for tag in ordered:
+            while i + 1 < len(starts) and starts[i + 1] <= tag:
+                i += 1
+            done[starts[i]] = done.get(starts[i], 0) + 1
+        for first, count in done.items():
+            group = self._groups[first]
+            assert tag_in(group, first) and group.live >= count
+            group.live -= count
+            left = self._consumers[group.consumer] - count
+            if left:
+                self._consumers[group.consumer] = left
+            else:
+                del self._consumers[group.consumer]
+            if group.live == 0:
+                del self._groups[first]
+                del starts[bisect_right(starts, first) - 1]
 
     def extend(self, tag: int, expires_ms: int) -> None:
         self._overrides[tag] = expires_ms
