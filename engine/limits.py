@@ -75,6 +75,10 @@ class Limits:
     queues_per_node_max: int = 10_000
     inflight_publish_bytes_per_queue_max: int = 64 * MIB
     inflight_requests_per_node_max: int = 10_000
+    proposal_timeout_ms: int = 10_000
+    """A proposal not applied by then raises ``NoLeader`` (its outcome is unknown)."""
+    leader_wait_ms: int = 3_000
+    """How long a request waits for a queue to elect a leader before ``NoLeader``."""
 
     def __post_init__(self) -> None:
         assert 0 < self.tick_ms <= self.heartbeat_interval_ms
@@ -91,6 +95,8 @@ class Limits:
         assert self.page_refs >= 16 and self.page_refs & (self.page_refs - 1) == 0
         assert 0 <= self.compaction_dead_per_100_live_max
         assert self.checkpoints_kept_max >= 2
+        assert self.leader_wait_ms >= self.election_timeout_ms_max
+        assert self.proposal_timeout_ms >= self.leader_wait_ms
 
 
 DEFAULT_LIMITS = Limits()

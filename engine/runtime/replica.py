@@ -1,0 +1,121 @@
+"""One queue replica hosted by a node: its Raft server, its machine, and what waits on them.
+
+Rule: a ``Replica`` is touched only on the node's event loop. It holds no I/O of its own;
+``engine.runtime.node`` drives it. Proposals are futures keyed first by request id (until
+the core accepts or rejects them) and then by the log index of their entry (until that
+index applies: with the same term it succeeded, with another it was lost).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from engine.ids import ServerId
+from engine.queue import QueueMachine
+from engine.raft.log import Entry
+from engine.raft.messages import Message
+from engine.raft.server import RaftServer, Role
+from engine.runtime.meta import QueueMeta
+from engine.storage import ServerLog
+
+RATE_WINDOW_MS = 10_000
+RATE_SAMPLE_MS = 1_000
+
+
+@dataclass(slots=True)
+class Proposal:
+    future: asyncio.Future[object]
+    on_applied: Callable[[object], object] | None
+    term: int = 0
+    index: int = 0
+
+
+@dataclass(slots=True)
+class CheckpointInfo:
+    index: int = 0
+    taken_at_ms: int = 0
+    bytes: int = 0
+
+
+@dataclass(slots=True)
+class Replica:
+    meta: QueueMeta
+    server_id: ServerId
+    raft: RaftServer
+    machine: QueueMachine
+    log: ServerLog
+    base_index: int
+    """The machine was restored from a checkpoint at this index: entries up to it are in
+    its state already and are not applied again."""
+    failed: Exception | None = None
+    closed: bool = False
+    applied_index: int = 0
+    applied_term: int = 0
+    next_request_id: int = 1
+    proposals: dict[int, Proposal] = field(default_factory=dict)
+    waiting: dict[int, Proposal] = field(default_factory=dict)
+    ops_submitted: int = 0
+    ops_done: int = 0
+    after_persist: deque[tuple[int, list[Message]]] = field(default_factory=deque)
+    scheduled: bool = False
+    tick_handle: asyncio.TimerHandle | None = None
+    tick_due_ms: int = 0
+    expire_handle: asyncio.TimerHandle | None = None
+    expire_due_ms: int = 0
+    expire_inflight: bool = False
+    available_seq: int = 0
+    available_waiters: list[asyncio.Future[None]] = field(default_factory=list)
+    seen: tuple[int, str | None, int] = (-1, None, -1)
+    """(role, leader, term) last seen: a change wakes ``leader_waiters``."""
+    leader_waiters: list[asyncio.Future[None]] = field(default_factory=list)
+    inflight_publish_bytes: int = 0
+    checkpoint: CheckpointInfo = field(default_factory=CheckpointInfo)
+    installed_live: dict[int, Entry] = field(default_factory=dict)
+    """Live entries received with an installed snapshot (storage keeps none, issue 6)."""
+    samples: deque[tuple[int, int, int, int]] = field(default_factory=lambda: deque(maxlen=16))
+    """(ms, published, delivered, acked) about once a second, for the rates."""
+    disk_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Serialises checkpoint writes, cursor releases and compactions of this queue."""
+
+    @property
+    def uid(self) -> str:
+        return self.meta.uid
+
+    @property
+    def name(self) -> str:
+        return self.meta.name
+
+    def is_leader(self) -> bool:
+        return self.raft.role is Role.LEADER
+
+    def sample(self, now_ms: int) -> None:
+        if self.samples and now_ms - self.samples[-1][0] < RATE_SAMPLE_MS:
+            return
+        s = self.machine.stats()
+        self.samples.append((now_ms, s.published, s.delivered, s.acked))
+
+    def rates(self, now_ms: int) -> tuple[float, float, float]:
+        """Messages per second published, delivered and acked over the last seconds."""
+        s = self.machine.stats()
+        current = (now_ms, s.published, s.delivered, s.acked)
+        old = next((x for x in self.samples if now_ms - x[0] <= RATE_WINDOW_MS), None)
+        if old is None or now_ms - old[0] < RATE_SAMPLE_MS // 2:
+            return 0.0, 0.0, 0.0
+        dt = (now_ms - old[0]) / 1000
+        rate = [round((current[k] - old[k]) / dt, 3) for k in (1, 2, 3)]
+        return rate[0], rate[1], rate[2]
+
+
+def node_of(server: str) -> str:
+    """The node name of a Raft member id ``"<node>/<uid>"``."""
+    return server.partition("/")[0]
+
+
+def server_id(node: str, uid: str) -> ServerId:
+    return ServerId(f"{node}/{uid}")
+
+
+__all__ = ["CheckpointInfo", "Proposal", "Replica", "node_of", "server_id"]

@@ -1,0 +1,135 @@
+"""How the nodes of a cluster reach each other: Raft messages one way, requests with replies.
+
+Rule: a node talks to its peers only through a ``Transport``. Two kinds of traffic:
+
+* ``send(dst, uid, message)``: one Raft message of the group ``uid``, fire and forget.
+  Raft tolerates loss, delay, reordering and repetition, so the transport promises none
+  of these away.
+* ``call(dst, method, args)``: a request to the node ``dst`` (create a replica, a client
+  operation forwarded to the queue's leader) that returns the peer's answer or raises
+  its operating error (``engine.errors``).
+
+Every value crossing a transport is a frozen dataclass of ``engine.raft.messages`` or
+``engine.runtime.api``, or plain ints, strings, bytes, lists and dicts: what a TCP
+transport with msgpack frames (a later issue) encodes. ``InMemoryNetwork`` joins several
+``Node`` objects of one process and one event loop; it delivers each message on a later
+turn of the loop (never re-entrantly) and can cut a node off to simulate a crash or a
+partition.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Protocol
+
+from engine.errors import NoLeader
+from engine.ids import NodeName
+from engine.raft.messages import Message
+
+
+class Peer(Protocol):
+    """What a transport delivers to: the receiving side of a ``Node``."""
+
+    def on_raft_message(self, uid: str, message: Message) -> None: ...
+
+    async def on_call(self, method: str, args: tuple[object, ...]) -> object: ...
+
+
+class Transport(Protocol):
+    def nodes(self) -> list[NodeName]:
+        """Every node of the cluster, this one included, sorted."""
+        ...
+
+    def attach(self, name: NodeName, peer: Peer) -> None:
+        """Start receiving for ``name`` (at ``Node.start``)."""
+        ...
+
+    def detach(self, name: NodeName) -> None:
+        """Stop receiving (at ``Node.stop``, or a simulated crash)."""
+        ...
+
+    def send(self, dst: NodeName, uid: str, message: Message) -> None: ...
+
+    async def call(self, dst: NodeName, method: str, args: tuple[object, ...]) -> object: ...
+
+
+class InMemoryNetwork:
+    """Nodes of one process joined on one event loop. ``transport(name)`` for each node."""
+
+    def __init__(self, names: list[str]) -> None:
+        assert names and len(set(names)) == len(names)
+        self.names = sorted(NodeName(n) for n in names)
+        self._peers: dict[NodeName, Peer] = {}
+        self._cut: set[NodeName] = set()
+        self.messages_sent = 0
+
+    def transport(self, name: str) -> InMemoryTransport:
+        assert name in self.names, name
+        return InMemoryTransport(self, NodeName(name))
+
+    def isolate(self, name: str) -> None:
+        """Drop every message to and from ``name`` (a partition), until ``heal``."""
+        self._cut.add(NodeName(name))
+
+    def heal(self, name: str) -> None:
+        self._cut.discard(NodeName(name))
+
+    def _reachable(self, src: NodeName, dst: NodeName) -> Peer | None:
+        if src in self._cut or dst in self._cut:
+            return None
+        return self._peers.get(dst)
+
+
+class InMemoryTransport:
+    def __init__(self, network: InMemoryNetwork, name: NodeName) -> None:
+        self._network = network
+        self._name = name
+
+    def nodes(self) -> list[NodeName]:
+        return list(self._network.names)
+
+    def attach(self, name: NodeName, peer: Peer) -> None:
+        assert name == self._name
+        self._network._peers[name] = peer
+
+    def detach(self, name: NodeName) -> None:
+        self._network._peers.pop(name, None)
+
+    def send(self, dst: NodeName, uid: str, message: Message) -> None:
+        peer = self._network._reachable(self._name, dst)
+        if peer is None:
+            return
+        self._network.messages_sent += 1
+        asyncio.get_running_loop().call_soon(peer.on_raft_message, uid, message)
+
+    async def call(self, dst: NodeName, method: str, args: tuple[object, ...]) -> object:
+        peer = self._network._reachable(self._name, dst)
+        if peer is None:
+            raise NoLeader(f"node {dst} is unreachable")
+        await asyncio.sleep(0)
+        return await peer.on_call(method, args)
+
+
+class LocalTransport:
+    """The transport of a node alone: no peers."""
+
+    def __init__(self, name: str) -> None:
+        self._name = NodeName(name)
+
+    def nodes(self) -> list[NodeName]:
+        return [self._name]
+
+    def attach(self, name: NodeName, peer: Peer) -> None:
+        pass
+
+    def detach(self, name: NodeName) -> None:
+        pass
+
+    def send(self, dst: NodeName, uid: str, message: Message) -> None:
+        raise AssertionError(f"a single node sends no Raft message (to {dst})")
+
+    async def call(self, dst: NodeName, method: str, args: tuple[object, ...]) -> object:
+        raise NoLeader(f"node {dst} is not part of this cluster")
+
+
+__all__ = ["InMemoryNetwork", "InMemoryTransport", "LocalTransport", "Peer", "Transport"]

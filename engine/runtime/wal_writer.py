@@ -1,0 +1,55 @@
+"""The WAL writer thread of a node: group commit off the event loop.
+
+Rule: the loop submits operations through ``NodeStorage`` (which queues them in the
+shared ``Wal``) and then calls ``wake``; this thread takes everything pending in one
+``Wal.write_batch`` (one write, one fdatasync) and hands the batch back with
+``on_batch``, which the node forwards to its loop. While a sync runs, more operations
+gather, so batches grow with load by themselves.
+
+``stop`` writes what is pending and returns; ``stop(abandon=True)`` drops it, as a crash
+would (the in-process failover tests use it).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from engine.storage import Wal, WalBatch
+
+
+class WalWriter:
+    def __init__(self, wal: Wal, on_batch: Callable[[WalBatch], None]) -> None:
+        self._wal = wal
+        self._on_batch = on_batch
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._abandon = False
+        self._thread = threading.Thread(target=self._run, name="quorra-wal", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def wake(self) -> None:
+        with self._cond:
+            self._cond.notify()
+
+    def stop(self, *, abandon: bool = False) -> None:
+        with self._cond:
+            self._stopping = True
+            self._abandon = abandon
+            self._cond.notify()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._wal.pending() and not self._stopping:
+                    self._cond.wait()
+                if self._stopping and (self._abandon or not self._wal.pending()):
+                    return
+            self._on_batch(self._wal.write_batch())
+
+
+__all__ = ["WalWriter"]
