@@ -59,6 +59,9 @@ class MemTable:
             return self._entries[index - self.lo]
         return None
 
+    def slice(self, lo: int, hi: int) -> list[Entry]:
+        return self._entries[lo - self.lo : hi - self.lo]
+
     def flushable(self, wal_seq: int) -> list[Entry]:
         """The leading entries written to WAL files up to ``wal_seq``."""
         n = bisect.bisect_right(self._wal_seqs, wal_seq)
@@ -92,6 +95,8 @@ class ServerLog:
         self._cache = cache
         self.mem = MemTable()
         self._segments: list[_Segment] = []
+        self._los: list[int] = []
+        """``info.lo`` of each segment, for bisection."""
         self._snapshot_index = 0
         self._snapshot_term = 0
         self._last = 0
@@ -128,15 +133,31 @@ class ServerLog:
     def entries(self, lo: int, hi: int, max_bytes: int) -> list[Entry]:
         if lo < self.first_index():
             raise LookupError(f"entry {lo} is before the first index {self.first_index()}")
+        end = min(hi, self._last + 1)
         out: list[Entry] = []
         size = 0
-        for index in range(lo, min(hi, self._last + 1)):
-            entry = self.read(index)
-            size += len(entry.data)
-            if out and size > max_bytes:
-                break
-            out.append(entry)
+        index = lo
+        while index < end:
+            run = self._run(index, end, max_bytes - size)
+            if not run:
+                raise LookupError(f"entry {index} of {self.uid} is not stored")
+            for entry in run:
+                size += len(entry.data)
+                if out and size > max_bytes:
+                    return out
+                out.append(entry)
+            index = out[-1].index + 1
         return out
+
+    def _run(self, index: int, end: int, max_bytes: int) -> list[Entry]:
+        """Stored entries from ``index`` on, from one place (mem table or one segment)."""
+        if len(self.mem) and index >= self.mem.lo:
+            return self.mem.slice(index, end)
+        seg = self._segment_for(index)
+        if seg is None:
+            return []
+        stop = min(end, seg.hi + 1, self.mem.lo if len(self.mem) else end)
+        return self._cache.get(seg.info).read_run(index, stop, max(max_bytes, 1))
 
     # -- payload reads ------------------------------------------------------------------------
 
@@ -155,7 +176,7 @@ class ServerLog:
         raise LookupError(f"entry {index} of {self.uid} is not stored")
 
     def _segment_for(self, index: int) -> _Segment | None:
-        k = bisect.bisect_right([s.info.lo for s in self._segments], index) - 1
+        k = bisect.bisect_right(self._los, index) - 1
         if k >= 0 and index <= self._segments[k].hi:
             return self._segments[k]
         return None
@@ -176,6 +197,7 @@ class ServerLog:
         """The log restarts after a snapshot at ``index`` (installed from the leader)."""
         self.mem.clear()
         self._segments.clear()
+        self._los.clear()
         self._snapshot_index, self._snapshot_term = index, term
         self._last = index
 
@@ -193,6 +215,7 @@ class ServerLog:
             self._segments = kept
         self._segments.append(_Segment(info, info.hi))
         self._segments.sort(key=lambda s: s.info.lo)
+        self._los = [s.info.lo for s in self._segments]
         self.next_segment_seq = max(self.next_segment_seq, info.seq + 1)
         if not len(self.mem):
             self._last = max(self._snapshot_index, self._segments[-1].hi)
@@ -210,6 +233,7 @@ class ServerLog:
             if s.hi <= index and live.range_cardinality(s.info.lo, s.hi + 1) == 0
         ]
         self._segments = [s for s in self._segments if s not in dead]
+        self._los = [s.info.lo for s in self._segments]
         return [s.info.path for s in dead]
 
     def segment_infos(self) -> list[tuple[SegmentInfo, int]]:
