@@ -562,9 +562,10 @@ class RaftServer:
         if not msg.success:
             self._on_append_rejected(msg, pr)
             return
-        if pr.maybe_update(msg.match_index, self.now_ms):
-            if pr.state is ProgressState.PROBE:
-                pr.become_replicate()
+        updated = pr.maybe_update(msg.match_index, self.now_ms)
+        if pr.state is ProgressState.PROBE:
+            pr.become_replicate()
+        if updated:
             if self._is_voter(msg.src):
                 self._maybe_commit()
             self._maybe_promote(msg.src, pr)

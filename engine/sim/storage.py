@@ -149,7 +149,7 @@ class MemStorage:
 
     def crash(self, rng: random.Random, tear: bool) -> None:
         if tear and self.pending:
-            hs, snap, entries = self.pending[0]
+            _hs, snap, entries = self.pending[0]
             if snap is None and entries:
                 keep = rng.randint(1, len(entries))
                 self._apply(self.durable, None, None, entries[:keep])

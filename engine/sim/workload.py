@@ -36,6 +36,12 @@ class Workload(Protocol):
 
     def on_read(self, world: World, node: SimNode, read: ReadReady) -> None: ...
 
+    def on_applied(self, world: World, node: SimNode, entry: Entry, reply: object) -> None:
+        """Every committed entry a server applies, with the machine's reply."""
+        ...
+
+    def on_crash(self, world: World, node: SimNode) -> None: ...
+
     def finish(self, world: World) -> list[str]:
         """Violations found in the whole history, checked at the end of the run."""
         ...
@@ -59,16 +65,17 @@ class KvWorkload(Observer):
     server crashed) is recorded as such; a definite rejection is retried elsewhere."""
 
     def __init__(
-        self, rng: random.Random, clients: int = 4, keys: int = 3, timeout_ms: int = 800
+        self, rng: random.Random, clients: int = 4, keys: int = 3, timeout_ms: int | None = None
     ) -> None:
         self.rng = rng
         self.clients = clients
         self.keys = [f"k{n}" for n in range(keys)]
-        self.timeout_ms = timeout_ms
+        self.timeout_ms = timeout_ms or rng.choice([100, 250, 800])
         self.history: dict[str, list[RegisterOp]] = {k: [] for k in self.keys}
         self.inflight: dict[int, _Pending] = {}
         """By request id."""
-        self.leader_hint: ServerId | None = None
+        self.leader_hint: dict[int, ServerId | None] = dict.fromkeys(range(clients))
+        """Each client's idea of the leader (clients disagree, as real ones do)."""
         self.next_request = 0
         self.next_value = 0
         self.completed = 0
@@ -101,7 +108,7 @@ class KvWorkload(Observer):
         self.next_request += 1
         pending.request_id = self.next_request
         self.inflight[pending.request_id] = pending
-        server = self.leader_hint or self.rng.choice(world.server_ids())
+        server = self.leader_hint[pending.client] or self.rng.choice(world.server_ids())
         pending.server = server
         rid = pending.request_id
         world.schedule(pending.deadline_ms - world.now_ms, lambda: self._timeout(world, rid))
@@ -114,7 +121,7 @@ class KvWorkload(Observer):
     def _timeout(self, world: World, request_id: int) -> None:
         pending = self.inflight.pop(request_id, None)
         if pending is not None:
-            self.leader_hint = None
+            self.leader_hint[pending.client] = None
             self._give_up(world, pending)
 
     def _give_up(self, world: World, pending: _Pending) -> None:
@@ -141,7 +148,8 @@ class KvWorkload(Observer):
         pending = self.inflight.pop(rejected.request_id, None)
         if pending is None:
             return
-        self.leader_hint = rejected.leader if rejected.leader != node.id else None
+        hint = rejected.leader if rejected.leader != node.id else None
+        self.leader_hint[pending.client] = hint
         if pending.op.kind == "put" and rejected.reason == "lost_leadership":
             return self._give_up(world, pending)
         retry_ms = self.rng.randint(5, 40)
@@ -154,7 +162,7 @@ class KvWorkload(Observer):
             if pending.server == node.id and pending.index == entry.index:
                 del self.inflight[rid]
                 if pending.term == entry.term:
-                    self.leader_hint = node.id
+                    self.leader_hint[pending.client] = node.id
                     self._done(world, pending)
                 else:
                     self._give_up(world, pending)
@@ -166,7 +174,7 @@ class KvWorkload(Observer):
         machine = node.machine
         assert isinstance(machine, KvMachine)
         pending.op.value = machine.get(pending.key, lambda i: node.storage.entry(i).data)
-        self.leader_hint = node.id
+        self.leader_hint[pending.client] = node.id
         self._done(world, pending)
 
     def on_crash(self, world: World, node: SimNode) -> None:

@@ -271,6 +271,7 @@ class World:
                 reply, _effects = node.machine.apply(meta, entry.data)
             for obs in self.observers:
                 obs.on_applied(self, node, entry, reply)
+            self.workload.on_applied(self, node, entry, reply)
 
     def _sync(self, node: SimNode, epoch: int) -> None:
         if not node.alive or node.epoch != epoch:
@@ -323,9 +324,9 @@ class World:
         node.epoch += 1
         node.storage.crash(self.rng, tear)
         self.log(f"crash {sid}{' (torn write)' if tear else ''}")
-        for obs in [*self.observers, self.workload]:
-            if isinstance(obs, Observer):
-                obs.on_crash(self, node)
+        for obs in self.observers:
+            obs.on_crash(self, node)
+        self.workload.on_crash(self, node)
 
     def restart(self, sid: ServerId) -> None:
         old = self.nodes[sid]
@@ -362,6 +363,12 @@ class World:
         ids = list(self.ids)
         self.rng.shuffle(ids)
         cut = self.rng.randint(1, len(ids) - 1) if len(ids) > 1 else 1
+        leader = self._leader()
+        if leader is not None and self.rng.randrange(2):
+            # Cut the leader off alone: the classic way to get a deposed leader.
+            ids.remove(leader.id)
+            ids.insert(0, leader.id)
+            cut = 1
         groups = [sorted(ids[:cut]), sorted(ids[cut:])]
         self.network.partition(groups)
         self.log(f"partition {groups[0]} | {groups[1]}")
