@@ -28,6 +28,7 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app import queue_api
 from app.api import ops, tokens, users
 from app.auth import hash_password, random_password
 from app.db import repo
@@ -109,6 +110,7 @@ def _lifespan(
                 state.engine = "recovering"
                 node.set_record_listener(record_listener(db))
                 await node.start()
+                await queue_api.on_node_started(db, node)
                 state.node, state.engine = node, "recovered"
             try:
                 state.ready = True
@@ -227,6 +229,7 @@ def create_app(
     app.include_router(ops.api_router)
     app.include_router(users.router)
     app.include_router(tokens.router)
+    queue_api.install(app)
     app.include_router(ui_router)
     app.mount("/static", StaticFiles(directory=settings.static_dir, check_dir=False), name="static")
 

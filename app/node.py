@@ -35,8 +35,13 @@ log = logging.getLogger("quorra.app")
 
 
 def make_node(settings: Settings) -> QueueEngine | None:
-    """The engine node for this data directory; ``None`` until ``engine.runtime.Node``."""
-    return None
+    """The engine node for this data directory (construction only, no I/O)."""
+    try:
+        from engine.runtime.node import Node
+    except ImportError:  # a build without the runtime: auth and metadata only
+        log.warning("engine.runtime.node is not available: serving without queues")
+        return None
+    return Node(settings.data_dir, node_name=settings.node_name, limits=settings.limits)
 
 
 def store_record(db: Database, record: CheckpointRecord | CompactionRecord) -> bool:

@@ -44,7 +44,10 @@ def _router() -> APIRouter:
 
 
 def test_queue_seams(tmp_path: Path) -> None:
-    app = create_app(Settings(data_dir=tmp_path / "data", admin_password="admin-password"))
+    app = create_app(
+        Settings(data_dir=tmp_path / "data", admin_password="admin-password"),
+        node_factory=lambda _settings: None,  # no engine: NodeDep answers 503
+    )
     app.include_router(_router())
 
     async def run() -> None:

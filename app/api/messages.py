@@ -1,0 +1,272 @@
+"""``/api/v1/queues/{name}/messages``: publish, receive, ack, nack, extend and browse.
+
+Bodies are JSON or MessagePack both ways (app/negotiation.py). In JSON a message body
+is text: a client sends ``encoding: utf-8`` (default) or ``base64``; the server answers
+``utf-8`` when the bytes are valid UTF-8 and ``base64`` otherwise. In MessagePack a
+body is raw ``bin`` both ways and ``encoding`` is left out of answers.
+
+Stale receipts (ack, nack, extend): a receipt whose lease ended (its message was or
+will be handed out again) settles nothing. When at least one receipt of the request
+settled, the answer is 200 with ``settled`` and the ``stale`` receipts; when every
+receipt was stale it is 409 ``/problems/stale-receipt`` with the same two fields. A
+malformed receipt is 422 (schema) or 400 (well-formed text that is no receipt), and
+then nothing of the request is applied.
+
+A publish is all or nothing and answers 201 with one id per message only once the whole
+batch is durable on a quorum. Batches over ``batch_messages_max`` messages or
+``batch_bytes_max`` body bytes are 413 before the engine sees them; a message over the
+queue's ``max_message_bytes`` is 413 from the engine, and nothing of the batch is kept.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from datetime import UTC, datetime
+from typing import Any
+
+from fastapi import APIRouter, Query, Request, Response, status
+
+from app.api.deps import API_PREFIX, CanRead, CanWrite, NodeDep, QueueName
+from app.api.queue_schemas import (
+    BrowseOut,
+    ExtendIn,
+    MessageIn,
+    NackIn,
+    PublishedOut,
+    PublishIn,
+    ReceivedBatchOut,
+    ReceiveIn,
+    SettledOut,
+    SettleIn,
+)
+from app.api.queues import PROBLEMS
+from app.negotiation import (
+    MSGPACK_RESPONSE,
+    NegotiatedRoute,
+    openapi_msgpack,
+    respond,
+    wants_msgpack,
+)
+from app.problems import problem_response
+from engine.errors import InvalidRequest, MessageTooLarge
+from engine.limits import Limits
+from engine.runtime.api import OutgoingMessage, SettleResult
+
+router = APIRouter(
+    prefix=f"{API_PREFIX}/queues/{{name}}/messages", tags=["messages"], route_class=NegotiatedRoute
+)
+
+MESSAGE_PROBLEMS: dict[int | str, dict[str, Any]] = PROBLEMS | {
+    413: {
+        "description": "Message or batch too large.",
+        "content": {"application/problem+json": {}},
+    },
+    429: {
+        "description": "Queue full or back-pressure (Retry-After).",
+        "content": {"application/problem+json": {}},
+    },
+}
+
+
+def limits_of(request: Request) -> Limits:
+    limits: Limits = request.app.state.settings.limits
+    return limits
+
+
+# --- bodies in and out -------------------------------------------------------------
+
+
+def body_bytes(message: MessageIn, position: int) -> bytes:
+    if isinstance(message.body, bytes):
+        return message.body
+    if message.encoding == "base64":
+        try:
+            return base64.b64decode(message.body, validate=True)
+        except (binascii.Error, ValueError):
+            raise InvalidRequest(f"messages[{position}].body is not valid base64") from None
+    try:
+        return message.body.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidRequest(f"messages[{position}].body is not valid UTF-8 text") from None
+
+
+def _check_text(text: str, where: str) -> None:
+    """JSON may carry lone surrogates, which are no UTF-8: 400, before the engine."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidRequest(f"{where} is not valid UTF-8 text") from None
+
+
+def _check_strings(message: MessageIn, position: int) -> None:
+    for key, value in message.headers.items():
+        _check_text(key, f"messages[{position}].headers")
+        _check_text(value, f"messages[{position}].headers")
+    if message.dedup_id is not None:
+        _check_text(message.dedup_id, f"messages[{position}].dedup_id")
+
+
+def outgoing(batch: PublishIn, limits: Limits) -> list[OutgoingMessage]:
+    """The engine's messages; 413 for a batch over the request limits."""
+    if len(batch.messages) > limits.batch_messages_max:
+        raise MessageTooLarge(
+            f"{len(batch.messages)} messages in one batch; at most {limits.batch_messages_max}"
+        )
+    out: list[OutgoingMessage] = []
+    total = 0
+    for position, m in enumerate(batch.messages):
+        body = body_bytes(m, position)
+        _check_strings(m, position)
+        total += len(body)
+        out.append(OutgoingMessage(body, m.headers, m.priority, m.ttl_ms, m.delay_ms, m.dedup_id))
+    if total > limits.batch_bytes_max:
+        raise MessageTooLarge(f"{total} body bytes in one batch; at most {limits.batch_bytes_max}")
+    return out
+
+
+def _iso(epoch_ms: int) -> str:
+    return (
+        datetime.fromtimestamp(epoch_ms / 1000, tz=UTC)
+        .isoformat(timespec="milliseconds")
+        .replace("+00:00", "Z")
+    )
+
+
+def _put_body(item: dict[str, Any], body: bytes, binary: bool) -> None:
+    if binary:
+        item["body"] = body
+        return
+    try:
+        item["body"], item["encoding"] = body.decode("utf-8"), "utf-8"
+    except UnicodeDecodeError:
+        item["body"], item["encoding"] = base64.b64encode(body).decode("ascii"), "base64"
+
+
+def _settled(result: SettleResult, receipts: list[str]) -> Response | dict[str, Any]:
+    stale = [receipts[i] for i in result.stale]
+    if stale and result.settled == 0 and len(stale) == len(receipts):
+        return problem_response(
+            409,
+            "/problems/stale-receipt",
+            "Stale receipt",
+            "every receipt's lease had ended; receive the messages again",
+            extra={"settled": 0, "stale": stale},
+        )
+    return {"settled": result.settled, "stale": stale}
+
+
+# --- endpoints -------------------------------------------------------------------
+
+
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    response_model=PublishedOut,
+    responses={201: MSGPACK_RESPONSE} | MESSAGE_PROBLEMS,
+    openapi_extra=openapi_msgpack(PublishIn),
+)
+async def publish(
+    name: QueueName, body: PublishIn, request: Request, _who: CanWrite, node: NodeDep
+) -> Response:
+    """Publish a batch, all or nothing; 201 once it is durable on a quorum."""
+    ids = await node.publish(name, outgoing(body, limits_of(request)))
+    return respond(request, {"ids": ids}, status.HTTP_201_CREATED)
+
+
+@router.post(
+    "/receive",
+    response_model=ReceivedBatchOut,
+    responses={200: MSGPACK_RESPONSE} | MESSAGE_PROBLEMS,
+    openapi_extra=openapi_msgpack(ReceiveIn),
+)
+async def receive(
+    name: QueueName, body: ReceiveIn, request: Request, who: CanRead, node: NodeDep
+) -> Response:
+    """Lease up to ``max_messages``; waits up to ``wait_ms`` for the first to arrive."""
+    consumer = body.consumer or who.token_id or who.name
+    _check_text(consumer, "consumer")
+    received = await node.receive(
+        name,
+        consumer=consumer,
+        max_messages=body.max_messages,
+        wait_ms=body.wait_ms,
+        lease_ms=body.lease_ms,
+    )
+    binary = wants_msgpack(request)
+    out = []
+    for m in received:
+        item: dict[str, Any] = {"id": m.id, "receipt": m.receipt}
+        _put_body(item, m.body, binary)
+        item |= {
+            "headers": m.headers,
+            "priority": m.priority,
+            "delivery_count": m.delivery_count,
+            "published_at": _iso(m.published_at_ms),
+            "lease_expires_at": _iso(m.lease_expires_at_ms),
+        }
+        out.append(item)
+    return respond(request, {"messages": out})
+
+
+@router.post(
+    "/ack",
+    response_model=SettledOut,
+    responses={409: {"description": "Every receipt was stale."}} | MESSAGE_PROBLEMS,
+    openapi_extra=openapi_msgpack(SettleIn),
+)
+async def ack(name: QueueName, body: SettleIn, _who: CanRead, node: NodeDep) -> Any:
+    """Settle messages: they leave the queue."""
+    result = await node.ack(name, body.receipts)
+    return _settled(result, body.receipts)
+
+
+@router.post(
+    "/nack",
+    response_model=SettledOut,
+    responses={409: {"description": "Every receipt was stale."}} | MESSAGE_PROBLEMS,
+    openapi_extra=openapi_msgpack(NackIn),
+)
+async def nack(name: QueueName, body: NackIn, _who: CanRead, node: NodeDep) -> Any:
+    """Give messages back (``requeue``), or dead-letter them (``requeue: false``)."""
+    result = await node.nack(name, body.receipts, requeue=body.requeue)
+    return _settled(result, body.receipts)
+
+
+@router.post(
+    "/extend",
+    response_model=SettledOut,
+    responses={409: {"description": "Every receipt was stale."}} | MESSAGE_PROBLEMS,
+    openapi_extra=openapi_msgpack(ExtendIn),
+)
+async def extend(name: QueueName, body: ExtendIn, _who: CanRead, node: NodeDep) -> Any:
+    """Extend leases to ``lease_ms`` from now."""
+    result = await node.extend(name, body.receipts, body.lease_ms)
+    return _settled(result, body.receipts)
+
+
+@router.get("", response_model=BrowseOut, responses={200: MSGPACK_RESPONSE} | MESSAGE_PROBLEMS)
+async def browse(
+    name: QueueName,
+    request: Request,
+    _who: CanRead,
+    node: NodeDep,
+    limit: int = Query(default=100, ge=1, le=1000),
+    after: int | None = Query(default=None, ge=0, le=(1 << 62), description="A `cursor`."),
+) -> Response:
+    """Look at messages in queue order without leasing them."""
+    browsed = await node.browse(name, after=after, limit=limit)
+    binary = wants_msgpack(request)
+    out = []
+    for m in browsed:
+        item: dict[str, Any] = {"id": m.id, "cursor": m.cursor}
+        _put_body(item, m.body, binary)
+        item |= {
+            "headers": m.headers,
+            "priority": m.priority,
+            "delivery_count": m.delivery_count,
+            "published_at": _iso(m.published_at_ms),
+        }
+        out.append(item)
+    next_after = browsed[-1].cursor if len(browsed) == limit else None
+    return respond(request, {"messages": out, "next_after": next_after})

@@ -1,0 +1,220 @@
+"""Snapshots (checkpoints), compaction, segments, the cluster, members and leadership.
+
+History (``GET .../snapshots``, ``GET .../compactions``) comes from SQLite, where manual
+runs are stored by these endpoints and automatic ones by the node's record listener;
+current state (segments, the log now, the cluster) comes from the engine.
+
+Membership and leadership transfer: the node API (engine/runtime/api.py) has no calls
+for them yet. On a single-node cluster there is no other node to add, remove or hand
+leadership to, so those endpoints answer 409 ``/problems/single-node-cluster``; on a
+multi-node cluster they answer 501 ``/problems/not-implemented`` rather than pretend.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Path, Request, Response, status
+
+from app import queue_admin
+from app.api.deps import (
+    API_PREFIX,
+    CanConfigure,
+    NodeDep,
+    PrincipalDep,
+    QueueName,
+    SessionDep,
+)
+from app.api.queue_schemas import (
+    CompactionIn,
+    CompactionOut,
+    CompactionsOut,
+    LeaderIn,
+    MemberIn,
+    SegmentOut,
+    SnapshotOut,
+)
+from app.api.queues import PROBLEMS, CanSee, actor, info_of
+from app.db import repo
+from app.db.models import CompactionEntry, SnapshotEntry
+from app.negotiation import NegotiatedRoute
+from app.problems import AppProblem
+from engine.runtime.api import CheckpointRecord, CompactionRecord, QueueEngine
+
+router = APIRouter(
+    prefix=API_PREFIX, tags=["snapshots and compaction"], route_class=NegotiatedRoute
+)
+cluster_router = APIRouter(prefix=API_PREFIX, tags=["cluster"], route_class=NegotiatedRoute)
+
+
+class SingleNodeCluster(AppProblem):
+    status, problem, title = 409, "single-node-cluster", "Single-node cluster"
+
+
+class NotImplementedYet(AppProblem):
+    status, problem, title = 501, "not-implemented", "Not implemented"
+
+
+def snapshot_out(row: SnapshotEntry | CheckpointRecord) -> SnapshotOut:
+    facts = repo.snapshot_facts(row) if isinstance(row, CheckpointRecord) else row
+    return SnapshotOut(
+        index=facts.raft_index,
+        term=facts.term,
+        taken_at=facts.taken_at,
+        bytes=facts.bytes,
+        live_entries=facts.live_entries,
+        trigger="auto" if facts.trigger == "auto" else "manual",
+        duration_ms=facts.duration_ms,
+    )
+
+
+def compaction_out(row: CompactionEntry | CompactionRecord) -> CompactionOut:
+    facts = repo.compaction_facts(row) if isinstance(row, CompactionRecord) else row
+    return CompactionOut(
+        phase=facts.phase,
+        trigger="auto" if facts.trigger == "auto" else "manual",
+        started_at=facts.started_at,
+        duration_ms=facts.duration_ms,
+        segments_before=facts.segments_before,
+        segments_after=facts.segments_after,
+        bytes_before=facts.bytes_before,
+        bytes_after=facts.bytes_after,
+        live_entries=facts.live_entries,
+        dead_entries_before=facts.dead_entries_before,
+        dead_entries_after=facts.dead_entries_after,
+    )
+
+
+def _uid(session: SessionDep, node: QueueEngine, name: str) -> str:
+    info = info_of(node, name)  # 404 when the engine has no such queue
+    row = repo.get_queue(session, name)
+    return row.uid if row is not None else info.uid
+
+
+# --- snapshots ---------------------------------------------------------------------
+
+
+@router.post(
+    "/queues/{name}/snapshots",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=SnapshotOut,
+    responses=PROBLEMS,
+)
+async def take_snapshot(
+    name: QueueName, request: Request, session: SessionDep, who: CanConfigure, node: NodeDep
+) -> SnapshotOut:
+    """Take a checkpoint now (the log is not truncated; compaction reclaims dead entries)."""
+    record = await queue_admin.take_checkpoint(node, session, actor(request, who), name)
+    return snapshot_out(record)
+
+
+@router.get("/queues/{name}/snapshots", response_model=list[SnapshotOut], responses=PROBLEMS)
+def list_snapshots(
+    name: QueueName, session: SessionDep, _who: CanSee, node: NodeDep
+) -> list[SnapshotOut]:
+    """Checkpoint history, newest first."""
+    return [snapshot_out(r) for r in repo.list_snapshots(session, _uid(session, node, name))]
+
+
+# --- compaction --------------------------------------------------------------------
+
+
+@router.post(
+    "/queues/{name}/compactions",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=CompactionOut,
+    responses=PROBLEMS,
+)
+async def compact(
+    name: QueueName,
+    request: Request,
+    session: SessionDep,
+    who: CanConfigure,
+    node: NodeDep,
+    body: Annotated[CompactionIn | None, Body()] = None,
+) -> CompactionOut:
+    """Run compaction now: ``auto`` (phases until dead entries are few enough) or 1, 2, 3."""
+    phase = (body or CompactionIn()).phase
+    record = await queue_admin.run_compaction(node, session, actor(request, who), name, phase)
+    return compaction_out(record)
+
+
+@router.get("/queues/{name}/compactions", response_model=CompactionsOut, responses=PROBLEMS)
+def list_compactions(
+    name: QueueName, session: SessionDep, _who: CanSee, node: NodeDep
+) -> CompactionsOut:
+    """The log now and the compaction runs, newest first."""
+    uid = _uid(session, node, name)
+    log = node.stats(name).get("log", {})
+    return CompactionsOut(
+        current=dict(log) if isinstance(log, dict) else {},
+        history=[compaction_out(r) for r in repo.list_compactions(session, uid)],
+    )
+
+
+@router.get("/queues/{name}/segments", response_model=list[SegmentOut], responses=PROBLEMS)
+def list_segments(name: QueueName, _who: CanSee, node: NodeDep) -> list[SegmentOut]:
+    """Each segment file of the queue's log: index range, bytes, live and dead entries."""
+    info_of(node, name)
+    return [SegmentOut.model_validate(s, from_attributes=True) for s in node.segments(name)]
+
+
+# --- cluster -----------------------------------------------------------------------
+
+
+@cluster_router.get("/cluster", responses=PROBLEMS)
+def cluster(_who: PrincipalDep, node: NodeDep) -> dict[str, Any]:
+    """Nodes, their health, and the queues each leads."""
+    return node.cluster()
+
+
+def _membership_unavailable(node: QueueEngine, name: str) -> AppProblem:
+    info_of(node, name)
+    nodes = node.cluster().get("nodes", [])
+    if not isinstance(nodes, list | dict) or len(nodes) <= 1:
+        return SingleNodeCluster(
+            "this cluster has one node: there is no other node to add, remove or lead"
+        )
+    return NotImplementedYet("membership changes are not available in this version")
+
+
+MEMBER_PROBLEMS = PROBLEMS | {
+    409: {"description": "Single-node cluster.", "content": {"application/problem+json": {}}},
+    501: {"description": "Not available yet.", "content": {"application/problem+json": {}}},
+}
+
+
+@cluster_router.post(
+    "/queues/{name}/members", status_code=status.HTTP_202_ACCEPTED, responses=MEMBER_PROBLEMS
+)
+def add_member(name: QueueName, body: MemberIn, _who: CanConfigure, node: NodeDep) -> Response:
+    """Add a replica on ``node`` (one change at a time)."""
+    raise _membership_unavailable(node, name)
+
+
+@cluster_router.delete(
+    "/queues/{name}/members/{node_name}",
+    status_code=status.HTTP_202_ACCEPTED,
+    responses=MEMBER_PROBLEMS,
+)
+def remove_member(
+    name: QueueName,
+    node_name: Annotated[str, Path(min_length=1, max_length=200)],
+    _who: CanConfigure,
+    node: NodeDep,
+) -> Response:
+    """Remove the replica on ``node_name`` (one change at a time)."""
+    raise _membership_unavailable(node, name)
+
+
+@cluster_router.post(
+    "/queues/{name}/leader", status_code=status.HTTP_202_ACCEPTED, responses=MEMBER_PROBLEMS
+)
+def transfer_leader(
+    name: QueueName,
+    _who: CanConfigure,
+    node: NodeDep,
+    body: Annotated[LeaderIn | None, Body()] = None,
+) -> Response:
+    """Hand the queue's leadership to ``node`` (or any up-to-date member)."""
+    raise _membership_unavailable(node, name)

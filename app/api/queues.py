@@ -1,0 +1,157 @@
+"""``/api/v1/queues``: create, list, show, change policies, delete and purge queues.
+
+``PUT`` answers 201 when it created the queue, 200 when the same queue existed, 409 when
+it exists with other arguments. Listing shows the queues the caller holds any
+permission on. Every change goes through ``app.queue_admin`` (engine first, then the
+SQLite mirror and the audit log, in the request's transaction).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Depends, Request, Response, status
+
+from app import queue_admin
+from app.api.deps import (
+    API_PREFIX,
+    CanConfigure,
+    NodeDep,
+    PrincipalDep,
+    QueueName,
+    SessionDep,
+    client_addr,
+)
+from app.api.queue_schemas import PurgedOut, QueueArgsIn, QueueArgsOut, QueueOut, QueuePatch
+from app.auth import PERMISSIONS, Principal, require
+from app.negotiation import NegotiatedRoute
+from app.problems import Forbidden
+from engine.errors import QueueNotFound, ValidationFailed
+from engine.runtime.api import QueueArgs, QueueEngine, QueueInfo
+
+router = APIRouter(prefix=f"{API_PREFIX}/queues", tags=["queues"], route_class=NegotiatedRoute)
+
+PROBLEMS: dict[int | str, dict[str, Any]] = {
+    code: {"description": text, "content": {"application/problem+json": {}}}
+    for code, text in (
+        (400, "Malformed body."),
+        (401, "No or bad token."),
+        (403, "Not permitted."),
+        (404, "No such queue."),
+        (409, "Conflicting definition."),
+        (422, "Validation failed."),
+        (503, "No leader yet (Retry-After)."),
+    )
+}
+
+
+def can_see(name: QueueName, who: PrincipalDep) -> Principal:
+    """Any of configure, write or read on the queue lets a user see it."""
+    if not any(who.can(p, name) for p in PERMISSIONS):
+        raise Forbidden(f"user {who.name!r} has no permission on {name!r}")
+    return who
+
+
+CanSee = Annotated[Principal, Depends(can_see)]
+
+
+def actor(request: Request, who: Principal) -> queue_admin.Actor:
+    return queue_admin.Actor(who.name, "api", client_addr(request))
+
+
+def info_of(node: QueueEngine, name: str) -> QueueInfo:
+    for info in node.queues():
+        if info.name == name:
+            return info
+    raise QueueNotFound(f"no queue {name!r}")
+
+
+def queue_out(node: QueueEngine, info: QueueInfo) -> QueueOut:
+    return QueueOut(
+        name=info.name,
+        arguments=QueueArgsOut.model_validate(queue_admin.args_dict(info.args)),
+        created_at=datetime.fromtimestamp(info.created_at_ms / 1000, tz=UTC),
+        stats=node.stats(info.name),
+    )
+
+
+def _check_target(who: Principal, name: str, target: str | None) -> None:
+    """A dead-letter target receives messages from ``name``: it needs ``write`` on it."""
+    if target is None:
+        return
+    if target == name:
+        raise ValidationFailed("a queue cannot be its own dead_letter_queue")
+    require(who, "write", target)
+
+
+@router.get("", response_model=list[QueueOut], responses=PROBLEMS)
+def list_queues(who: PrincipalDep, node: NodeDep) -> list[QueueOut]:
+    """The queues the caller holds any permission on, by name, with their stats."""
+    infos = sorted(node.queues(), key=lambda q: q.name)
+    visible = [q for q in infos if any(who.can(p, q.name) for p in PERMISSIONS)]
+    return [queue_out(node, q) for q in visible]
+
+
+@router.put(
+    "/{name}",
+    response_model=QueueOut,
+    status_code=status.HTTP_201_CREATED,
+    responses={200: {"model": QueueOut, "description": "Existed with these arguments."}} | PROBLEMS,
+)
+async def put_queue(
+    name: QueueName,
+    request: Request,
+    response: Response,
+    session: SessionDep,
+    who: CanConfigure,
+    node: NodeDep,
+    body: Annotated[QueueArgsIn | None, Body()] = None,
+) -> QueueOut:
+    args_in = body or QueueArgsIn()
+    _check_target(who, name, args_in.dead_letter_queue)
+    args = QueueArgs(**args_in.model_dump())
+    info, created = await queue_admin.create_queue(node, session, actor(request, who), name, args)
+    response.status_code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
+    return queue_out(node, info)
+
+
+@router.get("/{name}", response_model=QueueOut, responses=PROBLEMS)
+def get_queue(name: QueueName, _who: CanSee, node: NodeDep) -> QueueOut:
+    return queue_out(node, info_of(node, name))
+
+
+@router.patch("/{name}", response_model=QueueOut, responses=PROBLEMS)
+async def patch_queue(
+    name: QueueName,
+    body: QueuePatch,
+    request: Request,
+    session: SessionDep,
+    who: CanConfigure,
+    node: NodeDep,
+) -> QueueOut:
+    changes = body.changes()
+    if not changes:
+        raise ValidationFailed("send at least one policy to change")
+    if "dead_letter_queue" in changes:
+        _check_target(who, name, body.dead_letter_queue)
+    info = await queue_admin.update_policy(node, session, actor(request, who), name, changes)
+    return queue_out(node, info)
+
+
+@router.delete("/{name}", status_code=status.HTTP_204_NO_CONTENT, responses=PROBLEMS)
+async def delete_queue(
+    name: QueueName, request: Request, session: SessionDep, who: CanConfigure, node: NodeDep
+) -> Response:
+    """Delete the queue with its messages and history."""
+    await queue_admin.delete_queue(node, session, actor(request, who), name)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+@router.post("/{name}/purge", response_model=PurgedOut, responses=PROBLEMS)
+async def purge_queue(
+    name: QueueName, request: Request, session: SessionDep, who: CanConfigure, node: NodeDep
+) -> PurgedOut:
+    """Drop every ready message; leased messages stay with their consumers."""
+    purged = await queue_admin.purge_queue(node, session, actor(request, who), name)
+    return PurgedOut(purged=purged)

@@ -1,0 +1,226 @@
+"""Queue administration shared by the REST API and the dashboard: every call goes to the
+engine first, then mirrors into SQLite and lands in the audit log.
+
+Source of truth
+---------------
+The engine's own durable records are the truth about which queues exist and with which
+arguments; SQLite holds a mirror (for the dashboard, history and joins) that may lag
+behind it after a crash between the two writes. So every change goes *engine first*,
+then SQLite in the caller's transaction:
+
+* create: ``node.create_queue`` (idempotent), then the definition row, ``ready``;
+* policy change: ``node.update_policy``, then the row's ``policies``;
+* delete: ``node.delete_queue``, then the row (its history goes by cascade).
+
+A crash (or a failed commit) after the engine call leaves SQLite behind, never ahead.
+``reconcile`` runs at every start-up once the node has recovered, before the server
+reports ready: rows whose queue the engine does not have (or has under another uid,
+i.e. deleted and created again) are deleted with their history; queues the engine has
+and SQLite lacks get a row; arguments are copied from the engine. A repeated ``PUT`` or
+``DELETE`` also repairs its own row at once, since the engine calls are idempotent.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from app.db import repo
+from app.db.models import QueueDefinition
+from app.db.session import Database
+from engine.runtime.api import (
+    CheckpointRecord,
+    CompactionPhase,
+    CompactionRecord,
+    QueueArgs,
+    QueueEngine,
+    QueueInfo,
+)
+
+log = logging.getLogger("quorra.app")
+
+
+@dataclass(frozen=True, slots=True)
+class Actor:
+    """Who asks, for the audit log."""
+
+    name: str
+    source: str = "api"
+    remote_addr: str = ""
+
+
+def _audit(session: Session, actor: Actor, action: str, target: str, **detail: Any) -> None:
+    repo.audit(
+        session,
+        actor=actor.name,
+        action=action,
+        target=target,
+        detail=detail,
+        source=actor.source,
+        remote_addr=actor.remote_addr,
+    )
+
+
+def args_dict(args: QueueArgs) -> dict[str, Any]:
+    return asdict(args)
+
+
+# --- the mirror --------------------------------------------------------------------
+
+
+def mirror_definition(session: Session, info: QueueInfo) -> QueueDefinition:
+    """Make the row of ``info.name`` agree with the engine; returns it (``ready``)."""
+    effective = args_dict(info.args)
+    row = repo.get_queue(session, info.name)
+    if row is not None and row.uid != info.uid:
+        repo.delete_queue(session, row)  # a different incarnation: its history is gone
+        row = None
+    if row is None:
+        row = repo.create_queue(session, name=info.name, arguments=effective, uid=info.uid)
+    policies = {k: v for k, v in effective.items() if row.arguments.get(k, v) != v}
+    if row.policies != policies:
+        repo.set_queue_policies(session, row, policies)
+    if row.status != "ready":
+        repo.set_queue_status(session, row, "ready")
+    return row
+
+
+def forget_definition(session: Session, name: str) -> bool:
+    row = repo.get_queue(session, name)
+    if row is None:
+        return False
+    repo.delete_queue(session, row)
+    return True
+
+
+@dataclass(slots=True)
+class ReconcileReport:
+    added: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    updated: list[str] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.added or self.removed or self.updated)
+
+
+def reconcile(db: Database, infos: list[QueueInfo]) -> ReconcileReport:
+    """Make SQLite's queue definitions agree with the engine's queues (start-up)."""
+    report = ReconcileReport()
+    by_name = {info.name: info for info in infos}
+    with db.transaction() as session:
+        for row in list(repo.list_queues(session)):
+            info = by_name.get(row.name)
+            if info is None or info.uid != row.uid:
+                repo.delete_queue(session, row)
+                report.removed.append(row.name)
+        known = {
+            row.name: (row.uid, dict(row.policies), row.status) for row in repo.list_queues(session)
+        }
+        for name in sorted(by_name):
+            row = mirror_definition(session, by_name[name])
+            if name not in known:
+                report.added.append(name)
+            elif known[name] != (row.uid, dict(row.policies), row.status):
+                report.updated.append(name)
+        if report.changed:
+            _audit(
+                session,
+                Actor("system", "system"),
+                "queue.reconcile",
+                "",
+                added=report.added,
+                removed=report.removed,
+                updated=report.updated,
+            )
+    return report
+
+
+# --- administrative actions ------------------------------------------------------
+
+
+async def create_queue(
+    node: QueueEngine, session: Session, actor: Actor, name: str, args: QueueArgs
+) -> tuple[QueueInfo, bool]:
+    """Create (or find the same) queue; ``QueueConflict`` when it exists with other args."""
+    info, created = await node.create_queue(name, args)
+    mirror_definition(session, info)
+    if created:
+        _audit(session, actor, "queue.create", name, arguments=args_dict(args))
+    return info, created
+
+
+async def update_policy(
+    node: QueueEngine, session: Session, actor: Actor, name: str, changes: dict[str, object]
+) -> QueueInfo:
+    info = await node.update_policy(name, changes)
+    mirror_definition(session, info)
+    _audit(session, actor, "queue.policy", name, changes=changes)
+    return info
+
+
+async def delete_queue(node: QueueEngine, session: Session, actor: Actor, name: str) -> None:
+    await node.delete_queue(name)
+    forget_definition(session, name)
+    _audit(session, actor, "queue.delete", name)
+
+
+async def purge_queue(node: QueueEngine, session: Session, actor: Actor, name: str) -> int:
+    purged = await node.purge(name)
+    _audit(session, actor, "queue.purge", name, purged=purged)
+    return purged
+
+
+def _ensure_row(session: Session, node: QueueEngine, name: str) -> QueueDefinition:
+    row = repo.get_queue(session, name)
+    if row is None:
+        info = next((q for q in node.queues() if q.name == name), None)
+        assert info is not None, f"the engine answered for {name!r} but does not list it"
+        row = mirror_definition(session, info)
+    return row
+
+
+async def take_checkpoint(
+    node: QueueEngine, session: Session, actor: Actor, name: str
+) -> CheckpointRecord:
+    record = await node.checkpoint(name, trigger="manual")
+    row = _ensure_row(session, node, name)
+    repo.record_snapshot(session, row.uid, repo.snapshot_facts(record))
+    _audit(session, actor, "queue.snapshot", name, index=record.index, bytes=record.bytes)
+    return record
+
+
+async def run_compaction(
+    node: QueueEngine, session: Session, actor: Actor, name: str, phase: CompactionPhase
+) -> CompactionRecord:
+    record = await node.compact(name, phase=phase, trigger="manual")
+    row = _ensure_row(session, node, name)
+    repo.record_compaction(session, row.uid, repo.compaction_facts(record))
+    _audit(
+        session,
+        actor,
+        "queue.compact",
+        name,
+        phase=str(phase),
+        bytes_before=record.bytes_before,
+        bytes_after=record.bytes_after,
+    )
+    return record
+
+
+__all__ = [
+    "Actor",
+    "ReconcileReport",
+    "create_queue",
+    "delete_queue",
+    "forget_definition",
+    "mirror_definition",
+    "purge_queue",
+    "reconcile",
+    "run_compaction",
+    "take_checkpoint",
+    "update_policy",
+]

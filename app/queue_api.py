@@ -1,0 +1,82 @@
+"""Where the queue API joins the app: ``install`` (routers and metrics, at construction)
+and ``on_node_started`` (start-up reconciliation, before the server reports ready)."""
+
+from __future__ import annotations
+
+import logging
+import re
+from urllib.parse import unquote
+
+import anyio
+from fastapi import FastAPI
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from app import queue_admin
+from app.api import messages, queue_ops, queues
+from app.api.queue_schemas import QUEUE_NAME_PATTERN
+from app.db.session import Database
+from app.problems import problem_response
+from app.queue_metrics import QueueCollector
+from engine.runtime.api import QueueEngine
+
+log = logging.getLogger("quorra.app")
+
+
+QUEUES_PREFIX = b"/api/v1/queues/"
+_NAME = re.compile(QUEUE_NAME_PATTERN)
+UNADDRESSABLE_NAMES = frozenset({".", ".."})
+
+
+class QueueNameGuard:
+    """422 for a request whose queue name, as sent, is not a valid name.
+
+    The router sees the path after percent-decoding, so ``/queues/..%2Fetc`` would be
+    routed elsewhere (a 404) and ``/queues/a%20b`` would look like a bad name only by
+    luck; this checks the raw segment after ``/api/v1/queues/`` instead. ``.`` and
+    ``..`` match the name pattern but are dot-segments in a URL (RFC 3986): no client
+    can address them, so they are refused too.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            raw = scope.get("raw_path") or scope["path"].encode("utf-8", "surrogateescape")
+            if raw.startswith(QUEUES_PREFIX):
+                segment = raw[len(QUEUES_PREFIX) :].split(b"/", 1)[0].split(b"?", 1)[0]
+                name = unquote(segment.decode("latin-1"), errors="replace")
+                if not _NAME.match(name) or name in UNADDRESSABLE_NAMES:
+                    response = problem_response(
+                        422,
+                        "/problems/validation-failed",
+                        "Validation failed",
+                        "a queue name is 1-200 letters, digits, '.', '_' or '-' "
+                        "(and neither '.' nor '..')",
+                    )
+                    await response(scope, receive, send)
+                    return
+        await self.app(scope, receive, send)
+
+
+def install(app: FastAPI) -> None:
+    """Add the queue, message, snapshot/compaction and cluster routes and the per-queue
+    metrics to ``app`` (no I/O)."""
+    app.include_router(queues.router)
+    app.include_router(messages.router)
+    app.include_router(queue_ops.router)
+    app.include_router(queue_ops.cluster_router)
+    app.state.metrics.registry.register(QueueCollector(lambda: app.state.node))
+    app.add_middleware(QueueNameGuard)
+
+
+async def on_node_started(db: Database, node: QueueEngine) -> None:
+    """Make SQLite's queue definitions agree with the recovered engine (the truth)."""
+    report = await anyio.to_thread.run_sync(queue_admin.reconcile, db, node.queues())
+    if report.changed:
+        log.warning(
+            "queue definitions reconciled with the engine: added %s, removed %s, updated %s",
+            report.added,
+            report.removed,
+            report.updated,
+        )

@@ -1,0 +1,106 @@
+"""Per-queue Prometheus metrics, in the style of rabbitmq_prometheus: ``quorra_queue_*``
+with a ``queue`` label, read from the engine's stats at scrape time (nothing is kept
+between scrapes, so a deleted queue's series disappear with it).
+
+Counters (``..._total``) are the queue machine's own counts (replicated state, so they
+survive restarts and agree across replicas).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from engine.runtime.api import QueueEngine
+
+GAUGES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("messages_ready", "Messages ready to be delivered.", ("messages_ready",)),
+    ("messages_unacked", "Messages delivered and not yet settled.", ("messages_unacked",)),
+    ("messages_ready_bytes", "Body bytes of ready messages.", ("bytes_ready",)),
+    ("consumers", "Consumers holding leases.", ("consumers",)),
+    ("memory_bytes", "Engine memory used by the queue.", ("memory_bytes",)),
+    (
+        "memory_per_message_bytes",
+        "Engine memory per queued message.",
+        ("memory_per_message_bytes",),
+    ),
+    ("publish_rate", "Messages published per second, recently.", ("publish_rate",)),
+    ("deliver_rate", "Messages delivered per second, recently.", ("deliver_rate",)),
+    ("ack_rate", "Messages acknowledged per second, recently.", ("ack_rate",)),
+    ("raft_term", "Current Raft term of the queue's group.", ("raft", "term")),
+    ("raft_commit_index", "Raft commit index.", ("raft", "commit_index")),
+    ("raft_last_applied", "Last Raft index applied to the machine.", ("raft", "last_applied")),
+    ("log_first_index", "First index kept in the log.", ("log", "first_index")),
+    ("log_last_index", "Last index in the log.", ("log", "last_index")),
+    ("log_segments", "Segment files of the log.", ("log", "segments")),
+    ("log_bytes", "Bytes of the log on disk.", ("log", "bytes")),
+    ("log_live_entries", "Log entries holding live messages.", ("log", "live_entries")),
+    ("log_dead_entries", "Log entries compaction may reclaim.", ("log", "dead_entries")),
+    ("checkpoint_index", "Raft index of the newest checkpoint.", ("checkpoint", "index")),
+    ("checkpoint_bytes", "Bytes of the newest checkpoint.", ("checkpoint", "bytes")),
+)
+COUNTERS: tuple[tuple[str, str, str], ...] = (
+    ("messages_published", "Messages published (confirmed).", "published"),
+    ("messages_delivered", "Deliveries to consumers (redeliveries count).", "delivered"),
+    ("messages_acked", "Messages acknowledged.", "acked"),
+    ("messages_dead_lettered", "Messages dead-lettered.", "dead_lettered"),
+    ("messages_expired", "Messages whose TTL ended on the queue.", "expired"),
+    (
+        "messages_dropped",
+        "Messages dropped (overflow drop-head, no dead-letter target).",
+        "dropped",
+    ),
+)
+
+
+def _number(stats: dict[str, Any], path: tuple[str, ...]) -> float | None:
+    value: Any = stats
+    for key in path:
+        if not isinstance(value, dict) or key not in value:
+            return None
+        value = value[key]
+    if isinstance(value, dict | list):
+        value = len(value)  # e.g. consumers as {consumer: leases}
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+class QueueCollector(Collector):
+    """Reads the node from ``get_node`` at scrape time; no node, no queue series."""
+
+    def __init__(self, get_node: Callable[[], QueueEngine | None]) -> None:
+        self.get_node = get_node
+
+    def describe(self) -> list[Metric]:
+        return []  # collected on demand; describing would call the engine at registration
+
+    def collect(self) -> Iterator[Metric]:
+        node = self.get_node()
+        if node is None:
+            return
+        names = sorted(q.name for q in node.queues())
+        stats = {}
+        for name in names:
+            try:
+                stats[name] = node.stats(name)
+            except Exception:  # deleted between the two calls: skip it
+                continue
+        for metric, text, path in GAUGES:
+            family = GaugeMetricFamily(f"quorra_queue_{metric}", text, labels=["queue"])
+            for name, values in stats.items():
+                number = _number(values, path)
+                if number is not None:
+                    family.add_metric([name], number)
+            yield family
+        for metric, text, key in COUNTERS:
+            family_c = CounterMetricFamily(f"quorra_queue_{metric}", text, labels=["queue"])
+            for name, values in stats.items():
+                number = _number(values, (key,))
+                if number is not None:
+                    family_c.add_metric([name], number)
+            yield family_c
+        yield GaugeMetricFamily("quorra_queues", "Queues on this node.", value=len(stats))
