@@ -46,9 +46,9 @@ class _Driver:
         return reply
 
 
-def _fill(driver: _Driver, messages: int) -> None:
-    command = encode_enqueue([NewMessage(BODY) for _ in range(BATCH)])
-    for _ in range(messages // BATCH):
+def _fill(driver: _Driver, messages: int, batch: int = BATCH) -> None:
+    command = encode_enqueue([NewMessage(BODY) for _ in range(batch)])
+    for _ in range(messages // batch):
         driver.apply(command)
 
 
@@ -62,12 +62,12 @@ def _checkout_all(driver: _Driver, messages: int) -> list[list[tuple[int, int]]]
     return batches
 
 
-def _traced_bytes_per_message(messages: int, pending: bool) -> dict[str, Any]:
+def _traced_bytes_per_message(messages: int, pending: bool, batch: int = BATCH) -> dict[str, Any]:
     gc.collect()
     tracemalloc.start()
     driver = _Driver()
     base = tracemalloc.get_traced_memory()[0]
-    _fill(driver, messages)
+    _fill(driver, messages, batch)
     if pending:
         command = encode_checkout("bench-consumer", BATCH, 3_600_000)
         for _ in range(messages // BATCH):
@@ -79,6 +79,7 @@ def _traced_bytes_per_message(messages: int, pending: bool) -> dict[str, Any]:
     assert (stats.messages_unacked if pending else stats.messages_ready) == messages
     return {
         "messages": messages,
+        "messages_per_entry": batch,
         "traced_bytes": held,
         "bytes_per_message": round(held / messages, 3),
         "machine_estimate_bytes": stats.memory_bytes,
@@ -140,9 +141,16 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--pending", default="50000,200000")
     parser.add_argument("--ops-messages", type=int, default=200_000)
+    parser.add_argument(
+        "--single",
+        type=int,
+        default=200_000,
+        help="ready messages published one per entry (the single-message ref form)",
+    )
     args = parser.parse_args(argv)
     ready = [_traced_bytes_per_message(int(n), False) for n in args.ready.split(",") if n]
     pending = [_traced_bytes_per_message(int(n), True) for n in args.pending.split(",") if n]
+    single = _traced_bytes_per_message(args.single, False, 1) if args.single else None
     result = {
         "bench": "machine",
         "machine": bench.machine_info(),
@@ -150,8 +158,9 @@ def main(argv: list[str]) -> int:
         "batch_messages": BATCH,
         "bytes_per_ready_message": {str(r["messages"]): r["bytes_per_message"] for r in ready},
         "bytes_per_pending_message": {str(r["messages"]): r["bytes_per_message"] for r in pending},
+        "bytes_per_ready_message_single_entries": single and single["bytes_per_message"],
         "ops_per_s": _ops(args.ops_messages),
-        "details": {"ready": ready, "pending": pending},
+        "details": {"ready": ready, "pending": pending, "ready_single_entries": single},
         "targets": {"bytes_per_ready_message": 8, "bytes_per_pending_message": 16},
     }
     print(json.dumps(result, indent=2))
