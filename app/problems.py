@@ -17,11 +17,14 @@ from typing import Any, ClassVar
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from engine.errors import QuorraError
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
 log = logging.getLogger("quorra.app")
 
 
@@ -83,6 +86,33 @@ _HTTP_PROBLEMS: dict[int, tuple[str, str]] = {
     415: ("unsupported-media-type", "Unsupported media type"),
     422: ("validation-failed", "Validation failed"),
 }
+
+
+class Problem(BaseModel):
+    """RFC 9457 problem details, as every error response carries them."""
+
+    type: str = Field(examples=["/problems/queue-not-found"])
+    title: str
+    status: int
+    detail: str | None = None
+    errors: list[dict[str, Any]] | None = Field(
+        default=None, description="Validation errors (422 only): loc, msg, type."
+    )
+
+
+API_ERROR_STATUSES = (400, 401, 403, 404, 405, 409, 413, 415, 422, 429, 503)
+
+
+def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` documenting problem bodies for ``statuses``."""
+    return {
+        status: {
+            "model": Problem,
+            "content": {PROBLEM_MEDIA_TYPE: {}},
+            "description": "Problem details.",
+        }
+        for status in statuses
+    }
 
 
 def problem_response(
@@ -149,13 +179,28 @@ def _request_validation(_request: Request, exc: Exception) -> JSONResponse:
     )
 
 
-def _http_error(_request: Request, exc: Exception) -> JSONResponse:
+def _allowed_methods(request: Request) -> str:
+    """Every method some route accepts on this path (a 405's ``Allow``): Starlette names
+    only those of the first route that matched the path."""
+    routes = request.app.router.routes
+    allowed = [
+        method
+        for method in _METHODS
+        if any(
+            route.matches({**request.scope, "method": method})[0] == Match.FULL for route in routes
+        )
+    ]
+    return ", ".join(allowed)
+
+
+def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     problem, title = _HTTP_PROBLEMS.get(exc.status_code, (f"http-{exc.status_code}", "HTTP error"))
     detail = exc.detail if isinstance(exc.detail, str) else ""
-    return problem_response(
-        exc.status_code, f"/problems/{problem}", title, detail, headers=dict(exc.headers or {})
-    )
+    headers = dict(exc.headers or {})
+    if exc.status_code == 405:
+        headers["Allow"] = _allowed_methods(request)
+    return problem_response(exc.status_code, f"/problems/{problem}", title, detail, headers=headers)
 
 
 def _unexpected(request: Request, exc: Exception) -> JSONResponse:

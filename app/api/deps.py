@@ -21,6 +21,12 @@ from functools import cache
 from typing import Annotated
 
 from fastapi import Depends, Path, Request
+from fastapi.security import (
+    HTTPAuthorizationCredentials,
+    HTTPBasic,
+    HTTPBasicCredentials,
+    HTTPBearer,
+)
 from sqlalchemy.orm import Session
 
 from app.auth import (
@@ -45,6 +51,14 @@ QUEUE_NAME_PATTERN = r"^[A-Za-z0-9._-]{1,200}$"
 @cache
 def _dummy_hash() -> str:
     return hash_password("quorra-timing-equaliser")
+
+
+# Declared for the OpenAPI document (security schemes); the credentials are parsed below,
+# so that every failure is the same 401 problem.
+BEARER_SCHEME = HTTPBearer(auto_error=False, description="A token from POST /api/v1/tokens.")
+BASIC_SCHEME = HTTPBasic(auto_error=False, description="User name and password.")
+BearerDoc = Annotated[HTTPAuthorizationCredentials | None, Depends(BEARER_SCHEME)]
+BasicDoc = Annotated[HTTPBasicCredentials | None, Depends(BASIC_SCHEME)]
 
 
 def get_database(request: Request) -> Database:
@@ -124,7 +138,7 @@ def _basic(request: Request, session: Session) -> Principal | None:
     return principal_of(user)
 
 
-def authenticate(request: Request, session: SessionDep) -> Principal:
+def authenticate(request: Request, session: SessionDep, _doc: BearerDoc) -> Principal:
     """A bearer token, as every /api/v1 call needs."""
     principal = _bearer(request, session)
     if principal is None:
@@ -132,7 +146,9 @@ def authenticate(request: Request, session: SessionDep) -> Principal:
     return principal
 
 
-def authenticate_token_or_password(request: Request, session: SessionDep) -> Principal:
+def authenticate_token_or_password(
+    request: Request, session: SessionDep, _bearer_doc: BearerDoc, _basic_doc: BasicDoc
+) -> Principal:
     """A bearer token or HTTP Basic (user and password): only for /api/v1/tokens."""
     principal = _bearer(request, session) or _basic(request, session)
     if principal is None:

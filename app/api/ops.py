@@ -11,9 +11,15 @@ from app.api.schemas import AuditOut, Health, Permissions, Readiness, WhoAmI
 from app.db import repo
 from app.metrics import CONTENT_TYPE_LATEST, AppMetrics
 from app.negotiation import NegotiatedRoute
+from app.problems import API_ERROR_STATUSES, problem_responses
 
 ops_router = APIRouter(tags=["operations"])
-api_router = APIRouter(prefix=API_PREFIX, tags=["operations"], route_class=NegotiatedRoute)
+api_router = APIRouter(
+    prefix=API_PREFIX,
+    tags=["operations"],
+    route_class=NegotiatedRoute,
+    responses=problem_responses(*API_ERROR_STATUSES),
+)
 
 
 def readiness(request: Request) -> Readiness:
@@ -43,7 +49,10 @@ def readyz(request: Request) -> Response:
 @ops_router.get(
     "/metrics",
     response_class=Response,
-    responses={200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "Prometheus text."}},
+    responses={
+        200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "Prometheus text."},
+        **problem_responses(401, 405),
+    },
 )
 def metrics(request: Request, session: SessionDep, _who: PrincipalDep) -> Response:
     """Prometheus text format. Needs a bearer token of any user."""

@@ -22,7 +22,11 @@ def _valid_pattern(pattern: str) -> str:
 
 PermissionPattern = Annotated[
     str,
-    Field(max_length=500, description="A regular expression over queue names, matched in full."),
+    Field(
+        max_length=500,
+        description="A regular expression over queue names, matched in full.",
+        json_schema_extra={"format": "regex"},
+    ),
     AfterValidator(_valid_pattern),
 ]
 UserName = Annotated[str, Field(pattern=USER_NAME_PATTERN, description="1-100 characters.")]

@@ -15,9 +15,20 @@ from app.auth import Principal, new_token, token_digest, token_prefix
 from app.db import repo
 from app.db.models import ApiToken, User
 from app.negotiation import NegotiatedRoute
-from app.problems import Forbidden, TokenNotFound, UserNotFound
+from app.problems import (
+    API_ERROR_STATUSES,
+    Forbidden,
+    TokenNotFound,
+    UserNotFound,
+    problem_responses,
+)
 
-router = APIRouter(prefix=f"{API_PREFIX}/tokens", tags=["tokens"], route_class=NegotiatedRoute)
+router = APIRouter(
+    prefix=f"{API_PREFIX}/tokens",
+    tags=["tokens"],
+    route_class=NegotiatedRoute,
+    responses=problem_responses(*API_ERROR_STATUSES),
+)
 
 
 def token_out(token: ApiToken) -> TokenOut:

@@ -13,11 +13,16 @@ from app.auth import Principal, hash_password
 from app.db import repo
 from app.db.models import User
 from app.negotiation import NegotiatedRoute
-from app.problems import UserConflict, UserNotFound
+from app.problems import API_ERROR_STATUSES, UserConflict, UserNotFound, problem_responses
 
 UserName = Annotated[str, Path(pattern=USER_NAME_PATTERN)]
 
-router = APIRouter(prefix=f"{API_PREFIX}/users", tags=["users"], route_class=NegotiatedRoute)
+router = APIRouter(
+    prefix=f"{API_PREFIX}/users",
+    tags=["users"],
+    route_class=NegotiatedRoute,
+    responses=problem_responses(*API_ERROR_STATUSES),
+)
 
 
 def user_out(user: User) -> UserOut:

@@ -225,6 +225,9 @@ def test_unknown_route_and_method(server: Server, admin: httpx.Client) -> None:
     assert_problem(httpx.get(f"{server.url}/no/such/page"), 404, "not-found")
     assert_problem(admin.get("/api/v1/nothing-here"), 404, "not-found")
     assert_problem(admin.put("/api/v1/audit"), 405, "method-not-allowed")
+    not_allowed = admin.delete("/api/v1/users")
+    assert_problem(not_allowed, 405, "method-not-allowed")
+    assert not_allowed.headers["allow"] == "GET, HEAD, POST"
 
 
 def test_unsupported_media_type(admin: httpx.Client) -> None:
@@ -342,5 +345,9 @@ def test_openapi_document_lists_the_api(server: Server) -> None:
         assert path in paths, path
     assert "/login" not in paths
     assert httpx.get(f"{server.url}/docs").status_code == 404
+    assert set(doc["components"]["securitySchemes"]) == {"HTTPBearer", "HTTPBasic"}
+    assert paths["/api/v1/users"]["get"]["security"] == [{"HTTPBearer": []}]
+    assert {"HTTPBasic": []} in paths["/api/v1/tokens"]["post"]["security"]
+    assert "security" not in paths["/healthz"]["get"]
     content = paths["/api/v1/users"]["post"]["requestBody"]["content"]
     assert set(content) >= {"application/json"}

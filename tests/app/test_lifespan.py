@@ -74,7 +74,7 @@ def test_lifespan_orders_migrations_engine_ready_and_back(tmp_path: Path) -> Non
 
 
 def test_without_engine_the_app_is_ready_with_engine_absent(tmp_path: Path) -> None:
-    app = create_app(_settings(tmp_path, password="fixed-password"))
+    app = create_app(_settings(tmp_path, password="fixed-password"), node_factory=lambda s: None)
 
     async def run() -> None:
         async with app.router.lifespan_context(app):
