@@ -16,6 +16,8 @@ from pyroaring import BitMap64
 
 from engine.raft.machine import ApplyMeta, MachineEffect
 
+_unpackb = msgpack.unpackb
+
 
 def encode_put(key: str, value: bytes) -> bytes:
     return bytes(msgpack.packb(["put", key, value], use_bin_type=True))
@@ -35,14 +37,15 @@ def decode_value(command: bytes) -> bytes:
 def _decode(command: bytes) -> tuple[str, str] | None:
     """``(op, key)`` of a well-formed command, else ``None`` (the reply says so)."""
     try:
-        op = msgpack.unpackb(command, raw=False)
+        op = _unpackb(command, raw=False)
     except (ValueError, msgpack.UnpackException):
         return None
-    if not isinstance(op, list) or not op or not all(isinstance(x, str) for x in op[:2]):
+    if type(op) is not list:
         return None
-    if op[0] == "put" and len(op) == 3 and isinstance(op[2], bytes):
+    n = len(op)
+    if n == 3 and op[0] == "put" and type(op[1]) is str and type(op[2]) is bytes:
         return "put", op[1]
-    if op[0] == "delete" and len(op) == 2:
+    if n == 2 and op[0] == "delete" and type(op[1]) is str:
         return "delete", op[1]
     return None
 
