@@ -1,0 +1,274 @@
+"""The ``quorra`` PySpark data source: batch read (browse), batch write, streaming write;
+the streaming read lives in ``pipeline.streaming``.
+
+Batch read browses the queue (``GET /queues/{q}/messages``): nothing is consumed. Browse
+cursors are ``lane << 48 | position`` and positions within a lane are contiguous, so the
+driver reads the first cursor and ``messages_ready`` and splits the cursor space into
+``numPartitions`` disjoint ranges; each task pages through its range (the last range is
+open-ended, so every message is read exactly once even if the estimate is off).
+
+Batch write publishes each task's rows in batches of ``batchSize`` and waits for each
+batch's confirm (201 after quorum durability) before the next. A row without its own
+``dedup_id`` gets ``<prefix>-<partition>-<row>``: ``prefix`` is drawn once per write job
+on the driver (or given as ``dedupPrefix``), partition and row number are the same on every
+attempt of a task, so a retried task republishes with the same ids and the server's
+dedup window (5 minutes by default) drops the repeats.
+
+Streaming write does the same per micro-batch with ``<query id>-<batch id>-<partition>-
+<row>``; the query id survives restarts from a checkpoint, so a replayed micro-batch does
+not duplicate either.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceReader,
+    DataSourceStreamArrowWriter,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import StructType
+
+from pipeline.client import Message, QuorraClient
+from pipeline.options import Options
+
+NAME = "quorra"
+READ_SCHEMA = (
+    "id long, body binary, body_text string, headers map<string,string>, priority int, "
+    "delivery_count int, published_at timestamp"
+)
+WRITE_COLUMNS = ("body", "headers", "priority", "dedup_id")
+ARROW_READ_SCHEMA = pa.schema(
+    [
+        ("id", pa.int64()),
+        ("body", pa.binary()),
+        ("body_text", pa.string()),
+        ("headers", pa.map_(pa.string(), pa.string())),
+        ("priority", pa.int32()),
+        ("delivery_count", pa.int32()),
+        ("published_at", pa.timestamp("us", tz="UTC")),
+    ]
+)
+_CURSOR_POS_BITS = 48
+
+
+class QuorraDataSource(DataSource):
+    """``spark.read.format("quorra")`` / ``df.write.format("quorra")`` and their streams."""
+
+    @classmethod
+    def name(cls) -> str:
+        return NAME
+
+    def schema(self) -> str:
+        return READ_SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return BrowseReader(Options.parse(self.options))
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceArrowWriter:
+        return PublishWriter(Options.parse(self.options), schema)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamArrowWriter:
+        return PublishStreamWriter(Options.parse(self.options), schema)
+
+    def streamReader(self, schema: StructType) -> Any:
+        from pipeline.streaming import LeaseStreamReader
+
+        return LeaseStreamReader(Options.parse(self.options))
+
+
+# --- rows ------------------------------------------------------------------------------
+
+
+def text_or_none(body: bytes) -> str | None:
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def to_record_batch(messages: list[Message]) -> pa.RecordBatch:
+    """Messages as one Arrow batch of ``READ_SCHEMA``."""
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array([m.id for m in messages], pa.int64()),
+            pa.array([m.body for m in messages], pa.binary()),
+            pa.array([text_or_none(m.body) for m in messages], pa.string()),
+            pa.array([list(m.headers.items()) for m in messages], ARROW_READ_SCHEMA[3].type),
+            pa.array([m.priority for m in messages], pa.int32()),
+            pa.array([m.delivery_count for m in messages], pa.int32()),
+            pa.array([m.published_at_ms * 1000 for m in messages], ARROW_READ_SCHEMA[6].type),
+        ],
+        schema=ARROW_READ_SCHEMA,
+    )
+
+
+# --- batch read ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CursorRange(InputPartition):
+    """Browse cursors in ``(after, last]``; ``last`` None = to the end of the queue."""
+
+    after: int | None
+    last: int | None
+
+
+class BrowseReader(DataSourceReader):
+    def __init__(self, options: Options) -> None:
+        self.options = options
+
+    def partitions(self) -> list[CursorRange]:
+        return plan_cursor_ranges(self.options)
+
+    def read(self, partition: CursorRange) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
+        with QuorraClient(self.options.url, self.options.token) as client:
+            for page in browse_range(client, self.options, partition):
+                yield to_record_batch(page)
+
+
+def plan_cursor_ranges(options: Options) -> list[CursorRange]:
+    with QuorraClient(options.url, options.token) as client:
+        first = client.browse(options.queue, after=None, limit=1)
+        ready = int(client.queue(options.queue).get("messages_ready", 0) or 0)
+    if not first or first[0].cursor is None:
+        return [CursorRange(None, None)]
+    start = first[0].cursor - 1  # ``after`` is exclusive
+    parts = max(1, min(options.num_partitions, ready // options.batch_size))
+    lane_end = ((first[0].cursor >> _CURSOR_POS_BITS) + 1) << _CURSOR_POS_BITS
+    bounds = [min(start + (ready * k) // parts, lane_end - 1) for k in range(parts)]
+    ranges = [CursorRange(bounds[k], bounds[k + 1]) for k in range(parts - 1)]
+    ranges.append(CursorRange(bounds[-1], None))
+    return [r for r in ranges if r.last is None or r.after is None or r.last > r.after]
+
+
+def browse_range(
+    client: QuorraClient, options: Options, partition: CursorRange
+) -> Iterator[list[Message]]:
+    after = partition.after
+    while True:
+        page = client.browse(options.queue, after=after, limit=options.batch_size)
+        if partition.last is not None:
+            page = [m for m in page if m.cursor is not None and m.cursor <= partition.last]
+        if not page:
+            return
+        yield page
+        after = page[-1].cursor
+        if len(page) < options.batch_size:
+            return
+
+
+# --- batch and streaming write ---------------------------------------------------------
+
+
+@dataclass
+class Published(WriterCommitMessage):
+    partition: int
+    messages: int
+
+
+def _column(batch: pa.RecordBatch, name: str) -> list[Any] | None:
+    index = batch.schema.get_field_index(name)
+    return None if index < 0 else batch.column(index).to_pylist()
+
+
+def outgoing(batch: pa.RecordBatch, dedup_base: str, first_row: int) -> list[dict[str, Any]]:
+    """The publish messages of one Arrow batch; rows numbered from ``first_row``."""
+    bodies = _column(batch, "body")
+    if bodies is None:
+        raise ValueError("quorra data source: the DataFrame needs a 'body' column")
+    headers = _column(batch, "headers")
+    priorities = _column(batch, "priority")
+    dedup_ids = _column(batch, "dedup_id")
+    messages: list[dict[str, Any]] = []
+    for i, body in enumerate(bodies):
+        message: dict[str, Any] = {
+            "body": body.encode("utf-8") if isinstance(body, str) else bytes(body or b""),
+            "dedup_id": (dedup_ids[i] if dedup_ids and dedup_ids[i] else None)
+            or f"{dedup_base}-{first_row + i}",
+        }
+        if headers and headers[i]:
+            pairs = headers[i].items() if isinstance(headers[i], dict) else headers[i]
+            message["headers"] = {str(k): str(v) for k, v in pairs}
+        if priorities and priorities[i] is not None:
+            message["priority"] = int(priorities[i])
+        messages.append(message)
+    return messages
+
+
+def publish_all(options: Options, batches: Iterator[pa.RecordBatch], dedup_base: str) -> int:
+    """Publish every row in order, ``batchSize`` per confirmed request; the row count."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    fail_after = options.fail_first_attempt_after_rows
+    if context is None or context.attemptNumber() > 0:
+        fail_after = None
+    rows = 0
+    pending: list[dict[str, Any]] = []
+    with QuorraClient(options.url, options.token) as client:
+        for batch in batches:
+            pending.extend(outgoing(batch, dedup_base, rows + len(pending)))
+            while len(pending) >= options.batch_size:
+                chunk, pending = pending[: options.batch_size], pending[options.batch_size :]
+                client.publish(options.queue, chunk)
+                rows += len(chunk)
+                if fail_after is not None and rows >= fail_after:
+                    raise RuntimeError(f"injected failure after {rows} rows (first attempt)")
+        if pending:
+            client.publish(options.queue, pending)
+            rows += len(pending)
+    return rows
+
+
+class PublishWriter(DataSourceArrowWriter):
+    def __init__(self, options: Options, schema: StructType) -> None:
+        if "body" not in schema.fieldNames():
+            raise ValueError("quorra data source: the DataFrame needs a 'body' column")
+        self.options = options
+        self.prefix = options.dedup_prefix or uuid.uuid4().hex[:16]
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> Published:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        partition = context.partitionId() if context else 0
+        count = publish_all(self.options, iterator, f"{self.prefix}-{partition}")
+        return Published(partition, count)
+
+
+class PublishStreamWriter(DataSourceStreamArrowWriter):
+    def __init__(self, options: Options, schema: StructType) -> None:
+        if "body" not in schema.fieldNames():
+            raise ValueError("quorra data source: the DataFrame needs a 'body' column")
+        self.options = options
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> Published:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        assert context is not None
+        query = context.getLocalProperty("sql.streaming.queryId") or "query"
+        batch = context.getLocalProperty("streaming.sql.batchId") or "0"
+        partition = context.partitionId()
+        base = f"{self.options.dedup_prefix or query}-{batch}-{partition}"
+        return Published(partition, publish_all(self.options, iterator, base))
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        return None
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        return None
+
+
+def register(spark: Any) -> None:
+    """Register the data source with a SparkSession under the name ``quorra``."""
+    spark.dataSource.register(QuorraDataSource)
