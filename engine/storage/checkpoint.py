@@ -38,8 +38,10 @@ class Checkpoint:
     config: bytes
     """The cluster configuration in force at ``index``, encoded by the Raft layer."""
     live_indexes: BitMap64
-    state: bytes
-    """``machine.snapshot()`` after applying ``index``."""
+    state: bytes | memoryview
+    """``machine.snapshot()`` after applying ``index``. A loaded checkpoint holds a
+    read-only view of the mapped file: ``restore`` from it directly (numpy and msgpack
+    read buffers) or copy it with ``bytes()``."""
 
     def __post_init__(self) -> None:
         assert self.index >= 1 and self.term >= 1
@@ -65,7 +67,7 @@ def encode_checkpoint(cp: Checkpoint) -> bytes:
     return b"".join([head, cp.config, live, cp.state, struct.pack("<I", crc)])
 
 
-def decode_checkpoint(data: bytes) -> Checkpoint | None:
+def decode_checkpoint(data: bytes | memoryview) -> Checkpoint | None:
     """The checkpoint in ``data``, or ``None`` if it is damaged in any way."""
     if len(data) < _HEADER.size + 4:
         return None
@@ -75,12 +77,13 @@ def decode_checkpoint(data: bytes) -> Checkpoint | None:
     end = _HEADER.size + config_n + live_n + state_n
     if end + 4 != len(data):
         return None
-    if crc32c.crc32c(memoryview(data)[:end]) != struct.unpack_from("<I", data, end)[0]:
+    view = memoryview(data)
+    if crc32c.crc32c(view[:end]) != struct.unpack_from("<I", data, end)[0]:
         return None
     at = _HEADER.size
-    config = data[at : at + config_n]
-    live = BitMap64.deserialize(data[at + config_n : at + config_n + live_n])
-    state = data[at + config_n + live_n : end]
+    config = bytes(view[at : at + config_n])
+    live = BitMap64.deserialize(bytes(view[at + config_n : at + config_n + live_n]))
+    state = view[at + config_n + live_n : end]
     return Checkpoint(index, term, mv, config, live, state)
 
 
@@ -152,7 +155,7 @@ class CheckpointStore:
         paths.sort(key=lambda p: int(p.rsplit("/", 1)[1][:-4]), reverse=True)
         damaged: list[str] = []
         for path in paths:
-            cp = decode_checkpoint(self._disk.read(path))
+            cp = decode_checkpoint(self._disk.read_mapped(path))
             if cp is not None:
                 return cp, damaged
             damaged.append(path)

@@ -14,6 +14,7 @@ Paths are relative to the disk's root and use ``/``. Directories are created wit
 from __future__ import annotations
 
 import errno
+import mmap
 import os
 import random
 from dataclasses import dataclass, field
@@ -46,6 +47,11 @@ class Disk(Protocol):
         ...
 
     def read(self, path: str) -> bytes: ...
+
+    def read_mapped(self, path: str) -> memoryview:
+        """The whole file as a read-only buffer, without copying where the disk can map
+        it (a large checkpoint loads in the time it takes to map and check it)."""
+        ...
 
     def rename(self, src: str, dst: str) -> None:
         """Atomic replace of ``dst``; durable once the directory is synced."""
@@ -137,6 +143,17 @@ class OsDisk:
     def read(self, path: str) -> bytes:
         with open(self._p(path), "rb") as f:
             return f.read()
+
+    def read_mapped(self, path: str) -> memoryview:
+        fd = os.open(self._p(path), os.O_RDONLY)
+        try:
+            size = os.fstat(fd).st_size
+            if size == 0:
+                return memoryview(b"")
+            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+            return memoryview(mmap.mmap(fd, size, flags=flags, prot=mmap.PROT_READ))
+        finally:
+            os.close(fd)
 
     def rename(self, src: str, dst: str) -> None:
         os.rename(self._p(src), self._p(dst))
@@ -290,6 +307,9 @@ class FakeDisk:
 
     def read(self, path: str) -> bytes:
         return bytes(self._inode(path).data)
+
+    def read_mapped(self, path: str) -> memoryview:
+        return memoryview(self.read(path))
 
     def rename(self, src: str, dst: str) -> None:
         self.before_write(0)

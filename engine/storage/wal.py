@@ -313,7 +313,7 @@ class WalFile:
     size: int
 
 
-def _records(data: bytes, start: int) -> Iterator[tuple[int, bytes]]:
+def _records(data: memoryview, start: int) -> Iterator[tuple[int, memoryview]]:
     """(offset, body) of each valid record from ``start``; stops at the first bad one."""
     pos, end = start, len(data)
     while pos + _REC.size <= end:
@@ -328,14 +328,15 @@ def _records(data: bytes, start: int) -> Iterator[tuple[int, bytes]]:
         pos = body_end
 
 
-def _valid_batch_after(data: bytes, pos: int) -> int | None:
+def _valid_batch_after(view: memoryview, pos: int) -> int | None:
     """Offset of a valid BATCH record after ``pos``: proof that the bad bytes at ``pos``
     are corruption of synced data, not a torn last write."""
+    data = bytes(view)
     at = data.find(_BATCH_MARKER, pos + 1)
     while at >= 0:
         start = at - _REC.size - 1
         if start > pos:
-            for _, body in _records(data, start):
+            for _, body in _records(view, start):
                 if body[0] == _T_BATCH:
                     return start
                 break
@@ -345,8 +346,8 @@ def _valid_batch_after(data: bytes, pos: int) -> int | None:
 
 def read_wal_file(disk: Disk, seq: int) -> WalFile:
     """Parse one WAL file. Raises ``RecoveryRefused`` if it is corrupt before its end."""
-    data = disk.read(wal_path(seq))
-    head = data[: _FILE_HEADER.size]
+    data = disk.read_mapped(wal_path(seq))
+    head = bytes(data[: _FILE_HEADER.size])
     crc_ok = (
         len(data) >= FILE_HEADER_BYTES
         and crc32c.crc32c(head) == struct.unpack_from("<I", data, _FILE_HEADER.size)[0]
@@ -374,14 +375,14 @@ def read_wal_file(disk: Disk, seq: int) -> WalFile:
 
 
 def _decode(
-    body: bytes, uids: dict[int, str], ops: list[WalOp | list[Entry]], owners: list[str]
+    body: memoryview, uids: dict[int, str], ops: list[WalOp | list[Entry]], owners: list[str]
 ) -> None:
     """Append the operation in ``body``; runs of entries of one server become one list."""
     kind = body[0]
     op: WalOp
     if kind == _T_ENTRY:
         _, ref, index, term, now_ms, ek = _ENTRY.unpack_from(body)
-        entry = Entry(index, term, _KINDS[ek], now_ms, body[_ENTRY.size :])
+        entry = Entry(index, term, _KINDS[ek], now_ms, bytes(body[_ENTRY.size :]))
         uid = uids[ref]
         last = ops[-1] if ops else None
         if isinstance(last, list) and owners[-1] == uid and last[-1].index + 1 == index:
@@ -392,11 +393,11 @@ def _decode(
         return
     if kind == _T_REGISTER:
         _, ref = _REGISTER.unpack_from(body)
-        uids[ref] = body[_REGISTER.size :].decode()
+        uids[ref] = bytes(body[_REGISTER.size :]).decode()
         return
     if kind == _T_HARD:
         _, ref, term, commit, has_vote = _HARD.unpack_from(body)
-        vote = body[_HARD.size :].decode() if has_vote else None
+        vote = bytes(body[_HARD.size :]).decode() if has_vote else None
         op = HardStateOp(uids[ref], HardState(term, vote, commit))
     elif kind == _T_RESET:
         _, ref, index, term = _RESET.unpack_from(body)
