@@ -214,6 +214,27 @@ class Node:
         self.transport.attach(self.name, self)
         for rep in self._replicas.values():
             self._schedule(rep)
+        await self._await_recovered()
+
+    async def _await_recovered(self) -> None:
+        """Wait until every replica has applied what it knows committed, and a lone
+        replica has also led once (its whole log is committed then), up to the limit."""
+        loop = self._need_loop()
+        deadline = loop.time() + self.limits.leader_wait_ms / 1000
+
+        def recovered(rep: Replica) -> bool:
+            raft = rep.raft
+            if rep.failed is not None or rep.closed:
+                return True
+            if len(rep.meta.members) == 1:
+                return raft.role is Role.LEADER and rep.applied_index >= raft.log.last_index()
+            return rep.applied_index >= raft.commit
+
+        while not all(recovered(rep) for rep in self._replicas.values()):
+            if loop.time() > deadline:
+                log.warning("start: some queues are still recovering")
+                return
+            await asyncio.sleep(0.005)
 
     def _open_storage(self) -> NodeStorage:
         storage = NodeStorage.open(OsDisk(str(self.data_dir)), self.limits)
@@ -304,6 +325,11 @@ class Node:
             if rep is not None:
                 with contextlib.suppress(NoLeader):
                     await self._leader_node(rep)
+                # Ready to serve once the first leader's no-op entry applied here.
+                loop = self._need_loop()
+                deadline = loop.time() + self.limits.leader_wait_ms / 1000
+                while rep.applied_index == 0 and loop.time() < deadline and not rep.closed:
+                    await asyncio.sleep(0.005)
             return _info(meta), True
 
     def _known(self, name: str) -> QueueMeta | None:
@@ -701,7 +727,8 @@ class Node:
         changes = {name: getattr(policy, name) for name in policy.to_wire()}
         args = dataclasses.replace(rep.meta.args, **changes)
         rep.meta = dataclasses.replace(rep.meta, args=args)
-        self._spawn(asyncio.to_thread(write_meta, self._need_storage().disk, rep.meta))
+        # Rare and small: written at once, so a later start lists the new arguments.
+        write_meta(self._need_storage().disk, rep.meta)
 
     # --- timers ----------------------------------------------------------------------
 
