@@ -473,7 +473,8 @@ class RaftServer:
             return
         if self.commit < cu.learner_index:
             return
-        if self.now_ms - cu.round_start_ms <= self.limits.election_timeout_ms_min:
+        in_time = self.now_ms - cu.round_start_ms <= self.limits.election_timeout_ms_min
+        if in_time or pr.match >= self.log.last_index():
             config = self.config.with_voter(peer)
             index = self._append_as_leader([(EntryKind.CONFIG, config.encode())])
             self.change_request = (cu.request_id, index)
@@ -631,6 +632,10 @@ class RaftServer:
         self.commit = index
         while self.uncommitted and self.uncommitted[0][0] <= index:
             self.uncommitted_bytes -= self.uncommitted.popleft()[1]
+        cu = self.catch_up
+        if cu is not None and cu.learner_index <= index:
+            # The learner may have caught up before its entry committed; look again.
+            self._maybe_promote(cu.server, self.progress[cu.server])
         if self.change_request is not None and self.change_request[1] <= index:
             self.rd.completed.append(Completed(*self.change_request))
             self.change_request = None
