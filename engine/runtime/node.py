@@ -37,7 +37,7 @@ import time
 import uuid
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from pyroaring import BitMap64
 
@@ -424,7 +424,8 @@ class Node:
         base = 0
         checkpoint = CheckpointInfo()
         if rec.checkpoint is not None:
-            machine.restore(rec.checkpoint.state)
+            # The state may be a view of a mapped file: msgpack reads it without a copy.
+            machine.restore(cast(bytes, rec.checkpoint.state))
             base = rec.checkpoint.index
             checkpoint = CheckpointInfo(base, 0, len(encode_checkpoint(rec.checkpoint)))
         snapshot = self._raft_snapshot(meta.uid, rec.log.snapshot_index())
@@ -461,7 +462,7 @@ class Node:
         server_log = storage.log(uid)
         live = tuple(server_log.read(i) for i in cp.live_indexes)
         config = Configuration.decode(cp.config)
-        return Snapshot(cp.index, cp.term, config, cp.state, cp.live_indexes, live)
+        return Snapshot(cp.index, cp.term, config, bytes(cp.state), cp.live_indexes, live)
 
     def _close_replica(self, rep: Replica, error: QuorraError) -> None:
         rep.closed = True
