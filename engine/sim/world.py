@@ -189,6 +189,14 @@ class World:
             found.extend(obs.violations())
         if not found:
             found.extend(self.workload.finish(self))
+        for node in self.nodes.values():
+            raft = node.raft
+            state = hashlib.sha256(node.machine.snapshot()).hexdigest()[:16]
+            self.log(
+                f"final {node.id} alive={node.alive} {raft.role.name.lower()} term={raft.term} "
+                f"commit={raft.commit} applied={raft.applied} last={raft.log.last_index()} "
+                f"machine={state}"
+            )
         self.log(f"end steps={self.steps} violations={len(found)}")
         return found
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from engine.raft.events import Propose, ReadIndex
+from engine.raft.events import Propose, ReadIndex, Receive
 from engine.raft.kv import encode_put
-from engine.raft.messages import Heartbeat, SnapshotChunk
+from engine.raft.messages import AppendRequest, AppendResponse, Heartbeat, SnapshotChunk
 from engine.raft.snapshot import Snapshot
-from tests.raft.harness import LIMITS, Cluster
+from tests.raft.harness import LIMITS, Cluster, sid
 
 
 def test_a_lagging_follower_is_installed_from_a_snapshot_in_chunks() -> None:
@@ -89,3 +89,22 @@ def test_a_read_is_rejected_when_leadership_is_lost_before_confirmation() -> Non
     c.tick(2 * c.limits.election_timeout_ms_min + c.limits.tick_ms, ["a"], deliver=True)
     rejected = [r for rd in c.nodes["a"].readies for r in rd.rejected]
     assert [(r.request_id, r.reason) for r in rejected] == [(6, "lost_leadership")]
+
+
+def test_a_follower_whose_log_holds_the_snapshot_point_keeps_its_log() -> None:
+    c = Cluster(["a", "b", "c"])
+    c.elect("a")
+    c.cut = {"c"}
+    for n in range(3):
+        c.step("a", Propose(n, (encode_put("k", b"%d" % n),)))
+    c.deliver(c.take(AppendRequest, dst="b"))
+    c.deliver(c.take(AppendResponse))
+    b = c["b"]
+    assert c["a"].commit == 4 and b.commit == 1 and b.log.last_index() == 4
+    snap = c.take_snapshot("a")
+    b.step(Receive(SnapshotChunk(sid("a"), sid("b"), 1, snap.index, snap.term, 0, b"", True)))
+    rd = b.ready()
+    assert rd.snapshot_to_install is None and b.log.last_index() == 4 and b.commit == 4
+    assert [type(m).__name__ for m in rd.messages_after_persist] == ["SnapshotResponse"]
+    assert [m.next_offset for m in rd.messages_after_persist] == [-1]
+    assert [e.index for e in rd.committed_entries] == [2, 3, 4]
