@@ -350,3 +350,42 @@ def test_extending_twice_to_the_same_time_expires_once() -> None:
     q.now += 500
     assert q.apply(encode_expire())[0] == Expired(1, 0, 0)
     q.machine.check_invariants()
+
+
+def test_clearing_the_dead_letter_target_drops_what_is_waiting_for_it() -> None:
+    q = Q(dead_letter_queue="dlq")
+    q.publish(b"a")
+    [d] = q.take()
+    q.apply(encode_discard(receipts([d])))
+    assert q.machine.stats().messages_dead_lettering == 1
+    reply, effects = q.apply(encode_policy({"dead_letter_queue": None}))
+    assert isinstance(reply, PolicyChanged) and effects == []
+    s = q.machine.stats()
+    assert (s.messages_dead_lettering, s.dropped) == (0, 1)
+    assert list(q.machine.live_indexes()) == []
+
+
+def test_next_deadline_names_the_earliest_timer() -> None:
+    q = Q(message_ttl_ms=10_000, lease_ms=3_000)
+    assert q.machine.next_deadline_ms() is None
+    q.publish(b"a")  # head expires at 1000 + 10000 + 999 at the latest
+    assert q.machine.next_deadline_ms() == 11_999
+    q.publish(b"b", delay_ms=5_000)
+    assert q.machine.next_deadline_ms() == 6_000
+    q.take()
+    assert q.machine.next_deadline_ms() == 4_000
+
+
+def test_browse_shows_neither_leased_nor_delayed_messages() -> None:
+    q = Q()
+    q.publish(b"a", b"b")
+    q.publish(b"c", delay_ms=100)
+    q.take(1)
+    assert q.bodies([Delivery(0, i.ref, 0, 0) for i in q.machine.browse()]) == [1025]
+
+
+def test_max_length_counts_delayed_messages() -> None:
+    q = Q(max_length=1)
+    q.publish(b"a", delay_ms=100)
+    reply = q.publish(b"b")
+    assert isinstance(reply, Rejected) and reply.error is QueueFull
