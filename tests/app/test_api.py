@@ -227,7 +227,7 @@ def test_unknown_route_and_method(server: Server, admin: httpx.Client) -> None:
     assert_problem(admin.put("/api/v1/audit"), 405, "method-not-allowed")
     not_allowed = admin.delete("/api/v1/users")
     assert_problem(not_allowed, 405, "method-not-allowed")
-    assert not_allowed.headers["allow"] == "GET, HEAD, POST"
+    assert not_allowed.headers["allow"] == "GET, POST"
 
 
 def test_unsupported_media_type(admin: httpx.Client) -> None:
@@ -307,7 +307,9 @@ def test_healthz_and_readyz_are_open(server: Server) -> None:
     assert httpx.get(f"{server.url}/healthz").json() == {"status": "ok"}
     ready = httpx.get(f"{server.url}/readyz")
     assert ready.status_code == 200
-    assert ready.json() == {"ready": True, "migrations": "0001", "engine": "absent"}
+    body = ready.json()
+    assert body["ready"] is True and body["migrations"] == "0001"
+    assert body["engine"] in ("absent", "recovered")  # recovered once the runtime is built in
 
 
 def test_metrics_need_a_token(server: Server, admin: httpx.Client, admin_token: str) -> None:
@@ -321,13 +323,6 @@ def test_metrics_need_a_token(server: Server, admin: httpx.Client, admin_token: 
     assert "quorra_ready 1.0" in text
     assert "quorra_http_request_duration_seconds_bucket" in text
     assert admin_token not in text
-
-
-def test_queue_routes_do_not_exist_yet(admin: httpx.Client) -> None:
-    # No queue endpoint exists yet: unknown routes are 404, never 500.
-    assert_problem(
-        admin.post("/api/v1/queues/orders/messages", json={"messages": []}), 404, "not-found"
-    )
 
 
 def test_openapi_document_lists_the_api(server: Server) -> None:

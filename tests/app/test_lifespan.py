@@ -51,6 +51,10 @@ class RecordingNode:
         self.events.append("stop")
 
 
+def no_engine(settings: Settings) -> None:
+    return None
+
+
 def _settings(tmp_path: Path, password: str | None = None) -> Settings:
     return Settings(data_dir=tmp_path / "data", admin_password=password, node_name="n1")
 
@@ -86,7 +90,11 @@ def test_without_engine_the_app_is_ready_with_engine_absent(tmp_path: Path) -> N
 def test_bootstrap_happens_once(tmp_path: Path) -> None:
     reports: list[StartupReport] = []
     for _ in range(2):
-        app = create_app(_settings(tmp_path, password="fixed-password"), announce=reports.append)
+        app = create_app(
+            _settings(tmp_path, password="fixed-password"),
+            node_factory=no_engine,
+            announce=reports.append,
+        )
 
         async def run(app: FastAPI = app) -> None:
             async with app.router.lifespan_context(app):
@@ -97,7 +105,7 @@ def test_bootstrap_happens_once(tmp_path: Path) -> None:
 
 
 def test_migrated_schema_matches_the_models(tmp_path: Path) -> None:
-    app = create_app(_settings(tmp_path, password="fixed-password"))
+    app = create_app(_settings(tmp_path, password="fixed-password"), node_factory=no_engine)
 
     async def run() -> None:
         async with app.router.lifespan_context(app):
@@ -113,7 +121,7 @@ def test_migrated_schema_matches_the_models(tmp_path: Path) -> None:
 
 @pytest.fixture
 def db(tmp_path: Path) -> Database:
-    app = create_app(_settings(tmp_path, password="fixed-password"))
+    app = create_app(_settings(tmp_path, password="fixed-password"), node_factory=no_engine)
 
     async def run() -> None:
         async with app.router.lifespan_context(app):

@@ -24,7 +24,7 @@ class Batch(BaseModel):
 
 
 def _router() -> APIRouter:
-    router = APIRouter(prefix=f"{API_PREFIX}/queues", route_class=NegotiatedRoute)
+    router = APIRouter(prefix=f"{API_PREFIX}/seam-test", route_class=NegotiatedRoute)
 
     @router.post(
         "/{name}/echo", responses={200: MSGPACK_RESPONSE}, openapi_extra=openapi_msgpack(Batch)
@@ -74,7 +74,7 @@ def test_queue_seams(tmp_path: Path) -> None:
 async def _check(client: httpx.AsyncClient, token: str, admin_token: str) -> None:
     bob = {"Authorization": f"Bearer {token}"}
     admin = {"Authorization": f"Bearer {admin_token}"}
-    url = f"{API_PREFIX}/queues"
+    url = f"{API_PREFIX}/seam-test"
 
     assert (await client.post(f"{url}/orders-1/echo", json={"messages": ["a"]})).status_code == 401
     forbidden = await client.post(f"{url}/events/echo", json={"messages": ["a"]}, headers=bob)
