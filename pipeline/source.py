@@ -138,15 +138,18 @@ class BrowseReader(DataSourceReader):
 def plan_cursor_ranges(options: Options) -> list[CursorRange]:
     with QuorraClient(options.url, options.token) as client:
         first = client.browse(options.queue, after=None, limit=1)
-        ready = int(client.queue(options.queue).get("messages_ready", 0) or 0)
+        info = client.queue(options.queue)
+    ready = int((info.get("stats") or info).get("messages_ready", 0) or 0)
     if not first or first[0].cursor is None:
         return [CursorRange(None, None)]
     start = first[0].cursor - 1  # ``after`` is exclusive
     parts = max(1, min(options.num_partitions, ready // options.batch_size))
     lane_end = ((first[0].cursor >> _CURSOR_POS_BITS) + 1) << _CURSOR_POS_BITS
     bounds = [min(start + (ready * k) // parts, lane_end - 1) for k in range(parts)]
-    ranges = [CursorRange(bounds[k], bounds[k + 1]) for k in range(parts - 1)]
-    ranges.append(CursorRange(bounds[-1], None))
+    first_after = None if start < 0 else start
+    afters: list[int | None] = [first_after, *bounds[1:]]
+    ranges = [CursorRange(afters[k], bounds[k + 1]) for k in range(parts - 1)]
+    ranges.append(CursorRange(afters[-1], None))
     return [r for r in ranges if r.last is None or r.after is None or r.last > r.after]
 
 
