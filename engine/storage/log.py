@@ -194,12 +194,25 @@ class ServerLog:
         self._last = entries[-1].index
 
     def apply_reset(self, index: int, term: int) -> None:
-        """The log restarts after a snapshot at ``index`` (installed from the leader)."""
+        """The log restarts after a snapshot at ``index`` (installed from the leader).
+        Segments stay: the installer removed the older ones before the reset was
+        written, so those left hold the snapshot's live entries or were written after
+        it (at recovery); ``last_index`` hides anything after ``index``."""
         self.mem.clear()
-        self._segments.clear()
-        self._los.clear()
         self._snapshot_index, self._snapshot_term = index, term
         self._last = index
+
+    def drop_segments(self) -> list[SegmentInfo]:
+        """Take every segment out of the view (their files are being deleted)."""
+        infos = [s.info for s in self._segments]
+        self._segments = []
+        self._los = []
+        return infos
+
+    def last_from_segments(self) -> None:
+        """At recovery, before the WAL replay: the log ends where its segments end."""
+        if self._segments:
+            self._last = max(self._snapshot_index, self._segments[-1].hi)
 
     def add_segment(self, info: SegmentInfo) -> list[str]:
         """Put a new segment in the view; returns paths of segments it hides entirely."""
@@ -217,8 +230,6 @@ class ServerLog:
         self._segments.sort(key=lambda s: s.info.lo)
         self._los = [s.info.lo for s in self._segments]
         self.next_segment_seq = max(self.next_segment_seq, info.seq + 1)
-        if not len(self.mem):
-            self._last = max(self._snapshot_index, self._segments[-1].hi)
         return hidden
 
     def set_snapshot(self, index: int, term: int, live: BitMap64) -> list[str]:

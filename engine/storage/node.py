@@ -15,6 +15,7 @@ the number of messages on a queue.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from engine.errors import RecoveryRefused, StorageFailed
@@ -31,6 +32,7 @@ from engine.storage.segment import (
     read_segment_info,
     segment_dir,
     segment_path,
+    write_segment,
 )
 from engine.storage.wal import (
     AppendOp,
@@ -155,6 +157,8 @@ class NodeStorage:
         self._generations: dict[str, int] = {}
         self._rolled: list[int] = []
         self._damaged_segments: dict[str, list[str]] = {}
+        self._installed: dict[str, SegmentInfo] = {}
+        """Segments of live entries written by ``install_snapshot``, shown at the reset."""
         self.wal: Wal
 
     # -- opening --------------------------------------------------------------------------
@@ -218,6 +222,7 @@ class NodeStorage:
                 continue
             for hidden in log.add_segment(info):
                 self._remove(hidden)
+        log.last_from_segments()
 
     def servers(self) -> list[str]:
         """Uids of every server with data on this node, sorted."""
@@ -318,6 +323,9 @@ class NodeStorage:
         else:
             self._generations[op.uid] = self._generations.get(op.uid, 0) + 1
             log.apply_reset(op.index, op.term)
+            installed = self._installed.pop(op.uid, None)
+            if installed is not None:
+                log.add_segment(installed)
 
     def sync(self) -> list[StorageEvent]:
         """Everything pending made durable, and rolled WAL files flushed to segments:
@@ -406,16 +414,32 @@ class NodeStorage:
             self._remove(path)
         return promoted
 
-    def install_snapshot(self, uid: str, cp: Checkpoint) -> None:
-        """A snapshot from the leader replaces the whole log of ``uid``: written durably,
-        segments deleted, then a reset record goes through the WAL (``SnapshotReset``
-        follows). Entries the snapshot names live are not carried here (issue 6)."""
+    def install_snapshot(
+        self, uid: str, cp: Checkpoint, live_entries: Sequence[Entry] = ()
+    ) -> None:
+        """A snapshot from the leader replaces the whole log of ``uid``: the snapshot file
+        is written durably, every segment deleted, the snapshot's live entries written
+        to a new segment, then a reset record goes through the WAL (``SnapshotReset``
+        follows; until then the log view is unchanged)."""
         log = self._log(uid)
         if log.failed is not None:
             raise log.failed
-        self.checkpoints(uid).install_snapshot(cp)
-        for info, _ in log.segment_infos():
-            self._remove(info.path)
+        assert [e.index for e in live_entries] == list(cp.live_indexes)
+        try:
+            self.checkpoints(uid).install_snapshot(cp)
+            stale = log.drop_segments()
+            pending = self._installed.pop(uid, None)
+            for info in [*stale, *([pending] if pending else [])]:
+                self._remove(info.path)
+            if live_entries:
+                seq = log.next_segment_seq
+                log.next_segment_seq += 1
+                write_segment(self.disk, uid, seq, live_entries, 0)
+                written = read_segment_info(self.disk, segment_path(uid, seq))
+                assert written is not None
+                self._installed[uid] = written
+        except OSError as exc:
+            raise StorageFailed(f"snapshot install of {uid} failed: {exc}") from exc
         self.wal.submit(ResetOp(uid, cp.index, cp.term))
 
     def log(self, uid: str) -> ServerLog:
