@@ -115,9 +115,28 @@ def test_local_cli_adds_users_and_tokens(tmp_path: Path) -> None:
 
 def test_client_reports_problems_clearly(server: Server, admin_token: str) -> None:
     published = quorra(
-        "publish", "orders", "--url", server.url, "--token", admin_token, stdin="a\nb\n"
+        "publish", "no-such-queue", "--url", server.url, "--token", admin_token, stdin="a\nb\n"
     )
     assert published.returncode == 1
     assert "error:" in published.stderr and "Traceback" not in published.stderr
+    assert "HTTP 404" in published.stderr
     no_token = quorra("consume", "orders", "--url", server.url, "--token", "")
     assert no_token.returncode == 1 and "no token" in no_token.stderr
+
+
+def test_publish_and_consume_lines_end_to_end(
+    server: Server, admin: httpx.Client, admin_token: str
+) -> None:
+    if httpx.get(f"{server.url}/readyz").json()["engine"] == "absent":
+        pytest.skip("this build has no queue engine")
+    assert admin.put("/api/v1/queues/cli-lines", json={}).status_code in (200, 201)
+    lines = "".join(f"line {i} é\n" for i in range(250))
+    common = ("--url", server.url, "--token", admin_token)
+    published = quorra("publish", "cli-lines", *common, "--batch", "100", stdin=lines)
+    assert published.returncode == 0, published.stderr
+    assert "published 250 messages" in published.stderr
+    consumed = quorra("consume", "cli-lines", *common, "--max", "250", "--batch", "64")
+    assert consumed.returncode == 0, consumed.stderr
+    assert consumed.stdout == lines
+    empty = quorra("consume", "cli-lines", *common, "--wait-ms", "0")
+    assert empty.returncode == 0 and empty.stdout == ""
