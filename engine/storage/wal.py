@@ -167,6 +167,8 @@ class Wal:
         self._hard_states = dict(hard_states)
         self._broken: StorageFailed | None = None
         self.syncs = 0
+        self.waker: Callable[[], None] | None = None
+        """Called after each ``submit``; ``WalThread`` sets it to wake its writer."""
         self._seq = seq
         self._file, self._refs, self._size = self._create(seq)
 
@@ -186,6 +188,8 @@ class Wal:
         with self._lock:
             self._pending.append(op)
             self._pending_bytes += _op_bytes(op)
+        if self.waker is not None:
+            self.waker()
 
     def pending(self) -> bool:
         return bool(self._pending)
@@ -423,20 +427,26 @@ class WalThread:
         self._wake = threading.Condition()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="quorra-wal", daemon=True)
+        wal.waker = self._notify
 
     def start(self) -> None:
         self._thread.start()
 
     def submit(self, op: WalOp) -> None:
+        """Same as ``wal.submit`` (which also wakes the writer)."""
         self._wal.submit(op)
+
+    def _notify(self) -> None:
         with self._wake:
             self._wake.notify()
 
     def stop(self) -> None:
+        """Write what is pending, then end the thread."""
         with self._wake:
             self._stopping = True
             self._wake.notify()
         self._thread.join()
+        self._wal.waker = None
 
     def _run(self) -> None:
         while True:

@@ -16,7 +16,6 @@ from engine.storage import (
     WalBatch,
     WalThread,
 )
-from engine.storage.wal import AppendOp
 from tests.storage.conftest import entries, small_limits
 
 
@@ -174,7 +173,7 @@ def test_wal_thread_runs_group_commits_in_a_thread() -> None:
     thread.start()
     for k in range(20):
         storage.open_server(f"q{k}")
-        thread.submit(AppendOp(f"q{k}", tuple(entries(1, 1))))
+        storage.append(f"q{k}", entries(1, 1))  # wakes the writer thread
     assert done.wait(10)
     thread.stop()
     events = [e for b in batches for e in storage.complete(b)]
