@@ -58,7 +58,7 @@ def _checkout_all(driver: _Driver, messages: int) -> list[list[tuple[int, int]]]
     for _ in range(messages // BATCH):
         reply = driver.apply(command)
         assert isinstance(reply, CheckedOut)
-        batches.append([(d.tag, d.ref) for d in reply.deliveries])
+        batches.append(list(zip(reply.tags, reply.refs, strict=True)))
     return batches
 
 

@@ -10,8 +10,8 @@ How the runtime uses it
   nothing. Reply ``Enqueued(ids, duplicate)`` or ``Rejected(error_class, detail)``
   (``QueueFull``, ``MessageTooLarge``...; ``reply.to_error()`` gives the exception).
 * **Receive**: ``encode_checkout(consumer, max_messages, lease_ms)`` -> reply
-  ``CheckedOut(deliveries, lease_expires_ms)``; each ``Delivery(tag, ref, priority,
-  delivery_count)``. For each, ``machine.ref_parts(ref)`` gives ``(index, slot, size)``;
+  ``CheckedOut(tags, refs, priorities, delivery_counts, lease_expires_ms)`` (parallel
+  tuples; ``.deliveries`` gives ``Delivery(tag, ref, priority, delivery_count)`` values). For each, ``machine.ref_parts(ref)`` gives ``(index, slot, size)``;
   read the log entry at ``index`` and call ``read_message(entry, slot)`` for body and
   headers (memoryviews, no copy); ``published_at`` is that entry's ``now_ms``. The
   receipt is ``encode_receipt(tag, ref)``; the public message id is

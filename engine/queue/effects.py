@@ -84,8 +84,27 @@ class Delivery:
 
 @dataclass(frozen=True, slots=True)
 class CheckedOut:
-    deliveries: tuple[Delivery, ...]
+    """The messages leased by a checkout, as parallel tuples (no object per message);
+    ``deliveries`` gives them as ``Delivery`` values."""
+
+    tags: tuple[int, ...]
+    refs: tuple[int, ...]
+    priorities: tuple[int, ...]
+    delivery_counts: tuple[int, ...]
     lease_expires_ms: int
+
+    def __post_init__(self) -> None:
+        n = len(self.tags)
+        assert len(self.refs) == len(self.priorities) == len(self.delivery_counts) == n
+
+    @property
+    def deliveries(self) -> tuple[Delivery, ...]:
+        return tuple(
+            Delivery(*fields)
+            for fields in zip(
+                self.tags, self.refs, self.priorities, self.delivery_counts, strict=True
+            )
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -62,7 +62,6 @@ from engine.queue.effects import (
     CheckedOut,
     DeadLetter,
     DeadLetterConfirmed,
-    Delivery,
     Enqueued,
     Expired,
     MessagesAvailable,
@@ -407,36 +406,38 @@ class QueueMachine:
         lease_ms = min(c.lease_ms or self.policy.lease_ms, self._limits.lease_ms_max)
         expires_ms = self._now_ms + lease_ms
         wanted = min(c.max_messages, self._limits.receive_messages_max)
-        deliveries: list[Delivery] = []
+        tags: list[int] = []
+        refs_out: list[int] = []
+        levels_out: list[int] = []
+        counts: list[int] = []
         expired: list[int] = []
         levels = self.policy.priorities
         for level in range(levels - 1, -1, -1):
-            if len(deliveries) >= wanted:
+            if len(tags) >= wanted:
                 break
             lane_no = 2 * (levels - 1 - level)
-            taken = [
-                self._take(self._lanes[lane_no], wanted - len(deliveries), expired),
-            ]
-            taken.append(
-                self._take(
-                    self._lanes[lane_no + 1], wanted - len(deliveries) - len(taken[0]), expired
-                )
+            first_lane = self._take(self._lanes[lane_no], wanted - len(tags), expired)
+            second_lane = self._take(
+                self._lanes[lane_no + 1], wanted - len(tags) - len(first_lane), expired
             )
-            refs = np.concatenate(taken)
+            refs = np.concatenate([first_lane, second_lane])
             if not len(refs):
                 continue
             size = int(sizes_of(refs, self._fallback).sum())
             self._bytes_ready -= size
             self._bytes_pending += size
             first = self._pending.add(refs, c.consumer, level, expires_ms)
+            taken = refs.tolist()
+            tags += range(first, first + len(taken))
+            refs_out += taken
+            levels_out += [level] * len(taken)
             before = self._delivered_before
-            deliveries += [
-                Delivery(first + k, ref, level, before.get(ref, 0) + 1)
-                for k, ref in enumerate(refs.tolist())
-            ]
+            counts += [before.get(ref, 0) + 1 for ref in taken] if before else [1] * len(taken)
         self._dead_letter(expired, REASON_EXPIRED, effects)
-        self._counters["delivered"] += len(deliveries)
-        return CheckedOut(tuple(deliveries), expires_ms)
+        self._counters["delivered"] += len(tags)
+        return CheckedOut(
+            tuple(tags), tuple(refs_out), tuple(levels_out), tuple(counts), expires_ms
+        )
 
     def _take(self, lane: RefFifo, n: int, expired: list[int]) -> U64:
         """Pop up to ``n`` deliverable refs from a lane; expired heads go to ``expired``."""
