@@ -15,6 +15,7 @@ the number of messages on a queue.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -114,18 +115,29 @@ class SegmentFlush:
     written: list[tuple[str, int, list[SegmentInfo]]] = field(default_factory=list)
 
     def write(self) -> None:
-        for uid, generation, seq, entries in self.plans:
-            infos: list[SegmentInfo] = []
-            for chunk in _chunks(entries, self.limits):
-                data = encode_segment(seq, chunk, OVERWRITES)
-                path = segment_path(uid, seq)
-                self.disk.makedirs(parent(path))
-                write_file_atomic(self.disk, path, data)
-                info = read_segment_info(self.disk, path)
-                assert info is not None, f"segment {path} unreadable right after writing"
-                infos.append(info)
-                seq += 1
-            self.written.append((uid, generation, infos))
+        """Write the segments. On a disk error, remove what this flush wrote and raise
+        ``StorageFailed``: the entries stay in the mem tables and the WAL file stays,
+        so a later flush can try again."""
+        paths: list[str] = []
+        try:
+            for uid, generation, seq, entries in self.plans:
+                infos: list[SegmentInfo] = []
+                for chunk in _chunks(entries, self.limits):
+                    path = segment_path(uid, seq)
+                    paths.append(path)
+                    self.disk.makedirs(parent(path))
+                    write_file_atomic(self.disk, path, encode_segment(seq, chunk, OVERWRITES))
+                    info = read_segment_info(self.disk, path)
+                    assert info is not None, f"segment {path} unreadable right after writing"
+                    infos.append(info)
+                    seq += 1
+                self.written.append((uid, generation, infos))
+        except OSError as exc:
+            self.written.clear()
+            for path in paths:
+                with contextlib.suppress(OSError):
+                    self.disk.remove(path)
+            raise StorageFailed(f"segment flush of WAL file {self.wal_seq} failed: {exc}") from exc
 
 
 def _chunks(entries: list[Entry], limits: Limits) -> list[list[Entry]]:
@@ -376,11 +388,17 @@ class NodeStorage:
         self.disk.sync_dir("wal")
         self._rolled.pop(0)
 
-    def flush_segments(self) -> None:
-        """Flush every rolled WAL file, on this thread."""
+    def flush_segments(self) -> StorageFailed | None:
+        """Flush every rolled WAL file, on this thread. A disk error stops it and is
+        returned; nothing is lost (the entries stay in mem tables and the WAL) and the
+        next call tries again."""
         while (flush := self.prepare_segment_flush()) is not None:
-            flush.write()
+            try:
+                flush.write()
+            except StorageFailed as error:
+                return error
             self.finish_segment_flush(flush)
+        return None
 
     def _remove(self, path: str) -> None:
         self.cache.evict(path)
@@ -405,7 +423,10 @@ class NodeStorage:
         snapshot and delete segments holding only dead entries before it. Returns the
         snapshot index, or ``None`` if no checkpoint qualifies."""
         store = self.checkpoints(uid)
-        promoted = store.promote(index)
+        try:
+            promoted = store.promote(index)
+        except OSError as exc:
+            raise StorageFailed(f"promotion of a checkpoint of {uid} failed: {exc}") from exc
         if promoted is None:
             return None
         snapshot = store.read_snapshot()

@@ -141,3 +141,28 @@ def test_io_error_on_sync_fails_the_batch() -> None:
     disk.crash()
     storage = NodeStorage.open(disk, small_limits(wal_file_bytes_max=1 << 20))
     assert storage.open_server("a").log.last_index() == 0
+
+
+def test_a_failed_segment_flush_loses_nothing_and_is_retried() -> None:
+    disk = FakeDisk()
+    storage = NodeStorage.open(disk, small_limits())
+    storage.open_server("q")
+    for i in range(4):
+        storage.append("q", entries(1 + 10 * i, 10, size=40))
+        while storage.wal.pending():
+            storage.complete(storage.write_batch())
+    assert storage.rolled_wal_files()
+    disk.fail_errno = errno.ENOSPC
+    error = storage.flush_segments()
+    assert isinstance(error, StorageFailed) and "segment flush" in error.detail
+    assert disk.listdir("queues/q/segments") == []
+    assert storage.log("q").entries(1, 41, 1 << 20) == [
+        e for i in range(4) for e in entries(1 + 10 * i, 10, size=40)
+    ]
+    disk.fail_errno = None
+    assert storage.flush_segments() is None and storage.rolled_wal_files() == []
+    disk.crash()
+    storage = NodeStorage.open(disk, small_limits())
+    assert [e.index for e in storage.open_server("q").log.entries(1, 99, 1 << 20)] == list(
+        range(1, 41)
+    )
