@@ -38,7 +38,7 @@ from engine.raft.events import (
     TransferLeadership,
 )
 from engine.raft.log import EntryKind
-from engine.raft.machine import ApplyMeta, Machine
+from engine.raft.machine import ApplyMeta, CheckpointRequest, Machine
 from engine.raft.messages import Message
 from engine.raft.server import Fault, RaftOptions, RaftServer, Role
 from engine.raft.snapshot import Snapshot
@@ -276,7 +276,11 @@ class World:
             reply: object = None
             if entry.kind is EntryKind.COMMAND:
                 meta = ApplyMeta(entry.index, entry.term, entry.now_ms)
-                reply, _effects = node.machine.apply(meta, entry.data)
+                reply, effects = node.machine.apply(meta, entry.data)
+                for effect in effects:
+                    # Followers and leaders alike checkpoint; other effects are the runtime's.
+                    if type(effect) is CheckpointRequest and entry.index > node.snapshot_index:
+                        self._take_snapshot(node, entry.index, entry.term)
             for obs in self.observers:
                 obs.on_applied(self, node, entry, reply)
             self.workload.on_applied(self, node, entry, reply)
@@ -295,19 +299,21 @@ class World:
         self._drain(node)
 
     def _maybe_snapshot(self, node: SimNode) -> None:
+        """Every ``snapshot_every`` applied entries, as a runtime's size trigger would."""
+        applied = node.raft.applied
+        if applied - node.snapshot_index >= node.snapshot_every:
+            term = node.raft.log.term(applied)
+            assert term is not None
+            self._take_snapshot(node, applied, term)
+
+    def _take_snapshot(self, node: SimNode, index: int, term: int) -> None:
+        """Checkpoint the machine as of ``index`` (just applied) plus its live entries."""
         raft = node.raft
-        applied = raft.applied
-        if applied - node.snapshot_index < node.snapshot_every:
-            return
-        term = raft.log.term(applied)
-        assert term is not None
         live = node.machine.live_indexes()
         entries = tuple(node.storage.entry(i) for i in live)
-        snap = Snapshot(
-            applied, term, raft.config_at(applied), node.machine.snapshot(), live, entries
-        )
+        snap = Snapshot(index, term, raft.config_at(index), node.machine.snapshot(), live, entries)
         node.storage.save_snapshot(snap)
-        node.snapshot_index = applied
+        node.snapshot_index = index
         raft.step(SnapshotTaken(snap))
 
     # --- servers ----------------------------------------------------------------------

@@ -7,7 +7,9 @@ import random
 
 from engine.ids import ServerId
 from engine.raft.events import HardState
+from engine.raft.kv import KvMachine
 from engine.raft.log import Entry, EntryKind
+from engine.raft.machine import ApplyMeta, CheckpointRequest, Machine, MachineEffect
 from engine.sim.checkers import Observer
 from engine.sim.storage import MemStorage, SimStorage
 from engine.sim.workload import KvWorkload
@@ -70,3 +72,25 @@ def test_storage_workload_and_observers_plug_in() -> None:
     )
     assert world.run() == []
     assert _CountingStorage.writes > 0 and counter.applied > 0
+
+
+class _CheckpointingKv(KvMachine):
+    """A KV machine that asks for a checkpoint every fourth command, as a queue would."""
+
+    def apply(self, meta: ApplyMeta, command: bytes) -> tuple[object, list[MachineEffect]]:
+        reply, effects = super().apply(meta, command)
+        if meta.index % 4 == 0:
+            effects = [*effects, CheckpointRequest(meta.index)]
+        return reply, effects
+
+
+class _CheckpointWorkload(KvWorkload):
+    def make_machine(self) -> Machine:
+        return _CheckpointingKv()
+
+
+def test_a_machine_checkpoint_request_becomes_a_snapshot_at_that_index() -> None:
+    world = World(SimConfig(seed=11, steps=1500), workload_factory=_CheckpointWorkload)
+    assert world.run() == []
+    indexes = [n.snapshot_index for n in world.nodes.values()]
+    assert any(i > 0 for i in indexes)
