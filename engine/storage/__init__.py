@@ -17,6 +17,8 @@ Using it (the runtime and the simulator do the same, the runtime with two thread
     # events: Persisted(uid, index, term), HardStateSaved, SnapshotReset, WriteFailed
     # -> Raft Persisted(index, term); send messages_after_persist for that server.
     storage.flush_segments()                             # after a WAL roll (or use sync())
+    storage.close()                                      # clean stop: roll + flush, so the
+                                                         # next open replays no WAL
 
 Threads in the real runtime: ``WalThread(storage.wal, on_batch)`` calls
 ``wal.write_batch`` whenever something is pending and passes each ``WalBatch`` to
@@ -32,6 +34,12 @@ newest checkpoint at or below it to the snapshot; segments before it without a l
 are deleted). Payload reads, also of live entries before the snapshot:
 ``storage.log(uid).read(index)``.
 
+Segment flush: ``flush_segments`` (and ``SegmentFlush.write``) report a disk error as
+``StorageFailed`` and lose nothing: the entries stay in the mem tables and the WAL file
+stays until a later flush succeeds. A snapshot from the leader: ``install_snapshot(uid,
+checkpoint, live_entries)``. The simulator's plug is ``engine.storage.simulated
+.SimDiskStorage`` (one ``NodeStorage`` on a ``FakeDisk`` per simulated server).
+
 Errors: a refused write (disk full, I/O error) comes back as ``WriteFailed`` and the
 server's further writes raise ``StorageFailed``; nothing durable is damaged, other
 servers keep working if the disk accepts their writes. A CRC failure on read raises
@@ -39,7 +47,7 @@ servers keep working if the disk accepts their writes. A CRC failure on read rai
 
 Layout under the data directory: ``wal/<seq>.wal``,
 ``queues/<uid>/segments/<seq>.seg``, ``queues/<uid>/checkpoints/<index>.chk``,
-``queues/<uid>/snapshots/<index>.chk``. File formats are described at the top of
+``queues/<uid>/snapshots/<index>.chk`` (the promoted checkpoint). File formats are described at the top of
 ``wal.py``, ``segment.py`` and ``checkpoint.py``.
 """
 
