@@ -1,0 +1,140 @@
+"""Three nodes in one process joined by the in-memory transport: real replication."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TypeVar
+
+from engine.errors import NoLeader
+from engine.runtime import InMemoryNetwork, Node
+from engine.runtime.api import QueueArgs
+from tests.runtime.util import FAST, drain, eventually, msgs, run
+
+T = TypeVar("T")
+NAMES = ["n1", "n2", "n3"]
+
+
+async def cluster(root: Path, network: InMemoryNetwork) -> dict[str, Node]:
+    nodes = {}
+    for name in NAMES:
+        nodes[name] = Node(
+            root / name, node_name=name, limits=FAST, transport=network.transport(name)
+        )
+    await asyncio.gather(*(n.start() for n in nodes.values()))
+    return nodes
+
+
+async def retrying(call: Callable[[], Awaitable[T]], timeout_s: float = 10) -> T:
+    """Retry while the queue has no leader (an election is running)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        try:
+            return await call()
+        except NoLeader:
+            if loop.time() > deadline:
+                raise
+            await asyncio.sleep(0.05)
+
+
+def leader_of(nodes: dict[str, Node], queue: str) -> str | None:
+    for name, node in nodes.items():
+        stats = node.stats(queue)
+        raft = stats["raft"]
+        assert isinstance(raft, dict)
+        if raft["role"] == "leader":
+            return name
+    return None
+
+
+def test_replication_and_forwarding(tmp_path: Path) -> None:
+    async def body() -> None:
+        network = InMemoryNetwork(NAMES)
+        nodes = await cluster(tmp_path, network)
+        try:
+            info, created = await nodes["n1"].create_queue("rq", QueueArgs())
+            assert created and info.args.replicas == 3
+            for node in nodes.values():
+                assert [q.uid for q in node.queues()] == [info.uid]
+            for k, node in enumerate(nodes.values()):
+                await retrying(
+                    lambda n=node, k=k: n.publish("rq", msgs(*[f"{k}-{i}" for i in range(10)]))
+                )  # type: ignore[misc]
+
+            def replicated() -> bool:
+                return all(n.stats("rq")["messages_ready"] == 30 for n in nodes.values())
+
+            await eventually(replicated, what="30 messages on every replica")
+            got = await nodes["n2"].receive(
+                "rq", consumer="c", max_messages=5, wait_ms=0, lease_ms=None
+            )
+            assert len(got) == 5
+            res = await nodes["n3"].ack("rq", [m.receipt for m in got])
+            assert res.settled == 5
+            leader = leader_of(nodes, "rq")
+            assert leader is not None
+            raft = nodes[leader].stats("rq")["raft"]
+            assert isinstance(raft, dict)
+            roles = sorted(m["role"] for m in raft["members"])
+            assert roles == ["follower", "follower", "leader"]
+            await eventually(
+                lambda: all(n.stats("rq")["messages_ready"] == 25 for n in nodes.values()),
+                what="the ack on every replica",
+            )
+            health = nodes["n1"].cluster()["nodes"]
+            assert isinstance(health, list) and len(health) == 3
+            await nodes["n2"].delete_queue("rq")
+            assert all(n.queues() == [] for n in nodes.values())
+        finally:
+            await asyncio.gather(*(n.stop() for n in nodes.values()))
+
+    run(body())
+
+
+def test_leader_crash_failover_loses_nothing_confirmed(tmp_path: Path) -> None:
+    async def body() -> None:
+        network = InMemoryNetwork(NAMES)
+        nodes = await cluster(tmp_path, network)
+        confirmed: list[bytes] = []
+        try:
+            await nodes["n1"].create_queue("fq", QueueArgs(lease_ms=60_000))
+
+            async def publish_some(via: Node, tag: str, n: int) -> None:
+                for i in range(n):
+                    body = f"{tag}-{i}".encode()
+                    await retrying(lambda b=body: via.publish("fq", msgs(b, dedup_id=b.decode())))  # type: ignore[misc]
+                    confirmed.append(body)
+
+            await publish_some(nodes["n2"], "before", 40)
+            leader = leader_of(nodes, "fq")
+            assert leader is not None
+            # Publishes in flight while the leader dies: they either confirm or fail.
+            survivor = next(n for name, n in nodes.items() if name != leader)
+            inflight = asyncio.create_task(publish_some(survivor, "during", 20))
+            await asyncio.sleep(0.01)
+            await nodes[leader].halt()
+            await inflight
+            await publish_some(survivor, "after", 20)
+            new_leader = leader_of({k: v for k, v in nodes.items() if k != leader}, "fq")
+            assert new_leader is not None and new_leader != leader
+
+            # The crashed node comes back on its files and catches up.
+            nodes[leader] = Node(
+                tmp_path / leader,
+                node_name=leader,
+                limits=FAST,
+                transport=network.transport(leader),
+            )
+            await nodes[leader].start()
+            await eventually(
+                lambda: nodes[leader].stats("fq")["messages_ready"] == len(confirmed),
+                what="the restarted replica caught up",
+            )
+            bodies = await retrying(lambda: drain(nodes[leader], "fq"))
+            assert sorted(bodies) == sorted(confirmed)
+        finally:
+            await asyncio.gather(*(n.stop() for n in nodes.values()))
+
+    run(body())
