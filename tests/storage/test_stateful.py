@@ -39,6 +39,8 @@ class LogMachine(RuleBasedStateMachine):
         self.snapshot = 0
         self.other_last = 0
         self.hard_state: HardState | None = None
+        self.live: dict[int, Entry] = {}
+        """Entries a snapshot from the leader named live, readable below the snapshot."""
 
     def _submitted_last(self) -> int:
         model = dict(self.durable)
@@ -90,8 +92,29 @@ class LogMachine(RuleBasedStateMachine):
         )
         assert self.storage.release_cursor("q", c) == c
         self.snapshot = c
+        self.live.clear()  # the checkpoint above names no live entry
         for i in [i for i in self.durable if i <= c]:
             del self.durable[i]
+
+    @rule(ahead=st.integers(-3, 5), live=st.sets(st.integers(0, 6), max_size=3))
+    def install_snapshot(self, ahead: int, live: set[int]) -> None:
+        """A snapshot from the leader replaces the log; its live entries stay readable."""
+        self.sync()
+        last = max(self.durable, default=self.snapshot)
+        index = max(self.snapshot + 1, last + ahead)
+        self.term += 1
+        live_entries = [
+            Entry(i, self.term, EntryKind.COMMAND, i, b"live%d" % i)
+            for i in sorted({index - k for k in live if index - k >= 1})
+        ]
+        cp = Checkpoint(
+            index, self.term, 1, b"", BitMap64([e.index for e in live_entries]), b"leader"
+        )
+        self.storage.install_snapshot("q", cp, live_entries)
+        self.sync()
+        self.durable.clear()
+        self.snapshot = index
+        self.live = {e.index: e for e in live_entries}
 
     @rule(torn=st.booleans(), seed=st.integers(0, 2**16))
     def crash(self, torn: bool, seed: int) -> None:
@@ -128,6 +151,8 @@ class LogMachine(RuleBasedStateMachine):
         assert log.first_index() == self.snapshot + 1
         assert self._view() == self.durable
         assert log.last_index() == max(self.durable, default=self.snapshot)
+        for index, entry in self.live.items():
+            assert log.read(index) == entry
 
 
 TestLog = LogMachine.TestCase
