@@ -238,7 +238,9 @@ class Node:
 
     def _open_storage(self) -> NodeStorage:
         storage = NodeStorage.open(OsDisk(str(self.data_dir)), self.limits)
-        storage.flush_segments()
+        error = storage.flush_segments()
+        if error is not None:  # nothing is lost: the WAL files stay until a later flush
+            log.error("start: segment flush failed: %s", error.detail)
         return storage
 
     def _read_metas(self) -> list[QueueMeta]:
@@ -565,7 +567,7 @@ class Node:
             snap.live_indexes,
             snap.machine_state,
         )
-        storage.install_snapshot(rep.uid, cp)
+        storage.install_snapshot(rep.uid, cp, snap.live_entries)
         rep.machine.restore(snap.machine_state)
         rep.base_index = snap.index
         rep.applied_index, rep.applied_term = snap.index, snap.term
@@ -623,6 +625,7 @@ class Node:
                 rep.raft.step(RaftPersisted(event.index, event.term))
             elif isinstance(event, SnapshotReset):
                 rep.raft.step(SnapshotInstalled(event.index, event.term))
+                rep.installed_live.clear()  # storage holds them now
             else:
                 assert isinstance(event, HardStateSaved)
             while rep.after_persist and rep.after_persist[0][0] <= rep.ops_done:
@@ -645,8 +648,10 @@ class Node:
                         shutil.rmtree, self.data_dir / "queues" / uid, ignore_errors=True
                     )
                 storage.finish_segment_flush(flush)
-        except OSError as e:
-            log.error("segment flush failed: %s", e)
+        except StorageFailed as e:
+            # Nothing is lost: the entries stay in the mem tables and the WAL file stays;
+            # the next finished WAL batch tries again.
+            log.error("segment flush failed: %s", e.detail)
         finally:
             self._flushing = False
 

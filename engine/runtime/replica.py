@@ -74,7 +74,7 @@ class Replica:
     inflight_publish_bytes: int = 0
     checkpoint: CheckpointInfo = field(default_factory=CheckpointInfo)
     installed_live: dict[int, Entry] = field(default_factory=dict)
-    """Live entries received with an installed snapshot (storage keeps none, issue 6)."""
+    """Live entries of a snapshot being installed, readable until storage shows them."""
     samples: deque[tuple[int, int, int, int]] = field(default_factory=lambda: deque(maxlen=16))
     """(ms, published, delivered, acked) about once a second, for the rates."""
     disk_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
