@@ -30,7 +30,7 @@ def readiness(request: Request) -> Readiness:
 
 
 @ops_router.get("/healthz", response_model=Health)
-def healthz() -> Health:
+async def healthz() -> Health:
     """The process is alive and serving HTTP."""
     return Health(status="ok")
 
@@ -63,7 +63,7 @@ def metrics(request: Request, session: SessionDep, _who: PrincipalDep) -> Respon
 
 
 @api_router.get("/whoami", response_model=WhoAmI)
-def whoami(who: PrincipalDep) -> WhoAmI:
+async def whoami(who: PrincipalDep) -> WhoAmI:
     return WhoAmI(
         name=who.name,
         role=who.role,

@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import delete, func, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, joinedload
 
 from app.db.models import (
     ApiToken,
@@ -99,7 +99,9 @@ def create_token(session: Session, *, user: User, digest: str, prefix: str, name
 
 
 def find_token(session: Session, digest: str) -> ApiToken | None:
-    return session.scalar(select(ApiToken).where(ApiToken.digest == digest))
+    """The token and its user, in one query (this runs on every API request)."""
+    query = select(ApiToken).options(joinedload(ApiToken.user)).where(ApiToken.digest == digest)
+    return session.scalar(query)
 
 
 def get_token(session: Session, token_id: str) -> ApiToken | None:
@@ -118,10 +120,16 @@ def revoke_token(session: Session, token: ApiToken) -> None:
     session.flush()
 
 
+def token_use_is_stale(token: ApiToken, now: datetime | None = None) -> bool:
+    """True when ``last_used_at`` is older than ``TOKEN_TOUCH_INTERVAL`` (or unset)."""
+    now = now or utcnow()
+    return token.last_used_at is None or now - token.last_used_at >= TOKEN_TOUCH_INTERVAL
+
+
 def maybe_touch_token(token: ApiToken, now: datetime | None = None) -> bool:
     """Record use, at most once per ``TOKEN_TOUCH_INTERVAL``; says whether it wrote."""
     now = now or utcnow()
-    if token.last_used_at is not None and now - token.last_used_at < TOKEN_TOUCH_INTERVAL:
+    if not token_use_is_stale(token, now):
         return False
     token.last_used_at = now
     return True
