@@ -6,9 +6,11 @@ dead data off its end (the data section is last for that reason) or replace it.
 
 File format (``queues/<uid>/segments/<seq:08>.seg``)::
 
-    header   64 bytes: magic "QSEG", version u16, flags u16, count u32, seq u64,
+    header   two 64-byte slots: magic "QSEG", version u16, flags u16, count u32, seq u64,
              lo u64, hi u64, index_offset u64, data_offset u64, index CRC32C u32,
-             4 bytes zero, header CRC32C u32 (over the first 60 bytes)
+             generation u32, header CRC32C u32 (over the slot's first 60 bytes). The
+             valid slot with the higher generation is the header; a segment is written
+             with slot A only.
     index    count records of 48 bytes, sorted by index, numpy dtype ``INDEX_DTYPE``:
              index, term, now_ms, offset, length, CRC32C of the data, kind
     data     the entries' data, back to back, in index order
@@ -18,7 +20,9 @@ entries and compaction may rewrite several segments into one. Flag ``OVERWRITES`
 segment written from the mem table: its entries replace every entry at ``lo`` and after
 in older segments (a follower's log may have been overwritten). A compacted segment
 (issue 6) will not carry the flag: it replaces the files it was made from and nothing
-else. At recovery only the headers are read; a reader loads the index on first use and
+else. Cutting dead data off the end (compaction phase 2) writes the other header slot
+with a smaller ``count``/``hi`` and the next generation, syncs, then truncates: a crash
+at any point leaves one valid header. At recovery only the headers are read; a reader loads the index on first use and
 checks it, and checks each entry's data on read.
 """
 
@@ -41,8 +45,9 @@ _KINDS = tuple(EntryKind)
 """Entry kinds by value, faster than calling the enum."""
 _MAGIC = b"QSEG"
 _VERSION = 1
-_HEADER = struct.Struct("<4sHHIQQQQQI4x")
-HEADER_BYTES = 64
+_HEADER = struct.Struct("<4sHHIQQQQQII")
+SLOT_BYTES = 64
+HEADER_BYTES = 2 * SLOT_BYTES
 OVERWRITES = 1
 INDEX_DTYPE = np.dtype(
     [
@@ -56,7 +61,7 @@ INDEX_DTYPE = np.dtype(
         ("pad", "V7"),
     ]
 )
-assert INDEX_DTYPE.itemsize == 48 and _HEADER.size + 4 == HEADER_BYTES
+assert INDEX_DTYPE.itemsize == 48 and _HEADER.size + 4 == SLOT_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +74,7 @@ class SegmentInfo:
     hi: int
     count: int
     flags: int
+    generation: int
     index_offset: int
     data_offset: int
     index_crc: int
@@ -100,20 +106,37 @@ def encode_segment(seq: int, entries: Sequence[Entry], flags: int) -> bytes:
     index["kind"] = np.fromiter((int(e.kind) for e in entries), dtype=np.uint8, count=count)
     assert bool(np.all(np.diff(index["index"].astype(np.int64)) > 0)), "unsorted entries"
     index_bytes = index.tobytes()
+    head = encode_header(
+        seq, flags, count, entries[0].index, entries[-1].index, data_offset, index_bytes, 1
+    )
+    return b"".join([head, bytes(SLOT_BYTES), index_bytes, *(e.data for e in entries)])
+
+
+def encode_header(
+    seq: int,
+    flags: int,
+    count: int,
+    lo: int,
+    hi: int,
+    data_offset: int,
+    index_bytes: bytes,
+    generation: int,
+) -> bytes:
+    """One header slot (64 bytes)."""
     head = _HEADER.pack(
         _MAGIC,
         _VERSION,
         flags,
         count,
         seq,
-        entries[0].index,
-        entries[-1].index,
+        lo,
+        hi,
         HEADER_BYTES,
         data_offset,
         crc32c.crc32c(index_bytes),
+        generation,
     )
-    head += struct.pack("<I", crc32c.crc32c(head))
-    return b"".join([head, index_bytes, *(e.data for e in entries)])
+    return head + struct.pack("<I", crc32c.crc32c(head))
 
 
 def write_segment(disk: Disk, uid: str, seq: int, entries: Sequence[Entry], flags: int) -> None:
@@ -123,25 +146,31 @@ def write_segment(disk: Disk, uid: str, seq: int, entries: Sequence[Entry], flag
 
 
 def read_segment_info(disk: Disk, path: str) -> SegmentInfo | None:
-    """The header of a segment, or ``None`` if it is damaged."""
+    """The header of a segment (the valid slot of the higher generation), or ``None``
+    if neither slot is valid."""
     f = disk.open(path)
     try:
         head, size = f.pread(0, HEADER_BYTES), f.size()
     finally:
         f.close()
-    if (
-        len(head) < HEADER_BYTES
-        or crc32c.crc32c(head[:60]) != struct.unpack_from("<I", head, 60)[0]
-    ):
+    slots = [_slot(path, head[k : k + SLOT_BYTES], size) for k in (0, SLOT_BYTES)]
+    valid = [info for info in slots if info is not None]
+    return max(valid, key=lambda info: info.generation) if valid else None
+
+
+def _slot(path: str, head: bytes, size: int) -> SegmentInfo | None:
+    if len(head) < SLOT_BYTES or crc32c.crc32c(head[:60]) != struct.unpack_from("<I", head, 60)[0]:
         return None
-    magic, version, flags, count, seq, lo, hi, index_offset, data_offset, index_crc = (
+    magic, version, flags, count, seq, lo, hi, index_offset, data_offset, index_crc, gen = (
         _HEADER.unpack_from(head)
     )
     if magic != _MAGIC or version != _VERSION or not (1 <= lo <= hi) or count < 1:
         return None
-    if data_offset != index_offset + count * INDEX_DTYPE.itemsize or data_offset > size:
+    if data_offset < index_offset + count * INDEX_DTYPE.itemsize or data_offset > size:
         return None
-    return SegmentInfo(path, seq, lo, hi, count, flags, index_offset, data_offset, index_crc, size)
+    return SegmentInfo(
+        path, seq, lo, hi, count, flags, gen, index_offset, data_offset, index_crc, size
+    )
 
 
 class SegmentReader:
@@ -263,11 +292,14 @@ class ReaderCache:
 
 
 __all__ = [
+    "HEADER_BYTES",
     "INDEX_DTYPE",
     "OVERWRITES",
+    "SLOT_BYTES",
     "ReaderCache",
     "SegmentInfo",
     "SegmentReader",
+    "encode_header",
     "encode_segment",
     "read_segment_info",
     "segment_dir",

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from engine.errors import StorageFailed
@@ -7,8 +9,10 @@ from engine.storage.disk import FakeDisk
 from engine.storage.segment import (
     HEADER_BYTES,
     OVERWRITES,
+    SLOT_BYTES,
     ReaderCache,
     SegmentReader,
+    encode_header,
     read_segment_info,
     segment_path,
     write_segment,
@@ -71,3 +75,28 @@ def test_reader_cache_keeps_a_bounded_number_open() -> None:
         assert cache.get(info).read(info.lo) is not None
     assert cache.open_count() == 2
     assert cache.get(infos[-1]) is cache.get(infos[-1])
+
+
+def test_the_second_header_slot_lets_dead_data_be_cut_off_the_end() -> None:
+    """What compaction phase 2 will do: new header in the other slot, sync, truncate."""
+    disk = FakeDisk()
+    written = entries(1, 6)
+    write_segment(disk, "q", 1, written, OVERWRITES)
+    path = segment_path("q", 1)
+    info = read_segment_info(disk, path)
+    assert info is not None and info.generation == 1
+    reader = SegmentReader(disk, info)
+    keep = 4
+    index_bytes = reader.index[:keep].tobytes()
+    end = int(reader.index["offset"][keep - 1] + reader.index["length"][keep - 1])
+    slot = encode_header(1, OVERWRITES, keep, 1, 4, info.data_offset, index_bytes, 2)
+    f = disk.open(path)
+    f.pwrite(SLOT_BYTES, slot)
+    f.sync()
+    f.truncate(end)
+    f.sync()
+    cut = read_segment_info(disk, path)
+    assert cut is not None and (cut.generation, cut.count, cut.hi) == (2, 4, 4)
+    assert [SegmentReader(disk, cut).read(i) for i in range(1, 5)] == written[:4]
+    disk.flip_bit(path, 8 * (SLOT_BYTES + 8))  # the new slot damaged: the old one rules
+    assert read_segment_info(disk, path) == dataclasses.replace(info, bytes=end)
