@@ -35,6 +35,7 @@ import random
 import shutil
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, cast
@@ -186,7 +187,9 @@ class Node:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._listener: RecordListener | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._flushing = False
+        self._flush_task: asyncio.Task[None] | None = None
+        self._batches: deque[WalBatch] = deque()
+        """Finished WAL batches handed over by the writer thread, in order."""
         self._create_lock = asyncio.Lock()
         self._inflight_requests = 0
         self._heard_ms: dict[str, int] = {}
@@ -284,7 +287,11 @@ class Node:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         assert self._writer is not None and self._storage is not None
         await asyncio.to_thread(self._writer.stop, abandon=abandon)
-        await asyncio.sleep(0)
+        # Every batch the writer finished reaches the mem tables before a close flushes
+        # them (a segment flush deletes the WAL file it came from).
+        self._drain_batches()
+        if self._flush_task is not None:
+            await asyncio.gather(self._flush_task, return_exceptions=True)
         storage = self._storage
         if abandon:
             await asyncio.to_thread(self._close_files, storage)
@@ -313,7 +320,9 @@ class Node:
         async with self._admit():
             existing = self._known(name)
             if existing is not None:
-                return self._same_or_conflict(existing, args), False
+                info = self._same_or_conflict(existing, args)
+                await self._ensure_replicas(existing)
+                return info, False
             assert args.replicas is not None
             start = nodes.index(self.name)
             members = tuple(sorted((nodes[start:] + nodes[:start])[: args.replicas]))
@@ -333,6 +342,13 @@ class Node:
                 while rep.applied_index == 0 and loop.time() < deadline and not rep.closed:
                     await asyncio.sleep(0.005)
             return _info(meta), True
+
+    async def _ensure_replicas(self, meta: QueueMeta) -> None:
+        """A create that failed half-way (a member was down) is completed by its retry."""
+        for node in meta.members:
+            if node != self.name:
+                with contextlib.suppress(NoLeader):
+                    await self.transport.call(NodeName(node), "create_replica", (meta,))
 
     def _known(self, name: str) -> QueueMeta | None:
         rep = self._replicas.get(name)
@@ -468,6 +484,7 @@ class Node:
 
     def _close_replica(self, rep: Replica, error: QuorraError) -> None:
         rep.closed = True
+        rep.close_error = error
         for handle in (rep.tick_handle, rep.expire_handle):
             if handle is not None:
                 handle.cancel()
@@ -600,10 +617,16 @@ class Node:
     # --- durability ------------------------------------------------------------------
 
     def _on_wal_batch_threadsafe(self, batch: WalBatch) -> None:
+        """In the writer thread: hand the batch over in order (deque appends are atomic)."""
+        self._batches.append(batch)
         loop = self._loop
         assert loop is not None
         with contextlib.suppress(RuntimeError):  # the loop closed after a halt
-            loop.call_soon_threadsafe(self._on_wal_batch, batch)
+            loop.call_soon_threadsafe(self._drain_batches)
+
+    def _drain_batches(self) -> None:
+        while self._batches:
+            self._on_wal_batch(self._batches.popleft())
 
     def _on_wal_batch(self, batch: WalBatch) -> None:
         storage = self._storage
@@ -632,12 +655,11 @@ class Node:
                 for msg in rep.after_persist.popleft()[1]:
                     self._send(rep, msg)
             self._schedule(rep)
-        if storage.rolled_wal_files() and not self._flushing:
-            self._spawn(self._flush_segments())
+        if storage.rolled_wal_files() and self._flush_task is None and self._running:
+            self._flush_task = self._need_loop().create_task(self._flush_segments())
 
     async def _flush_segments(self) -> None:
         storage = self._need_storage()
-        self._flushing = True
         try:
             while (flush := storage.prepare_segment_flush()) is not None:
                 await asyncio.to_thread(flush.write)
@@ -653,7 +675,7 @@ class Node:
             # the next finished WAL batch tries again.
             log.error("segment flush failed: %s", e.detail)
         finally:
-            self._flushing = False
+            self._flush_task = None
 
     def _fail(self, rep: Replica, error: Exception) -> None:
         """The disk refused a write of this queue: it refuses further writes."""
@@ -813,7 +835,7 @@ class Node:
         on_applied: Callable[[object], object] | None = None,
     ) -> object:
         if rep.closed:
-            raise QueueNotFound(f"queue {rep.name} is gone")
+            raise rep.close_error or QueueNotFound(f"queue {rep.name} is gone")
         if rep.failed is not None:
             raise rep.failed
         if rep.raft.role is not Role.LEADER:
@@ -848,7 +870,7 @@ class Node:
         deadline = loop.time() + self.limits.leader_wait_ms / 1000
         while True:
             if rep.closed:
-                raise QueueNotFound(f"queue {rep.name} is gone")
+                raise rep.close_error or QueueNotFound(f"queue {rep.name} is gone")
             raft = rep.raft
             if raft.role is Role.LEADER:
                 return self.name
@@ -1285,6 +1307,8 @@ class Node:
     def stats(self, name: str) -> dict[str, object]:
         rep = self._replica(name)
         s = rep.machine.stats()
+        live = rep.machine.live_indexes()
+        segments = self._segment_infos(rep, live)
         now = now_ms()
         rep.sample(now)
         publish_rate, deliver_rate, ack_rate = rep.rates(now)
@@ -1309,7 +1333,7 @@ class Node:
             "memory_bytes": s.memory_bytes,
             "memory_per_message_bytes": round(s.memory_bytes / held, 3) if held else 0.0,
             "raft": self._raft_stats(rep),
-            "log": self._log_stats(rep),
+            "log": self._log_stats(rep, live, segments),
             "checkpoint": {
                 "index": rep.checkpoint.index,
                 "taken_at": rep.checkpoint.taken_at_ms or None,
@@ -1341,10 +1365,10 @@ class Node:
             "members": members,
         }
 
-    def _log_stats(self, rep: Replica) -> dict[str, object]:
-        segs = self.segments(rep.name)
+    def _log_stats(
+        self, rep: Replica, live: BitMap64, segs: list[SegmentInfo]
+    ) -> dict[str, object]:
         mem = rep.log.mem
-        live = rep.machine.live_indexes()
         mem_live = live.range_cardinality(mem.lo, mem.hi + 1) if len(mem) else 0
         first = min([s.first_index for s in segs] + ([mem.lo] if len(mem) else []), default=0)
         return {
@@ -1359,7 +1383,9 @@ class Node:
 
     def segments(self, name: str) -> list[SegmentInfo]:
         rep = self._replica(name)
-        live = rep.machine.live_indexes()
+        return self._segment_infos(rep, rep.machine.live_indexes())
+
+    def _segment_infos(self, rep: Replica, live: BitMap64) -> list[SegmentInfo]:
         out = []
         for info, hi in rep.log.segment_infos():
             entries = min(info.count, hi - info.lo + 1)

@@ -52,6 +52,8 @@ class Replica:
     its state already and are not applied again."""
     failed: Exception | None = None
     closed: bool = False
+    close_error: Exception | None = None
+    """Raised to callers once closed: ``QueueNotFound`` (deleted) or ``NoLeader`` (stop)."""
     applied_index: int = 0
     applied_term: int = 0
     next_request_id: int = 1
