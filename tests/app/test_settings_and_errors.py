@@ -1,0 +1,60 @@
+"""Settings from the environment, and the last-resort error handler."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import httpx
+from fastapi import APIRouter
+
+from app.main import create_app
+from app.settings import Settings, load_secret_key
+
+
+def test_settings_from_env(tmp_path: Path) -> None:
+    env = {"QUORRA_ADMIN_PASSWORD": "pw-from-env", "QUORRA_NODE_NAME": "node-a"}
+    settings = Settings.from_env(tmp_path / "d", host="::1", port=9000, environ=env)
+    assert settings.admin_password == "pw-from-env" and settings.node_name == "node-a"
+    assert settings.data_dir.is_absolute()
+    assert settings.base_url == "http://[::1]:9000"
+    assert settings.database_url == f"sqlite:///{settings.data_dir / 'meta.sqlite3'}"
+    empty = Settings.from_env(tmp_path / "d", environ={"QUORRA_ADMIN_PASSWORD": ""})
+    assert empty.admin_password is None and empty.node_name
+
+
+def test_secret_key_is_made_once_and_kept(tmp_path: Path) -> None:
+    first = load_secret_key(tmp_path / "d")
+    assert len(first) == 64 and load_secret_key(tmp_path / "d") == first
+    assert (tmp_path / "d" / "secret.key").stat().st_mode & 0o777 == 0o600
+
+
+def test_an_unexpected_error_is_a_500_problem_without_trace(tmp_path: Path) -> None:
+    app = create_app(
+        Settings(data_dir=tmp_path / "d", admin_password="admin-password"),
+        node_factory=lambda s: None,
+    )
+    router = APIRouter()
+
+    @router.get("/boom")
+    def boom() -> None:
+        raise RuntimeError("secret internals /etc/passwd")
+
+    app.include_router(router)
+
+    async def run() -> httpx.Response:
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+                return await client.get("/boom")
+
+    response = anyio.run(run)
+    assert response.status_code == 500
+    assert response.headers["content-type"] == "application/problem+json"
+    assert response.json() == {
+        "type": "/problems/internal",
+        "title": "Internal error",
+        "status": 500,
+        "detail": "the server failed; see its log",
+    }
+    assert "secret internals" not in response.text and "Traceback" not in response.text
