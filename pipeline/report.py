@@ -228,8 +228,8 @@ def _quantiles(values: pd.Series) -> dict[str, Any]:
         return {"count": 0, "p50": None, "p95": None, "max": None}
     return {
         "count": len(values),
-        "p50": float(values.quantile(0.5)),
-        "p95": float(values.quantile(0.95)),
+        "p50": round(float(values.quantile(0.5)), 3),
+        "p95": round(float(values.quantile(0.95)), 3),
         "max": float(values.max()),
     }
 

@@ -57,6 +57,7 @@ ARROW_READ_SCHEMA = pa.schema(
         ("published_at", pa.timestamp("us", tz="UTC")),
     ]
 )
+ARROW_SHIPPED_SCHEMA = ARROW_READ_SCHEMA.remove(2)
 _CURSOR_POS_BITS = 48
 
 
@@ -88,27 +89,41 @@ class QuorraDataSource(DataSource):
 # --- rows ------------------------------------------------------------------------------
 
 
-def text_or_none(body: bytes) -> str | None:
+def text_or_none(body: bytes | None) -> str | None:
+    if body is None:
+        return None
     try:
         return body.decode("utf-8")
     except UnicodeDecodeError:
         return None
 
 
-def to_record_batch(messages: list[Message]) -> pa.RecordBatch:
-    """Messages as one Arrow batch of ``READ_SCHEMA``."""
-    return pa.RecordBatch.from_arrays(
+def to_record_batch(messages: list[Message], text: bool = True) -> pa.RecordBatch:
+    """Messages as one Arrow batch of ``READ_SCHEMA`` (without ``body_text`` unless
+    ``text``: ``with_text`` adds it where the batch is read, so it is not shipped)."""
+    batch = pa.RecordBatch.from_arrays(
         [
             pa.array([m.id for m in messages], pa.int64()),
             pa.array([m.body for m in messages], pa.binary()),
-            pa.array([text_or_none(m.body) for m in messages], pa.string()),
             pa.array([list(m.headers.items()) for m in messages], ARROW_READ_SCHEMA[3].type),
             pa.array([m.priority for m in messages], pa.int32()),
             pa.array([m.delivery_count for m in messages], pa.int32()),
             pa.array([m.published_at_ms * 1000 for m in messages], ARROW_READ_SCHEMA[6].type),
         ],
-        schema=ARROW_READ_SCHEMA,
+        schema=ARROW_SHIPPED_SCHEMA,
     )
+    return with_text(batch) if text else batch
+
+
+def with_text(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """Add ``body_text``: the body as a string where it is valid UTF-8, else null."""
+    bodies = batch.column(1)
+    try:
+        text = bodies.cast(pa.string())  # validates the whole column at C speed
+    except pa.ArrowInvalid:
+        text = pa.array([text_or_none(b) for b in bodies.to_pylist()], pa.string())
+    columns = [*batch.columns[:2], text, *batch.columns[2:]]
+    return pa.RecordBatch.from_arrays(columns, schema=ARROW_READ_SCHEMA)
 
 
 # --- batch read ------------------------------------------------------------------------

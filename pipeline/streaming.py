@@ -54,6 +54,7 @@ supported.
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from collections import OrderedDict
@@ -67,7 +68,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 
 from pipeline.client import Message, QuorraClient
 from pipeline.options import BATCH_MESSAGES_MAX, Options
-from pipeline.source import to_record_batch
+from pipeline.source import to_record_batch, with_text
 
 log = logging.getLogger("quorra.pipeline.streaming")
 DONE_IDS_MAX = 1_000_000
@@ -75,6 +76,8 @@ DONE_IDS_MAX = 1_000_000
 ALL_AVAILABLE_MAX = 100_000
 """Messages per micro-batch when Spark asks for everything available."""
 EXTEND_CHUNK = BATCH_MESSAGES_MAX
+PREFETCH_IDLE_S = 0.02
+TAKE_POLL_S = 0.01
 SPARE = -1
 
 
@@ -113,7 +116,9 @@ class LeaseStreamReader(DataSourceStreamReader):
         """Message id -> end seq of its batch (``SPARE`` when not in a batch yet)."""
         self._done: OrderedDict[int, None] = OrderedDict()
         self._settled_seq = -1
-        self._keeper: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
+        self._fetcher: threading.Thread | None = None
+        self._acks: queue.SimpleQueue[list[str] | None] = queue.SimpleQueue()
         self._stopping = threading.Event()
 
     # --- Spark's calls ------------------------------------------------------------------
@@ -127,6 +132,7 @@ class LeaseStreamReader(DataSourceStreamReader):
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         self._settle_through(start)
         want = ALL_AVAILABLE_MAX if isinstance(limit, ReadAllAvailable) else _max_rows(limit)
+        self._start_fetcher()
         messages = self._take(want)
         if not messages:
             return start
@@ -146,18 +152,24 @@ class LeaseStreamReader(DataSourceStreamReader):
             messages = self._batches.get(end_seq)
         if messages is None or [m.id for m in messages] != list(end["ids"]):
             messages = self._recover(end)
-        return [ArrowPartition(to_record_batch(chunk)) for chunk in _chunks(messages, self.options)]
+        chunks = _chunks(messages, self.options)
+        return [ArrowPartition(to_record_batch(chunk, text=False)) for chunk in chunks]
 
     def read(self, partition: ArrowPartition) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
         if partition.batch.num_rows:
-            yield partition.batch
+            yield with_text(partition.batch)
 
     def commit(self, end: dict[str, Any]) -> None:
         self._settle_through(end)
 
     def stop(self) -> None:
-        """Return every held, unsettled message to the queue at once."""
+        """Settle what was committed, return every other held message to the queue."""
         self._stopping.set()
+        if self._fetcher is not None:
+            self._fetcher.join(self.options.wait_ms / 1000 + 30)
+        self._acks.put(None)
+        for thread in self._threads:
+            thread.join(30)
         with self._lock:
             held = [m for batch in self._batches.values() for m in batch] + self._spare
             self._batches.clear()
@@ -178,23 +190,45 @@ class LeaseStreamReader(DataSourceStreamReader):
     def _api(self) -> QuorraClient:
         if self._client is None:
             self._client = QuorraClient(self.options.url, self.options.token)
-            self._keeper = threading.Thread(target=self._keep_leases, daemon=True)
-            self._keeper.start()
+            for target in (self._keep_leases, self._send_acks):
+                self._threads.append(threading.Thread(target=target, daemon=True))
+                self._threads[-1].start()
         return self._client
 
+    def _start_fetcher(self) -> None:
+        if self._fetcher is None:
+            self._api()
+            self._fetcher = threading.Thread(target=self._prefetch, daemon=True)
+            self._fetcher.start()
+
+    def _prefetch(self) -> None:
+        """Keep up to one trigger's worth of messages received (and leased) ahead, so
+        that ``latestOffset`` does not wait on the network while Spark runs a batch."""
+        target = self.options.max_messages_per_trigger
+        while not self._stopping.is_set():
+            with self._lock:
+                room = target - len(self._spare)
+            if room <= 0:
+                self._stopping.wait(PREFETCH_IDLE_S)
+                continue
+            try:
+                got = self._receive(min(BATCH_MESSAGES_MAX, room), self.options.wait_ms)
+            except Exception as e:
+                log.warning("receive failed: %s", e)
+                self._stopping.wait(1.0)
+                continue
+            with self._lock:
+                self._spare.extend(got)
+
     def _take(self, want: int) -> list[Message]:
-        """Up to ``want`` messages: spare ones first, then received ones."""
-        with self._lock:
-            out, self._spare = self._spare[:want], self._spare[want:]
-        wait_ms = self.options.wait_ms if not out else 0
-        while len(out) < want:
-            ask = min(BATCH_MESSAGES_MAX, want - len(out))
-            got = self._receive(ask, wait_ms)
-            out.extend(got)
-            if len(got) < ask:
-                break
-            wait_ms = 0
-        return out
+        """Up to ``want`` prefetched messages; waits up to ``waitMs`` for the first."""
+        deadline = time.monotonic() + self.options.wait_ms / 1000
+        while True:
+            with self._lock:
+                if self._spare or time.monotonic() >= deadline:
+                    out, self._spare = self._spare[:want], self._spare[want:]
+                    return out
+            time.sleep(TAKE_POLL_S)
 
     def _receive(self, ask: int, wait_ms: int) -> list[Message]:
         """Receive and keep only messages not already held or done."""
@@ -232,14 +266,15 @@ class LeaseStreamReader(DataSourceStreamReader):
             client.nack(self.options.queue, chunk, requeue=True)
         end_seq = int(end["seq"])
         found: dict[int, Message] = {}
+        wanted_set = set(wanted)
         with self._lock:
             for m in [m for batch in self._batches.values() for m in batch] + self._spare:
-                if m.id in set(wanted):
+                if m.id in wanted_set:
                     found[m.id] = m
         deadline = time.monotonic() + self.options.recover_timeout_ms / 1000
         while len(found) < len(wanted) and time.monotonic() < deadline:
             for m in self._receive(BATCH_MESSAGES_MAX, self.options.wait_ms):
-                if m.id in set(wanted):
+                if m.id in wanted_set:
                     found[m.id] = m
                 else:
                     with self._lock:
@@ -280,11 +315,21 @@ class LeaseStreamReader(DataSourceStreamReader):
             while len(self._done) > DONE_IDS_MAX:
                 self._done.popitem(last=False)
             self._settled_seq = seq
-        stale = 0
-        for chunk in _slices(sorted(receipts), EXTEND_CHUNK):
-            stale += len(self._api().ack(self.options.queue, chunk))
-        if stale:
-            log.warning("%d acks were stale; redeliveries of those will be dropped", stale)
+        if receipts:
+            self._api()
+            self._acks.put(sorted(receipts))
+
+    def _send_acks(self) -> None:
+        """Ack settled receipts in order, off Spark's thread (``None`` ends the loop)."""
+        while (receipts := self._acks.get()) is not None:
+            stale = 0
+            try:
+                for chunk in _slices(receipts, EXTEND_CHUNK):
+                    stale += len(self._api().ack(self.options.queue, chunk))
+            except Exception as e:  # the leases end; redeliveries are dropped as done
+                log.warning("ack of %d messages failed: %s", len(receipts), e)
+            if stale:
+                log.info("%d acks were stale; redeliveries of those are dropped", stale)
 
     def _keep_leases(self) -> None:
         interval_s = self.options.lease_ms / 3000
