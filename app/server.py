@@ -13,7 +13,9 @@ from app.settings import Settings
 
 def announce(report: StartupReport) -> None:
     """Tell the operator where the server is and, on first start, how to log in."""
-    lines = [f"Quorra is ready: dashboard {report.base_url}/  API {report.base_url}/api/v1"]
+    # A wildcard address is where the server listens, not where a browser can go.
+    url = report.base_url.replace("//0.0.0.0:", "//127.0.0.1:").replace("//[::]:", "//[::1]:")
+    lines = [f"Quorra is ready: dashboard {url}/  API {url}/api/v1"]
     if report.admin_created and report.admin_password is not None:
         lines.append(f"First start: log in as 'admin' with password: {report.admin_password}")
         lines.append("  (shown only now; change it with PATCH /api/v1/users/admin)")
