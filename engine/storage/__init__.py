@@ -37,7 +37,7 @@ are deleted). Payload reads, also of live entries before the snapshot:
 Segment flush: ``flush_segments`` (and ``SegmentFlush.write``) report a disk error as
 ``StorageFailed`` and lose nothing: the entries stay in the mem tables and the WAL file
 stays until a later flush succeeds. A snapshot from the leader: ``install_snapshot(uid,
-checkpoint, live_entries)``. The simulator's plug is ``engine.storage.simulated
+checkpoint, live_entries)``. Deleting a queue: ``remove_server(uid)`` (``Removed`` follows). The simulator's plug is ``engine.storage.simulated
 .SimDiskStorage`` (one ``NodeStorage`` on a ``FakeDisk`` per simulated server).
 
 Errors: a refused write (disk full, I/O error) comes back as ``WriteFailed`` and the
@@ -61,6 +61,7 @@ from engine.storage.node import (
     NodeStorage,
     Persisted,
     Recovered,
+    Removed,
     SegmentFlush,
     SnapshotReset,
     StorageEvent,
@@ -80,6 +81,7 @@ __all__ = [
     "OsDisk",
     "Persisted",
     "Recovered",
+    "Removed",
     "SegmentFlush",
     "ServerLog",
     "SnapshotReset",

@@ -13,6 +13,7 @@ Paths are relative to the disk's root and use ``/``. Directories are created wit
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import mmap
 import os
@@ -66,6 +67,10 @@ class Disk(Protocol):
     def remove(self, path: str) -> None: ...
 
     def makedirs(self, path: str) -> None: ...
+
+    def remove_dir(self, path: str) -> None:
+        """Remove an empty directory; nothing if it does not exist."""
+        ...
 
     def exists(self, path: str) -> bool: ...
 
@@ -176,6 +181,10 @@ class OsDisk:
 
     def makedirs(self, path: str) -> None:
         os.makedirs(self._p(path), exist_ok=True)
+
+    def remove_dir(self, path: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.rmdir(self._p(path))
 
     def exists(self, path: str) -> bool:
         return os.path.exists(self._p(path))
@@ -345,6 +354,13 @@ class FakeDisk:
             d = "/".join(parts[:i])
             self._dirs.setdefault(d, {})
             self._synced_dirs.setdefault(d, {})
+
+    def remove_dir(self, path: str) -> None:
+        if path not in self._dirs:
+            return
+        assert not self.listdir(path), f"directory {path} is not empty"
+        del self._dirs[path]
+        self._synced_dirs.pop(path, None)
 
     def exists(self, path: str) -> bool:
         if path in self._dirs:

@@ -120,8 +120,8 @@ class ServerLog:
         return self._snapshot_term
 
     def term(self, index: int) -> int | None:
-        if index == self._snapshot_index and index > 0:
-            return self._snapshot_term
+        if index == self._snapshot_index:
+            return self._snapshot_term  # 0 for index 0 of an empty log
         if index <= self._snapshot_index or index > self._last:
             return None
         entry = self.mem.get(index)

@@ -37,6 +37,7 @@ from engine.storage.segment import (
 )
 from engine.storage.wal import (
     AppendOp,
+    ForgetOp,
     HardState,
     HardStateOp,
     ResetOp,
@@ -79,6 +80,13 @@ class SnapshotReset:
 
 
 @dataclass(frozen=True, slots=True)
+class Removed:
+    """Server ``uid`` and all its files are gone."""
+
+    uid: str
+
+
+@dataclass(frozen=True, slots=True)
 class WriteFailed:
     """The disk refused a write for ``uid``; nothing of it is durable, the server
     refuses further writes with ``error`` until it is opened again."""
@@ -87,7 +95,7 @@ class WriteFailed:
     error: StorageFailed
 
 
-StorageEvent = Persisted | HardStateSaved | SnapshotReset | WriteFailed
+StorageEvent = Persisted | HardStateSaved | SnapshotReset | Removed | WriteFailed
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +177,8 @@ class NodeStorage:
         self._generations: dict[str, int] = {}
         self._rolled: list[int] = []
         self._damaged_segments: dict[str, list[str]] = {}
+        self._forgotten: set[str] = set()
+        """Servers whose removal is in the WAL (their files may remain after a crash)."""
         self._installed: dict[str, SegmentInfo] = {}
         """Segments of live entries written by ``install_snapshot``, shown at the reset."""
         self.wal: Wal
@@ -195,6 +205,8 @@ class NodeStorage:
                 node._cut_torn_tail(seq, wal_file.good_bytes)
             for op in wal_file.ops:
                 node._apply(op, seq, recovering=True)
+        for uid in sorted(node._forgotten):
+            node._delete_files(uid)
         hard_states = {
             uid: log.hard_state for uid, log in node._logs.items() if log.hard_state is not None
         }
@@ -218,7 +230,7 @@ class NodeStorage:
         log = self._logs.get(uid)
         if log is None:
             log = self._logs[uid] = ServerLog(uid, self.disk, self.cache)
-            self._generations[uid] = 0
+            self._generations[uid] = self._generations.get(uid, 0) + 1
         return log
 
     def _load_segments(self, log: ServerLog) -> None:
@@ -317,13 +329,22 @@ class NodeStorage:
                 events.append(Persisted(op.uid, last.index, last.term))
             elif isinstance(op, HardStateOp):
                 events.append(HardStateSaved(op.uid, op.hard_state))
-            else:
+            elif isinstance(op, ResetOp):
                 events.append(SnapshotReset(op.uid, op.index, op.term))
+            else:
+                self._delete_files(op.uid)
+                events.append(Removed(op.uid))
         if batch.rolled is not None:
             self._rolled.append(batch.rolled)
         return events
 
     def _apply(self, op: WalOp, wal_seq: int, *, recovering: bool = False) -> None:
+        if isinstance(op, ForgetOp):
+            self._logs.pop(op.uid, None)
+            self._installed.pop(op.uid, None)
+            self._forgotten.add(op.uid)
+            return
+        self._forgotten.discard(op.uid)
         log = self._log(op.uid)
         if isinstance(op, AppendOp):
             # At recovery a record may follow entries that are gone: superseded by an
@@ -373,9 +394,9 @@ class NodeStorage:
         tables, then delete the WAL file."""
         assert self._rolled and self._rolled[0] == flush.wal_seq
         for uid, generation, infos in flush.written:
-            log = self._logs[uid]
-            if generation != self._generations[uid]:
-                for info in infos:  # the log was reset meanwhile: these are stale
+            log = self._logs.get(uid)
+            if log is None or generation != self._generations[uid]:
+                for info in infos:  # removed or reset meanwhile: these are stale
                     self._remove(info.path)
                 continue
             for info in infos:
@@ -463,6 +484,20 @@ class NodeStorage:
             raise StorageFailed(f"snapshot install of {uid} failed: {exc}") from exc
         self.wal.submit(ResetOp(uid, cp.index, cp.term))
 
+    def remove_server(self, uid: str) -> None:
+        """Delete server ``uid``: a forget record goes through the WAL, then its files
+        are deleted (``Removed`` follows). A crash in between finishes it at recovery."""
+        self.wal.submit(ForgetOp(uid))
+
+    def _delete_files(self, uid: str) -> None:
+        root = f"{QUEUES_DIR}/{uid}"
+        for directory in (segment_dir(uid), f"{root}/checkpoints", f"{root}/snapshots"):
+            for name in self.disk.listdir(directory):
+                self._remove(f"{directory}/{name}")
+            self.disk.remove_dir(directory)
+        self.disk.remove_dir(root)
+        self.disk.sync_dir(QUEUES_DIR)
+
     def log(self, uid: str) -> ServerLog:
         return self._logs[uid]
 
@@ -483,6 +518,7 @@ __all__ = [
     "NodeStorage",
     "Persisted",
     "Recovered",
+    "Removed",
     "SegmentFlush",
     "SnapshotReset",
     "StorageEvent",

@@ -14,8 +14,8 @@ CRC32C of the first 16 bytes), then records ``[u32 body length][u32 CRC32C(body)
 The body's first byte is its type: ``BATCH`` (starts every write; carries an 8-byte
 marker used to tell a torn tail from corruption in the middle), ``REGISTER`` (binds a
 small per-file number to a server's uid, written once per file before that server's
-first record), ``ENTRY``, ``HARD_STATE`` and ``RESET`` (the log of a server restarts
-after an installed snapshot). When the file reaches ``wal_file_bytes_max`` the WAL rolls
+first record), ``ENTRY``, ``HARD_STATE``, ``RESET`` (the log of a server restarts
+after an installed snapshot) and ``FORGET`` (the server is deleted). When the file reaches ``wal_file_bytes_max`` the WAL rolls
 to the next file, which starts with the hard state of every server, so that an old file
 may be deleted once its entries are in segments.
 """
@@ -43,7 +43,7 @@ _FILE_HEADER = struct.Struct("<4sIQ")
 FILE_HEADER_BYTES = _FILE_HEADER.size + 4
 _REC = struct.Struct("<II")
 _BATCH_MARKER = b"\xa7QBATCH\x5c"
-_T_BATCH, _T_REGISTER, _T_ENTRY, _T_HARD, _T_RESET = 0, 1, 2, 3, 4
+_T_BATCH, _T_REGISTER, _T_ENTRY, _T_HARD, _T_RESET, _T_FORGET = 0, 1, 2, 3, 4, 5
 _BATCH = struct.Struct("<B8sQ")
 _REGISTER = struct.Struct("<BI")
 _ENTRY = struct.Struct("<BIQQQB")
@@ -82,7 +82,14 @@ class ResetOp:
     term: int
 
 
-WalOp = AppendOp | HardStateOp | ResetOp
+@dataclass(frozen=True, slots=True)
+class ForgetOp:
+    """The server is deleted: its files go, and its hard state is no longer carried."""
+
+    uid: str
+
+
+WalOp = AppendOp | HardStateOp | ResetOp | ForgetOp
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,8 +136,10 @@ def _encode_op(op: WalOp, ref: int, out: list[bytes]) -> None:
             _record([head, e.data], out)
     elif isinstance(op, HardStateOp):
         _encode_hard_state(ref, op.hard_state, out)
-    else:
+    elif isinstance(op, ResetOp):
         _record([_RESET.pack(_T_RESET, ref, op.index, op.term)], out)
+    else:
+        _record([_REGISTER.pack(_T_FORGET, ref)], out)
 
 
 def _ref_in(uid: str, out: list[bytes], known: dict[str, int], new: dict[str, int]) -> int:
@@ -194,10 +203,6 @@ class Wal:
     def pending(self) -> bool:
         return bool(self._pending)
 
-    def forget(self, uid: str) -> None:
-        """The server is deleted: stop carrying its hard state into new files."""
-        self._hard_states.pop(uid, None)
-
     def write_batch(self) -> WalBatch:
         """One group commit: one write and one sync of every pending operation (up to the
         batch limit). Returns the batch, with ``error`` set if the disk refused it."""
@@ -222,6 +227,8 @@ class Wal:
         for op in ops:
             if isinstance(op, HardStateOp):
                 self._hard_states[op.uid] = op.hard_state
+            elif isinstance(op, ForgetOp):
+                self._hard_states.pop(op.uid, None)
         rolled = self._maybe_roll()
         return WalBatch(tuple(ops), None, rolled, len(data), seq)
 
@@ -406,6 +413,9 @@ def _decode(
     elif kind == _T_RESET:
         _, ref, index, term = _RESET.unpack_from(body)
         op = ResetOp(uids[ref], index, term)
+    elif kind == _T_FORGET:
+        _, ref = _REGISTER.unpack_from(body)
+        op = ForgetOp(uids[ref])
     else:
         assert kind == _T_BATCH, f"unknown WAL record type {kind}"
         return
@@ -460,6 +470,7 @@ class WalThread:
 
 __all__ = [
     "AppendOp",
+    "ForgetOp",
     "HardState",
     "HardStateOp",
     "ResetOp",

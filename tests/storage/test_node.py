@@ -12,6 +12,7 @@ from engine.storage import (
     HardState,
     NodeStorage,
     Persisted,
+    Removed,
     SnapshotReset,
     WalBatch,
     WalThread,
@@ -180,3 +181,25 @@ def test_wal_thread_runs_group_commits_in_a_thread() -> None:
     assert sorted(events, key=lambda e: e.uid) == sorted(
         (Persisted(f"q{k}", 1, 1) for k in range(20)), key=lambda e: e.uid
     )
+
+
+def test_a_removed_server_leaves_no_files_even_if_a_crash_interrupts_it() -> None:
+    for interrupted in (False, True):
+        disk = FakeDisk()
+        storage = NodeStorage.open(disk, small_limits())
+        for uid in ("gone", "kept"):
+            storage.open_server(uid)
+            storage.append(uid, entries(1, 30, size=40))
+            storage.save_hard_state(uid, HardState(1, None, 0))
+        storage.sync()
+        storage.write_checkpoint("gone", Checkpoint(20, 1, 1, b"", BitMap64(), b"s"))
+        storage.remove_server("gone")
+        if interrupted:
+            storage.write_batch()  # the forget record is durable, the files are not gone
+        else:
+            assert storage.sync() == [Removed("gone")]
+        storage = reopen(disk)
+        assert storage.servers() == ["kept"] and disk.listdir("queues") == ["kept"]
+        assert storage.open_server("kept").log.last_index() == 30
+        storage = reopen(disk)  # nothing of it comes back from older WAL files either
+        assert storage.servers() == ["kept"]
