@@ -38,6 +38,7 @@ from app.metrics import AppMetrics, MetricsMiddleware
 from app.node import NodeFactory, make_node, record_listener
 from app.problems import install_problem_handlers, problem_response
 from app.settings import Settings, load_secret_key
+from app.throttle import FailureThrottle
 from app.ui.sessions import SessionSigner
 from app.ui.views import install_ui_handlers
 from app.ui.views import router as ui_router
@@ -215,6 +216,7 @@ def create_app(
     )
     app.state.settings = settings
     app.state.metrics = AppMetrics()
+    app.state.login_throttle = FailureThrottle()
     app.state.templates = Jinja2Templates(directory=settings.templates_dir)
     app.state.ready, app.state.node, app.state.engine, app.state.migrations = (
         False,

@@ -17,7 +17,6 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Callable, Iterator
-from functools import cache
 from typing import Annotated
 
 import anyio
@@ -30,28 +29,17 @@ from fastapi.security import (
 )
 from sqlalchemy.orm import Session
 
-from app.auth import (
-    Permission,
-    Principal,
-    hash_password,
-    require,
-    token_digest,
-    verify_password,
-)
+from app.auth import Permission, Principal, check_password, require, token_digest
 from app.db import repo
 from app.db.models import User
 from app.db.session import Database
 from app.problems import Forbidden, Unauthorized
+from app.throttle import FailureThrottle
 from engine.errors import NoLeader
 from engine.runtime.api import QueueEngine
 
 API_PREFIX = "/api/v1"
 QUEUE_NAME_PATTERN = r"^[A-Za-z0-9._-]{1,200}$"
-
-
-@cache
-def _dummy_hash() -> str:
-    return hash_password("quorra-timing-equaliser")
 
 
 # Declared for the OpenAPI document (security schemes); the credentials are parsed below,
@@ -130,12 +118,16 @@ def _basic(request: Request, session: Session) -> Principal | None:
         )
     except (binascii.Error, UnicodeDecodeError):
         raise Unauthorized("malformed Basic credentials", scheme="Basic") from None
+    throttle: FailureThrottle = request.app.state.login_throttle
+    address = client_addr(request)
+    name = name[:100]  # no longer name exists; bounds the throttle's keys
+    throttle.check(name, address)
     user = repo.get_user(session, name) if sep else None
-    if user is None:
-        verify_password(_dummy_hash(), password)  # same cost whether the user exists or not
+    if not check_password(user.password_hash if user else None, password):
+        throttle.failed(name, address)
         raise Unauthorized("wrong user name or password", scheme="Basic")
-    if not verify_password(user.password_hash, password):
-        raise Unauthorized("wrong user name or password", scheme="Basic")
+    assert user is not None
+    throttle.succeeded(name, address)
     return principal_of(user)
 
 

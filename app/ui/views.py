@@ -16,8 +16,9 @@ from sqlalchemy.orm import Session
 
 from app.api.deps import SessionDep, client_addr, principal_of
 from app.api.ops import readiness
-from app.auth import verify_password
+from app.auth import check_password
 from app.db import repo
+from app.throttle import FailureThrottle, TooManyFailures
 from app.ui.sessions import (
     MaybeLogin,
     UiLogin,
@@ -93,12 +94,22 @@ async def login_submit(request: Request, session: SessionDep) -> Response:
     password = str(form.get("password", ""))[:1024]
     if not login_csrf_ok(request, str(form.get("csrf_token", ""))):
         return _login_page(request, "The form expired; please try again.", 403, username)
+    throttle: FailureThrottle = request.app.state.login_throttle
+    address = client_addr(request)
+    try:
+        throttle.check(username, address)
+    except TooManyFailures as e:
+        return _login_page(
+            request, f"Too many wrong passwords; retry in {e.retry_after_s} s.", 429, username
+        )
     user = repo.get_user(session, username)
-    valid = user is not None and await anyio.to_thread.run_sync(
-        verify_password, user.password_hash, password
+    valid = await anyio.to_thread.run_sync(
+        check_password, user.password_hash if user else None, password
     )
     if user is None or not valid:
+        throttle.failed(username, address)
         return _login_page(request, "Wrong user name or password.", 401, username)
+    throttle.succeeded(username, address)
     response = RedirectResponse("/", status_code=status.HTTP_303_SEE_OTHER)
     start_session(request, response, session, principal_of(user))
     _audit(session, request, user.name, "session.login")
