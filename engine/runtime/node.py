@@ -408,16 +408,23 @@ class Node:
         await asyncio.to_thread(shutil.rmtree, self.data_dir / "queues" / uid, ignore_errors=True)
 
     def _forget_storage(self, uid: str) -> None:
-        """``NodeStorage`` has no way to drop a server yet: forget its log here so that no
-        later segment flush recreates the directory (listed in the report as missing)."""
+        """Drop server ``uid`` from storage: ``NodeStorage.remove_server`` (a forget record
+        through the WAL) where storage offers it; else forget its log here so that no
+        later segment flush recreates its directory."""
         storage = self._need_storage()
-        for reader_path in [
-            f"queues/{uid}/segments/{n}" for n in storage.disk.listdir(f"queues/{uid}/segments")
-        ]:
-            storage.cache.evict(reader_path)
+        remove_server = getattr(storage, "remove_server", None)
+        if remove_server is not None:
+            remove_server(uid)
+            if self._writer is not None:
+                self._writer.wake()
+            return
+        for name in storage.disk.listdir(f"queues/{uid}/segments"):
+            storage.cache.evict(f"queues/{uid}/segments/{name}")
         storage._logs.pop(uid, None)
         storage._generations.pop(uid, None)
-        storage.wal.forget(uid)
+        forget = getattr(storage.wal, "forget", None)
+        if forget is not None:
+            forget(uid)
 
     async def update_policy(self, name: str, changes: dict[str, object]) -> QueueInfo:
         rep = self._replica(name)
@@ -632,10 +639,12 @@ class Node:
         storage = self._storage
         if storage is None:
             return
-        known = storage._logs
-        ops = tuple(op for op in batch.ops if op.uid in known)
-        if len(ops) != len(batch.ops):
-            batch = dataclasses.replace(batch, ops=ops)
+        if not hasattr(storage, "remove_server"):
+            # Without it, ops of a queue deleted meanwhile must not recreate its log.
+            known = storage._logs
+            ops = tuple(op for op in batch.ops if op.uid in known)
+            if len(ops) != len(batch.ops):
+                batch = dataclasses.replace(batch, ops=ops)
         for event in storage.complete(batch):
             rep = self._by_uid.get(event.uid)
             if rep is None or rep.closed:
@@ -1266,7 +1275,9 @@ class Node:
         storage = self._need_storage()
         started_ms, started = now_ms(), time.perf_counter()
         before = self._segment_totals(rep)
-        promoted = await asyncio.to_thread(storage.release_cursor, rep.uid, index)
+        # On the loop: it changes the log's segment view, which reads use (storage's
+        # one-thread rule); the work is a rename, a few deletions and directory syncs.
+        promoted = storage.release_cursor(rep.uid, index)
         if promoted is None:
             return None
         duration = (time.perf_counter() - started) * 1000

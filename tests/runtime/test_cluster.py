@@ -138,3 +138,25 @@ def test_leader_crash_failover_loses_nothing_confirmed(tmp_path: Path) -> None:
             await asyncio.gather(*(n.stop() for n in nodes.values()))
 
     run(body())
+
+
+def test_whole_cluster_restart_recovers_definitions_and_messages(tmp_path: Path) -> None:
+    async def body() -> None:
+        network = InMemoryNetwork(NAMES)
+        nodes = await cluster(tmp_path, network)
+        try:
+            await nodes["n3"].create_queue("cq", QueueArgs(priorities=2))
+            await retrying(lambda: nodes["n1"].publish("cq", msgs("lo", priority=0)))
+            await retrying(lambda: nodes["n2"].publish("cq", msgs("hi", priority=1)))
+        finally:
+            await asyncio.gather(*(n.stop() for n in nodes.values()))
+        network = InMemoryNetwork(NAMES)
+        nodes = await cluster(tmp_path, network)
+        try:
+            for node in nodes.values():
+                assert [(q.name, q.args.priorities) for q in node.queues()] == [("cq", 2)]
+            assert await retrying(lambda: drain(nodes["n1"], "cq")) == [b"hi", b"lo"]
+        finally:
+            await asyncio.gather(*(n.stop() for n in nodes.values()))
+
+    run(body())

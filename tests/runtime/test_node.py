@@ -14,6 +14,7 @@ from engine.errors import (
     QueueConflict,
     QueueFull,
     QueueNotFound,
+    StorageFailed,
     ValidationFailed,
 )
 from engine.runtime import Node
@@ -350,6 +351,43 @@ def test_backpressure_on_publish_bytes_in_flight(tmp_path: Path) -> None:
             done = [r for r in results if isinstance(r, list)]
             assert refused and done and len(refused) + len(done) == 10
             assert node.stats("bp")["messages_ready"] == 2 * len(done)
+        finally:
+            await node.stop()
+
+    run(body())
+
+
+def test_disk_error_fails_that_queue_and_the_node_stays_up(tmp_path: Path) -> None:
+    async def body() -> None:
+        node = await started(tmp_path)
+        try:
+            await node.create_queue("bad", QueueArgs())
+            await node.create_queue("good", QueueArgs())
+            await node.publish("bad", msgs("kept"))
+            wal_file = node._storage.wal._file  # type: ignore[union-attr]
+            real_sync = wal_file.sync
+
+            failures = [OSError(28, "No space left on device")]
+
+            def full_disk_once() -> None:
+                if failures:
+                    raise failures.pop()
+                real_sync()
+
+            wal_file.sync = full_disk_once  # type: ignore[method-assign]
+            with pytest.raises(StorageFailed):
+                await node.publish("bad", msgs("refused"))
+            assert await node.publish("good", msgs("fine"))
+            with pytest.raises(StorageFailed):
+                await node.publish("bad", msgs("still refused"))
+            assert node.stats("bad")["status"] == "failed"
+            assert node.stats("good")["status"] == "ok"
+        finally:
+            await node.stop()
+        node = await started(tmp_path)
+        try:
+            assert await drain(node, "bad") == [b"kept"]
+            assert await drain(node, "good") == [b"fine"]
         finally:
             await node.stop()
 
