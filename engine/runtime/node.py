@@ -89,6 +89,7 @@ from engine.raft.events import (
     Ready,
     Receive,
     SnapshotInstalled,
+    SnapshotTaken,
     Tick,
 )
 from engine.raft.events import Rejected as RaftRejected
@@ -795,7 +796,28 @@ class Node:
         if rep.closed or rep.failed is not None:
             return
         rep.raft.step(Tick(now_ms()))
+        self._maybe_offer_snapshot(rep)
         self._schedule(rep)
+
+    def _maybe_offer_snapshot(self, rep: Replica) -> None:
+        """Hand the core the storage snapshot once a follower lags behind it (its entries
+        are gone from the log). Built only then: it carries the live entries' payloads,
+        which the core keeps in memory to ship in chunks."""
+        raft = rep.raft
+        if raft.role is not Role.LEADER or not raft.progress:
+            return
+        index = rep.log.snapshot_index()
+        if index <= (raft.snapshot.index if raft.snapshot is not None else 0):
+            return
+        if all(pr.match >= index for pr in raft.progress.values()):
+            return
+        try:
+            snapshot = self._raft_snapshot(rep.uid, index)
+        except (StorageFailed, LookupError) as e:
+            log.error("queue %s: snapshot for a lagging follower unavailable: %s", rep.name, e)
+            return
+        if snapshot is not None and snapshot.index <= raft.applied:
+            raft.step(SnapshotTaken(snapshot))
 
     def _arm_expire(self, rep: Replica) -> None:
         if rep.expire_inflight or rep.failed is not None:

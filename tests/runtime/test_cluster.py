@@ -10,7 +10,7 @@ from typing import TypeVar
 from engine.errors import NoLeader
 from engine.runtime import InMemoryNetwork, Node
 from engine.runtime.api import QueueArgs
-from tests.runtime.util import FAST, drain, eventually, msgs, run
+from tests.runtime.util import FAST, drain, eventually, msgs, rolling, run
 
 T = TypeVar("T")
 NAMES = ["n1", "n2", "n3"]
@@ -160,3 +160,55 @@ def test_whole_cluster_restart_recovers_definitions_and_messages(tmp_path: Path)
             await asyncio.gather(*(n.stop() for n in nodes.values()))
 
     run(body())
+
+
+def test_follower_behind_compaction_catches_up_by_snapshot(tmp_path: Path) -> None:
+    limits = rolling(checkpoint_bytes_min=4096)
+
+    async def body() -> None:
+        network = InMemoryNetwork(NAMES)
+        nodes = {
+            name: Node(
+                tmp_path / name, node_name=name, limits=limits, transport=network.transport(name)
+            )
+            for name in NAMES
+        }
+        await asyncio.gather(*(n.start() for n in nodes.values()))
+        try:
+            await nodes["n1"].create_queue("lag", QueueArgs())
+            leader = await retrying(lambda: _leader_name(nodes, "lag"))
+            behind = next(name for name in NAMES if name != leader)
+            network.isolate(behind)
+            via = nodes[leader]
+            for k in range(70):
+                await retrying(
+                    lambda k=k: via.publish(
+                        "lag", msgs(*[f"{k}-{i}".ljust(4000, ".") for i in range(10)])
+                    )
+                )  # type: ignore[misc]
+                await retrying(lambda: drain(via, "lag"))
+            await retrying(lambda: via.publish("lag", msgs("keep-1", "keep-2")))
+            log_stats = via.stats("lag")["log"]
+            assert isinstance(log_stats, dict) and log_stats["snapshot_index"] > 0
+            network.heal(behind)
+            await eventually(
+                lambda: nodes[behind].stats("lag")["messages_ready"] == 2,
+                timeout_s=20,
+                what="the lagging follower caught up",
+            )
+            # The leader's log no longer held what the follower lacked: it sent a snapshot.
+            assert nodes[leader]._replicas["lag"].raft.snapshot is not None
+            rep = nodes[behind]._replicas["lag"]
+            bodies = [m.body for m in nodes[behind]._browse_local(rep, None, 10)]
+            assert bodies == [b"keep-1", b"keep-2"]
+        finally:
+            await asyncio.gather(*(n.stop() for n in nodes.values()))
+
+    run(body())
+
+
+async def _leader_name(nodes: dict[str, Node], queue: str) -> str:
+    name = leader_of(nodes, queue)
+    if name is None:
+        raise NoLeader("no leader yet")
+    return name
