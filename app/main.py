@@ -4,7 +4,7 @@ Start-up, in order (shutdown undoes it in reverse):
 
 1. the secret key (created in the data directory on first start) and the session signer;
 2. the metadata database: Alembic migrations to head, then the engine and session factory;
-3. bootstrap: user ``admin`` on an empty database, this node in the node registry;
+3. bootstrap: user ``admin`` while there is no admin, this node in the node registry;
 4. the queue engine (app/node.py): ``make_node``, its record listener, ``await
    node.start()`` (recovery; ``/readyz`` says ``engine: recovering``), then
    ``app.state.node``;
@@ -106,14 +106,15 @@ def _lifespan(
             report = await anyio.to_thread.run_sync(bootstrap, db, settings)
             # The engine seam (app/node.py): started after the metadata it mirrors
             # into, stopped before the database closes.
-            node = node_factory(settings)
-            if node is not None:
-                state.engine = "recovering"
-                node.set_record_listener(record_listener(db))
-                await node.start()
-                await queue_api.on_node_started(db, node)
-                state.node, state.engine = node, "recovered"
+            node, started = node_factory(settings), False
             try:
+                if node is not None:
+                    state.engine = "recovering"
+                    node.set_record_listener(record_listener(db))
+                    await node.start()
+                    started = True
+                    await queue_api.on_node_started(db, node)
+                    state.node, state.engine = node, "recovered"
                 state.ready = True
                 if announce is not None:
                     announce(report)
@@ -121,7 +122,7 @@ def _lifespan(
             finally:
                 state.ready = False
                 state.node, state.engine = None, "absent"
-                if node is not None:
+                if node is not None and started:
                     await node.stop()
         finally:
             db.dispose()

@@ -184,3 +184,22 @@ def test_queue_definitions_round_trip(db: Database) -> None:
         )
         assert repo.get_queue_by_uid(session, stored.uid) is not None
         assert stored.created_at.tzinfo is not None
+
+
+def test_a_node_that_started_is_stopped_when_start_up_fails_after_it(tmp_path: Path) -> None:
+    class BrokenAfterStart(RecordingNode):
+        def queues(self) -> list[object]:
+            raise RuntimeError("reconciliation failed")
+
+    node = BrokenAfterStart()
+    app = create_app(_settings(tmp_path), node_factory=lambda s: node)  # type: ignore[arg-type,return-value]
+    node.app = app
+
+    async def run() -> None:
+        async with app.router.lifespan_context(app):
+            raise AssertionError("must not serve")
+
+    with pytest.raises(RuntimeError, match="reconciliation failed"):
+        anyio.run(run)
+    assert node.events == ["listener", "start", "stop"]
+    assert not app.state.ready and app.state.node is None
