@@ -6,7 +6,7 @@ Source of truth
 The engine's own durable records are the truth about which queues exist and with which
 arguments; SQLite holds a mirror (for the dashboard, history and joins) that may lag
 behind it after a crash between the two writes. So every change goes *engine first*,
-then SQLite in the caller's transaction:
+then SQLite in a short transaction of its own:
 
 * create: ``node.create_queue`` (idempotent), then the definition row, ``ready``;
 * policy change: ``node.update_policy``, then the row's ``policies``;
@@ -23,14 +23,17 @@ and SQLite lacks get a row; arguments are copied from the engine. A repeated ``P
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
+import anyio
 from sqlalchemy.orm import Session
 
 from app.db import repo
 from app.db.models import QueueDefinition
 from app.db.session import Database
+from engine.errors import NoLeader
 from engine.runtime.api import (
     CheckpointRecord,
     CompactionPhase,
@@ -41,6 +44,7 @@ from engine.runtime.api import (
 )
 
 log = logging.getLogger("quorra.app")
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,41 +144,67 @@ def reconcile(db: Database, infos: list[QueueInfo]) -> ReconcileReport:
 
 
 # --- administrative actions ------------------------------------------------------
+#
+# Each awaits the engine, then writes SQLite in a short transaction of its own on a
+# worker thread: no SQLite lock is held while the engine works, and the event loop
+# never waits on SQLite's busy timeout.
+
+
+async def _in_transaction(db: Database, work: Callable[[Session], _T]) -> _T:
+    def run() -> _T:
+        with db.transaction() as session:
+            return work(session)
+
+    return await anyio.to_thread.run_sync(run)
 
 
 async def create_queue(
-    node: QueueEngine, session: Session, actor: Actor, name: str, args: QueueArgs
+    node: QueueEngine, db: Database, actor: Actor, name: str, args: QueueArgs
 ) -> tuple[QueueInfo, bool]:
     """Create (or find the same) queue; ``QueueConflict`` when it exists with other args."""
     info, created = await node.create_queue(name, args)
-    mirror_definition(session, info)
-    if created:
-        _audit(session, actor, "queue.create", name, arguments=args_dict(args))
+
+    def mirror(session: Session) -> None:
+        mirror_definition(session, info)
+        if created:
+            _audit(session, actor, "queue.create", name, arguments=args_dict(args))
+
+    await _in_transaction(db, mirror)
     return info, created
 
 
 async def update_policy(
-    node: QueueEngine, session: Session, actor: Actor, name: str, changes: dict[str, object]
+    node: QueueEngine, db: Database, actor: Actor, name: str, changes: dict[str, object]
 ) -> QueueInfo:
     info = await node.update_policy(name, changes)
-    mirror_definition(session, info)
-    _audit(session, actor, "queue.policy", name, changes=changes)
+
+    def mirror(session: Session) -> None:
+        mirror_definition(session, info)
+        _audit(session, actor, "queue.policy", name, changes=changes)
+
+    await _in_transaction(db, mirror)
     return info
 
 
-async def delete_queue(node: QueueEngine, session: Session, actor: Actor, name: str) -> None:
+async def delete_queue(node: QueueEngine, db: Database, actor: Actor, name: str) -> None:
     await node.delete_queue(name)
-    forget_definition(session, name)
-    _audit(session, actor, "queue.delete", name)
+
+    def forget(session: Session) -> None:
+        forget_definition(session, name)
+        _audit(session, actor, "queue.delete", name)
+
+    await _in_transaction(db, forget)
 
 
-async def purge_queue(node: QueueEngine, session: Session, actor: Actor, name: str) -> int:
+async def purge_queue(node: QueueEngine, db: Database, actor: Actor, name: str) -> int:
     purged = await node.purge(name)
-    _audit(session, actor, "queue.purge", name, purged=purged)
+    await _in_transaction(
+        db, lambda session: _audit(session, actor, "queue.purge", name, purged=purged)
+    )
     return purged
 
 
-def _ensure_row(session: Session, node: QueueEngine, name: str) -> QueueDefinition:
+def _ensure_row(session: Session, node: _Listed, name: str) -> QueueDefinition:
     row = repo.get_queue(session, name)
     if row is None:
         info = next((q for q in node.queues() if q.name == name), None)
@@ -183,32 +213,68 @@ def _ensure_row(session: Session, node: QueueEngine, name: str) -> QueueDefiniti
     return row
 
 
+CHECKPOINT_RETRY_S = 0.05
+CHECKPOINT_WAIT_S_MAX = 2.0
+"""A queue created a moment ago has applied nothing yet (the engine says ``NoLeader``,
+retry): a manual checkpoint waits that long for its first entry before giving up."""
+
+
 async def take_checkpoint(
-    node: QueueEngine, session: Session, actor: Actor, name: str
+    node: QueueEngine, db: Database, actor: Actor, name: str
 ) -> CheckpointRecord:
-    record = await node.checkpoint(name, trigger="manual")
-    row = _ensure_row(session, node, name)
-    repo.record_snapshot(session, row.uid, repo.snapshot_facts(record))
-    _audit(session, actor, "queue.snapshot", name, index=record.index, bytes=record.bytes)
+    waited_s = 0.0
+    while True:
+        try:
+            record = await node.checkpoint(name, trigger="manual")
+            break
+        except NoLeader:
+            if waited_s >= CHECKPOINT_WAIT_S_MAX:
+                raise
+            await anyio.sleep(CHECKPOINT_RETRY_S)
+            waited_s += CHECKPOINT_RETRY_S
+    names = node.queues()
+
+    def store(session: Session) -> None:
+        row = _ensure_row(session, _Listed(names), name)
+        repo.record_snapshot(session, row.uid, repo.snapshot_facts(record))
+        _audit(session, actor, "queue.snapshot", name, index=record.index, bytes=record.bytes)
+
+    await _in_transaction(db, store)
     return record
 
 
 async def run_compaction(
-    node: QueueEngine, session: Session, actor: Actor, name: str, phase: CompactionPhase
+    node: QueueEngine, db: Database, actor: Actor, name: str, phase: CompactionPhase
 ) -> CompactionRecord:
     record = await node.compact(name, phase=phase, trigger="manual")
-    row = _ensure_row(session, node, name)
-    repo.record_compaction(session, row.uid, repo.compaction_facts(record))
-    _audit(
-        session,
-        actor,
-        "queue.compact",
-        name,
-        phase=str(phase),
-        bytes_before=record.bytes_before,
-        bytes_after=record.bytes_after,
-    )
+    names = node.queues()
+
+    def store(session: Session) -> None:
+        row = _ensure_row(session, _Listed(names), name)
+        repo.record_compaction(session, row.uid, repo.compaction_facts(record))
+        _audit(
+            session,
+            actor,
+            "queue.compact",
+            name,
+            phase=str(phase),
+            ran=record.phase,
+            bytes_before=record.bytes_before,
+            bytes_after=record.bytes_after,
+        )
+
+    await _in_transaction(db, store)
     return record
+
+
+@dataclass(frozen=True, slots=True)
+class _Listed:
+    """The engine's queue list, taken on the event loop for use on a worker thread."""
+
+    infos: list[QueueInfo]
+
+    def queues(self) -> list[QueueInfo]:
+        return self.infos
 
 
 __all__ = [

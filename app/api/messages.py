@@ -48,7 +48,7 @@ from app.negotiation import (
     respond,
     wants_msgpack,
 )
-from app.problems import problem_response
+from app.problems import problem_response, problem_responses
 from engine.errors import InvalidRequest, MessageTooLarge
 from engine.limits import Limits
 from engine.runtime.api import OutgoingMessage, SettleResult
@@ -57,16 +57,7 @@ router = APIRouter(
     prefix=f"{API_PREFIX}/queues/{{name}}/messages", tags=["messages"], route_class=NegotiatedRoute
 )
 
-MESSAGE_PROBLEMS: dict[int | str, dict[str, Any]] = PROBLEMS | {
-    413: {
-        "description": "Message or batch too large.",
-        "content": {"application/problem+json": {}},
-    },
-    429: {
-        "description": "Queue full or back-pressure (Retry-After).",
-        "content": {"application/problem+json": {}},
-    },
-}
+MESSAGE_PROBLEMS = PROBLEMS | problem_responses(413, 429)
 
 
 def limits_of(request: Request) -> Limits:
@@ -212,7 +203,7 @@ async def receive(
 @router.post(
     "/ack",
     response_model=SettledOut,
-    responses={409: {"description": "Every receipt was stale."}} | MESSAGE_PROBLEMS,
+    responses=MESSAGE_PROBLEMS,
     openapi_extra=openapi_msgpack(SettleIn),
 )
 async def ack(name: QueueName, body: SettleIn, _who: CanRead, node: NodeDep) -> Any:
@@ -224,7 +215,7 @@ async def ack(name: QueueName, body: SettleIn, _who: CanRead, node: NodeDep) -> 
 @router.post(
     "/nack",
     response_model=SettledOut,
-    responses={409: {"description": "Every receipt was stale."}} | MESSAGE_PROBLEMS,
+    responses=MESSAGE_PROBLEMS,
     openapi_extra=openapi_msgpack(NackIn),
 )
 async def nack(name: QueueName, body: NackIn, _who: CanRead, node: NodeDep) -> Any:
@@ -236,7 +227,7 @@ async def nack(name: QueueName, body: NackIn, _who: CanRead, node: NodeDep) -> A
 @router.post(
     "/extend",
     response_model=SettledOut,
-    responses={409: {"description": "Every receipt was stale."}} | MESSAGE_PROBLEMS,
+    responses=MESSAGE_PROBLEMS,
     openapi_extra=openapi_msgpack(ExtendIn),
 )
 async def extend(name: QueueName, body: ExtendIn, _who: CanRead, node: NodeDep) -> Any:

@@ -34,11 +34,11 @@ from app.api.queue_schemas import (
     SegmentOut,
     SnapshotOut,
 )
-from app.api.queues import PROBLEMS, CanSee, actor, info_of
+from app.api.queues import PROBLEMS, CanSee, DatabaseDep, actor, info_of
 from app.db import repo
 from app.db.models import CompactionEntry, SnapshotEntry
 from app.negotiation import NegotiatedRoute
-from app.problems import AppProblem
+from app.problems import AppProblem, problem_responses
 from engine.runtime.api import CheckpointRecord, CompactionRecord, QueueEngine
 
 router = APIRouter(
@@ -101,10 +101,10 @@ def _uid(session: SessionDep, node: QueueEngine, name: str) -> str:
     responses=PROBLEMS,
 )
 async def take_snapshot(
-    name: QueueName, request: Request, session: SessionDep, who: CanConfigure, node: NodeDep
+    name: QueueName, request: Request, db: DatabaseDep, who: CanConfigure, node: NodeDep
 ) -> SnapshotOut:
     """Take a checkpoint now (the log is not truncated; compaction reclaims dead entries)."""
-    record = await queue_admin.take_checkpoint(node, session, actor(request, who), name)
+    record = await queue_admin.take_checkpoint(node, db, actor(request, who), name)
     return snapshot_out(record)
 
 
@@ -128,14 +128,14 @@ def list_snapshots(
 async def compact(
     name: QueueName,
     request: Request,
-    session: SessionDep,
+    db: DatabaseDep,
     who: CanConfigure,
     node: NodeDep,
     body: Annotated[CompactionIn | None, Body()] = None,
 ) -> CompactionOut:
     """Run compaction now: ``auto`` (phases until dead entries are few enough) or 1, 2, 3."""
     phase = (body or CompactionIn()).phase
-    record = await queue_admin.run_compaction(node, session, actor(request, who), name, phase)
+    record = await queue_admin.run_compaction(node, db, actor(request, who), name, phase)
     return compaction_out(record)
 
 
@@ -178,10 +178,7 @@ def _membership_unavailable(node: QueueEngine, name: str) -> AppProblem:
     return NotImplementedYet("membership changes are not available in this version")
 
 
-MEMBER_PROBLEMS = PROBLEMS | {
-    409: {"description": "Single-node cluster.", "content": {"application/problem+json": {}}},
-    501: {"description": "Not available yet.", "content": {"application/problem+json": {}}},
-}
+MEMBER_PROBLEMS = PROBLEMS | problem_responses(409, 501)
 
 
 @cluster_router.post(

@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from engine.limits import DEFAULT_LIMITS as LIMITS
 
@@ -26,14 +26,25 @@ DELAY_MS_MAX = 30 * 24 * 3600 * 1000
 DEDUP_ID_CHARS_MAX = 255
 CONSUMER_CHARS_MAX = 200
 
+
+def _not_bool(value: object) -> object:
+    """JSON ``true`` is no number (pydantic would take it as 1)."""
+    if isinstance(value, bool):
+        raise ValueError("a number, not a boolean")
+    return value
+
+
+Int = Annotated[int, BeforeValidator(_not_bool)]
+"""Every integer a client sends."""
+
 QueueNameStr = Annotated[
     str,
     Field(min_length=1, max_length=200, pattern=QUEUE_NAME_PATTERN, description="A queue name."),
 ]
 Receipt = Annotated[str, Field(pattern=RECEIPT_PATTERN, description="32 lowercase hex digits.")]
 Receipts = Annotated[list[Receipt], Field(min_length=1, max_length=LIMITS.receive_messages_max)]
-LeaseMs = Annotated[int, Field(ge=1, le=LIMITS.lease_ms_max)]
-Count = Annotated[int, Field(ge=0, le=COUNT_MAX)]
+LeaseMs = Annotated[Int, Field(ge=1, le=LIMITS.lease_ms_max)]
+Count = Annotated[Int, Field(ge=0, le=COUNT_MAX)]
 
 
 class _In(BaseModel):
@@ -46,20 +57,20 @@ class _In(BaseModel):
 class QueueArgsIn(_In):
     """``PUT /queues/{name}``; every argument is optional."""
 
-    replicas: int | None = Field(
+    replicas: Int | None = Field(
         default=None, ge=1, le=7, description="Raft members; null: min(3, nodes)."
     )
     max_length: Count | None = Field(default=None, description="Ready messages at most.")
     max_bytes: Count | None = Field(default=None, description="Ready message bytes at most.")
     overflow: Literal["reject-publish", "drop-head"] = "reject-publish"
-    delivery_limit: int | None = Field(
+    delivery_limit: Int | None = Field(
         default=LIMITS.delivery_limit_default, ge=1, le=1_000_000, description="null: unlimited."
     )
     dead_letter_queue: QueueNameStr | None = None
-    message_ttl_ms: int | None = Field(default=None, ge=0, le=TTL_MS_MAX)
-    priorities: int = Field(default=1, ge=1, le=LIMITS.priorities_max)
+    message_ttl_ms: Int | None = Field(default=None, ge=0, le=TTL_MS_MAX)
+    priorities: Int = Field(default=1, ge=1, le=LIMITS.priorities_max)
     lease_ms: LeaseMs = LIMITS.lease_ms_default
-    max_message_bytes: int = Field(
+    max_message_bytes: Int = Field(
         default=LIMITS.message_bytes_max, ge=1, le=LIMITS.message_bytes_max_ceiling
     )
 
@@ -71,11 +82,11 @@ class QueuePatch(_In):
     max_length: Count | None = None
     max_bytes: Count | None = None
     overflow: Literal["reject-publish", "drop-head"] = "reject-publish"
-    delivery_limit: int | None = Field(default=None, ge=1, le=1_000_000)
+    delivery_limit: Int | None = Field(default=None, ge=1, le=1_000_000)
     dead_letter_queue: QueueNameStr | None = None
-    message_ttl_ms: int | None = Field(default=None, ge=0, le=TTL_MS_MAX)
+    message_ttl_ms: Int | None = Field(default=None, ge=0, le=TTL_MS_MAX)
     lease_ms: LeaseMs = LIMITS.lease_ms_default
-    max_message_bytes: int = Field(
+    max_message_bytes: Int = Field(
         default=LIMITS.message_bytes_max, ge=1, le=LIMITS.message_bytes_max_ceiling
     )
 
@@ -122,9 +133,9 @@ class MessageIn(_In):
         default="utf-8", description="How a text body becomes bytes (JSON)."
     )
     headers: dict[str, str] = Field(default_factory=dict)
-    priority: int = Field(default=0, ge=0, le=LIMITS.priorities_max - 1)
-    ttl_ms: int | None = Field(default=None, ge=0, le=TTL_MS_MAX)
-    delay_ms: int = Field(default=0, ge=0, le=DELAY_MS_MAX)
+    priority: Int = Field(default=0, ge=0, le=LIMITS.priorities_max - 1)
+    ttl_ms: Int | None = Field(default=None, ge=0, le=TTL_MS_MAX)
+    delay_ms: Int = Field(default=0, ge=0, le=DELAY_MS_MAX)
     dedup_id: str | None = Field(
         default=None,
         min_length=1,
@@ -147,8 +158,8 @@ class PublishedOut(BaseModel):
 
 
 class ReceiveIn(_In):
-    max_messages: int = Field(default=1, ge=1, le=LIMITS.receive_messages_max)
-    wait_ms: int = Field(
+    max_messages: Int = Field(default=1, ge=1, le=LIMITS.receive_messages_max)
+    wait_ms: Int = Field(
         default=0, ge=0, le=LIMITS.receive_wait_ms_max, description="Long-poll for the first."
     )
     lease_ms: LeaseMs | None = Field(default=None, description="null: the queue's lease_ms.")
@@ -232,7 +243,7 @@ class SnapshotOut(BaseModel):
 
 
 class CompactionIn(_In):
-    phase: Literal["auto", 1, 2, 3] = "auto"
+    phase: Annotated[Literal["auto", 1, 2, 3], BeforeValidator(_not_bool)] = "auto"
 
 
 class CompactionOut(BaseModel):

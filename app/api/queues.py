@@ -9,7 +9,7 @@ SQLite mirror and the audit log, in the request's transaction).
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Body, Depends, Request, Response, status
 
@@ -20,30 +20,20 @@ from app.api.deps import (
     NodeDep,
     PrincipalDep,
     QueueName,
-    SessionDep,
     client_addr,
+    get_database,
 )
 from app.api.queue_schemas import PurgedOut, QueueArgsIn, QueueArgsOut, QueueOut, QueuePatch
 from app.auth import PERMISSIONS, Principal, require
+from app.db.session import Database
 from app.negotiation import NegotiatedRoute
-from app.problems import Forbidden
+from app.problems import Forbidden, problem_responses
 from engine.errors import QueueNotFound, ValidationFailed
 from engine.runtime.api import QueueArgs, QueueEngine, QueueInfo
 
 router = APIRouter(prefix=f"{API_PREFIX}/queues", tags=["queues"], route_class=NegotiatedRoute)
 
-PROBLEMS: dict[int | str, dict[str, Any]] = {
-    code: {"description": text, "content": {"application/problem+json": {}}}
-    for code, text in (
-        (400, "Malformed body."),
-        (401, "No or bad token."),
-        (403, "Not permitted."),
-        (404, "No such queue."),
-        (409, "Conflicting definition."),
-        (422, "Validation failed."),
-        (503, "No leader yet (Retry-After)."),
-    )
-}
+PROBLEMS = problem_responses(400, 401, 403, 404, 409, 415, 422, 503)
 
 
 def can_see(name: QueueName, who: PrincipalDep) -> Principal:
@@ -54,6 +44,9 @@ def can_see(name: QueueName, who: PrincipalDep) -> Principal:
 
 
 CanSee = Annotated[Principal, Depends(can_see)]
+DatabaseDep = Annotated[Database, Depends(get_database)]
+"""For async endpoints: ``app.queue_admin`` writes SQLite in its own short transaction
+after the engine call, instead of holding the request's session across the await."""
 
 
 def actor(request: Request, who: Principal) -> queue_admin.Actor:
@@ -103,7 +96,7 @@ async def put_queue(
     name: QueueName,
     request: Request,
     response: Response,
-    session: SessionDep,
+    db: DatabaseDep,
     who: CanConfigure,
     node: NodeDep,
     body: Annotated[QueueArgsIn | None, Body()] = None,
@@ -111,7 +104,7 @@ async def put_queue(
     args_in = body or QueueArgsIn()
     _check_target(who, name, args_in.dead_letter_queue)
     args = QueueArgs(**args_in.model_dump())
-    info, created = await queue_admin.create_queue(node, session, actor(request, who), name, args)
+    info, created = await queue_admin.create_queue(node, db, actor(request, who), name, args)
     response.status_code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
     return queue_out(node, info)
 
@@ -126,7 +119,7 @@ async def patch_queue(
     name: QueueName,
     body: QueuePatch,
     request: Request,
-    session: SessionDep,
+    db: DatabaseDep,
     who: CanConfigure,
     node: NodeDep,
 ) -> QueueOut:
@@ -135,23 +128,23 @@ async def patch_queue(
         raise ValidationFailed("send at least one policy to change")
     if "dead_letter_queue" in changes:
         _check_target(who, name, body.dead_letter_queue)
-    info = await queue_admin.update_policy(node, session, actor(request, who), name, changes)
+    info = await queue_admin.update_policy(node, db, actor(request, who), name, changes)
     return queue_out(node, info)
 
 
 @router.delete("/{name}", status_code=status.HTTP_204_NO_CONTENT, responses=PROBLEMS)
 async def delete_queue(
-    name: QueueName, request: Request, session: SessionDep, who: CanConfigure, node: NodeDep
+    name: QueueName, request: Request, db: DatabaseDep, who: CanConfigure, node: NodeDep
 ) -> Response:
     """Delete the queue with its messages and history."""
-    await queue_admin.delete_queue(node, session, actor(request, who), name)
+    await queue_admin.delete_queue(node, db, actor(request, who), name)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
 @router.post("/{name}/purge", response_model=PurgedOut, responses=PROBLEMS)
 async def purge_queue(
-    name: QueueName, request: Request, session: SessionDep, who: CanConfigure, node: NodeDep
+    name: QueueName, request: Request, db: DatabaseDep, who: CanConfigure, node: NodeDep
 ) -> PurgedOut:
     """Drop every ready message; leased messages stay with their consumers."""
-    purged = await queue_admin.purge_queue(node, session, actor(request, who), name)
+    purged = await queue_admin.purge_queue(node, db, actor(request, who), name)
     return PurgedOut(purged=purged)
