@@ -392,3 +392,29 @@ def test_disk_error_fails_that_queue_and_the_node_stays_up(tmp_path: Path) -> No
             await node.stop()
 
     run(body())
+
+
+def test_backpressure_on_requests_in_flight(tmp_path: Path) -> None:
+    limits = dataclasses.replace(FAST, inflight_requests_per_node_max=2)
+
+    async def body() -> None:
+        node = await started(tmp_path, limits)
+        try:
+            await node.create_queue("polls", QueueArgs())
+            polls = [
+                asyncio.create_task(
+                    node.receive("polls", consumer="c", max_messages=1, wait_ms=3000, lease_ms=None)
+                )
+                for _ in range(2)
+            ]
+            await asyncio.sleep(0.1)
+            with pytest.raises(Backpressure):
+                await node.publish("polls", msgs("one"))
+            for task in polls:
+                task.cancel()
+            await asyncio.gather(*polls, return_exceptions=True)
+            assert await node.publish("polls", msgs("two"))
+        finally:
+            await node.stop()
+
+    run(body())
