@@ -157,6 +157,10 @@ _CALLS = (
 )
 
 
+STOP_GRACE_MS = 2_000
+"""How long a graceful stop lets requests in flight finish."""
+
+
 def now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -195,6 +199,7 @@ class Node:
         self._inflight_requests = 0
         self._heard_ms: dict[str, int] = {}
         self._running = False
+        self._stopping = False
 
     # === lifecycle ===================================================================
 
@@ -278,6 +283,8 @@ class Node:
     async def _shutdown(self, *, abandon: bool) -> None:
         if not self._running:
             return
+        if not abandon:
+            await self._drain_requests()
         self._running = False
         self.transport.detach(self.name)
         for rep in self._replicas.values():
@@ -298,6 +305,18 @@ class Node:
             await asyncio.to_thread(self._close_files, storage)
         else:
             await asyncio.to_thread(storage.close)
+
+    async def _drain_requests(self) -> None:
+        """Refuse new requests, end long polls, and give those in flight a moment."""
+        self._stopping = True
+        for rep in self._replicas.values():
+            for f in rep.available_waiters:
+                if not f.done():
+                    f.set_result(None)
+        loop = self._need_loop()
+        deadline = loop.time() + STOP_GRACE_MS / 1000
+        while self._inflight_requests and loop.time() < deadline:
+            await asyncio.sleep(0.005)
 
     @staticmethod
     def _close_files(storage: NodeStorage) -> None:
@@ -958,7 +977,7 @@ class Node:
 
     @contextlib.asynccontextmanager
     async def _admit(self) -> Any:
-        if not self._running:
+        if not self._running or self._stopping:
             raise NoLeader(f"node {self.name} is not running")
         if self._inflight_requests >= self.limits.inflight_requests_per_node_max:
             raise Backpressure(f"node {self.name}: too many requests in flight")
@@ -1047,13 +1066,15 @@ class Node:
             remaining = deadline - loop.time()
             if messages or remaining <= 0:
                 return list(messages)
-            while rep.available_seq <= seq and not rep.closed:
+            while rep.available_seq <= seq and not rep.closed and not self._stopping:
                 waiter: asyncio.Future[None] = loop.create_future()
                 rep.available_waiters.append(waiter)
                 try:
                     await asyncio.wait_for(waiter, max(0.0, deadline - loop.time()))
                 except TimeoutError:
                     return []
+            if self._stopping:
+                return []
             if rep.raft.role is not Role.LEADER:
                 raise NoLeader(f"queue {rep.name}: leadership moved, retry")
 
@@ -1336,6 +1357,9 @@ class Node:
     # === observation =================================================================
 
     def stats(self, name: str) -> dict[str, object]:
+        failed = self._failed.get(name)
+        if failed is not None:
+            return _failed_stats(failed[1])
         rep = self._replica(name)
         s = rep.machine.stats()
         live = rep.machine.live_indexes()
@@ -1474,6 +1498,37 @@ def _write_checkpoint(storage: NodeStorage, uid: str, cp: Checkpoint) -> int:
 
 def _live_in(live: BitMap64, lo: int, hi: int) -> int:
     return int(live.range_cardinality(lo, hi + 1))
+
+
+def _failed_stats(error: QuorraError) -> dict[str, object]:
+    """Stats of a queue whose recovery was refused: nothing is known but the reason."""
+    counts = ("messages_ready", "messages_unacked", "bytes_ready", "memory_bytes")
+    rates = ("publish_rate", "deliver_rate", "ack_rate", "memory_per_message_bytes")
+    return {
+        **dict.fromkeys(counts, 0),
+        **dict.fromkeys(rates, 0.0),
+        "consumers": {},
+        "raft": {
+            "leader": None,
+            "role": "none",
+            "term": 0,
+            "commit_index": 0,
+            "last_applied": 0,
+            "members": [],
+        },
+        "log": {
+            "first_index": 0,
+            "last_index": 0,
+            "snapshot_index": 0,
+            "segments": 0,
+            "bytes": 0,
+            "live_entries": 0,
+            "dead_entries": 0,
+        },
+        "checkpoint": {"index": 0, "taken_at": None, "bytes": 0},
+        "status": "failed",
+        "error": error.detail,
+    }
 
 
 def _info(meta: QueueMeta) -> QueueInfo:

@@ -14,6 +14,7 @@ from engine.errors import (
     QueueConflict,
     QueueFull,
     QueueNotFound,
+    RecoveryRefused,
     StorageFailed,
     ValidationFailed,
 )
@@ -414,6 +415,33 @@ def test_backpressure_on_requests_in_flight(tmp_path: Path) -> None:
                 task.cancel()
             await asyncio.gather(*polls, return_exceptions=True)
             assert await node.publish("polls", msgs("two"))
+        finally:
+            await node.stop()
+
+    run(body())
+
+
+def test_unrecoverable_queue_is_refused_and_the_others_serve(tmp_path: Path) -> None:
+    async def body() -> None:
+        node = await started(tmp_path)
+        try:
+            broken, _ = await node.create_queue("broken", QueueArgs())
+            await node.create_queue("fine", QueueArgs())
+            await node.publish("broken", msgs("x"))
+            await node.publish("fine", msgs("y"))
+        finally:
+            await node.stop()
+        segments = sorted((tmp_path / "queues" / broken.uid / "segments").glob("*.seg"))
+        assert segments, "a clean stop writes segments"
+        with open(segments[0], "r+b") as f:
+            f.write(b"garbage!")
+        node = await started(tmp_path)
+        try:
+            assert sorted(q.name for q in node.queues()) == ["broken", "fine"]
+            assert node.stats("broken")["status"] == "failed"
+            with pytest.raises(RecoveryRefused):
+                await node.publish("broken", msgs("z"))
+            assert await drain(node, "fine") == [b"y"]
         finally:
             await node.stop()
 
