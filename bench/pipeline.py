@@ -1,0 +1,171 @@
+"""``quorra bench pipeline``: Spark batch write and streaming read of N rows of 1 KiB
+(default 1,000,000) through the ``quorra`` data source in local mode, next to REST
+publish and consume rates measured on the same server in the same run.
+
+    quorra bench pipeline [--rows N] [--master local[*]] [--server URL --token T]
+
+Without ``--server`` it starts a throwaway local server (``quorra serve`` on 127.0.0.1).
+
+Figures (rows or messages per second of wall time):
+
+* ``rest_publish_msgs_per_s``: one HTTP client publishing batches of 1000 (MessagePack),
+  each waiting for its confirm; ``rest_consume_msgs_per_s``: one client receiving 1000
+  at a time and acking each batch. This is the single-client REST path a user writes.
+* ``write_rows_per_s``: ``df.write.format("quorra")`` of N generated rows, from job
+  submission to the last confirm (tasks and Python workers included; the SparkSession
+  is already up: its start is ``spark_session_start_s``).
+* ``stream_read_rows_per_s``: a streaming query (``quorra`` source -> ``noop`` sink)
+  from ``start()`` until the queue holds nothing ready or leased, i.e. every row was
+  processed by Spark *and* acked after its micro-batch committed (query start-up
+  included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+BODY_BYTES = 1024
+REST_BATCH = 1000
+MAX_MESSAGES_PER_TRIGGER = 50_000
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="quorra bench pipeline")
+    p.add_argument("--rows", type=int, default=1_000_000)
+    p.add_argument("--master", default="local[*]")
+    p.add_argument("--server", help="server URL (default: start a local one)")
+    p.add_argument("--token", default="")
+    p.add_argument("--partitions", type=int, default=0, help="Spark partitions (0: cores)")
+    p.add_argument("--json", action="store_true", help="JSON output (always on)")
+    return p
+
+
+def rest_publish(client: Any, queue: str, rows: int) -> float:
+    body = b"x" * BODY_BYTES
+    started = time.perf_counter()
+    for start in range(0, rows, REST_BATCH):
+        client.publish(queue, [{"body": body}] * min(REST_BATCH, rows - start))
+    return rows / (time.perf_counter() - started)
+
+
+def rest_consume(client: Any, queue: str, rows: int) -> float:
+    started = time.perf_counter()
+    consumed = 0
+    while consumed < rows:
+        messages = client.receive(queue, REST_BATCH, 1000, 60_000)
+        if not messages:
+            raise RuntimeError(f"queue {queue} ran dry after {consumed} of {rows}")
+        client.ack(queue, [m.receipt for m in messages])
+        consumed += len(messages)
+    return rows / (time.perf_counter() - started)
+
+
+def spark_write(spark: Any, options: dict[str, str], rows: int, partitions: int) -> float:
+    df = spark.range(0, rows, numPartitions=partitions).selectExpr(
+        f"cast(rpad(cast(id as string), {BODY_BYTES}, 'x') as binary) as body"
+    )
+    started = time.perf_counter()
+    df.write.format("quorra").options(**options).mode("append").save()
+    return rows / (time.perf_counter() - started)
+
+
+def spark_stream_read(spark: Any, options: dict[str, str], rows: int, checkpoint: Path) -> float:
+    from pipeline.client import QuorraClient
+    from pipeline.jobs import queue_pending
+
+    started = time.perf_counter()
+    query = (
+        spark.readStream.format("quorra")
+        .options(**options, maxMessagesPerTrigger=str(MAX_MESSAGES_PER_TRIGGER))
+        .load()
+        .writeStream.format("noop")
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(processingTime="100 milliseconds")
+        .start()
+    )
+    try:
+        with QuorraClient(options["url"], options["token"]) as client:
+            while queue_pending(client, options["queue"]) > 0:
+                if query.exception() is not None:
+                    raise RuntimeError(f"stream failed: {query.exception()}")
+                time.sleep(0.05)
+        elapsed = time.perf_counter() - started
+        processed = sum(int(p["numInputRows"]) for p in query.recentProgress)
+    finally:
+        query.stop()
+    if processed < rows:
+        raise RuntimeError(f"stream processed {processed} of {rows} rows")
+    return rows / elapsed
+
+
+def measure(url: str, token: str, args: argparse.Namespace) -> dict[str, Any]:
+    import os
+
+    from pipeline.client import QuorraClient
+    from pipeline.session import spark_session
+
+    rows = args.rows
+    partitions = args.partitions or os.cpu_count() or 2
+    figures: dict[str, Any] = {"rows": rows, "body_bytes": BODY_BYTES, "master": args.master}
+    with QuorraClient(url, token) as client:
+        client.create_queue("bench-rest")
+        client.create_queue("bench-spark")
+        figures["rest_publish_msgs_per_s"] = round(rest_publish(client, "bench-rest", rows))
+        figures["rest_consume_msgs_per_s"] = round(rest_consume(client, "bench-rest", rows))
+    started = time.perf_counter()
+    spark = spark_session(args.master, "quorra-bench-pipeline")
+    spark.range(1).count()
+    figures["spark_session_start_s"] = round(time.perf_counter() - started, 2)
+    options = {"url": url, "token": token, "queue": "bench-spark"}
+    options["numPartitions"] = str(partitions)
+    figures["write_rows_per_s"] = round(spark_write(spark, options, rows, partitions))
+    with tempfile.TemporaryDirectory(prefix="quorra-bench-") as tmp:
+        rate = spark_stream_read(spark, options, rows, Path(tmp) / "checkpoint")
+    figures["stream_read_rows_per_s"] = round(rate)
+    figures["write_vs_rest_publish"] = round(
+        figures["write_rows_per_s"] / figures["rest_publish_msgs_per_s"], 3
+    )
+    figures["stream_read_vs_rest_consume"] = round(
+        figures["stream_read_rows_per_s"] / figures["rest_consume_msgs_per_s"], 3
+    )
+    spark.stop()
+    return figures
+
+
+def main(argv: list[str]) -> int:
+    import bench
+    from pipeline.localserver import local_server
+
+    args = _parser().parse_args(argv)
+    if args.server:
+        figures = measure(args.server, args.token, args)
+    else:
+        with local_server() as server:
+            figures = measure(server.url, server.token, args)
+    load = _load_average()
+    print(
+        json.dumps(
+            {
+                "bench": "pipeline",
+                **figures,
+                "load_average_1m": load,
+                "machine": bench.machine_info(),
+            },
+            indent=2,
+        )
+    )
+    return 0
+
+
+def _load_average() -> float | None:
+    import os
+
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
