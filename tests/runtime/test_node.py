@@ -446,3 +446,23 @@ def test_unrecoverable_queue_is_refused_and_the_others_serve(tmp_path: Path) -> 
             await node.stop()
 
     run(body())
+
+
+def test_raft_uncommitted_bytes_limit_is_backpressure(tmp_path: Path) -> None:
+    limits = dataclasses.replace(FAST, uncommitted_bytes_max=64 * 1024)
+
+    async def body() -> None:
+        node = await started(tmp_path, limits)
+        try:
+            await node.create_queue("u", QueueArgs())
+            batch = msgs(*["x" * 10_000] * 4)
+            # Proposed on one turn of the loop, before anything commits.
+            results = await asyncio.gather(
+                *(node.publish("u", batch) for _ in range(4)), return_exceptions=True
+            )
+            assert any(isinstance(r, Backpressure) for r in results)
+            assert any(isinstance(r, list) for r in results)
+        finally:
+            await node.stop()
+
+    run(body())
