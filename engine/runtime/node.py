@@ -200,6 +200,7 @@ class Node:
         self._heard_ms: dict[str, int] = {}
         self._running = False
         self._stopping = False
+        self._unreadable: set[str] = set()
 
     # === lifecycle ===================================================================
 
@@ -260,15 +261,21 @@ class Node:
             meta = read_meta(disk, uid)
             if meta is not None:
                 metas.append(meta)
+            elif disk.exists(meta_path(uid)):
+                # Unreadable, not absent: keep the data for an operator, serve nothing.
+                log.error("queue directory %s: definition unreadable, left alone", uid)
+                self._unreadable.add(uid)
         return sorted(metas, key=lambda m: m.name)
 
     def _drop_orphans(self, storage: NodeStorage, uids: set[str]) -> None:
-        """Directories and logs without a definition are remains of a deleted queue."""
+        """Directories and logs without a definition are remains of a deleted queue (the
+        definition is removed first and written first)."""
+        keep = uids | self._unreadable
         for uid in storage.servers():
-            if uid not in uids:
+            if uid not in keep:
                 self._forget_storage(uid)
         for uid in storage.disk.listdir("queues"):
-            if uid not in uids:
+            if uid not in keep:
                 shutil.rmtree(self.data_dir / "queues" / uid, ignore_errors=True)
 
     async def stop(self) -> None:
