@@ -219,13 +219,15 @@ class LeaseStreamReader(DataSourceStreamReader):
                 continue
             with self._lock:
                 self._spare.extend(got)
+            if not got:  # the server long-polled already; a pause bounds the loop anyway
+                self._stopping.wait(PREFETCH_IDLE_S)
 
     def _take(self, want: int) -> list[Message]:
-        """Up to ``want`` prefetched messages; waits up to ``waitMs`` for the first."""
+        """Up to ``want`` prefetched messages; waits up to ``waitMs`` for a full batch."""
         deadline = time.monotonic() + self.options.wait_ms / 1000
         while True:
             with self._lock:
-                if self._spare or time.monotonic() >= deadline:
+                if len(self._spare) >= want or time.monotonic() >= deadline:
                     out, self._spare = self._spare[:want], self._spare[want:]
                     return out
             time.sleep(TAKE_POLL_S)
