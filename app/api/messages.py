@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 from datetime import UTC, datetime
 from typing import Any
 
+import msgpack
 from fastapi import APIRouter, Query, Request, Response, status
 
-from app.api.deps import API_PREFIX, CanRead, CanWrite, NodeDep, QueueName
+from app.api.deps import API_PREFIX, QueueName
+from app.api.queue_deps import CanRead, CanWrite, NodeDep
 from app.api.queue_schemas import (
     BrowseOut,
     ExtendIn,
@@ -42,10 +45,11 @@ from app.api.queue_schemas import (
 )
 from app.api.queues import PROBLEMS
 from app.negotiation import (
+    JSON,
+    MSGPACK,
     MSGPACK_RESPONSE,
     NegotiatedRoute,
     openapi_msgpack,
-    respond,
     wants_msgpack,
 )
 from app.problems import problem_response, problem_responses
@@ -116,6 +120,15 @@ def outgoing(batch: PublishIn, limits: Limits) -> list[OutgoingMessage]:
     return out
 
 
+def answer(request: Request, payload: dict[str, Any], status_code: int = 200) -> Response:
+    """``payload`` holds only JSON types (and ``bytes`` bodies when the client takes
+    MessagePack): encoded once, without ``respond``'s generic walk over the payload."""
+    if wants_msgpack(request):
+        return Response(msgpack.packb(payload, use_bin_type=True), status_code, media_type=MSGPACK)
+    body = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    return Response(body, status_code, media_type=JSON)
+
+
 def _iso(epoch_ms: int) -> str:
     return (
         datetime.fromtimestamp(epoch_ms / 1000, tz=UTC)
@@ -162,7 +175,7 @@ async def publish(
 ) -> Response:
     """Publish a batch, all or nothing; 201 once it is durable on a quorum."""
     ids = await node.publish(name, outgoing(body, limits_of(request)))
-    return respond(request, {"ids": ids}, status.HTTP_201_CREATED)
+    return answer(request, {"ids": ids}, status.HTTP_201_CREATED)
 
 
 @router.post(
@@ -197,7 +210,7 @@ async def receive(
             "lease_expires_at": _iso(m.lease_expires_at_ms),
         }
         out.append(item)
-    return respond(request, {"messages": out})
+    return answer(request, {"messages": out})
 
 
 @router.post(
@@ -260,4 +273,4 @@ async def browse(
         }
         out.append(item)
     next_after = browsed[-1].cursor if len(browsed) == limit else None
-    return respond(request, {"messages": out, "next_after": next_after})
+    return answer(request, {"messages": out, "next_after": next_after})

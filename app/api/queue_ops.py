@@ -17,14 +17,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Path, Request, Response, status
 
 from app import queue_admin
-from app.api.deps import (
-    API_PREFIX,
-    CanConfigure,
-    NodeDep,
-    PrincipalDep,
-    QueueName,
-    SessionDep,
-)
+from app.api.deps import API_PREFIX, PrincipalDep, QueueName, SessionDep
+from app.api.queue_deps import CanConfigure, CanSee, DatabaseDep, NodeDep
 from app.api.queue_schemas import (
     CompactionIn,
     CompactionOut,
@@ -34,7 +28,7 @@ from app.api.queue_schemas import (
     SegmentOut,
     SnapshotOut,
 )
-from app.api.queues import PROBLEMS, CanSee, DatabaseDep, actor, info_of
+from app.api.queues import PROBLEMS, actor, info_of
 from app.db import repo
 from app.db.models import CompactionEntry, SnapshotEntry
 from app.negotiation import NegotiatedRoute

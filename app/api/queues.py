@@ -11,42 +11,21 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Depends, Request, Response, status
+from fastapi import APIRouter, Body, Request, Response, status
 
 from app import queue_admin
-from app.api.deps import (
-    API_PREFIX,
-    CanConfigure,
-    NodeDep,
-    PrincipalDep,
-    QueueName,
-    client_addr,
-    get_database,
-)
+from app.api.deps import API_PREFIX, PrincipalDep, QueueName, client_addr
+from app.api.queue_deps import CanConfigure, CanSee, DatabaseDep, NodeDep
 from app.api.queue_schemas import PurgedOut, QueueArgsIn, QueueArgsOut, QueueOut, QueuePatch
 from app.auth import PERMISSIONS, Principal, require
-from app.db.session import Database
 from app.negotiation import NegotiatedRoute
-from app.problems import Forbidden, problem_responses
+from app.problems import problem_responses
 from engine.errors import QueueNotFound, ValidationFailed
 from engine.runtime.api import QueueArgs, QueueEngine, QueueInfo
 
 router = APIRouter(prefix=f"{API_PREFIX}/queues", tags=["queues"], route_class=NegotiatedRoute)
 
 PROBLEMS = problem_responses(400, 401, 403, 404, 409, 415, 422, 503)
-
-
-def can_see(name: QueueName, who: PrincipalDep) -> Principal:
-    """Any of configure, write or read on the queue lets a user see it."""
-    if not any(who.can(p, name) for p in PERMISSIONS):
-        raise Forbidden(f"user {who.name!r} has no permission on {name!r}")
-    return who
-
-
-CanSee = Annotated[Principal, Depends(can_see)]
-DatabaseDep = Annotated[Database, Depends(get_database)]
-"""For async endpoints: ``app.queue_admin`` writes SQLite in its own short transaction
-after the engine call, instead of holding the request's session across the await."""
 
 
 def actor(request: Request, who: Principal) -> queue_admin.Actor:

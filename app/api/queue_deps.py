@@ -1,0 +1,59 @@
+"""Dependencies of the queue and message routers, all ``async``: FastAPI runs a plain
+``def`` dependency on a worker thread, and on the publish/receive hot path those thread
+hops cost more than the work (profiled with ``quorra bench rest --profile``). Same
+semantics as ``queue_access``/``get_node`` in app/api/deps.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from app.api.deps import PrincipalDep, QueueName
+from app.auth import PERMISSIONS, Permission, Principal, require
+from app.db.session import Database
+from app.problems import Forbidden
+from engine.errors import NoLeader
+from engine.runtime.api import QueueEngine
+
+
+def queue_access(permission: Permission) -> Callable[[str, Principal], Awaitable[Principal]]:
+    """The caller, once allowed ``permission`` on the ``{name}`` queue (else 403)."""
+
+    async def dependency(name: QueueName, principal: PrincipalDep) -> Principal:
+        require(principal, permission, name)
+        return principal
+
+    dependency.__name__ = f"can_{permission}"
+    return dependency
+
+
+async def can_see(name: QueueName, principal: PrincipalDep) -> Principal:
+    """Any of configure, write or read on the queue lets a user see it."""
+    if not any(principal.can(p, name) for p in PERMISSIONS):
+        raise Forbidden(f"user {principal.name!r} has no permission on {name!r}")
+    return principal
+
+
+async def get_node(request: Request) -> QueueEngine:
+    node: QueueEngine | None = request.app.state.node
+    if node is None:
+        raise NoLeader("the queue engine is not running on this node")
+    return node
+
+
+async def get_database(request: Request) -> Database:
+    db: Database = request.app.state.db
+    return db
+
+
+CanConfigure = Annotated[Principal, Depends(queue_access("configure"))]
+CanWrite = Annotated[Principal, Depends(queue_access("write"))]
+CanRead = Annotated[Principal, Depends(queue_access("read"))]
+CanSee = Annotated[Principal, Depends(can_see)]
+NodeDep = Annotated[QueueEngine, Depends(get_node)]
+DatabaseDep = Annotated[Database, Depends(get_database)]
+"""For async endpoints: ``app.queue_admin`` writes SQLite in its own short transaction
+after the engine call, instead of holding a request session across the await."""

@@ -1,0 +1,383 @@
+"""``quorra bench rest [--json] [--seconds S] [--procs P] [--profile FILE]``: the REST API
+end to end. Starts ``quorra serve`` (a subprocess, temporary data directory, 127.0.0.1)
+and drives it from separate load-generator processes over loopback with httpx, 1 KiB
+messages, JSON bodies:
+
+* ``publish_msgs_per_s``: batches of 100, ``--batch-clients`` concurrent requests per
+  process; every 201 means durable (fsynced) on the quorum, here the one node;
+* ``publish_single_msgs_per_s``: batches of 1, ``--single-clients`` concurrent requests
+  per process;
+* ``consume_msgs_per_s``: receive (up to 100) then ack those, the queue filled by the
+  first phase;
+* ``publish_p50_ms``/``publish_p99_ms``: batches of 1 sent open-loop at a steady
+  ``--rate`` msgs/s (latency from the scheduled send time to the 201).
+
+For each phase it reports the load generators' CPU use (``client_cpu_per_wall``: CPU
+seconds per wall second summed over the generator processes; with ``cpus`` cores a
+value near ``cpus`` would mean the generators, not the server, were the limit) and the
+server's (``server_cpu_per_wall``; above 1.0 only through the WAL writer thread).
+``--profile FILE`` runs the server under cProfile (main thread: the event loop) and
+writes its stats there, plus the top functions by cumulative time to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import pstats
+import random
+import resource
+import signal
+import socket
+import string
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+import bench
+
+MESSAGE_BYTES = 1024
+ADMIN_PASSWORD = "bench-admin-password"
+START_TIMEOUT_S = 60.0
+START_DELAY_S = 3.0
+"""Generators start their clocks together, this long after being spawned (imports)."""
+
+
+# --- the server --------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ServerProcess:
+    def __init__(self, data_dir: Path, profile: Path | None) -> None:
+        self.data_dir = data_dir
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.profile = profile
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = data_dir.parent / "server.log"
+
+    def start(self) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("QUORRA_")}
+        env["QUORRA_ADMIN_PASSWORD"] = ADMIN_PASSWORD
+        serve = ["serve", "--data-dir", str(self.data_dir), "--host", "127.0.0.1"]
+        serve += ["--port", str(self.port)]
+        if self.profile is not None:
+            command = [sys.executable, "-c", _PROFILED_SERVE, str(self.profile), *serve]
+        else:
+            command = [str(Path(sys.executable).with_name("quorra")), *serve]
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited: {self.log_path.read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=1.0).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError("server not ready in time")
+
+    def cpu_s(self) -> float:
+        """User + system CPU seconds of the server process, all threads."""
+        assert self.proc is not None
+        with open(f"/proc/{self.proc.pid}/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+
+_PROFILED_SERVE = """
+import cProfile, sys
+out = sys.argv[1]
+sys.argv = ["quorra"] + sys.argv[2:]
+from app.cli import cli
+profiler = cProfile.Profile()
+profiler.enable()
+try:
+    cli(standalone_mode=False)
+finally:
+    profiler.disable()
+    profiler.dump_stats(out)
+"""
+
+
+# --- load generators (separate processes) ---------------------------------------
+
+
+def _cpu_self_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _payload(batch: int) -> bytes:
+    rng = random.Random(batch)
+    text = "".join(rng.choices(string.ascii_letters + string.digits, k=MESSAGE_BYTES))
+    return json.dumps({"messages": [{"body": text}] * batch}).encode("ascii")
+
+
+async def _publish_loop(
+    client: httpx.AsyncClient, path: str, body: bytes, batch: int, until: float, out: dict[str, Any]
+) -> None:
+    headers = {"Content-Type": "application/json"}
+    while time.time() < until:
+        response = await client.post(path, content=body, headers=headers)
+        if response.status_code == 201:
+            out["messages"] += batch
+        else:
+            out["errors"] += 1
+            if response.status_code in (429, 503):
+                await asyncio.sleep(0.01)
+
+
+async def _consume_loop(
+    client: httpx.AsyncClient, queue: str, until: float, out: dict[str, Any]
+) -> None:
+    receive, ack = (
+        f"/api/v1/queues/{queue}/messages/receive",
+        f"/api/v1/queues/{queue}/messages/ack",
+    )
+    while time.time() < until:
+        got = await client.post(receive, json={"max_messages": 100, "wait_ms": 0})
+        messages = got.json().get("messages", []) if got.status_code == 200 else []
+        if not messages:
+            out["empty"] += 1
+            if out["empty"] > 3:
+                return
+            await asyncio.sleep(0.05)
+            continue
+        acked = await client.post(ack, json={"receipts": [m["receipt"] for m in messages]})
+        if acked.status_code == 200:
+            out["messages"] += acked.json()["settled"]
+        else:
+            out["errors"] += 1
+
+
+async def _paced_loop(
+    client: httpx.AsyncClient,
+    path: str,
+    body: bytes,
+    rate: float,
+    start: float,
+    until: float,
+    out: dict[str, Any],
+) -> None:
+    headers = {"Content-Type": "application/json"}
+    latencies: list[float] = out["latencies_ms"]
+
+    async def one(scheduled: float) -> None:
+        response = await client.post(path, content=body, headers=headers)
+        if response.status_code == 201:
+            out["messages"] += 1
+            latencies.append((time.time() - scheduled) * 1000)
+        else:
+            out["errors"] += 1
+
+    tasks: set[asyncio.Task[None]] = set()
+    i = 0
+    while True:
+        scheduled = start + i / rate
+        if scheduled >= until:
+            break
+        delay = scheduled - time.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        task = asyncio.create_task(one(scheduled))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+        i += 1
+    if tasks:
+        await asyncio.gather(*tasks)
+
+
+def _generator(spec: dict[str, Any], results: Any) -> None:
+    """One load-generator process: runs ``spec`` and puts its counts on ``results``."""
+
+    async def run() -> dict[str, Any]:
+        out: dict[str, Any] = {"messages": 0, "errors": 0, "empty": 0, "latencies_ms": []}
+        clients = spec["clients"]
+        limits = httpx.Limits(max_connections=clients + 8, max_keepalive_connections=clients + 8)
+        headers = {"Authorization": f"Bearer {spec['token']}"}
+        async with httpx.AsyncClient(
+            base_url=spec["url"], headers=headers, limits=limits, timeout=60.0
+        ) as client:
+            path = f"/api/v1/queues/{spec['queue']}/messages"
+            body = _payload(spec["batch"])
+            await client.get("/readyz")  # connect before the clock starts
+            start, until = spec["start_at"], spec["start_at"] + spec["seconds"]
+            await asyncio.sleep(max(0.0, start - time.time()))
+            cpu0 = _cpu_self_s()
+            if spec["kind"] == "publish":
+                loops = [
+                    _publish_loop(client, path, body, spec["batch"], until, out)
+                    for _ in range(clients)
+                ]
+            elif spec["kind"] == "consume":
+                loops = [_consume_loop(client, spec["queue"], until, out) for _ in range(clients)]
+            else:
+                loops = [_paced_loop(client, path, body, spec["rate"], start, until, out)]
+            await asyncio.gather(*loops)
+            out["wall_s"] = time.time() - start
+            out["cpu_s"] = _cpu_self_s() - cpu0
+        return out
+
+    results.put(asyncio.run(run()))
+
+
+def run_phase(server: ServerProcess, base: dict[str, Any], procs: int) -> dict[str, Any]:
+    """Run ``procs`` generators with ``base``; the merged counts and CPU figures."""
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    start_at = time.time() + START_DELAY_S
+    specs = [dict(base, start_at=start_at) for _ in range(procs)]
+    if base["kind"] == "paced":
+        for spec in specs:
+            spec["rate"] = base["rate"] / procs
+            spec["start_at"] = start_at + random.random() / spec["rate"]
+    workers = [ctx.Process(target=_generator, args=(spec, results)) for spec in specs]
+    for w in workers:
+        w.start()
+    time.sleep(max(0.0, start_at - time.time()))
+    server_cpu0, wall0 = server.cpu_s(), time.time()
+    outs = [results.get(timeout=base["seconds"] + 120) for _ in workers]
+    server_cpu, wall = server.cpu_s() - server_cpu0, time.time() - wall0
+    for w in workers:
+        w.join(30)
+    wall_s = max(o["wall_s"] for o in outs)
+    messages = sum(o["messages"] for o in outs)
+    latencies = sorted(x for o in outs for x in o["latencies_ms"])
+    return {
+        "messages": messages,
+        "errors": sum(o["errors"] for o in outs),
+        "msgs_per_s": round(messages / wall_s, 1),
+        "wall_s": round(wall_s, 2),
+        "client_cpu_per_wall": round(sum(o["cpu_s"] for o in outs) / wall_s, 2),
+        "server_cpu_per_wall": round(server_cpu / wall, 2),
+        "latencies_ms": latencies,
+    }
+
+
+def _percentile(sorted_values: list[float], q: float) -> float | None:
+    if not sorted_values:
+        return None
+    k = min(len(sorted_values) - 1, max(0, round(q * (len(sorted_values) - 1))))
+    return round(sorted_values[k], 2)
+
+
+# --- the run -------------------------------------------------------------------------
+
+
+def _setup(url: str) -> str:
+    made = httpx.post(f"{url}/api/v1/tokens", auth=("admin", ADMIN_PASSWORD), timeout=30.0)
+    made.raise_for_status()
+    token: str = made.json()["token"]
+    headers = {"Authorization": f"Bearer {token}"}
+    for queue in ("bench-batch", "bench-single", "bench-paced"):
+        created = httpx.put(f"{url}/api/v1/queues/{queue}", headers=headers, timeout=30.0)
+        assert created.status_code in (200, 201), created.text
+    return token
+
+
+def measure(args: argparse.Namespace, server: ServerProcess, token: str) -> dict[str, Any]:
+    base = {"url": server.url, "token": token, "seconds": args.seconds}
+    phases: dict[str, dict[str, Any]] = {}
+    phases["publish_batch_100"] = run_phase(
+        server,
+        dict(base, kind="publish", queue="bench-batch", batch=100, clients=args.batch_clients),
+        args.procs,
+    )
+    phases["publish_batch_1"] = run_phase(
+        server,
+        dict(base, kind="publish", queue="bench-single", batch=1, clients=args.single_clients),
+        args.procs,
+    )
+    phases["consume_batch_100"] = run_phase(
+        server,
+        dict(base, kind="consume", queue="bench-batch", batch=100, clients=args.batch_clients),
+        args.procs,
+    )
+    phases["publish_paced"] = run_phase(
+        server,
+        dict(base, kind="paced", queue="bench-paced", batch=1, clients=1, rate=args.rate),
+        args.procs,
+    )
+    paced = phases["publish_paced"]["latencies_ms"]
+    for phase in phases.values():
+        phase.pop("latencies_ms")
+    return {
+        "bench": "rest",
+        "message_bytes": MESSAGE_BYTES,
+        "body_format": "json",
+        "publish_msgs_per_s": phases["publish_batch_100"]["msgs_per_s"],
+        "publish_single_msgs_per_s": phases["publish_batch_1"]["msgs_per_s"],
+        "consume_msgs_per_s": phases["consume_batch_100"]["msgs_per_s"],
+        "publish_p50_ms": _percentile(paced, 0.50),
+        "publish_p99_ms": _percentile(paced, 0.99),
+        "paced_rate_msgs_per_s": args.rate,
+        "paced_achieved_msgs_per_s": phases["publish_paced"]["msgs_per_s"],
+        "load_procs": args.procs,
+        "batch_clients_per_proc": args.batch_clients,
+        "single_clients_per_proc": args.single_clients,
+        "seconds_per_phase": args.seconds,
+        "phases": phases,
+        "targets": {"publish_msgs_per_s": 50_000, "publish_p99_ms": 10.0},
+        "machine": bench.machine_info(),
+        "load_average": list(os.getloadavg()),
+    }
+
+
+def _print_profile(path: Path, top: int = 40) -> None:
+    stats = pstats.Stats(str(path), stream=sys.stderr)
+    stats.sort_stats("cumulative").print_stats(top)
+    stats.sort_stats("tottime").print_stats(top)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="quorra bench rest", description=__doc__.split("\n")[0])
+    parser.add_argument("--json", action="store_true", help="print only the JSON figures")
+    parser.add_argument("--seconds", type=float, default=5.0, help="length of each phase")
+    parser.add_argument("--procs", type=int, default=2, help="load-generator processes")
+    parser.add_argument("--batch-clients", type=int, default=4, help="per process, batches of 100")
+    parser.add_argument("--single-clients", type=int, default=32, help="per process, batches of 1")
+    parser.add_argument("--rate", type=float, default=1000.0, help="paced publishes per second")
+    parser.add_argument("--profile", type=Path, default=None, help="cProfile the server to FILE")
+    args = parser.parse_args(argv)
+
+    with tempfile.TemporaryDirectory(prefix="quorra-bench-rest-") as tmp:
+        server = ServerProcess(Path(tmp) / "data", args.profile)
+        server.start()
+        try:
+            result = measure(args, server, _setup(server.url))
+        finally:
+            server.stop()
+    if args.profile is not None and args.profile.exists():
+        _print_profile(args.profile)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(json.dumps(result, indent=2))
+    return 0
