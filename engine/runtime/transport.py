@@ -13,8 +13,8 @@ Every value crossing a transport is a frozen dataclass of ``engine.raft.messages
 ``engine.runtime.api``, or plain ints, strings, bytes, lists and dicts: what a TCP
 transport with msgpack frames (a later issue) encodes. ``InMemoryNetwork`` joins several
 ``Node`` objects of one process and one event loop; it delivers each message on a later
-turn of the loop (never re-entrantly) and can cut a node off to simulate a crash or a
-partition.
+turn of the loop (never re-entrantly), by default through the bytes of
+``engine.runtime.wire``, and can cut a node off to simulate a crash or a partition.
 """
 
 from __future__ import annotations
@@ -22,9 +22,10 @@ from __future__ import annotations
 import asyncio
 from typing import Protocol
 
-from engine.errors import NoLeader
+from engine.errors import NoLeader, QuorraError
 from engine.ids import NodeName
 from engine.raft.messages import Message
+from engine.runtime import wire
 
 
 class Peer(Protocol):
@@ -56,8 +57,11 @@ class Transport(Protocol):
 class InMemoryNetwork:
     """Nodes of one process joined on one event loop. ``transport(name)`` for each node."""
 
-    def __init__(self, names: list[str]) -> None:
+    def __init__(self, names: list[str], *, wire: bool = True) -> None:
+        """With ``wire``, every message, call, answer and error is encoded to bytes and
+        decoded again (``engine.runtime.wire``), as a network transport would."""
         assert names and len(set(names)) == len(names)
+        self.wire = wire
         self.names = sorted(NodeName(n) for n in names)
         self._peers: dict[NodeName, Peer] = {}
         self._cut: set[NodeName] = set()
@@ -100,6 +104,8 @@ class InMemoryTransport:
         if peer is None:
             return
         self._network.messages_sent += 1
+        if self._network.wire:
+            message = wire.decode(wire.encode(message))
         asyncio.get_running_loop().call_soon(peer.on_raft_message, uid, message)
 
     async def call(self, dst: NodeName, method: str, args: tuple[object, ...]) -> object:
@@ -107,7 +113,14 @@ class InMemoryTransport:
         if peer is None:
             raise NoLeader(f"node {dst} is unreachable")
         await asyncio.sleep(0)
-        return await peer.on_call(method, args)
+        if not self._network.wire:
+            return await peer.on_call(method, args)
+        decoded_args = tuple(wire.decode(wire.encode(list(args))))
+        try:
+            answer = await peer.on_call(method, decoded_args)
+        except QuorraError as error:
+            raise wire.decode(wire.encode(error)) from None
+        return wire.decode(wire.encode(answer))
 
 
 class LocalTransport:
