@@ -40,8 +40,6 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, cast
 
-from pyroaring import BitMap64
-
 from engine.errors import (
     Backpressure,
     MessageTooLarge,
@@ -98,6 +96,7 @@ from engine.raft.machine import ApplyMeta, CheckpointRequest, MachineEffect, Rel
 from engine.raft.messages import Message
 from engine.raft.server import RaftOptions, RaftServer, Role
 from engine.raft.snapshot import Snapshot
+from engine.runtime import observe
 from engine.runtime.api import (
     BrowsedMessage,
     CheckpointRecord,
@@ -1315,154 +1314,33 @@ class Node:
                 record = await self._release(rep, indexes[-1], "1", trigger)
                 if record is not None:
                     return record
-            return self._compaction_record(rep, "none", trigger, now_ms(), 0.0, None)
+            return observe.compaction_record(rep, "none", trigger, now_ms(), 0.0, None)
 
     async def _release(
         self, rep: Replica, index: int, phase: str, trigger: Trigger
     ) -> CompactionRecord | None:
         storage = self._need_storage()
         started_ms, started = now_ms(), time.perf_counter()
-        before = self._segment_totals(rep)
+        before = observe.segment_totals(rep)
         # On the loop: it changes the log's segment view, which reads use (storage's
         # one-thread rule); the work is a rename, a few deletions and directory syncs.
         promoted = storage.release_cursor(rep.uid, index)
         if promoted is None:
             return None
         duration = (time.perf_counter() - started) * 1000
-        return self._compaction_record(rep, phase, trigger, started_ms, duration, before)
-
-    def _segment_totals(self, rep: Replica) -> tuple[int, int, int]:
-        segs = self.segments(rep.name)
-        return len(segs), sum(s.bytes for s in segs), sum(s.dead_entries for s in segs)
-
-    def _compaction_record(
-        self,
-        rep: Replica,
-        phase: str,
-        trigger: Trigger,
-        started_ms: int,
-        duration_ms: float,
-        before: tuple[int, int, int] | None,
-    ) -> CompactionRecord:
-        after = self._segment_totals(rep)
-        before = before or after
-        return CompactionRecord(
-            queue=rep.name,
-            phase=phase,
-            trigger=trigger,
-            started_at_ms=started_ms,
-            duration_ms=round(duration_ms, 3),
-            segments_before=before[0],
-            segments_after=after[0],
-            bytes_before=before[1],
-            bytes_after=after[1],
-            live_entries=len(rep.machine.live_indexes()),
-            dead_entries_before=before[2],
-            dead_entries_after=after[2],
-        )
+        return observe.compaction_record(rep, phase, trigger, started_ms, duration, before)
 
     # === observation =================================================================
 
     def stats(self, name: str) -> dict[str, object]:
         failed = self._failed.get(name)
         if failed is not None:
-            return _failed_stats(failed[1])
-        rep = self._replica(name)
-        s = rep.machine.stats()
-        live = rep.machine.live_indexes()
-        segments = self._segment_infos(rep, live)
-        now = now_ms()
-        rep.sample(now)
-        publish_rate, deliver_rate, ack_rate = rep.rates(now)
-        held = s.messages_ready + s.messages_unacked + s.messages_delayed
-        return {
-            "messages_ready": s.messages_ready,
-            "messages_unacked": s.messages_unacked,
-            "messages_delayed": s.messages_delayed,
-            "messages_dead_lettering": s.messages_dead_lettering,
-            "bytes_ready": s.bytes_ready,
-            "bytes_unacked": s.bytes_unacked,
-            "consumers": dict(s.consumers),
-            "published": s.published,
-            "delivered": s.delivered,
-            "acked": s.acked,
-            "dead_lettered": s.dead_lettered,
-            "expired": s.expired,
-            "dropped": s.dropped,
-            "publish_rate": publish_rate,
-            "deliver_rate": deliver_rate,
-            "ack_rate": ack_rate,
-            "memory_bytes": s.memory_bytes,
-            "memory_per_message_bytes": round(s.memory_bytes / held, 3) if held else 0.0,
-            "raft": self._raft_stats(rep),
-            "log": self._log_stats(rep, live, segments),
-            "checkpoint": {
-                "index": rep.checkpoint.index,
-                "taken_at": rep.checkpoint.taken_at_ms or None,
-                "bytes": rep.checkpoint.bytes,
-            },
-            "status": "failed" if rep.failed is not None else "ok",
-        }
-
-    def _raft_stats(self, rep: Replica) -> dict[str, object]:
-        raft = rep.raft
-        last = raft.log.last_index()
-        members = []
-        for member in raft.config.members:
-            role = "learner" if member in raft.config.learners else "follower"
-            lag: int | None = None
-            if member == raft.leader:
-                role = "leader"
-            if member == raft.id:
-                lag = 0 if raft.role is Role.LEADER else None
-            elif raft.role is Role.LEADER and member in raft.progress:
-                lag = max(0, last - raft.progress[member].match)
-            members.append({"node": node_of(member), "role": role, "lag": lag})
-        return {
-            "leader": node_of(raft.leader) if raft.leader else None,
-            "role": raft.role.name.lower(),
-            "term": raft.term,
-            "commit_index": raft.commit,
-            "last_applied": rep.applied_index,
-            "members": members,
-        }
-
-    def _log_stats(
-        self, rep: Replica, live: BitMap64, segs: list[SegmentInfo]
-    ) -> dict[str, object]:
-        mem = rep.log.mem
-        mem_live = live.range_cardinality(mem.lo, mem.hi + 1) if len(mem) else 0
-        first = min([s.first_index for s in segs] + ([mem.lo] if len(mem) else []), default=0)
-        return {
-            "first_index": first,
-            "last_index": rep.log.last_index(),
-            "snapshot_index": rep.log.snapshot_index(),
-            "segments": len(segs),
-            "bytes": sum(s.bytes for s in segs),
-            "live_entries": len(live),
-            "dead_entries": sum(s.dead_entries for s in segs) + len(mem) - mem_live,
-        }
+            return observe.failed_stats(failed[1])
+        return observe.queue_stats(self._replica(name), now_ms())
 
     def segments(self, name: str) -> list[SegmentInfo]:
         rep = self._replica(name)
-        return self._segment_infos(rep, rep.machine.live_indexes())
-
-    def _segment_infos(self, rep: Replica, live: BitMap64) -> list[SegmentInfo]:
-        out = []
-        for info, hi in rep.log.segment_infos():
-            entries = min(info.count, hi - info.lo + 1)
-            live_n = _live_in(live, info.lo, hi)
-            out.append(
-                SegmentInfo(
-                    name=info.path.rsplit("/", 1)[-1],
-                    first_index=info.lo,
-                    last_index=hi,
-                    bytes=info.bytes,
-                    live_entries=live_n,
-                    dead_entries=max(0, entries - live_n),
-                )
-            )
-        return out
+        return observe.segment_infos(rep, rep.machine.live_indexes())
 
     def cluster(self) -> dict[str, object]:
         now = now_ms()
@@ -1501,41 +1379,6 @@ class Node:
 def _write_checkpoint(storage: NodeStorage, uid: str, cp: Checkpoint) -> int:
     storage.write_checkpoint(uid, cp)
     return len(encode_checkpoint(cp))
-
-
-def _live_in(live: BitMap64, lo: int, hi: int) -> int:
-    return int(live.range_cardinality(lo, hi + 1))
-
-
-def _failed_stats(error: QuorraError) -> dict[str, object]:
-    """Stats of a queue whose recovery was refused: nothing is known but the reason."""
-    counts = ("messages_ready", "messages_unacked", "bytes_ready", "memory_bytes")
-    rates = ("publish_rate", "deliver_rate", "ack_rate", "memory_per_message_bytes")
-    return {
-        **dict.fromkeys(counts, 0),
-        **dict.fromkeys(rates, 0.0),
-        "consumers": {},
-        "raft": {
-            "leader": None,
-            "role": "none",
-            "term": 0,
-            "commit_index": 0,
-            "last_applied": 0,
-            "members": [],
-        },
-        "log": {
-            "first_index": 0,
-            "last_index": 0,
-            "snapshot_index": 0,
-            "segments": 0,
-            "bytes": 0,
-            "live_entries": 0,
-            "dead_entries": 0,
-        },
-        "checkpoint": {"index": 0, "taken_at": None, "bytes": 0},
-        "status": "failed",
-        "error": error.detail,
-    }
 
 
 def _info(meta: QueueMeta) -> QueueInfo:

@@ -1,0 +1,186 @@
+"""What a node reports about a queue replica: stats, segments, compaction records.
+
+Rule: read-only functions of a ``Replica`` (and its storage log); nothing here changes
+engine state, except the rate sample a stats call may add.
+"""
+
+from __future__ import annotations
+
+from pyroaring import BitMap64
+
+from engine.errors import QuorraError
+from engine.raft.server import Role
+from engine.runtime.api import CompactionRecord, SegmentInfo, Trigger
+from engine.runtime.replica import Replica, node_of
+
+
+def segment_totals(rep: Replica) -> tuple[int, int, int]:
+    segs = segment_infos(rep, rep.machine.live_indexes())
+    return len(segs), sum(s.bytes for s in segs), sum(s.dead_entries for s in segs)
+
+
+def compaction_record(
+    rep: Replica,
+    phase: str,
+    trigger: Trigger,
+    started_ms: int,
+    duration_ms: float,
+    before: tuple[int, int, int] | None,
+) -> CompactionRecord:
+    after = segment_totals(rep)
+    before = before or after
+    return CompactionRecord(
+        queue=rep.name,
+        phase=phase,
+        trigger=trigger,
+        started_at_ms=started_ms,
+        duration_ms=round(duration_ms, 3),
+        segments_before=before[0],
+        segments_after=after[0],
+        bytes_before=before[1],
+        bytes_after=after[1],
+        live_entries=len(rep.machine.live_indexes()),
+        dead_entries_before=before[2],
+        dead_entries_after=after[2],
+    )
+
+
+def queue_stats(rep: Replica, now: int) -> dict[str, object]:
+    """The stats of API.md for one replica."""
+    s = rep.machine.stats()
+    live = rep.machine.live_indexes()
+    segments = segment_infos(rep, live)
+    rep.sample(now)
+    publish_rate, deliver_rate, ack_rate = rep.rates(now)
+    held = s.messages_ready + s.messages_unacked + s.messages_delayed
+    return {
+        "messages_ready": s.messages_ready,
+        "messages_unacked": s.messages_unacked,
+        "messages_delayed": s.messages_delayed,
+        "messages_dead_lettering": s.messages_dead_lettering,
+        "bytes_ready": s.bytes_ready,
+        "bytes_unacked": s.bytes_unacked,
+        "consumers": dict(s.consumers),
+        "published": s.published,
+        "delivered": s.delivered,
+        "acked": s.acked,
+        "dead_lettered": s.dead_lettered,
+        "expired": s.expired,
+        "dropped": s.dropped,
+        "publish_rate": publish_rate,
+        "deliver_rate": deliver_rate,
+        "ack_rate": ack_rate,
+        "memory_bytes": s.memory_bytes,
+        "memory_per_message_bytes": round(s.memory_bytes / held, 3) if held else 0.0,
+        "raft": raft_stats(rep),
+        "log": log_stats(rep, live, segments),
+        "checkpoint": {
+            "index": rep.checkpoint.index,
+            "taken_at": rep.checkpoint.taken_at_ms or None,
+            "bytes": rep.checkpoint.bytes,
+        },
+        "status": "failed" if rep.failed is not None else "ok",
+    }
+
+
+def raft_stats(rep: Replica) -> dict[str, object]:
+    raft = rep.raft
+    last = raft.log.last_index()
+    members = []
+    for member in raft.config.members:
+        role = "learner" if member in raft.config.learners else "follower"
+        lag: int | None = None
+        if member == raft.leader:
+            role = "leader"
+        if member == raft.id:
+            lag = 0 if raft.role is Role.LEADER else None
+        elif raft.role is Role.LEADER and member in raft.progress:
+            lag = max(0, last - raft.progress[member].match)
+        members.append({"node": node_of(member), "role": role, "lag": lag})
+    return {
+        "leader": node_of(raft.leader) if raft.leader else None,
+        "role": raft.role.name.lower(),
+        "term": raft.term,
+        "commit_index": raft.commit,
+        "last_applied": rep.applied_index,
+        "members": members,
+    }
+
+
+def log_stats(rep: Replica, live: BitMap64, segs: list[SegmentInfo]) -> dict[str, object]:
+    mem = rep.log.mem
+    mem_live = live.range_cardinality(mem.lo, mem.hi + 1) if len(mem) else 0
+    first = min([s.first_index for s in segs] + ([mem.lo] if len(mem) else []), default=0)
+    return {
+        "first_index": first,
+        "last_index": rep.log.last_index(),
+        "snapshot_index": rep.log.snapshot_index(),
+        "segments": len(segs),
+        "bytes": sum(s.bytes for s in segs),
+        "live_entries": len(live),
+        "dead_entries": sum(s.dead_entries for s in segs) + len(mem) - mem_live,
+    }
+
+
+def segment_infos(rep: Replica, live: BitMap64) -> list[SegmentInfo]:
+    out = []
+    for info, hi in rep.log.segment_infos():
+        entries = min(info.count, hi - info.lo + 1)
+        live_n = _live_in(live, info.lo, hi)
+        out.append(
+            SegmentInfo(
+                name=info.path.rsplit("/", 1)[-1],
+                first_index=info.lo,
+                last_index=hi,
+                bytes=info.bytes,
+                live_entries=live_n,
+                dead_entries=max(0, entries - live_n),
+            )
+        )
+    return out
+
+
+def _live_in(live: BitMap64, lo: int, hi: int) -> int:
+    return int(live.range_cardinality(lo, hi + 1))
+
+
+def failed_stats(error: QuorraError) -> dict[str, object]:
+    """Stats of a queue whose recovery was refused: nothing is known but the reason."""
+    counts = ("messages_ready", "messages_unacked", "bytes_ready", "memory_bytes")
+    rates = ("publish_rate", "deliver_rate", "ack_rate", "memory_per_message_bytes")
+    return {
+        **dict.fromkeys(counts, 0),
+        **dict.fromkeys(rates, 0.0),
+        "consumers": {},
+        "raft": {
+            "leader": None,
+            "role": "none",
+            "term": 0,
+            "commit_index": 0,
+            "last_applied": 0,
+            "members": [],
+        },
+        "log": {
+            "first_index": 0,
+            "last_index": 0,
+            "snapshot_index": 0,
+            "segments": 0,
+            "bytes": 0,
+            "live_entries": 0,
+            "dead_entries": 0,
+        },
+        "checkpoint": {"index": 0, "taken_at": None, "bytes": 0},
+        "status": "failed",
+        "error": error.detail,
+    }
+
+
+__all__ = [
+    "compaction_record",
+    "failed_stats",
+    "log_stats",
+    "queue_stats",
+    "raft_stats",
+    "segment_infos",
+    "segment_totals",
+]
