@@ -14,6 +14,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from engine.errors import QueueNotFound
 from engine.runtime.api import QueueEngine
 
 GAUGES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
@@ -87,7 +88,7 @@ class QueueCollector(Collector):
         for name in names:
             try:
                 stats[name] = node.stats(name)
-            except Exception:  # deleted between the two calls: skip it
+            except QueueNotFound:  # deleted between the two calls
                 continue
         for metric, text, path in GAUGES:
             family = GaugeMetricFamily(f"quorra_queue_{metric}", text, labels=["queue"])

@@ -2,7 +2,9 @@
 
 ``PUT`` answers 201 when it created the queue, 200 when the same queue existed, 409 when
 it exists with other arguments. Listing shows the queues the caller holds any
-permission on. Every change goes through ``app.queue_admin`` (engine first, then the
+permission on; showing one needs any permission on it. A ``dead_letter_queue`` also
+needs ``write`` on that queue (its messages will be written there), and may not be the
+queue itself. Every change goes through ``app.queue_admin`` (engine first, then the
 SQLite mirror and the audit log, in the request's transaction).
 """
 
