@@ -89,6 +89,7 @@ from engine.raft.events import (
     SnapshotInstalled,
     SnapshotTaken,
     Tick,
+    TransferLeadership,
 )
 from engine.raft.events import Rejected as RaftRejected
 from engine.raft.log import Entry, EntryKind
@@ -153,6 +154,7 @@ _CALLS = (
     "browse",
     "purge",
     "update_policy",
+    "transfer",
 )
 
 
@@ -204,7 +206,7 @@ class Node:
     # === lifecycle ===================================================================
 
     async def start(self) -> None:
-        assert not self._running, "start once"
+        assert self._storage is None, "a Node starts once; make a new one to restart"
         self._loop = asyncio.get_running_loop()
         self._create_lock = asyncio.Lock()
         storage = await asyncio.to_thread(self._open_storage)
@@ -590,6 +592,10 @@ class Node:
                 rep.waiting[acc.last_index] = p
         for rej in rd.rejected:
             self._on_rejected(rep, rej)
+        for done in rd.completed:
+            p = rep.proposals.pop(done.request_id, None)
+            if p is not None and not p.future.done():
+                p.future.set_result(None)
         if rd.committed_entries:
             self._apply(rep, rd.committed_entries)
         if rd.messages_after_persist:
@@ -978,6 +984,9 @@ class Node:
             reply = await self._propose(rep, encode_purge())
             assert isinstance(reply, Purged)
             return reply.count
+        if method == "transfer":
+            await self._transfer_local(rep, args[1])
+            return None
         assert method == "update_policy"
         return await self._update_policy_local(rep, args[1])
 
@@ -1199,6 +1208,40 @@ class Node:
             result = await self._route(name, "purge", (name,))
         assert isinstance(result, int)
         return result
+
+    # === leadership ==================================================================
+
+    async def transfer_leadership(self, name: str, node: str) -> None:
+        """Hand the queue's leadership to its replica on ``node`` (``POST
+        /queues/{name}/leader``); returns once that node leads, or raises ``NoLeader``."""
+        rep = self._replica(name)
+        if node not in rep.meta.members:
+            raise ValidationFailed(f"queue {name} has no replica on {node}")
+        async with self._admit():
+            await self._route(name, "transfer", (name, node))
+        loop = self._need_loop()
+        deadline = loop.time() + self.limits.leader_wait_ms / 1000
+        while rep.raft.leader is None or node_of(rep.raft.leader) != node:
+            if loop.time() > deadline or rep.closed:
+                raise NoLeader(f"queue {name}: {node} did not take over in time, retry")
+            await asyncio.sleep(0.01)
+
+    async def _transfer_local(self, rep: Replica, node: str) -> None:
+        if node == self.name:
+            return
+        request_id = rep.next_request_id
+        rep.next_request_id += 1
+        future: asyncio.Future[object] = self._need_loop().create_future()
+        rep.proposals[request_id] = Proposal(future, None)
+        rep.raft.step(Tick(now_ms()))
+        rep.raft.step(TransferLeadership(request_id, server_id(node, rep.uid)))
+        self._schedule(rep)
+        try:
+            await asyncio.wait_for(future, self.limits.leader_wait_ms / 1000)
+        except TimeoutError:
+            raise NoLeader(f"queue {rep.name}: transfer to {node} timed out") from None
+        finally:
+            rep.proposals.pop(request_id, None)
 
     # === dead-lettering ==============================================================
 

@@ -212,3 +212,22 @@ async def _leader_name(nodes: dict[str, Node], queue: str) -> str:
     if name is None:
         raise NoLeader("no leader yet")
     return name
+
+
+def test_transfer_leadership(tmp_path: Path) -> None:
+    async def body() -> None:
+        network = InMemoryNetwork(NAMES)
+        nodes = await cluster(tmp_path, network)
+        try:
+            await nodes["n1"].create_queue("tq", QueueArgs())
+            leader = await retrying(lambda: _leader_name(nodes, "tq"))
+            target = next(name for name in NAMES if name != leader)
+            other = next(name for name in NAMES if name not in (leader, target))
+            # Asked through a node that does not lead: forwarded to the leader.
+            await retrying(lambda: nodes[other].transfer_leadership("tq", target))
+            assert leader_of(nodes, "tq") == target
+            assert await retrying(lambda: nodes[leader].publish("tq", msgs("after")))
+        finally:
+            await asyncio.gather(*(n.stop() for n in nodes.values()))
+
+    run(body())
