@@ -167,7 +167,7 @@ def _settled(result: SettleResult, receipts: list[str]) -> Response | dict[str, 
     "",
     status_code=status.HTTP_201_CREATED,
     response_model=PublishedOut,
-    responses={201: MSGPACK_RESPONSE} | MESSAGE_PROBLEMS,
+    responses={**MESSAGE_PROBLEMS, 201: MSGPACK_RESPONSE},
     openapi_extra=openapi_msgpack(PublishIn),
 )
 async def publish(
@@ -181,7 +181,7 @@ async def publish(
 @router.post(
     "/receive",
     response_model=ReceivedBatchOut,
-    responses={200: MSGPACK_RESPONSE} | MESSAGE_PROBLEMS,
+    responses={**MESSAGE_PROBLEMS, 200: MSGPACK_RESPONSE},
     openapi_extra=openapi_msgpack(ReceiveIn),
 )
 async def receive(
@@ -249,7 +249,7 @@ async def extend(name: QueueName, body: ExtendIn, _who: CanRead, node: NodeDep) 
     return _settled(result, body.receipts)
 
 
-@router.get("", response_model=BrowseOut, responses={200: MSGPACK_RESPONSE} | MESSAGE_PROBLEMS)
+@router.get("", response_model=BrowseOut, responses={**MESSAGE_PROBLEMS, 200: MSGPACK_RESPONSE})
 async def browse(
     name: QueueName,
     request: Request,

@@ -71,7 +71,10 @@ def list_queues(who: PrincipalDep, node: NodeDep) -> list[QueueOut]:
     "/{name}",
     response_model=QueueOut,
     status_code=status.HTTP_201_CREATED,
-    responses={200: {"model": QueueOut, "description": "Existed with these arguments."}} | PROBLEMS,
+    responses={
+        **PROBLEMS,
+        200: {"model": QueueOut, "description": "Existed with these arguments."},
+    },
 )
 async def put_queue(
     name: QueueName,
