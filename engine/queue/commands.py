@@ -163,6 +163,37 @@ def enqueue_records(command: bytes) -> npt.NDArray[Any]:
     return recs
 
 
+ENQUEUE_FEW_MAX = 16
+"""Entries of at most this many messages are decoded with ``struct`` into tuples: for so
+few records numpy's fixed cost per call is larger than the work."""
+
+Record = tuple[int, int, int, int, int, int, int, int]
+"""One record as ``_RECORD`` reads it: (body_len, headers_len, data_offset, dedup_len,
+priority, flags, ttl_ms, delay_ms)."""
+
+
+@_decoder
+def enqueue_records_few(command: bytes) -> list[Record] | None:
+    """The records of an enqueue entry of at most ``ENQUEUE_FEW_MAX`` messages as tuples,
+    checked exactly as ``enqueue_records`` checks them; ``None`` for a larger batch."""
+    kind, version, n = _ENQ_HEAD.unpack_from(command, 0)
+    if n > ENQUEUE_FEW_MAX:
+        return None
+    assert kind == Kind.ENQUEUE[0] and version == FORMAT_VERSION
+    if n < 1 or len(command) < _ENQ_HEAD.size + n * RECORD_BYTES:
+        raise InvalidRequest("malformed enqueue entry")
+    if n == 1:
+        records: list[Record] = [_RECORD.unpack_from(command, _ENQ_HEAD.size)]
+    else:
+        table = memoryview(command)[_ENQ_HEAD.size : _ENQ_HEAD.size + n * RECORD_BYTES]
+        records = list(_RECORD.iter_unpack(table))
+    end = len(command)
+    for body_len, headers_len, offset, dedup_len, *_rest in records:
+        if offset + dedup_len + headers_len + body_len > end:
+            raise InvalidRequest("malformed enqueue entry")
+    return records
+
+
 def enqueue_count(entry: bytes) -> int:
     return int(_ENQ_HEAD.unpack_from(entry, 0)[2])
 
@@ -251,6 +282,28 @@ def decode_receipts(command: bytes) -> tuple[npt.NDArray[np.uint64], npt.NDArray
     pairs = np.frombuffer(command, dtype="<u8", count=2 * n, offset=head.size).reshape(n, 2)
     lease_ms = fields[4] if head is _EXTEND_HEAD else 0
     return pairs[:, 0].astype(np.uint64), pairs[:, 1].astype(np.uint64), int(lease_ms)
+
+
+RECEIPTS_FEW_MAX = 16
+"""Receipts commands of at most this many receipts are decoded with ``struct``."""
+_PAIRS = [struct.Struct(f"<{2 * n}Q") for n in range(RECEIPTS_FEW_MAX + 1)]
+
+
+@_decoder
+def decode_receipts_few(command: bytes) -> tuple[list[tuple[int, int]], int] | None:
+    """((tag, ref) pairs, lease_ms or 0) of a settle/return/discard/extend command of at
+    most ``RECEIPTS_FEW_MAX`` receipts, checked as ``decode_receipts`` checks it; ``None``
+    for more receipts."""
+    head = _EXTEND_HEAD if command[0] == Kind.EXTEND[0] else _RECEIPTS_HEAD
+    fields = head.unpack_from(command, 0)
+    n = fields[2]
+    if n > RECEIPTS_FEW_MAX:
+        return None
+    if len(command) != head.size + 16 * n:
+        raise InvalidRequest("malformed receipts command")
+    flat = _PAIRS[n].unpack_from(command, head.size)
+    lease_ms = fields[4] if head is _EXTEND_HEAD else 0
+    return list(zip(flat[0::2], flat[1::2], strict=True)), int(lease_ms)
 
 
 # --- checkout and simple commands ---------------------------------------------------
@@ -402,20 +455,24 @@ def command_kind(command: bytes) -> Kind:
 
 
 __all__ = [
+    "ENQUEUE_FEW_MAX",
     "OVERFLOW_DROP_HEAD",
     "OVERFLOW_REJECT_PUBLISH",
     "POLICY_FIELDS",
+    "RECEIPTS_FEW_MAX",
     "RECORD_DTYPE",
     "Checkout",
     "Kind",
     "MessageView",
     "NewMessage",
     "QueuePolicy",
+    "Record",
     "command_kind",
     "decode_checkout",
     "decode_dead_letter_confirm",
     "decode_policy",
     "decode_receipts",
+    "decode_receipts_few",
     "encode_checkout",
     "encode_dead_letter_confirm",
     "encode_discard",
@@ -428,5 +485,6 @@ __all__ = [
     "encode_settle",
     "enqueue_count",
     "enqueue_records",
+    "enqueue_records_few",
     "read_message",
 ]

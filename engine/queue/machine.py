@@ -37,6 +37,7 @@ import heapq
 from array import array
 from bisect import bisect_right
 from collections import deque
+from collections.abc import Callable
 from typing import ClassVar
 
 import msgpack
@@ -72,7 +73,19 @@ from engine.queue.effects import (
 )
 from engine.queue.pages import RefFifo
 from engine.queue.pending import Pending
-from engine.queue.refs import FallbackTable, RefParts, indexes_of, message_id, pack_batch, sizes_of
+from engine.queue.refs import (
+    INDEX_LIMIT_SHORT,
+    SIZE_BITS,
+    SIZE_LIMIT,
+    SLOT_BITS_SHORT,
+    SLOT_LIMIT_SHORT,
+    FallbackTable,
+    RefParts,
+    indexes_of,
+    message_id,
+    pack_batch,
+    sizes_of,
+)
 from engine.raft.machine import ApplyMeta, CheckpointRequest, MachineEffect, ReleaseCursor
 
 U64 = npt.NDArray[np.uint64]
@@ -129,6 +142,11 @@ class QueueMachine:
         )
         why = self._check_policy(self.policy)
         assert not why, why
+        self._checkpoint_dead_bytes_min = (
+            limits.dead_bytes_per_live_checkpoint_factor * limits.checkpoint_bytes_min
+        )
+        """Below this many dead bytes ``_maybe_checkpoint`` cannot fire (its estimate has a
+        floor), so ``apply`` skips the call."""
         self._reset()
 
     def _reset(self) -> None:
@@ -150,6 +168,8 @@ class QueueMachine:
         self._now_ms = 0
         self._last_index = 0
         self._dead_bytes = 0
+        self._ready = 0
+        """Messages in the lanes (the sum of their lengths, kept as a running count)."""
         self._bytes_ready = 0
         self._bytes_delayed = 0
         self._bytes_pending = 0
@@ -161,20 +181,24 @@ class QueueMachine:
         assert meta.index > self._last_index, (meta.index, self._last_index)
         self._last_index = meta.index
         self._now_ms = max(self._now_ms, meta.now_ms)
-        ready_before = self._ready_count()
+        ready_before = self._ready
         effects: list[MachineEffect] = []
-        kind: Kind | None = None
+        # The handler is found by the kind byte; ``command_kind`` gives the typed error
+        # for anything that is not a known kind at the current format version.
+        handler = _HANDLERS_BY_BYTE.get(command[0]) if len(command) >= 2 else None
         try:
-            kind = cmd.command_kind(command)
-            reply = _HANDLERS[kind](self, meta, command, effects)
+            if handler is None or command[1] != cmd.FORMAT_VERSION:
+                handler = _HANDLERS[cmd.command_kind(command)]
+            reply = handler(self, meta, command, effects)
         except InvalidRequest as e:
             reply = Rejected(InvalidRequest, e.detail)
-        if isinstance(reply, Rejected) or kind is not Kind.ENQUEUE:
+        if handler is not _ON_ENQUEUE or isinstance(reply, Rejected):
             self._dead_bytes += len(command)
-        ready_after = self._ready_count()
+        ready_after = self._ready
         if ready_before == 0 < ready_after:
             effects.append(MessagesAvailable(ready_after))
-        self._maybe_checkpoint(meta.index, effects)
+        if self._dead_bytes >= self._checkpoint_dead_bytes_min:
+            self._maybe_checkpoint(meta.index, effects)
         return reply, effects
 
     def live_indexes(self) -> BitMap64:
@@ -222,6 +246,7 @@ class QueueMachine:
             self._dedup[key] = mid
         self._sample_index.frombytes(samples[0])
         self._sample_ms.frombytes(samples[1])
+        self._ready = sum(len(lane) for lane in self._lanes)
         self._bytes_ready = sum(self._lane_bytes(lane) for lane in self._lanes)
         self._bytes_delayed = sum(self._size(ref) for _d, _s, ref, _lv in self._delayed)
         self._bytes_pending = int(sizes_of(self._pending.refs(), self._fallback).sum())
@@ -319,6 +344,7 @@ class QueueMachine:
         for lane in self._lanes:
             lane.check()
         self._pending.check()
+        assert self._ready == sum(len(lane) for lane in self._lanes)
         assert self._bytes_ready == sum(self._lane_bytes(lane) for lane in self._lanes)
         assert self._bytes_pending == int(sizes_of(self._pending.refs(), self._fallback).sum())
         assert self._bytes_delayed == sum(self._size(r) for _d, _s, r, _lv in self._delayed)
@@ -332,47 +358,100 @@ class QueueMachine:
     # === command handlers ==========================================================
 
     def _on_enqueue(self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]) -> object:
-        recs = cmd.enqueue_records(command)
-        n = len(recs)
-        sizes = recs["body_len"].astype(np.uint64) + recs["headers_len"].astype(np.uint64)
+        """A publish batch, all or nothing. Batches of up to ``ENQUEUE_FEW_MAX`` messages are
+        read as tuples and placed one by one; larger ones as numpy arrays. Both reach the
+        same state: the stateful test and tests/queue/test_fast_paths.py compare them."""
+        few = cmd.enqueue_records_few(command)
+        recs: npt.NDArray[np.void] | None = None
+        if few is not None:
+            sizes: list[int] | U64 = [rec[0] + rec[1] for rec in few]
+            n, size_max, bytes_total = len(few), max(sizes), sum(sizes)
+            keys = [
+                (k, bytes(command[rec[2] : rec[2] + rec[3]])) for k, rec in enumerate(few) if rec[3]
+            ]
+        else:
+            recs = cmd.enqueue_records(command)
+            batch_sizes = recs["body_len"].astype(np.uint64) + recs["headers_len"].astype(np.uint64)
+            n, size_max, bytes_total = len(recs), int(batch_sizes.max()), int(batch_sizes.sum())
+            keys = [
+                (k, cmd.dedup_id_at(command, recs[k]))
+                for k in np.flatnonzero(recs["dedup_len"]).tolist()
+            ]
+            sizes = batch_sizes
         if n > self._limits.batch_messages_max:
             return Rejected(
                 MessageTooLarge, f"a batch holds at most {self._limits.batch_messages_max} messages"
             )
-        if int(sizes.max()) > self.policy.max_message_bytes:
+        if size_max > self.policy.max_message_bytes:
             return Rejected(
                 MessageTooLarge, f"a message is larger than {self.policy.max_message_bytes} bytes"
             )
-        ids = [message_id(meta.index, k) for k in range(n)]
+        index = meta.index
+        ids = [message_id(index, k) for k in range(n)]
         duplicate = [False] * n
-        has_dedup = bool(recs["dedup_len"].any())
-        if has_dedup:
+        if keys:
             self._prune_dedup()
-            self._find_duplicates(command, recs, ids, duplicate)
-        fresh = np.logical_not(np.array(duplicate, dtype=bool))
-        count_new, bytes_new = int(fresh.sum()), int(sizes[fresh].sum())
-        full = self._over_limits(count_new, bytes_new)
+            self._find_duplicates(keys, ids, duplicate)
+        dup_slots = [k for k, _key in keys if duplicate[k]]
+        dup_bytes = sum(int(sizes[k]) for k in dup_slots)
+        count_new = n - len(dup_slots)
+        full = self._over_limits(count_new, bytes_total - dup_bytes)
         if full and self.policy.overflow == cmd.OVERFLOW_REJECT_PUBLISH:
             return Rejected(QueueFull, "the queue is at max_length or max_bytes")
-        if has_dedup:
-            self._remember_dedup(command, recs, ids, duplicate)
-        self._note_time(meta.index)
-        self._dead_bytes += int(sizes[~fresh].sum()) + RECORD_BYTES * (n - count_new)
-        self._counters["duplicates"] += n - count_new
+        if keys:
+            self._remember_dedup(keys, ids, duplicate)
+        self._note_time(index)
+        self._dead_bytes += dup_bytes + RECORD_BYTES * len(dup_slots)
+        self._counters["duplicates"] += len(dup_slots)
         self._counters["published"] += count_new
-        if count_new:
-            self._place_new(meta.index, recs, sizes, fresh)
+        if count_new and few is not None:
+            self._place_few(index, few, duplicate)
+        elif count_new:
+            assert recs is not None and not isinstance(sizes, list)
+            self._place_new(index, recs, sizes, duplicate)
         if full:
             self._drop_head(effects)
         return Enqueued(tuple(ids), tuple(duplicate))
 
+    def _place_few(self, index: int, records: list[cmd.Record], duplicate: list[bool]) -> None:
+        """``_place_new`` for a few records, one by one with scalar arithmetic: the ref is
+        what ``FallbackTable.pack`` gives (the first compact form, or a fallback handle)."""
+        n = len(records)
+        assert n <= SLOT_LIMIT_SHORT
+        top = self.policy.priorities - 1
+        compact = index < INDEX_LIMIT_SHORT
+        head = index << (SIZE_BITS + SLOT_BITS_SHORT)
+        for k, (body_len, headers_len, _o, _d, priority, _f, ttl_ms, delay_ms) in enumerate(
+            records
+        ):
+            if duplicate[k]:
+                continue
+            size = body_len + headers_len
+            if compact and size < SIZE_LIMIT:
+                ref = head | (size << SLOT_BITS_SHORT) | k
+            else:
+                ref = self._fallback.pack(index, k, size, n)
+            level = min(priority, top)
+            if ttl_ms >= 0:
+                self._expires_at[ref] = self._now_ms + ttl_ms
+            if delay_ms > 0:
+                heapq.heappush(
+                    self._delayed, (self._now_ms + delay_ms, self._delayed_seq, ref, level)
+                )
+                self._delayed_seq += 1
+                self._bytes_delayed += size
+            else:
+                self._lanes[2 * (top - level) + 1].push(ref)
+                self._bytes_ready += size
+                self._ready += 1
+
     def _place_new(
-        self, index: int, recs: npt.NDArray[np.void], sizes: U64, fresh: npt.NDArray[np.bool_]
+        self, index: int, recs: npt.NDArray[np.void], sizes: U64, duplicate: list[bool]
     ) -> None:
         top = self.policy.priorities - 1
         prios = np.minimum(recs["priority"], top)
         simple = (
-            fresh.all()
+            not any(duplicate)
             and not recs["delay_ms"].any()
             and not (recs["ttl_ms"] >= 0).any()
             and (prios == prios[0]).all()
@@ -381,8 +460,9 @@ class QueueMachine:
             refs = pack_batch(index, sizes, self._fallback)
             self._lanes[2 * (top - int(prios[0])) + 1].push_many(refs)
             self._bytes_ready += int(sizes.sum())
+            self._ready += len(refs)
             return
-        for k in np.flatnonzero(fresh).tolist():
+        for k in [k for k, dup in enumerate(duplicate) if not dup]:
             size = int(sizes[k])
             ref = self._fallback.pack(index, k, size, len(sizes))
             level = int(prios[k])
@@ -399,6 +479,7 @@ class QueueMachine:
             else:
                 self._lanes[2 * (top - level) + 1].push(ref)
                 self._bytes_ready += size
+                self._ready += 1
 
     def _on_checkout(self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]) -> object:
         c = cmd.decode_checkout(command)
@@ -420,14 +501,22 @@ class QueueMachine:
             second_lane = self._take(
                 self._lanes[lane_no + 1], wanted - len(tags) - len(first_lane), expired
             )
-            refs = np.concatenate([first_lane, second_lane])
-            if not len(refs):
+            refs: list[int] | U64
+            if isinstance(first_lane, list) and isinstance(second_lane, list):
+                refs = taken = first_lane + second_lane
+                size = sum(map(self._size, taken))
+            else:
+                refs = np.concatenate(
+                    [np.asarray(first_lane, np.uint64), np.asarray(second_lane, np.uint64)]
+                )
+                size = int(sizes_of(refs, self._fallback).sum())
+                taken = refs.tolist()
+            if not taken:
                 continue
-            size = int(sizes_of(refs, self._fallback).sum())
             self._bytes_ready -= size
+            self._ready -= len(taken)
             self._bytes_pending += size
             first = self._pending.add(refs, c.consumer, level, expires_ms)
-            taken = refs.tolist()
             tags += range(first, first + len(taken))
             refs_out += taken
             levels_out += [level] * len(taken)
@@ -439,23 +528,38 @@ class QueueMachine:
             tuple(tags), tuple(refs_out), tuple(levels_out), tuple(counts), expires_ms
         )
 
-    def _take(self, lane: RefFifo, n: int, expired: list[int]) -> U64:
-        """Pop up to ``n`` deliverable refs from a lane; expired heads go to ``expired``."""
+    def _take(self, lane: RefFifo, n: int, expired: list[int]) -> list[int] | U64:
+        """Pop up to ``n`` deliverable refs from a lane; expired heads go to ``expired``.
+        An array when many are wanted and none can have expired, else a list."""
         if n <= 0 or not lane:
-            return np.empty(0, dtype=np.uint64)
-        if self.policy.message_ttl_ms is None and not self._expires_at:
+            return []
+        may_expire = self.policy.message_ttl_ms is not None or bool(self._expires_at)
+        if not may_expire and n > _CHECKOUT_FEW_MAX:
             return lane.pop_many(n)
         out: list[int] = []
         while lane and len(out) < n:
             ref = lane.pop()
-            if self._is_expired(ref):
+            if may_expire and self._is_expired(ref):
                 self._bytes_ready -= self._size(ref)
+                self._ready -= 1
                 expired.append(ref)
             else:
                 out.append(ref)
-        return np.array(out, dtype=np.uint64)
+        return out
 
     def _on_settle(self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]) -> object:
+        few = cmd.decode_receipts_few(command)
+        if few is None:
+            return self._settle_many(command)
+        live, stale = self._pending.matching_few(few[0])
+        for tag in live:
+            ref, _level = self._pending.remove(tag)
+            self._bytes_pending -= self._size(ref)
+            self._forget(ref)
+        self._counters["acked"] += len(live)
+        return Settled(len(live), stale)
+
+    def _settle_many(self, command: bytes) -> object:
         tags, refs, _ = cmd.decode_receipts(command)
         ok = self._pending.matching(tags, refs)
         settled = refs[ok]
@@ -467,30 +571,39 @@ class QueueMachine:
         return Settled(count, tuple(np.flatnonzero(~ok).tolist()))
 
     def _on_return(self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]) -> object:
-        tags, refs, _ = cmd.decode_receipts(command)
-        ok = self._pending.matching(tags, refs)
-        self._give_back(tags[ok].tolist(), effects)
-        return Settled(int(ok.sum()), tuple(np.flatnonzero(~ok).tolist()))
+        live, stale, _ = self._live_receipts(command)
+        self._give_back(live, effects)
+        return Settled(len(live), stale)
 
     def _on_discard(self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]) -> object:
-        tags, refs, _ = cmd.decode_receipts(command)
-        ok = self._pending.matching(tags, refs)
+        live, stale, _ = self._live_receipts(command)
         rejected: list[int] = []
-        for tag in tags[ok].tolist():
+        for tag in live:
             ref, _level = self._pending.remove(tag)
             self._bytes_pending -= self._size(ref)
             self._delivered_before[ref] = self._delivered_before.get(ref, 0) + 1
             rejected.append(ref)
         self._dead_letter(rejected, REASON_REJECTED, effects)
-        return Settled(len(rejected), tuple(np.flatnonzero(~ok).tolist()))
+        return Settled(len(rejected), stale)
 
     def _on_extend(self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]) -> object:
+        live, stale, lease_ms = self._live_receipts(command)
+        lease_ms = min(lease_ms or self.policy.lease_ms, self._limits.lease_ms_max)
+        for tag in live:
+            self._pending.extend(tag, self._now_ms + lease_ms)
+        return Settled(len(live), stale)
+
+    def _live_receipts(self, command: bytes) -> tuple[list[int], tuple[int, ...], int]:
+        """(tags of the receipts that name a live lease, in command order; positions of the
+        stale ones; lease_ms of an extend or 0). A few receipts are read one by one."""
+        few = cmd.decode_receipts_few(command)
+        if few is not None:
+            pairs, lease_ms = few
+            live, stale = self._pending.matching_few(pairs)
+            return live, stale, lease_ms
         tags, refs, lease_ms = cmd.decode_receipts(command)
         ok = self._pending.matching(tags, refs)
-        lease_ms = min(lease_ms or self.policy.lease_ms, self._limits.lease_ms_max)
-        for tag in tags[ok].tolist():
-            self._pending.extend(tag, self._now_ms + lease_ms)
-        return Settled(int(ok.sum()), tuple(np.flatnonzero(~ok).tolist()))
+        return tags[ok].tolist(), tuple(np.flatnonzero(~ok).tolist()), lease_ms
 
     def _on_purge(self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]) -> object:
         """Drop every ready and delayed message (not leased ones), without dead-lettering."""
@@ -498,7 +611,7 @@ class QueueMachine:
         dropped.append(np.array([r for _d, _s, r, _lv in self._delayed], dtype=np.uint64))
         self._delayed.clear()
         refs = np.concatenate(dropped)
-        self._bytes_ready = self._bytes_delayed = 0
+        self._bytes_ready = self._bytes_delayed = self._ready = 0
         self._forget_many(refs)
         self._counters["dropped"] += len(refs)
         return Purged(len(refs))
@@ -549,15 +662,18 @@ class QueueMachine:
             size = self._size(ref)
             self._bytes_delayed -= size
             self._bytes_ready += size
+            self._ready += 1
             self._lanes[2 * (top - level) + 1].push(ref)
             released += 1
         tags = self._pending.take_expired(self._now_ms)
         self._give_back(tags, effects)
         expired: list[int] = []
-        for lane in self._lanes:
+        may_expire = self.policy.message_ttl_ms is not None or bool(self._expires_at)
+        for lane in self._lanes if may_expire else ():
             while lane and self._is_expired(lane.peek()):
                 ref = lane.pop()
                 self._bytes_ready -= self._size(ref)
+                self._ready -= 1
                 expired.append(ref)
         self._dead_letter(expired, REASON_EXPIRED, effects)
         return len(tags), len(expired), released
@@ -579,6 +695,7 @@ class QueueMachine:
                 continue
             self._lanes[2 * (top - level)].push(ref)
             self._bytes_ready += size
+            self._ready += 1
         self._counters["returned"] += len(tags) - len(over)
         self._dead_letter(over, REASON_DELIVERY_LIMIT, effects)
 
@@ -666,6 +783,7 @@ class QueueMachine:
             if lane is not None:
                 ref = lane.pop()
                 self._bytes_ready -= self._size(ref)
+                self._ready -= 1
             else:
                 _due, _seq, ref, _level = heapq.heappop(self._delayed)
                 self._bytes_delayed -= self._size(ref)
@@ -678,11 +796,11 @@ class QueueMachine:
             del self._dedup[key]
 
     def _find_duplicates(
-        self, command: bytes, recs: npt.NDArray[np.void], ids: list[int], duplicate: list[bool]
+        self, keys: list[tuple[int, bytes]], ids: list[int], duplicate: list[bool]
     ) -> None:
+        """``keys``: (slot, dedup id) of the messages of the batch that carry one."""
         seen: dict[bytes, int] = {}
-        for k in np.flatnonzero(recs["dedup_len"]).tolist():
-            key = cmd.dedup_id_at(command, recs[k])
+        for k, key in keys:
             first = self._dedup.get(key, seen.get(key))
             if first is not None:
                 duplicate[k] = True
@@ -691,13 +809,12 @@ class QueueMachine:
                 seen[key] = ids[k]
 
     def _remember_dedup(
-        self, command: bytes, recs: npt.NDArray[np.void], ids: list[int], duplicate: list[bool]
+        self, keys: list[tuple[int, bytes]], ids: list[int], duplicate: list[bool]
     ) -> None:
         expiry = self._now_ms + self._limits.dedup_window_ms
-        for k in np.flatnonzero(recs["dedup_len"]).tolist():
+        for k, key in keys:
             if duplicate[k]:
                 continue
-            key = cmd.dedup_id_at(command, recs[k])
             self._dedup[key] = ids[k]
             self._dedup_order.append((expiry, key))
             if len(self._dedup) > self._limits.dedup_ids_max:
@@ -760,7 +877,7 @@ class QueueMachine:
         return sum(int(sizes_of(chunk, self._fallback).sum()) for chunk in lane.chunks())
 
     def _ready_count(self) -> int:
-        return sum(len(lane) for lane in self._lanes)
+        return self._ready
 
     def _all_refs(self) -> U64:
         parts = [chunk for lane in self._lanes for chunk in lane.chunks()]
@@ -781,6 +898,11 @@ def _split_cursor(cursor: int) -> tuple[int, int]:
     return cursor >> _CURSOR_POS_BITS, cursor & ((1 << _CURSOR_POS_BITS) - 1)
 
 
+_Handler = Callable[[QueueMachine, ApplyMeta, bytes, list[MachineEffect]], object]
+
+_CHECKOUT_FEW_MAX = 16
+"""A checkout of at most this many messages pops them one by one (no numpy call)."""
+
 _COUNTERS = (
     "published",
     "duplicates",
@@ -792,7 +914,7 @@ _COUNTERS = (
     "dropped",
 )
 
-_HANDLERS = {
+_HANDLERS: dict[Kind, _Handler] = {
     Kind.ENQUEUE: QueueMachine._on_enqueue,
     Kind.CHECKOUT: QueueMachine._on_checkout,
     Kind.SETTLE: QueueMachine._on_settle,
@@ -804,5 +926,8 @@ _HANDLERS = {
     Kind.POLICY: QueueMachine._on_policy,
     Kind.DEAD_LETTER_CONFIRM: QueueMachine._on_dead_letter_confirm,
 }
+
+_HANDLERS_BY_BYTE = {kind.value[0]: handler for kind, handler in _HANDLERS.items()}
+_ON_ENQUEUE = QueueMachine._on_enqueue
 
 __all__ = ["BrowseItem", "QueueMachine", "QueueStats"]

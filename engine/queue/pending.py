@@ -93,7 +93,7 @@ class Pending:
 
     # --- adding -------------------------------------------------------------------
 
-    def add(self, refs: U64, consumer: str, priority: int, expires_ms: int) -> int:
+    def add(self, refs: U64 | list[int], consumer: str, priority: int, expires_ms: int) -> int:
         """Lease ``refs`` (tags ``first..first+n-1``); returns the first tag."""
         n = len(refs)
         assert n >= 1
@@ -158,6 +158,18 @@ class Pending:
                 ok[:] = False
                 ok[good[first]] = True
         return ok
+
+    def matching_few(self, pairs: list[tuple[int, int]]) -> tuple[list[int], tuple[int, ...]]:
+        """``matching`` for a few receipts, one by one: (tags of the receipts that name a live
+        lease, in receipt order; positions of the others)."""
+        live: list[int] = []
+        stale: list[int] = []
+        for k, (tag, ref) in enumerate(pairs):
+            if ref != 0 and tag not in live and self.ref_at(tag) == ref:
+                live.append(tag)
+            else:
+                stale.append(k)
+        return live, tuple(stale)
 
     @staticmethod
     def _by_page(page_nos: U64) -> list[tuple[int, slice | npt.NDArray[np.bool_]]]:

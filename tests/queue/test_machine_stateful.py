@@ -64,6 +64,13 @@ message_specs = st.tuples(
     st.one_of(st.just(0), st.just(0), st.integers(1, 3000)),
     st.one_of(st.none(), st.none(), st.sampled_from([b"a", b"b", b"c", b"d", b"e"])),
 )
+batches = st.one_of(
+    st.lists(message_specs, min_size=1, max_size=1),
+    st.lists(message_specs, min_size=1, max_size=4),
+    st.lists(message_specs, min_size=1, max_size=20),
+)
+"""Single messages and small batches take the machine's scalar path (up to
+``ENQUEUE_FEW_MAX``), larger ones its numpy path."""
 policy_changes = st.fixed_dictionaries(
     {},
     optional={
@@ -143,7 +150,7 @@ class QueueMachineVsModel(RuleBasedStateMachine):
     def clock_moves(self, ms: int) -> None:
         self.now += ms
 
-    @rule(specs=st.lists(message_specs, min_size=1, max_size=20), gap=st.integers(1, 3))
+    @rule(specs=batches, gap=st.integers(1, 3))
     def publish(self, specs: list[Any], gap: int) -> None:
         self._publish(specs, gap)
 
@@ -176,7 +183,7 @@ class QueueMachineVsModel(RuleBasedStateMachine):
 
     @rule(
         consumer=st.sampled_from(["c1", "c2"]),
-        n=st.integers(1, 8),
+        n=st.one_of(st.integers(1, 8), st.integers(17, 24)),
         lease_ms=st.one_of(st.just(0), st.integers(1, 3000)),
     )
     def checkout(self, consumer: str, n: int, lease_ms: int) -> None:
@@ -195,7 +202,10 @@ class QueueMachineVsModel(RuleBasedStateMachine):
         del self.receipts[:-60]
 
     def _receipts(self, data: st.DataObject) -> list[tuple[int, int, int]]:
-        chosen = data.draw(st.lists(st.sampled_from(self.receipts), max_size=6))
+        receipts = st.sampled_from(self.receipts)
+        chosen = data.draw(
+            st.one_of(st.lists(receipts, max_size=6), st.lists(receipts, min_size=17, max_size=20))
+        )
         if data.draw(st.booleans()):
             tag, ref, _mid = data.draw(st.sampled_from(self.receipts))
             chosen.append((tag, ref ^ 1, -1))  # a forged receipt: right tag, wrong message
