@@ -22,7 +22,18 @@ How it runs (one event loop, two kinds of helper threads):
 
 A client call on a replica that does not lead is forwarded to the leader's node through
 the transport (one hop); while no leader is known it waits up to
-``Limits.leader_wait_ms`` and then raises ``NoLeader``.
+``Limits.leader_wait_ms`` and then raises ``NoLeader``. Before each proposal the core is
+ticked with the node's clock, because the core stamps entries with the last time it saw.
+
+Checkpoints: ``CheckpointRequest`` serialises the machine before the next entry applies
+(every replica), the file is written by a worker, then ``ReleaseCursor`` promotes it to
+the snapshot and deletes segments holding only dead entries (compaction phase 1, the
+only one storage offers so far). The core learns of that snapshot only when a follower
+lags behind it: the snapshot is then loaded with its live entries and shipped.
+
+Recovery: every ``queues/<uid>/queue.meta`` names a replica; its machine is restored
+from the newest checkpoint and the committed entries after it are applied again (their
+leader-only effects dropped); ``start`` returns once that is done.
 """
 
 from __future__ import annotations
