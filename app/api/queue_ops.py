@@ -4,15 +4,17 @@ History (``GET .../snapshots``, ``GET .../compactions``) comes from SQLite, wher
 runs are stored by these endpoints and automatic ones by the node's record listener;
 current state (segments, the log now, the cluster) comes from the engine.
 
-Membership and leadership transfer: the node API (engine/runtime/api.py) has no calls
-for them yet. On a single-node cluster there is no other node to add, remove or hand
-leadership to, so those endpoints answer 409 ``/problems/single-node-cluster``; on a
-multi-node cluster they answer 501 ``/problems/not-implemented`` rather than pretend.
+Membership and leadership: on a single-node cluster there is no other node to add,
+remove or hand leadership to, so those endpoints answer 409
+``/problems/single-node-cluster``. On a cluster, ``POST .../leader`` calls the node's
+``transfer_leadership`` (offered by ``engine.runtime.Node`` beyond the ``QueueEngine``
+protocol); membership changes have no engine call yet and answer 501
+``/problems/not-implemented`` rather than pretend.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Protocol, cast
 
 from fastapi import APIRouter, Body, Path, Request, Response, status
 
@@ -24,6 +26,7 @@ from app.api.queue_schemas import (
     CompactionOut,
     CompactionsOut,
     LeaderIn,
+    LeaderOut,
     MemberIn,
     SegmentOut,
     SnapshotOut,
@@ -33,6 +36,7 @@ from app.db import repo
 from app.db.models import CompactionEntry, SnapshotEntry
 from app.negotiation import NegotiatedRoute
 from app.problems import AppProblem, problem_responses
+from engine.errors import ValidationFailed
 from engine.runtime.api import CheckpointRecord, CompactionRecord, QueueEngine
 
 router = APIRouter(
@@ -198,14 +202,37 @@ def remove_member(
     raise _membership_unavailable(node, name)
 
 
-@cluster_router.post(
-    "/queues/{name}/leader", status_code=status.HTTP_202_ACCEPTED, responses=MEMBER_PROBLEMS
-)
-def transfer_leader(
+class LeadershipTransfer(Protocol):
+    """Offered by ``engine.runtime.Node`` beyond the ``QueueEngine`` protocol."""
+
+    async def transfer_leadership(self, name: str, node: str) -> None: ...
+
+
+def _transfer_target(node: QueueEngine, name: str, wanted: str | None) -> str:
+    """``wanted``, or the most up-to-date follower of the queue's group."""
+    if wanted is not None:
+        return wanted
+    raft = node.stats(name).get("raft", {})
+    members = raft.get("members", []) if isinstance(raft, dict) else []
+    followers = [m for m in members if isinstance(m, dict) and m.get("role") == "follower"]
+    if not followers:
+        raise ValidationFailed(f"queue {name} has no follower to hand leadership to")
+    followers.sort(key=lambda m: (m.get("lag") is None, m.get("lag") or 0, str(m.get("node"))))
+    return str(followers[0]["node"])
+
+
+@cluster_router.post("/queues/{name}/leader", response_model=LeaderOut, responses=MEMBER_PROBLEMS)
+async def transfer_leader(
     name: QueueName,
     _who: CanConfigure,
     node: NodeDep,
     body: Annotated[LeaderIn | None, Body()] = None,
-) -> Response:
-    """Hand the queue's leadership to ``node`` (or any up-to-date member)."""
-    raise _membership_unavailable(node, name)
+) -> LeaderOut:
+    """Hand the queue's leadership to ``node`` (or the most up-to-date follower); answers
+    once that node leads (503 ``no-leader`` when it did not take over in time)."""
+    unavailable = _membership_unavailable(node, name)
+    if isinstance(unavailable, SingleNodeCluster) or not hasattr(node, "transfer_leadership"):
+        raise unavailable
+    target = _transfer_target(node, name, (body or LeaderIn()).node)
+    await cast(LeadershipTransfer, node).transfer_leadership(name, target)
+    return LeaderOut(leader=target)

@@ -285,3 +285,7 @@ class LeaderIn(_In):
     node: str | None = Field(
         default=None, min_length=1, max_length=200, description="null: any up-to-date member."
     )
+
+
+class LeaderOut(BaseModel):
+    leader: str = Field(description="The node that leads the queue now.")
