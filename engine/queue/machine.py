@@ -392,8 +392,8 @@ class QueueMachine:
         if keys:
             self._prune_dedup()
             self._find_duplicates(keys, ids, duplicate)
-        dup_slots = [k for k, _key in keys if duplicate[k]]
-        dup_bytes = sum(int(sizes[k]) for k in dup_slots)
+        dup_slots = [k for k, _key in keys if duplicate[k]] if keys else []
+        dup_bytes = sum(int(sizes[k]) for k in dup_slots) if dup_slots else 0
         count_new = n - len(dup_slots)
         full = self._over_limits(count_new, bytes_total - dup_bytes)
         if full and self.policy.overflow == cmd.OVERFLOW_REJECT_PUBLISH:
@@ -763,8 +763,10 @@ class QueueMachine:
         return self._ready_count() + len(self._delayed), self._bytes_ready + self._bytes_delayed
 
     def _over_limits(self, extra_count: int = 0, extra_bytes: int = 0) -> bool:
-        count, size = self._waiting()
         p = self.policy
+        if p.max_length is None and p.max_bytes is None:
+            return False
+        count, size = self._waiting()
         return (p.max_length is not None and count + extra_count > p.max_length) or (
             p.max_bytes is not None and size + extra_bytes > p.max_bytes
         )
