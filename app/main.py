@@ -39,6 +39,7 @@ from app.node import NodeFactory, make_node, record_listener
 from app.problems import install_problem_handlers, problem_response
 from app.settings import Settings, load_secret_key
 from app.throttle import FailureThrottle
+from app.ui import dashboard
 from app.ui.sessions import SessionSigner
 from app.ui.views import install_ui_handlers
 from app.ui.views import router as ui_router
@@ -233,6 +234,7 @@ def create_app(
     app.include_router(users.router)
     app.include_router(tokens.router)
     queue_api.install(app)
+    app.include_router(dashboard.router)
     app.include_router(ui_router)
     app.mount("/static", StaticFiles(directory=settings.static_dir, check_dir=False), name="static")
 

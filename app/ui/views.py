@@ -1,4 +1,4 @@
-"""Dashboard pages: login, logout and the landing page (the full dashboard comes later).
+"""Dashboard sign-in: login and logout (the pages themselves are in app/ui/pages.py).
 
 Pages that need a login depend on ``LoginDep`` (redirects to ``/login``); pages that
 change state also depend on ``CsrfLoginDep`` (403 without the session's CSRF token,
@@ -15,7 +15,6 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 from sqlalchemy.orm import Session
 
 from app.api.deps import SessionDep, client_addr, principal_of
-from app.api.ops import readiness
 from app.auth import check_password
 from app.db import repo
 from app.throttle import FailureThrottle, TooManyFailures
@@ -122,22 +121,6 @@ def logout(request: Request, session: SessionDep, login: CsrfLoginDep) -> Respon
     end_session(session, login, response)
     _audit(session, request, login.principal.name, "session.logout")
     return response
-
-
-@router.get("/", response_class=HTMLResponse)
-def home(request: Request, session: SessionDep, login: LoginDep) -> HTMLResponse:
-    local = [n for n in repo.list_nodes(session) if n.is_local]
-    return render(
-        request,
-        "home.html",
-        {
-            "login": login,
-            "csrf_token": login.csrf_token,
-            "user": login.principal,
-            "node": local[0] if local else None,
-            "readiness": readiness(request),
-        },
-    )
 
 
 def _audit(session: Session, request: Request, actor: str, action: str) -> None:

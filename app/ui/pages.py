@@ -1,0 +1,351 @@
+"""Dashboard pages that only read: overview, the queue list and a queue's detail, each
+with the fragments htmx polls for its live parts.
+
+Endpoints are ``async``: the engine's state changes on the event loop only, so its
+``stats``/``segments``/``cluster`` are read there too. History comes from SQLite in a
+short session (bounded reads), like bearer authentication does.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import HTMLResponse
+
+from app.api.deps import QueueName
+from app.api.ops import readiness
+from app.db import repo
+from app.db.session import Database
+from app.ui.charts import history_chart, line_chart
+from app.ui.common import can, can_see, flash, node_of, render
+from app.ui.series import Sample, collect, store_of
+from app.ui.views import LoginDep
+from engine.errors import QueueNotFound, QuorraError
+from engine.runtime.api import BrowsedMessage, QueueEngine, QueueInfo
+
+router = APIRouter(include_in_schema=False)
+
+ROWS_MAX = 200
+"""Queue rows shown at once; the filter narrows the rest."""
+DEEPEST_SHOWN = 8
+BROWSE_LIMIT = 20
+BODY_CHARS_SHOWN = 2000
+HISTORY_ROWS_SHOWN = 20
+CHART_HISTORY_MAX = 100
+ANALYTICS_DIR = "reports"
+ANALYTICS_BYTES_MAX = 1 << 20
+
+
+# --- overview ----------------------------------------------------------------------
+
+
+def _overview_context(request: Request) -> dict[str, Any]:
+    node: QueueEngine | None = request.app.state.node
+    store = store_of(request.app)
+    totals = store.latest_totals()
+    if totals is None and node is not None:
+        totals = collect(node, None)
+    rings = list(store.totals)
+    latest = [(name, s[-1]) for name in _names(node) if (s := store.queue(name))]
+    deepest = sorted(latest, key=lambda pair: -(pair[1].ready + pair[1].unacked))[:DEEPEST_SHOWN]
+    return {
+        "readiness": readiness(request),
+        "cluster": node.cluster() if node is not None else {"node": "", "nodes": []},
+        "totals": totals,
+        "deepest": [(n, s) for n, s in deepest if s.ready + s.unacked > 0],
+        "rates_chart": line_chart(
+            [
+                ("publish", [t.publish_rate for t in rings]),
+                ("deliver", [t.deliver_rate for t in rings]),
+                ("ack", [t.ack_rate for t in rings]),
+            ],
+            label="publish, deliver and ack rates",
+        ),
+        "depth_chart": line_chart(
+            [("ready", [t.ready for t in rings]), ("unacked", [t.unacked for t in rings])],
+            label="messages ready and unacked",
+        ),
+        "memory_chart": line_chart(
+            [("memory", [t.memory_bytes for t in rings])], label="engine memory"
+        ),
+    }
+
+
+def _names(node: QueueEngine | None) -> list[str]:
+    return [q.name for q in node.queues()] if node is not None else []
+
+
+@router.get("/", response_class=HTMLResponse)
+async def overview(request: Request, login: LoginDep) -> HTMLResponse:
+    return render(request, "overview.html", _overview_context(request), login)
+
+
+@router.get("/fragments/overview", response_class=HTMLResponse)
+async def overview_live(request: Request, login: LoginDep) -> HTMLResponse:
+    return render(request, "_overview_live.html", _overview_context(request), login)
+
+
+# --- queue list --------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class QueueRow:
+    info: QueueInfo
+    stats: dict[str, Any]
+    configurable: bool
+
+
+def _rows(request: Request, login: Any, needle: str) -> tuple[list[QueueRow], int]:
+    node = node_of(request)
+    who = login.principal
+    needle = needle.strip().lower()
+    visible = [
+        q
+        for q in node.queues()
+        if can_see(who, q.name) and (not needle or needle in q.name.lower())
+    ]
+    rows = []
+    for info in visible[:ROWS_MAX]:
+        try:
+            stats = node.stats(info.name)
+        except QueueNotFound:
+            continue
+        rows.append(QueueRow(info, stats, can(who, "configure", info.name)))
+    return rows, len(visible)
+
+
+QueueFilter = Annotated[str, Query(max_length=200)]
+
+
+@router.get("/queues", response_class=HTMLResponse)
+async def queues_page(request: Request, login: LoginDep, q: QueueFilter = "") -> HTMLResponse:
+    try:
+        rows, matching = _rows(request, login, q)
+    except QuorraError as e:
+        return not_shown(request, login, e)
+    context = {
+        "rows": rows,
+        "matching": matching,
+        "rows_max": ROWS_MAX,
+        "q": q,
+        "may_create": bool(login.principal.configure),
+        "queue_names": _names(request.app.state.node),
+        "limits": request.app.state.settings.limits,
+    }
+    return render(request, "queues.html", context, login)
+
+
+@router.get("/fragments/queues", response_class=HTMLResponse)
+async def queue_rows(request: Request, login: LoginDep, q: QueueFilter = "") -> HTMLResponse:
+    try:
+        rows, matching = _rows(request, login, q)
+    except QuorraError as e:
+        return flash(request, e.detail, kind="bad", status_code=e.status)
+    context = {"rows": rows, "matching": matching, "rows_max": ROWS_MAX, "q": q}
+    return render(request, "_queue_rows.html", context, login)
+
+
+# --- queue detail ------------------------------------------------------------------
+
+
+def _info(request: Request, login: Any, name: str) -> QueueInfo:
+    """The queue, when the user may see it (else the same 404 as an unknown queue)."""
+    for info in node_of(request).queues():
+        if info.name == name and can_see(login.principal, name):
+            return info
+    raise QueueNotFound(f"no queue {name!r}")
+
+
+def _series_charts(samples: list[Sample]) -> dict[str, Any]:
+    return {
+        "depth_chart": line_chart(
+            [("ready", [s.ready for s in samples]), ("unacked", [s.unacked for s in samples])],
+            label="messages ready and unacked over time",
+        ),
+        "rates_chart": line_chart(
+            [
+                ("publish", [s.publish_rate for s in samples]),
+                ("deliver", [s.deliver_rate for s in samples]),
+                ("ack", [s.ack_rate for s in samples]),
+            ],
+            label="publish, deliver and ack rates over time",
+        ),
+        "memory_chart": line_chart(
+            [("memory", [s.memory_bytes for s in samples])], label="engine memory of the queue"
+        ),
+    }
+
+
+def _live_context(request: Request, login: Any, name: str) -> dict[str, Any]:
+    info = _info(request, login, name)
+    node = node_of(request)
+    stats = node.stats(name)
+    store = store_of(request.app)
+    samples = store.queue(name)
+    return {
+        "info": info,
+        "stats": stats,
+        "raft": stats.get("raft", {}),
+        "log": stats.get("log", {}),
+        "checkpoint": stats.get("checkpoint", {}),
+        "consumers": sorted(dict(stats.get("consumers", {})).items()),
+        **_series_charts(samples),
+    }
+
+
+def _storage_context(request: Request, login: Any, name: str) -> dict[str, Any]:
+    info = _info(request, login, name)
+    node = node_of(request)
+    segments = node.segments(name)
+    db: Database = request.app.state.db
+    with db.session_factory() as session:
+        row = repo.get_queue(session, name)
+        uid = row.uid if row is not None else info.uid
+        snapshots = list(repo.list_snapshots(session, uid, CHART_HISTORY_MAX))
+        compactions = list(repo.list_compactions(session, uid, CHART_HISTORY_MAX))
+    widest = max((s.live_entries + s.dead_entries for s in segments), default=0)
+    chart = history_chart(
+        [(int(s.taken_at.timestamp() * 1000), s.bytes) for s in snapshots],
+        [
+            (int(c.started_at.timestamp() * 1000), max(0, c.bytes_before - c.bytes_after))
+            for c in compactions
+        ],
+    )
+    stats = node.stats(name)
+    return {
+        "info": info,
+        "segments": segments,
+        "widest": widest,
+        "snapshots": snapshots[:HISTORY_ROWS_SHOWN],
+        "compactions": compactions[:HISTORY_ROWS_SHOWN],
+        "history_chart": chart,
+        "log": stats.get("log", {}),
+        "dead_per_100_live_max": request.app.state.settings.limits.compaction_dead_per_100_live_max,
+        "configurable": can(login.principal, "configure", name),
+    }
+
+
+def _dead_letter_sources(node: QueueEngine, name: str) -> list[str]:
+    return sorted(q.name for q in node.queues() if q.args.dead_letter_queue == name)
+
+
+def not_shown(request: Request, login: Any, error: QuorraError) -> HTMLResponse:
+    """A page or fragment that cannot be shown: the error page, with the error's status."""
+    return render(request, "error.html", {"message": error.detail}, login, error.status)
+
+
+@router.get("/queues/{name}", response_class=HTMLResponse)
+async def queue_page(name: QueueName, request: Request, login: LoginDep) -> HTMLResponse:
+    try:
+        return await _queue_page(name, request, login)
+    except QuorraError as e:
+        return not_shown(request, login, e)
+
+
+async def _queue_page(name: str, request: Request, login: Any) -> HTMLResponse:
+    who = login.principal
+    context = {
+        **_live_context(request, login, name),
+        **_storage_context(request, login, name),
+        "may_configure": can(who, "configure", name),
+        "may_write": can(who, "write", name),
+        "may_read": can(who, "read", name),
+        "redrive_targets": _dead_letter_sources(node_of(request), name),
+        "queue_names": _names(request.app.state.node),
+        "analytics": _analytics(request, name),
+    }
+    if context["may_read"]:
+        context |= await _browse_context(request, name, None)
+    return render(request, "queue.html", context, login)
+
+
+@router.get("/queues/{name}/live", response_class=HTMLResponse)
+async def queue_live(name: QueueName, request: Request, login: LoginDep) -> HTMLResponse:
+    try:
+        context = _live_context(request, login, name)
+    except QuorraError as e:
+        return flash(request, e.detail, kind="bad", status_code=e.status)
+    return render(request, "_queue_live.html", context, login)
+
+
+@router.get("/queues/{name}/storage", response_class=HTMLResponse)
+async def queue_storage(name: QueueName, request: Request, login: LoginDep) -> HTMLResponse:
+    try:
+        context = _storage_context(request, login, name)
+    except QuorraError as e:
+        return flash(request, e.detail, kind="bad", status_code=e.status)
+    return render(request, "_queue_storage.html", context, login)
+
+
+# --- browsing ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ShownMessage:
+    message: BrowsedMessage
+    kind: str
+    """``json``, ``text`` or ``binary``."""
+    text: str
+    truncated: bool
+
+
+def decode_body(body: bytes) -> tuple[str, str]:
+    """How to show a body: pretty JSON, text, or a hex dump of binary data."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        return "binary", body[: BODY_CHARS_SHOWN // 3].hex(" ")
+    try:
+        return "json", json.dumps(json.loads(text), indent=2, ensure_ascii=False)
+    except ValueError:
+        return "text", text
+
+
+def shown(message: BrowsedMessage) -> ShownMessage:
+    kind, text = decode_body(message.body)
+    return ShownMessage(message, kind, text[:BODY_CHARS_SHOWN], len(text) > BODY_CHARS_SHOWN)
+
+
+async def _browse_context(request: Request, name: str, after: int | None) -> dict[str, Any]:
+    browsed = await node_of(request).browse(name, after=after, limit=BROWSE_LIMIT)
+    return {
+        "messages": [shown(m) for m in browsed],
+        "after": after,
+        "next_after": browsed[-1].cursor if len(browsed) == BROWSE_LIMIT else None,
+    }
+
+
+@router.get("/queues/{name}/messages", response_class=HTMLResponse)
+async def queue_messages(
+    name: QueueName,
+    request: Request,
+    login: LoginDep,
+    after: Annotated[int | None, Query(ge=0, le=1 << 62)] = None,
+) -> HTMLResponse:
+    try:
+        info = _info(request, login, name)
+        if not can(login.principal, "read", name):
+            context = {"info": info, "may_read": False, "messages": []}
+            return render(request, "_messages.html", context, login, 403)
+        context = {"info": info, "may_read": True, **await _browse_context(request, name, after)}
+    except QuorraError as e:
+        return flash(request, e.detail, kind="bad", status_code=e.status)
+    return render(request, "_messages.html", context, login)
+
+
+def _analytics(request: Request, name: str) -> dict[str, Any] | None:
+    """The pipeline's analytics summary of this queue, when ``quorra pipeline report
+    --out DATA_DIR/reports`` wrote one (``reports/<queue>/summary.json``)."""
+    if name in (".", ".."):
+        return None
+    path = request.app.state.settings.data_dir / ANALYTICS_DIR / name / "summary.json"
+    try:
+        if path.stat().st_size > ANALYTICS_BYTES_MAX:
+            return None
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return summary if isinstance(summary, dict) else None

@@ -1,0 +1,219 @@
+"""Time series for the dashboard's charts: a small bounded ring of samples per queue and
+one for the node's totals, kept in the app (never in the engine) and lost on restart.
+
+A task started with the app (``sampler_lifespan``) reads ``node.stats`` of every queue
+each ``SAMPLE_INTERVAL_S`` on the event loop (the engine's one-thread rule), yielding to
+other requests every ``SAMPLES_PER_YIELD`` queues so that a node with thousands of
+queues never stalls a request for a whole round. Pages read the rings; the newest
+totals also spare the overview from visiting every queue on each render.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI
+
+from engine.runtime.api import QueueEngine
+
+SAMPLE_INTERVAL_S = 5.0
+SAMPLES_MAX = 180
+"""Per ring: 15 minutes at one sample every 5 s."""
+SAMPLES_PER_YIELD = 50
+QUEUES_TRACKED_MAX = 20_000
+"""Rings kept at most (two per node's queue limit would be generous)."""
+
+log = logging.getLogger("quorra.ui")
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    at_ms: int
+    ready: int
+    unacked: int
+    publish_rate: float
+    deliver_rate: float
+    ack_rate: float
+    memory_bytes: int
+    consumers: int
+
+
+@dataclass(frozen=True, slots=True)
+class Totals:
+    at_ms: int
+    queues: int
+    ready: int
+    unacked: int
+    bytes_ready: int
+    publish_rate: float
+    deliver_rate: float
+    ack_rate: float
+    memory_bytes: int
+    consumers: int
+    failed: int
+
+    @property
+    def memory_per_message_bytes(self) -> float:
+        held = self.ready + self.unacked
+        return self.memory_bytes / held if held else 0.0
+
+    def as_sample(self) -> Sample:
+        return Sample(
+            self.at_ms,
+            self.ready,
+            self.unacked,
+            self.publish_rate,
+            self.deliver_rate,
+            self.ack_rate,
+            self.memory_bytes,
+            self.consumers,
+        )
+
+
+def _int(stats: dict[str, Any], key: str) -> int:
+    value = stats.get(key, 0)
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _float(stats: dict[str, Any], key: str) -> float:
+    value = stats.get(key, 0.0)
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
+
+
+def sample_of(stats: dict[str, Any], at_ms: int) -> Sample:
+    consumers = stats.get("consumers")
+    return Sample(
+        at_ms=at_ms,
+        ready=_int(stats, "messages_ready"),
+        unacked=_int(stats, "messages_unacked"),
+        publish_rate=_float(stats, "publish_rate"),
+        deliver_rate=_float(stats, "deliver_rate"),
+        ack_rate=_float(stats, "ack_rate"),
+        memory_bytes=_int(stats, "memory_bytes"),
+        consumers=len(consumers) if isinstance(consumers, dict) else 0,
+    )
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class SeriesStore:
+    """Rings of samples by queue name, plus the node's totals."""
+
+    def __init__(self, samples_max: int = SAMPLES_MAX) -> None:
+        assert samples_max >= 2
+        self.samples_max = samples_max
+        self._queues: dict[str, deque[Sample]] = {}
+        self.totals: deque[Totals] = deque(maxlen=samples_max)
+
+    def add(self, name: str, sample: Sample) -> None:
+        ring = self._queues.get(name)
+        if ring is None:
+            if len(self._queues) >= QUEUES_TRACKED_MAX:
+                return
+            ring = self._queues[name] = deque(maxlen=self.samples_max)
+        ring.append(sample)
+
+    def queue(self, name: str) -> list[Sample]:
+        return list(self._queues.get(name, ()))
+
+    def forget_except(self, names: set[str]) -> None:
+        for gone in [n for n in self._queues if n not in names]:
+            del self._queues[gone]
+
+    def latest_totals(self) -> Totals | None:
+        return self.totals[-1] if self.totals else None
+
+
+def collect(node: QueueEngine, store: SeriesStore | None) -> Totals:
+    """One synchronous round over every queue (``sample_round`` spreads it out)."""
+    at = now_ms()
+    parts = []
+    for info in node.queues():
+        try:
+            stats = node.stats(info.name)
+        except Exception:  # deleted while we looked
+            continue
+        sample = sample_of(stats, at)
+        if store is not None:
+            store.add(info.name, sample)
+        parts.append((sample, _int(stats, "bytes_ready"), stats.get("status") == "failed"))
+    return _sum(at, parts)
+
+
+def _sum(at_ms: int, parts: list[tuple[Sample, int, bool]]) -> Totals:
+    return Totals(
+        at_ms=at_ms,
+        queues=len(parts),
+        ready=sum(s.ready for s, _b, _f in parts),
+        unacked=sum(s.unacked for s, _b, _f in parts),
+        bytes_ready=sum(b for _s, b, _f in parts),
+        publish_rate=round(sum(s.publish_rate for s, _b, _f in parts), 3),
+        deliver_rate=round(sum(s.deliver_rate for s, _b, _f in parts), 3),
+        ack_rate=round(sum(s.ack_rate for s, _b, _f in parts), 3),
+        memory_bytes=sum(s.memory_bytes for s, _b, _f in parts),
+        consumers=sum(s.consumers for s, _b, _f in parts),
+        failed=sum(1 for _s, _b, f in parts if f),
+    )
+
+
+async def sample_round(node: QueueEngine, store: SeriesStore) -> Totals:
+    at = now_ms()
+    infos = node.queues()
+    parts = []
+    for position, info in enumerate(infos):
+        if position and position % SAMPLES_PER_YIELD == 0:
+            await asyncio.sleep(0)
+        try:
+            stats = node.stats(info.name)
+        except Exception:  # deleted while we looked
+            continue
+        sample = sample_of(stats, at)
+        store.add(info.name, sample)
+        parts.append((sample, _int(stats, "bytes_ready"), stats.get("status") == "failed"))
+    store.forget_except({info.name for info in infos})
+    totals = _sum(at, parts)
+    store.totals.append(totals)
+    return totals
+
+
+async def _run(app: FastAPI, store: SeriesStore, interval_s: float) -> None:
+    while True:
+        node: QueueEngine | None = app.state.node
+        if node is not None:
+            try:
+                await sample_round(node, store)
+            except Exception:
+                log.exception("dashboard sampling failed")
+        await asyncio.sleep(interval_s)
+
+
+@asynccontextmanager
+async def sampler_lifespan(app: FastAPI) -> AsyncIterator[None]:
+    """Runs inside the app's lifespan (after the node started, stopped before it stops)."""
+    store = SeriesStore()
+    app.state.series = store
+    task = asyncio.create_task(_run(app, store, SAMPLE_INTERVAL_S))
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def store_of(app: Any) -> SeriesStore:
+    """The app's store; a fresh one when the sampler is not running (tests, benches)."""
+    store: SeriesStore | None = getattr(app.state, "series", None)
+    if store is None:
+        store = app.state.series = SeriesStore()
+    return store
