@@ -204,6 +204,11 @@ async def purge_queue(node: QueueEngine, db: Database, actor: Actor, name: str) 
     return purged
 
 
+async def record_action(db: Database, actor: Actor, action: str, name: str, **detail: Any) -> None:
+    """Audit an action the caller already performed on the engine."""
+    await _in_transaction(db, lambda session: _audit(session, actor, action, name, **detail))
+
+
 def _ensure_row(session: Session, node: _Listed, name: str) -> QueueDefinition:
     row = repo.get_queue(session, name)
     if row is None:
@@ -286,6 +291,7 @@ __all__ = [
     "mirror_definition",
     "purge_queue",
     "reconcile",
+    "record_action",
     "run_compaction",
     "take_checkpoint",
     "update_policy",

@@ -224,7 +224,9 @@ def _transfer_target(node: QueueEngine, name: str, wanted: str | None) -> str:
 @cluster_router.post("/queues/{name}/leader", response_model=LeaderOut, responses=MEMBER_PROBLEMS)
 async def transfer_leader(
     name: QueueName,
-    _who: CanConfigure,
+    request: Request,
+    db: DatabaseDep,
+    who: CanConfigure,
     node: NodeDep,
     body: Annotated[LeaderIn | None, Body()] = None,
 ) -> LeaderOut:
@@ -235,4 +237,5 @@ async def transfer_leader(
         raise unavailable
     target = _transfer_target(node, name, (body or LeaderIn()).node)
     await cast(LeadershipTransfer, node).transfer_leadership(name, target)
+    await queue_admin.record_action(db, actor(request, who), "queue.leader", name, node=target)
     return LeaderOut(leader=target)

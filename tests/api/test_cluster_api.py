@@ -4,6 +4,7 @@ run in the same process behind the in-memory transport (real Raft replication)."
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 
 import anyio
@@ -14,9 +15,10 @@ from app.db import repo
 from app.main import create_app
 from app.settings import Settings
 from engine.runtime import InMemoryNetwork, Node
-from tests.runtime.util import FAST
+from tests.runtime.util import FAST as RUNTIME_FAST
 
 NAMES = ["n1", "n2", "n3"]
+FAST = dataclasses.replace(RUNTIME_FAST, proposal_timeout_ms=RUNTIME_FAST.leader_wait_ms)
 
 
 async def _retry(call: object, timeout_s: float = 10.0) -> httpx.Response:
@@ -58,6 +60,8 @@ def test_three_node_cluster_leader_transfer(tmp_path: Path) -> None:
                     transport=transport, base_url="http://t", headers=headers, timeout=30
                 ) as client:
                     await _check(client)
+                    await asyncio.gather(*(n.stop() for n in others))
+                    await _no_quorum(client)
         finally:
             await asyncio.gather(*(n.stop() for n in others))
 
@@ -82,9 +86,19 @@ async def _check(client: httpx.AsyncClient) -> None:
     assert moved.json() == {"leader": target}
     assert (await client.get("/api/v1/queues/rq")).json()["stats"]["raft"]["leader"] == target
 
+    audit = (await client.get("/api/v1/audit")).json()
+    assert [e["detail"] for e in audit if e["action"] == "queue.leader"] == [{"node": target}]
     anyone = await _retry(lambda: client.post("/api/v1/queues/rq/leader"))
     assert anyone.status_code == 200 and anyone.json()["leader"] != target
 
     members = await client.post("/api/v1/queues/rq/members", json={"node": "n4"})
     assert members.status_code == 501
     assert members.json()["type"] == "/problems/not-implemented"
+
+
+async def _no_quorum(client: httpx.AsyncClient) -> None:
+    """With two of three nodes down, a publish cannot commit: 503 with Retry-After."""
+    response = await client.post("/api/v1/queues/rq/messages", json={"messages": [{"body": "y"}]})
+    assert response.status_code == 503, response.text
+    assert response.json()["type"] == "/problems/no-leader"
+    assert response.headers["retry-after"] == "1"
