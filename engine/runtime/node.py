@@ -508,6 +508,7 @@ class Node:
         raft = RaftServer(options, rec.log, hard, snapshot, bootstrap, max(0, start_ms))
         rep = Replica(meta, sid, raft, machine, rec.log, base, checkpoint=checkpoint)
         rep.applied_index = raft.applied
+        rep.replay_until = rec.log.last_index()
         if lone:
             raft.step(Tick(now))
         self._replicas[meta.name] = rep
@@ -752,7 +753,9 @@ class Node:
             if e.kind is EntryKind.COMMAND and e.index > rep.base_index:
                 reply, effects = machine.apply(ApplyMeta(e.index, e.term, e.now_ms), e.data)
                 if effects:
-                    self._perform(rep, effects, e, leader)
+                    # Replay throws leader-only effects away (the machine repeats what
+                    # must happen: unconfirmed dead letters are emitted again).
+                    self._perform(rep, effects, e, leader and e.index > rep.replay_until)
                 if isinstance(reply, PolicyChanged):
                     self._policy_changed(rep)
                 elif isinstance(reply, Expired):

@@ -50,6 +50,8 @@ class Replica:
     base_index: int
     """The machine was restored from a checkpoint at this index: entries up to it are in
     its state already and are not applied again."""
+    replay_until: int = 0
+    """Entries up to this index were in the log at recovery: applying them is a replay."""
     failed: Exception | None = None
     closed: bool = False
     close_error: Exception | None = None

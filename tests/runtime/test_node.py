@@ -466,3 +466,33 @@ def test_raft_uncommitted_bytes_limit_is_backpressure(tmp_path: Path) -> None:
             await node.stop()
 
     run(body())
+
+
+def test_replay_after_restart_does_not_repeat_leader_effects(tmp_path: Path) -> None:
+    # A dedup window too short to hide a repeated dead-letter publish.
+    limits = dataclasses.replace(FAST, dedup_window_ms=1)
+
+    async def body() -> None:
+        node = await started(tmp_path, limits)
+        try:
+            await node.create_queue("dlq", QueueArgs())
+            await node.create_queue("src", QueueArgs(dead_letter_queue="dlq"))
+            await node.publish("src", msgs("doomed"))
+            got = await node.receive("src", consumer="c", max_messages=1, wait_ms=0, lease_ms=None)
+            await node.nack("src", [got[0].receipt], requeue=False)
+            dead = await node.receive(
+                "dlq", consumer="d", max_messages=5, wait_ms=2000, lease_ms=None
+            )
+            assert [m.body for m in dead] == [b"doomed"]
+            await node.ack("dlq", [dead[0].receipt])
+        finally:
+            await node.stop()
+        node = await started(tmp_path, limits)
+        try:
+            await asyncio.sleep(0.3)
+            assert node.stats("dlq")["published"] == 1
+            assert await drain(node, "dlq") == []
+        finally:
+            await node.stop()
+
+    run(body())
