@@ -85,8 +85,6 @@ class Fault(IntEnum):
     """Commit entries of earlier terms by counting replicas (breaks Raft section 5.4.2)."""
     COMMIT_QUORUM_OFF_BY_ONE = 2
     """Count ``len(voters) // 2`` replicas as a quorum (one too few)."""
-    COMMIT_BEFORE_OWN_PERSIST = 3
-    """The leader counts its own entries before its storage reports them durable."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -607,8 +605,7 @@ class RaftServer:
         matches = []
         for v in voters:
             if v == self.id:
-                own_persist = self.options.fault is not Fault.COMMIT_BEFORE_OWN_PERSIST
-                matches.append(self.log.stable_last if own_persist else self.log.last_index())
+                matches.append(self.log.stable_last)
             else:
                 pr = self.progress.get(v)
                 matches.append(pr.match if pr is not None else 0)

@@ -118,6 +118,8 @@ class World:
             duplicate_per_mille=self.rng.choice([0, 10, 50]),
         )
         self.network = Network(self.rng, faults)
+        self.disk_ms_max = self.rng.choice([2, 5, 30, 80])
+        """A sync takes up to this long: slow disks let followers ack before the leader."""
         self.queue: list[tuple[int, int, Callable[[], None]]] = []
         self.seq = 0
         self.trace: deque[str] = deque(maxlen=30)
@@ -258,7 +260,7 @@ class World:
         if (node.persist_events or node.after_persist) and not node.sync_scheduled:
             node.sync_scheduled = True
             epoch = node.epoch
-            self.schedule(self.rng.randint(0, 5), lambda: self._sync(node, epoch))
+            self.schedule(self.rng.randint(0, self.disk_ms_max), lambda: self._sync(node, epoch))
         for msg in rd.messages:
             self._send(msg)
         self._apply(node, rd)
