@@ -90,18 +90,20 @@ from engine.queue import (
     message_id,
     read_message,
 )
-from engine.raft.config import Configuration
-from engine.raft.events import HardState as RaftHardState
-from engine.raft.events import Persisted as RaftPersisted
+from engine.raft.config import EMPTY_CONFIGURATION, Configuration
 from engine.raft.events import (
+    AddServer,
     Propose,
     Ready,
     Receive,
+    RemoveServer,
     SnapshotInstalled,
     SnapshotTaken,
     Tick,
     TransferLeadership,
 )
+from engine.raft.events import HardState as RaftHardState
+from engine.raft.events import Persisted as RaftPersisted
 from engine.raft.events import Rejected as RaftRejected
 from engine.raft.log import Entry, EntryKind
 from engine.raft.machine import ApplyMeta, CheckpointRequest, MachineEffect, ReleaseCursor
@@ -166,6 +168,8 @@ _CALLS = (
     "purge",
     "update_policy",
     "transfer",
+    "add_member",
+    "remove_member",
 )
 
 
@@ -248,7 +252,7 @@ class Node:
             raft = rep.raft
             if rep.failed is not None or rep.closed:
                 return True
-            if len(rep.meta.members) == 1:
+            if rep.meta.members == (self.name,):
                 return raft.role is Role.LEADER and rep.applied_index >= raft.log.last_index()
             return rep.applied_index >= raft.commit
 
@@ -499,9 +503,13 @@ class Node:
             vote = None if hs.vote is None else ServerId(hs.vote)
             hard = RaftHardState(hs.term, vote, hs.commit)
         sid = server_id(self.name, meta.uid)
-        bootstrap = Configuration(tuple(sorted(server_id(n, meta.uid) for n in meta.members)))
+        # A replica created to join an existing group starts with no configuration: it
+        # neither votes nor campaigns until the leader's entries tell it the members.
+        bootstrap = EMPTY_CONFIGURATION
+        if self.name in meta.members:
+            bootstrap = Configuration(tuple(sorted(server_id(n, meta.uid) for n in meta.members)))
         now = now_ms()
-        lone = len(meta.members) == 1
+        lone = meta.members == (self.name,)
         # A lone voter campaigns on its first tick instead of after an election timeout.
         start_ms = now - self.limits.election_timeout_ms_max if lone else now
         options = RaftOptions(sid, random.Random(self._rng.getrandbits(64)), self.limits)
@@ -565,6 +573,7 @@ class Node:
             except StorageFailed as e:
                 self._fail(rep, e)
                 return
+        self._maybe_members_changed(rep)
         seen = (int(raft.role), raft.leader, raft.term)
         if seen != rep.seen:
             became_leader = raft.role is Role.LEADER and rep.seen[0] != int(Role.LEADER)
@@ -662,6 +671,10 @@ class Node:
             return
         if rej.reason == "backpressure":
             p.future.set_exception(Backpressure(f"queue {rep.name}: too many uncommitted bytes"))
+        elif rej.reason == "change_pending":
+            p.future.set_exception(
+                QueueConflict(f"queue {rep.name}: another membership change is in progress")
+            )
         else:
             p.future.set_exception(NoLeader(f"queue {rep.name}: {rej.reason}"))
 
@@ -965,7 +978,11 @@ class Node:
         node = await self._leader_node(rep)
         if node == self.name:
             return await self._local(method, args)
-        return await self.transport.call(node, method, args)
+        try:
+            return await self.transport.call(node, method, args)
+        except QueueNotFound:
+            # This node hosts the queue: the node it took for the leader no longer does.
+            raise NoLeader(f"queue {name}: its leader moved, retry") from None
 
     async def on_call(self, method: str, args: tuple[object, ...]) -> object:
         """From the transport: a peer's request (never forwarded again)."""
@@ -998,6 +1015,10 @@ class Node:
             reply = await self._propose(rep, encode_purge())
             assert isinstance(reply, Purged)
             return reply.count
+        if method == "add_member":
+            return await self._add_member_local(rep, args[1])
+        if method == "remove_member":
+            return await self._remove_member_local(rep, args[1])
         if method == "transfer":
             await self._transfer_local(rep, args[1])
             return None
@@ -1222,6 +1243,78 @@ class Node:
             result = await self._route(name, "purge", (name,))
         assert isinstance(result, int)
         return result
+
+    # === membership ==================================================================
+
+    def _maybe_members_changed(self, rep: Replica) -> None:
+        """The group's configuration changed (a config entry is in the log): the queue's
+        definition follows it, so a restart bootstraps from the right members."""
+        members = tuple(sorted({node_of(m) for m in rep.raft.config.members}))
+        if not members or members == rep.meta.members or self.name not in members:
+            return
+        rep.meta = dataclasses.replace(rep.meta, members=members)
+        write_meta(self._need_storage().disk, rep.meta)
+
+    async def add_member(self, name: str, node: str) -> QueueInfo:
+        """Add a replica of the queue on ``node`` (``POST /queues/{name}/members``): it
+        joins as a learner, catches up, and becomes a voter; one change at a time."""
+        rep = self._replica(name)
+        if node not in self.transport.nodes():
+            raise ValidationFailed(f"{node} is not a node of this cluster")
+        if node in rep.meta.members:
+            raise QueueConflict(f"queue {name} already has a replica on {node}")
+        async with self._admit():
+            result = await self._route(name, "add_member", (name, node))
+        assert isinstance(result, QueueInfo)
+        return result
+
+    async def remove_member(self, name: str, node: str) -> QueueInfo:
+        """Remove the queue's replica on ``node`` (``DELETE /queues/{name}/members/{node}``)."""
+        rep = self._replica(name)
+        if node not in rep.meta.members:
+            raise QueueNotFound(f"queue {name} has no replica on {node}")
+        if len(rep.meta.members) == 1:
+            raise QueueConflict(f"queue {name} has one replica: delete the queue instead")
+        async with self._admit():
+            result = await self._route(name, "remove_member", (name, node))
+        assert isinstance(result, QueueInfo)
+        return result
+
+    async def _add_member_local(self, rep: Replica, node: str) -> QueueInfo:
+        joining = rep.meta
+        await self.transport.call(NodeName(node), "create_replica", (joining,))
+        await self._change(rep, AddServer(self._request_id(rep), server_id(node, rep.uid)))
+        return _info(rep.meta)
+
+    async def _remove_member_local(self, rep: Replica, node: str) -> QueueInfo:
+        await self._change(rep, RemoveServer(self._request_id(rep), server_id(node, rep.uid)))
+        info = _info(rep.meta)
+        if node == self.name:
+            await self._delete_replica(rep.uid)
+        else:
+            with contextlib.suppress(NoLeader, QueueNotFound):
+                await self.transport.call(NodeName(node), "delete_replica", (rep.uid,))
+        return info
+
+    @staticmethod
+    def _request_id(rep: Replica) -> int:
+        request_id = rep.next_request_id
+        rep.next_request_id += 1
+        return request_id
+
+    async def _change(self, rep: Replica, event: AddServer | RemoveServer) -> None:
+        """Step a membership change and wait until its entry commits."""
+        future: asyncio.Future[object] = self._need_loop().create_future()
+        rep.proposals[event.request_id] = Proposal(future, None)
+        rep.raft.step(Tick(now_ms()))
+        rep.raft.step(event)
+        self._schedule(rep)
+        try:
+            await asyncio.wait_for(future, self.limits.proposal_timeout_ms / 1000)
+        except TimeoutError:
+            raise NoLeader(f"queue {rep.name}: membership change timed out") from None
+        finally:
+            rep.proposals.pop(event.request_id, None)
 
     # === leadership ==================================================================
 

@@ -231,3 +231,39 @@ def test_transfer_leadership(tmp_path: Path) -> None:
             await asyncio.gather(*(n.stop() for n in nodes.values()))
 
     run(body())
+
+
+def test_add_and_remove_members(tmp_path: Path) -> None:
+    async def body() -> None:
+        network = InMemoryNetwork(NAMES)
+        nodes = await cluster(tmp_path, network)
+        try:
+            info, _ = await nodes["n1"].create_queue("mq", QueueArgs(replicas=1))
+            assert nodes["n2"].queues() == []
+            await nodes["n1"].publish("mq", msgs("a", "b"))
+            await retrying(lambda: nodes["n1"].add_member("mq", "n2"))
+            await retrying(lambda: nodes["n2"].add_member("mq", "n3"))
+            await eventually(
+                lambda: all(n.stats("mq")["messages_ready"] == 2 for n in nodes.values()),
+                what="the new replicas caught up",
+            )
+            for node in nodes.values():
+                assert [q.uid for q in node.queues()] == [info.uid]
+            await retrying(lambda: nodes["n3"].remove_member("mq", "n1"))
+            assert nodes["n1"].queues() == []
+            assert not (tmp_path / "n1" / "queues" / info.uid).exists()
+            await retrying(lambda: nodes["n2"].publish("mq", msgs("c")))
+            assert await retrying(lambda: drain(nodes["n3"], "mq")) == [b"a", b"b", b"c"]
+        finally:
+            await asyncio.gather(*(n.stop() for n in nodes.values()))
+        # The definitions follow the configuration: a restart keeps the new members.
+        network = InMemoryNetwork(NAMES)
+        nodes = await cluster(tmp_path, network)
+        try:
+            assert nodes["n1"].queues() == []
+            await retrying(lambda: nodes["n2"].publish("mq", msgs("d")))
+            assert await retrying(lambda: drain(nodes["n2"], "mq")) == [b"d"]
+        finally:
+            await asyncio.gather(*(n.stop() for n in nodes.values()))
+
+    run(body())
