@@ -85,7 +85,9 @@ from engine.queue.refs import (
     message_id,
     pack_batch,
     sizes_of,
+    total_size,
 )
+from engine.queue.snapshots import read_snapshot
 from engine.raft.machine import ApplyMeta, CheckpointRequest, MachineEffect, ReleaseCursor
 
 U64 = npt.NDArray[np.uint64]
@@ -224,7 +226,9 @@ class QueueMachine:
         return bytes(msgpack.packb(state, use_bin_type=True))
 
     def restore(self, data: bytes) -> None:
-        state = msgpack.unpackb(data, raw=False, strict_map_key=False, use_list=True)
+        """The ready lanes' pages become read-only views into ``data`` (no copy; see
+        ``engine.queue.snapshots``), so ``data`` must not change afterwards."""
+        state = read_snapshot(data)
         version, policy, clock, counters, lanes, fallback, pending = state[:7]
         delivered, expires, delayed, dead_lettering, dedup, samples = state[7:]
         assert version == self.version, version
@@ -232,9 +236,8 @@ class QueueMachine:
         self._reset()
         self._now_ms, self._last_index, self._dead_bytes, self._delayed_seq = clock
         self._counters = dict(zip(_COUNTERS, counters, strict=True))
-        for lane, (head_pos, raw) in zip(self._lanes, lanes, strict=True):
-            lane.push_many(np.frombuffer(raw, dtype=np.uint64))
-            lane.head_pos = head_pos
+        for lane, (head_pos, refs) in zip(self._lanes, lanes, strict=True):
+            lane.adopt(refs, head_pos)
         self._fallback = FallbackTable.from_wire(fallback)
         self._pending = Pending.from_wire(self._limits.page_refs, pending)
         self._delivered_before = {ref: n for ref, n in delivered}
@@ -247,7 +250,7 @@ class QueueMachine:
         self._sample_index.frombytes(samples[0])
         self._sample_ms.frombytes(samples[1])
         self._ready = sum(len(lane) for lane in self._lanes)
-        self._bytes_ready = sum(self._lane_bytes(lane) for lane in self._lanes)
+        self._bytes_ready = sum(total_size(refs, self._fallback) for _head, refs in lanes)
         self._bytes_delayed = sum(self._size(ref) for _d, _s, ref, _lv in self._delayed)
         self._bytes_pending = int(sizes_of(self._pending.refs(), self._fallback).sum())
 

@@ -139,6 +139,23 @@ class RefFifo:
             done += k
         self._len += n
 
+    def adopt(self, refs: U64, head_pos: int) -> None:
+        """Fill an empty FIFO with ``refs`` (a restored snapshot) without copying them: every
+        page but the tail one is a read-only view into ``refs``, which must never change.
+        Such pages are read, never written (only the tail page is), and are not sealed."""
+        assert not self._pages and refs.dtype == np.uint64
+        n = len(refs)
+        cut = (n - 1) // self._page_refs * self._page_refs if n else 0
+        for lo in range(0, cut, self._page_refs):
+            self._pages.append(refs[lo : lo + self._page_refs])
+        if n:
+            tail = np.empty(self._page_refs, dtype=np.uint64)
+            tail[: n - cut] = refs[cut:]
+            self._pages.append(tail)
+            self._tail = n - cut
+        self._len = n
+        self.head_pos = head_pos
+
     def peek(self) -> int:
         assert self._len > 0
         return int(self._head_page()[self._head])

@@ -330,7 +330,7 @@ class Pending:
             pending._size += pending._page_live[p]
         for first, count, consumer, priority, expires_ms in groups:
             group = LeaseGroup(first, count, consumer, priority, expires_ms)
-            live = sum(1 for t in range(first, first + count) if pending.ref_at(t) != 0)
+            live = pending._live_between(first, first + count)
             group.live = live
             pending._groups[first] = group
             pending._starts.append(first)
@@ -341,6 +341,19 @@ class Pending:
             pending._heap.append((expires_ms, 1, tag))
         heapq.heapify(pending._heap)
         return pending
+
+    def _live_between(self, lo: int, hi: int) -> int:
+        """Live leases among tags ``lo..hi-1``, counted a page at a time."""
+        live = 0
+        tag = lo
+        while tag < hi:
+            at = tag & (self._page_refs - 1)
+            k = min(hi - tag, self._page_refs - at)
+            page = self._pages.get(tag >> self._shift)
+            if page is not None:
+                live += int(np.count_nonzero(page[at : at + k]))
+            tag += k
+        return live
 
     def check(self) -> None:
         assert self._size == sum(self._page_live.values())

@@ -1,0 +1,110 @@
+"""Reading a machine snapshot without copying its ref arrays.
+
+Rule of this module: pure functions over bytes; the format is the machine's (a msgpack
+array written by ``QueueMachine.snapshot``), and nothing here changes it.
+
+Almost all of a deep queue's snapshot is the ready lanes, one msgpack ``bin`` of packed
+refs each (8 bytes per message). ``msgpack.unpackb`` copies each ``bin`` into a new
+``bytes`` object, and at millions of messages the fresh memory costs more than the rest
+of recovery. So the lanes are found by hand and returned as read-only numpy views into
+the snapshot; the small elements before them and everything after them go through
+msgpack as usual. Anything unexpected falls back to ``msgpack.unpackb`` of the whole.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import msgpack
+import numpy as np
+import numpy.typing as npt
+
+U64 = npt.NDArray[np.uint64]
+
+LANES_AT = 4
+"""Position of the lanes in the snapshot's top-level array."""
+_PREFIX_BYTES_MAX = 1 << 16
+"""The elements before the lanes (version, policy, clock, counters) fit in this."""
+_UNPACK = {"raw": False, "strict_map_key": False, "use_list": True}
+_U8, _U16, _U32, _U64 = (struct.Struct(f">{c}") for c in "BHIQ")
+_UINT = {0xCC: _U8, 0xCD: _U16, 0xCE: _U32, 0xCF: _U64}
+_BIN_LEN = {0xC4: _U8, 0xC5: _U16, 0xC6: _U32}
+
+
+class _Unexpected(Exception):
+    pass
+
+
+def read_snapshot(data: bytes) -> list[Any]:
+    """The snapshot's top-level array, with element ``LANES_AT`` as a list of
+    ``[head_pos, refs]`` where ``refs`` is a read-only uint64 array (a view into ``data``
+    where possible)."""
+    try:
+        return _read_with_views(data)
+    except (_Unexpected, msgpack.OutOfData, ValueError, struct.error, IndexError):
+        state: list[Any] = msgpack.unpackb(data, **_UNPACK)
+        lanes = state[LANES_AT]
+        assert isinstance(lanes, list)
+        state[LANES_AT] = [[head, np.frombuffer(raw, dtype=np.uint64)] for head, raw in lanes]
+        return state
+
+
+def _read_with_views(data: bytes) -> list[object]:
+    head = msgpack.Unpacker(**_UNPACK)
+    head.feed(memoryview(data)[:_PREFIX_BYTES_MAX])
+    size = head.read_array_header()
+    if size <= LANES_AT:
+        raise _Unexpected
+    state: list[object] = [head.unpack() for _ in range(LANES_AT)]
+    pos = head.tell()
+    count, pos = _array_header(data, pos)
+    lanes: list[list[object]] = []
+    for _ in range(count):
+        pair, pos = _array_header(data, pos)
+        if pair != 2:
+            raise _Unexpected
+        head_pos, pos = _uint(data, pos)
+        length, pos = _bin_header(data, pos)
+        if length % 8 or pos + length > len(data):
+            raise _Unexpected
+        lanes.append(
+            [head_pos, np.frombuffer(data, dtype=np.uint64, count=length // 8, offset=pos)]
+        )
+        pos += length
+    state.append(lanes)
+    tail = msgpack.Unpacker(**_UNPACK, max_buffer_size=max(1, len(data) - pos))
+    tail.feed(memoryview(data)[pos:])
+    state += [tail.unpack() for _ in range(size - LANES_AT - 1)]
+    if tail.tell() != len(data) - pos:
+        raise _Unexpected
+    return state
+
+
+def _array_header(data: bytes, pos: int) -> tuple[int, int]:
+    marker = data[pos]
+    if 0x90 <= marker <= 0x9F:
+        return marker & 0x0F, pos + 1
+    if marker == 0xDC:
+        return _U16.unpack_from(data, pos + 1)[0], pos + 3
+    raise _Unexpected
+
+
+def _uint(data: bytes, pos: int) -> tuple[int, int]:
+    marker = data[pos]
+    if marker <= 0x7F:
+        return marker, pos + 1
+    form = _UINT.get(marker)
+    if form is None:
+        raise _Unexpected
+    return form.unpack_from(data, pos + 1)[0], pos + 1 + form.size
+
+
+def _bin_header(data: bytes, pos: int) -> tuple[int, int]:
+    form = _BIN_LEN.get(data[pos])
+    if form is None:
+        raise _Unexpected
+    return form.unpack_from(data, pos + 1)[0], pos + 1 + form.size
+
+
+__all__ = ["LANES_AT", "read_snapshot"]
