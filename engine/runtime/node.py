@@ -170,6 +170,7 @@ _CALLS = (
     "transfer",
     "add_member",
     "remove_member",
+    "publish_routed",
 )
 
 
@@ -997,6 +998,10 @@ class Node:
         if method == "delete_replica":
             await self._delete_replica(str(args[0]))
             return None
+        if method == "publish_routed":  # a dead-letter copy from a node without the target
+            name, batch = args
+            assert isinstance(name, str) and isinstance(batch, list)
+            return await self.publish(name, batch)
         return await self._local(method, args)
 
     async def _local(self, method: str, args: tuple[Any, ...]) -> object:
@@ -1353,19 +1358,49 @@ class Node:
     # === dead-lettering ==============================================================
 
     async def _dead_letter(self, rep: Replica, effect: DeadLetter) -> None:
-        """Publish copies to the target (dedup ids make a repeat harmless), then confirm."""
+        """Publish copies to the target (dedup ids make a repeat harmless), then confirm.
+        A target that exists nowhere in the cluster drops them (the machine's rule)."""
         try:
             copies = self._dead_letter_copies(rep, effect)
-            target = self._replicas.get(effect.target)
-            if target is not None and target is not rep:
-                step = self.limits.batch_messages_max
-                for k in range(0, len(copies), step):
-                    await self.publish(effect.target, copies[k : k + step])
+            if effect.target != rep.name:
+                for batch in self._batches_of(copies):
+                    if not await self._publish_anywhere(effect.target, batch):
+                        break
             refs = list(effect.refs)
             for k in range(0, len(refs), 60_000):
                 await self._propose(rep, encode_dead_letter_confirm(refs[k : k + 60_000]))
         except QuorraError as e:
             log.warning("queue %s: dead-lettering to %s postponed: %s", rep.name, effect.target, e)
+
+    async def _publish_anywhere(self, name: str, batch: list[OutgoingMessage]) -> bool:
+        """Publish to ``name`` here, or through a peer that hosts it; False if no node
+        has such a queue."""
+        if name in self._replicas:
+            await self.publish(name, batch)
+            return True
+        for node in self.transport.nodes():
+            if node != self.name:
+                try:
+                    await self.transport.call(node, "publish_routed", (name, batch))
+                    return True
+                except QueueNotFound:
+                    continue
+        return False
+
+    def _batches_of(self, copies: list[OutgoingMessage]) -> list[list[OutgoingMessage]]:
+        """Copies in publish batches within the batch limits (count and bytes)."""
+        limits = self.limits
+        budget = limits.batch_bytes_max // 2  # room for headers and the entry's framing
+        out: list[list[OutgoingMessage]] = []
+        size = 0
+        for m in copies:
+            weight = len(m.body) + 256
+            if not out or len(out[-1]) >= limits.batch_messages_max or size + weight > budget:
+                out.append([])
+                size = 0
+            out[-1].append(m)
+            size += weight
+        return out
 
     def _dead_letter_copies(self, rep: Replica, effect: DeadLetter) -> list[OutgoingMessage]:
         copies = []

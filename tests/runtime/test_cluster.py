@@ -267,3 +267,28 @@ def test_add_and_remove_members(tmp_path: Path) -> None:
             await asyncio.gather(*(n.stop() for n in nodes.values()))
 
     run(body())
+
+
+def test_dead_letter_target_on_another_node(tmp_path: Path) -> None:
+    async def body() -> None:
+        network = InMemoryNetwork(NAMES)
+        nodes = await cluster(tmp_path, network)
+        try:
+            await nodes["n2"].create_queue("far-dlq", QueueArgs(replicas=1))
+            await nodes["n1"].create_queue(
+                "near", QueueArgs(replicas=1, dead_letter_queue="far-dlq")
+            )
+            await nodes["n1"].publish("near", msgs("bounce"))
+            got = await nodes["n1"].receive(
+                "near", consumer="c", max_messages=1, wait_ms=0, lease_ms=None
+            )
+            await nodes["n1"].nack("near", [got[0].receipt], requeue=False)
+            dead = await nodes["n2"].receive(
+                "far-dlq", consumer="d", max_messages=1, wait_ms=3000, lease_ms=None
+            )
+            assert [m.body for m in dead] == [b"bounce"]
+            assert dead[0].headers["x-death-queue"] == "near"
+        finally:
+            await asyncio.gather(*(n.stop() for n in nodes.values()))
+
+    run(body())
