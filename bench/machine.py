@@ -4,8 +4,9 @@ Memory is measured with ``tracemalloc`` (numpy reports its buffers to it), as th
 bytes the machine holds after the workload minus those of the same machine empty,
 divided by the number of messages: everything the state keeps (pages, page headers,
 deques, groups, dicts), not an estimate. Throughput is wall time around ``apply`` of
-pre-encoded commands, each carrying a batch of 100 messages or receipts; the CPU time of
-the process is reported too, as the cores may be shared with other work.
+pre-encoded commands, each carrying a batch of 100 messages or receipts, and, separately,
+enqueues of one message per command; the CPU time of the process is reported too, as
+the cores may be shared with other work.
 """
 
 from __future__ import annotations
@@ -131,6 +132,26 @@ def _ops(messages: int) -> dict[str, Any]:
     }
 
 
+def _single_enqueue_ops(messages: int) -> dict[str, Any]:
+    """One message per command (a publish of one message is one log entry): what the
+    replay of a recovery tail costs per entry."""
+    driver = _Driver()
+    commands = [encode_enqueue([NewMessage(BODY)]) for _ in range(messages)]
+
+    def enqueue() -> None:
+        for command in commands:
+            driver.apply(command)
+
+    wall, cpu = _timed(enqueue)
+    assert driver.machine.stats().messages_ready == messages
+    return {
+        "messages": messages,
+        "commands_per_s": round(messages / wall),
+        "commands_per_cpu_s": round(messages / cpu),
+        "cpu_us_per_command": round(cpu / messages * 1e6, 2),
+    }
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="quorra bench machine")
     parser.add_argument("--json", action="store_true", help="print JSON (the only format)")
@@ -160,6 +181,7 @@ def main(argv: list[str]) -> int:
         "bytes_per_pending_message": {str(r["messages"]): r["bytes_per_message"] for r in pending},
         "bytes_per_ready_message_single_entries": single and single["bytes_per_message"],
         "ops_per_s": _ops(args.ops_messages),
+        "single_enqueue_ops_per_s": _single_enqueue_ops(args.ops_messages),
         "details": {"ready": ready, "pending": pending, "ready_single_entries": single},
         "targets": {"bytes_per_ready_message": 8, "bytes_per_pending_message": 16},
     }
