@@ -16,7 +16,8 @@ from typing import Any
 from pipeline.client import QuorraClient
 
 TRIGGER = "100 milliseconds"
-POLL_S = 0.2
+POLL_S = 0.5
+"""Stats walk the queue on the server: poll them gently."""
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,9 @@ not duplicate either.
 from __future__ import annotations
 
 import uuid
+from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +61,9 @@ ARROW_READ_SCHEMA = pa.schema(
 )
 ARROW_SHIPPED_SCHEMA = ARROW_READ_SCHEMA.remove(2)
 _CURSOR_POS_BITS = 48
+PUBLISH_IN_FLIGHT = 2
+"""Publish requests of one task awaiting their confirm at once (the server batches
+concurrent appends into one fsync)."""
 
 
 class QuorraDataSource(DataSource):
@@ -223,28 +228,42 @@ def outgoing(batch: pa.RecordBatch, dedup_base: str, first_row: int) -> list[dic
 
 
 def publish_all(options: Options, batches: Iterator[pa.RecordBatch], dedup_base: str) -> int:
-    """Publish every row in order, ``batchSize`` per confirmed request; the row count."""
+    """Publish every row, ``batchSize`` per request with up to ``PUBLISH_IN_FLIGHT``
+    requests awaiting their confirm; returns the row count once all are confirmed."""
     from pyspark import TaskContext
 
     context = TaskContext.get()
     fail_after = options.fail_first_attempt_after_rows
     if context is None or context.attemptNumber() > 0:
         fail_after = None
-    rows = 0
+    queued = 0
+    confirmed = 0
     pending: list[dict[str, Any]] = []
-    with QuorraClient(options.url, options.token) as client:
+    in_flight: deque[Future[list[int]]] = deque()
+    with (
+        QuorraClient(options.url, options.token) as client,
+        ThreadPoolExecutor(PUBLISH_IN_FLIGHT) as pool,
+    ):
+
+        def send(chunk: list[dict[str, Any]]) -> None:
+            nonlocal confirmed
+            while len(in_flight) >= PUBLISH_IN_FLIGHT:
+                confirmed += len(in_flight.popleft().result())
+                if fail_after is not None and confirmed >= fail_after:
+                    raise RuntimeError(f"injected failure after {confirmed} rows (first attempt)")
+            in_flight.append(pool.submit(client.publish, options.queue, chunk))
+
         for batch in batches:
-            pending.extend(outgoing(batch, dedup_base, rows + len(pending)))
+            pending.extend(outgoing(batch, dedup_base, queued))
+            queued += batch.num_rows
             while len(pending) >= options.batch_size:
-                chunk, pending = pending[: options.batch_size], pending[options.batch_size :]
-                client.publish(options.queue, chunk)
-                rows += len(chunk)
-                if fail_after is not None and rows >= fail_after:
-                    raise RuntimeError(f"injected failure after {rows} rows (first attempt)")
+                send(pending[: options.batch_size])
+                pending = pending[options.batch_size :]
         if pending:
-            client.publish(options.queue, pending)
-            rows += len(pending)
-    return rows
+            send(pending)
+        while in_flight:
+            confirmed += len(in_flight.popleft().result())
+    return confirmed
 
 
 class PublishWriter(DataSourceArrowWriter):

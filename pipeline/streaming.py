@@ -77,6 +77,8 @@ ALL_AVAILABLE_MAX = 100_000
 """Messages per micro-batch when Spark asks for everything available."""
 EXTEND_CHUNK = BATCH_MESSAGES_MAX
 PREFETCH_IDLE_S = 0.02
+RECEIVERS = 2
+"""Receive requests in flight at once while prefetching."""
 TAKE_POLL_S = 0.01
 SPARE = -1
 
@@ -117,7 +119,7 @@ class LeaseStreamReader(DataSourceStreamReader):
         self._done: OrderedDict[int, None] = OrderedDict()
         self._settled_seq = -1
         self._threads: list[threading.Thread] = []
-        self._fetcher: threading.Thread | None = None
+        self._fetchers: list[threading.Thread] = []
         self._acks: queue.SimpleQueue[list[str] | None] = queue.SimpleQueue()
         self._stopping = threading.Event()
 
@@ -165,8 +167,8 @@ class LeaseStreamReader(DataSourceStreamReader):
     def stop(self) -> None:
         """Settle what was committed, return every other held message to the queue."""
         self._stopping.set()
-        if self._fetcher is not None:
-            self._fetcher.join(self.options.wait_ms / 1000 + 30)
+        for fetcher in self._fetchers:
+            fetcher.join(self.options.wait_ms / 1000 + 30)
         self._acks.put(None)
         for thread in self._threads:
             thread.join(30)
@@ -196,10 +198,11 @@ class LeaseStreamReader(DataSourceStreamReader):
         return self._client
 
     def _start_fetcher(self) -> None:
-        if self._fetcher is None:
+        if not self._fetchers:
             self._api()
-            self._fetcher = threading.Thread(target=self._prefetch, daemon=True)
-            self._fetcher.start()
+            for _ in range(RECEIVERS):
+                self._fetchers.append(threading.Thread(target=self._prefetch, daemon=True))
+                self._fetchers[-1].start()
 
     def _prefetch(self) -> None:
         """Keep up to one trigger's worth of messages received (and leased) ahead, so
