@@ -5,7 +5,8 @@ the REST API: ``app.queue_admin`` for create, delete, purge, snapshot and compac
 REST API's own message checks, and ``receive``/``publish``/``ack`` for a redrive.
 
 Answers are flash fragments (see app/ui/common.py); a success also sends
-``HX-Trigger: quorra:tick`` so the page's live parts refresh at once.
+``HX-Trigger: quorra:tick, quorra:changed`` so the page's live parts (and the
+message browser, which does not poll) refresh at once.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ DEFAULTED_INTS = ("priorities", "lease_ms", "max_message_bytes")
 
 def done(request: Request, message: str, *, redirect: str | None = None) -> HTMLResponse:
     response = flash(request, message)
-    response.headers["HX-Trigger"] = "quorra:tick"
+    response.headers["HX-Trigger"] = "quorra:tick, quorra:changed"
     if redirect is not None:
         response.headers["HX-Redirect"] = redirect
     return response

@@ -152,7 +152,7 @@ def set_permissions(
     )
     session.flush()
     _audit(session, request, login, "user.permissions", user_name, **permissions.model_dump())
-    return _done(request, f"Permissions of {user_name} saved.")
+    return flash(request, f"Permissions of {user_name} saved.")  # the form shows them already
 
 
 @router.post("/tokens", response_class=HTMLResponse)

@@ -13,8 +13,11 @@ import uvicorn
 
 from app.main import create_app
 from app.settings import Settings
+from app.ui import series
 from engine.limits import DEFAULT_LIMITS, KIB
 
+SAMPLE_INTERVAL_S = 0.5
+"""Charts get points within a short test (the dashboard samples every 5 s)."""
 SMALL_LIMITS = replace(
     DEFAULT_LIMITS,
     wal_file_bytes_max=128 * KIB,
@@ -35,6 +38,7 @@ def main(argv: list[str]) -> None:
         limits=SMALL_LIMITS,
         node_name="ui-test-node",
     )
+    series.SAMPLE_INTERVAL_S = SAMPLE_INTERVAL_S
     app = create_app(settings)
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
