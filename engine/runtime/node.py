@@ -147,6 +147,7 @@ from engine.storage import (
     NodeStorage,
     OsDisk,
     Persisted,
+    Removed,
     SnapshotReset,
     WalBatch,
     WriteFailed,
@@ -218,6 +219,8 @@ class Node:
         self._running = False
         self._stopping = False
         self._unreadable: set[str] = set()
+        self._removed: dict[str, asyncio.Future[None]] = {}
+        """Deletions waiting for storage's ``Removed``."""
 
     # === lifecycle ===================================================================
 
@@ -448,27 +451,22 @@ class Node:
         if storage.disk.exists(meta_path(uid)):
             await asyncio.to_thread(storage.disk.remove, meta_path(uid))
             await asyncio.to_thread(storage.disk.sync_dir, f"queues/{uid}")
+        removed: asyncio.Future[None] = self._need_loop().create_future()
+        self._removed[uid] = removed
         self._forget_storage(uid)
-        await asyncio.to_thread(shutil.rmtree, self.data_dir / "queues" / uid, ignore_errors=True)
+        try:
+            await asyncio.wait_for(removed, self.limits.proposal_timeout_ms / 1000)
+        except TimeoutError:
+            log.warning("queue %s: removal not confirmed by storage yet", uid)
+        finally:
+            self._removed.pop(uid, None)
 
     def _forget_storage(self, uid: str) -> None:
-        """Drop server ``uid`` from storage: ``NodeStorage.remove_server`` (a forget record
-        through the WAL) where storage offers it; else forget its log here so that no
-        later segment flush recreates its directory."""
-        storage = self._need_storage()
-        remove_server = getattr(storage, "remove_server", None)
-        if remove_server is not None:
-            remove_server(uid)
-            if self._writer is not None:
-                self._writer.wake()
-            return
-        for name in storage.disk.listdir(f"queues/{uid}/segments"):
-            storage.cache.evict(f"queues/{uid}/segments/{name}")
-        storage._logs.pop(uid, None)
-        storage._generations.pop(uid, None)
-        forget = getattr(storage.wal, "forget", None)
-        if forget is not None:
-            forget(uid)
+        """Drop server ``uid`` from storage: a forget record goes through the WAL, then
+        storage deletes its files (finished at recovery after a crash)."""
+        self._need_storage().remove_server(uid)
+        if self._writer is not None:
+            self._writer.wake()
 
     async def update_policy(self, name: str, changes: dict[str, object]) -> QueueInfo:
         rep = self._replica(name)
@@ -697,13 +695,12 @@ class Node:
         storage = self._storage
         if storage is None:
             return
-        if not hasattr(storage, "remove_server"):
-            # Without it, ops of a queue deleted meanwhile must not recreate its log.
-            known = storage._logs
-            ops = tuple(op for op in batch.ops if op.uid in known)
-            if len(ops) != len(batch.ops):
-                batch = dataclasses.replace(batch, ops=ops)
         for event in storage.complete(batch):
+            if isinstance(event, Removed):
+                waiter = self._removed.get(event.uid)
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(None)
+                continue
             rep = self._by_uid.get(event.uid)
             if rep is None or rep.closed:
                 continue
@@ -730,12 +727,6 @@ class Node:
         try:
             while (flush := storage.prepare_segment_flush()) is not None:
                 await asyncio.to_thread(flush.write)
-                gone = [w for w in flush.written if w[0] not in storage._logs]
-                for uid, _generation, infos in gone:
-                    flush.written.remove((uid, _generation, infos))
-                    await asyncio.to_thread(
-                        shutil.rmtree, self.data_dir / "queues" / uid, ignore_errors=True
-                    )
                 storage.finish_segment_flush(flush)
         except StorageFailed as e:
             # Nothing is lost: the entries stay in the mem tables and the WAL file stays;

@@ -26,6 +26,7 @@ class WalWriter:
         self._stopping = False
         self._abandon = False
         self._thread = threading.Thread(target=self._run, name="quorra-wal", daemon=True)
+        wal.waker = self.wake  # every submit, also from inside storage, wakes the writer
 
     def start(self) -> None:
         self._thread.start()
@@ -41,6 +42,7 @@ class WalWriter:
             self._cond.notify()
         if self._thread.is_alive():
             self._thread.join()
+        self._wal.waker = None
 
     def _run(self) -> None:
         while True:
