@@ -1130,8 +1130,11 @@ class Node:
         out: list[ReceivedMessage] = []
         entries: dict[int, Entry] = {}
         machine = rep.machine
-        for d in reply.deliveries:
-            parts = machine.ref_parts(d.ref)
+        expires_ms = reply.lease_expires_ms
+        for tag, ref, priority, count in zip(
+            reply.tags, reply.refs, reply.priorities, reply.delivery_counts, strict=True
+        ):
+            parts = machine.ref_parts(ref)
             index, slot = parts.index, parts.slot
             entry = entries.get(index)
             if entry is None:
@@ -1140,13 +1143,13 @@ class Node:
             out.append(
                 ReceivedMessage(
                     id=message_id(index, slot),
-                    receipt=encode_receipt(d.tag, d.ref),
+                    receipt=encode_receipt(tag, ref),
                     body=bytes(view.body),
                     headers=decode_headers(view.headers),
-                    priority=d.priority,
-                    delivery_count=d.delivery_count,
+                    priority=priority,
+                    delivery_count=count,
                     published_at_ms=entry.now_ms,
-                    lease_expires_at_ms=reply.lease_expires_ms,
+                    lease_expires_at_ms=expires_ms,
                 )
             )
         return out, rep.available_seq
