@@ -448,9 +448,11 @@ class Node:
                 del self._failed[name]
         storage = self._need_storage()
         # The definition goes first: a crash after it leaves an orphan, removed at start.
-        if storage.disk.exists(meta_path(uid)):
-            await asyncio.to_thread(storage.disk.remove, meta_path(uid))
-            await asyncio.to_thread(storage.disk.sync_dir, f"queues/{uid}")
+        # Storage then removes the directory itself, which must hold none of our files.
+        for path in (meta_path(uid), meta_path(uid) + ".tmp"):
+            if storage.disk.exists(path):
+                await asyncio.to_thread(storage.disk.remove, path)
+        await asyncio.to_thread(storage.disk.sync_dir, f"queues/{uid}")
         removed: asyncio.Future[None] = self._need_loop().create_future()
         self._removed[uid] = removed
         self._forget_storage(uid)
