@@ -209,22 +209,23 @@ def sizes_of(refs: U64, table: FallbackTable) -> U64:
 
 
 def total_size(refs: U64, table: FallbackTable) -> int:
-    """Sum of the sizes of ``refs``, in chunks that stay in the CPU cache; a single masked
-    sum per chunk when every ref of the array has the same compact form (the usual case)."""
+    """Sum of the sizes of ``refs``, in one pass of chunks that stay in the CPU cache; a
+    masked sum for a chunk whose refs all have the same compact form (the usual case)."""
     if not len(refs):
         return 0
-    lo, hi = int(refs.min()), int(refs.max())
-    if hi >> 63 == 0:
-        shift = SLOT_BITS_SHORT
-    elif lo >> 62 == hi >> 62 == 0b10:
-        shift = 0
-    else:
-        return int(sizes_of(refs, table).sum())
     total = 0
     step = min(len(refs), 1 << 14)
     work = np.empty(step, dtype=np.uint64)
     for at in range(0, len(refs), step):
         chunk = refs[at : at + step]
+        form_lo, form_hi = int(chunk.min()) >> 62, int(chunk.max()) >> 62
+        if form_hi <= 0b01:
+            shift = SLOT_BITS_SHORT
+        elif form_lo == form_hi == 0b10:
+            shift = 0
+        else:
+            total += int(sizes_of(chunk, table).sum())
+            continue
         part = work[: len(chunk)]
         np.right_shift(chunk, np.uint64(shift), out=part)
         np.bitwise_and(part, np.uint64(_SIZE_MASK), out=part)

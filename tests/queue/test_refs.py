@@ -24,6 +24,7 @@ from engine.queue.refs import (
     message_id_parts,
     pack_batch,
     sizes_of,
+    total_size,
     try_pack,
     unpack_compact,
 )
@@ -193,3 +194,25 @@ def test_full_pages_behind_the_head_are_sealed_to_four_bytes() -> None:
     assert fifo.nbytes() < 100_000 * 4 + 2 * 4096 * 8 + 25 * 200, "head and tail pages stay hot"
     assert fifo.pop_many(50_000).tolist() == refs[:50_000].tolist()
     assert fifo.to_array().tolist() == refs[50_000:].tolist()
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(1, INDEX_LIMIT_SHORT + 5), st.integers(0, SIZE_LIMIT + 5)),
+        max_size=40,
+    ),
+    st.sampled_from([1, 2, 17]),
+    st.integers(0, 3),
+)
+def test_total_size_is_the_sum_of_sizes(
+    parts: list[tuple[int, int]], batch: int, repeat: int
+) -> None:
+    table = FallbackTable()
+    refs = np.array(
+        [table.pack(index, 0, size, batch) for index, size in parts] * (1 << repeat),
+        dtype=np.uint64,
+    )
+    assert total_size(refs, table) == int(sizes_of(refs, table).sum())
+    # One form across a chunk boundary, as a restored deep lane has.
+    many = np.full(40_000, table.pack(7, 0, 33, batch), dtype=np.uint64)
+    assert total_size(many, table) == 40_000 * 33
