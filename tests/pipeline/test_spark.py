@@ -155,3 +155,18 @@ def test_stream_copy_between_queues_is_exactly_once(
     copied = read_queue(spark, {**options, "queue": target_queue}).collect()
     assert sorted(r.body_text for r in copied) == sorted(f"c-{i}" for i in range(total))
     assert all("copied-from" in r.headers for r in copied)
+
+
+def test_demo_writes_streams_and_counts(
+    spark: Any, quorra_server: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from pipeline.cli import main
+
+    argv = ["demo", "--server", quorra_server.url, "--token", quorra_server.token]
+    argv += ["--queue", "pipeline-demo-test", "--rows", "2000", "--out", str(tmp_path / "out")]
+    assert main(argv) == 0
+    counts = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert counts["written"] == counts["streamed"] == counts["streamed_distinct"] == 2000
+    assert spark.read.parquet(str(tmp_path / "out")).count() == 2000
