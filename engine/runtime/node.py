@@ -452,7 +452,8 @@ class Node:
         for path in (meta_path(uid), meta_path(uid) + ".tmp"):
             if storage.disk.exists(path):
                 await asyncio.to_thread(storage.disk.remove, path)
-        await asyncio.to_thread(storage.disk.sync_dir, f"queues/{uid}")
+        if storage.disk.exists(f"queues/{uid}"):
+            await asyncio.to_thread(storage.disk.sync_dir, f"queues/{uid}")
         removed: asyncio.Future[None] = self._need_loop().create_future()
         self._removed[uid] = removed
         self._forget_storage(uid)
