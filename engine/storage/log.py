@@ -99,6 +99,9 @@ class ServerLog:
         """``info.lo`` of each segment, for bisection."""
         self._snapshot_index = 0
         self._snapshot_term = 0
+        self.snapshot_live = BitMap64()
+        """The live indexes of the snapshot: every other entry at or before it is dead
+        (the segment writer skips them, compaction reclaims them)."""
         self._last = 0
         self.hard_state: HardState | None = None
         self.failed: StorageFailed | None = None
@@ -237,6 +240,7 @@ class ServerLog:
         no live entry and nothing after ``index`` (they may be deleted)."""
         assert index >= self._snapshot_index
         self._snapshot_index, self._snapshot_term = index, term
+        self.snapshot_live = live
         self._last = max(self._last, index)
         dead = [
             s
@@ -250,6 +254,42 @@ class ServerLog:
     def segment_infos(self) -> list[tuple[SegmentInfo, int]]:
         """The segments in the view, each with the last index it answers for."""
         return [(s.info, s.hi) for s in self._segments]
+
+    def is_dead(self, index: int) -> bool:
+        """Whether the entry at ``index`` is dead: at or before the snapshot and not one
+        of its live indexes."""
+        return index <= self._snapshot_index and index not in self.snapshot_live
+
+    # -- compaction (engine.storage.compaction), on the node's thread -------------------------
+
+    def has_segment(self, info: SegmentInfo) -> bool:
+        return any(s.info == info for s in self._segments)
+
+    def remove_segments(self, paths: set[str]) -> None:
+        """Take segments out of the view (compaction phase 1, or inputs of phase 3)."""
+        self._segments = [s for s in self._segments if s.info.path not in paths]
+        self._los = [s.info.lo for s in self._segments]
+
+    def replace_segment(self, old: SegmentInfo, new: SegmentInfo) -> None:
+        """The same file with a new header (compaction phase 2 cut its dead tail)."""
+        for seg in self._segments:
+            if seg.info == old:
+                assert new.path == old.path and new.lo == old.lo
+                seg.info = new
+                seg.hi = min(seg.hi, new.hi)
+                return
+        raise AssertionError(f"segment {old.path} is not in the view")
+
+    def swap_segments(self, inputs: list[SegmentInfo], output: SegmentInfo) -> None:
+        """Compaction phase 3: ``output`` holds the live entries of ``inputs``, which
+        are consecutive in the view, and replaces them."""
+        paths = {i.path for i in inputs}
+        kept = [s for s in self._segments if s.info.path not in paths]
+        assert len(kept) == len(self._segments) - len(inputs), "inputs left the view"
+        kept.append(_Segment(output, output.hi))
+        kept.sort(key=lambda s: s.info.lo)
+        self._segments = kept
+        self._los = [s.info.lo for s in self._segments]
 
 
 __all__ = ["MemTable", "ServerLog"]

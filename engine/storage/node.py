@@ -16,13 +16,30 @@ the number of messages on a queue.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from pyroaring import BitMap64
 
 from engine.errors import RecoveryRefused, StorageFailed
 from engine.limits import DEFAULT_LIMITS, Limits
 from engine.raft.log import Entry
 from engine.storage.checkpoint import Checkpoint, CheckpointStore
+from engine.storage.compaction import (
+    CompactionJob,
+    CompactionResult,
+    Phase,
+    PinnedReader,
+    SegmentPins,
+    SegmentStat,
+    intent_path,
+    log_stats,
+    new_job,
+    plan_phases,
+    recover_intents,
+    segment_stat,
+)
 from engine.storage.disk import Disk, parent, write_file_atomic
 from engine.storage.log import ServerLog
 from engine.storage.segment import (
@@ -118,8 +135,9 @@ class SegmentFlush:
     disk: Disk
     limits: Limits
     wal_seq: int
-    plans: list[tuple[str, int, int, list[Entry]]]
-    """(uid, log generation, first segment seq, entries)."""
+    plans: list[tuple[str, int, int, list[Entry], int]]
+    """(uid, log generation, first segment seq, entries, first index flushed): dead
+    entries are left out, the first segment still answers from the first index."""
     written: list[tuple[str, int, list[SegmentInfo]]] = field(default_factory=list)
 
     def write(self) -> None:
@@ -128,13 +146,16 @@ class SegmentFlush:
         so a later flush can try again."""
         paths: list[str] = []
         try:
-            for uid, generation, seq, entries in self.plans:
+            for uid, generation, seq, entries, first in self.plans:
                 infos: list[SegmentInfo] = []
+                lo: int | None = first
                 for chunk in _chunks(entries, self.limits):
                     path = segment_path(uid, seq)
                     paths.append(path)
                     self.disk.makedirs(parent(path))
-                    write_file_atomic(self.disk, path, encode_segment(seq, chunk, OVERWRITES))
+                    data = encode_segment(seq, chunk, OVERWRITES, lo)
+                    write_file_atomic(self.disk, path, data)
+                    lo = None
                     info = read_segment_info(self.disk, path)
                     assert info is not None, f"segment {path} unreadable right after writing"
                     infos.append(info)
@@ -179,8 +200,15 @@ class NodeStorage:
         self._damaged_segments: dict[str, list[str]] = {}
         self._forgotten: set[str] = set()
         """Servers whose removal is in the WAL (their files may remain after a crash)."""
-        self._installed: dict[str, SegmentInfo] = {}
-        """Segments of live entries written by ``install_snapshot``, shown at the reset."""
+        self._installed: dict[str, tuple[SegmentInfo | None, BitMap64]] = {}
+        """Segment of live entries written by ``install_snapshot`` and the snapshot's live
+        set, shown at the reset."""
+        self.pins = SegmentPins()
+        self._retired: set[str] = set()
+        """Segment files out of every view, kept until their last pin is released."""
+        self._intents: dict[str, set[str]] = {}
+        """Phase-3 intent files and the inputs still on disk they wait for."""
+        self._compacting: set[str] = set()
         self.wal: Wal
 
     # -- opening --------------------------------------------------------------------------
@@ -236,9 +264,12 @@ class NodeStorage:
     def _load_segments(self, log: ServerLog) -> None:
         directory = segment_dir(log.uid)
         for name in self.disk.listdir(directory):
-            path = f"{directory}/{name}"
             if name.endswith(".tmp"):
-                self.disk.remove(path)
+                self.disk.remove(f"{directory}/{name}")
+        recover_intents(self.disk, log.uid)
+        for name in self.disk.listdir(directory):
+            path = f"{directory}/{name}"
+            if not name.endswith(".seg"):
                 continue
             info = read_segment_info(self.disk, path)
             if info is None:
@@ -358,7 +389,10 @@ class NodeStorage:
             log.apply_reset(op.index, op.term)
             installed = self._installed.pop(op.uid, None)
             if installed is not None:
-                log.add_segment(installed)
+                segment, live = installed
+                log.snapshot_live = live
+                if segment is not None:
+                    log.add_segment(segment)
 
     def sync(self) -> list[StorageEvent]:
         """Everything pending made durable, and rolled WAL files flushed to segments:
@@ -384,8 +418,14 @@ class NodeStorage:
         for uid in sorted(self._logs):
             log = self._logs[uid]
             entries = log.mem.flushable(seq)
+            if not entries:
+                continue
+            first = entries[0].index
+            if first <= log.snapshot_index():
+                # Entries that died before reaching a segment are never written.
+                entries = [e for e in entries if not log.is_dead(e.index)]
             if entries:
-                plans.append((uid, self._generations[uid], log.next_segment_seq, entries))
+                plans.append((uid, self._generations[uid], log.next_segment_seq, entries, first))
                 log.next_segment_seq += len(_chunks(entries, self.limits))
         return SegmentFlush(self.disk, self.limits, seq, plans)
 
@@ -401,7 +441,7 @@ class NodeStorage:
                 continue
             for info in infos:
                 for hidden in log.add_segment(info):
-                    self._remove(hidden)
+                    self._retire(hidden)
             log.mem.drop_flushed(flush.wal_seq)
         for uid in self._logs:
             self._logs[uid].mem.drop_flushed(flush.wal_seq)
@@ -426,6 +466,162 @@ class NodeStorage:
         if self.disk.exists(path):
             self.disk.remove(path)
             self.disk.sync_dir(parent(path))
+
+    def _retire(self, path: str) -> None:
+        """A segment left the view: delete it now, or when its last pin is released."""
+        self.cache.evict(path)
+        if self.pins.pinned(path):
+            self._retired.add(path)
+            return
+        self._remove(path)
+        self._settle_intents(path)
+
+    def _settle_intents(self, path: str) -> None:
+        """Delete the phase-3 intents that waited only for ``path`` to be gone."""
+        for intent, waiting in list(self._intents.items()):
+            waiting.discard(path)
+            if not waiting:
+                del self._intents[intent]
+                self._remove(intent)
+
+    def _unpin(self, paths: list[str]) -> None:
+        for path in paths:
+            if self.pins.unpin(path) and path in self._retired:
+                self._retired.discard(path)
+                self._remove(path)
+                self._settle_intents(path)
+
+    def pin_reader(self, uid: str, lo: int = 1, hi: int | None = None) -> PinnedReader:
+        """Pin the segments of ``uid`` that answer for indexes ``lo .. hi``: they stay
+        on disk, unchanged, until ``release`` (see ``engine.storage.compaction``)."""
+        log = self._log(uid)
+        top = log.last_index() if hi is None else hi
+        segments = [(i, h) for i, h in log.segment_infos() if i.lo <= top and h >= lo]
+        for info, _ in segments:
+            self.pins.pin(info.path)
+        return PinnedReader(self.disk, segments, self._unpin)
+
+    # -- compaction ------------------------------------------------------------------------
+
+    def segment_stats(self, uid: str) -> list[SegmentStat]:
+        """Every segment of ``uid`` counted against its snapshot's live set."""
+        return log_stats(self._log(uid), self.cache)
+
+    def prepare_compaction(self, uid: str, phase: Phase = "auto") -> CompactionJob:
+        """On the node's thread: promote the newest checkpoint to the snapshot (phases
+        ``auto`` and 1), plan the phases and pin what phases 2 and 3 will work on. Then
+        ``job.run()`` (a worker may run it) and ``finish_compaction(job)`` here."""
+        assert phase in ("auto", 1, 2, 3), phase
+        log = self._log(uid)
+        if log.failed is not None:
+            raise log.failed
+        assert uid not in self._compacting, f"{uid}: one compaction at a time"
+        started = time.perf_counter()
+        promoted = False
+        before = None
+        if phase in ("auto", 1):
+            cp, _ = self.checkpoints(uid).load_newest()
+            if cp is not None and cp.index > log.snapshot_index():
+                # Counted against the new snapshot, before promotion deletes anything.
+                before = [
+                    segment_stat(self.cache, info, hi, cp.index, cp.live_indexes)
+                    for info, hi in log.segment_infos()
+                ]
+                promoted = self.release_cursor(uid, cp.index) is not None
+        now = log_stats(log, self.cache)
+        plan = plan_phases(now, phase, self.limits, self.pins.pinned)
+        job = new_job(
+            self.disk,
+            self.limits,
+            log,
+            self._generations[uid],
+            now if before is None else before,
+            plan,
+            promoted=promoted,
+            started=started,
+        )
+        for path in job.pinned_paths():
+            self.pins.pin(path)
+        self._compacting.add(uid)
+        return job
+
+    def finish_compaction(self, job: CompactionJob) -> CompactionResult:
+        """Apply what the job did to the view and delete what it freed. Raises
+        ``StorageFailed`` after that if the job met a disk error."""
+        uid = job.uid
+        self._compacting.discard(uid)
+        log = self._logs.get(uid)
+        current = log if log is not None and self._generations[uid] == job.generation else None
+        phases: list[int] = []
+        if current is not None:
+            gone = {s.info.path for s in job.deletes if current.has_segment(s.info)}
+            current.remove_segments(gone)
+            for path in sorted(gone):
+                self._retire(path)
+            if gone or job.promoted:
+                phases.append(1)
+            if self._finish_cuts(current, job):
+                phases.append(2)
+        if self._finish_groups(current, job):
+            phases.append(3)
+        self._unpin(job.pinned_paths())
+        result = self._result(job, phases)
+        if job.error is not None:
+            raise job.error
+        return result
+
+    def _finish_cuts(self, log: ServerLog, job: CompactionJob) -> bool:
+        changed = False
+        for cut in job.cuts:
+            if cut.new is not None and log.has_segment(cut.stat.info):
+                log.replace_segment(cut.stat.info, cut.new)
+                self.cache.evict(cut.new.path)
+                changed = True
+        return changed
+
+    def _finish_groups(self, log: ServerLog | None, job: CompactionJob) -> bool:
+        changed = False
+        for group in job.groups:
+            if group.output is None:
+                continue
+            intent = intent_path(job.uid, group.out_seq)
+            inputs = [s.info for s in group.inputs]
+            if log is None or not all(log.has_segment(i) for i in inputs):
+                # The log was reset or an input hidden meanwhile: undo this rewrite.
+                self._remove(group.output.path)
+                self._remove(intent)
+                continue
+            log.swap_segments(inputs, group.output)
+            changed = True
+            self._intents[intent] = {i.path for i in inputs}
+            for info in inputs:
+                self._retire(info.path)
+        return changed
+
+    def _result(self, job: CompactionJob, phases: list[int]) -> CompactionResult:
+        log = self._logs.get(job.uid)
+        after = log_stats(log, self.cache) if log is not None else []
+        return CompactionResult(
+            uid=job.uid,
+            phases=tuple(phases),
+            snapshot_index=job.snap,
+            segments_before=len(job.before),
+            segments_after=len(after),
+            bytes_before=sum(s.info.bytes for s in job.before),
+            bytes_after=sum(s.info.bytes for s in after),
+            live_entries=sum(s.live for s in after),
+            dead_entries_before=sum(s.dead for s in job.before),
+            dead_entries_after=sum(s.dead for s in after),
+            duration_s=time.perf_counter() - job.started,
+            transient_bytes_max=job.transient_bytes_max,
+            deferred_files=len(self._retired),
+        )
+
+    def compact(self, uid: str, phase: Phase = "auto") -> CompactionResult:
+        """Prepare, run and finish a compaction on this thread (simulator, tests, tools)."""
+        job = self.prepare_compaction(uid, phase)
+        job.run()
+        return self.finish_compaction(job)
 
     # -- checkpoints and snapshots -------------------------------------------------------------
 
@@ -453,7 +649,7 @@ class NodeStorage:
         snapshot = store.read_snapshot()
         assert snapshot is not None, f"{uid}: promoted snapshot {promoted} unreadable"
         for path in self._log(uid).set_snapshot(promoted, snapshot.term, snapshot.live_indexes):
-            self._remove(path)
+            self._retire(path)
         return promoted
 
     def install_snapshot(
@@ -470,16 +666,17 @@ class NodeStorage:
         try:
             self.checkpoints(uid).install_snapshot(cp)
             stale = log.drop_segments()
-            pending = self._installed.pop(uid, None)
+            pending, _ = self._installed.pop(uid, (None, None))
             for info in [*stale, *([pending] if pending else [])]:
-                self._remove(info.path)
+                self._retire(info.path)
+            written = None
             if live_entries:
                 seq = log.next_segment_seq
                 log.next_segment_seq += 1
                 write_segment(self.disk, uid, seq, live_entries, 0)
                 written = read_segment_info(self.disk, segment_path(uid, seq))
                 assert written is not None
-                self._installed[uid] = written
+            self._installed[uid] = (written, cp.live_indexes)
         except OSError as exc:
             raise StorageFailed(f"snapshot install of {uid} failed: {exc}") from exc
         self.wal.submit(ResetOp(uid, cp.index, cp.term))

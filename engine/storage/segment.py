@@ -49,6 +49,8 @@ _HEADER = struct.Struct("<4sHHIQQQQQII")
 SLOT_BYTES = 64
 HEADER_BYTES = 2 * SLOT_BYTES
 OVERWRITES = 1
+COMPACTED = 2
+"""Written by compaction phase 3 from several segments (informational)."""
 INDEX_DTYPE = np.dtype(
     [
         ("index", "<u8"),
@@ -89,9 +91,14 @@ def segment_path(uid: str, seq: int) -> str:
     return f"{segment_dir(uid)}/{seq:08d}.seg"
 
 
-def encode_segment(seq: int, entries: Sequence[Entry], flags: int) -> bytes:
-    """The bytes of a segment holding ``entries`` (sorted by index, not necessarily dense)."""
+def encode_segment(seq: int, entries: Sequence[Entry], flags: int, lo: int | None = None) -> bytes:
+    """The bytes of a segment holding ``entries`` (sorted by index, not necessarily dense).
+    ``lo`` (at most the first entry's index) makes the segment answer from there: the
+    segment writer passes the first index it flushed when it skipped dead entries, so
+    that an ``OVERWRITES`` segment still cuts every older copy from that index on."""
     assert entries
+    lo = entries[0].index if lo is None else lo
+    assert 1 <= lo <= entries[0].index
     count = len(entries)
     index = np.zeros(count, dtype=INDEX_DTYPE)
     data_offset = HEADER_BYTES + count * INDEX_DTYPE.itemsize
@@ -106,9 +113,7 @@ def encode_segment(seq: int, entries: Sequence[Entry], flags: int) -> bytes:
     index["kind"] = np.fromiter((int(e.kind) for e in entries), dtype=np.uint8, count=count)
     assert bool(np.all(np.diff(index["index"].astype(np.int64)) > 0)), "unsorted entries"
     index_bytes = index.tobytes()
-    head = encode_header(
-        seq, flags, count, entries[0].index, entries[-1].index, data_offset, index_bytes, 1
-    )
+    head = encode_header(seq, flags, count, lo, entries[-1].index, data_offset, index_bytes, 1)
     return b"".join([head, bytes(SLOT_BYTES), index_bytes, *(e.data for e in entries)])
 
 
@@ -143,6 +148,19 @@ def write_segment(disk: Disk, uid: str, seq: int, entries: Sequence[Entry], flag
     path = segment_path(uid, seq)
     disk.makedirs(parent(path))
     write_file_atomic(disk, path, encode_segment(seq, entries, flags))
+
+
+def segment_seq(name: str) -> int | None:
+    """The seq of a segment file name (``<seq:08>.seg``), ``None`` for other names."""
+    stem, dot, ext = name.partition(".")
+    return int(stem) if dot and ext == "seg" and stem.isdigit() else None
+
+
+def slot_offset(generation: int) -> int:
+    """Where the header of ``generation`` goes: generations alternate between the two
+    slots, so writing the next one never overwrites the valid one."""
+    assert generation >= 1
+    return ((generation - 1) % 2) * SLOT_BYTES
 
 
 def read_segment_info(disk: Disk, path: str) -> SegmentInfo | None:
@@ -292,6 +310,7 @@ class ReaderCache:
 
 
 __all__ = [
+    "COMPACTED",
     "HEADER_BYTES",
     "INDEX_DTYPE",
     "OVERWRITES",
@@ -304,5 +323,7 @@ __all__ = [
     "read_segment_info",
     "segment_dir",
     "segment_path",
+    "segment_seq",
+    "slot_offset",
     "write_segment",
 ]
