@@ -32,6 +32,14 @@ back stale anyway (driver stalled for longer than the lease), the message is goi
 delivered again: when it arrives, an id the reader still holds takes the new receipt and
 is not emitted twice; an id already done is acked and dropped.
 
+**Throughput.** Two receiver threads keep up to ``maxMessagesPerTrigger`` messages
+received ahead (leased and extended like the rest), so ``latestOffset`` hands over a
+full batch at once while Spark runs the previous one; it waits up to ``waitMs`` for a
+full batch, then takes what there is. Acks go out from a background thread, in order,
+and only the acks of the batch ending at ``start`` may still be in flight while the
+next batch is planned: after a crash, a restarted query settles exactly that offset
+again from the offset log (its receipts, or its ids as done when the leases ended).
+
 **A failed micro-batch gets the same messages.** Within one run, ``partitions(start,
 end)`` serves the batch from memory. After a failure that stops the query, ``stop()``
 returns every held, unsettled message to the queue (nack with requeue); the restarted
@@ -41,14 +49,14 @@ without ``stop``) and receives until it holds every id, keeping other messages a
 for later batches. A message that does not come back within ``recoverTimeoutMs`` (it
 was dead-lettered after too many deliveries, or expired) is reported and left out.
 
-**Limits.** Exactly-once in the sink needs the sink to be Spark-idempotent per batch
-(file sink, ``foreachBatch`` keyed by batch id, the ``quorra`` stream writer); the source
-is at-least-once on its own only if the query is abandoned and its last batch's leases
-expire: those messages are then delivered to the next consumer. A query stopped after
-its last batch committed but before the next trigger leaves that batch's messages
-leased; they return at lease expiry and a restarted query drops them (ids done). One
+**Limits.** Exactly-once holds for a sink that Spark makes idempotent per batch (file
+sink, ``foreachBatch`` keyed by batch id, the ``quorra`` stream writer) and for queries
+restarted from their checkpoint. The reader cannot tell whether the batch running when
+the query is stopped reached the commit log, so ``stop()`` returns it to the queue with
+the rest: a restart from the same checkpoint drops it (its ids are in the offset log,
+so they are done), but another consumer of the queue would receive it again. One
 streaming query per queue and checkpoint; asynchronous progress tracking is not
-supported.
+supported. The done-id memory is bounded (``DONE_IDS_MAX``).
 """
 
 from __future__ import annotations
@@ -78,6 +86,8 @@ ALL_AVAILABLE_MAX = 100_000
 EXTEND_CHUNK = BATCH_MESSAGES_MAX
 PREFETCH_IDLE_S = 0.02
 RECEIVERS = 2
+ACK_WAIT_S = 300.0
+"""How long planning waits for the acks of older batches before going on anyway."""
 """Receive requests in flight at once while prefetching."""
 TAKE_POLL_S = 0.01
 SPARE = -1
@@ -121,6 +131,9 @@ class LeaseStreamReader(DataSourceStreamReader):
         self._threads: list[threading.Thread] = []
         self._fetchers: list[threading.Thread] = []
         self._acks: queue.SimpleQueue[list[str] | None] = queue.SimpleQueue()
+        self._acks_sent = threading.Condition()
+        self._ack_lists_queued = 0
+        self._ack_lists_sent = 0
         self._stopping = threading.Event()
 
     # --- Spark's calls ------------------------------------------------------------------
@@ -323,6 +336,13 @@ class LeaseStreamReader(DataSourceStreamReader):
         if receipts:
             self._api()
             self._acks.put(sorted(receipts))
+            self._ack_lists_queued += 1
+        # At most this offset's acks stay in flight: a restart re-acks them from the
+        # offset Spark hands back, but knows nothing of older batches.
+        with self._acks_sent:
+            self._acks_sent.wait_for(
+                lambda: self._ack_lists_sent >= self._ack_lists_queued - 1, ACK_WAIT_S
+            )
 
     def _send_acks(self) -> None:
         """Ack settled receipts in order, off Spark's thread (``None`` ends the loop)."""
@@ -335,6 +355,9 @@ class LeaseStreamReader(DataSourceStreamReader):
                 log.warning("ack of %d messages failed: %s", len(receipts), e)
             if stale:
                 log.info("%d acks were stale; redeliveries of those are dropped", stale)
+            with self._acks_sent:
+                self._ack_lists_sent += 1
+                self._acks_sent.notify_all()
 
     def _keep_leases(self) -> None:
         interval_s = self.options.lease_ms / 3000
