@@ -118,6 +118,7 @@ from engine.runtime.api import (
     CompactionRecord,
     OutgoingMessage,
     QueueArgs,
+    QueueEngine,
     QueueInfo,
     ReceivedMessage,
     RecordListener,
@@ -1565,6 +1566,11 @@ def _write_checkpoint(storage: NodeStorage, uid: str, cp: Checkpoint) -> int:
 
 def _info(meta: QueueMeta) -> QueueInfo:
     return QueueInfo(meta.name, meta.uid, meta.args, meta.created_at_ms)
+
+
+def _implements_the_protocol(node: Node) -> QueueEngine:
+    """Checked by mypy: ``Node`` is a ``QueueEngine``."""
+    return node
 
 
 __all__ = ["Node"]
