@@ -96,6 +96,8 @@ class Kind(bytes, Enum):
     DEAD_LETTER_CONFIRM = b"K"
 
 
+_KIND_ENQUEUE = Kind.ENQUEUE[0]
+
 # --- enqueue ------------------------------------------------------------------------
 
 
@@ -179,17 +181,19 @@ def enqueue_records_few(command: bytes) -> list[Record] | None:
     kind, version, n = _ENQ_HEAD.unpack_from(command, 0)
     if n > ENQUEUE_FEW_MAX:
         return None
-    assert kind == Kind.ENQUEUE[0] and version == FORMAT_VERSION
-    if n < 1 or len(command) < _ENQ_HEAD.size + n * RECORD_BYTES:
-        raise InvalidRequest("malformed enqueue entry")
-    if n == 1:
-        records: list[Record] = [_RECORD.unpack_from(command, _ENQ_HEAD.size)]
-    else:
-        table = memoryview(command)[_ENQ_HEAD.size : _ENQ_HEAD.size + n * RECORD_BYTES]
-        records = list(_RECORD.iter_unpack(table))
+    assert kind == _KIND_ENQUEUE and version == FORMAT_VERSION
     end = len(command)
-    for body_len, headers_len, offset, dedup_len, *_rest in records:
-        if offset + dedup_len + headers_len + body_len > end:
+    if n == 1 and end >= _ENQ_HEAD.size + RECORD_BYTES:
+        record = _RECORD.unpack_from(command, _ENQ_HEAD.size)
+        if record[2] + record[3] + record[1] + record[0] > end:
+            raise InvalidRequest("malformed enqueue entry")
+        return [record]
+    if n < 1 or end < _ENQ_HEAD.size + n * RECORD_BYTES:
+        raise InvalidRequest("malformed enqueue entry")
+    table = memoryview(command)[_ENQ_HEAD.size : _ENQ_HEAD.size + n * RECORD_BYTES]
+    records: list[Record] = list(_RECORD.iter_unpack(table))
+    for record in records:
+        if record[2] + record[3] + record[1] + record[0] > end:
             raise InvalidRequest("malformed enqueue entry")
     return records
 

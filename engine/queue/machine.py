@@ -366,8 +366,14 @@ class QueueMachine:
         same state: the stateful test and tests/queue/test_fast_paths.py compare them."""
         few = cmd.enqueue_records_few(command)
         recs: npt.NDArray[np.void] | None = None
-        if few is not None:
-            sizes: list[int] | U64 = [rec[0] + rec[1] for rec in few]
+        if few is not None and len(few) == 1:  # the most common publish, kept lean
+            body_len, headers_len, offset, dedup_len, *_ = few[0]
+            n = 1
+            size_max = bytes_total = body_len + headers_len
+            sizes: list[int] | U64 = [size_max]
+            keys = [(0, bytes(command[offset : offset + dedup_len]))] if dedup_len else []
+        elif few is not None:
+            sizes = [rec[0] + rec[1] for rec in few]
             n, size_max, bytes_total = len(few), max(sizes), sum(sizes)
             keys = [
                 (k, bytes(command[rec[2] : rec[2] + rec[3]])) for k, rec in enumerate(few) if rec[3]
@@ -390,7 +396,7 @@ class QueueMachine:
                 MessageTooLarge, f"a message is larger than {self.policy.max_message_bytes} bytes"
             )
         index = meta.index
-        ids = [message_id(index, k) for k in range(n)]
+        ids = [message_id(index, k) for k in range(n)] if n > 1 else [message_id(index, 0)]
         duplicate = [False] * n
         if keys:
             self._prune_dedup()
@@ -404,8 +410,9 @@ class QueueMachine:
         if keys:
             self._remember_dedup(keys, ids, duplicate)
         self._note_time(index)
-        self._dead_bytes += dup_bytes + RECORD_BYTES * len(dup_slots)
-        self._counters["duplicates"] += len(dup_slots)
+        if dup_slots:
+            self._dead_bytes += dup_bytes + RECORD_BYTES * len(dup_slots)
+            self._counters["duplicates"] += len(dup_slots)
         self._counters["published"] += count_new
         if count_new and few is not None:
             self._place_few(index, few, duplicate)
