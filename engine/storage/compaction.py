@@ -34,10 +34,13 @@ that the log view does not use.
 Readers and writers: the log view changes only on the node's thread, between reads. A
 reader that uses segments across steps or from another thread (follower catch-up,
 browse, a payload read in a worker) takes a ``PinnedReader``: its segments are
-reference-counted in ``SegmentPins`` and a file leaving the view is deleted only when the
-last pin is released. A compaction job pins its own inputs, so the segment writer (which
-only creates files under fresh seqs) and another compaction never delete or change them;
-phases 2 and 3 skip segments pinned by anyone else.
+reference-counted in ``SegmentPins`` and a file leaving the view (phases 1 and 3, an
+overwrite by the segment writer, a snapshot install) is deleted only when the last pin
+is released; until then the reader reads the old file, which nothing changes. Phase 2,
+the only change in place, skips pinned segments. A compaction job pins what it works on,
+one job runs per server at a time, and the segment writer only creates files under
+fresh seqs (reserved on the node's thread, as are the outputs of phase 3): the writer
+and compaction never work on the same file.
 
 Rule: ``plan_compaction`` and ``finish`` run on the node's thread; ``CompactionJob.run``
 does the I/O of phases 2 and 3 and may run in a worker: it touches only pinned files and
@@ -396,7 +399,7 @@ def plan_phases(
         # Dead entries left once phase 2 has run: a cut segment may still be sparse.
         left = {s.info.path: s.dead - (s.dead_tail if s in cuts else 0) for s in stats}
         for group in sorted(
-            _sparse_runs(stats, left, limits, pinned),
+            _sparse_runs(stats, left, limits),
             key=lambda g: (-sum(left[s.info.path] for s in g), g[0].info.lo),
         ):
             if phase == "auto" and within_ratio(dead, live, limits):
@@ -413,7 +416,6 @@ def _sparse_runs(
     stats: list[SegmentStat],
     dead: dict[str, int],
     limits: Limits,
-    pinned: Callable[[str], bool],
 ) -> list[list[SegmentStat]]:
     """Runs of segments, consecutive in the view, each over the ratio, wholly before the
     snapshot, holding together at most one segment's worth of live entries."""
@@ -427,7 +429,6 @@ def _sparse_runs(
             and s.live > 0
             and dead[s.info.path] > 0
             and not within_ratio(dead[s.info.path], s.live, limits)
-            and not pinned(s.info.path)
         )
         live_bytes = _live_bytes_bound(s)
         if run and (
