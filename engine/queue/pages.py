@@ -14,6 +14,9 @@ differ by small multiples of 2^15..2^25), it is kept as its first ref plus int32
 4 bytes per message instead of 8, and expanded back when it reaches the head. Deltas
 are taken modulo 2^64, so the round trip is exact for every form of ref.
 
+A FIFO restored from a snapshot *adopts* the snapshot's array (``adopt``): its pages
+but the tail one are read-only views into it, unsealed, so that a restore copies nothing.
+
 Positions are absolute: ``head_pos`` counts every ref ever popped, so a browse cursor
 stays valid while the head moves.
 """
