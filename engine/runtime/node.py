@@ -519,6 +519,8 @@ class Node:
         raft = RaftServer(options, rec.log, hard, snapshot, bootstrap, max(0, start_ms))
         rep = Replica(meta, sid, raft, machine, rec.log, base, checkpoint=checkpoint)
         rep.applied_index = raft.applied
+        if hs is not None:
+            rep.hard_state_written = (hs.term, hs.vote)
         rep.replay_until = rec.log.last_index()
         if lone:
             raft.step(Tick(now))
@@ -593,9 +595,13 @@ class Node:
 
     def _handle_ready(self, rep: Replica, rd: Ready) -> None:
         ops = 0
-        if rd.hard_state is not None:
-            hs = rd.hard_state
+        hs = rd.hard_state
+        if hs is not None and (hs.term, hs.vote) != rep.hard_state_written:
+            # Term and vote must be durable before anything depending on them goes out;
+            # the commit index need not be (Raft re-learns it), so a change of commit
+            # alone costs no WAL write and no fsync.
             self._submit(rep, HardStateOp(rep.uid, HardState(hs.term, hs.vote, hs.commit)))
+            rep.hard_state_written = (hs.term, hs.vote)
             ops += 1
         if rd.snapshot_to_install is not None:
             self._install(rep, rd.snapshot_to_install)

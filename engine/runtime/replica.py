@@ -61,6 +61,8 @@ class Replica:
     next_request_id: int = 1
     proposals: dict[int, Proposal] = field(default_factory=dict)
     waiting: dict[int, Proposal] = field(default_factory=dict)
+    hard_state_written: tuple[int, str | None] = (0, None)
+    """(term, vote) last queued for the WAL."""
     ops_submitted: int = 0
     ops_done: int = 0
     after_persist: deque[tuple[int, list[Message]]] = field(default_factory=deque)
