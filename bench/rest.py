@@ -10,7 +10,8 @@ messages, JSON bodies:
 * ``consume_msgs_per_s``: receive (up to 100) then ack those, the queue filled by the
   first phase;
 * ``publish_p50_ms``/``publish_p99_ms``: batches of 1 sent open-loop at a steady
-  ``--rate`` msgs/s (latency from the scheduled send time to the 201).
+  ``--rate`` msgs/s (latency from the scheduled send time to the 201); the same at
+  ``--low-rate`` (``..._at_low_rate``) shows the latency of a server that keeps up.
 
 For each phase it reports the load generators' CPU use (``client_cpu_per_wall``: CPU
 seconds per wall second summed over the generator processes; with ``cpus`` cores a
@@ -47,6 +48,9 @@ import bench
 MESSAGE_BYTES = 1024
 ADMIN_PASSWORD = "bench-admin-password"
 START_TIMEOUT_S = 60.0
+PACED_GRACE_S = 15.0
+PACED_CONNECTIONS_MAX = 256
+"""Per generator: enough that requests queue in the server, not in the client's pool."""
 START_DELAY_S = 3.0
 """Generators start their clocks together, this long after being spawned (imports)."""
 
@@ -145,7 +149,12 @@ async def _publish_loop(
 ) -> None:
     headers = {"Content-Type": "application/json"}
     while time.time() < until:
-        response = await client.post(path, content=body, headers=headers)
+        try:
+            response = await client.post(path, content=body, headers=headers)
+        except httpx.TransportError:
+            out["transport_errors"] += 1
+            await asyncio.sleep(0.01)
+            continue
         if response.status_code == 201:
             out["messages"] += batch
         else:
@@ -162,7 +171,12 @@ async def _consume_loop(
         f"/api/v1/queues/{queue}/messages/ack",
     )
     while time.time() < until:
-        got = await client.post(receive, json={"max_messages": 100, "wait_ms": 0})
+        try:
+            got = await client.post(receive, json={"max_messages": 100, "wait_ms": 0})
+        except httpx.TransportError:
+            out["transport_errors"] += 1
+            await asyncio.sleep(0.01)
+            continue
         messages = got.json().get("messages", []) if got.status_code == 200 else []
         if not messages:
             out["empty"] += 1
@@ -170,7 +184,11 @@ async def _consume_loop(
                 return
             await asyncio.sleep(0.05)
             continue
-        acked = await client.post(ack, json={"receipts": [m["receipt"] for m in messages]})
+        try:
+            acked = await client.post(ack, json={"receipts": [m["receipt"] for m in messages]})
+        except httpx.TransportError:
+            out["transport_errors"] += 1
+            continue
         if acked.status_code == 200:
             out["messages"] += acked.json()["settled"]
         else:
@@ -186,41 +204,66 @@ async def _paced_loop(
     until: float,
     out: dict[str, Any],
 ) -> None:
+    """Open loop: a send every 1/rate s whatever the answers; a request still open
+    ``PACED_GRACE_S`` after the phase is cancelled and counted in ``timed_out`` with its
+    latency so far (then the percentiles are lower bounds)."""
     headers = {"Content-Type": "application/json"}
     latencies: list[float] = out["latencies_ms"]
 
     async def one(scheduled: float) -> None:
-        response = await client.post(path, content=body, headers=headers)
+        try:
+            response = await client.post(path, content=body, headers=headers)
+        except httpx.TransportError:
+            out["transport_errors"] += 1
+            return
         if response.status_code == 201:
             out["messages"] += 1
             latencies.append((time.time() - scheduled) * 1000)
         else:
             out["errors"] += 1
 
-    tasks: set[asyncio.Task[None]] = set()
+    open_tasks: dict[asyncio.Task[None], float] = {}
     i = 0
     while True:
         scheduled = start + i / rate
         if scheduled >= until:
             break
+        if time.time() > until + PACED_GRACE_S:  # this process cannot even send in time
+            out["not_sent"] += int((until - scheduled) * rate)
+            break
         delay = scheduled - time.time()
         if delay > 0:
             await asyncio.sleep(delay)
         task = asyncio.create_task(one(scheduled))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
+        open_tasks[task] = scheduled
+        task.add_done_callback(lambda t: open_tasks.pop(t, None))
         i += 1
-    if tasks:
-        await asyncio.gather(*tasks)
+    if open_tasks:
+        await asyncio.wait(list(open_tasks), timeout=max(0.0, until + PACED_GRACE_S - time.time()))
+    now = time.time()
+    stragglers = list(open_tasks.items())
+    for task, scheduled in stragglers:
+        task.cancel()
+        out["timed_out"] += 1
+        latencies.append((now - scheduled) * 1000)
+    await asyncio.gather(*(task for task, _ in stragglers), return_exceptions=True)
 
 
 def _generator(spec: dict[str, Any], results: Any) -> None:
     """One load-generator process: runs ``spec`` and puts its counts on ``results``."""
 
     async def run() -> dict[str, Any]:
-        out: dict[str, Any] = {"messages": 0, "errors": 0, "empty": 0, "latencies_ms": []}
-        clients = spec["clients"]
-        limits = httpx.Limits(max_connections=clients + 8, max_keepalive_connections=clients + 8)
+        out: dict[str, Any] = {
+            "messages": 0,
+            "errors": 0,
+            "transport_errors": 0,
+            "timed_out": 0,
+            "not_sent": 0,
+            "empty": 0,
+            "latencies_ms": [],
+        }
+        clients = spec["clients"] if spec["kind"] != "paced" else PACED_CONNECTIONS_MAX
+        limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
         headers = {"Authorization": f"Bearer {spec['token']}"}
         async with httpx.AsyncClient(
             base_url=spec["url"], headers=headers, limits=limits, timeout=60.0
@@ -258,21 +301,28 @@ def run_phase(server: ServerProcess, base: dict[str, Any], procs: int) -> dict[s
         for spec in specs:
             spec["rate"] = base["rate"] / procs
             spec["start_at"] = start_at + random.random() / spec["rate"]
-    workers = [ctx.Process(target=_generator, args=(spec, results)) for spec in specs]
+    workers = [ctx.Process(target=_generator, args=(spec, results), daemon=True) for spec in specs]
     for w in workers:
         w.start()
     time.sleep(max(0.0, start_at - time.time()))
     server_cpu0, wall0 = server.cpu_s(), time.time()
-    outs = [results.get(timeout=base["seconds"] + 120) for _ in workers]
-    server_cpu, wall = server.cpu_s() - server_cpu0, time.time() - wall0
-    for w in workers:
-        w.join(30)
+    try:
+        outs = [results.get(timeout=base["seconds"] + 2 * PACED_GRACE_S + 60) for _ in workers]
+    finally:
+        server_cpu, wall = server.cpu_s() - server_cpu0, time.time() - wall0
+        for w in workers:
+            w.join(10)
+            if w.is_alive():
+                w.terminate()
     wall_s = max(o["wall_s"] for o in outs)
     messages = sum(o["messages"] for o in outs)
     latencies = sorted(x for o in outs for x in o["latencies_ms"])
     return {
         "messages": messages,
         "errors": sum(o["errors"] for o in outs),
+        "transport_errors": sum(o["transport_errors"] for o in outs),
+        "timed_out": sum(o["timed_out"] for o in outs),
+        "not_sent": sum(o["not_sent"] for o in outs),
         "msgs_per_s": round(messages / wall_s, 1),
         "wall_s": round(wall_s, 2),
         "client_cpu_per_wall": round(sum(o["cpu_s"] for o in outs) / wall_s, 2),
@@ -325,7 +375,13 @@ def measure(args: argparse.Namespace, server: ServerProcess, token: str) -> dict
         dict(base, kind="paced", queue="bench-paced", batch=1, clients=1, rate=args.rate),
         args.procs,
     )
+    phases["publish_paced_low"] = run_phase(
+        server,
+        dict(base, kind="paced", queue="bench-paced", batch=1, clients=1, rate=args.low_rate),
+        args.procs,
+    )
     paced = phases["publish_paced"]["latencies_ms"]
+    low = phases["publish_paced_low"]["latencies_ms"]
     for phase in phases.values():
         phase.pop("latencies_ms")
     return {
@@ -339,6 +395,11 @@ def measure(args: argparse.Namespace, server: ServerProcess, token: str) -> dict
         "publish_p99_ms": _percentile(paced, 0.99),
         "paced_rate_msgs_per_s": args.rate,
         "paced_achieved_msgs_per_s": phases["publish_paced"]["msgs_per_s"],
+        "paced_timed_out": phases["publish_paced"]["timed_out"],
+        "paced_not_sent": phases["publish_paced"]["not_sent"],
+        "publish_p50_ms_at_low_rate": _percentile(low, 0.50),
+        "publish_p99_ms_at_low_rate": _percentile(low, 0.99),
+        "low_rate_msgs_per_s": args.low_rate,
         "load_procs": args.procs,
         "batch_clients_per_proc": args.batch_clients,
         "single_clients_per_proc": args.single_clients,
@@ -364,6 +425,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--batch-clients", type=int, default=4, help="per process, batches of 100")
     parser.add_argument("--single-clients", type=int, default=32, help="per process, batches of 1")
     parser.add_argument("--rate", type=float, default=1000.0, help="paced publishes per second")
+    parser.add_argument(
+        "--low-rate", type=float, default=100.0, help="a second paced phase, for comparison"
+    )
     parser.add_argument("--profile", type=Path, default=None, help="cProfile the server to FILE")
     args = parser.parse_args(argv)
 
@@ -372,8 +436,15 @@ def main(argv: list[str]) -> int:
         server.start()
         try:
             result = measure(args, server, _setup(server.url))
+        except BaseException:
+            print(server.log_path.read_text(errors="replace")[-5000:], file=sys.stderr)
+            raise
         finally:
+            alive = server.proc is not None and server.proc.poll() is None
             server.stop()
+        if not alive:
+            print(server.log_path.read_text(errors="replace")[-5000:], file=sys.stderr)
+            raise RuntimeError("the server died during the run; its log is above")
     if args.profile is not None and args.profile.exists():
         _print_profile(args.profile)
     if args.json:
