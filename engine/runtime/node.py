@@ -1491,19 +1491,21 @@ class Node:
     async def compact(
         self, name: str, *, phase: CompactionPhase = "auto", trigger: Trigger = "manual"
     ) -> CompactionRecord:
-        """Phase 1 only, as storage offers it: the newest checkpoint becomes the snapshot
-        and segments before it with no live entry are deleted. Phases 2 and 3 (issue 6)
-        do not exist yet: asking for them runs nothing and says so (``phase`` "none")."""
+        """Storage compaction (``engine.storage.compaction``): ``auto`` and 1 first make
+        the newest checkpoint the snapshot. Planned and applied on the loop, its I/O in
+        a worker; ``phase`` of the record lists the phases that ran ("none" if none)."""
         rep = self._replica(name)
         if phase not in ("auto", 1, 2, 3):
             raise ValidationFailed("phase is auto, 1, 2 or 3")
         async with rep.disk_lock:
-            indexes = self._need_storage().checkpoints(rep.uid).checkpoint_indexes()
-            if phase in ("auto", 1) and indexes:
-                record = await self._release(rep, indexes[-1], "1", trigger)
-                if record is not None:
-                    return record
-            return observe.compaction_record(rep, "none", trigger, now_ms(), 0.0, None)
+            storage = self._need_storage()
+            started_ms, before = now_ms(), observe.segment_totals(rep)
+            job = storage.prepare_compaction(rep.uid, phase)
+            await asyncio.to_thread(job.run)
+            result = storage.finish_compaction(job)
+            ran = ",".join(str(p) for p in result.phases) or "none"
+            duration_ms = result.duration_s * 1000
+            return observe.compaction_record(rep, ran, trigger, started_ms, duration_ms, before)
 
     async def _release(
         self, rep: Replica, index: int, phase: str, trigger: Trigger
