@@ -30,6 +30,7 @@ from app.db import repo
 from app.db.session import Database
 from app.problems import AppProblem
 from app.ui.common import actor_of, error_flash, flash, node_of
+from app.ui.reads import reads_of
 from app.ui.views import CsrfLoginDep
 from engine.errors import QuorraError, ValidationFailed
 from engine.limits import Limits
@@ -46,7 +47,10 @@ OPTIONAL_INTS = ("replicas", "max_length", "max_bytes", "message_ttl_ms")
 DEFAULTED_INTS = ("priorities", "lease_ms", "max_message_bytes")
 
 
-def done(request: Request, message: str, *, redirect: str | None = None) -> HTMLResponse:
+def done(
+    request: Request, message: str, *, queue: str, redirect: str | None = None
+) -> HTMLResponse:
+    reads_of(request.app).forget(queue)
     response = flash(request, message)
     response.headers["HX-Trigger"] = "quorra:tick, quorra:changed"
     if redirect is not None:
@@ -118,7 +122,7 @@ async def create_queue(request: Request, login: CsrfLoginDep) -> HTMLResponse:
     except (QuorraError, AppProblem, ValidationError) as e:
         return error_flash(request, e)
     said = "created" if created else "exists already with these arguments"
-    return done(request, f"Queue {name} {said}.", redirect=f"/queues/{name}")
+    return done(request, f"Queue {name} {said}.", queue=name, redirect=f"/queues/{name}")
 
 
 def _check_name(name: str) -> None:
@@ -142,7 +146,7 @@ async def delete_queue(name: QueueName, request: Request, login: CsrfLoginDep) -
         )
     except (QuorraError, AppProblem) as e:
         return error_flash(request, e)
-    return done(request, f"Queue {name} deleted.", redirect="/queues")
+    return done(request, f"Queue {name} deleted.", queue=name, redirect="/queues")
 
 
 @router.post("/queues/{name}/purge", response_class=HTMLResponse)
@@ -154,7 +158,7 @@ async def purge_queue(name: QueueName, request: Request, login: CsrfLoginDep) ->
         )
     except (QuorraError, AppProblem) as e:
         return error_flash(request, e)
-    return done(request, f"Purged {purged} ready messages from {name}.")
+    return done(request, f"Purged {purged} ready messages from {name}.", queue=name)
 
 
 @router.post("/queues/{name}/snapshot", response_class=HTMLResponse)
@@ -170,6 +174,7 @@ async def take_snapshot(name: QueueName, request: Request, login: CsrfLoginDep) 
         request,
         f"Snapshot of {name} taken at index {record.index}: {record.bytes} bytes, "
         f"{record.live_entries} live entries, {record.duration_ms:.1f} ms.",
+        queue=name,
     )
 
 
@@ -197,12 +202,15 @@ async def compact(name: QueueName, request: Request, login: CsrfLoginDep) -> HTM
     except (QuorraError, AppProblem) as e:
         return error_flash(request, e)
     if record.phase == "none":
-        return done(request, f"Compaction of {name} found nothing to reclaim (phase {phase}).")
+        return done(
+            request, f"Compaction of {name} found nothing to reclaim (phase {phase}).", queue=name
+        )
     return done(
         request,
         f"Compaction of {name} ran phase {record.phase}: segments {record.segments_before} → "
         f"{record.segments_after}, {record.bytes_before} → {record.bytes_after} bytes, "
         f"{record.duration_ms:.1f} ms.",
+        queue=name,
     )
 
 
@@ -248,7 +256,7 @@ async def publish(name: QueueName, request: Request, login: CsrfLoginDep) -> HTM
         )
     except (QuorraError, AppProblem, ValidationError) as e:
         return error_flash(request, e)
-    return done(request, f"Published message {ids[0]} to {name}.")
+    return done(request, f"Published message {ids[0]} to {name}.", queue=name)
 
 
 @router.post("/queues/{name}/redrive", response_class=HTMLResponse)
@@ -272,7 +280,8 @@ async def redrive(name: QueueName, request: Request, login: CsrfLoginDep) -> HTM
         await _audit_redrive(request, login.principal.name, name, target, moved)
     except (QuorraError, AppProblem) as e:
         return error_flash(request, e)
-    return done(request, f"Moved {moved} messages from {name} to {target}.")
+    reads_of(request.app).forget(target)
+    return done(request, f"Moved {moved} messages from {name} to {target}.", queue=name)
 
 
 async def _move(request: Request, source: str, target: str, count: int) -> int:

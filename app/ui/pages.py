@@ -21,6 +21,7 @@ from app.db import repo
 from app.db.session import Database
 from app.ui.charts import history_chart, line_chart
 from app.ui.common import can, can_see, flash, node_of, render
+from app.ui.reads import LIST_AGE_S, reads_of
 from app.ui.series import Sample, collect, store_of
 from app.ui.views import LoginDep
 from engine.errors import QueueNotFound, QuorraError
@@ -42,15 +43,15 @@ ANALYTICS_BYTES_MAX = 1 << 20
 # --- overview ----------------------------------------------------------------------
 
 
-def _overview_context(request: Request) -> dict[str, Any]:
+def _overview_context(request: Request, login: Any) -> dict[str, Any]:
     node: QueueEngine | None = request.app.state.node
     store = store_of(request.app)
     totals = store.latest_totals()
     if totals is None and node is not None:
         totals = collect(node, None)
     rings = list(store.totals)
-    latest = [(name, s[-1]) for name in _names(node) if (s := store.queue(name))]
-    deepest = sorted(latest, key=lambda pair: -(pair[1].ready + pair[1].unacked))[:DEEPEST_SHOWN]
+    visible = [(n, s) for n, s in store.latest() if can_see(login.principal, n)]
+    deepest = sorted(visible, key=lambda pair: -(pair[1].ready + pair[1].unacked))[:DEEPEST_SHOWN]
     return {
         "readiness": readiness(request),
         "cluster": node.cluster() if node is not None else {"node": "", "nodes": []},
@@ -80,12 +81,12 @@ def _names(node: QueueEngine | None) -> list[str]:
 
 @router.get("/", response_class=HTMLResponse)
 async def overview(request: Request, login: LoginDep) -> HTMLResponse:
-    return render(request, "overview.html", _overview_context(request), login)
+    return render(request, "overview.html", _overview_context(request, login), login)
 
 
 @router.get("/fragments/overview", response_class=HTMLResponse)
 async def overview_live(request: Request, login: LoginDep) -> HTMLResponse:
-    return render(request, "_overview_live.html", _overview_context(request), login)
+    return render(request, "_overview_live.html", _overview_context(request, login), login)
 
 
 # --- queue list --------------------------------------------------------------------
@@ -108,9 +109,10 @@ def _rows(request: Request, login: Any, needle: str) -> tuple[list[QueueRow], in
         if can_see(who, q.name) and (not needle or needle in q.name.lower())
     ]
     rows = []
+    reads = reads_of(request.app)
     for info in visible[:ROWS_MAX]:
         try:
-            stats = node.stats(info.name)
+            stats = reads.stats(node, info.name, max_age_s=LIST_AGE_S)
         except QueueNotFound:
             continue
         rows.append(QueueRow(info, stats, can(who, "configure", info.name)))
@@ -182,7 +184,7 @@ def _series_charts(samples: list[Sample]) -> dict[str, Any]:
 def _live_context(request: Request, login: Any, name: str) -> dict[str, Any]:
     info = _info(request, login, name)
     node = node_of(request)
-    stats = node.stats(name)
+    stats = reads_of(request.app).stats(node, name)
     store = store_of(request.app)
     samples = store.queue(name)
     return {
@@ -199,7 +201,8 @@ def _live_context(request: Request, login: Any, name: str) -> dict[str, Any]:
 def _storage_context(request: Request, login: Any, name: str) -> dict[str, Any]:
     info = _info(request, login, name)
     node = node_of(request)
-    segments = node.segments(name)
+    reads = reads_of(request.app)
+    segments = reads.segments(node, name)
     db: Database = request.app.state.db
     with db.session_factory() as session:
         row = repo.get_queue(session, name)
@@ -214,7 +217,7 @@ def _storage_context(request: Request, login: Any, name: str) -> dict[str, Any]:
             for c in compactions
         ],
     )
-    stats = node.stats(name)
+    stats = reads.stats(node, name)
     return {
         "info": info,
         "segments": segments,

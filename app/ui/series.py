@@ -2,9 +2,9 @@
 one for the node's totals, kept in the app (never in the engine) and lost on restart.
 
 A task started with the app (``sampler_lifespan``) reads ``node.stats`` of every queue
-each ``SAMPLE_INTERVAL_S`` on the event loop (the engine's one-thread rule), yielding to
-other requests every ``SAMPLES_PER_YIELD`` queues so that a node with thousands of
-queues never stalls a request for a whole round. Pages read the rings; the newest
+each ``SAMPLE_INTERVAL_S`` on the event loop (the engine's one-thread rule), in slices of
+``SLICE_S`` with pauses between them, so that a node with thousands of queues never
+stalls a request for a whole round. Pages read the rings; the newest
 totals also spare the overview from visiting every queue on each render.
 """
 
@@ -22,12 +22,16 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from app.ui.reads import EngineReads, reads_of
 from engine.runtime.api import QueueEngine
 
 SAMPLE_INTERVAL_S = 5.0
 SAMPLES_MAX = 180
 """Per ring: 15 minutes at one sample every 5 s."""
-SAMPLES_PER_YIELD = 50
+SLICE_S = 0.01
+PAUSE_S = 0.01
+"""A round works at most ``SLICE_S`` at a time, then lets requests run for ``PAUSE_S``
+(a bare ``sleep(0)`` would let a request take only one step of many)."""
 QUEUES_TRACKED_MAX = 20_000
 """Rings kept at most (two per node's queue limit would be generous)."""
 
@@ -126,6 +130,10 @@ class SeriesStore:
     def queue(self, name: str) -> list[Sample]:
         return list(self._queues.get(name, ()))
 
+    def latest(self) -> list[tuple[str, Sample]]:
+        """The newest sample of every queue."""
+        return [(name, ring[-1]) for name, ring in self._queues.items() if ring]
+
     def forget_except(self, names: set[str]) -> None:
         for gone in [n for n in self._queues if n not in names]:
             del self._queues[gone]
@@ -166,21 +174,25 @@ def _sum(at_ms: int, parts: list[tuple[Sample, int, bool]]) -> Totals:
     )
 
 
-async def sample_round(node: QueueEngine, store: SeriesStore) -> Totals:
+async def sample_round(node: QueueEngine, store: SeriesStore, reads: EngineReads) -> Totals:
     at = now_ms()
     infos = node.queues()
     parts = []
-    for position, info in enumerate(infos):
-        if position and position % SAMPLES_PER_YIELD == 0:
-            await asyncio.sleep(0)
+    slice_started = time.monotonic()
+    for info in infos:
+        if time.monotonic() - slice_started >= SLICE_S:
+            await asyncio.sleep(PAUSE_S)
+            slice_started = time.monotonic()
         try:
-            stats = node.stats(info.name)
+            stats = reads.stats(node, info.name, max_age_s=0.0)
         except Exception:  # deleted while we looked
             continue
         sample = sample_of(stats, at)
         store.add(info.name, sample)
         parts.append((sample, _int(stats, "bytes_ready"), stats.get("status") == "failed"))
-    store.forget_except({info.name for info in infos})
+    names = {info.name for info in infos}
+    store.forget_except(names)
+    reads.forget_except(names)
     totals = _sum(at, parts)
     store.totals.append(totals)
     return totals
@@ -191,7 +203,7 @@ async def _run(app: FastAPI, store: SeriesStore, interval_s: float) -> None:
         node: QueueEngine | None = app.state.node
         if node is not None:
             try:
-                await sample_round(node, store)
+                await sample_round(node, store, reads_of(app))
             except Exception:
                 log.exception("dashboard sampling failed")
         await asyncio.sleep(interval_s)

@@ -1,0 +1,72 @@
+"""Engine reads shared by the dashboard's pages and its sampler for a short while.
+
+``node.stats`` and ``node.segments`` of a deep queue cost tens of milliseconds each
+(the engine works out the live entries on every call), and every open tab polls them.
+So a read is reused while it is younger than the caller's ``max_age_s``: a queue's
+detail takes stats at most ``STATS_AGE_S`` old, the queue list takes the sampler's
+round (``LIST_AGE_S``), segments change only on a WAL flush or a compaction. An action
+on a queue forgets its reads, so its page shows the result at once.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from engine.runtime.api import QueueEngine, SegmentInfo
+
+STATS_AGE_S = 2.0
+"""The live parts' tick (static/app.js): a poll never shows older figures than the last."""
+LIST_AGE_S = 10.0
+"""Twice the sampler's interval: the list reads what the sampler read, even when a
+round on a busy node takes a while."""
+SEGMENTS_AGE_S = 5.0
+ENTRIES_MAX = 20_000
+
+
+class EngineReads:
+    def __init__(self) -> None:
+        self._stats: dict[str, tuple[float, dict[str, Any]]] = {}
+        self._segments: dict[str, tuple[float, list[SegmentInfo]]] = {}
+
+    def stats(self, node: QueueEngine, name: str, max_age_s: float = STATS_AGE_S) -> dict[str, Any]:
+        now = time.monotonic()
+        kept = self._stats.get(name)
+        if kept is not None and now - kept[0] <= max_age_s:
+            return kept[1]
+        stats = dict(node.stats(name))
+        self._keep(self._stats, name, (now, stats))
+        return stats
+
+    def segments(
+        self, node: QueueEngine, name: str, max_age_s: float = SEGMENTS_AGE_S
+    ) -> list[SegmentInfo]:
+        now = time.monotonic()
+        kept = self._segments.get(name)
+        if kept is not None and now - kept[0] <= max_age_s:
+            return kept[1]
+        segments = node.segments(name)
+        self._keep(self._segments, name, (now, segments))
+        return segments
+
+    def forget(self, name: str) -> None:
+        self._stats.pop(name, None)
+        self._segments.pop(name, None)
+
+    def forget_except(self, names: set[str]) -> None:
+        for kept in (self._stats, self._segments):
+            for gone in [n for n in kept if n not in names]:
+                del kept[gone]
+
+    @staticmethod
+    def _keep(kept: dict[str, Any], name: str, value: Any) -> None:
+        if name not in kept and len(kept) >= ENTRIES_MAX:
+            kept.clear()  # a bound, never reached with the node's queue limit
+        kept[name] = value
+
+
+def reads_of(app: Any) -> EngineReads:
+    reads: EngineReads | None = getattr(app.state, "engine_reads", None)
+    if reads is None:
+        reads = app.state.engine_reads = EngineReads()
+    return reads

@@ -1,0 +1,85 @@
+"""The dashboard's pure parts: number formats, SVG charts, the sample rings, message
+bodies and the header field of the publish form."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.ui.actions import parse_headers
+from app.ui.charts import history_chart, human_bytes, human_count, human_rate, line_chart
+from app.ui.pages import decode_body
+from app.ui.series import Sample, SeriesStore, sample_of
+from engine.errors import ValidationFailed
+
+
+def test_number_formats() -> None:
+    assert [human_bytes(v) for v in (0, 1023, 1024, 5 * 1024**2)] == [
+        "0 B",
+        "1023 B",
+        "1.0 KiB",
+        "5.0 MiB",
+    ]
+    assert [human_count(v) for v in (7, 9999, 12_345, 1_000_000, 250_000_000)] == [
+        "7",
+        "9,999",
+        "12.3k",
+        "1.0M",
+        "250M",
+    ]
+    assert [human_rate(v) for v in (0, 2.345, 12_000.0)] == ["0/s", "2.3/s", "12.0k/s"]
+    assert human_bytes(None) == human_count(None) == "\N{EN DASH}"
+
+
+def test_line_chart_is_inline_svg_scaled_from_zero() -> None:
+    svg = str(line_chart([("a", [0.0, 5.0, 10.0]), ("b", [1.0])], width=100, height=50))
+    assert svg.startswith("<svg") and svg.endswith("</svg>")
+    assert svg.count("<polyline") == 1  # one point is no line
+    empty = str(line_chart([("a", [])]))
+    assert "collecting samples" in empty
+
+
+def test_history_chart_marks_checkpoints_and_reclaimed_bytes() -> None:
+    svg = str(history_chart([(1_000, 500), (2_000, 700)], [(1_500, 4096)]))
+    assert svg.count("<circle") == 2 and svg.count("<rect") == 1
+    assert "reclaimed 4.0 KiB" in svg
+    assert "no snapshots" in str(history_chart([], []))
+
+
+def test_rings_are_bounded_and_forget_deleted_queues() -> None:
+    store = SeriesStore(samples_max=3)
+    for at in range(5):
+        store.add("a", Sample(at, at, 0, 0.0, 0.0, 0.0, 0, 0))
+    store.add("b", Sample(0, 1, 0, 0.0, 0.0, 0.0, 0, 0))
+    assert [s.at_ms for s in store.queue("a")] == [2, 3, 4]
+    assert [(n, s.ready) for n, s in store.latest()] == [("a", 4), ("b", 1)]
+    store.forget_except({"b"})
+    assert store.queue("a") == [] and len(store.queue("b")) == 1
+
+
+def test_sample_of_engine_stats() -> None:
+    stats = {
+        "messages_ready": 3,
+        "messages_unacked": 2,
+        "publish_rate": 1.5,
+        "deliver_rate": 1,
+        "ack_rate": 0.5,
+        "memory_bytes": 40,
+        "consumers": {"c1": 2},
+    }
+    assert sample_of(stats, 7) == Sample(7, 3, 2, 1.5, 1.0, 0.5, 40, 1)
+    assert sample_of({"status": "failed"}, 7) == Sample(7, 0, 0, 0.0, 0.0, 0.0, 0, 0)
+
+
+def test_bodies_are_shown_as_json_text_or_hex() -> None:
+    assert decode_body(b'{"a":[1,2]}') == ("json", '{\n  "a": [\n    1,\n    2\n  ]\n}')
+    assert decode_body("plain tëxt".encode()) == ("text", "plain tëxt")
+    assert decode_body(b"\xff\x00\x01") == ("binary", "ff 00 01")
+
+
+def test_publish_headers_field() -> None:
+    assert parse_headers("") == {}
+    assert parse_headers("a: 1\n\n b :two: three ") == {"a": "1", "b": "two: three"}
+    assert parse_headers('{"k": "v"}') == {"k": "v"}
+    for bad in ("no colon", '{"k": 1}', "{not json", ": empty key"):
+        with pytest.raises(ValidationFailed):
+            parse_headers(bad)
