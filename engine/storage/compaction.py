@@ -295,6 +295,8 @@ class CompactionJob:
                 group.output = self._rewrite(group)
         except OSError as exc:
             self.error = StorageFailed(f"compaction of {self.uid} failed: {exc}")
+        except StorageFailed as exc:  # a segment failed its check: leave it as it is
+            self.error = exc
 
     def _rewrite(self, group: _Group) -> SegmentInfo:
         path = segment_path(self.uid, group.out_seq)

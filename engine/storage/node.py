@@ -652,17 +652,37 @@ class NodeStorage:
             self._retire(path)
         return promoted
 
+    def held_live(self, uid: str, live: BitMap64) -> BitMap64:
+        """The indexes of ``live`` (a leader's snapshot) this server already stores as
+        committed entries, so a catch-up needs only the others: an entry at or below
+        the durable commit index is the leader's entry (Raft's log matching)."""
+        log = self._log(uid)
+        commit = log.hard_state.commit if log.hard_state is not None else 0
+        held = BitMap64()
+        for index in live[: live.rank(min(commit, log.last_index()))]:
+            try:
+                log.read(index)
+            except LookupError:
+                continue
+            held.add(index)
+        return held
+
     def install_snapshot(
         self, uid: str, cp: Checkpoint, live_entries: Sequence[Entry] = ()
     ) -> None:
         """A snapshot from the leader replaces the whole log of ``uid``: the snapshot file
         is written durably, every segment deleted, the snapshot's live entries written
         to a new segment, then a reset record goes through the WAL (``SnapshotReset``
-        follows; until then the log view is unchanged)."""
+        follows; until then the log view is unchanged). ``live_entries`` may hold only
+        the live entries this server lacks (see ``held_live``): the others are read from
+        its own log before it is replaced."""
         log = self._log(uid)
         if log.failed is not None:
             raise log.failed
-        assert [e.index for e in live_entries] == list(cp.live_indexes)
+        given = BitMap64(e.index for e in live_entries)
+        assert len(given) == len(live_entries) and given.issubset(cp.live_indexes)
+        held = [log.read(i) for i in cp.live_indexes - given]
+        live_entries = sorted([*live_entries, *held], key=lambda e: e.index)
         try:
             self.checkpoints(uid).install_snapshot(cp)
             stale = log.drop_segments()
