@@ -108,7 +108,10 @@ class Pending:
                 page = self._pages[page_no] = np.zeros(self._page_refs, dtype=np.uint64)
                 self._page_live[page_no] = 0
             k = min(n - done, self._page_refs - at)
-            page[at : at + k] = refs[done : done + k]
+            if k == 1:  # a single lease: a scalar store, no array built from a list
+                page[at] = refs[done]
+            else:
+                page[at : at + k] = refs[done : done + k]
             self._page_live[page_no] += k
             done += k
         self.next_tag += n
