@@ -5,6 +5,7 @@ snapshots, compactions, segments, cluster; audit log and per-queue metrics."""
 from __future__ import annotations
 
 import secrets
+import time
 from typing import Any
 
 import httpx
@@ -230,3 +231,26 @@ def test_metrics_per_queue(admin: httpx.Client) -> None:
     assert f'quorra_queue_messages_published_total{{queue="{q}"}} 2.0' in text
     assert f'quorra_queue_raft_term{{queue="{q}"}}' in text
     assert f'quorra_queue_memory_bytes{{queue="{q}"}}' in text
+
+
+def test_automatic_checkpoints_land_in_history(admin: httpx.Client) -> None:
+    """Consumed messages make dead log bytes; past ~2 MiB the engine checkpoints on its
+    own and the record listener stores the run in SQLite."""
+    q = new_queue(admin)
+    body = {"messages": [{"body": "x" * 1024}] * 1000}
+    for _ in range(3):
+        assert admin.post(f"/api/v1/queues/{q}/messages", json=body).status_code == 201
+        got = admin.post(f"/api/v1/queues/{q}/messages/receive", json={"max_messages": 1000})
+        receipts = [m["receipt"] for m in got.json()["messages"]]
+        assert admin.post(f"/api/v1/queues/{q}/messages/ack", json={"receipts": receipts}).json()[
+            "settled"
+        ] == len(receipts)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        history = admin.get(f"/api/v1/queues/{q}/snapshots").json()
+        if any(s["trigger"] == "auto" for s in history):
+            break
+        time.sleep(0.1)
+    auto = [s for s in history if s["trigger"] == "auto"]
+    assert auto, history
+    assert auto[0]["index"] > 3 and auto[0]["bytes"] > 0
