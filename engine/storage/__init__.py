@@ -34,6 +34,19 @@ newest checkpoint at or below it to the snapshot; segments before it without a l
 are deleted). Payload reads, also of live entries before the snapshot:
 ``storage.log(uid).read(index)``.
 
+Compaction (``compaction.py`` has the design): a snapshot is the newest checkpoint plus
+the live entries before it. ``compact(uid, phase)`` with ``"auto"`` (after each
+checkpoint) or 1, 2, 3 promotes the newest checkpoint, then deletes segments without a
+live entry (1), cuts dead tails (2) and rewrites sparse runs of segments (3), cheapest
+first, until dead entries are at most ``compaction_dead_per_100_live_max`` per 100 live;
+it returns a ``CompactionResult``. In the runtime: ``job = prepare_compaction(uid,
+phase)`` on the loop, ``job.run()`` in a worker, ``finish_compaction(job)`` on the loop.
+``segment_stats(uid)`` counts each segment's live and dead entries. A reader that uses
+segments across steps or from another thread takes ``pin_reader(uid, lo, hi)`` (release
+it on the loop): its files stay until released. The segment writer leaves out entries
+that died before their flush. A lagging follower or new member: ``held_live(uid, live)``
+says which live entries it holds; ``install_snapshot`` then needs only the others.
+
 Segment flush: ``flush_segments`` (and ``SegmentFlush.write``) report a disk error as
 ``StorageFailed`` and lose nothing: the entries stay in the mem tables and the WAL file
 stays until a later flush succeeds. A snapshot from the leader: ``install_snapshot(uid,
@@ -54,6 +67,12 @@ Layout under the data directory: ``wal/<seq>.wal``,
 from __future__ import annotations
 
 from engine.storage.checkpoint import Checkpoint, CheckpointStore
+from engine.storage.compaction import (
+    CompactionJob,
+    CompactionResult,
+    PinnedReader,
+    SegmentStat,
+)
 from engine.storage.disk import Disk, DiskFile, FakeDisk, OsDisk
 from engine.storage.log import ServerLog
 from engine.storage.node import (
@@ -72,6 +91,8 @@ from engine.storage.wal import HardState, Wal, WalBatch, WalThread
 __all__ = [
     "Checkpoint",
     "CheckpointStore",
+    "CompactionJob",
+    "CompactionResult",
     "Disk",
     "DiskFile",
     "FakeDisk",
@@ -80,9 +101,11 @@ __all__ = [
     "NodeStorage",
     "OsDisk",
     "Persisted",
+    "PinnedReader",
     "Recovered",
     "Removed",
     "SegmentFlush",
+    "SegmentStat",
     "ServerLog",
     "SnapshotReset",
     "StorageEvent",

@@ -1,8 +1,8 @@
 """Segment files: a server's entries after they leave the WAL, readable one at a time.
 
 Rule: a segment is written whole, to a temporary name, synced, renamed and its directory
-synced; it is never modified afterwards except by compaction (issue 6), which may cut
-dead data off its end (the data section is last for that reason) or replace it.
+synced; it is never modified afterwards except by compaction (``compaction.py``), which
+may cut dead data off its end (the data section is last for that reason) or replace it.
 
 File format (``queues/<uid>/segments/<seq:08>.seg``)::
 
@@ -18,9 +18,9 @@ File format (``queues/<uid>/segments/<seq:08>.seg``)::
 The index may be sparse (``count < hi - lo + 1``): the segment writer may skip dead
 entries and compaction may rewrite several segments into one. Flag ``OVERWRITES`` marks a
 segment written from the mem table: its entries replace every entry at ``lo`` and after
-in older segments (a follower's log may have been overwritten). A compacted segment
-(issue 6) will not carry the flag: it replaces the files it was made from and nothing
-else. Cutting dead data off the end (compaction phase 2) writes the other header slot
+in older segments (a follower's log may have been overwritten); when the writer left
+out dead entries, ``lo`` is still the first index it flushed. A compacted segment
+carries ``COMPACTED`` instead: it replaces the files it was made from and nothing else. Cutting dead data off the end (compaction phase 2) writes the other header slot
 with a smaller ``count``/``hi`` and the next generation, syncs, then truncates: a crash
 at any point leaves one valid header. At recovery only the headers are read; a reader loads the index on first use and
 checks it, and checks each entry's data on read.

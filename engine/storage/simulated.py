@@ -18,6 +18,7 @@ from engine.raft.events import HardState as RaftHardState
 from engine.raft.log import Entry
 from engine.raft.snapshot import Snapshot
 from engine.storage.checkpoint import Checkpoint
+from engine.storage.compaction import CompactionResult
 from engine.storage.disk import FakeDisk
 from engine.storage.log import ServerLog
 from engine.storage.node import NodeStorage, WriteFailed
@@ -43,6 +44,8 @@ class SimDiskStorage:
     def __init__(self, disk: FakeDisk | None = None, limits: Limits = DEFAULT_LIMITS) -> None:
         self.disk = disk if disk is not None else FakeDisk()
         self.limits = limits
+        self.compactions: list[CompactionResult] = []
+        """What the compaction after each snapshot did (it survives reopens)."""
         self.refused: str | None = None
         """The ``RecoveryRefused`` message of the last reopen, if recovery refused."""
         self._open()
@@ -92,6 +95,9 @@ class SimDiskStorage:
     def save_snapshot(self, snapshot: Snapshot) -> None:
         self.node.write_checkpoint(UID, _checkpoint(snapshot))
         assert self.node.release_cursor(UID, snapshot.index) == snapshot.index
+        # Every snapshot is followed by a compaction, so the simulation's crashes, torn
+        # writes and invariants also cover the compacted log.
+        self.compactions.append(self.node.compact(UID, "auto"))
 
     def crash(self, rng: random.Random, tear: bool) -> None:
         if tear and self.node.wal.pending():
