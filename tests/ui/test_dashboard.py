@@ -238,3 +238,28 @@ def test_without_configure_no_admin_buttons_and_server_refuses(
     with ui_server.api() as api:
         assert api.get("/queues/shared").json()["stats"]["messages_ready"] == 1
         assert api.get("/users/sneaky").status_code == 404
+
+
+def test_live_parts_poll_only_while_the_tab_is_visible(page: Page, ui_server: UiServer) -> None:
+    log_in(page, ui_server, "admin", ADMIN_PASSWORD)
+    polls: list[str] = []
+    page.on("request", lambda r: polls.append(r.url) if "/fragments/" in r.url else None)
+    page.wait_for_timeout(2500)
+    assert polls, "the overview did not poll while visible"
+    page.evaluate(
+        """() => {
+            Object.defineProperty(document, "visibilityState", {value: "hidden", configurable: true});
+            document.dispatchEvent(new Event("visibilitychange"));
+        }"""
+    )
+    page.wait_for_timeout(300)  # a poll already on its way may still finish
+    polls.clear()
+    page.wait_for_timeout(4500)
+    assert polls == [], "a hidden tab kept polling"
+    with page.expect_request(lambda r: "/fragments/overview" in r.url, timeout=1000):
+        page.evaluate(
+            """() => {
+                Object.defineProperty(document, "visibilityState", {value: "visible", configurable: true});
+                document.dispatchEvent(new Event("visibilitychange"));
+            }"""
+        )
