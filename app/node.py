@@ -13,9 +13,8 @@ The node is an ``engine.runtime.api.QueueEngine``. The lifespan (app/main.py):
    only then closes the database.
 
 Routers reach the node through ``NodeDep`` (app/api/deps.py), 503 while there is none.
-When ``engine.runtime`` gains its ``Node``, ``make_node`` becomes, roughly::
-
-    return Node(data_dir=settings.data_dir, name=settings.node_name, limits=settings.limits)
+``make_node`` builds ``engine.runtime.Node`` (a single-node cluster named after
+``settings.node_name``); tests pass another factory, or one returning ``None``.
 """
 
 from __future__ import annotations
@@ -36,11 +35,8 @@ log = logging.getLogger("quorra.app")
 
 def make_node(settings: Settings) -> QueueEngine | None:
     """The engine node for this data directory (construction only, no I/O)."""
-    try:
-        from engine.runtime.node import Node
-    except ImportError:  # a build without the runtime: auth and metadata only
-        log.warning("engine.runtime.node is not available: serving without queues")
-        return None
+    from engine.runtime.node import Node  # imported here: `quorra user add` needs no engine
+
     return Node(settings.data_dir, node_name=settings.node_name, limits=settings.limits)
 
 
