@@ -222,7 +222,7 @@ async def _paced_loop(
         else:
             out["errors"] += 1
 
-    open_tasks: dict[asyncio.Task[None], float] = {}
+    open_tasks: dict[asyncio.Task[None], float] = out["open"]
     i = 0
     while True:
         scheduled = start + i / rate
@@ -250,45 +250,66 @@ async def _paced_loop(
 
 
 def _generator(spec: dict[str, Any], results: Any) -> None:
-    """One load-generator process: runs ``spec`` and puts its counts on ``results``."""
+    """One load-generator process: runs ``spec`` and puts its counts on ``results``.
 
-    async def run() -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "messages": 0,
-            "errors": 0,
-            "transport_errors": 0,
-            "timed_out": 0,
-            "not_sent": 0,
-            "empty": 0,
-            "latencies_ms": [],
-        }
+    A hard deadline bounds it: a server (or a machine) too slow to answer must not hang
+    the bench. What is still open then is cancelled and counted, and the process leaves
+    at once (``os._exit``) rather than wait for connections to close.
+    """
+    out: dict[str, Any] = {
+        "messages": 0,
+        "errors": 0,
+        "transport_errors": 0,
+        "timed_out": 0,
+        "not_sent": 0,
+        "empty": 0,
+        "latencies_ms": [],
+        "open": {},
+        "cpu0": _cpu_self_s(),
+    }
+    start = spec["start_at"]
+
+    async def run() -> None:
         clients = spec["clients"] if spec["kind"] != "paced" else PACED_CONNECTIONS_MAX
         limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
         headers = {"Authorization": f"Bearer {spec['token']}"}
-        async with httpx.AsyncClient(
+        client = httpx.AsyncClient(
             base_url=spec["url"], headers=headers, limits=limits, timeout=60.0
-        ) as client:
-            path = f"/api/v1/queues/{spec['queue']}/messages"
-            body = _payload(spec["batch"])
-            await client.get("/readyz")  # connect before the clock starts
-            start, until = spec["start_at"], spec["start_at"] + spec["seconds"]
-            await asyncio.sleep(max(0.0, start - time.time()))
-            cpu0 = _cpu_self_s()
-            if spec["kind"] == "publish":
-                loops = [
-                    _publish_loop(client, path, body, spec["batch"], until, out)
-                    for _ in range(clients)
-                ]
-            elif spec["kind"] == "consume":
-                loops = [_consume_loop(client, spec["queue"], until, out) for _ in range(clients)]
-            else:
-                loops = [_paced_loop(client, path, body, spec["rate"], start, until, out)]
-            await asyncio.gather(*loops)
-            out["wall_s"] = time.time() - start
-            out["cpu_s"] = _cpu_self_s() - cpu0
-        return out
+        )
+        path = f"/api/v1/queues/{spec['queue']}/messages"
+        body = _payload(spec["batch"])
+        await client.get("/readyz")  # connect before the clock starts
+        until = start + spec["seconds"]
+        await asyncio.sleep(max(0.0, start - time.time()))
+        out["cpu0"] = _cpu_self_s()
+        if spec["kind"] == "publish":
+            loops = [
+                _publish_loop(client, path, body, spec["batch"], until, out) for _ in range(clients)
+            ]
+        elif spec["kind"] == "consume":
+            loops = [_consume_loop(client, spec["queue"], until, out) for _ in range(clients)]
+        else:
+            loops = [_paced_loop(client, path, body, spec["rate"], start, until, out)]
+        await asyncio.gather(*loops)
 
-    results.put(asyncio.run(run()))
+    async def bounded() -> None:
+        deadline_s = max(0.0, start - time.time()) + spec["seconds"] + 2 * PACED_GRACE_S
+        try:
+            await asyncio.wait_for(run(), deadline_s)
+        except TimeoutError:
+            now = time.time()
+            for scheduled in out["open"].values():
+                out["timed_out"] += 1
+                out["latencies_ms"].append((now - scheduled) * 1000)
+        out["wall_s"] = time.time() - start
+        out["cpu_s"] = _cpu_self_s() - out.pop("cpu0")
+        out.pop("open")
+        results.put(out)
+        results.close()
+        results.join_thread()
+        os._exit(0)
+
+    asyncio.run(bounded())
 
 
 def run_phase(server: ServerProcess, base: dict[str, Any], procs: int) -> dict[str, Any]:
@@ -307,7 +328,10 @@ def run_phase(server: ServerProcess, base: dict[str, Any], procs: int) -> dict[s
     time.sleep(max(0.0, start_at - time.time()))
     server_cpu0, wall0 = server.cpu_s(), time.time()
     try:
-        outs = [results.get(timeout=base["seconds"] + 2 * PACED_GRACE_S + 60) for _ in workers]
+        outs = [
+            results.get(timeout=START_DELAY_S + base["seconds"] + 3 * PACED_GRACE_S + 60)
+            for _ in workers
+        ]
     finally:
         server_cpu, wall = server.cpu_s() - server_cpu0, time.time() - wall0
         for w in workers:
