@@ -15,7 +15,8 @@ ones (entries after the snapshot are the active log and are not counted):
    header with at worst dead bytes left past the end (reclaimed by phase 3 later).
 3. rewrite runs of consecutive sparse segments (more dead than the ratio allows) into
    one segment of their live entries, bounded by ``segment_entries_max`` and
-   ``segment_file_bytes_max``. Transient extra disk: one output at a time, so at most
+   ``segment_file_bytes_max`` (the plan estimates sizes; the rewrite stops taking inputs
+   at the exact bound). Transient extra disk: one output at a time, so at most
    ``segment_file_bytes_max`` of data + 48 bytes per entry + 128 bytes of header beyond
    the inputs (plus inputs kept alive by readers until they release them).
 
@@ -257,6 +258,9 @@ class _Cut:
 class _Group:
     out_seq: int
     inputs: list[SegmentStat]
+    """Planned (and pinned)."""
+    used: list[SegmentStat] = field(default_factory=list)
+    """The inputs the output was made from: a prefix of ``inputs``."""
     output: SegmentInfo | None = None
 
 
@@ -299,16 +303,28 @@ class CompactionJob:
             self.error = exc
 
     def _rewrite(self, group: _Group) -> SegmentInfo:
+        """Read the live entries of the group's inputs (as many inputs as fit in one
+        segment: the plan's sizes are estimates), write the intent naming exactly those
+        inputs, then the output."""
+        entries: list[Entry] = []
+        size = 0
+        for stat in group.inputs:
+            more = _live_entries(self.disk, stat, self.live)
+            extra = sum(len(e.data) for e in more)
+            if group.used and (
+                size + extra > self.limits.segment_file_bytes_max
+                or len(entries) + len(more) > self.limits.segment_entries_max
+            ):
+                break
+            entries.extend(more)
+            size += extra
+            group.used.append(stat)
+        assert entries, "a phase-3 group holds live entries"
         path = segment_path(self.uid, group.out_seq)
         intent = intent_path(self.uid, group.out_seq)
-        write_file_atomic(
-            self.disk, intent, encode_intent(group.out_seq, [s.info.seq for s in group.inputs])
-        )
+        seqs = [s.info.seq for s in group.used]
+        write_file_atomic(self.disk, intent, encode_intent(group.out_seq, seqs))
         try:
-            entries: list[Entry] = []
-            for stat in group.inputs:
-                entries.extend(_live_entries(self.disk, stat, self.live))
-            assert entries, "a phase-3 group holds live entries"
             write_segment(self.disk, self.uid, group.out_seq, entries, COMPACTED)
             info = read_segment_info(self.disk, path)
             assert info is not None, f"segment {path} unreadable right after writing"

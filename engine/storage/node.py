@@ -585,7 +585,7 @@ class NodeStorage:
             if group.output is None:
                 continue
             intent = intent_path(job.uid, group.out_seq)
-            inputs = [s.info for s in group.inputs]
+            inputs = [s.info for s in group.used]
             if log is None or not all(log.has_segment(i) for i in inputs):
                 # The log was reset or an input hidden meanwhile: undo this rewrite.
                 self._remove(group.output.path)

@@ -128,3 +128,23 @@ def test_segment_writer_skips_entries_dead_before_the_flush() -> None:
     assert sum(s.rows for s in stats) == len(live) + 50
     assert stats[0].info.lo == 1  # answers from the first flushed index
     assert_intact(storage, live, 150)
+
+
+def test_phase_3_output_never_exceeds_a_segment_when_live_entries_are_the_big_ones() -> None:
+    disk = FakeDisk()
+    storage = reopen(disk, LIMITS)
+    live = BitMap64(range(1, 321, 4))
+    data = {i: payload(i, 200 if i in live else 20) for i in range(1, 321)}
+    for lo in range(1, 321, 8):
+        storage.append(UID, [Entry(i, 1, EntryKind.COMMAND, i, data[i]) for i in range(lo, lo + 8)])
+        storage.sync()
+    storage.close()
+    storage = reopen(disk, LIMITS)
+    checkpoint(storage, 320, live)
+    storage.compact(UID, 1)
+    while storage.compact(UID, 3).phases:  # the plan underestimates; runs converge
+        pass
+    for info, _ in storage.log(UID).segment_infos():
+        assert info.bytes - info.data_offset <= LIMITS.segment_file_bytes_max
+    assert_intact(storage, live, 320, data)
+    assert_intact(reopen(disk, LIMITS), live, 320, data)
