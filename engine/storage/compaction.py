@@ -12,7 +12,7 @@ ones (entries after the snapshot are the active log and are not counted):
 2. cut dead entries off a segment's end: the next header generation (smaller ``count``
    and ``hi``) goes to the other header slot and is synced, then the file is truncated
    and synced. A crash before the header sync leaves the old header; after it, the new
-   header with at worst dead bytes left past the end (reclaimed by phase 3 later).
+   header with bytes left past the last row, which the next phase 2 truncates.
 3. rewrite runs of consecutive sparse segments (more dead than the ratio allows) into
    one segment of their live entries, bounded by ``segment_entries_max`` and
    ``segment_file_bytes_max`` (the plan estimates sizes; the rewrite stops taking inputs
@@ -181,6 +181,9 @@ class SegmentStat:
     dead_tail: int
     """Rows past its last live row, all dead (phase 2 can cut them); 0 if the segment
     reaches past the snapshot."""
+    loose_bytes: int = 0
+    """Bytes past its last row's data: left by a crash between a cut's header and its
+    truncation (only a segment cut before can have them; phase 2 truncates them)."""
 
     @property
     def name(self) -> str:
@@ -212,7 +215,11 @@ def segment_stat(
         else:
             held = cache.get(info).index["index"]
             dead_tail = info.count - int(np.searchsorted(held, last_live, side="right"))
-    return SegmentStat(info, hi, rows, live_n, area - live_n, rows - area, dead_tail)
+    loose = 0
+    if info.generation > 1 and hi <= snap:
+        last = cache.get(info).index[-1]
+        loose = info.bytes - (int(last["offset"]) + int(last["length"]))
+    return SegmentStat(info, hi, rows, live_n, area - live_n, rows - area, dead_tail, loose)
 
 
 def log_stats(log: ServerLog, cache: ReaderCache) -> list[SegmentStat]:
@@ -353,7 +360,8 @@ def _live_entries(disk: Disk, stat: SegmentStat, live: BitMap64) -> list[Entry]:
 
 
 def cut_dead_tail(disk: Disk, stat: SegmentStat, live: BitMap64) -> SegmentInfo:
-    """Phase 2 on one segment: keep the rows up to its last live one."""
+    """Phase 2 on one segment: keep the rows up to its last live one (header in the
+    other slot, sync, truncate, sync), or only truncate loose bytes."""
     info = stat.info
     f = disk.open(info.path)
     try:
@@ -362,9 +370,13 @@ def cut_dead_tail(disk: Disk, stat: SegmentStat, live: BitMap64) -> SegmentInfo:
             raise StorageFailed(f"segment {info.path}: index section fails its CRC32C check")
         rows = np.frombuffer(raw, dtype=INDEX_DTYPE)
         keep = info.count - stat.dead_tail
-        assert 1 <= keep < info.count
-        assert int(rows["index"][keep - 1]) in live
+        assert 1 <= keep <= info.count
         end = int(rows["offset"][keep - 1]) + int(rows["length"][keep - 1])
+        if keep == info.count:  # only loose bytes past the last row
+            f.truncate(end)
+            f.sync()
+            return _reread(disk, info.path)
+        assert int(rows["index"][keep - 1]) in live
         generation = info.generation + 1
         head = encode_header(
             info.seq,
@@ -382,9 +394,15 @@ def cut_dead_tail(disk: Disk, stat: SegmentStat, live: BitMap64) -> SegmentInfo:
         f.sync()
     finally:
         f.close()
-    new = read_segment_info(disk, info.path)
-    assert new is not None and new.generation == generation and new.count == keep
+    new = _reread(disk, info.path)
+    assert new.generation == generation and new.count == keep
     return new
+
+
+def _reread(disk: Disk, path: str) -> SegmentInfo:
+    info = read_segment_info(disk, path)
+    assert info is not None, f"segment {path} unreadable after a cut"
+    return info
 
 
 # --- planning -----------------------------------------------------------------------------
@@ -406,6 +424,9 @@ def plan_phases(
     dead -= sum(s.dead for s in deletes)
     cuts: list[SegmentStat] = []
     if phase in ("auto", 2):
+        # Loose bytes are a repair, never a trade-off: always taken.
+        cuts = [s for s in stats if s.loose_bytes > 0 and not s.dead_tail]
+        cuts = [s for s in cuts if s not in deletes and not pinned(s.info.path)]
         for s in sorted(stats, key=lambda s: (-s.dead_tail, s.info.seq)):
             if phase == "auto" and within_ratio(dead, live, limits):
                 break

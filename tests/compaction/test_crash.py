@@ -77,6 +77,14 @@ def _sparse(disk: CrashingDisk) -> tuple[NodeStorage, BitMap64, int]:
     return storage, live & BitMap64(range(1, 113)), 112
 
 
+def _footprint(storage: NodeStorage, phase: Phase) -> tuple[int, ...]:
+    """What compaction leaves; after phases 1 and 2 also the exact bytes (loose bytes of
+    a cut interrupted between its header and its truncation are trimmed again)."""
+    dead, live = dead_and_live(storage)
+    size = sum(i.bytes for i, _ in storage.log(UID).segment_infos())
+    return (dead, live, size) if phase in (1, 2) else (dead, live)
+
+
 CASES: list[tuple[str, Setup, Phase]] = [
     ("phase 1", _dead_segments, 1),
     ("phase 2", _dead_tails, 2),
@@ -93,7 +101,7 @@ def test_crash_at_every_disk_operation(name: str, setup: Setup, phase: Phase) ->
     storage.compact(UID, phase)
     total = disk.ops - start
     assert total > 3, f"{name}: the phase did no work"
-    final = dead_and_live(storage)
+    final = _footprint(storage, phase)
     for k in range(1, total + 1):
         for tear in (False, True):
             disk = CrashingDisk()
@@ -111,6 +119,6 @@ def test_crash_at_every_disk_operation(name: str, setup: Setup, phase: Phase) ->
                 assert_intact(recovered, live, snap)
             # compacting again from wherever the crash left it reaches the same end
             recovered.compact(UID, phase)
-            assert dead_and_live(recovered) == final, (name, k)
+            assert _footprint(recovered, phase) == final, (name, k)
             assert_intact(recovered, live, snap)
             assert_intact(reopen(disk, LIMITS), live, snap)
