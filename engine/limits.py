@@ -28,6 +28,10 @@ class Limits:
     uncommitted_bytes_max: int = 64 * MIB
     """Proposals beyond this many uncommitted bytes are rejected (back-pressure)."""
     snapshot_chunk_bytes: int = 1 * MIB
+    committed_entries_per_ready_max: int = 1024
+    committed_bytes_per_ready_max: int = 16 * MIB
+    """One ``Ready`` hands out at most this many committed entries (at least one, whatever
+    its size): a replay after a restart goes in bounded steps, not one list of the tail."""
     catch_up_rounds_max: int = 10
     """A learner is promoted once it is within one round of the leader, tried this often."""
 
@@ -86,14 +90,16 @@ class Limits:
         assert self.election_timeout_ms_min < self.election_timeout_ms_max
         assert self.append_entries_per_message_max >= 1
         assert self.inflight_messages_per_follower_max >= 1
+        assert self.committed_entries_per_ready_max >= 1
+        assert self.committed_bytes_per_ready_max >= self.append_bytes_per_message_max
         assert self.append_bytes_per_message_max <= self.inflight_bytes_per_follower_max
         assert self.entry_bytes_max <= self.wal_batch_bytes_max <= self.wal_file_bytes_max
         assert self.batch_bytes_max <= self.entry_bytes_max
         assert self.message_bytes_max <= self.message_bytes_max_ceiling <= self.batch_bytes_max
-        assert 1 <= self.batch_messages_max and 1 <= self.receive_messages_max
+        assert self.batch_messages_max >= 1 and self.receive_messages_max >= 1
         assert 1 <= self.priorities_max <= 255
         assert self.page_refs >= 16 and self.page_refs & (self.page_refs - 1) == 0
-        assert 0 <= self.compaction_dead_per_100_live_max
+        assert self.compaction_dead_per_100_live_max >= 0
         assert self.checkpoints_kept_max >= 2
         assert self.leader_wait_ms >= self.election_timeout_ms_max
         assert self.proposal_timeout_ms >= self.leader_wait_ms

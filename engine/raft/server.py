@@ -61,8 +61,6 @@ from engine.raft.progress import Progress, ProgressState
 from engine.raft.raft_log import RaftLog
 from engine.raft.snapshot import Snapshot
 
-NO_LIMIT = 1 << 62
-
 
 class RandomSource(Protocol):
     """What the core needs of a ``random.Random`` (which satisfies it)."""
@@ -936,9 +934,16 @@ class RaftServer:
         hi = min(self.commit, self.log.stable_last)
         if hi <= self.applied:
             return
-        lo = self.applied + 1
-        rd.committed_entries = self.log.entries(lo, hi + 1, NO_LIMIT, NO_LIMIT)
-        self.applied = hi
+        limits = self.limits
+        entries = self.log.entries(
+            self.applied + 1,
+            hi + 1,
+            limits.committed_bytes_per_ready_max,
+            limits.committed_entries_per_ready_max,
+        )
+        assert entries and entries[0].index == self.applied + 1
+        rd.committed_entries = entries
+        self.applied = entries[-1].index
 
     def _on_read_index(self, request_id: int) -> None:
         if self.role is not Role.LEADER:
@@ -981,7 +986,12 @@ class RaftServer:
     def _scan_configs(self, lo: int) -> None:
         last = self.log.last_index()
         while lo <= last:
-            batch = self.log.entries(lo, last + 1, NO_LIMIT, 4096)
+            batch = self.log.entries(
+                lo,
+                last + 1,
+                self.limits.committed_bytes_per_ready_max,
+                self.limits.committed_entries_per_ready_max,
+            )
             for e in batch:
                 if e.kind is EntryKind.CONFIG:
                     self.configs.append((e.index, Configuration.decode(e.data)))
