@@ -43,9 +43,13 @@ one job runs per server at a time, and the segment writer only creates files und
 fresh seqs (reserved on the node's thread, as are the outputs of phase 3): the writer
 and compaction never work on the same file.
 
-Rule: ``plan_compaction`` and ``finish`` run on the node's thread; ``CompactionJob.run``
-does the I/O of phases 2 and 3 and may run in a worker: it touches only pinned files and
-files it creates under seqs reserved for it.
+The segment writer (``NodeStorage.prepare_segment_flush``) leaves out entries at or
+before the snapshot that are not in its live set: an entry that died before its flush
+is never written to a segment.
+
+Rule: ``NodeStorage.prepare_compaction`` and ``finish_compaction`` run on the node's
+thread; ``CompactionJob.run`` does the I/O of phases 2 and 3 and may run in a worker: it
+touches only pinned files and files it creates under seqs reserved for it.
 """
 
 from __future__ import annotations
@@ -289,7 +293,6 @@ class CompactionJob:
     promoted: bool
     error: StorageFailed | None = None
     transient_bytes_max: int = 0
-    done_phases: list[int] = field(default_factory=list)
 
     def pinned_paths(self) -> list[str]:
         return [c.stat.info.path for c in self.cuts] + [
