@@ -29,6 +29,7 @@ import json
 import multiprocessing as mp
 import os
 import pstats
+import queue
 import random
 import resource
 import signal
@@ -241,12 +242,10 @@ async def _paced_loop(
     if open_tasks:
         await asyncio.wait(list(open_tasks), timeout=max(0.0, until + PACED_GRACE_S - time.time()))
     now = time.time()
-    stragglers = list(open_tasks.items())
-    for task, scheduled in stragglers:
+    for task, scheduled in list(open_tasks.items()):
         task.cancel()
         out["timed_out"] += 1
         latencies.append((now - scheduled) * 1000)
-    await asyncio.gather(*(task for task, _ in stragglers), return_exceptions=True)
 
 
 def _generator(spec: dict[str, Any], results: Any) -> None:
@@ -294,9 +293,11 @@ def _generator(spec: dict[str, Any], results: Any) -> None:
 
     async def bounded() -> None:
         deadline_s = max(0.0, start - time.time()) + spec["seconds"] + 2 * PACED_GRACE_S
-        try:
-            await asyncio.wait_for(run(), deadline_s)
-        except TimeoutError:
+        # Not wait_for: it would wait for the cancelled work to unwind, and cancelling
+        # thousands of requests inside httpx's pool may take longer than the bench.
+        work = asyncio.create_task(run())
+        done, _ = await asyncio.wait({work}, timeout=deadline_s)
+        if not done:
             now = time.time()
             for scheduled in out["open"].values():
                 out["timed_out"] += 1
@@ -327,17 +328,21 @@ def run_phase(server: ServerProcess, base: dict[str, Any], procs: int) -> dict[s
         w.start()
     time.sleep(max(0.0, start_at - time.time()))
     server_cpu0, wall0 = server.cpu_s(), time.time()
+    outs: list[dict[str, Any]] = []
+    deadline = time.time() + START_DELAY_S + base["seconds"] + 3 * PACED_GRACE_S + 60
     try:
-        outs = [
-            results.get(timeout=START_DELAY_S + base["seconds"] + 3 * PACED_GRACE_S + 60)
-            for _ in workers
-        ]
+        for _ in workers:
+            outs.append(results.get(timeout=max(1.0, deadline - time.time())))
+    except queue.Empty:
+        print(f"{len(workers) - len(outs)} load generators did not report", file=sys.stderr)
     finally:
         server_cpu, wall = server.cpu_s() - server_cpu0, time.time() - wall0
         for w in workers:
             w.join(10)
             if w.is_alive():
                 w.terminate()
+    if not outs:
+        raise RuntimeError(f"no load generator of phase {base['kind']} reported")
     wall_s = max(o["wall_s"] for o in outs)
     messages = sum(o["messages"] for o in outs)
     latencies = sorted(x for o in outs for x in o["latencies_ms"])
@@ -352,6 +357,7 @@ def run_phase(server: ServerProcess, base: dict[str, Any], procs: int) -> dict[s
         "client_cpu_per_wall": round(sum(o["cpu_s"] for o in outs) / wall_s, 2),
         "server_cpu_per_wall": round(server_cpu / wall, 2),
         "latencies_ms": latencies,
+        "generators_reported": f"{len(outs)}/{len(workers)}",
     }
 
 
@@ -370,8 +376,8 @@ def _setup(url: str) -> str:
     made.raise_for_status()
     token: str = made.json()["token"]
     headers = {"Authorization": f"Bearer {token}"}
-    for queue in ("bench-batch", "bench-single", "bench-paced"):
-        created = httpx.put(f"{url}/api/v1/queues/{queue}", headers=headers, timeout=30.0)
+    for name in ("bench-batch", "bench-single", "bench-paced"):
+        created = httpx.put(f"{url}/api/v1/queues/{name}", headers=headers, timeout=30.0)
         assert created.status_code in (200, 201), created.text
     return token
 
