@@ -27,7 +27,8 @@ itself for batches of an earlier run), and remembers their ids as *done*.
 
 **Leases never run out under Spark's feet.** A background thread extends the lease of
 every message the reader holds and has not settled (planned batches and spare ones)
-every ``leaseMs / 3``, so a batch may take any time to commit. If an extension comes
+once it is past half its length (checked every ``leaseMs / 6``), so a batch may take
+any time to commit, and messages settled within half a lease cost no extension. If an extension comes
 back stale anyway (driver stalled for longer than the lease), the message is going to be
 delivered again: when it arrives, an id the reader still holds takes the new receipt and
 is not emitted twice; an id already done is acked and dropped.
@@ -127,6 +128,8 @@ class LeaseStreamReader(DataSourceStreamReader):
         self._held: dict[int, int] = {}
         """Message id -> end seq of its batch (``SPARE`` when not in a batch yet)."""
         self._done: OrderedDict[int, None] = OrderedDict()
+        self._lease_start: dict[int, float] = {}
+        """Message id -> monotonic time its current lease began (receive or extend)."""
         self._settled_seq = -1
         self._threads: list[threading.Thread] = []
         self._fetchers: list[threading.Thread] = []
@@ -190,6 +193,7 @@ class LeaseStreamReader(DataSourceStreamReader):
             self._batches.clear()
             self._spare = []
             self._held.clear()
+            self._lease_start.clear()
         receipts = [m.receipt for m in held if m.receipt]
         if receipts and self._client is not None:
             try:
@@ -253,6 +257,7 @@ class LeaseStreamReader(DataSourceStreamReader):
         received = self._api().receive(self.options.queue, ask, wait_ms, self.options.lease_ms)
         fresh: list[Message] = []
         done_receipts: list[str] = []
+        now = time.monotonic()
         with self._lock:
             for m in received:
                 if m.id in self._done:
@@ -262,6 +267,8 @@ class LeaseStreamReader(DataSourceStreamReader):
                 else:
                     self._held[m.id] = SPARE
                     fresh.append(m)
+                if m.id not in self._done:
+                    self._lease_start[m.id] = now
         if done_receipts:
             log.warning("dropping %d redelivered messages already settled", len(done_receipts))
             self._api().ack(self.options.queue, done_receipts)
@@ -322,6 +329,7 @@ class LeaseStreamReader(DataSourceStreamReader):
             messages = [m for s in seqs for m in self._batches.pop(s)]
             for m in messages:
                 self._held.pop(m.id, None)
+                self._lease_start.pop(m.id, None)
             receipts = {m.receipt for m in messages if m.receipt}
             ids = {m.id for m in messages}
             for i, r in zip(offset.get("ids", []), offset.get("receipts", []), strict=False):
@@ -360,7 +368,10 @@ class LeaseStreamReader(DataSourceStreamReader):
                 self._acks_sent.notify_all()
 
     def _keep_leases(self) -> None:
-        interval_s = self.options.lease_ms / 3000
+        """Every ``leaseMs / 6``, extend the leases that are past half their length, so
+        a lease is renewed before two thirds of it have gone and a message that is
+        settled soon after it arrived is never extended at all."""
+        interval_s = self.options.lease_ms / 6000
         client = QuorraClient(self.options.url, self.options.token)
         try:
             while not self._stopping.wait(interval_s):
@@ -369,16 +380,28 @@ class LeaseStreamReader(DataSourceStreamReader):
             client.close()
 
     def _extend_once(self, client: QuorraClient) -> None:
+        now = time.monotonic()
+        due_s = self.options.lease_ms / 2000
         with self._lock:
             held = [m for batch in self._batches.values() for m in batch] + self._spare
-        receipts = [m.receipt for m in held if m.receipt]
+            due = [m for m in held if m.receipt and now - self._lease_start.get(m.id, 0) > due_s]
         try:
-            for chunk in _slices(receipts, EXTEND_CHUNK):
-                stale = client.extend(self.options.queue, chunk, self.options.lease_ms)
+            for chunk in _chunks_of(due, EXTEND_CHUNK):
+                receipts = [m.receipt or "" for m in chunk]
+                stale = set(client.extend(self.options.queue, receipts, self.options.lease_ms))
+                with self._lock:
+                    for k, m in enumerate(chunk):
+                        if k not in stale and m.id in self._lease_start:
+                            self._lease_start[m.id] = now
                 if stale:
                     log.warning("%d leases had expired; those messages come back", len(stale))
-        except Exception as e:  # the next round retries; a lease is 3 rounds long
+        except Exception as e:  # the next round retries; a lease is 6 rounds long
             log.warning("lease extension failed: %s", e)
+
+
+def _chunks_of(items: list[Message], size: int) -> Iterator[list[Message]]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
 
 
 def _max_rows(limit: ReadLimit) -> int:
