@@ -8,9 +8,13 @@ Without ``--server`` it starts a throwaway local server (``quorra serve`` on 127
 
 Figures (rows or messages per second of wall time):
 
-* ``rest_publish_msgs_per_s``: one HTTP client publishing batches of 1000 (MessagePack),
-  each waiting for its confirm; ``rest_consume_msgs_per_s``: one client receiving 1000
-  at a time and acking each batch. This is the single-client REST path a user writes.
+* ``rest_publish_msgs_per_s``, ``rest_consume_msgs_per_s``: ``quorra bench rest``'s
+  publish and consume phases (``bench.rest.run_phase``: 2 load-generator processes x 4
+  clients, batches of 100, JSON, ``--rest-seconds`` each) against the same server;
+* ``rest_single_client_publish_msgs_per_s``: one HTTP client publishing the N rows in
+  batches of 1000 (MessagePack), each waiting for its confirm;
+  ``rest_single_client_consume_msgs_per_s``: one client receiving 1000 at a time and
+  acking each batch (the REST path a user's script takes);
 * ``write_rows_per_s``: ``df.write.format("quorra")`` of N generated rows, from job
   submission to the last confirm (tasks and Python workers included; the SparkSession
   is already up: its start is ``spark_session_start_s``).
@@ -46,6 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--server", help="server URL (default: start a local one)")
     p.add_argument("--token", default="")
     p.add_argument("--partitions", type=int, default=0, help="Spark partitions (0: cores)")
+    p.add_argument("--rest-seconds", type=float, default=10.0, help="per bench-rest phase")
     p.add_argument("--json", action="store_true", help="JSON output (always on)")
     return p
 
@@ -68,6 +73,31 @@ def rest_consume(client: Any, queue: str, rows: int) -> float:
         client.ack(queue, [m.receipt for m in messages])
         consumed += len(messages)
     return rows / (time.perf_counter() - started)
+
+
+class _ServerAddress:
+    """What ``bench.rest.run_phase`` needs of a server: its URL, and its CPU time (not
+    measured here: the server may be remote)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def cpu_s(self) -> float:
+        return 0.0
+
+
+def rest_bench_rates(client: Any, url: str, token: str, seconds: float) -> dict[str, float]:
+    """``quorra bench rest``'s publish and consume phases (its own load generators:
+    2 processes x 4 clients, batches of 100, JSON) against this server."""
+    from bench import rest
+
+    client.create_queue("bench-batch")
+    base = {"url": url, "token": token, "seconds": seconds, "queue": "bench-batch"}
+    base |= {"batch": 100, "clients": 4}
+    server = _ServerAddress(url)
+    publish = rest.run_phase(server, dict(base, kind="publish"), 2)
+    consume = rest.run_phase(server, dict(base, kind="consume"), 2)
+    return {"publish": publish["msgs_per_s"], "consume": consume["msgs_per_s"]}
 
 
 def spark_write(spark: Any, options: dict[str, str], rows: int, partitions: int) -> float:
@@ -135,8 +165,13 @@ def measure(url: str, token: str, args: argparse.Namespace) -> dict[str, Any]:
     with QuorraClient(url, token) as client:
         client.create_queue("bench-rest")
         client.create_queue("bench-spark")
-        figures["rest_publish_msgs_per_s"] = round(rest_publish(client, "bench-rest", rows))
-        figures["rest_consume_msgs_per_s"] = round(rest_consume(client, "bench-rest", rows))
+        rates = rest_bench_rates(client, url, token, args.rest_seconds)
+        figures["rest_publish_msgs_per_s"] = round(rates["publish"])
+        figures["rest_consume_msgs_per_s"] = round(rates["consume"])
+        single_publish = rest_publish(client, "bench-rest", rows)
+        figures["rest_single_client_publish_msgs_per_s"] = round(single_publish)
+        single_consume = rest_consume(client, "bench-rest", rows)
+        figures["rest_single_client_consume_msgs_per_s"] = round(single_consume)
     started = time.perf_counter()
     spark = spark_session(args.master, "quorra-bench-pipeline")
     spark.range(1).count()
@@ -149,12 +184,15 @@ def measure(url: str, token: str, args: argparse.Namespace) -> dict[str, Any]:
     figures["stream_read_rows_per_s"] = round(rows / elapsed_s)
     figures["stream_read_s"] = round(elapsed_s, 2)
     figures["stream_rows_through_spark_s"] = round(processed_s, 2)
-    figures["write_vs_rest_publish"] = round(
-        figures["write_rows_per_s"] / figures["rest_publish_msgs_per_s"], 3
-    )
-    figures["stream_read_vs_rest_consume"] = round(
-        figures["stream_read_rows_per_s"] / figures["rest_consume_msgs_per_s"], 3
-    )
+    for spark_key, rest_key in (
+        ("write_rows_per_s", "publish_msgs_per_s"),
+        ("stream_read_rows_per_s", "consume_msgs_per_s"),
+    ):
+        for prefix in ("rest_", "rest_single_client_"):
+            ratio = figures[spark_key] / max(1, figures[prefix + rest_key])
+            figures[f"{spark_key.split('_rows')[0]}_vs_{prefix}{rest_key.split('_msgs')[0]}"] = (
+                round(ratio, 3)
+            )
     spark.stop()
     return figures
 
