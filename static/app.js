@@ -11,6 +11,14 @@
   }
   setInterval(tick, TICK_MS);
   document.addEventListener("visibilitychange", tick);
+  // A form marked data-reset empties itself once its action succeeded (a new user's
+  // password does not stay on the page).
+  document.addEventListener("htmx:afterRequest", function (event) {
+    var form = event.detail.elt;
+    if (event.detail.successful && form.tagName === "FORM" && form.hasAttribute("data-reset")) {
+      form.reset();
+    }
+  });
   // An action's answer is a flash message; clear old ones after a while.
   document.addEventListener("htmx:afterSwap", function (event) {
     var flash = document.getElementById("flash");
