@@ -50,7 +50,7 @@ MESSAGE_BYTES = 1024
 ADMIN_PASSWORD = "bench-admin-password"
 START_TIMEOUT_S = 60.0
 PACED_GRACE_S = 15.0
-PACED_CONNECTIONS_MAX = 256
+PACED_CONNECTIONS_MAX = 64
 """Per generator: enough that requests queue in the server, not in the client's pool."""
 START_DELAY_S = 3.0
 """Generators start their clocks together, this long after being spawned (imports)."""
