@@ -73,6 +73,15 @@ def test_operator_journey(page: Page, ui_server: UiServer) -> None:
     create_queue(page, ui_server, "orders.dlq")
     create_queue(page, ui_server, "orders", dead_letter="orders.dlq")
 
+    # An error answer is shown where the operator looks, and nothing changes.
+    page.goto(f"{ui_server.url}/queues")
+    page.fill('#create-queue input[name="name"]', "orders")
+    page.fill('#create-queue input[name="priorities"]', "5")
+    page.click('#create-queue button[type="submit"]')
+    expect(page.locator("#flash .flash.bad")).to_contain_text("Conflicting queue definition")
+    assert page.url == f"{ui_server.url}/queues"
+    page.goto(f"{ui_server.url}/queues/orders")
+
     # Publish from the page: the depth changes without a page load.
     no_reload_marker(page)
     expect(page.locator("#depth-ready")).to_have_text("0")
