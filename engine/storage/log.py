@@ -178,6 +178,10 @@ class ServerLog:
                     return found
         raise LookupError(f"entry {index} of {self.uid} is not stored")
 
+    def entry(self, index: int) -> Entry:
+        """``LogStore.entry``: the same as ``read``."""
+        return self.read(index)
+
     def _segment_for(self, index: int) -> _Segment | None:
         k = bisect.bisect_right(self._los, index) - 1
         if k >= 0 and index <= self._segments[k].hi:
