@@ -29,7 +29,7 @@ from engine.raft.events import (
 from engine.raft.log import Entry, EntryKind, LogStore
 from engine.raft.machine import ApplyMeta, Machine
 from engine.raft.server import Fault, RaftOptions, RaftServer, RandomSource, Role
-from engine.raft.snapshot import Snapshot
+from engine.raft.snapshot import Snapshot, SnapshotMeta
 
 __all__ = [
     "EMPTY_CONFIGURATION",
@@ -59,6 +59,7 @@ __all__ = [
     "Role",
     "Snapshot",
     "SnapshotInstalled",
+    "SnapshotMeta",
     "SnapshotTaken",
     "Tick",
     "TransferLeadership",

@@ -2,8 +2,10 @@
 
 Rule for the runtime, in this order, for each ``Ready``:
 
-1. write ``hard_state``, ``snapshot_to_install`` and ``entries_to_persist`` to storage
-   (entries starting at index ``i`` replace every stored entry at ``i`` and after);
+1. write ``hard_state``, ``snapshot_to_install`` (with ``snapshot_entries``: the live
+   entries this server lacked; storage keeps the others, which it holds as committed
+   entries) and ``entries_to_persist`` to storage (entries starting at index ``i``
+   replace every stored entry at ``i`` and after);
 2. send ``messages`` at once (leader traffic that depends on nothing unpersisted);
 3. apply ``committed_entries`` in order (``COMMAND`` entries only reach the machine),
    then answer ``reads``;
@@ -86,7 +88,9 @@ class Persisted:
 @dataclass(frozen=True, slots=True)
 class SnapshotTaken:
     """The runtime has durably written ``snapshot`` (taken at an applied index) and
-    compacted storage up to it; the leader ships it to followers that lag behind it."""
+    compacted storage up to it; the leader ships it to followers that lag behind it,
+    with the live entries they lack, read from the ``LogStore`` when they are sent. A
+    restarted core has none until the runtime hands it one (when a follower lags)."""
 
     snapshot: Snapshot
 
@@ -161,6 +165,8 @@ class ReadReady:
 class Ready:
     hard_state: HardState | None = None
     snapshot_to_install: Snapshot | None = None
+    snapshot_entries: list[Entry] = field(default_factory=list)
+    """The live entries of ``snapshot_to_install`` this server lacked, in index order."""
     entries_to_persist: list[Entry] = field(default_factory=list)
     messages: list[Message] = field(default_factory=list)
     messages_after_persist: list[Message] = field(default_factory=list)

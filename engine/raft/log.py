@@ -65,5 +65,10 @@ class LogStore(Protocol):
         ``LookupError`` if ``lo`` is below ``first_index()`` or an entry was compacted."""
         ...
 
+    def entry(self, index: int) -> Entry:
+        """The entry at ``index``, also a live entry kept before the snapshot (a leader
+        ships those to a follower that lacks them). Raises ``LookupError`` if absent."""
+        ...
+
 
 __all__ = ["Entry", "EntryKind", "LogStore"]

@@ -6,7 +6,7 @@ assumes delivery, order or uniqueness: the network may drop, delay, reorder and 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from engine.ids import ServerId
 from engine.raft.log import Entry
@@ -88,8 +88,14 @@ class SnapshotChunk:
     snapshot_index: int
     snapshot_term: int
     offset: int
+    """Offsets ``0 .. len(checkpoint bytes)`` address the checkpoint's bytes; past them,
+    ``len(checkpoint bytes) + k`` is the ``k``-th live entry the follower lacks."""
     data: bytes
+    """A piece of the checkpoint's bytes (empty in a message of live entries)."""
     done: bool
+    """The last piece of the checkpoint, or the last live entries the follower lacks."""
+    entries: list[Entry] = field(default_factory=list)
+    """Live entries before the snapshot that the follower lacks, in index order."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +106,9 @@ class SnapshotResponse:
     snapshot_index: int
     next_offset: int
     """The offset the follower wants next; ``-1`` once the snapshot is installed."""
+    missing: bytes = b""
+    """Once the checkpoint is in (answering a piece of it): the serialized ``BitMap64``
+    of its live indexes this follower lacks; the leader sends only those."""
 
 
 @dataclass(frozen=True, slots=True)

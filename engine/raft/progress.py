@@ -2,13 +2,16 @@
 
 States (as etcd-io/raft): PROBE sends one message and waits for its answer; REPLICATE
 pipelines optimistically, bounded by in-flight messages and bytes; SNAPSHOT ships a
-snapshot in chunks, one chunk in flight.
+snapshot's checkpoint in chunks, then the live entries the follower lacks, one message in
+flight.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from enum import IntEnum
+
+from pyroaring import BitMap64
 
 
 class ProgressState(IntEnum):
@@ -29,6 +32,7 @@ class Progress:
         "recent_active",
         "snapshot_data",
         "snapshot_index",
+        "snapshot_missing",
         "snapshot_offset",
         "snapshot_sent_ms",
         "snapshot_term",
@@ -48,6 +52,8 @@ class Progress:
         self.last_progress_ms = now_ms
         self.snapshot_data = b""
         self.snapshot_index = 0
+        self.snapshot_missing: BitMap64 | None = None
+        """The live indexes the follower lacks, once it has said so."""
         self.snapshot_term = 0
         self.snapshot_offset = 0
         self.snapshot_sent_ms = 0
@@ -88,6 +94,7 @@ class Progress:
         self.inflight.clear()
         self.inflight_bytes = 0
         self.snapshot_data = b""
+        self.snapshot_missing = None
 
     def become_replicate(self) -> None:
         self.state = ProgressState.REPLICATE
@@ -102,6 +109,7 @@ class Progress:
         self.inflight_bytes = 0
         self.snapshot_index, self.snapshot_term = index, term
         self.snapshot_data = data
+        self.snapshot_missing = None
         self.snapshot_offset = 0
         self.snapshot_sent_ms = now_ms
 

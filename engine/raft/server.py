@@ -18,9 +18,11 @@ Rules kept here:
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Protocol
+
+from pyroaring import BitMap64
 
 from engine.ids import ServerId
 from engine.limits import DEFAULT_LIMITS, Limits
@@ -59,7 +61,7 @@ from engine.raft.messages import (
 )
 from engine.raft.progress import Progress, ProgressState
 from engine.raft.raft_log import RaftLog
-from engine.raft.snapshot import Snapshot
+from engine.raft.snapshot import Snapshot, SnapshotMeta
 
 
 class RandomSource(Protocol):
@@ -96,6 +98,22 @@ class RaftOptions:
 
 
 @dataclass(slots=True)
+class _Incoming:
+    """A snapshot a follower is receiving: the checkpoint's bytes, then (once decoded)
+    the live entries it lacks."""
+
+    index: int
+    term: int
+    data: bytearray
+    snapshot: Snapshot | None = None
+    missing: BitMap64 | None = None
+    entries: list[Entry] = field(default_factory=list)
+
+    def next_offset(self) -> int:
+        return len(self.data) + len(self.entries)
+
+
+@dataclass(slots=True)
 class _CatchUp:
     request_id: int
     server: ServerId
@@ -106,16 +124,22 @@ class _CatchUp:
 
 
 class RaftServer:
-    """One member of one Raft group. Create it from what storage recovered."""
+    """One member of one Raft group. Create it from what storage recovered.
+
+    ``snapshot`` says where storage's log starts; ``checkpoint`` (at or after it, default
+    the snapshot) is where the machine was restored: replay starts after it and only the
+    log after it is read for configuration changes. Neither carries a payload, so
+    creating a server reads no live entry whatever the depth of the queue."""
 
     def __init__(
         self,
         options: RaftOptions,
         store: LogStore,
         hard_state: HardState | None = None,
-        snapshot: Snapshot | None = None,
+        snapshot: SnapshotMeta | None = None,
         bootstrap: Configuration = EMPTY_CONFIGURATION,
         now_ms: int = 0,
+        checkpoint: SnapshotMeta | None = None,
     ) -> None:
         self.id = options.server_id
         self.options = options
@@ -126,18 +150,23 @@ class RaftServer:
         snap_term = snapshot.term if snapshot else 0
         assert store.snapshot_index() == snap_index, "storage and snapshot agree"
         self.log = RaftLog(store, snap_index, snap_term)
+        base = checkpoint if checkpoint is not None else snapshot
+        base_index = base.index if base else 0
+        assert snap_index <= base_index <= self.log.last_index(), "checkpoint in the log"
+        assert base is None or self.log.term(base_index) == base.term, "checkpoint matches"
         self.term = hs.term
         self.vote: ServerId | None = hs.vote
-        self.commit = max(snap_index, min(hs.commit, self.log.last_index()))
-        self.applied = snap_index
+        self.commit = max(base_index, min(hs.commit, self.log.last_index()))
+        self.applied = base_index
         self.role = Role.FOLLOWER
         self.leader: ServerId | None = None
         self.now_ms = now_ms
-        self.snapshot = snapshot
+        self.snapshot: Snapshot | None = None
+        """The snapshot a leader ships; handed in by ``SnapshotTaken`` (or installed)."""
         self.configs: list[tuple[int, Configuration]] = [
-            (snap_index, snapshot.config if snapshot else bootstrap)
+            (base_index, base.config if base else bootstrap)
         ]
-        self._scan_configs(snap_index + 1)
+        self._scan_configs(base_index + 1)
         self.progress: dict[ServerId, Progress] = {}
         self.votes: dict[ServerId, bool] = {}
         self.election_deadline_ms = 0
@@ -158,8 +187,8 @@ class RaftServer:
         self.transfer: tuple[int, ServerId, int] | None = None
         """(request id, target, deadline ms) of a leadership transfer in progress."""
         self.transfer_sent = False
-        self.incoming_snapshot: tuple[int, int, bytearray] | None = None
-        self.pending_install: Snapshot | None = None
+        self.incoming_snapshot: _Incoming | None = None
+        self.pending_install: tuple[Snapshot, list[Entry]] | None = None
         self.hard_state_out = HardState(self.term, self.vote, self.commit)
         self.rd = Ready()
         self._reset_election_timer()
@@ -215,7 +244,8 @@ class RaftServer:
         if hs != self.hard_state_out:
             rd.hard_state = self.hard_state_out = hs
         if self.pending_install is not None:
-            rd.snapshot_to_install, self.pending_install = self.pending_install, None
+            rd.snapshot_to_install, rd.snapshot_entries = self.pending_install
+            self.pending_install = None
         rd.entries_to_persist = self.log.take_unpersisted()
         self._collect_committed(rd)
         while self.confirmed_reads and self.confirmed_reads[0][1] <= self.applied:
@@ -647,22 +677,64 @@ class RaftServer:
 
     def _begin_snapshot(self, peer: ServerId, pr: Progress) -> bool:
         snap = self.snapshot
-        if snap is None:
-            return False
+        if snap is None or snap.index < self.log.snapshot_index:
+            return False  # the runtime hands the current one in with SnapshotTaken
         pr.become_snapshot(snap.index, snap.term, snap.encode(), self.now_ms)
         self._send_snapshot_chunk(peer, pr)
         return True
 
     def _send_snapshot_chunk(self, peer: ServerId, pr: Progress) -> None:
+        """The checkpoint's bytes from the offset the follower wants, or past them the
+        next live entries it lacks (read from storage now, bounded per message)."""
         size = self.limits.snapshot_chunk_bytes
+        whole = pr.snapshot_data
         start = pr.snapshot_offset
-        data = pr.snapshot_data[start : start + size]
-        done = start + len(data) >= len(pr.snapshot_data)
+        entries: list[Entry] = []
+        if start >= len(whole) and pr.snapshot_missing is None:
+            start = (len(whole) - 1) // size * size  # ask again for the missing set
+        if start < len(whole):
+            data = whole[start : start + size]
+            done = start + len(data) >= len(whole)
+        else:
+            assert pr.snapshot_missing is not None
+            data = b""
+            entries = self._missing_entries(pr.snapshot_missing, start - len(whole))
+            if not entries:
+                # A live entry is gone: a newer snapshot replaced this one; start over.
+                pr.become_probe(pr.match + 1)
+                return
+            done = start - len(whole) + len(entries) >= len(pr.snapshot_missing)
         chunk = SnapshotChunk(
-            self.id, peer, self.term, pr.snapshot_index, pr.snapshot_term, start, data, done
+            self.id,
+            peer,
+            self.term,
+            pr.snapshot_index,
+            pr.snapshot_term,
+            start,
+            data,
+            done,
+            entries,
         )
         pr.snapshot_sent_ms = self.now_ms
         self.rd.messages.append(chunk)
+
+    def _missing_entries(self, missing: BitMap64, skip: int) -> list[Entry]:
+        """The live entries ``missing[skip:]`` within one message's bounds; empty if one
+        of them is no longer stored."""
+        limits = self.limits
+        out: list[Entry] = []
+        size = 0
+        for index in missing[skip : skip + limits.append_entries_per_message_max]:
+            try:
+                entry = self.log.store.entry(index)
+            except LookupError:
+                return []
+            assert entry.index == index
+            size += len(entry.data)
+            if out and size > limits.append_bytes_per_message_max:
+                break
+            out.append(entry)
+        return out
 
     def _on_snapshot_response(self, msg: SnapshotResponse) -> None:
         pr = self.progress.get(msg.src)
@@ -676,6 +748,10 @@ class RaftServer:
             pr.become_probe(pr.snapshot_index + 1)
             self._maybe_send_append(msg.src, pr, allow_empty=True)
             return
+        if msg.missing and pr.snapshot_missing is None:
+            pr.snapshot_missing = BitMap64.deserialize(msg.missing)
+        if msg.next_offset > len(pr.snapshot_data) and pr.snapshot_missing is None:
+            return  # the stall timer asks again with a piece of the checkpoint
         pr.snapshot_offset = msg.next_offset
         self._send_snapshot_chunk(msg.src, pr)
 
@@ -685,10 +761,11 @@ class RaftServer:
             return
         self.snapshot = snapshot
         self.log.compacted(snapshot.index, snapshot.term)
-        base = self.config_at(snapshot.index)
-        self.configs = [(snapshot.index, base)] + [
-            (i, c) for i, c in self.configs if i > snapshot.index
-        ]
+        if snapshot.index > self.configs[0][0]:
+            base = self.config_at(snapshot.index)
+            self.configs = [(snapshot.index, base)] + [
+                (i, c) for i, c in self.configs if i > snapshot.index
+            ]
 
     # --- messages --------------------------------------------------------------------
 
@@ -884,7 +961,6 @@ class RaftServer:
 
     def _on_snapshot_chunk(self, msg: SnapshotChunk) -> None:
         self._heard_from_leader(msg.src)
-        key = (msg.snapshot_index, msg.snapshot_term)
         if msg.snapshot_index <= self.commit:
             self._reply_snapshot(msg, -1)
             return
@@ -894,34 +970,78 @@ class RaftServer:
             self.incoming_snapshot = None
             self._reply_snapshot(msg, -1)
             return
-        buf = self.incoming_snapshot
-        if msg.offset == 0:
-            buf = self.incoming_snapshot = (*key, bytearray())
-        if buf is None or (buf[0], buf[1]) != key or len(buf[2]) != msg.offset:
-            self._reply_snapshot(msg, len(buf[2]) if buf is not None and buf[:2] == key else 0)
+        key = (msg.snapshot_index, msg.snapshot_term)
+        inc = self.incoming_snapshot
+        known = inc is not None and (inc.index, inc.term) == key
+        if msg.offset == 0 and not msg.entries and not (known and inc and inc.snapshot):
+            inc = self.incoming_snapshot = _Incoming(*key, bytearray())
+        if inc is None or (inc.index, inc.term) != key:
+            self._reply_snapshot(msg, 0)
+        elif inc.snapshot is None:
+            self._on_checkpoint_piece(msg, inc)
+        elif msg.entries and msg.offset == inc.next_offset():
+            inc.entries.extend(msg.entries)
+            self._maybe_install(msg, inc)
+        else:
+            self._reply_snapshot(msg, inc.next_offset(), inc)
+
+    def _on_checkpoint_piece(self, msg: SnapshotChunk, inc: _Incoming) -> None:
+        if msg.entries or len(inc.data) != msg.offset:
+            self._reply_snapshot(msg, len(inc.data))
             return
-        buf[2].extend(msg.data)
+        inc.data.extend(msg.data)
         if not msg.done:
-            self._reply_snapshot(msg, len(buf[2]))
+            self._reply_snapshot(msg, len(inc.data))
             return
+        snap = Snapshot.decode(bytes(inc.data))
+        assert (snap.index, snap.term) == (inc.index, inc.term)
+        inc.snapshot = snap
+        inc.missing = snap.live_indexes - self._held_live(snap.live_indexes)
+        self._maybe_install(msg, inc)
+
+    def _held_live(self, live: BitMap64) -> BitMap64:
+        """The indexes of ``live`` this server stores as committed entries after its own
+        snapshot: they are the leader's (log matching), so they need not travel."""
+        lo = self.log.snapshot_index
+        hi = min(self.commit, self.log.stable_last)
+        if hi <= lo:
+            return BitMap64()
+        held: BitMap64 = live[live.rank(lo) : live.rank(hi)]
+        return held
+
+    def _maybe_install(self, msg: SnapshotChunk, inc: _Incoming) -> None:
+        assert inc.snapshot is not None and inc.missing is not None
+        if len(inc.entries) < len(inc.missing):
+            self._reply_snapshot(msg, inc.next_offset(), inc)
+            return
+        assert BitMap64(e.index for e in inc.entries) == inc.missing, "the entries asked for"
         self.incoming_snapshot = None
-        self._install(Snapshot.decode(bytes(buf[2])))
+        self._install(inc.snapshot, inc.entries)
         self._reply_snapshot(msg, -1)
 
-    def _install(self, snap: Snapshot) -> None:
+    def _install(self, snap: Snapshot, entries: list[Entry]) -> None:
         self.log.restore(snap.index, snap.term)
         self.log.stable_last = self.log.snapshot_index - 1
         self.commit = self.applied = snap.index
         self.snapshot = snap
         self.configs = [(snap.index, snap.config)]
-        self.pending_install = snap
+        self.pending_install = (snap, entries)
 
     def _on_snapshot_installed(self, index: int, term: int) -> None:
         if index == self.log.snapshot_index and term == self.log.snapshot_term:
             self.log.stable_last = max(self.log.stable_last, index)
 
-    def _reply_snapshot(self, msg: SnapshotChunk, next_offset: int) -> None:
-        resp = SnapshotResponse(self.id, msg.src, self.term, msg.snapshot_index, next_offset)
+    def _reply_snapshot(
+        self, msg: SnapshotChunk, next_offset: int, inc: _Incoming | None = None
+    ) -> None:
+        """``inc`` given: tell the leader which live entries are missing, in answer to a
+        piece of the checkpoint only (it asks that way when it does not know yet)."""
+        missing = b""
+        if inc is not None and inc.missing is not None and not msg.entries:
+            missing = inc.missing.serialize()
+        resp = SnapshotResponse(
+            self.id, msg.src, self.term, msg.snapshot_index, next_offset, missing
+        )
         self.rd.messages_after_persist.append(resp)
 
     # --- persistence, apply, reads -------------------------------------------------------

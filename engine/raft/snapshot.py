@@ -1,10 +1,15 @@
-"""A snapshot as a value: checkpoint (machine state at an index) + the live entries before it.
+"""A snapshot as values: ``SnapshotMeta`` (what the core needs to start) and ``Snapshot``
+(the checkpoint promoted to the snapshot, as the core ships it to a lagging follower).
 
 Following Ra's hybrid-machine design, a snapshot does not fold payloads into the machine
 state: ``live_indexes`` names the log entries at or below ``index`` that the machine
-still needs, and ``live_entries`` carries them so a lagging follower can be installed
-from the snapshot alone. The file format belongs to ``engine.storage``; this module only
-defines the in-memory value and the byte form the core ships in chunks.
+still needs, and those entries stay in the log (storage keeps them through compaction).
+Neither value carries their payloads: a restart needs none of them (the runtime restores
+the machine from the checkpoint file and hands the core a ``SnapshotMeta``), and a leader
+reads the live entries a follower lacks from its ``LogStore`` in bounded messages, after
+the checkpoint's bytes (see ``engine.raft.server``). The file format belongs to
+``engine.storage``; this module only defines the values and the byte form of the
+checkpoint the core ships in chunks.
 """
 
 from __future__ import annotations
@@ -15,48 +20,60 @@ import msgpack
 from pyroaring import BitMap64
 
 from engine.raft.config import Configuration
-from engine.raft.log import Entry, EntryKind
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotMeta:
+    """Where the log before the snapshot ends: its index, term and configuration."""
+
+    index: int
+    term: int
+    config: Configuration
+    """The configuration in force at ``index``."""
+
+    def __post_init__(self) -> None:
+        assert self.index >= 1 and self.term >= 1
 
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
+    """Machine state at ``index`` and the set of live entries at or below it."""
+
     index: int
     term: int
     config: Configuration
     """The configuration in force at ``index``."""
     machine_state: bytes
     live_indexes: BitMap64
-    live_entries: tuple[Entry, ...]
-    """The entries named by ``live_indexes``, in index order."""
 
     def __post_init__(self) -> None:
         assert self.index >= 1 and self.term >= 1
-        assert len(self.live_entries) == len(self.live_indexes)
-        assert all(e.index <= self.index for e in self.live_entries)
+        assert not self.live_indexes or self.live_indexes.max() <= self.index
+
+    @property
+    def meta(self) -> SnapshotMeta:
+        return SnapshotMeta(self.index, self.term, self.config)
 
     def encode(self) -> bytes:
-        entries = [[e.index, e.term, int(e.kind), e.now_ms, e.data] for e in self.live_entries]
         body = [
             self.index,
             self.term,
             self.config.encode(),
             self.machine_state,
             self.live_indexes.serialize(),
-            entries,
         ]
         return bytes(msgpack.packb(body, use_bin_type=True))
 
     @staticmethod
     def decode(data: bytes) -> Snapshot:
-        index, term, config, state, live, entries = msgpack.unpackb(data, raw=False)
+        index, term, config, state, live = msgpack.unpackb(data, raw=False)
         return Snapshot(
             index=index,
             term=term,
             config=Configuration.decode(config),
             machine_state=state,
             live_indexes=BitMap64.deserialize(live),
-            live_entries=tuple(Entry(i, t, EntryKind(k), n, d) for i, t, k, n, d in entries),
         )
 
 
-__all__ = ["Snapshot"]
+__all__ = ["Snapshot", "SnapshotMeta"]

@@ -29,11 +29,14 @@ Checkpoints: ``CheckpointRequest`` serialises the machine before the next entry 
 (every replica), the file is written by a worker, then ``ReleaseCursor`` promotes it to
 the snapshot and deletes segments holding only dead entries (compaction phase 1, the
 only one storage offers so far). The core learns of that snapshot only when a follower
-lags behind it: the snapshot is then loaded with its live entries and shipped.
+lags behind it: the checkpoint is then loaded (no payload) and shipped in chunks, then
+the core reads from the log only the live entries the follower says it lacks.
 
 Recovery: every ``queues/<uid>/queue.meta`` names a replica; its machine is restored
 from the newest checkpoint and the committed entries after it are applied again (their
-leader-only effects dropped); ``start`` returns once that is done.
+leader-only effects dropped); ``start`` returns once that is done. The core starts from
+the snapshot's and the checkpoint's index, term and configuration only: no live entry
+is read, so a restart does not grow with the depth of the queue.
 """
 
 from __future__ import annotations
@@ -50,6 +53,8 @@ from collections import deque
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, cast
+
+from pyroaring import BitMap64
 
 from engine.errors import (
     Backpressure,
@@ -109,7 +114,7 @@ from engine.raft.log import Entry, EntryKind
 from engine.raft.machine import ApplyMeta, CheckpointRequest, MachineEffect, ReleaseCursor
 from engine.raft.messages import Message
 from engine.raft.server import RaftOptions, RaftServer, Role
-from engine.raft.snapshot import Snapshot
+from engine.raft.snapshot import Snapshot, SnapshotMeta
 from engine.runtime import observe
 from engine.runtime.api import (
     BrowsedMessage,
@@ -149,6 +154,7 @@ from engine.storage import (
     OsDisk,
     Persisted,
     Removed,
+    ServerLog,
     SnapshotReset,
     WalBatch,
     WriteFailed,
@@ -499,7 +505,7 @@ class Node:
             machine.restore(cast(bytes, rec.checkpoint.state))
             base = rec.checkpoint.index
             checkpoint = CheckpointInfo(base, 0, len(encode_checkpoint(rec.checkpoint)))
-        snapshot = self._raft_snapshot(meta.uid, rec.log.snapshot_index())
+        snapshot, checkpoint_meta = self._raft_metas(meta.uid, rec.log, rec.checkpoint)
         hs = rec.hard_state
         hard = None
         if hs is not None:
@@ -516,7 +522,9 @@ class Node:
         # A lone voter campaigns on its first tick instead of after an election timeout.
         start_ms = now - self.limits.election_timeout_ms_max if lone else now
         options = RaftOptions(sid, random.Random(self._rng.getrandbits(64)), self.limits)
-        raft = RaftServer(options, rec.log, hard, snapshot, bootstrap, max(0, start_ms))
+        raft = RaftServer(
+            options, rec.log, hard, snapshot, bootstrap, max(0, start_ms), checkpoint_meta
+        )
         rep = Replica(meta, sid, raft, machine, rec.log, base, checkpoint=checkpoint)
         rep.applied_index = raft.applied
         if hs is not None:
@@ -528,19 +536,36 @@ class Node:
         self._by_uid[meta.uid] = rep
         return rep
 
+    def _raft_metas(
+        self, uid: str, server_log: ServerLog, cp: Checkpoint | None
+    ) -> tuple[SnapshotMeta | None, SnapshotMeta | None]:
+        """Where the core starts: the snapshot's and the restored checkpoint's index, term
+        and configuration. No live entry is read: a restart does not grow with depth."""
+        index = server_log.snapshot_index()
+        snapshot = None
+        if index:
+            if cp is not None and cp.index == index:
+                config = Configuration.decode(cp.config)
+            else:
+                snap = self._raft_snapshot(uid, index)
+                assert snap is not None
+                config = snap.config
+            snapshot = SnapshotMeta(index, server_log.snapshot_term(), config)
+        checkpoint = None
+        if cp is not None and cp.index >= index:
+            checkpoint = SnapshotMeta(cp.index, cp.term, Configuration.decode(cp.config))
+        return snapshot, checkpoint
+
     def _raft_snapshot(self, uid: str, index: int) -> Snapshot | None:
-        """The Raft core's view of the storage snapshot, with its live entries (the core
-        may ship it to a follower that lags behind it)."""
+        """The storage snapshot as the core ships it to a follower that lags behind it:
+        the checkpoint only; the core reads the live entries the follower lacks."""
         if index == 0:
             return None
-        storage = self._need_storage()
-        cp = storage.checkpoints(uid).read_snapshot()
+        cp = self._need_storage().checkpoints(uid).read_snapshot()
         if cp is None or cp.index != index:
             raise StorageFailed(f"queue {uid}: snapshot at {index} unreadable")
-        server_log = storage.log(uid)
-        live = tuple(server_log.read(i) for i in cp.live_indexes)
         config = Configuration.decode(cp.config)
-        return Snapshot(cp.index, cp.term, config, bytes(cp.state), cp.live_indexes, live)
+        return Snapshot(cp.index, cp.term, config, bytes(cp.state), cp.live_indexes)
 
     def _close_replica(self, rep: Replica, error: QuorraError) -> None:
         rep.closed = True
@@ -604,7 +629,7 @@ class Node:
             rep.hard_state_written = (hs.term, hs.vote)
             ops += 1
         if rd.snapshot_to_install is not None:
-            self._install(rep, rd.snapshot_to_install)
+            self._install(rep, rd.snapshot_to_install, rd.snapshot_entries)
             ops += 1
         if rd.entries_to_persist:
             self._submit(rep, AppendOp(rep.uid, tuple(rd.entries_to_persist)))
@@ -642,9 +667,15 @@ class Node:
             raise failed
         storage.wal.submit(op)
 
-    def _install(self, rep: Replica, snap: Snapshot) -> None:
-        """A snapshot from the leader replaces this replica's log and state."""
+    def _install(self, rep: Replica, snap: Snapshot, given: list[Entry]) -> None:
+        """A snapshot from the leader replaces this replica's log and state. ``given`` are
+        the live entries this replica lacked; storage keeps the others it holds."""
         storage = self._need_storage()
+        # Until SnapshotReset the log view drops its segments: serve the live entries
+        # from memory meanwhile (storage reads the held ones to write them anyway).
+        installed = {e.index: e for e in given}
+        for index in snap.live_indexes - BitMap64(installed):
+            installed[index] = rep.log.read(index)
         cp = Checkpoint(
             snap.index,
             snap.term,
@@ -653,11 +684,11 @@ class Node:
             snap.live_indexes,
             snap.machine_state,
         )
-        storage.install_snapshot(rep.uid, cp, snap.live_entries)
+        storage.install_snapshot(rep.uid, cp, given)
         rep.machine.restore(snap.machine_state)
         rep.base_index = snap.index
         rep.applied_index, rep.applied_term = snap.index, snap.term
-        rep.installed_live = {e.index: e for e in snap.live_entries}
+        rep.installed_live = installed
         rep.checkpoint = CheckpointInfo(snap.index, now_ms(), len(encode_checkpoint(cp)))
 
     def _send(self, rep: Replica, msg: Message) -> None:
@@ -861,8 +892,8 @@ class Node:
 
     def _maybe_offer_snapshot(self, rep: Replica) -> None:
         """Hand the core the storage snapshot once a follower lags behind it (its entries
-        are gone from the log). Built only then: it carries the live entries' payloads,
-        which the core keeps in memory to ship in chunks."""
+        are gone from the log). Built only then; it carries no payload: the core reads the
+        live entries the follower lacks from the log as it sends them."""
         raft = rep.raft
         if raft.role is not Role.LEADER or not raft.progress:
             return

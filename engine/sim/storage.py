@@ -9,6 +9,7 @@ the durable state and, when told to, a torn prefix of the first unsynced write.
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -19,9 +20,15 @@ from engine.raft.snapshot import Snapshot
 
 class SimStorage(LogStore, Protocol):
     def write(
-        self, hard_state: HardState | None, snapshot: Snapshot | None, entries: list[Entry]
+        self,
+        hard_state: HardState | None,
+        snapshot: Snapshot | None,
+        entries: list[Entry],
+        snapshot_entries: Sequence[Entry] = (),
     ) -> None:
-        """Buffer one ``Ready``'s writes (snapshot, then entries, then hard state)."""
+        """Buffer one ``Ready``'s writes (snapshot, then entries, then hard state). An
+        installed snapshot's live entries are ``snapshot_entries`` plus the others,
+        which this storage holds already."""
         ...
 
     def sync(self) -> None:
@@ -38,10 +45,12 @@ class SimStorage(LogStore, Protocol):
         write's entries (a torn write)."""
         ...
 
-    def recover(self) -> tuple[HardState | None, Snapshot | None]: ...
+    def recover(self) -> tuple[HardState | None, Snapshot | None]:
+        """The hard state and the snapshot (no payloads): the machine restores from it."""
+        ...
 
-    def entry(self, index: int) -> Entry:
-        """A single entry, also a live one kept below the snapshot (machine reads)."""
+    def snapshot(self) -> Snapshot | None:
+        """The newest durable snapshot, for a leader to ship to a lagging follower."""
         ...
 
 
@@ -69,10 +78,24 @@ class _State:
         del self.entries[start - first :]
         self.entries.extend(entries)
 
-    def install(self, snapshot: Snapshot) -> None:
+    def entry(self, index: int) -> Entry:
+        if index <= self.snap_index:
+            if index not in self.live:
+                raise LookupError(index)
+            return self.live[index]
+        pos = index - self.snap_index - 1
+        if pos >= len(self.entries):
+            raise LookupError(index)
+        return self.entries[pos]
+
+    def install(self, snapshot: Snapshot, given: Sequence[Entry]) -> None:
+        live = {e.index: e for e in given}
+        for index in snapshot.live_indexes:
+            if index not in live:
+                live[index] = self.entry(index)  # held: a committed entry of ours
         self.snapshot = snapshot
         self.entries = []
-        self.live = {e.index: e for e in snapshot.live_entries}
+        self.live = live
 
     def compact(self, snapshot: Snapshot) -> None:
         first = self.snap_index + 1
@@ -91,7 +114,11 @@ class MemStorage:
     def __init__(self) -> None:
         self.durable = _State()
         self.visible = _State()
-        self.pending: list[tuple[HardState | None, Snapshot | None, list[Entry]]] = []
+        self.entry_reads = 0
+        """Single-entry reads (payloads of live entries), counted for tests."""
+        self.pending: list[
+            tuple[HardState | None, Snapshot | None, list[Entry], Sequence[Entry]]
+        ] = []
 
     # --- LogStore -------------------------------------------------------------------
 
@@ -130,14 +157,18 @@ class MemStorage:
     # --- SimStorage -----------------------------------------------------------------
 
     def write(
-        self, hard_state: HardState | None, snapshot: Snapshot | None, entries: list[Entry]
+        self,
+        hard_state: HardState | None,
+        snapshot: Snapshot | None,
+        entries: list[Entry],
+        snapshot_entries: Sequence[Entry] = (),
     ) -> None:
-        self._apply(self.visible, hard_state, snapshot, entries)
-        self.pending.append((hard_state, snapshot, entries))
+        self._apply(self.visible, hard_state, snapshot, entries, snapshot_entries)
+        self.pending.append((hard_state, snapshot, entries, snapshot_entries))
 
     def sync(self) -> None:
-        for hs, snap, entries in self.pending:
-            self._apply(self.durable, hs, snap, entries)
+        for hs, snap, entries, given in self.pending:
+            self._apply(self.durable, hs, snap, entries, given)
         self.pending = []
 
     def save_snapshot(self, snapshot: Snapshot) -> None:
@@ -149,28 +180,33 @@ class MemStorage:
 
     def crash(self, rng: random.Random, tear: bool) -> None:
         if tear and self.pending:
-            _hs, snap, entries = self.pending[0]
+            _hs, snap, entries, _given = self.pending[0]
             if snap is None and entries:
                 keep = rng.randint(1, len(entries))
-                self._apply(self.durable, None, None, entries[:keep])
+                self._apply(self.durable, None, None, entries[:keep], ())
         self.pending = []
         self.visible = self.durable.copy()
 
     def recover(self) -> tuple[HardState | None, Snapshot | None]:
         return self.visible.hard_state, self.visible.snapshot
 
+    def snapshot(self) -> Snapshot | None:
+        return self.durable.snapshot
+
     def entry(self, index: int) -> Entry:
-        v = self.visible
-        if index <= v.snap_index:
-            return v.live[index]
-        return v.entries[index - v.snap_index - 1]
+        self.entry_reads += 1
+        return self.visible.entry(index)
 
     @staticmethod
     def _apply(
-        state: _State, hs: HardState | None, snap: Snapshot | None, entries: list[Entry]
+        state: _State,
+        hs: HardState | None,
+        snap: Snapshot | None,
+        entries: list[Entry],
+        given: Sequence[Entry],
     ) -> None:
         if snap is not None:
-            state.install(snap)
+            state.install(snap, given)
         state.put_entries(entries)
         if hs is not None:
             state.hard_state = hs

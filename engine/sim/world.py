@@ -204,6 +204,7 @@ class World:
 
     def _tick(self) -> None:
         for node in self.live_nodes():
+            self._maybe_offer_snapshot(node)
             self._step(node, Tick(self.now_ms))
         self.schedule(self.limits.tick_ms, self._tick)
 
@@ -246,7 +247,9 @@ class World:
             obs.on_ready(self, node, rd)
         wrote = rd.hard_state is not None or rd.snapshot_to_install is not None
         if wrote or rd.entries_to_persist:
-            node.storage.write(rd.hard_state, rd.snapshot_to_install, rd.entries_to_persist)
+            node.storage.write(
+                rd.hard_state, rd.snapshot_to_install, rd.entries_to_persist, rd.snapshot_entries
+            )
         if rd.entries_to_persist:
             last = rd.entries_to_persist[-1]
             node.persist_events.append(Persisted(last.index, last.term))
@@ -309,14 +312,26 @@ class World:
             self._take_snapshot(node, applied, term)
 
     def _take_snapshot(self, node: SimNode, index: int, term: int) -> None:
-        """Checkpoint the machine as of ``index`` (just applied) plus its live entries."""
+        """Checkpoint the machine as of ``index`` (just applied) and its live indexes."""
         raft = node.raft
         live = node.machine.live_indexes()
-        entries = tuple(node.storage.entry(i) for i in live)
-        snap = Snapshot(index, term, raft.config_at(index), node.machine.snapshot(), live, entries)
+        snap = Snapshot(index, term, raft.config_at(index), node.machine.snapshot(), live)
         node.storage.save_snapshot(snap)
         node.snapshot_index = index
         raft.step(SnapshotTaken(snap))
+
+    def _maybe_offer_snapshot(self, node: SimNode) -> None:
+        """As the runtime does: a restarted leader gets storage's snapshot once a
+        follower lags behind it (the core starts from its meta only)."""
+        raft = node.raft
+        index = node.storage.snapshot_index()
+        if raft.role is not Role.LEADER or index <= (raft.snapshot.index if raft.snapshot else 0):
+            return
+        if all(pr.match >= index for pr in raft.progress.values()):
+            return
+        snap = node.storage.snapshot()
+        if snap is not None and snap.index == index and index <= raft.applied:
+            raft.step(SnapshotTaken(snap))
 
     # --- servers ----------------------------------------------------------------------
 
@@ -325,9 +340,11 @@ class World:
         options = RaftOptions(sid, node_rng, self.limits, fault=self.config.fault)
         hard_state, snapshot = storage.recover()
         machine = self.workload.make_machine()
+        meta = None
         if snapshot is not None:
             machine.restore(snapshot.machine_state)
-        raft = RaftServer(options, storage, hard_state, snapshot, self.bootstrap, self.now_ms)
+            meta = snapshot.meta
+        raft = RaftServer(options, storage, hard_state, meta, self.bootstrap, self.now_ms)
         every = self.rng.randint(5, 60)
         node = SimNode(sid, storage, machine, raft, node_rng, every)
         node.snapshot_index = snapshot.index if snapshot else 0

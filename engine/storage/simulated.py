@@ -10,6 +10,7 @@ entries in its own unstable buffer.
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 
 from engine.ids import ServerId
 from engine.limits import DEFAULT_LIMITS, Limits
@@ -75,13 +76,20 @@ class SimDiskStorage:
     def entries(self, lo: int, hi: int, max_bytes: int) -> list[Entry]:
         return self._log.entries(lo, hi, max_bytes)
 
+    def entry(self, index: int) -> Entry:
+        return self._log.read(index)
+
     # -- SimStorage -------------------------------------------------------------------------
 
     def write(
-        self, hard_state: RaftHardState | None, snapshot: Snapshot | None, entries: list[Entry]
+        self,
+        hard_state: RaftHardState | None,
+        snapshot: Snapshot | None,
+        entries: list[Entry],
+        snapshot_entries: Sequence[Entry] = (),
     ) -> None:
         if snapshot is not None:
-            self.node.install_snapshot(UID, _checkpoint(snapshot), snapshot.live_entries)
+            self.node.install_snapshot(UID, _checkpoint(snapshot), snapshot_entries)
         if entries:
             self.node.append(UID, entries)
         if hard_state is not None:
@@ -109,14 +117,16 @@ class SimDiskStorage:
         hs = self.recovered.hard_state
         raft_hs = None if hs is None else RaftHardState(hs.term, _vote(hs.vote), hs.commit)
         cp = self.recovered.checkpoint
-        if cp is None:
-            return raft_hs, None
-        live = tuple(self._log.read(i) for i in cp.live_indexes)
-        config = Configuration.decode(cp.config)
-        return raft_hs, Snapshot(cp.index, cp.term, config, bytes(cp.state), cp.live_indexes, live)
+        return raft_hs, None if cp is None else _snapshot(cp)
 
-    def entry(self, index: int) -> Entry:
-        return self._log.read(index)
+    def snapshot(self) -> Snapshot | None:
+        cp = self.node.checkpoints(UID).read_snapshot()
+        return None if cp is None else _snapshot(cp)
+
+
+def _snapshot(cp: Checkpoint) -> Snapshot:
+    config = Configuration.decode(cp.config)
+    return Snapshot(cp.index, cp.term, config, bytes(cp.state), cp.live_indexes)
 
 
 def _vote(vote: str | None) -> ServerId | None:

@@ -75,7 +75,8 @@ class Cluster:
             fault=self.fault,
         )
         hs, snap = storage.recover()
-        raft = RaftServer(options, storage, hs, snap, self.config, self.now_ms)
+        meta = snap.meta if snap is not None else None
+        raft = RaftServer(options, storage, hs, meta, self.config, self.now_ms)
         node = Node(raft, storage)
         if snap is not None:
             node.machine.restore(snap.machine_state)
@@ -108,7 +109,9 @@ class Cluster:
                 return merged
             node.readies.append(rd)
             _merge(merged, rd)
-            node.storage.write(rd.hard_state, rd.snapshot_to_install, rd.entries_to_persist)
+            node.storage.write(
+                rd.hard_state, rd.snapshot_to_install, rd.entries_to_persist, rd.snapshot_entries
+            )
             if rd.snapshot_to_install is not None:
                 node.machine.restore(rd.snapshot_to_install.machine_state)
             self.sent.extend(rd.messages)
@@ -188,8 +191,7 @@ class Cluster:
         term = raft.log.term(index)
         assert term is not None
         live = node.machine.live_indexes()
-        entries = tuple(node.storage.entry(i) for i in live)
-        snap = Snapshot(index, term, raft.config_at(index), node.machine.snapshot(), live, entries)
+        snap = Snapshot(index, term, raft.config_at(index), node.machine.snapshot(), live)
         node.storage.save_snapshot(snap)
         raft.step(SnapshotTaken(snap))
         return snap
@@ -198,6 +200,7 @@ class Cluster:
 def _merge(into: Ready, rd: Ready) -> None:
     into.hard_state = rd.hard_state or into.hard_state
     into.snapshot_to_install = rd.snapshot_to_install or into.snapshot_to_install
+    into.snapshot_entries += rd.snapshot_entries
     into.entries_to_persist += rd.entries_to_persist
     into.messages += rd.messages
     into.messages_after_persist += rd.messages_after_persist

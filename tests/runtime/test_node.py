@@ -18,6 +18,7 @@ from engine.errors import (
     StorageFailed,
     ValidationFailed,
 )
+from engine.raft.log import Entry
 from engine.runtime import Node
 from engine.runtime.api import (
     CheckpointRecord,
@@ -25,6 +26,7 @@ from engine.runtime.api import (
     OutgoingMessage,
     QueueArgs,
 )
+from engine.storage import ServerLog
 from tests.runtime.util import FAST, drain, msgs, rolling, run, started
 
 
@@ -492,6 +494,43 @@ def test_replay_after_restart_does_not_repeat_leader_effects(tmp_path: Path) -> 
             await asyncio.sleep(0.3)
             assert node.stats("dlq")["published"] == 1
             assert await drain(node, "dlq") == []
+        finally:
+            await node.stop()
+
+    run(body())
+
+
+def test_restart_after_a_promoted_snapshot_reads_no_live_payload(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def body() -> None:
+        node = await started(tmp_path)
+        await node.create_queue("deep", QueueArgs())
+        for k in range(20):
+            await node.publish("deep", msgs(*[f"{k}-{i}" for i in range(100)]))
+        await node.checkpoint("deep")
+        await node.compact("deep")
+        await node.publish("deep", msgs("tail-1", "tail-2"))
+        snapshot_index = node.stats("deep")["log"]["snapshot_index"]  # type: ignore[index]
+        assert snapshot_index > 20  # one entry per published batch
+        await node.stop()
+
+        reads: list[int] = []
+        read = ServerLog.read
+
+        def counting(self: ServerLog, index: int) -> Entry:
+            reads.append(index)
+            return read(self, index)
+
+        monkeypatch.setattr(ServerLog, "read", counting)
+        node = await started(tmp_path)
+        try:
+            assert [i for i in reads if i <= snapshot_index] == [], "no live entry was read"
+            rep = node._replicas["deep"]
+            assert rep.raft.snapshot is None and rep.raft.log.snapshot_index == snapshot_index
+            assert node.stats("deep")["messages_ready"] == 2002
+            bodies = await drain(node, "deep")
+            assert len(bodies) == 2002 and bodies[0] == b"0-0" and bodies[-1] == b"tail-2"
         finally:
             await node.stop()
 

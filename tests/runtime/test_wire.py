@@ -50,6 +50,8 @@ VALUES: list[object] = [
     HeartbeatResponse(A, B, 3, 4),
     SnapshotChunk(A, B, 3, 100, 2, 0, b"chunk", False),
     SnapshotResponse(A, B, 3, 100, -1),
+    SnapshotChunk(A, B, 3, 100, 2, 40, b"", True, [Entry(7, 1, EntryKind.COMMAND, 5, b"p")]),
+    SnapshotResponse(A, B, 3, 100, 40, b"\x01missing"),
     TimeoutNow(A, B, 3),
     QueueMeta("q", "uid", QueueArgs(replicas=3, dead_letter_queue="d"), 5, ("n1", "n2")),
     QueueInfo("q", "uid", QueueArgs(), 7),
@@ -65,7 +67,7 @@ VALUES: list[object] = [
 def test_round_trip(value: object) -> None:
     back = wire.decode(wire.encode(value))
     assert back == value
-    if isinstance(value, AppendRequest):
+    if isinstance(value, AppendRequest | SnapshotChunk):
         assert all(type(e.kind) is EntryKind for e in back.entries)
 
 
