@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse
@@ -99,7 +99,9 @@ class QueueRow:
     configurable: bool
 
 
-def _rows(request: Request, login: Any, needle: str) -> tuple[list[QueueRow], int]:
+def _rows(
+    request: Request, login: Any, needle: str, sort: str = "name"
+) -> tuple[list[QueueRow], int]:
     node = node_of(request)
     who = login.principal
     needle = needle.strip().lower()
@@ -108,6 +110,9 @@ def _rows(request: Request, login: Any, needle: str) -> tuple[list[QueueRow], in
         for q in node.queues()
         if can_see(who, q.name) and (not needle or needle in q.name.lower())
     ]
+    if sort == "depth":  # by the sampler's newest figures: no engine call per queue
+        depth = {n: s.ready + s.unacked for n, s in store_of(request.app).latest()}
+        visible.sort(key=lambda q: (-depth.get(q.name, 0), q.name))
     rows = []
     reads = reads_of(request.app)
     for info in visible[:ROWS_MAX]:
@@ -120,12 +125,15 @@ def _rows(request: Request, login: Any, needle: str) -> tuple[list[QueueRow], in
 
 
 QueueFilter = Annotated[str, Query(max_length=200)]
+QueueSort = Annotated[Literal["name", "depth"], Query()]
 
 
 @router.get("/queues", response_class=HTMLResponse)
-async def queues_page(request: Request, login: LoginDep, q: QueueFilter = "") -> HTMLResponse:
+async def queues_page(
+    request: Request, login: LoginDep, q: QueueFilter = "", sort: QueueSort = "name"
+) -> HTMLResponse:
     try:
-        rows, matching = _rows(request, login, q)
+        rows, matching = _rows(request, login, q, sort)
     except QuorraError as e:
         return not_shown(request, login, e)
     context = {
@@ -133,6 +141,7 @@ async def queues_page(request: Request, login: LoginDep, q: QueueFilter = "") ->
         "matching": matching,
         "rows_max": ROWS_MAX,
         "q": q,
+        "sort": sort,
         "may_create": bool(login.principal.configure),
         "queue_names": _names(request.app.state.node),
         "limits": request.app.state.settings.limits,
@@ -141,12 +150,14 @@ async def queues_page(request: Request, login: LoginDep, q: QueueFilter = "") ->
 
 
 @router.get("/fragments/queues", response_class=HTMLResponse)
-async def queue_rows(request: Request, login: LoginDep, q: QueueFilter = "") -> HTMLResponse:
+async def queue_rows(
+    request: Request, login: LoginDep, q: QueueFilter = "", sort: QueueSort = "name"
+) -> HTMLResponse:
     try:
-        rows, matching = _rows(request, login, q)
+        rows, matching = _rows(request, login, q, sort)
     except QuorraError as e:
         return flash(request, e.detail, kind="bad", status_code=e.status)
-    context = {"rows": rows, "matching": matching, "rows_max": ROWS_MAX, "q": q}
+    context = {"rows": rows, "matching": matching, "rows_max": ROWS_MAX, "q": q, "sort": sort}
     return render(request, "_queue_rows.html", context, login)
 
 

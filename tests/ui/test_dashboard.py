@@ -127,17 +127,25 @@ def test_operator_journey(page: Page, ui_server: UiServer) -> None:
     expect(page.locator("#depth-ready")).to_have_text("0")
     screenshot(page, "05-dead-letter-queue")
 
+    with ui_server.api() as api:  # first by name, last by depth
+        assert api.put("/queues/a.empty", json={"max_message_bytes": 1024}).status_code == 201
     page.goto(f"{ui_server.url}/queues")
     page.fill("#queue-filter", "orders")
     expect(page.locator("#queue-table tbody tr[data-queue]")).to_have_count(2)
     page.fill("#queue-filter", "dlq")
     expect(page.locator("#queue-table tbody tr[data-queue]")).to_have_count(1)
     page.fill("#queue-filter", "")
-    expect(page.locator("#queue-table tbody tr[data-queue]")).to_have_count(2)
+    rows = page.locator("#queue-table tbody tr[data-queue]")
+    expect(rows).to_have_count(3)
+    expect(rows.first).to_have_attribute("data-queue", "a.empty")
+    page.select_option("#queue-sort", "depth")
+    expect(rows.first).to_have_attribute("data-queue", "orders")
+    page.select_option("#queue-sort", "name")
+    expect(rows.first).to_have_attribute("data-queue", "a.empty")
     screenshot(page, "03-queues")
 
     page.goto(f"{ui_server.url}/")
-    page.wait_for_function("document.querySelector('#total-queues').textContent.trim() === '2'")
+    page.wait_for_function("document.querySelector('#total-queues').textContent.trim() === '3'")
     screenshot(page, "02-overview")
 
     # Delete from the queue page: confirmed, then back to the list without it.
@@ -146,6 +154,7 @@ def test_operator_journey(page: Page, ui_server: UiServer) -> None:
     page.wait_for_url(f"{ui_server.url}/queues")
     expect(page.locator('#queue-table tr[data-queue="orders"]')).to_have_count(0)
     expect(page.locator('#queue-table tr[data-queue="orders.dlq"]')).to_have_count(1)
+    expect(page.locator('#queue-table tr[data-queue="a.empty"]')).to_have_count(1)
     with ui_server.api() as api:
         assert api.get("/queues/orders").status_code == 404
         actions = {
