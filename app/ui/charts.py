@@ -14,6 +14,8 @@ from markupsafe import Markup, escape
 
 CHART_POINTS_MAX = 240
 NONE = "\N{EN DASH}"
+CHART_HEADROOM = 1.3
+"""The top of a line chart over its highest point: room for the scale label."""
 COLOURS = ("var(--c1)", "var(--c2)", "var(--c3)", "var(--c4)")
 
 
@@ -102,7 +104,7 @@ def line_chart(
             continue
         step = (width - 2 * pad) / (max(longest, 2) - 1)
         offset = longest - len(values)
-        ys = _scale(values, top * 1.1, height - 2 * pad)
+        ys = _scale(values, top * CHART_HEADROOM, height - 2 * pad)
         points = " ".join(
             f"{pad + (offset + i) * step:.1f},{pad + y:.1f}" for i, y in enumerate(ys)
         )
