@@ -1471,9 +1471,12 @@ class Node:
                 if cp is not None:
                     record = await self._write_checkpoint(rep, cp, "auto")
                     await self._notify(record)
-                if release_index is not None:
-                    compaction = await self._release(rep, release_index, "1", "auto")
-                    if compaction is not None:
+                if cp is not None or release_index is not None:
+                    # Compaction runs after each checkpoint (and when the machine releases
+                    # its prefix): promote the newest checkpoint, then the phases, cheapest
+                    # first, until dead entries are within the configured ratio.
+                    compaction = await self._compact_locked(rep, "auto", "auto")
+                    if compaction.phase != "none":
                         await self._notify(compaction)
         except (StorageFailed, OSError) as e:
             log.error("queue %s: checkpoint failed: %s", rep.name, e)
@@ -1529,28 +1532,20 @@ class Node:
         if phase not in ("auto", 1, 2, 3):
             raise ValidationFailed("phase is auto, 1, 2 or 3")
         async with rep.disk_lock:
-            storage = self._need_storage()
-            started_ms, before = now_ms(), observe.segment_totals(rep)
-            job = storage.prepare_compaction(rep.uid, phase)
-            await asyncio.to_thread(job.run)
-            result = storage.finish_compaction(job)
-            ran = ",".join(str(p) for p in result.phases) or "none"
-            duration_ms = result.duration_s * 1000
-            return observe.compaction_record(rep, ran, trigger, started_ms, duration_ms, before)
+            return await self._compact_locked(rep, phase, trigger)
 
-    async def _release(
-        self, rep: Replica, index: int, phase: str, trigger: Trigger
-    ) -> CompactionRecord | None:
+    async def _compact_locked(
+        self, rep: Replica, phase: CompactionPhase, trigger: Trigger
+    ) -> CompactionRecord:
+        """One compaction run; the caller holds ``rep.disk_lock``."""
         storage = self._need_storage()
-        started_ms, started = now_ms(), time.perf_counter()
-        before = observe.segment_totals(rep)
-        # On the loop: it changes the log's segment view, which reads use (storage's
-        # one-thread rule); the work is a rename, a few deletions and directory syncs.
-        promoted = storage.release_cursor(rep.uid, index)
-        if promoted is None:
-            return None
-        duration = (time.perf_counter() - started) * 1000
-        return observe.compaction_record(rep, phase, trigger, started_ms, duration, before)
+        started_ms, before = now_ms(), observe.segment_totals(rep)
+        job = storage.prepare_compaction(rep.uid, phase)
+        await asyncio.to_thread(job.run)
+        result = storage.finish_compaction(job)
+        ran = ",".join(str(p) for p in result.phases) or "none"
+        duration_ms = result.duration_s * 1000
+        return observe.compaction_record(rep, ran, trigger, started_ms, duration_ms, before)
 
     # === observation =================================================================
 
