@@ -113,6 +113,13 @@ class _Incoming:
         return len(self.data) + len(self.entries)
 
 
+def _expected(inc: _Incoming, entries: list[Entry]) -> bool:
+    """``entries`` are the next ones of the missing set, in order."""
+    assert inc.missing is not None
+    k = len(inc.entries)
+    return [e.index for e in entries] == list(inc.missing[k : k + len(entries)])
+
+
 @dataclass(slots=True)
 class _CatchUp:
     request_id: int
@@ -748,7 +755,8 @@ class RaftServer:
             pr.become_probe(pr.snapshot_index + 1)
             self._maybe_send_append(msg.src, pr, allow_empty=True)
             return
-        if msg.missing and pr.snapshot_missing is None:
+        if msg.missing:
+            # The follower's latest word (it may have restarted and lost some entries).
             pr.snapshot_missing = BitMap64.deserialize(msg.missing)
         if msg.next_offset > len(pr.snapshot_data) and pr.snapshot_missing is None:
             return  # the stall timer asks again with a piece of the checkpoint
@@ -979,11 +987,13 @@ class RaftServer:
             self._reply_snapshot(msg, 0)
         elif inc.snapshot is None:
             self._on_checkpoint_piece(msg, inc)
-        elif msg.entries and msg.offset == inc.next_offset():
+        elif msg.entries and msg.offset == inc.next_offset() and _expected(inc, msg.entries):
             inc.entries.extend(msg.entries)
             self._maybe_install(msg, inc)
         else:
-            self._reply_snapshot(msg, inc.next_offset(), inc)
+            # Out of order, or the leader works from another missing set (an answer from
+            # before a restart of ours): say again what we lack.
+            self._reply_snapshot(msg, inc.next_offset(), inc.missing)
 
     def _on_checkpoint_piece(self, msg: SnapshotChunk, inc: _Incoming) -> None:
         if msg.entries or len(inc.data) != msg.offset:
@@ -1012,7 +1022,8 @@ class RaftServer:
     def _maybe_install(self, msg: SnapshotChunk, inc: _Incoming) -> None:
         assert inc.snapshot is not None and inc.missing is not None
         if len(inc.entries) < len(inc.missing):
-            self._reply_snapshot(msg, inc.next_offset(), inc)
+            # The missing set answers a piece of the checkpoint only, not every message.
+            self._reply_snapshot(msg, inc.next_offset(), None if msg.entries else inc.missing)
             return
         assert BitMap64(e.index for e in inc.entries) == inc.missing, "the entries asked for"
         self.incoming_snapshot = None
@@ -1032,16 +1043,11 @@ class RaftServer:
             self.log.stable_last = max(self.log.stable_last, index)
 
     def _reply_snapshot(
-        self, msg: SnapshotChunk, next_offset: int, inc: _Incoming | None = None
+        self, msg: SnapshotChunk, next_offset: int, missing: BitMap64 | None = None
     ) -> None:
-        """``inc`` given: tell the leader which live entries are missing, in answer to a
-        piece of the checkpoint only (it asks that way when it does not know yet)."""
-        missing = b""
-        if inc is not None and inc.missing is not None and not msg.entries:
-            missing = inc.missing.serialize()
-        resp = SnapshotResponse(
-            self.id, msg.src, self.term, msg.snapshot_index, next_offset, missing
-        )
+        """With ``missing``: tell the leader which live entries this server lacks."""
+        data = b"" if missing is None else missing.serialize()
+        resp = SnapshotResponse(self.id, msg.src, self.term, msg.snapshot_index, next_offset, data)
         self.rd.messages_after_persist.append(resp)
 
     # --- persistence, apply, reads -------------------------------------------------------

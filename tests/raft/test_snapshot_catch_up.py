@@ -8,7 +8,7 @@ import dataclasses
 
 from pyroaring import BitMap64
 
-from engine.raft.events import Propose
+from engine.raft.events import Propose, Receive
 from engine.raft.kv import encode_put
 from engine.raft.messages import SnapshotChunk, SnapshotResponse
 from tests.raft.harness import LIMITS, Cluster
@@ -104,3 +104,57 @@ def test_a_restart_after_a_snapshot_reads_no_live_entry() -> None:
     replayed = [e.index for rd in a.readies for e in rd.committed_entries]
     assert replayed == [snap.index + 1, snap.index + 2, snap.index + 3]
     assert a.machine.keys == {f"k{n}": n + 2 for n in range(53)}
+
+
+def test_a_follower_refuses_live_entries_it_did_not_ask_for_and_says_again_what_it_lacks() -> None:
+    c = Cluster(["a", "b", "c"])
+    c.elect("a")
+    for n in range(3):
+        _put(c, "a", n)
+    c.stabilize()
+    c.tick(c.limits.heartbeat_interval_ms, deliver=True)
+    c.cut = {"c"}
+    for n in range(3, 7):
+        _put(c, "a", n)
+    c.stabilize()
+    snap = c.take_snapshot("a")
+    data = snap.encode()
+    a, f = c["a"], c["c"]
+    stored = c.nodes["a"].storage
+
+    def send(offset: int, piece: bytes, done: bool, indexes: list[int]) -> SnapshotResponse:
+        entries = [stored.entry(i) for i in indexes]
+        chunk = SnapshotChunk(
+            a.id, f.id, a.term, snap.index, snap.term, offset, piece, done, entries
+        )
+        f.step(Receive(chunk))
+        (resp,) = f.ready().messages_after_persist
+        assert isinstance(resp, SnapshotResponse)
+        return resp
+
+    first = send(0, data, True, [])
+    assert first.next_offset == len(data)
+    assert BitMap64.deserialize(first.missing) == BitMap64([5, 6, 7, 8])
+    wrong = send(len(data), b"", False, [6, 7])
+    assert wrong.next_offset == len(data) and wrong.missing == first.missing
+    ok = send(len(data), b"", False, [5, 6])
+    assert ok.next_offset == len(data) + 2 and ok.missing == b""
+    f.step(
+        Receive(
+            SnapshotChunk(
+                a.id,
+                f.id,
+                a.term,
+                snap.index,
+                snap.term,
+                len(data) + 2,
+                b"",
+                True,
+                [stored.entry(7), stored.entry(8)],
+            )
+        )
+    )
+    rd = f.ready()
+    assert rd.snapshot_to_install == snap
+    assert [e.index for e in rd.snapshot_entries] == [5, 6, 7, 8]
+    assert [m.next_offset for m in rd.messages_after_persist] == [-1]
