@@ -1557,7 +1557,7 @@ class Node:
 
     def segments(self, name: str) -> list[SegmentInfo]:
         rep = self._replica(name)
-        return observe.segment_infos(rep, rep.machine.live_indexes())
+        return observe.segment_infos(rep, observe.live_indexes(rep))
 
     def cluster(self) -> dict[str, object]:
         now = now_ms()

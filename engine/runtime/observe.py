@@ -6,6 +6,8 @@ engine state, except the rate sample a stats call may add.
 
 from __future__ import annotations
 
+import time
+
 from pyroaring import BitMap64
 
 from engine.errors import QuorraError
@@ -13,9 +15,28 @@ from engine.raft.server import Role
 from engine.runtime.api import CompactionRecord, SegmentInfo, Trigger
 from engine.runtime.replica import Replica, node_of
 
+LIVE_SET_REUSE_S = 1.0
+"""How stale the live set behind stats, segments and records may be while entries apply."""
+
+
+def live_indexes(rep: Replica) -> BitMap64:
+    """The machine's live set, reused while nothing applied or for ``LIVE_SET_REUSE_S``."""
+    now = time.monotonic()
+    cached = rep.live_cache
+    fresh = cached is not None and cached[0] is rep.machine
+    if (
+        fresh
+        and cached is not None
+        and (cached[1] == rep.applied_index or now - cached[2] < LIVE_SET_REUSE_S)
+    ):
+        return cached[3]
+    live = rep.machine.live_indexes()
+    rep.live_cache = (rep.machine, rep.applied_index, now, live)
+    return live
+
 
 def segment_totals(rep: Replica) -> tuple[int, int, int]:
-    segs = segment_infos(rep, rep.machine.live_indexes())
+    segs = segment_infos(rep, live_indexes(rep))
     return len(segs), sum(s.bytes for s in segs), sum(s.dead_entries for s in segs)
 
 
@@ -39,7 +60,7 @@ def compaction_record(
         segments_after=after[0],
         bytes_before=before[1],
         bytes_after=after[1],
-        live_entries=len(rep.machine.live_indexes()),
+        live_entries=len(live_indexes(rep)),
         dead_entries_before=before[2],
         dead_entries_after=after[2],
     )
@@ -48,7 +69,7 @@ def compaction_record(
 def queue_stats(rep: Replica, now: int) -> dict[str, object]:
     """The stats of API.md for one replica."""
     s = rep.machine.stats()
-    live = rep.machine.live_indexes()
+    live = live_indexes(rep)
     segments = segment_infos(rep, live)
     rep.sample(now)
     publish_rate, deliver_rate, ack_rate = rep.rates(now)

@@ -13,6 +13,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from pyroaring import BitMap64
+
 from engine.ids import ServerId
 from engine.queue import QueueMachine
 from engine.raft.log import Entry
@@ -85,6 +87,9 @@ class Replica:
     """(ms, published, delivered, acked) about once a second, for the rates."""
     disk_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     """Serialises checkpoint writes, cursor releases and compactions of this queue."""
+    live_cache: tuple[object, int, float, BitMap64] | None = None
+    """(machine, applied index, monotonic s, live indexes) of the last observation:
+    computing the live set walks every queued reference, too slow for each stats read."""
 
     @property
     def uid(self) -> str:
