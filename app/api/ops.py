@@ -3,6 +3,7 @@ and ``/api/v1/whoami`` and ``/api/v1/audit``."""
 
 from __future__ import annotations
 
+from anyio import from_thread
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
 
@@ -59,7 +60,8 @@ def metrics(request: Request, session: SessionDep, _who: PrincipalDep) -> Respon
     app_metrics: AppMetrics = request.app.state.metrics
     app_metrics.users.set(repo.count_users(session))
     app_metrics.ready.set(1 if readiness(request).ready else 0)
-    return Response(app_metrics.render(), media_type=CONTENT_TYPE_LATEST)
+    # The queue collector reads the engine: do that on the event loop, which owns it.
+    return Response(from_thread.run_sync(app_metrics.render), media_type=CONTENT_TYPE_LATEST)
 
 
 @api_router.get("/whoami", response_model=WhoAmI)

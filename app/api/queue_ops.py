@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Protocol, cast
 
+from anyio import from_thread
 from fastapi import APIRouter, Body, Path, Request, Response, status
 
 from app import queue_admin
@@ -84,7 +85,9 @@ def compaction_out(row: CompactionEntry | CompactionRecord) -> CompactionOut:
 
 
 def _uid(session: SessionDep, node: QueueEngine, name: str) -> str:
-    info = info_of(node, name)  # 404 when the engine has no such queue
+    """Called from a worker thread (the session is synchronous); the engine is read on
+    the event loop, the only thread that changes it."""
+    info = from_thread.run_sync(info_of, node, name)  # 404 when the engine has no such queue
     row = repo.get_queue(session, name)
     return row.uid if row is not None else info.uid
 
@@ -143,7 +146,7 @@ def list_compactions(
 ) -> CompactionsOut:
     """The log now and the compaction runs, newest first."""
     uid = _uid(session, node, name)
-    log = node.stats(name).get("log", {})
+    log = from_thread.run_sync(node.stats, name).get("log", {})
     return CompactionsOut(
         current=dict(log) if isinstance(log, dict) else {},
         history=[compaction_out(r) for r in repo.list_compactions(session, uid)],
@@ -151,7 +154,7 @@ def list_compactions(
 
 
 @router.get("/queues/{name}/segments", response_model=list[SegmentOut], responses=PROBLEMS)
-def list_segments(name: QueueName, _who: CanSee, node: NodeDep) -> list[SegmentOut]:
+async def list_segments(name: QueueName, _who: CanSee, node: NodeDep) -> list[SegmentOut]:
     """Each segment file of the queue's log: index range, bytes, live and dead entries."""
     info_of(node, name)
     return [SegmentOut.model_validate(s, from_attributes=True) for s in node.segments(name)]
@@ -161,7 +164,7 @@ def list_segments(name: QueueName, _who: CanSee, node: NodeDep) -> list[SegmentO
 
 
 @cluster_router.get("/cluster", responses=PROBLEMS)
-def cluster(_who: PrincipalDep, node: NodeDep) -> dict[str, Any]:
+async def cluster(_who: PrincipalDep, node: NodeDep) -> dict[str, Any]:
     """Nodes, their health, and the queues each leads."""
     return node.cluster()
 
@@ -182,7 +185,9 @@ MEMBER_PROBLEMS = PROBLEMS | problem_responses(409, 501)
 @cluster_router.post(
     "/queues/{name}/members", status_code=status.HTTP_202_ACCEPTED, responses=MEMBER_PROBLEMS
 )
-def add_member(name: QueueName, body: MemberIn, _who: CanConfigure, node: NodeDep) -> Response:
+async def add_member(
+    name: QueueName, body: MemberIn, _who: CanConfigure, node: NodeDep
+) -> Response:
     """Add a replica on ``node`` (one change at a time)."""
     raise _membership_unavailable(node, name)
 
@@ -192,7 +197,7 @@ def add_member(name: QueueName, body: MemberIn, _who: CanConfigure, node: NodeDe
     status_code=status.HTTP_202_ACCEPTED,
     responses=MEMBER_PROBLEMS,
 )
-def remove_member(
+async def remove_member(
     name: QueueName,
     node_name: Annotated[str, Path(min_length=1, max_length=200)],
     _who: CanConfigure,

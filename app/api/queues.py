@@ -60,7 +60,7 @@ def _check_target(who: Principal, name: str, target: str | None) -> None:
 
 
 @router.get("", response_model=list[QueueOut], responses=PROBLEMS)
-def list_queues(who: PrincipalDep, node: NodeDep) -> list[QueueOut]:
+async def list_queues(who: PrincipalDep, node: NodeDep) -> list[QueueOut]:
     """The queues the caller holds any permission on, by name, with their stats."""
     infos = sorted(node.queues(), key=lambda q: q.name)
     visible = [q for q in infos if any(who.can(p, q.name) for p in PERMISSIONS)]
@@ -94,7 +94,7 @@ async def put_queue(
 
 
 @router.get("/{name}", response_model=QueueOut, responses=PROBLEMS)
-def get_queue(name: QueueName, _who: CanSee, node: NodeDep) -> QueueOut:
+async def get_queue(name: QueueName, _who: CanSee, node: NodeDep) -> QueueOut:
     return queue_out(node, info_of(node, name))
 
 
