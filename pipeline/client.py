@@ -23,7 +23,6 @@ RETRY_STATUSES = frozenset({429, 503})
 RETRIES_MAX = 60
 RETRY_AFTER_S_MAX = 10.0
 TIMEOUT_S = 60.0
-STATS_RETRIES = 5
 
 
 class QuorraError(Exception):
@@ -135,18 +134,8 @@ class QuorraClient:
         self.request("DELETE", f"/queues/{queue}")
 
     def queue(self, queue: str) -> dict[str, Any]:
-        """Definition and ``stats``. A read without effect, so a 500 is retried a few
-        times: the server's stats are read from a worker thread while the event loop
-        changes the queue, which now and then fails with an IndexError in
-        engine/queue/pages.py (reported; remove the retry when that is fixed)."""
-        for attempt in range(STATS_RETRIES):
-            try:
-                return dict(self.request("GET", f"/queues/{queue}"))
-            except QuorraError as e:
-                if e.status != 500 or attempt == STATS_RETRIES - 1:
-                    raise
-                self._sleep(0.05)
-        raise AssertionError("unreachable")
+        """Definition and ``stats``."""
+        return dict(self.request("GET", f"/queues/{queue}"))
 
     def queues(self) -> list[dict[str, Any]]:
         answer = self.request("GET", "/queues")
