@@ -39,6 +39,7 @@ from app.node import NodeFactory, make_node, record_listener
 from app.problems import install_problem_handlers, problem_response
 from app.settings import Settings, load_secret_key
 from app.throttle import FailureThrottle
+from app.token_cache import TokenCache
 from app.ui import dashboard
 from app.ui.sessions import SessionSigner
 from app.ui.views import install_ui_handlers
@@ -104,6 +105,7 @@ def _lifespan(
                 upgrade_to_head, db.engine, settings.migrations_dir
             )
             state.db = db
+            state.token_cache.watch(db.session_factory)
             report = await anyio.to_thread.run_sync(bootstrap, db, settings)
             # The engine seam (app/node.py): started after the metadata it mirrors
             # into, stopped before the database closes.
@@ -219,6 +221,7 @@ def create_app(
     app.state.settings = settings
     app.state.metrics = AppMetrics()
     app.state.login_throttle = FailureThrottle()
+    app.state.token_cache = TokenCache()
     app.state.templates = Jinja2Templates(directory=settings.templates_dir)
     app.state.ready, app.state.node, app.state.engine, app.state.migrations = (
         False,

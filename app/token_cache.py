@@ -1,0 +1,60 @@
+"""Principals by token digest, for a second: authentication without a query per request.
+
+Every API call authenticates its bearer token; an ORM read of the token and its user
+was about half of a publish's server time. The cache keeps what such a read found for
+``ttl_s`` and forgets everything as soon as a flush in this process touches a user or a
+token (revocation, deletion, new permissions), so those take effect at once here. A
+change made by another process on the same database (``quorra user add``) adds users
+and tokens, which are never cached as missing; anything else it changes is seen within
+``ttl_s``.
+"""
+
+from __future__ import annotations
+
+import time
+from itertools import chain
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.auth import Principal
+from app.db.models import ApiToken, User
+
+
+class TokenCache:
+    def __init__(self, ttl_s: float = 1.0, entries_max: int = 10_000) -> None:
+        assert ttl_s > 0 and entries_max > 0
+        self.ttl_s = ttl_s
+        self.entries_max = entries_max
+        self._entries: dict[str, tuple[Principal, float]] = {}
+
+    def get(self, digest: str) -> Principal | None:
+        found = self._entries.get(digest)
+        if found is None:
+            return None
+        principal, expires = found
+        if time.monotonic() >= expires:
+            del self._entries[digest]
+            return None
+        return principal
+
+    def put(self, digest: str, principal: Principal) -> None:
+        if len(self._entries) >= self.entries_max:
+            self._entries.clear()  # bounded; a full cache refills within a second
+        self._entries[digest] = (principal, time.monotonic() + self.ttl_s)
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def watch(self, factory: sessionmaker[Session]) -> None:
+        """Forget everything whenever a session of ``factory`` flushes a user or token."""
+        event.listen(factory, "after_flush", self._on_flush)
+
+    def _on_flush(self, session: Session, _context: Any) -> None:
+        changed = chain(session.new, session.dirty, session.deleted)
+        if any(isinstance(obj, User | ApiToken) for obj in changed):
+            self.clear()

@@ -1,0 +1,71 @@
+"""The token cache: a hit skips the database, entries expire, and any flush that touches a
+user or a token empties it (so revocations and permission changes apply at once)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from app.auth import Principal
+from app.db import repo
+from app.db.migrate import upgrade_to_head
+from app.db.session import Database
+from app.settings import PROJECT_ROOT
+from app.token_cache import TokenCache
+
+ALICE = Principal(user_id=1, name="alice", role="user", configure="", write="a.*", read="a.*")
+
+
+def test_hit_until_ttl_then_miss() -> None:
+    cache = TokenCache(ttl_s=0.05)
+    cache.put("d1", ALICE)
+    assert cache.get("d1") == ALICE
+    assert cache.get("d2") is None
+    time.sleep(0.06)
+    assert cache.get("d1") is None
+    assert len(cache) == 0
+
+
+def test_bounded() -> None:
+    cache = TokenCache(entries_max=3)
+    for i in range(3):
+        cache.put(f"d{i}", ALICE)
+    cache.put("d3", ALICE)
+    assert len(cache) <= 3 and cache.get("d3") == ALICE
+
+
+def test_a_flush_touching_users_or_tokens_empties_it(tmp_path: Path) -> None:
+    db = Database(f"sqlite:///{tmp_path / 'meta.sqlite3'}")
+    try:
+        upgrade_to_head(db.engine, PROJECT_ROOT / "migrations")
+        cache = TokenCache()
+        cache.watch(db.session_factory)
+        with db.transaction() as session:
+            user = repo.create_user(
+                session,
+                name="bob",
+                password_hash="x",
+                role="user",
+                configure="",
+                write="",
+                read="",
+            )
+            token = repo.create_token(session, user=user, digest="dg", prefix="qra_", name="t")
+            token_id = token.id
+        cache.put("dg", ALICE)
+        with db.transaction() as session:
+            repo.list_tokens(session)  # a read flushes nothing of interest
+        assert cache.get("dg") == ALICE
+        with db.transaction() as session:
+            row = repo.get_token(session, token_id)
+            assert row is not None
+            repo.revoke_token(session, row)
+        assert cache.get("dg") is None
+        cache.put("dg", ALICE)
+        with db.transaction() as session:
+            found = repo.get_user(session, "bob")
+            assert found is not None
+            found.write = "b.*"
+        assert cache.get("dg") is None
+    finally:
+        db.dispose()
