@@ -55,7 +55,7 @@ from app.negotiation import (
 from app.problems import problem_response, problem_responses
 from engine.errors import InvalidRequest, MessageTooLarge
 from engine.limits import Limits
-from engine.runtime.api import OutgoingMessage, SettleResult
+from engine.runtime.api import BrowsedMessage, OutgoingMessage, ReceivedMessage, SettleResult
 
 router = APIRouter(
     prefix=f"{API_PREFIX}/queues/{{name}}/messages", tags=["messages"], route_class=NegotiatedRoute
@@ -198,19 +198,26 @@ async def receive(
         lease_ms=body.lease_ms,
     )
     binary = wants_msgpack(request)
-    out = []
-    for m in received:
-        item: dict[str, Any] = {"id": m.id, "receipt": m.receipt}
-        _put_body(item, m.body, binary)
-        item |= {
-            "headers": m.headers,
-            "priority": m.priority,
-            "delivery_count": m.delivery_count,
-            "published_at": _iso(m.published_at_ms),
-            "lease_expires_at": _iso(m.lease_expires_at_ms),
-        }
-        out.append(item)
+    out = [
+        _message_out({"id": m.id, "receipt": m.receipt}, m, binary)
+        | {"lease_expires_at": _iso(m.lease_expires_at_ms)}
+        for m in received
+    ]
     return answer(request, {"messages": out})
+
+
+def _message_out(
+    item: dict[str, Any], m: ReceivedMessage | BrowsedMessage, binary: bool
+) -> dict[str, Any]:
+    """``item`` (its id fields) completed with the body and what every message shows."""
+    _put_body(item, m.body, binary)
+    item |= {
+        "headers": m.headers,
+        "priority": m.priority,
+        "delivery_count": m.delivery_count,
+        "published_at": _iso(m.published_at_ms),
+    }
+    return item
 
 
 @router.post(
@@ -261,16 +268,6 @@ async def browse(
     """Look at messages in queue order without leasing them."""
     browsed = await node.browse(name, after=after, limit=limit)
     binary = wants_msgpack(request)
-    out = []
-    for m in browsed:
-        item: dict[str, Any] = {"id": m.id, "cursor": m.cursor}
-        _put_body(item, m.body, binary)
-        item |= {
-            "headers": m.headers,
-            "priority": m.priority,
-            "delivery_count": m.delivery_count,
-            "published_at": _iso(m.published_at_ms),
-        }
-        out.append(item)
+    out = [_message_out({"id": m.id, "cursor": m.cursor}, m, binary) for m in browsed]
     next_after = browsed[-1].cursor if len(browsed) == limit else None
     return answer(request, {"messages": out, "next_after": next_after})
