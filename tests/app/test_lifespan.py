@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -85,6 +86,19 @@ def test_without_engine_the_app_is_ready_with_engine_absent(tmp_path: Path) -> N
             assert app.state.ready and app.state.node is None and app.state.engine == "absent"
 
     anyio.run(run)
+
+
+def test_start_up_state_is_frozen_out_of_the_collector_while_serving(tmp_path: Path) -> None:
+    app = create_app(_settings(tmp_path, password="fixed-password"), node_factory=lambda s: None)
+    frozen: list[int] = []
+
+    async def run() -> None:
+        async with app.router.lifespan_context(app):
+            frozen.append(gc.get_freeze_count())
+
+    anyio.run(run)
+    assert frozen[0] > 0
+    assert gc.get_freeze_count() == 0
 
 
 def test_bootstrap_happens_once(tmp_path: Path) -> None:
