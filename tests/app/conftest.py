@@ -11,11 +11,13 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Self
 
 import httpx
 import pytest
 
 QUORRA = str(Path(sys.executable).with_name("quorra"))
+ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
 ADMIN_PASSWORD = "admin-test-password"
@@ -39,7 +41,12 @@ class Server:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> Server:
+    def command(self) -> list[str]:
+        """What runs the server; a subclass may run another entry point."""
+        return [QUORRA, "serve", "--data-dir", str(self.data_dir), "--host", "127.0.0.1",
+                "--port", str(self.port)]  # fmt: skip
+
+    def start(self) -> Self:
         assert self.proc is None
         self.port = free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith("QUORRA_")}
@@ -47,16 +54,8 @@ class Server:
             env["QUORRA_ADMIN_PASSWORD"] = self.admin_password
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
-                [
-                    QUORRA,
-                    "serve",
-                    "--data-dir",
-                    str(self.data_dir),
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(self.port),
-                ],
+                self.command(),
+                cwd=ROOT,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,

@@ -5,10 +5,7 @@ the screenshot directory ``test-output/screenshots/``."""
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +13,7 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, BrowserContext, Page, sync_playwright
 
-from tests.app.conftest import free_port
+from tests.app.conftest import ROOT, Server, make_token
 
 ADMIN_PASSWORD = "admin-ui-password"
 CHROMIUM = "/usr/bin/chromium"
@@ -26,65 +23,22 @@ CHROMIUM_ARGS = [
     "--disable-background-networking",
     "--disable-component-update",
 ]
-ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOTS = ROOT / "test-output" / "screenshots"
-START_TIMEOUT_S = 30.0
-STOP_TIMEOUT_S = 15.0
 VIEWPORT = {"width": 1440, "height": 900}
 
 
-class UiServer:
+class UiServer(Server):
+    """The app with small storage limits (``tests.ui.serve``), so that a few hundred KiB
+    of messages make several segments."""
+
     def __init__(self, data_dir: Path) -> None:
-        self.data_dir = data_dir
-        self.port = free_port()
-        self.log_path = data_dir.parent / "ui-server.log"
-        self.proc: subprocess.Popen[bytes] | None = None
+        super().__init__(data_dir, admin_password=ADMIN_PASSWORD)
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> UiServer:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("QUORRA_")}
-        env["QUORRA_ADMIN_PASSWORD"] = ADMIN_PASSWORD
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tests.ui.serve", str(self.data_dir), str(self.port)],
-                cwd=ROOT,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-            )
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"server exited:\n{self.output()}"
-            try:
-                if httpx.get(f"{self.url}/readyz", timeout=1.0).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        self.stop()
-        raise AssertionError(f"server not ready in {START_TIMEOUT_S}s:\n{self.output()}")
-
-    def stop(self) -> None:
-        if self.proc is None:
-            return
-        self.proc.send_signal(signal.SIGINT)
-        try:
-            self.proc.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.proc = None
-
-    def output(self) -> str:
-        return self.log_path.read_text(encoding="utf-8", errors="replace")
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "tests.ui.serve", str(self.data_dir), str(self.port)]
 
     def api(self, user: str = "admin", password: str = ADMIN_PASSWORD) -> httpx.Client:
-        response = httpx.post(f"{self.url}/api/v1/tokens", auth=(user, password), timeout=10.0)
-        assert response.status_code == 201, response.text
-        token = response.json()["token"]
+        token = make_token(self, user, password)
         return httpx.Client(
             base_url=f"{self.url}/api/v1",
             headers={"Authorization": f"Bearer {token}"},
