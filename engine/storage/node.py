@@ -224,6 +224,12 @@ class NodeStorage:
         seqs = sorted(wal_seqs(disk))
         for k, seq in enumerate(seqs):
             wal_file = read_wal_file(disk, seq)
+            if wal_file.corrupt_at is not None:
+                raise RecoveryRefused(
+                    f"WAL file {wal_path(seq)} is corrupt at byte {wal_file.corrupt_at} with "
+                    f"valid data at byte {wal_file.valid_at}: durable entries were lost; "
+                    "restore this node from its peers"
+                )
             if wal_file.good_bytes < wal_file.size:
                 if k != len(seqs) - 1:
                     raise RecoveryRefused(

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import crc32c
 
-from engine.errors import RecoveryRefused, StorageFailed
+from engine.errors import StorageFailed
 from engine.limits import Limits
 from engine.raft.log import Entry, EntryKind
 from engine.storage.disk import Disk, DiskFile
@@ -320,8 +320,12 @@ class WalFile:
     seq: int
     ops: list[WalOp]
     good_bytes: int
-    """Length of the valid prefix; anything after it is a torn tail."""
+    """Length of the valid prefix; ``ops`` are the operations in it."""
     size: int
+    corrupt_at: int | None = None
+    """Set when the bytes after the valid prefix are not a torn tail: a valid batch
+    follows at ``valid_at``, so synced data was damaged (the caller decides what to do)."""
+    valid_at: int | None = None
 
 
 def _records(data: memoryview, start: int) -> Iterator[tuple[int, memoryview]]:
@@ -356,7 +360,8 @@ def _valid_batch_after(view: memoryview, pos: int) -> int | None:
 
 
 def read_wal_file(disk: Disk, seq: int) -> WalFile:
-    """Parse one WAL file. Raises ``RecoveryRefused`` if it is corrupt before its end."""
+    """Parse one WAL file up to its first bad record; says whether what follows is a torn
+    tail or corruption of synced data (``corrupt_at``)."""
     data = disk.read_mapped(wal_path(seq))
     head = bytes(data[: _FILE_HEADER.size])
     crc_ok = (
@@ -372,17 +377,11 @@ def read_wal_file(disk: Disk, seq: int) -> WalFile:
     for pos, body in _records(data, FILE_HEADER_BYTES):
         _decode(body, uids, ops, owners)
         good = pos + _REC.size + len(body)
-    if good < len(data):
-        later = _valid_batch_after(data, good)
-        if later is not None:
-            raise RecoveryRefused(
-                f"WAL file {wal_path(seq)} is corrupt at byte {good} with valid data at "
-                f"byte {later}: durable entries were lost; restore this node from its peers"
-            )
+    later = _valid_batch_after(data, good) if good < len(data) else None
     done: list[WalOp] = []
     for op, owner in zip(ops, owners, strict=True):
         done.append(AppendOp(owner, tuple(op)) if isinstance(op, list) else op)
-    return WalFile(seq, done, good, len(data))
+    return WalFile(seq, done, good, len(data), None if later is None else good, later)
 
 
 def _decode(
