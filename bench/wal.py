@@ -20,6 +20,7 @@ import shutil
 import tempfile
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from itertools import repeat
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,13 @@ def run_servers(
     for uid in uids:
         storage.open_server(uid)
     payload = os.urandom(entry_bytes)
+    # The fields every entry shares, for building a refill in one call as a leader would.
+    ones, commands, zeros, payloads = (
+        repeat(1),
+        repeat(EntryKind.COMMAND),
+        repeat(0),
+        repeat(payload),
+    )
     inbox: queue.SimpleQueue[WalBatch] = queue.SimpleQueue()
     writer = WalThread(storage.wal, inbox.put)
     next_index = dict.fromkeys(uids, 1)
@@ -77,7 +85,7 @@ def run_servers(
         if n <= 0:
             return
         first = next_index[uid]
-        entries = tuple(Entry(i, 1, EntryKind.COMMAND, 0, payload) for i in range(first, first + n))
+        entries = tuple(map(Entry, range(first, first + n), ones, commands, zeros, payloads))
         next_index[uid] = first + n
         inflight[uid] += n
         writer.submit(AppendOp(uid, entries))

@@ -36,7 +36,7 @@ def test_overwrite_replaces_the_suffix_in_mem_table_and_segments() -> None:
     disk = FakeDisk()
     storage = NodeStorage.open(disk, small_limits())
     storage.open_server("q")
-    storage.append("q", entries(1, 30, term=1, size=40))
+    storage.append("q", entries(1, 30, term=1, size=64))
     storage.sync()
     assert storage.rolled_wal_files() == [] and disk.listdir("queues/q/segments")
     storage.append("q", entries(12, 3, term=2))
@@ -48,7 +48,7 @@ def test_overwrite_replaces_the_suffix_in_mem_table_and_segments() -> None:
     storage.open_server("q")
     assert all_entries(storage) == expected
     for i in range(6):  # roll more, so the overwrite itself reaches the segments
-        storage.append("q", entries(15 + 5 * i, 5, term=2, size=40))
+        storage.append("q", entries(15 + 5 * i, 5, term=2, size=64))
         storage.sync()
     storage = reopen(disk)
     storage.open_server("q")
