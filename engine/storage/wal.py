@@ -226,7 +226,9 @@ class Wal:
     """The node's WAL. ``submit`` from the servers' side, ``write_batch`` from the writer.
 
     ``submit`` and ``write_batch`` may run on different threads: the pending list is
-    guarded by a lock, everything else belongs to the writer.
+    guarded by a lock, everything else belongs to the writer. The per-entry work of an
+    append (its columns, the copy of its payloads) is done by ``submit``, while the
+    writer syncs the previous batch; the writer adds a header and a CRC per append.
     """
 
     def __init__(
