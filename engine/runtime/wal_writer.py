@@ -26,7 +26,7 @@ class WalWriter:
         self._stopping = False
         self._abandon = False
         self._thread = threading.Thread(target=self._run, name="quorra-wal", daemon=True)
-        wal.waker = self.wake  # every submit, also from inside storage, wakes the writer
+        wal.waker = self.wake  # a submit that finds nothing pending (also from storage) wakes it
 
     def start(self) -> None:
         self._thread.start()
