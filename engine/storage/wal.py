@@ -261,6 +261,7 @@ class Wal:
             raise self._broken
         if isinstance(op, AppendOp):
             tail = _run_tail(op.entries, self._limits.entry_bytes_max)
+            assert _RUN.size + len(tail) < 1 << 32, "append above the size of one record"
             size = _REC.size + _RUN.size + len(tail)
         else:
             tail, size = b"", _OTHER_OP_BYTES
