@@ -37,6 +37,7 @@ from typing import Protocol
 
 from pyroaring import BitMap64
 
+from engine.errors import RecoveryRefused
 from engine.ids import ServerId
 from engine.limits import DEFAULT_LIMITS, Limits
 from engine.raft.config import EMPTY_CONFIGURATION, Configuration
@@ -194,6 +195,11 @@ class RaftServer:
             (base_index, base.config if base else bootstrap)
         ]
         self._scan_configs(base_index + 1)
+        if repair and self.config.voters == (self.id,):
+            raise RecoveryRefused(
+                f"{self.id}: durable data was lost and the group has no other member to "
+                "repair it from; restore it from a backup"
+            )
         self.progress: dict[ServerId, Progress] = {}
         self.votes: dict[ServerId, bool] = {}
         self.election_deadline_ms = 0

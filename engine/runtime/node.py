@@ -522,8 +522,17 @@ class Node:
         # A lone voter campaigns on its first tick instead of after an election timeout.
         start_ms = now - self.limits.election_timeout_ms_max if lone else now
         options = RaftOptions(sid, random.Random(self._rng.getrandbits(64)), self.limits)
+        if rec.repairing:
+            log.warning("queue %s: repairing from its peers: %s", meta.name, rec.repair_reason)
         raft = RaftServer(
-            options, rec.log, hard, snapshot, bootstrap, max(0, start_ms), checkpoint_meta
+            options,
+            rec.log,
+            hard,
+            snapshot,
+            bootstrap,
+            max(0, start_ms),
+            checkpoint_meta,
+            repair=rec.repairing,
         )
         rep = Replica(meta, sid, raft, machine, rec.log, base, checkpoint=checkpoint)
         rep.applied_index = raft.applied
@@ -653,6 +662,9 @@ class Node:
                 p.future.set_result(None)
         if rd.committed_entries:
             self._apply(rep, rd.committed_entries)
+        if rd.repaired:
+            assert rep.ops_submitted > rep.ops_done, "the vote of the repaired core is queued"
+            rep.repair_done_at_op = rep.ops_submitted
         if rd.messages_after_persist:
             if rep.ops_done >= rep.ops_submitted and not rep.after_persist:
                 for msg in rd.messages_after_persist:
@@ -756,6 +768,10 @@ class Node:
                 rep.installed_live.clear()  # storage holds them now
             else:
                 assert isinstance(event, HardStateSaved)
+            if rep.repair_done_at_op and rep.ops_done >= rep.repair_done_at_op:
+                rep.repair_done_at_op = 0
+                storage.finish_repair(rep.uid)
+                log.info("queue %s: repaired", rep.name)
             while rep.after_persist and rep.after_persist[0][0] <= rep.ops_done:
                 for msg in rep.after_persist.popleft()[1]:
                     self._send(rep, msg)
