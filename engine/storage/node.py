@@ -398,7 +398,14 @@ class NodeStorage:
             return None
         if first_bad <= base:
             assert cp is not None
-            if cp.live_indexes.range_cardinality(first_bad, base + 1) > 0:
+            # The log restarts after the checkpoint: a live entry it names must be neither
+            # lost nor in the mem table (a restart empties it).
+            mem = log.mem
+            lost = cp.live_indexes.range_cardinality(first_bad, base + 1)
+            in_mem = 0
+            if len(mem) and mem.lo <= base:
+                in_mem = cp.live_indexes.range_cardinality(mem.lo, min(mem.hi, base) + 1)
+            if lost or in_mem:
                 self._reset(uid, reason, wal_seq)
                 return None
             restart = (cp.index, cp.term)
