@@ -58,6 +58,7 @@ from pyroaring import BitMap64
 
 from engine.errors import (
     Backpressure,
+    EntryDamaged,
     MessageTooLarge,
     NoLeader,
     QueueConflict,
@@ -600,15 +601,18 @@ class Node:
 
     def _process(self, rep: Replica) -> None:
         rep.scheduled = False
-        if rep.closed:
+        if rep.closed or isinstance(rep.failed, EntryDamaged):
             return
         raft = rep.raft
         while True:
-            rd = raft.ready()
-            if rd.is_empty():
-                break
             try:
+                rd = raft.ready()
+                if rd.is_empty():
+                    break
                 self._handle_ready(rep, rd)
+            except EntryDamaged as e:
+                self._damaged(rep, e)
+                return
             except StorageFailed as e:
                 self._fail(rep, e)
                 return
@@ -712,7 +716,11 @@ class Node:
         rep = self._by_uid.get(uid)
         if rep is None or rep.closed or rep.failed is not None or not self._running:
             return
-        rep.raft.step(Receive(message))
+        try:
+            rep.raft.step(Receive(message))
+        except EntryDamaged as e:
+            self._damaged(rep, e)
+            return
         self._schedule(rep)
 
     def _on_rejected(self, rep: Replica, rej: RaftRejected) -> None:
@@ -791,6 +799,19 @@ class Node:
             log.error("segment flush failed: %s", e.detail)
         finally:
             self._flush_task = None
+
+    def _damaged(self, rep: Replica, error: EntryDamaged) -> None:
+        """A read met damaged data: the repair is recorded and the replica stops serving
+        (a leader so steps down: it no longer sends heartbeats); the next start of the
+        node opens it in repair mode, repaired from its peers."""
+        if rep.failed is not None:
+            return  # recorded already: a second record would reset the replica
+        try:
+            self._need_storage().mark_damaged(rep.uid, error)
+        except StorageFailed as e:
+            log.error("queue %s: the repair could not be recorded: %s", rep.name, e.detail)
+        detail = f"{error.detail}; repaired from its peers at the next start"
+        self._fail(rep, EntryDamaged(detail, index=error.index))
 
     def _fail(self, rep: Replica, error: Exception) -> None:
         """The disk refused a write of this queue: it refuses further writes."""
@@ -902,7 +923,11 @@ class Node:
         rep.tick_handle = None
         if rep.closed or rep.failed is not None:
             return
-        rep.raft.step(Tick(now_ms()))
+        try:
+            rep.raft.step(Tick(now_ms()))
+        except EntryDamaged as e:
+            self._damaged(rep, e)
+            return
         self._maybe_offer_snapshot(rep)
         self._schedule(rep)
 

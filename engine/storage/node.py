@@ -386,15 +386,18 @@ class NodeStorage:
         kind: RepairKind,
         reason: str,
         wal_seq: int,
+        *,
+        apply: bool = True,
     ) -> Checkpoint | None:
         """Entries from ``first_bad`` on are lost or untrusted: cut the log before it, or
         restart it after the checkpoint if no live entry of it is lost, else reset. A
-        second damage during a repair resets. Returns the checkpoint still in use."""
+        second damage during a repair resets. Without ``apply`` only the marker is
+        written (a reset is left to the next open). Returns the checkpoint in use."""
         log = self._log(uid)
         base = cp.index if cp is not None else log.snapshot_index()
         restart = (0, 0)
         if uid in self._repairs or (first_bad <= base and cp is None):
-            self._reset(uid, reason, wal_seq)
+            self._reset(uid, reason, wal_seq, apply=apply)
             return None
         if first_bad <= base:
             assert cp is not None
@@ -406,7 +409,7 @@ class NodeStorage:
             if len(mem) and mem.lo <= base:
                 in_mem = cp.live_indexes.range_cardinality(mem.lo, min(mem.hi, base) + 1)
             if lost or in_mem:
-                self._reset(uid, reason, wal_seq)
+                self._reset(uid, reason, wal_seq, apply=apply)
                 return None
             restart = (cp.index, cp.term)
         skip_from = self._wal_damage[0] + 1 if self._wal_damage and kind is RepairKind.WAL else 0
@@ -421,10 +424,11 @@ class NodeStorage:
             reason,
         )
         self._set_marker(uid, m)
-        self._cut(log, m)
+        if apply:
+            self._cut(log, m)
         return cp
 
-    def _reset(self, uid: str, reason: str, wal_seq: int) -> None:
+    def _reset(self, uid: str, reason: str, wal_seq: int, *, apply: bool = True) -> None:
         """Empty the server's log and delete its segments and checkpoints (its term and
         vote stay in the WAL); the marker says so first, so a crash finishes it."""
         log = self._log(uid)
@@ -432,6 +436,8 @@ class NodeStorage:
             RepairKind.RESETTING, 0, 0, 0, wal_seq, wal_seq, log.next_segment_seq, reason
         )
         self._set_marker(uid, m)
+        if not apply:
+            return
         log.drop_segments()
         root = f"{QUEUES_DIR}/{uid}"
         for directory in (segment_dir(uid), f"{root}/checkpoints", f"{root}/snapshots"):
@@ -477,11 +483,13 @@ class NodeStorage:
 
     def mark_damaged(self, uid: str, error: EntryDamaged) -> None:
         """A read while serving found entries of ``uid`` damaged from ``error.index`` on:
-        record the repair; the caller then reopens the storage without writing anything
-        more (the repair begins with the next WAL file) and restarts the server in
-        repair mode."""
+        only the marker is written (nothing is cut or deleted now); the next open of the
+        storage applies it and the server starts in repair mode. What the server writes
+        meanwhile goes to the WAL file being written, before the one the repair begins
+        with: the next open cuts it too (the server is repairing: safe, if wasteful)."""
         cp, _ = self.checkpoints(uid).load_newest()
-        self._begin_repair(uid, cp, error.index, RepairKind.CUT, error.detail, self.wal.seq + 1)
+        wal_seq = self.wal.seq + 1
+        self._begin_repair(uid, cp, error.index, RepairKind.CUT, error.detail, wal_seq, apply=False)
 
     def servers(self) -> list[str]:
         """Uids of every server with data on this node, sorted."""
