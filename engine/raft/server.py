@@ -99,6 +99,8 @@ class Fault(IntEnum):
     """Commit entries of earlier terms by counting replicas (breaks Raft section 5.4.2)."""
     COMMIT_QUORUM_OFF_BY_ONE = 2
     """Count ``len(voters) // 2`` replicas as a quorum (one too few)."""
+    REPAIR_OFF = 3
+    """Start as a normal member although storage lost durable data (no repair mode)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +181,7 @@ class RaftServer:
         self.term = hs.term
         self.vote: ServerId | None = hs.vote
         self.commit = max(base_index, min(hs.commit, self.log.last_index()))
+        repair = repair and options.fault is not Fault.REPAIR_OFF
         self.repairing = repair
         """Storage lost durable state of this server: see the module's rules."""
         if repair:

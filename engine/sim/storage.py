@@ -73,6 +73,11 @@ class SimStorage(LogStore, Protocol):
         what was hit (``None``: nothing, or no disk to damage)."""
         ...
 
+    def rot(self, rng: random.Random) -> str | None:
+        """Flip a bit in the data of a segment of this running server; says what was
+        hit (``None``: nothing, or no disk to damage)."""
+        ...
+
 
 @dataclass
 class _State:
@@ -227,6 +232,9 @@ class MemStorage:
         raise AssertionError(f"memory is never damaged: {error}")
 
     def corrupt(self, rng: random.Random) -> str | None:
+        return None
+
+    def rot(self, rng: random.Random) -> str | None:
         return None
 
     @staticmethod

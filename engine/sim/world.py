@@ -9,10 +9,12 @@ rest and reports ``Persisted`` when a simulated sync completes.
 Plug points: ``storage_factory`` (any ``SimStorage``), the ``Workload`` (machine, clients,
 final checks) and extra ``Observer`` checkers.
 
-Damaged disks (``SimConfig.corrupt_disks``, with a storage that has a disk): now and then
-a crashed server's disk gets a flipped bit before it restarts, one server at a time (no
-other is repairing). A read that meets damaged data while running (``EntryDamaged``)
-records the repair and crashes the server, which restarts in repair mode. At the end the
+Damaged disks (``SimConfig.corrupt_disks``, with a storage that has a disk): a crashed
+server's disk gets a flipped bit (WAL, segment data, index or header, checkpoint) before
+it restarts, and a running server's segment data may rot, one server at a time (no
+other is repairing, the group has three voters or more). A read that meets damaged data
+while running (``EntryDamaged``) records the repair and crashes the server, which
+restarts in repair mode. At the end the
 faults stop, the network heals and the run goes on until every member has left repair
 and applied the same state as the leader; a member still repairing, or different, is a
 violation.
@@ -472,6 +474,8 @@ class World:
             self._reconfigure()
         elif choice == 4 and cfg.transfers and cfg.servers > 1:
             self._transfer()
+        elif choice == 5 and cfg.corrupt_disks:
+            self._rot()
 
     def _crash_one(self) -> None:
         alive = [n.id for n in self.live_nodes()]
@@ -513,6 +517,20 @@ class World:
     def _heal(self) -> None:
         self.network.heal()
         self.log("heal")
+
+    def _rot(self) -> None:
+        """Flip a bit in a segment of a running server, if no server is repairing."""
+        alive = [n.id for n in self.live_nodes()]
+        if self._repairing() or not alive:
+            return
+        sid = self.rng.choice(alive)
+        leader = self._leader()
+        if leader is None or len(leader.raft.config.voters) < 3:
+            return
+        hit = self.nodes[sid].storage.rot(self.rng)
+        if hit is not None:
+            self.damaged.setdefault(sid, []).append(hit)
+            self.log(f"damage {sid}: {hit}")
 
     def _repairing(self) -> bool:
         """With damaged disks: whether a server is (or will restart) in repair."""

@@ -149,6 +149,20 @@ class SimDiskStorage:
         self._open()
         return f"{kind} {path} bit {bit}"
 
+    def rot(self, rng: random.Random) -> str | None:
+        """Flip one bit in the data of a segment of this running server (bit rot found
+        by a later read, if any reads it); says what was hit."""
+        seg = segment_dir(UID)
+        paths = [f"{seg}/{n}" for n in self.disk.listdir(seg) if n.endswith(".seg")]
+        if not paths:
+            return None
+        path = rng.choice(paths)
+        bit = self._bit_to_flip(rng, "segment data", path)
+        if bit is None:
+            return None
+        self.disk.flip_bit(path, bit)
+        return f"segment data {path} bit {bit} (while running)"
+
     def _bit_to_flip(self, rng: random.Random, kind: str, path: str) -> int | None:
         size = len(self.disk.read(path))
         if kind == "wal":

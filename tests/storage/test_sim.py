@@ -11,6 +11,7 @@ import pytest
 
 from engine.errors import RecoveryRefused
 from engine.ids import ServerId
+from engine.raft.server import Fault
 from engine.sim.run import run_seed
 from engine.sim.storage import SimStorage
 from engine.sim.world import SimConfig, World
@@ -99,11 +100,11 @@ def test_a_single_member_whose_durable_wal_is_corrupt_refuses_to_start() -> None
 DAMAGE_SEEDS = 200
 
 
-def _damaged_world(seed: int, servers: int = 3) -> World:
+def _damaged_world(seed: int, servers: int = 3, fault: Fault = Fault.NONE) -> World:
     def factory(_sid: ServerId) -> SimStorage:
         return SimDiskStorage(limits=LIMITS)
 
-    config = SimConfig(seed=seed, servers=servers, corrupt_disks=True)
+    config = SimConfig(seed=seed, servers=servers, corrupt_disks=True, fault=fault)
     return World(config, storage_factory=factory, keep_trace=True)
 
 
@@ -122,7 +123,8 @@ def test_seeds_with_damaged_disks_stay_safe_and_every_damaged_replica_is_repaire
             failed.append((seed, violations[:2], list(world.trace)[-8:]))
         for hits in world.damaged.values():
             for hit in hits:
-                kind = hit.rsplit(" ", 3)[0]
+                words = hit.split()
+                kind = " ".join(words[:2]) if words[0] == "segment" else words[0]
                 kinds[kind] = kinds.get(kind, 0) + 1
         assert world.full_trace is not None
         repaired += sum(" repaired term=" in line for line in world.full_trace)
@@ -134,3 +136,15 @@ def test_seeds_with_damaged_disks_stay_safe_and_every_damaged_replica_is_repaire
 def test_seeds_with_damaged_disks_and_five_servers() -> None:
     failed = [s for s in range(1000, 1020) if _damaged_world(s, servers=5).run()]
     assert not failed, f"seeds {failed}"
+
+
+def test_without_repair_mode_the_damage_seeds_find_a_violation() -> None:
+    """The checkers see what repair mode prevents: a replica that lost durable data and
+    runs as a normal member breaks Raft's safety in some seed of the budget."""
+    for seed in range(DAMAGE_SEEDS):
+        violations = _damaged_world(seed, fault=Fault.REPAIR_OFF).run()
+        if violations:
+            words = ("state machine safety", "leader completeness", "linearizability", "lost")
+            assert any(w in v for v in violations for w in words), violations
+            return
+    pytest.fail(f"REPAIR_OFF went unnoticed in {DAMAGE_SEEDS} seeds")
