@@ -11,12 +11,13 @@ checkpoint) and recovers again: the server restarts on what recovery made of it.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Sequence
 
 from engine.errors import EntryDamaged
 from engine.ids import ServerId
-from engine.limits import DEFAULT_LIMITS, Limits
+from engine.limits import DEFAULT_LIMITS, KIB, Limits
 from engine.raft.config import Configuration
 from engine.raft.events import HardState as RaftHardState
 from engine.raft.log import Entry
@@ -30,6 +31,20 @@ from engine.storage.segment import read_segment_info, segment_dir
 from engine.storage.wal import FILE_HEADER_BYTES, HardState, read_wal_file, wal_seqs
 
 UID = "server"
+SMALL_FILES = dataclasses.replace(
+    DEFAULT_LIMITS,
+    wal_file_bytes_max=4 * KIB,
+    wal_batch_bytes_max=2 * KIB,
+    entry_bytes_max=2 * KIB,
+    segment_entries_max=8,
+    segment_file_bytes_max=4 * KIB,
+    segment_readers_open_max=2,
+    checkpoints_kept_max=3,
+    batch_bytes_max=256,
+    message_bytes_max=64,
+    message_bytes_max_ceiling=128,
+)
+"""Small files, so that WAL rolls, segment flushes and many segments happen in short runs."""
 
 
 def _checkpoint(snapshot: Snapshot) -> Checkpoint:
@@ -213,4 +228,4 @@ def _vote(vote: str | None) -> ServerId | None:
     return None if vote is None else ServerId(vote)
 
 
-__all__ = ["SimDiskStorage"]
+__all__ = ["SMALL_FILES", "SimDiskStorage"]
