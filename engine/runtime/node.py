@@ -497,7 +497,8 @@ class Node:
     def _host(self, meta: QueueMeta) -> Replica:
         """Open the replica's storage, restore its machine and start its Raft server."""
         storage = self._need_storage()
-        rec = storage.open_server(meta.uid)
+        # A lone member cannot be repaired: damage then refuses it, its files untouched.
+        rec = storage.open_server(meta.uid, repairable=len(meta.members) > 1)
         machine = QueueMachine(policy_of(meta.args, self.limits), self.limits)
         base = 0
         checkpoint = CheckpointInfo()

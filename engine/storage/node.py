@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 from pyroaring import BitMap64
 
-from engine.errors import EntryDamaged, StorageFailed
+from engine.errors import EntryDamaged, RecoveryRefused, StorageFailed
 from engine.limits import DEFAULT_LIMITS, Limits
 from engine.raft.log import Entry
 from engine.storage.checkpoint import Checkpoint, CheckpointStore
@@ -192,6 +192,13 @@ class SegmentFlush:
             raise StorageFailed(f"segment flush of WAL file {self.wal_seq} failed: {exc}") from exc
 
 
+def _lone(uid: str, reason: str) -> str:
+    return (
+        f"queue {uid}: {reason}; the queue has no other member to repair it from: its "
+        "files are left as they are, restore it from a backup"
+    )
+
+
 def _chunks(entries: list[Entry], limits: Limits) -> list[list[Entry]]:
     out: list[list[Entry]] = []
     current: list[Entry] = []
@@ -241,6 +248,8 @@ class NodeStorage:
         self._cut_applied: set[str] = set()
         self._wal_damage: tuple[int, int] | None = None
         """At recovery: (WAL seq, byte) of the first corrupt record of synced data."""
+        self._unrepairable: str | None = None
+        """The server being opened, if its group has no other member to repair it."""
         self._damaged_at: dict[str, tuple[int, int]] = {}
         """At recovery: (last index, commit index) of each server at the corrupt record."""
         self.wal: Wal
@@ -450,6 +459,8 @@ class NodeStorage:
         self._set_marker(uid, dataclasses.replace(m, kind=RepairKind.RESET))
 
     def _set_marker(self, uid: str, m: RepairMarker) -> None:
+        if uid == self._unrepairable:
+            raise RecoveryRefused(_lone(uid, m.reason))
         try:
             write_marker(self.disk, uid, m)
         except OSError as exc:
@@ -495,9 +506,20 @@ class NodeStorage:
         """Uids of every server with data on this node, sorted."""
         return sorted(self._logs)
 
-    def open_server(self, uid: str) -> Recovered:
+    def open_server(self, uid: str, *, repairable: bool = True) -> Recovered:
         """Open (or create) the storage of server ``uid`` and say what to restore. Damaged
-        data is cut or reset and the server marked repairing (see the module's rules)."""
+        data is cut or reset and the server marked repairing (see the module's rules).
+        Without ``repairable`` (the group has no other member) damage raises
+        ``RecoveryRefused`` before any file is changed, for an operator to look at."""
+        if uid in self._repairs and not repairable:
+            raise RecoveryRefused(_lone(uid, self._repairs[uid].reason))
+        self._unrepairable = None if repairable else uid
+        try:
+            return self._open_server(uid)
+        finally:
+            self._unrepairable = None
+
+    def _open_server(self, uid: str) -> Recovered:
         log = self._log(uid)
         self.disk.makedirs(segment_dir(uid))
         m = self._repairs.get(uid)

@@ -4,9 +4,10 @@ marked repairing; the marker, and the cut, survive crashes until ``finish_repair
 
 from __future__ import annotations
 
+import pytest
 from pyroaring import BitMap64
 
-from engine.errors import EntryDamaged
+from engine.errors import EntryDamaged, RecoveryRefused
 from engine.storage import Checkpoint, FakeDisk, HardState, NodeStorage
 from engine.storage.repair import RepairKind, RepairMarker, decode_marker, encode_marker
 from engine.storage.wal import wal_path
@@ -227,3 +228,20 @@ def test_after_a_corrupt_wal_record_a_newer_checkpoint_limits_what_is_trusted() 
         else:
             assert rec.checkpoint is not None and rec.log.snapshot_index() == 7
             assert rec.log.last_index() == 7
+
+
+def test_a_server_that_cannot_be_repaired_is_refused_and_its_files_are_left_alone() -> None:
+    disk = FakeDisk()
+    storage = NodeStorage.open(disk, small_limits())
+    storage.open_server("q")
+    storage.append("q", entries(1, 30, size=40))
+    storage.sync()
+    damaged = segments(disk)[1]
+    disk.flip_bit(damaged, 8 * 20)
+    files = {p: disk.read(p) for p in segments(disk)}
+    storage = reopen(disk)
+    with pytest.raises(RecoveryRefused, match="no other member to repair it from"):
+        storage.open_server("q", repairable=False)
+    assert {p: disk.read(p) for p in segments(disk)} == files
+    assert not disk.exists("queues/q/repair")
+    assert storage.open_server("q").repairing  # once it has peers, it is repaired
