@@ -4,12 +4,11 @@ and segment files, checkpoints and snapshots, recovery. All I/O goes through a `
 Using it (the runtime and the simulator do the same, the runtime with two threads)::
 
     storage = NodeStorage.open(OsDisk(data_dir))        # or FakeDisk() in the simulator
-    rec = storage.open_server(uid)
-    # restore the machine from rec.checkpoint (if any), hand rec.log (a LogStore) and
-    # rec.hard_state to the Raft core, re-apply committed entries after the checkpoint;
-    # with rec.repairing, start the core with repair=True (it raises RecoveryRefused if
-    # the group has no other member) and, once a Ready says ``repaired`` and its hard
-    # state is durable, call storage.finish_repair(uid).
+    rec = storage.open_server(uid, repairable=has_peers) # RecoveryRefused if damaged
+    # and not repairable. Restore the machine from rec.checkpoint (if any), hand rec.log
+    # (a LogStore) and rec.hard_state to the Raft core, re-apply committed entries after
+    # the checkpoint; with rec.repairing, start the core with repair=True and, once a
+    # Ready says ``repaired`` and its hard state is durable, call finish_repair(uid).
 
     # for each Ready of the core, step 1 (durable before dependent messages):
     storage.save_hard_state(uid, HardState(term, vote, commit))
