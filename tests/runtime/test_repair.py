@@ -6,10 +6,11 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from engine.errors import NoLeader
 from engine.runtime import InMemoryNetwork, Node
 from engine.runtime.api import QueueArgs
 from tests.runtime.test_cluster import NAMES, cluster, leader_of, retrying
-from tests.runtime.util import FAST, drain, eventually, msgs, run
+from tests.runtime.util import FAST, drain, eventually, msgs, rolling, run
 
 
 def _damage_segment_data(data_dir: Path, uid: str) -> None:
@@ -70,3 +71,78 @@ def test_a_replica_with_damaged_segment_data_is_repaired_and_nothing_is_lost(
             await asyncio.gather(*(n.stop() for n in nodes.values()))
 
     run(body())
+
+
+def test_a_leader_that_reads_a_damaged_entry_stops_and_is_repaired_after_a_restart(
+    tmp_path: Path,
+) -> None:
+    limits = rolling()
+
+    async def body() -> None:
+        network = InMemoryNetwork(NAMES)
+        nodes = {
+            name: Node(
+                tmp_path / name, node_name=name, limits=limits, transport=network.transport(name)
+            )
+            for name in NAMES
+        }
+        await asyncio.gather(*(n.start() for n in nodes.values()))
+        confirmed: list[bytes] = []
+        try:
+            info, _ = await nodes["n1"].create_queue("rot", QueueArgs())
+            leader = await retrying(lambda: _leader_name(nodes, "rot"))
+            behind = next(name for name in NAMES if name != leader)
+            network.isolate(behind)
+            via = nodes[leader]
+            for k in range(30):
+                batch = [f"{k}-{i}".ljust(4000, ".").encode() for i in range(10)]
+                await retrying(lambda b=batch: via.publish("rot", msgs(*b)))  # type: ignore[misc]
+                confirmed.extend(batch)
+            await eventually(lambda: _segment_count(tmp_path / leader, info.uid) > 0)
+            # Bit rot in the leader's first segment: the lagging follower needs it.
+            _damage_segment_data(tmp_path / leader, info.uid)
+            network.heal(behind)
+            rep = via._replicas["rot"]
+            await eventually(lambda: rep.failed is not None, what="the read found the damage")
+            assert via._storage is not None and via._storage.repairing(info.uid)
+            others = {k: v for k, v in nodes.items() if k != leader}
+            await eventually(lambda: _leader_name_or_none(others, "rot") is not None)
+            await via.stop()
+            nodes[leader] = Node(
+                tmp_path / leader,
+                node_name=leader,
+                limits=limits,
+                transport=network.transport(leader),
+            )
+            await nodes[leader].start()
+
+            def repaired() -> bool:
+                stats = nodes[leader].stats("rot")
+                raft = stats["raft"]
+                assert isinstance(raft, dict)
+                return not raft["repairing"] and stats["messages_ready"] == len(confirmed)
+
+            await eventually(repaired, timeout_s=20, what="the damaged replica repaired")
+            new_leader = _leader_name_or_none(nodes, "rot")
+            assert new_leader is not None
+            bodies = await retrying(lambda: drain(nodes[new_leader], "rot"))
+            assert sorted(bodies) == sorted(confirmed)
+        finally:
+            await asyncio.gather(*(n.stop() for n in nodes.values()))
+
+    run(body())
+
+
+def _segment_count(data_dir: Path, uid: str) -> int:
+    return len(list((data_dir / "queues" / uid / "segments").glob("*.seg")))
+
+
+def _leader_name_or_none(nodes: dict[str, Node], queue: str) -> str | None:
+    return leader_of(nodes, queue)
+
+
+async def _leader_name(nodes: dict[str, Node], queue: str) -> str:
+    name = leader_of(nodes, queue)
+    if name is None:
+        raise NoLeader("no leader yet")
+    return name
