@@ -88,6 +88,16 @@ class StorageFailed(QuorraError):
     retry_after_s = 5
 
 
+class EntryDamaged(StorageFailed):
+    """A stored entry, or the index of the segment holding it, fails its CRC32C check.
+    ``index`` is the first index that cannot be trusted (a damaged segment index makes
+    its whole range untrusted); the replica repairs it from its peers."""
+
+    def __init__(self, detail: str, *, index: int = 0, retry_after_s: int | None = None) -> None:
+        super().__init__(detail, retry_after_s=retry_after_s)
+        self.index = index
+
+
 class RecoveryRefused(QuorraError):
     """The data on disk cannot be recovered safely; the server refuses to serve it."""
 
@@ -96,6 +106,7 @@ class RecoveryRefused(QuorraError):
 
 __all__ = [
     "Backpressure",
+    "EntryDamaged",
     "InvalidRequest",
     "MessageTooLarge",
     "NoLeader",

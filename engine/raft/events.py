@@ -175,10 +175,14 @@ class Ready:
     accepted: list[Accepted] = field(default_factory=list)
     rejected: list[Rejected] = field(default_factory=list)
     completed: list[Completed] = field(default_factory=list)
+    repaired: bool = False
+    """The server left repair mode (its vote for the leader is in ``hard_state``): once
+    that hard state is durable, storage's repair marker may be removed, not before."""
 
     def is_empty(self) -> bool:
         return not (
-            self.hard_state
+            self.repaired
+            or self.hard_state
             or self.snapshot_to_install
             or self.entries_to_persist
             or self.messages

@@ -78,6 +78,9 @@ class HeartbeatResponse:
     dst: ServerId
     term: int
     read_seq: int
+    repairing: bool = False
+    """The follower is in repair mode: it takes a commit index only from an append that
+    passed its log check, so the leader sends one (empty if there is nothing new)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,19 @@ Rules kept here:
   (its leader lease), unless the campaign is a leadership transfer.
 - Reads are linearizable by ReadIndex: the leader records its commit index, confirms it
   still leads with one heartbeat round to a quorum, and answers once it has applied it.
+- Repair mode (``repair=True``: storage lost durable entries of this server, or maybe its
+  hard state). Such a server may have acknowledged entries, or voted, and no longer know
+  it, so until it is repaired it grants no vote or pre-vote, never campaigns, and counts
+  as committed only what a leader confirmed after a log check (a heartbeat's commit
+  assumes the leader's match index, which may predate the damage). It starts one term
+  above the recovered one: a leader that counted its acknowledgements from before the
+  damage has a lower term and steps down on its first answer, so every leader it answers
+  in repair counts only what it really holds. It leaves repair once it stores a
+  committed entry of the current leader's term: that leader holds every entry committed
+  in an earlier term, and none of its own commits counted this server's lost
+  acknowledgements. Leaving, it records a vote for that leader in that term (it may have
+  voted in it before the damage) and ``Ready.repaired`` says so; storage keeps its
+  repair marker until that hard state is durable.
 """
 
 from __future__ import annotations
@@ -24,6 +37,7 @@ from typing import Protocol
 
 from pyroaring import BitMap64
 
+from engine.errors import RecoveryRefused
 from engine.ids import ServerId
 from engine.limits import DEFAULT_LIMITS, Limits
 from engine.raft.config import EMPTY_CONFIGURATION, Configuration
@@ -85,6 +99,8 @@ class Fault(IntEnum):
     """Commit entries of earlier terms by counting replicas (breaks Raft section 5.4.2)."""
     COMMIT_QUORUM_OFF_BY_ONE = 2
     """Count ``len(voters) // 2`` replicas as a quorum (one too few)."""
+    REPAIR_OFF = 3
+    """Start as a normal member although storage lost durable data (no repair mode)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +163,7 @@ class RaftServer:
         bootstrap: Configuration = EMPTY_CONFIGURATION,
         now_ms: int = 0,
         checkpoint: SnapshotMeta | None = None,
+        repair: bool = False,
     ) -> None:
         self.id = options.server_id
         self.options = options
@@ -164,6 +181,13 @@ class RaftServer:
         self.term = hs.term
         self.vote: ServerId | None = hs.vote
         self.commit = max(base_index, min(hs.commit, self.log.last_index()))
+        repair = repair and options.fault is not Fault.REPAIR_OFF
+        self.repairing = repair
+        """Storage lost durable state of this server: see the module's rules."""
+        if repair:
+            # Only the checkpoint is known to hold committed entries: what the log holds
+            # after it may be an older version of entries rewritten before the damage.
+            self.commit = base_index
         self.applied = base_index
         self.role = Role.FOLLOWER
         self.leader: ServerId | None = None
@@ -174,6 +198,11 @@ class RaftServer:
             (base_index, base.config if base else bootstrap)
         ]
         self._scan_configs(base_index + 1)
+        if repair and self.config.voters == (self.id,):
+            raise RecoveryRefused(
+                f"{self.id}: durable data was lost and the group has no other member to "
+                "repair it from; restore it from a backup"
+            )
         self.progress: dict[ServerId, Progress] = {}
         self.votes: dict[ServerId, bool] = {}
         self.election_deadline_ms = 0
@@ -198,6 +227,8 @@ class RaftServer:
         self.pending_install: tuple[Snapshot, list[Entry]] | None = None
         self.hard_state_out = HardState(self.term, self.vote, self.commit)
         self.rd = Ready()
+        if repair:
+            self.term, self.vote = self.term + 1, None
         self._reset_election_timer()
 
     # --- public surface --------------------------------------------------------------
@@ -243,6 +274,8 @@ class RaftServer:
             self._on_snapshot_installed(event.index, event.term)
         else:
             raise AssertionError(f"unknown event {event!r}")
+        if self.repairing:
+            self._maybe_finish_repair()
 
     def ready(self) -> Ready:
         rd = self.rd
@@ -260,6 +293,22 @@ class RaftServer:
             rd.reads.append(ReadReady(request_id, index))
         return rd
 
+    # --- repair ----------------------------------------------------------------------
+
+    def _maybe_finish_repair(self) -> None:
+        """Leave repair once a committed entry of the leader's term is durable here (see
+        the module's rules), voting for that leader in its term."""
+        leader = self.leader
+        if leader is None or leader == self.id or self.role is not Role.FOLLOWER:
+            return
+        c = self.commit
+        if c == 0 or c > self.log.stable_last or self.log.term(c) != self.term:
+            return
+        assert self.vote in (None, leader), "a repairing server grants no vote"
+        self.repairing = False
+        self.vote = leader
+        self.rd.repaired = True
+
     # --- time ------------------------------------------------------------------------
 
     def _on_tick(self, now_ms: int) -> None:
@@ -269,7 +318,7 @@ class RaftServer:
         if self.role is Role.LEADER:
             self._tick_leader()
         elif now_ms >= self.election_deadline_ms:
-            if self._is_voter(self.id):
+            if self._is_voter(self.id) and not self.repairing:
                 self._campaign(transfer=False)
             else:
                 self._reset_election_timer()
@@ -803,7 +852,7 @@ class RaftServer:
         elif kind is SnapshotResponse:
             if self.role is Role.LEADER:
                 self._on_snapshot_response(msg)  # type: ignore[arg-type]
-        elif kind is TimeoutNow and self._is_voter(self.id):
+        elif kind is TimeoutNow and self._is_voter(self.id) and not self.repairing:
             self._campaign(transfer=True)
 
     def _on_higher_term(self, msg: Message) -> bool:
@@ -843,6 +892,9 @@ class RaftServer:
         )
 
     def _on_vote_request(self, msg: VoteRequest) -> None:
+        if self.repairing:
+            self._reply_vote(msg, False)
+            return
         log = self.log
         up_to_date = (msg.last_term, msg.last_index) >= (log.last_term(), log.last_index())
         if msg.pre:
@@ -878,9 +930,10 @@ class RaftServer:
 
     def _on_heartbeat(self, msg: Heartbeat) -> None:
         self._heard_from_leader(msg.src)
-        if msg.commit > self.commit:
+        if msg.commit > self.commit and not self.repairing:
             self.commit = min(msg.commit, self.log.last_index())
-        self.rd.messages.append(HeartbeatResponse(self.id, msg.src, self.term, msg.read_seq))
+        resp = HeartbeatResponse(self.id, msg.src, self.term, msg.read_seq, self.repairing)
+        self.rd.messages.append(resp)
 
     def _on_heartbeat_response(self, msg: HeartbeatResponse) -> None:
         pr = self.progress.get(msg.src)
@@ -892,6 +945,8 @@ class RaftServer:
             self._maybe_confirm_reads()
         if pr.match < self.log.last_index() and pr.state is ProgressState.PROBE:
             self._maybe_send_append(msg.src, pr, allow_empty=False)
+        elif msg.repairing and pr.state is not ProgressState.SNAPSHOT:
+            self._maybe_send_append(msg.src, pr, allow_empty=True)
 
     def _on_append_request(self, msg: AppendRequest) -> None:
         self._heard_from_leader(msg.src)

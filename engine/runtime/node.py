@@ -58,6 +58,7 @@ from pyroaring import BitMap64
 
 from engine.errors import (
     Backpressure,
+    EntryDamaged,
     MessageTooLarge,
     NoLeader,
     QueueConflict,
@@ -496,7 +497,8 @@ class Node:
     def _host(self, meta: QueueMeta) -> Replica:
         """Open the replica's storage, restore its machine and start its Raft server."""
         storage = self._need_storage()
-        rec = storage.open_server(meta.uid)
+        # A lone member cannot be repaired: damage then refuses it, its files untouched.
+        rec = storage.open_server(meta.uid, repairable=len(meta.members) > 1)
         machine = QueueMachine(policy_of(meta.args, self.limits), self.limits)
         base = 0
         checkpoint = CheckpointInfo()
@@ -522,8 +524,17 @@ class Node:
         # A lone voter campaigns on its first tick instead of after an election timeout.
         start_ms = now - self.limits.election_timeout_ms_max if lone else now
         options = RaftOptions(sid, random.Random(self._rng.getrandbits(64)), self.limits)
+        if rec.repairing:
+            log.warning("queue %s: repairing from its peers: %s", meta.name, rec.repair_reason)
         raft = RaftServer(
-            options, rec.log, hard, snapshot, bootstrap, max(0, start_ms), checkpoint_meta
+            options,
+            rec.log,
+            hard,
+            snapshot,
+            bootstrap,
+            max(0, start_ms),
+            checkpoint_meta,
+            repair=rec.repairing,
         )
         rep = Replica(meta, sid, raft, machine, rec.log, base, checkpoint=checkpoint)
         rep.applied_index = raft.applied
@@ -591,15 +602,18 @@ class Node:
 
     def _process(self, rep: Replica) -> None:
         rep.scheduled = False
-        if rep.closed:
+        if rep.closed or isinstance(rep.failed, EntryDamaged):
             return
         raft = rep.raft
         while True:
-            rd = raft.ready()
-            if rd.is_empty():
-                break
             try:
+                rd = raft.ready()
+                if rd.is_empty():
+                    break
                 self._handle_ready(rep, rd)
+            except EntryDamaged as e:
+                self._damaged(rep, e)
+                return
             except StorageFailed as e:
                 self._fail(rep, e)
                 return
@@ -653,6 +667,9 @@ class Node:
                 p.future.set_result(None)
         if rd.committed_entries:
             self._apply(rep, rd.committed_entries)
+        if rd.repaired:
+            assert rep.ops_submitted > rep.ops_done, "the vote of the repaired core is queued"
+            rep.repair_done_at_op = rep.ops_submitted
         if rd.messages_after_persist:
             if rep.ops_done >= rep.ops_submitted and not rep.after_persist:
                 for msg in rd.messages_after_persist:
@@ -700,7 +717,11 @@ class Node:
         rep = self._by_uid.get(uid)
         if rep is None or rep.closed or rep.failed is not None or not self._running:
             return
-        rep.raft.step(Receive(message))
+        try:
+            rep.raft.step(Receive(message))
+        except EntryDamaged as e:
+            self._damaged(rep, e)
+            return
         self._schedule(rep)
 
     def _on_rejected(self, rep: Replica, rej: RaftRejected) -> None:
@@ -756,6 +777,10 @@ class Node:
                 rep.installed_live.clear()  # storage holds them now
             else:
                 assert isinstance(event, HardStateSaved)
+            if rep.repair_done_at_op and rep.ops_done >= rep.repair_done_at_op:
+                rep.repair_done_at_op = 0
+                storage.finish_repair(rep.uid)
+                log.info("queue %s: repaired", rep.name)
             while rep.after_persist and rep.after_persist[0][0] <= rep.ops_done:
                 for msg in rep.after_persist.popleft()[1]:
                     self._send(rep, msg)
@@ -775,6 +800,19 @@ class Node:
             log.error("segment flush failed: %s", e.detail)
         finally:
             self._flush_task = None
+
+    def _damaged(self, rep: Replica, error: EntryDamaged) -> None:
+        """A read met damaged data: the repair is recorded and the replica stops serving
+        (a leader so steps down: it no longer sends heartbeats); the next start of the
+        node opens it in repair mode, repaired from its peers."""
+        if rep.failed is not None:
+            return  # recorded already: a second record would reset the replica
+        try:
+            self._need_storage().mark_damaged(rep.uid, error)
+        except StorageFailed as e:
+            log.error("queue %s: the repair could not be recorded: %s", rep.name, e.detail)
+        detail = f"{error.detail}; repaired from its peers at the next start"
+        self._fail(rep, EntryDamaged(detail, index=error.index))
 
     def _fail(self, rep: Replica, error: Exception) -> None:
         """The disk refused a write of this queue: it refuses further writes."""
@@ -886,7 +924,11 @@ class Node:
         rep.tick_handle = None
         if rep.closed or rep.failed is not None:
             return
-        rep.raft.step(Tick(now_ms()))
+        try:
+            rep.raft.step(Tick(now_ms()))
+        except EntryDamaged as e:
+            self._damaged(rep, e)
+            return
         self._maybe_offer_snapshot(rep)
         self._schedule(rep)
 

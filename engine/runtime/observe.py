@@ -125,6 +125,7 @@ def raft_stats(rep: Replica) -> dict[str, object]:
         "commit_index": raft.commit,
         "last_applied": rep.applied_index,
         "members": members,
+        "repairing": raft.repairing,
     }
 
 
@@ -180,6 +181,7 @@ def failed_stats(error: QuorraError) -> dict[str, object]:
             "commit_index": 0,
             "last_applied": 0,
             "members": [],
+            "repairing": False,
         },
         "log": {
             "first_index": 0,

@@ -65,6 +65,9 @@ class Replica:
     waiting: dict[int, Proposal] = field(default_factory=dict)
     hard_state_written: tuple[int, str | None] = (0, None)
     """(term, vote) last queued for the WAL."""
+    repair_done_at_op: int = 0
+    """The core left repair mode: once this many WAL operations are done (its hard
+    state among them), storage's repair marker may go."""
     ops_submitted: int = 0
     ops_done: int = 0
     after_persist: deque[tuple[int, list[Message]]] = field(default_factory=deque)

@@ -1,4 +1,8 @@
-"""``quorra sim --seeds N [--first-seed S] [--steps M] [--servers 3|5]``.
+"""``quorra sim --seeds N [--first-seed S] [--steps M] [--servers 3|5] [--damage]``.
+
+With ``--damage`` every server runs the real storage on a fake disk, and bits are flipped
+in one replica's files at a time (WAL, segments, checkpoints): the run also checks that
+the damaged replica is repaired from the others.
 
 Prints one line per failing seed with the last lines of its trace, then ``N passed, N
 failed``; exits 1 on any failure. Re-run one seed with ``--seeds 1 --first-seed S``.
@@ -27,6 +31,7 @@ def _parser() -> argparse.ArgumentParser:
         help="run with a deliberate bug (to see the checkers catch it)",
     )
     p.add_argument("--trace-lines", type=int, default=12, help="trace lines per failure")
+    p.add_argument("--damage", action="store_true", help="damage disks (real storage)")
     return p
 
 
@@ -36,7 +41,9 @@ def main(argv: list[str]) -> int:
     passed = failed = 0
     started = time.perf_counter()
     for seed in range(args.first_seed, args.first_seed + args.seeds):
-        result = run_seed(seed, steps=args.steps, servers=args.servers, fault=fault)
+        result = run_seed(
+            seed, steps=args.steps, servers=args.servers, fault=fault, corrupt_disks=args.damage
+        )
         if result.passed:
             passed += 1
             continue

@@ -5,8 +5,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from engine.ids import ServerId
 from engine.raft.server import Fault
+from engine.sim.storage import SimStorage
 from engine.sim.world import SimConfig, StorageFactory, WorkloadFactory, World
+from engine.storage.simulated import SMALL_FILES, SimDiskStorage
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,10 +36,17 @@ def run_seed(
     fault: Fault = Fault.NONE,
     workload_factory: WorkloadFactory | None = None,
     storage_factory: StorageFactory | None = None,
+    corrupt_disks: bool = False,
 ) -> SeedResult:
+    """With ``corrupt_disks`` (and no ``storage_factory``), every server runs the real
+    storage on a fake disk whose files get damaged (see ``engine.sim.world``)."""
     started = time.perf_counter()
+    if corrupt_disks and storage_factory is None:
+        storage_factory = _disk_storage
     world = World(
-        SimConfig(seed=seed, servers=servers, steps=steps, fault=fault),
+        SimConfig(
+            seed=seed, servers=servers, steps=steps, fault=fault, corrupt_disks=corrupt_disks
+        ),
         workload_factory=workload_factory,
         storage_factory=storage_factory,
     )
@@ -52,6 +62,10 @@ def run_seed(
         ops_completed=int(completed),
         wall_s=time.perf_counter() - started,
     )
+
+
+def _disk_storage(_sid: ServerId) -> SimStorage:
+    return SimDiskStorage(limits=SMALL_FILES)
 
 
 __all__ = ["SeedResult", "run_seed"]

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from engine.errors import EntryDamaged
 from engine.raft.events import HardState
 from engine.raft.log import Entry, LogStore
 from engine.raft.snapshot import Snapshot
@@ -51,6 +52,30 @@ class SimStorage(LogStore, Protocol):
 
     def snapshot(self) -> Snapshot | None:
         """The newest durable snapshot, for a leader to ship to a lagging follower."""
+        ...
+
+    def repairing(self) -> bool:
+        """Durable data was lost: the server starts its core in repair mode."""
+        ...
+
+    def finish_repair(self) -> None:
+        """The core left repair mode: once the hard state written with it is durable (at
+        the next ``sync``), the repair is over for storage too."""
+        ...
+
+    def mark_damaged(self, error: EntryDamaged) -> None:
+        """A read met damaged data: record the repair (the server then crashes and
+        restarts in repair mode)."""
+        ...
+
+    def corrupt(self, rng: random.Random) -> str | None:
+        """Flip a bit in a durable file of this crashed server and recover again; says
+        what was hit (``None``: nothing, or no disk to damage)."""
+        ...
+
+    def rot(self, rng: random.Random) -> str | None:
+        """Flip a bit in the data of a segment of this running server; says what was
+        hit (``None``: nothing, or no disk to damage)."""
         ...
 
 
@@ -196,6 +221,21 @@ class MemStorage:
     def entry(self, index: int) -> Entry:
         self.entry_reads += 1
         return self.visible.entry(index)
+
+    def repairing(self) -> bool:
+        return False
+
+    def finish_repair(self) -> None:
+        pass
+
+    def mark_damaged(self, error: EntryDamaged) -> None:
+        raise AssertionError(f"memory is never damaged: {error}")
+
+    def corrupt(self, rng: random.Random) -> str | None:
+        return None
+
+    def rot(self, rng: random.Random) -> str | None:
+        return None
 
     @staticmethod
     def _apply(

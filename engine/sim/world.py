@@ -8,6 +8,16 @@ rest and reports ``Persisted`` when a simulated sync completes.
 
 Plug points: ``storage_factory`` (any ``SimStorage``), the ``Workload`` (machine, clients,
 final checks) and extra ``Observer`` checkers.
+
+Damaged disks (``SimConfig.corrupt_disks``, with a storage that has a disk): a crashed
+server's disk gets a flipped bit (WAL, segment data, index or header, checkpoint) before
+it restarts, and a running server's segment data may rot, one server at a time (no
+other is repairing, the group has three voters or more). A read that meets damaged data
+while running (``EntryDamaged``) records the repair and crashes the server, which
+restarts in repair mode. At the end the
+faults stop, the network heals and the run goes on until every member has left repair
+and applied the same state as the leader; a member still repairing, or different, is a
+violation.
 """
 
 from __future__ import annotations
@@ -19,6 +29,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from engine.errors import EntryDamaged
 from engine.ids import ServerId
 from engine.limits import Limits
 from engine.raft.config import Configuration
@@ -62,6 +73,9 @@ class SimConfig:
     membership: bool = True
     transfers: bool = True
     tear_writes: bool = True
+    corrupt_disks: bool = False
+    settle_steps_max: int = 30_000
+    """With ``corrupt_disks``: events allowed at the end for every member to be repaired."""
 
     def __post_init__(self) -> None:
         assert self.servers in (1, 3, 5) and self.steps >= 1
@@ -135,6 +149,11 @@ class World:
         self.nodes: dict[ServerId, SimNode] = {}
         self.errors: list[str] = []
         self.next_admin_request = 1 << 40
+        self.quiet = False
+        self.settle_target = 0
+        """No more faults (the settling at the end of a run with damaged disks)."""
+        self.damaged: dict[ServerId, list[str]] = {}
+        """What was damaged on each server's disk, for the trace and the final check."""
         for sid in self.ids:
             self.nodes[sid] = self._boot(sid, self.storage_factory(sid))
 
@@ -173,19 +192,9 @@ class World:
         self.workload.start(self)
         self.schedule(self.limits.tick_ms, self._tick)
         self.schedule(self.rng.randint(200, 1000), self._nemesis)
-        while self.steps < self.config.steps and not self.errors:
-            when, _seq, action = heapq.heappop(self.queue)
-            self.now_ms = when
-            self.steps += 1
-            try:
-                action()
-            except AssertionError as exc:
-                self.errors.append(f"t={self.now_ms} assertion failed: {exc}")
-                break
-            for obs in self.observers:
-                obs.after_step(self)
-            if self.safety.found:
-                break
+        self._run_until(self.config.steps, lambda: False)
+        if self.config.corrupt_disks and not self.errors and not self.safety.found:
+            self._settle()
         found = list(self.errors)
         for obs in self.observers:
             found.extend(obs.violations())
@@ -202,9 +211,73 @@ class World:
         self.log(f"end steps={self.steps} violations={len(found)}")
         return found
 
+    def _run_until(self, steps_max: int, done: Callable[[], bool]) -> None:
+        while self.steps < steps_max and not self.errors and not done():
+            when, _seq, action = heapq.heappop(self.queue)
+            self.now_ms = when
+            self.steps += 1
+            try:
+                action()
+            except AssertionError as exc:
+                self.errors.append(f"t={self.now_ms} assertion failed: {exc}")
+                break
+            for obs in self.observers:
+                obs.after_step(self)
+            if self.safety.found:
+                break
+
+    def _settle(self) -> None:
+        """Stop the faults and run until every member is repaired and caught up."""
+        self.quiet = True
+        self.network.heal()
+        self.log("settle")
+        self.settle_target = max(n.raft.commit for n in self.nodes.values())
+        self._run_until(self.steps + self.config.settle_steps_max, self._settled)
+        if self.errors or self.safety.found:
+            return
+        leader = self._leader()
+        if leader is None or not self._caught_up(leader):
+            states = [
+                f"{n.id} alive={n.alive} repairing={n.raft.repairing} applied={n.raft.applied}"
+                for n in self.nodes.values()
+            ]
+            self.errors.append(f"t={self.now_ms} repair: the cluster did not settle: {states}")
+            return
+        digest = hashlib.sha256(leader.machine.snapshot()).digest()
+        for sid in leader.raft.config.members:
+            node = self.nodes[sid]
+            same = node.raft.applied == leader.raft.applied
+            if same and hashlib.sha256(node.machine.snapshot()).digest() != digest:
+                self.errors.append(f"t={self.now_ms} repair: {sid} applied another state")
+
+    def _settled(self) -> bool:
+        """Every member repaired and at the leader's commit index (under a steady load
+        this may not happen at one instant: ``_caught_up`` then suffices)."""
+        leader = self._leader()
+        if leader is None or not self._caught_up(leader):
+            return False
+        members = leader.raft.config.members
+        return all(self.nodes[sid].raft.applied == leader.raft.commit for sid in members)
+
+    def _caught_up(self, leader: SimNode) -> bool:
+        """Every member alive, out of repair, and past what was committed when the
+        settling began; the leader has committed in its term."""
+        if leader.raft.commit < leader.raft.term_start_index:
+            return False
+        for sid in leader.raft.config.members:
+            node = self.nodes[sid]
+            raft = node.raft
+            if not node.alive or raft.repairing or raft.applied < self.settle_target:
+                return False
+        return True
+
     def _tick(self) -> None:
         for node in self.live_nodes():
-            self._maybe_offer_snapshot(node)
+            try:
+                self._maybe_offer_snapshot(node)
+            except EntryDamaged as error:
+                self._on_damaged(node, error)
+                continue
             self._step(node, Tick(self.now_ms))
         self.schedule(self.limits.tick_ms, self._tick)
 
@@ -227,8 +300,20 @@ class World:
     # --- what a runtime does ------------------------------------------------------------
 
     def _step(self, node: SimNode, event: Event) -> None:
-        node.raft.step(event)
-        self._drain(node)
+        if not node.alive:
+            return
+        try:
+            node.raft.step(event)
+            self._drain(node)
+        except EntryDamaged as error:
+            self._on_damaged(node, error)
+
+    def _on_damaged(self, node: SimNode, error: EntryDamaged) -> None:
+        """A read met damaged data: record the repair, crash, restart in repair mode."""
+        self.log(f"{node.id} read damaged data: {error.detail}")
+        node.storage.mark_damaged(error)
+        self.crash(node.id)
+        self.schedule(self.rng.randint(1, 50), lambda: self.restart(node.id))
 
     def _drain(self, node: SimNode) -> None:
         while True:
@@ -260,7 +345,10 @@ class World:
             node.persist_events.append(SnapshotInstalled(snap.index, snap.term))
             self.log(f"{node.id} installs snapshot at {snap.index}")
         node.after_persist.extend(rd.messages_after_persist)
-        if (node.persist_events or node.after_persist) and not node.sync_scheduled:
+        if rd.repaired:
+            node.storage.finish_repair()
+            self.log(f"{node.id} repaired term={node.raft.term} vote={node.raft.vote}")
+        if (node.persist_events or node.after_persist or rd.repaired) and not node.sync_scheduled:
             node.sync_scheduled = True
             epoch = node.epoch
             self.schedule(self.rng.randint(0, self.disk_ms_max), lambda: self._sync(node, epoch))
@@ -299,9 +387,12 @@ class World:
         events, node.persist_events = node.persist_events, []
         for msg in messages:
             self._send(msg)
-        for event in events:
-            node.raft.step(event)
-        self._drain(node)
+        try:
+            for event in events:
+                node.raft.step(event)
+            self._drain(node)
+        except EntryDamaged as error:
+            self._on_damaged(node, error)
 
     def _maybe_snapshot(self, node: SimNode) -> None:
         """Every ``snapshot_every`` applied entries, as a runtime's size trigger would."""
@@ -344,7 +435,15 @@ class World:
         if snapshot is not None:
             machine.restore(snapshot.machine_state)
             meta = snapshot.meta
-        raft = RaftServer(options, storage, hard_state, meta, self.bootstrap, self.now_ms)
+        raft = RaftServer(
+            options,
+            storage,
+            hard_state,
+            meta,
+            self.bootstrap,
+            self.now_ms,
+            repair=storage.repairing(),
+        )
         every = self.rng.randint(5, 60)
         node = SimNode(sid, storage, machine, raft, node_rng, every)
         node.snapshot_index = snapshot.index if snapshot else 0
@@ -366,12 +465,20 @@ class World:
         node = self._boot(sid, old.storage)
         node.epoch = old.epoch + 1
         self.nodes[sid] = node
-        self.log(f"restart {sid} term={node.raft.term} last={node.raft.log.last_index()}")
-        self._drain(node)
+        repairing = " repairing" if node.raft.repairing else ""
+        self.log(
+            f"restart {sid} term={node.raft.term} last={node.raft.log.last_index()}{repairing}"
+        )
+        try:
+            self._drain(node)
+        except EntryDamaged as error:
+            self._on_damaged(node, error)
 
     # --- faults -------------------------------------------------------------------------
 
     def _nemesis(self) -> None:
+        if self.quiet:
+            return
         self.schedule(self.rng.randint(200, 1200), self._nemesis)
         choice = self.rng.randrange(6)
         cfg = self.config
@@ -383,6 +490,8 @@ class World:
             self._reconfigure()
         elif choice == 4 and cfg.transfers and cfg.servers > 1:
             self._transfer()
+        elif choice == 5 and cfg.corrupt_disks:
+            self._rot()
 
     def _crash_one(self) -> None:
         alive = [n.id for n in self.live_nodes()]
@@ -390,7 +499,21 @@ class World:
             return
         sid = self.rng.choice(alive)
         self.crash(sid)
+        if self.config.corrupt_disks:
+            self._corrupt(sid)
         self.schedule(self.rng.randint(50, 1500), lambda: self.restart(sid))
+
+    def _corrupt(self, sid: ServerId) -> None:
+        """Flip a bit on the crashed server's disk, if no server is repairing."""
+        if self._repairing():
+            return
+        leader = self._leader()
+        if leader is None or len(leader.raft.config.voters) < 3:
+            return  # of two voters, one repairing, neither could be elected
+        hit = self.nodes[sid].storage.corrupt(self.rng)
+        if hit is not None:
+            self.damaged.setdefault(sid, []).append(hit)
+            self.log(f"damage {sid}: {hit}")
 
     def _partition(self) -> None:
         ids = list(self.ids)
@@ -411,6 +534,26 @@ class World:
         self.network.heal()
         self.log("heal")
 
+    def _rot(self) -> None:
+        """Flip a bit in a segment of a running server, if no server is repairing."""
+        alive = [n.id for n in self.live_nodes()]
+        if self._repairing() or not alive:
+            return
+        sid = self.rng.choice(alive)
+        leader = self._leader()
+        if leader is None or len(leader.raft.config.voters) < 3:
+            return
+        hit = self.nodes[sid].storage.rot(self.rng)
+        if hit is not None:
+            self.damaged.setdefault(sid, []).append(hit)
+            self.log(f"damage {sid}: {hit}")
+
+    def _repairing(self) -> bool:
+        """With damaged disks: whether a server is (or will restart) in repair."""
+        if not self.config.corrupt_disks:
+            return False
+        return any(n.raft.repairing or n.storage.repairing() for n in self.nodes.values())
+
     def _leader(self) -> SimNode | None:
         leaders = [n for n in self.live_nodes() if n.raft.role is Role.LEADER]
         return max(leaders, key=lambda n: n.raft.term) if leaders else None
@@ -425,7 +568,7 @@ class World:
         event: Event
         if outside:
             event = AddServer(self.next_admin_request, outside[0])
-        elif len(config.voters) >= 3:
+        elif len(config.voters) >= 3 and not self._repairing():
             event = RemoveServer(self.next_admin_request, self.rng.choice(config.members))
         else:
             return

@@ -4,9 +4,11 @@ and segment files, checkpoints and snapshots, recovery. All I/O goes through a `
 Using it (the runtime and the simulator do the same, the runtime with two threads)::
 
     storage = NodeStorage.open(OsDisk(data_dir))        # or FakeDisk() in the simulator
-    rec = storage.open_server(uid)                       # RecoveryRefused if unsafe
-    # restore the machine from rec.checkpoint (if any), hand rec.log (a LogStore) and
-    # rec.hard_state to the Raft core, re-apply committed entries after the checkpoint.
+    rec = storage.open_server(uid, repairable=has_peers) # RecoveryRefused if damaged
+    # and not repairable. Restore the machine from rec.checkpoint (if any), hand rec.log
+    # (a LogStore) and rec.hard_state to the Raft core, re-apply committed entries after
+    # the checkpoint; with rec.repairing, start the core with repair=True and, once a
+    # Ready says ``repaired`` and its hard state is durable, call finish_repair(uid).
 
     # for each Ready of the core, step 1 (durable before dependent messages):
     storage.save_hard_state(uid, HardState(term, vote, commit))
@@ -56,12 +58,25 @@ checkpoint, live_entries)``. Deleting a queue: ``remove_server(uid)`` (``Removed
 Errors: a refused write (disk full, I/O error) comes back as ``WriteFailed`` and the
 server's further writes raise ``StorageFailed``; nothing durable is damaged, other
 servers keep working if the disk accepts their writes. A CRC failure on read raises
-``StorageFailed``; data that cannot be recovered safely raises ``RecoveryRefused``.
+``EntryDamaged`` (a ``StorageFailed`` with the first index not to trust): the caller
+records the repair with ``mark_damaged(uid, error)`` and opens the storage again.
+
+Repair (``repair.py``, rules at the top of ``node.py``): damaged data is never served
+and never refuses the node. Recovery reads segment headers, checkpoints and the log
+after the checkpoint (CRC32C on every read), not the whole log. A corrupt entry after
+the checkpoint, committed entries missing, or a corrupt WAL record (whose owner is
+unknown: every server keeps only what preceded it) cut the log before the first entry
+not to trust; a damaged segment header, snapshot, or a lost live entry before the
+checkpoint reset the server to an empty log (term and vote kept) for a snapshot from
+the leader. The server is then repairing (``Recovered.repairing``, ``repairing(uid)``)
+until ``finish_repair``; a marker file makes the repair and its cut survive crashes.
+Compaction only deletes segments during a repair.
 
 Layout under the data directory: ``wal/<seq>.wal``,
 ``queues/<uid>/segments/<seq>.seg``, ``queues/<uid>/checkpoints/<index>.chk``,
-``queues/<uid>/snapshots/<index>.chk`` (the promoted checkpoint). File formats are described at the top of
-``wal.py``, ``segment.py`` and ``checkpoint.py``.
+``queues/<uid>/snapshots/<index>.chk`` (the promoted checkpoint), ``queues/<uid>/repair``
+(while repairing). File formats are described at the top of ``wal.py``, ``segment.py``,
+``checkpoint.py`` and ``repair.py``.
 """
 
 from __future__ import annotations

@@ -64,7 +64,7 @@ import crc32c
 import numpy as np
 from pyroaring import BitMap64
 
-from engine.errors import StorageFailed
+from engine.errors import EntryDamaged, StorageFailed
 from engine.limits import MIB, Limits
 from engine.raft.log import Entry
 from engine.storage.disk import Disk, parent, write_file_atomic
@@ -391,7 +391,9 @@ def cut_dead_tail(disk: Disk, stat: SegmentStat, live: BitMap64) -> SegmentInfo:
     try:
         raw = f.pread(info.index_offset, info.count * INDEX_DTYPE.itemsize)
         if crc32c.crc32c(raw) != info.index_crc:
-            raise StorageFailed(f"segment {info.path}: index section fails its CRC32C check")
+            raise EntryDamaged(
+                f"segment {info.path}: index section fails its CRC32C check", index=info.lo
+            )
         rows = np.frombuffer(raw, dtype=INDEX_DTYPE)
         keep = info.count - stat.dead_tail
         assert 1 <= keep <= info.count

@@ -73,6 +73,16 @@ class MemTable:
         del self._wal_seqs[:n]
         self.lo = self.lo + n if self._entries else 0
 
+    def truncate_after(self, index: int) -> None:
+        """Drop the entries after ``index``."""
+        if not self._entries or index >= self.hi:
+            return
+        if index < self.lo:
+            self.clear()
+            return
+        del self._entries[index - self.lo + 1 :]
+        del self._wal_seqs[index - self.lo + 1 :]
+
     def clear(self) -> None:
         self.lo = 0
         self._entries.clear()
@@ -208,6 +218,17 @@ class ServerLog:
         self.mem.clear()
         self._snapshot_index, self._snapshot_term = index, term
         self._last = index
+
+    def keep_to(self, index: int) -> None:
+        """Repair: the log ends at ``index`` at most (what follows is damaged or cannot
+        be trusted). Segment entries after it stay on disk, hidden by ``last_index``,
+        until entries written later replace them."""
+        self.mem.truncate_after(index)
+        self._last = min(self._last, max(index, self._snapshot_index))
+
+    def extend_to(self, index: int) -> None:
+        """At recovery: segments written during a repair end at ``index``."""
+        self._last = max(self._last, index)
 
     def drop_segments(self) -> list[SegmentInfo]:
         """Take every segment out of the view (their files are being deleted)."""

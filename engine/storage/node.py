@@ -7,15 +7,27 @@ thread) and ``SegmentFlush.write`` (a worker); their results come back through
 
 Recovery (``NodeStorage.open``) reads the WAL files and replays them into mem tables
 (a torn tail of the last file is cut off), reads the header of every segment, and opens
-a fresh WAL file. ``open_server`` then loads a server's newest valid checkpoint. Nothing
-here reads the whole log: the work grows with the WAL (bounded by
-``wal_file_bytes_max``), the number of segment files and the checkpoint size, not with
-the number of messages on a queue.
+a fresh WAL file. ``open_server`` then loads a server's newest valid checkpoint and
+reads the log after it (what the Raft core replays anyway). Nothing here reads the whole
+log: the work grows with the WAL (bounded by ``wal_file_bytes_max``), the number of
+segment files, the checkpoint size and the log after the checkpoint, not with the number
+of messages on a queue.
+
+Damage found at recovery is repaired from the server's peers, never served
+(``repair.py`` has the marker that makes it survive a crash; the Raft core's repair mode
+keeps it safe). The log is cut before the first entry that cannot be trusted, so it
+stays a prefix: a corrupt entry after the checkpoint, committed entries missing, or,
+after a corrupt WAL record (its owner unknown), everything of every server after it.
+If a live entry before the checkpoint is lost, or the checkpoint or a segment's header
+is damaged, the server is reset to an empty log (term kept) and the leader sends a
+snapshot. ``Recovered.repairing`` tells the caller to start the core in repair mode;
+a group of one member cannot be repaired and its caller refuses it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -23,7 +35,7 @@ from operator import attrgetter
 
 from pyroaring import BitMap64
 
-from engine.errors import RecoveryRefused, StorageFailed
+from engine.errors import EntryDamaged, RecoveryRefused, StorageFailed
 from engine.limits import DEFAULT_LIMITS, Limits
 from engine.raft.log import Entry
 from engine.storage.checkpoint import Checkpoint, CheckpointStore
@@ -43,6 +55,13 @@ from engine.storage.compaction import (
 )
 from engine.storage.disk import Disk, parent, write_file_atomic
 from engine.storage.log import ServerLog
+from engine.storage.repair import (
+    RepairKind,
+    RepairMarker,
+    read_marker,
+    repair_path,
+    write_marker,
+)
 from engine.storage.segment import (
     OVERWRITES,
     ReaderCache,
@@ -127,6 +146,10 @@ class Recovered:
     hard_state: HardState | None
     damaged: list[str]
     """Checkpoint files that failed their check and were passed over."""
+    repairing: bool = False
+    """Durable data was lost: start the Raft core in repair mode (``finish_repair`` once
+    it has left it). Refuse the server if it is the only member of its group."""
+    repair_reason: str | None = None
 
 
 @dataclass(slots=True)
@@ -169,6 +192,13 @@ class SegmentFlush:
                 with contextlib.suppress(OSError):
                     self.disk.remove(path)
             raise StorageFailed(f"segment flush of WAL file {self.wal_seq} failed: {exc}") from exc
+
+
+def _lone(uid: str, reason: str) -> str:
+    return (
+        f"queue {uid}: {reason}; the queue has no other member to repair it from: its "
+        "files are left as they are, restore it from a backup"
+    )
 
 
 def _chunks(entries: list[Entry], limits: Limits) -> list[list[Entry]]:
@@ -219,36 +249,52 @@ class NodeStorage:
         self._intents: dict[str, set[str]] = {}
         """Phase-3 intent files and the inputs still on disk they wait for."""
         self._compacting: set[str] = set()
+        self._repairs: dict[str, RepairMarker] = {}
+        """Servers in repair, with their markers."""
+        self._repair_done: set[str] = set()
+        """Servers whose core left repair: their marker goes with the last older WAL file."""
+        self._later_segments: dict[str, list[SegmentInfo]] = {}
+        """At recovery: segments written during a repair, put in the view after its cut."""
+        self._cut_applied: set[str] = set()
+        self._wal_damage: tuple[int, int] | None = None
+        """At recovery: (WAL seq, byte) of the first corrupt record of synced data."""
+        self._unrepairable: str | None = None
+        """The server being opened, if its group has no other member to repair it."""
+        self._damaged_at: dict[str, tuple[int, int]] = {}
+        """At recovery: (last index, commit index) of each server at the corrupt record."""
         self.wal: Wal
 
     # -- opening --------------------------------------------------------------------------
 
     @classmethod
     def open(cls, disk: Disk, limits: Limits = DEFAULT_LIMITS) -> NodeStorage:
-        """Recover the node's storage. Raises ``RecoveryRefused`` if a WAL file is corrupt
-        in a place a crash cannot explain (durable entries were lost)."""
+        """Recover the node's storage. A WAL file corrupt in a place a crash cannot
+        explain (durable data was lost) puts every server into repair (see the module's
+        rules); ``open_server`` says which are repairing."""
         node = cls(disk, limits)
         disk.makedirs(QUEUES_DIR)
-        for uid in disk.listdir(QUEUES_DIR):
-            node._load_segments(node._log(uid))
         seqs = sorted(wal_seqs(disk))
+        next_seq = (seqs[-1] + 1) if seqs else 1
+        for uid in disk.listdir(QUEUES_DIR):
+            marker = read_marker(disk, uid, next_seq)
+            if marker is not None:
+                node._repairs[uid] = marker
+            node._load_segments(node._log(uid), marker.segment_seq if marker else None)
         for k, seq in enumerate(seqs):
+            node._apply_cuts(seq)
             wal_file = read_wal_file(disk, seq)
-            if wal_file.corrupt_at is not None:
-                raise RecoveryRefused(
-                    f"WAL file {wal_path(seq)} is corrupt at byte {wal_file.corrupt_at} with "
-                    f"valid data at byte {wal_file.valid_at}: durable entries were lost; "
-                    "restore this node from its peers"
-                )
-            if wal_file.good_bytes < wal_file.size:
-                if k != len(seqs) - 1:
-                    raise RecoveryRefused(
-                        f"WAL file {wal_path(seq)} ends with {wal_file.size - wal_file.good_bytes}"
-                        " bad bytes but is not the last one: durable entries were lost"
-                    )
-                node._cut_torn_tail(seq, wal_file.good_bytes)
+            bad_at = wal_file.corrupt_at
+            if bad_at is None and wal_file.good_bytes < wal_file.size:
+                if k == len(seqs) - 1:
+                    node._cut_torn_tail(seq, wal_file.good_bytes)
+                else:
+                    bad_at = wal_file.good_bytes  # bad bytes, yet a later file follows
             for op in wal_file.ops:
-                node._apply(op, seq, recovering=True)
+                if node._replays(op, seq):
+                    node._apply(op, seq, recovering=True)
+            if bad_at is not None and node._wal_damage is None:
+                node._on_wal_damage(seq, bad_at)
+        node._apply_cuts(next_seq)
         for uid in sorted(node._forgotten):
             node._delete_files(uid)
         hard_states = {
@@ -277,7 +323,9 @@ class NodeStorage:
             self._generations[uid] = self._generations.get(uid, 0) + 1
         return log
 
-    def _load_segments(self, log: ServerLog) -> None:
+    def _load_segments(self, log: ServerLog, later_from: int | None = None) -> None:
+        """Put the server's segments in its view; those from seq ``later_from`` on (written
+        during a repair) wait for the repair's cut (``_apply_cuts``)."""
         directory = segment_dir(log.uid)
         for name in self.disk.listdir(directory):
             if name.endswith(".tmp"):
@@ -291,42 +339,287 @@ class NodeStorage:
             if info is None:
                 self._damaged_segments.setdefault(log.uid, []).append(path)
                 continue
+            if later_from is not None and info.seq >= later_from:
+                self._later_segments.setdefault(log.uid, []).append(info)
+                continue
             for hidden in log.add_segment(info):
                 self._remove(hidden)
         log.last_from_segments()
+
+    # -- repair -------------------------------------------------------------------------
+
+    def _replays(self, op: WalOp, seq: int) -> bool:
+        """Whether recovery applies ``op`` of WAL file ``seq``. Hard states and removals
+        are whole in themselves; entries and resets after a corrupt record are left out
+        (they may follow entries that were in it), but for a server whose repair began
+        after that corruption was found, from the file its repair began with."""
+        if isinstance(op, HardStateOp | ForgetOp):
+            return True
+        m = self._repairs.get(op.uid)
+        if self._wal_damage is None:
+            return m is None or not m.skip_from <= seq < m.wal_seq
+        return m is not None and m.skip_from == self._wal_damage[0] + 1 and seq >= m.wal_seq
+
+    def _on_wal_damage(self, seq: int, at: int) -> None:
+        self._wal_damage = (seq, at)
+        for uid in sorted(self._logs):
+            m = self._repairs.get(uid)
+            if m is not None and m.kind is RepairKind.WAL and m.skip_from == seq + 1:
+                continue  # a repair begun at an earlier open for this very corruption
+            log = self._logs[uid]
+            commit = log.hard_state.commit if log.hard_state is not None else 0
+            self._damaged_at[uid] = (log.last_index(), commit)
+
+    def _apply_cuts(self, seq: int) -> None:
+        """At recovery, before WAL file ``seq``: replay the cut of each repair that began
+        with this file or earlier, then show the segments written since."""
+        for uid in sorted(self._repairs):
+            m = self._repairs[uid]
+            if uid in self._cut_applied or m.wal_seq > seq:
+                continue
+            self._cut_applied.add(uid)
+            log = self._log(uid)
+            self._cut(log, m)
+            later = self._later_segments.pop(uid, [])
+            for info in later:
+                for hidden in log.add_segment(info):
+                    self._remove(hidden)
+            if later:
+                log.extend_to(max(info.hi for info in later))
+            log.next_segment_seq = max(log.next_segment_seq, m.segment_seq)
+
+    def _cut(self, log: ServerLog, m: RepairMarker) -> None:
+        if m.resets:
+            log.apply_reset(0, 0)
+            log.snapshot_live = BitMap64()
+            return
+        log.keep_to(m.keep_to)
+        if m.restart_index > log.last_index():
+            log.apply_reset(m.restart_index, m.restart_term)
+
+    def _begin_repair(
+        self,
+        uid: str,
+        cp: Checkpoint | None,
+        first_bad: int,
+        kind: RepairKind,
+        reason: str,
+        wal_seq: int,
+        *,
+        apply: bool = True,
+    ) -> Checkpoint | None:
+        """Entries from ``first_bad`` on are lost or untrusted: cut the log before it, or
+        restart it after the checkpoint if no live entry of it is lost, else reset. A
+        second damage during a repair resets. Without ``apply`` only the marker is
+        written (a reset is left to the next open). Returns the checkpoint in use."""
+        log = self._log(uid)
+        base = cp.index if cp is not None else log.snapshot_index()
+        restart = (0, 0)
+        if uid in self._repairs or (first_bad <= base and cp is None):
+            self._reset(uid, reason, wal_seq, apply=apply)
+            return None
+        if first_bad <= base:
+            assert cp is not None
+            # The log restarts after the checkpoint: a live entry it names must be neither
+            # lost nor in the mem table (a restart empties it).
+            mem = log.mem
+            lost = cp.live_indexes.range_cardinality(first_bad, base + 1)
+            in_mem = 0
+            if len(mem) and mem.lo <= base:
+                in_mem = cp.live_indexes.range_cardinality(mem.lo, min(mem.hi, base) + 1)
+            if lost or in_mem:
+                self._reset(uid, reason, wal_seq, apply=apply)
+                return None
+            restart = (cp.index, cp.term)
+        skip_from = self._wal_damage[0] + 1 if self._wal_damage and kind is RepairKind.WAL else 0
+        m = RepairMarker(
+            kind,
+            first_bad - 1,
+            restart[0],
+            restart[1],
+            skip_from or wal_seq,
+            wal_seq,
+            log.next_segment_seq,
+            reason,
+        )
+        self._set_marker(uid, m)
+        if apply:
+            self._cut(log, m)
+        return cp
+
+    def _reset(self, uid: str, reason: str, wal_seq: int, *, apply: bool = True) -> None:
+        """Empty the server's log and delete its segments and checkpoints (its term and
+        vote stay in the WAL); the marker says so first, so a crash finishes it."""
+        log = self._log(uid)
+        m = RepairMarker(
+            RepairKind.RESETTING, 0, 0, 0, wal_seq, wal_seq, log.next_segment_seq, reason
+        )
+        self._set_marker(uid, m)
+        if not apply:
+            return
+        log.drop_segments()
+        root = f"{QUEUES_DIR}/{uid}"
+        for directory in (segment_dir(uid), f"{root}/checkpoints", f"{root}/snapshots"):
+            for name in self.disk.listdir(directory):
+                self._remove(f"{directory}/{name}")
+        self._damaged_segments.pop(uid, None)
+        self._installed.pop(uid, None)
+        self._generations[uid] = self._generations.get(uid, 0) + 1
+        self._cut(log, m)
+        self._set_marker(uid, dataclasses.replace(m, kind=RepairKind.RESET))
+
+    def _set_marker(self, uid: str, m: RepairMarker) -> None:
+        if uid == self._unrepairable:
+            raise RecoveryRefused(_lone(uid, m.reason))
+        try:
+            write_marker(self.disk, uid, m)
+        except OSError as exc:
+            raise StorageFailed(f"repair marker of {uid} could not be written: {exc}") from exc
+        self._repairs[uid] = m
+        self._repair_done.discard(uid)
+
+    def repairing(self, uid: str) -> bool:
+        """Whether server ``uid`` is in repair (its marker is on disk)."""
+        return uid in self._repairs
+
+    def finish_repair(self, uid: str) -> bool:
+        """The core of ``uid`` left repair mode and the hard state recording its vote is
+        durable (``Ready.repaired``, then ``HardStateSaved``): the marker is removed once
+        no WAL file from before the repair remains (else by the segment flush that
+        deletes the last one). Says whether it is gone."""
+        if uid not in self._repairs:
+            return True
+        self._repair_done.add(uid)
+        return self._maybe_drop_marker(uid)
+
+    def _maybe_drop_marker(self, uid: str) -> bool:
+        m = self._repairs[uid]
+        oldest = self._rolled[0] if self._rolled else self.wal.seq
+        if oldest < m.wal_seq:
+            return False
+        self._remove(repair_path(uid))
+        del self._repairs[uid]
+        self._repair_done.discard(uid)
+        return True
+
+    def mark_damaged(self, uid: str, error: EntryDamaged) -> None:
+        """A read while serving found entries of ``uid`` damaged from ``error.index`` on:
+        only the marker is written (nothing is cut or deleted now); the next open of the
+        storage applies it and the server starts in repair mode. What the server writes
+        meanwhile goes to the WAL file being written, before the one the repair begins
+        with: the next open cuts it too (the server is repairing: safe, if wasteful)."""
+        cp, _ = self.checkpoints(uid).load_newest()
+        wal_seq = self.wal.seq + 1
+        self._begin_repair(uid, cp, error.index, RepairKind.CUT, error.detail, wal_seq, apply=False)
 
     def servers(self) -> list[str]:
         """Uids of every server with data on this node, sorted."""
         return sorted(self._logs)
 
-    def open_server(self, uid: str) -> Recovered:
-        """Open (or create) the storage of server ``uid`` and say what to restore. Raises
-        ``RecoveryRefused`` if its data cannot be served safely."""
+    def open_server(self, uid: str, *, repairable: bool = True) -> Recovered:
+        """Open (or create) the storage of server ``uid`` and say what to restore. Damaged
+        data is cut or reset and the server marked repairing (see the module's rules).
+        Without ``repairable`` (the group has no other member) damage raises
+        ``RecoveryRefused`` before any file is changed, for an operator to look at."""
+        if uid in self._repairs and not repairable:
+            raise RecoveryRefused(_lone(uid, self._repairs[uid].reason))
+        self._unrepairable = None if repairable else uid
+        try:
+            return self._open_server(uid)
+        finally:
+            self._unrepairable = None
+
+    def _open_server(self, uid: str) -> Recovered:
         log = self._log(uid)
         self.disk.makedirs(segment_dir(uid))
+        m = self._repairs.get(uid)
+        if m is not None and m.kind is RepairKind.RESETTING:
+            self._reset(uid, m.reason, m.wal_seq)
         damaged_segments = self._damaged_segments.get(uid)
         if damaged_segments:
-            raise RecoveryRefused(
-                f"queue {uid}: segment {damaged_segments[0]} is damaged (header or index "
-                "fails its check); restore this replica from its peers"
-            )
+            reason = f"segment {damaged_segments[0]} is damaged (its header fails its check)"
+            self._reset(uid, reason, self.wal.seq)
         checkpoints = CheckpointStore(self.disk, uid, self.limits.checkpoints_kept_max)
         cp, damaged = checkpoints.load_newest()
         snapshot_index = checkpoints.snapshot_index()
         if snapshot_index and (cp is None or cp.index < snapshot_index):
-            raise RecoveryRefused(
-                f"queue {uid}: snapshot at index {snapshot_index} is damaged and no newer "
-                "checkpoint is valid; the log before it is gone"
+            reason = (
+                f"snapshot at index {snapshot_index} is damaged and no newer checkpoint is "
+                "valid; the log before it is gone"
             )
+            self._reset(uid, reason, self.wal.seq)
+            cp, snapshot_index = None, 0
+        cp = self._repair_after_wal_damage(uid, cp)
         if cp is not None:
-            self._recover_prefix(log, cp, snapshot_index)
+            try:
+                self._recover_prefix(log, cp, snapshot_index)
+            except EntryDamaged as e:
+                cp = self._begin_repair(uid, cp, e.index, RepairKind.CUT, e.detail, self.wal.seq)
+                if cp is not None:
+                    self._recover_prefix(log, cp, snapshot_index)
+        cp = self._repair_missing(uid, cp)
+        cp = self._repair_tail(uid, cp)
+        m = self._repairs.get(uid)
+        why = None if m is None else f"queue {uid}: {m.reason}"
+        return Recovered(log, cp, log.hard_state, damaged, m is not None, why)
+
+    def _repair_after_wal_damage(self, uid: str, cp: Checkpoint | None) -> Checkpoint | None:
+        """After a corrupt WAL record the log is an older state of itself: the entries
+        up to the commit index it knew then are right, those after may be older versions
+        of entries rewritten later. A newer checkpoint counts them committed, so they are
+        not kept past that commit index then."""
+        at = self._damaged_at.pop(uid, None)
+        if at is None:
+            return cp
+        assert self._wal_damage is not None
+        last, trusted = at
+        first_bad = last + 1
+        if cp is not None and cp.index > trusted:
+            first_bad = min(last, trusted) + 1
+        seq, byte = self._wal_damage
+        reason = (
+            f"WAL file {wal_path(seq)} is corrupt at byte {byte}: what was written after it is lost"
+        )
+        return self._begin_repair(uid, cp, first_bad, RepairKind.WAL, reason, self.wal.seq)
+
+    def _repair_missing(self, uid: str, cp: Checkpoint | None) -> Checkpoint | None:
+        """Committed entries missing (lost from the WAL without a trace): as after a
+        corrupt WAL record, with no commit index known right."""
+        log = self._log(uid)
         hs = log.hard_state
-        if hs is not None and hs.commit > log.last_index():
-            raise RecoveryRefused(
-                f"queue {uid}: commit index {hs.commit} is beyond the last stored entry "
-                f"{log.last_index()}: committed entries are missing"
-            )
-        return Recovered(log, cp, hs, damaged)
+        if uid in self._repairs or hs is None or hs.commit <= log.last_index():
+            return cp
+        last = log.last_index()
+        first_bad = 1 if cp is not None else last + 1
+        reason = (
+            f"commit index {hs.commit} is beyond the last stored entry {last}: committed "
+            "entries are missing"
+        )
+        return self._begin_repair(uid, cp, first_bad, RepairKind.CUT, reason, self.wal.seq)
+
+    def _repair_tail(self, uid: str, cp: Checkpoint | None) -> Checkpoint | None:
+        """Read the log after the checkpoint (the core replays it anyway): the first
+        entry that fails its check or is missing starts the repair."""
+        log = self._log(uid)
+        base = cp.index if cp is not None else log.snapshot_index()
+        bad, detail = self._first_unreadable(log, base + 1)
+        if bad is None:
+            return cp
+        return self._begin_repair(uid, cp, bad, RepairKind.CUT, detail, self.wal.seq)
+
+    def _first_unreadable(self, log: ServerLog, lo: int) -> tuple[int | None, str]:
+        hi = log.last_index()
+        while lo <= hi:
+            try:
+                got = log.entries(lo, hi + 1, self.limits.committed_bytes_per_ready_max)
+            except EntryDamaged as e:
+                return e.index or lo, e.detail
+            except LookupError:
+                got = []
+            if not got:
+                return lo, f"entry {lo} is missing"
+            lo = got[-1].index + 1
+        return None, ""
 
     def _recover_prefix(self, log: ServerLog, cp: Checkpoint, snapshot_index: int) -> None:
         """Apply Raft's rule for a snapshot: keep the log if it holds the snapshot's entry
@@ -464,6 +757,8 @@ class NodeStorage:
         self.disk.remove(wal_path(flush.wal_seq))
         self.disk.sync_dir("wal")
         self._rolled.pop(0)
+        for uid in sorted(self._repair_done):
+            self._maybe_drop_marker(uid)
 
     def flush_segments(self) -> StorageFailed | None:
         """Flush every rolled WAL file, on this thread. A disk error stops it and is
@@ -546,6 +841,9 @@ class NodeStorage:
                 promoted = self.release_cursor(uid, cp.index) is not None
         now = log_stats(log, self.cache)
         plan = plan_phases(now, phase, self.limits, self.pins.pinned)
+        if uid in self._repairs:
+            # Segments may hold entries past the repair's cut: only delete during it.
+            plan = (plan[0], [], [])
         job = new_job(
             self.disk,
             self.limits,
@@ -724,6 +1022,8 @@ class NodeStorage:
 
     def _delete_files(self, uid: str) -> None:
         root = f"{QUEUES_DIR}/{uid}"
+        self._remove(repair_path(uid))
+        self._repairs.pop(uid, None)
         for directory in (segment_dir(uid), f"{root}/checkpoints", f"{root}/snapshots"):
             for name in self.disk.listdir(directory):
                 self._remove(f"{directory}/{name}")

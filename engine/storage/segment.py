@@ -37,7 +37,7 @@ import crc32c
 import numpy as np
 import numpy.typing as npt
 
-from engine.errors import StorageFailed
+from engine.errors import EntryDamaged
 from engine.raft.log import Entry, EntryKind
 from engine.storage.disk import Disk, DiskFile, parent, write_file_atomic
 
@@ -200,7 +200,9 @@ class SegmentReader:
         raw = self._file.pread(info.index_offset, info.count * INDEX_DTYPE.itemsize)
         if len(raw) != info.count * INDEX_DTYPE.itemsize or crc32c.crc32c(raw) != info.index_crc:
             self._file.close()
-            raise StorageFailed(f"segment {info.path}: index section fails its CRC32C check")
+            raise EntryDamaged(
+                f"segment {info.path}: index section fails its CRC32C check", index=info.lo
+            )
         self.index: npt.NDArray[np.void] = np.frombuffer(raw, dtype=INDEX_DTYPE)
         self._dense = info.count == info.hi - info.lo + 1
 
@@ -227,7 +229,9 @@ class SegmentReader:
         offset, length = int(rec["offset"]), int(rec["length"])
         data = self._file.pread(offset, length)
         if len(data) != length or crc32c.crc32c(data) != int(rec["crc"]):
-            raise StorageFailed(f"segment {self.info.path}: entry {index} fails its CRC32C check")
+            raise EntryDamaged(
+                f"segment {self.info.path}: entry {index} fails its CRC32C check", index=index
+            )
         return Entry(index, int(rec["term"]), _KINDS[int(rec["kind"])], int(rec["now_ms"]), data)
 
     def read_run(self, lo: int, hi: int, max_bytes: int) -> list[Entry]:
@@ -263,8 +267,9 @@ class SegmentReader:
             body = data[at : at + length]
             at += length
             if len(body) != length or crc32c.crc32c(body) != crc:
-                raise StorageFailed(
-                    f"segment {self.info.path}: entry {index} fails its CRC32C check"
+                raise EntryDamaged(
+                    f"segment {self.info.path}: entry {index} fails its CRC32C check",
+                    index=index,
                 )
             out.append(Entry(index, term, _KINDS[kind], now_ms, body))
         return out

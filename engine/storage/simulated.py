@@ -4,16 +4,20 @@ Rule: one ``SimDiskStorage`` per simulated server, each with its own ``FakeDisk`
 server is a node); every call goes to ``NodeStorage`` exactly as the runtime's would, so
 the simulator's crashes, torn writes and bit flips hit the real WAL, segment and
 checkpoint code. Entries become visible when synced: the Raft core keeps unsynced
-entries in its own unstable buffer.
+entries in its own unstable buffer. ``corrupt`` flips a bit in a durable file of a
+crashed server (the WAL before its last batch, a segment's data, its index or header, a
+checkpoint) and recovers again: the server restarts on what recovery made of it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Sequence
 
+from engine.errors import EntryDamaged
 from engine.ids import ServerId
-from engine.limits import DEFAULT_LIMITS, Limits
+from engine.limits import DEFAULT_LIMITS, KIB, Limits
 from engine.raft.config import Configuration
 from engine.raft.events import HardState as RaftHardState
 from engine.raft.log import Entry
@@ -23,9 +27,24 @@ from engine.storage.compaction import CompactionResult
 from engine.storage.disk import FakeDisk
 from engine.storage.log import ServerLog
 from engine.storage.node import NodeStorage, WriteFailed
-from engine.storage.wal import HardState
+from engine.storage.segment import read_segment_info, segment_dir
+from engine.storage.wal import FILE_HEADER_BYTES, HardState, read_wal_file, wal_seqs
 
 UID = "server"
+SMALL_FILES = dataclasses.replace(
+    DEFAULT_LIMITS,
+    wal_file_bytes_max=4 * KIB,
+    wal_batch_bytes_max=2 * KIB,
+    entry_bytes_max=2 * KIB,
+    segment_entries_max=8,
+    segment_file_bytes_max=4 * KIB,
+    segment_readers_open_max=2,
+    checkpoints_kept_max=3,
+    batch_bytes_max=256,
+    message_bytes_max=64,
+    message_bytes_max_ceiling=128,
+)
+"""Small files, so that WAL rolls, segment flushes and many segments happen in short runs."""
 
 
 def _checkpoint(snapshot: Snapshot) -> Checkpoint:
@@ -47,8 +66,7 @@ class SimDiskStorage:
         self.limits = limits
         self.compactions: list[CompactionResult] = []
         """What the compaction after each snapshot did (it survives reopens)."""
-        self.refused: str | None = None
-        """The ``RecoveryRefused`` message of the last reopen, if recovery refused."""
+        self._finish_repair = False
         self._open()
 
     def _open(self) -> None:
@@ -99,6 +117,18 @@ class SimDiskStorage:
     def sync(self) -> None:
         for event in self.node.sync():
             assert not isinstance(event, WriteFailed), event
+        if self._finish_repair:
+            self._finish_repair = False
+            self.node.finish_repair(UID)
+
+    def repairing(self) -> bool:
+        return self.node.repairing(UID)
+
+    def finish_repair(self) -> None:
+        self._finish_repair = True
+
+    def mark_damaged(self, error: EntryDamaged) -> None:
+        self.node.mark_damaged(UID, error)
 
     def save_snapshot(self, snapshot: Snapshot) -> None:
         self.node.write_checkpoint(UID, _checkpoint(snapshot))
@@ -110,8 +140,73 @@ class SimDiskStorage:
     def crash(self, rng: random.Random, tear: bool) -> None:
         if tear and self.node.wal.pending():
             self.node.write_batch()  # written, maybe in part, never reported durable
+        self._finish_repair = False
         self.disk.crash(rng if tear else None)
         self._open()
+
+    def corrupt(self, rng: random.Random) -> str | None:
+        """Flip one bit of a durable file of this (crashed) server and recover again;
+        says what was hit, or ``None`` if nothing fit."""
+        choices: list[tuple[str, str]] = [("wal", f"wal/{n}") for n in self.disk.listdir("wal")]
+        seg = segment_dir(UID)
+        for name in self.disk.listdir(seg):
+            if name.endswith(".seg"):
+                choices += [("segment data", f"{seg}/{name}"), ("segment index", f"{seg}/{name}")]
+        for directory in (f"queues/{UID}/checkpoints", f"queues/{UID}/snapshots"):
+            choices += [("checkpoint", f"{directory}/{n}") for n in self.disk.listdir(directory)]
+        kind = rng.choice(sorted({k for k, _ in choices}))
+        path = rng.choice([p for k, p in choices if k == kind])
+        bit = self._bit_to_flip(rng, kind, path)
+        if bit is None:
+            return None
+        self.disk.flip_bit(path, bit)
+        self.disk.crash()
+        self._open()
+        return f"{kind} {path} bit {bit}"
+
+    def rot(self, rng: random.Random) -> str | None:
+        """Flip one bit in the data of a segment of this running server (bit rot found
+        by a later read, if any reads it); says what was hit."""
+        seg = segment_dir(UID)
+        paths = [f"{seg}/{n}" for n in self.disk.listdir(seg) if n.endswith(".seg")]
+        if not paths:
+            return None
+        path = rng.choice(paths)
+        bit = self._bit_to_flip(rng, "segment data", path)
+        if bit is None:
+            return None
+        self.disk.flip_bit(path, bit)
+        return f"segment data {path} bit {bit} (while running)"
+
+    def _bit_to_flip(self, rng: random.Random, kind: str, path: str) -> int | None:
+        size = len(self.disk.read(path))
+        if kind == "wal":
+            return self._wal_bit(rng, path, size)
+        if kind == "checkpoint":
+            return rng.randrange(size * 8) if size else None
+        info = read_segment_info(self.disk, path)
+        if info is None or not 0 < info.data_offset < size:
+            return None
+        if kind == "segment data":
+            return rng.randrange(info.data_offset * 8, size * 8)
+        return rng.randrange(info.data_offset * 8)
+
+    def _wal_bit(self, rng: random.Random, path: str, size: int) -> int | None:
+        """A bit whose flip recovery can tell from a torn write: a valid batch follows
+        it, or the file is not the last one. (A flip in the last batch of the last file
+        looks like a torn write and would lose durable data unseen.)"""
+        seq = int(path.rsplit("/", 1)[1].split(".")[0])
+        last = max(wal_seqs(self.disk))
+        for _ in range(8):
+            if size <= FILE_HEADER_BYTES:
+                return None
+            bit = rng.randrange(FILE_HEADER_BYTES * 8, size * 8)
+            self.disk.flip_bit(path, bit)
+            found = read_wal_file(self.disk, seq)
+            self.disk.flip_bit(path, bit)
+            if found.corrupt_at is not None or (found.good_bytes < size and seq != last):
+                return bit
+        return None
 
     def recover(self) -> tuple[RaftHardState | None, Snapshot | None]:
         hs = self.recovered.hard_state
@@ -133,4 +228,4 @@ def _vote(vote: str | None) -> ServerId | None:
     return None if vote is None else ServerId(vote)
 
 
-__all__ = ["SimDiskStorage"]
+__all__ = ["SMALL_FILES", "SimDiskStorage"]

@@ -65,7 +65,7 @@ class Cluster:
         for n, name in enumerate(names):
             self.nodes[name] = self._new_node(name, MemStorage(), n)
 
-    def _new_node(self, name: str, storage: MemStorage, seed: int) -> Node:
+    def _new_node(self, name: str, storage: MemStorage, seed: int, repair: bool = False) -> Node:
         options = RaftOptions(
             sid(name),
             random.Random(seed),
@@ -76,17 +76,17 @@ class Cluster:
         )
         hs, snap = storage.recover()
         meta = snap.meta if snap is not None else None
-        raft = RaftServer(options, storage, hs, meta, self.config, self.now_ms)
+        raft = RaftServer(options, storage, hs, meta, self.config, self.now_ms, repair=repair)
         node = Node(raft, storage)
         if snap is not None:
             node.machine.restore(snap.machine_state)
         return node
 
-    def restart(self, name: str, lose_unsynced: bool = True) -> None:
+    def restart(self, name: str, lose_unsynced: bool = True, repair: bool = False) -> None:
         old = self.nodes[name]
         if lose_unsynced:
             old.storage.crash(random.Random(0), tear=False)
-        self.nodes[name] = self._new_node(name, old.storage, 99)
+        self.nodes[name] = self._new_node(name, old.storage, 99, repair)
         self.process(name)
 
     def __getitem__(self, name: str) -> RaftServer:
@@ -209,6 +209,7 @@ def _merge(into: Ready, rd: Ready) -> None:
     into.accepted += rd.accepted
     into.rejected += rd.rejected
     into.completed += rd.completed
+    into.repaired = into.repaired or rd.repaired
 
 
 def commands(log: list[int]) -> list[int]:

@@ -444,8 +444,9 @@ def test_unrecoverable_queue_is_refused_and_the_others_serve(tmp_path: Path) -> 
         try:
             assert sorted(q.name for q in node.queues()) == ["broken", "fine"]
             assert node.stats("broken")["status"] == "failed"
-            with pytest.raises(RecoveryRefused):
+            with pytest.raises(RecoveryRefused, match="no other member to repair it from"):
                 await node.publish("broken", msgs("z"))
+            assert segments[0].read_bytes()[:8] == b"garbage!", "its files are left alone"
             assert await drain(node, "fine") == [b"y"]
         finally:
             await node.stop()

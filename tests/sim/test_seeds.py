@@ -65,3 +65,8 @@ def test_the_cli_prints_failures_and_a_summary(capsys: pytest.CaptureFixture[str
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("seed 3 FAILED") and out[1].startswith("    t=")
     assert out[-1].startswith("2 passed, 1 failed")
+
+
+def test_the_cli_runs_seeds_with_damaged_disks(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--seeds", "3", "--damage"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith("3 passed, 0 failed")

@@ -1,11 +1,11 @@
 from __future__ import annotations
 
+import re
 import threading
 
 import pytest
 from pyroaring import BitMap64
 
-from engine.errors import RecoveryRefused, StorageFailed
 from engine.storage import (
     Checkpoint,
     FakeDisk,
@@ -110,7 +110,7 @@ def test_installed_snapshot_replaces_the_log() -> None:
     assert (rec.log.first_index(), rec.log.last_index()) == (51, 52)
 
 
-def test_a_damaged_segment_or_snapshot_refuses_to_start_with_a_clear_message() -> None:
+def test_a_damaged_segment_header_or_snapshot_resets_the_server_for_repair() -> None:
     disk = FakeDisk()
     storage = NodeStorage.open(disk, small_limits())
     storage.open_server("q")
@@ -124,13 +124,19 @@ def test_a_damaged_segment_or_snapshot_refuses_to_start_with_a_clear_message() -
     disk.flip_bit(first, 8 * 20)
     disk.flip_bit("queues/r/snapshots/" + disk.listdir("queues/r/snapshots")[0], 8 * 58)
     storage = reopen(disk)
-    with pytest.raises(RecoveryRefused, match=r"segment .* is damaged"):
-        storage.open_server("q")
-    with pytest.raises(RecoveryRefused, match="snapshot at index 2 is damaged"):
-        storage.open_server("r")
+    q = storage.open_server("q")
+    assert q.repairing and q.repair_reason and re.search(r"segment .* is damaged", q.repair_reason)
+    assert q.log.last_index() == 0 and disk.listdir("queues/q/segments") == []
+    r = storage.open_server("r")
+    assert r.repairing and r.repair_reason and "snapshot at index 2 is damaged" in r.repair_reason
+    assert r.checkpoint is None and r.log.last_index() == 0 and r.log.snapshot_index() == 0
+    storage = reopen(disk)  # the WAL still holds the old entries: they stay gone
+    for uid in ("q", "r"):
+        rec = storage.open_server(uid)
+        assert rec.repairing and rec.log.last_index() == 0 and rec.checkpoint is None
 
 
-def test_lost_committed_entries_refuse_to_start() -> None:
+def test_lost_committed_entries_put_the_server_into_repair() -> None:
     disk = FakeDisk()
     storage = NodeStorage.open(disk, small_limits(wal_file_bytes_max=1 << 20))
     storage.open_server("q")
@@ -142,8 +148,9 @@ def test_lost_committed_entries_refuse_to_start() -> None:
     f = disk.open("wal/00000001.wal")
     f.truncate(20)  # the entries are gone, as if the media lost them
     f.sync()
-    with pytest.raises(RecoveryRefused, match="commit index 3 is beyond"):
-        NodeStorage.open(disk, small_limits(wal_file_bytes_max=1 << 20)).open_server("q")
+    rec = NodeStorage.open(disk, small_limits(wal_file_bytes_max=1 << 20)).open_server("q")
+    assert rec.repairing and rec.repair_reason and "commit index 3 is beyond" in rec.repair_reason
+    assert rec.log.last_index() == 0
 
 
 def test_corrupt_entry_in_a_segment_is_never_served() -> None:
@@ -155,9 +162,12 @@ def test_corrupt_entry_in_a_segment_is_never_served() -> None:
     first = "queues/q/segments/" + disk.listdir("queues/q/segments")[0]
     disk.flip_bit(first, 8 * (len(disk.read(first)) - 2))
     storage = reopen(disk)
-    log = storage.open_server("q").log
-    with pytest.raises(StorageFailed, match="CRC32C"):
-        log.entries(1, 10, 1 << 20)
+    rec = storage.open_server("q")
+    # The log after the checkpoint (all of it here) is read at recovery: it is cut
+    # before the damaged entry, the last of the first segment.
+    assert rec.repairing and rec.repair_reason and "entry 4 fails its CRC32C" in rec.repair_reason
+    assert rec.log.last_index() == 3
+    assert [e.index for e in rec.log.entries(1, 10, 1 << 20)] == [1, 2, 3]
 
 
 def test_wal_thread_runs_group_commits_in_a_thread() -> None:

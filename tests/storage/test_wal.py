@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from engine.errors import RecoveryRefused, StorageFailed
+from engine.errors import StorageFailed
 from engine.storage import FakeDisk, HardState, HardStateSaved, NodeStorage, Persisted, WriteFailed
 from engine.storage.wal import wal_path
 from tests.storage.conftest import entries, small_limits
@@ -90,7 +90,7 @@ def test_unsynced_batch_is_lost_whole_on_crash_without_tearing() -> None:
     assert storage.open_server("q").log.last_index() == 2
 
 
-def test_corruption_before_valid_data_refuses_recovery() -> None:
+def test_corruption_before_valid_data_puts_every_server_into_repair() -> None:
     disk = FakeDisk()
     storage = NodeStorage.open(disk, small_limits(wal_file_bytes_max=1 << 20))
     storage.open_server("q")
@@ -99,8 +99,9 @@ def test_corruption_before_valid_data_refuses_recovery() -> None:
         storage.sync()
     disk.flip_bit(wal_path(1), 8 * 120)  # inside an early record; later batches are valid
     disk.crash()
-    with pytest.raises(RecoveryRefused, match="corrupt at byte"):
-        NodeStorage.open(disk, small_limits(wal_file_bytes_max=1 << 20))
+    rec = NodeStorage.open(disk, small_limits(wal_file_bytes_max=1 << 20)).open_server("q")
+    assert rec.repairing and rec.repair_reason and "corrupt at byte" in rec.repair_reason
+    assert rec.log.last_index() < 3, "what followed the corrupt record is left out"
 
 
 def test_disk_full_fails_the_batch_cleanly_and_keeps_what_is_durable() -> None:

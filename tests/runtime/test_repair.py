@@ -1,0 +1,148 @@
+"""A replica whose files were damaged while its node was stopped is repaired from its
+peers after the restart: nothing confirmed is lost, and it serves again."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from engine.errors import NoLeader
+from engine.runtime import InMemoryNetwork, Node
+from engine.runtime.api import QueueArgs
+from tests.runtime.test_cluster import NAMES, cluster, leader_of, retrying
+from tests.runtime.util import FAST, drain, eventually, msgs, rolling, run
+
+
+def _damage_segment_data(data_dir: Path, uid: str) -> None:
+    segments = sorted((data_dir / "queues" / uid / "segments").glob("*.seg"))
+    assert segments, "a clean stop writes segments"
+    with open(segments[0], "r+b") as f:
+        f.seek(-3, 2)  # in the data of the segment's last entry
+        byte = f.read(1)
+        f.seek(-3, 2)
+        f.write(bytes([byte[0] ^ 0x10]))
+
+
+def test_a_replica_with_damaged_segment_data_is_repaired_and_nothing_is_lost(
+    tmp_path: Path,
+) -> None:
+    async def body() -> None:
+        network = InMemoryNetwork(NAMES)
+        nodes = await cluster(tmp_path, network)
+        confirmed: list[bytes] = []
+        try:
+            info, _ = await nodes["n1"].create_queue("rep", QueueArgs())
+            for k in range(30):
+                batch = [f"m{k}-{i}".encode() for i in range(3)]
+                await retrying(lambda b=batch: nodes["n1"].publish("rep", msgs(*b)))  # type: ignore[misc]
+                confirmed.extend(batch)
+            leader = leader_of(nodes, "rep")
+            assert leader is not None
+            victim = next(name for name in NAMES if name != leader)
+            await nodes[victim].stop()
+            _damage_segment_data(tmp_path / victim, info.uid)
+            nodes[victim] = Node(
+                tmp_path / victim,
+                node_name=victim,
+                limits=FAST,
+                transport=network.transport(victim),
+            )
+            await nodes[victim].start()
+            assert nodes[victim]._storage is not None
+            assert nodes[victim]._storage.repairing(info.uid), "the damage was found"
+            await retrying(lambda: nodes[leader].publish("rep", msgs("after")))
+            confirmed.append(b"after")
+
+            def repaired() -> bool:
+                stats = nodes[victim].stats("rep")
+                raft = stats["raft"]
+                assert isinstance(raft, dict)
+                return not raft["repairing"] and stats["messages_ready"] == len(confirmed)
+
+            await eventually(repaired, timeout_s=20, what="the damaged replica repaired")
+            storage = nodes[victim]._storage
+            await eventually(lambda: not storage.repairing(info.uid), what="the marker gone")
+            # Served by the repaired replica once it leads.
+            await retrying(lambda: nodes[leader].transfer_leadership("rep", victim))
+            await eventually(lambda: leader_of(nodes, "rep") == victim, what="a new leader")
+            bodies = await retrying(lambda: drain(nodes[victim], "rep"))
+            assert sorted(bodies) == sorted(confirmed)
+        finally:
+            await asyncio.gather(*(n.stop() for n in nodes.values()))
+
+    run(body())
+
+
+def test_a_leader_that_reads_a_damaged_entry_stops_and_is_repaired_after_a_restart(
+    tmp_path: Path,
+) -> None:
+    limits = rolling()
+
+    async def body() -> None:
+        network = InMemoryNetwork(NAMES)
+        nodes = {
+            name: Node(
+                tmp_path / name, node_name=name, limits=limits, transport=network.transport(name)
+            )
+            for name in NAMES
+        }
+        await asyncio.gather(*(n.start() for n in nodes.values()))
+        confirmed: list[bytes] = []
+        try:
+            info, _ = await nodes["n1"].create_queue("rot", QueueArgs())
+            leader = await retrying(lambda: _leader_name(nodes, "rot"))
+            behind = next(name for name in NAMES if name != leader)
+            network.isolate(behind)
+            via = nodes[leader]
+            for k in range(30):
+                batch = [f"{k}-{i}".ljust(4000, ".").encode() for i in range(10)]
+                await retrying(lambda b=batch: via.publish("rot", msgs(*b)))  # type: ignore[misc]
+                confirmed.extend(batch)
+            await eventually(lambda: _segment_count(tmp_path / leader, info.uid) > 0)
+            # Bit rot in the leader's first segment: the lagging follower needs it.
+            _damage_segment_data(tmp_path / leader, info.uid)
+            network.heal(behind)
+            rep = via._replicas["rot"]
+            await eventually(lambda: rep.failed is not None, what="the read found the damage")
+            assert via._storage is not None and via._storage.repairing(info.uid)
+            others = {k: v for k, v in nodes.items() if k != leader}
+            await eventually(lambda: _leader_name_or_none(others, "rot") is not None)
+            await via.stop()
+            nodes[leader] = Node(
+                tmp_path / leader,
+                node_name=leader,
+                limits=limits,
+                transport=network.transport(leader),
+            )
+            await nodes[leader].start()
+
+            def repaired() -> bool:
+                stats = nodes[leader].stats("rot")
+                raft = stats["raft"]
+                assert isinstance(raft, dict)
+                return not raft["repairing"] and stats["messages_ready"] == len(confirmed)
+
+            await eventually(repaired, timeout_s=20, what="the damaged replica repaired")
+            new_leader = _leader_name_or_none(nodes, "rot")
+            assert new_leader is not None
+            bodies = await retrying(lambda: drain(nodes[new_leader], "rot"))
+            assert sorted(bodies) == sorted(confirmed)
+        finally:
+            await asyncio.gather(*(n.stop() for n in nodes.values()))
+
+    run(body())
+
+
+def _segment_count(data_dir: Path, uid: str) -> int:
+    return len(list((data_dir / "queues" / uid / "segments").glob("*.seg")))
+
+
+def _leader_name_or_none(nodes: dict[str, Node], queue: str) -> str | None:
+    return leader_of(nodes, queue)
+
+
+async def _leader_name(nodes: dict[str, Node], queue: str) -> str:
+    name = leader_of(nodes, queue)
+    if name is None:
+        raise NoLeader("no leader yet")
+    return name
