@@ -568,7 +568,7 @@ class NodeStorage:
         up to the commit index it knew then are right, those after may be older versions
         of entries rewritten later. A newer checkpoint counts them committed, so they are
         not kept past that commit index then."""
-        at = self._damaged_at.pop(uid, None)
+        at = self._damaged_at.get(uid)
         if at is None:
             return cp
         assert self._wal_damage is not None
@@ -580,7 +580,9 @@ class NodeStorage:
         reason = (
             f"WAL file {wal_path(seq)} is corrupt at byte {byte}: what was written after it is lost"
         )
-        return self._begin_repair(uid, cp, first_bad, RepairKind.WAL, reason, self.wal.seq)
+        cp = self._begin_repair(uid, cp, first_bad, RepairKind.WAL, reason, self.wal.seq)
+        del self._damaged_at[uid]  # kept if the repair was refused, for a later open
+        return cp
 
     def _repair_missing(self, uid: str, cp: Checkpoint | None) -> Checkpoint | None:
         """Committed entries missing (lost from the WAL without a trace): as after a

@@ -234,8 +234,9 @@ def test_a_server_that_cannot_be_repaired_is_refused_and_its_files_are_left_alon
     disk = FakeDisk()
     storage = NodeStorage.open(disk, small_limits())
     storage.open_server("q")
-    storage.append("q", entries(1, 30, size=40))
-    storage.sync()
+    for i in range(1, 31, 3):  # several batches, so the WAL rolls into segments
+        storage.append("q", entries(i, 3, size=40))
+        storage.sync()
     damaged = segments(disk)[1]
     disk.flip_bit(damaged, 8 * 20)
     files = {p: disk.read(p) for p in segments(disk)}

@@ -234,8 +234,12 @@ def test_a_bit_flip_in_a_run_record_before_valid_data_is_corruption() -> None:
         disk.flip_bit(wal_path(1), bit)
     disk.flip_bit(wal_path(1), 8 * middle_run + 8 * 30)
     disk.crash()
-    with pytest.raises(RecoveryRefused, match=f"corrupt at byte {middle_run}"):
-        NodeStorage.open(disk, small_limits(wal_file_bytes_max=1 << 20))
+    storage = NodeStorage.open(disk, small_limits(wal_file_bytes_max=1 << 20))
+    with pytest.raises(RecoveryRefused, match="no other member to repair it from"):
+        storage.open_server("q", repairable=False)  # a lone member cannot be repaired
+    rec = storage.open_server("q")  # a replicated one is repaired from its peers
+    assert rec.repairing and f"corrupt at byte {middle_run}" in (rec.repair_reason or "")
+    assert rec.log.last_index() <= 3  # nothing from the damaged append on is trusted
 
 
 def test_a_bit_flip_in_the_last_run_record_reads_as_a_torn_tail() -> None:
