@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from pyroaring import BitMap64
 
-from engine.errors import StorageFailed
+from engine.errors import EntryDamaged, StorageFailed
 from engine.raft.log import Entry
 from engine.storage.disk import Disk
 from engine.storage.segment import OVERWRITES, ReaderCache, SegmentInfo
@@ -171,6 +171,31 @@ class ServerLog:
             return []
         stop = min(end, seg.hi + 1, self.mem.lo if len(self.mem) else end)
         return self._cache.get(seg.info).read_run(index, stop, max(max_bytes, 1))
+
+    def first_damaged(self, lo: int, max_bytes: int) -> tuple[int | None, str]:
+        """The first entry from ``lo`` to the last that is missing or fails its CRC32C
+        check, with why (``None`` if all are sound). Segments are checked in runs of
+        about ``max_bytes`` without building entries; the mem table's came from WAL
+        records that passed their check."""
+        end = self._last + 1
+        index = lo
+        while index < end:
+            if len(self.mem) and index >= self.mem.lo:
+                if self.mem.hi + 1 < end:
+                    return self.mem.hi + 1, f"entry {self.mem.hi + 1} is missing"
+                return None, ""
+            seg = self._segment_for(index)
+            if seg is None:
+                return index, f"entry {index} is missing"
+            stop = min(end, seg.hi + 1, self.mem.lo if len(self.mem) else end)
+            try:
+                after = self._cache.get(seg.info).check_run(index, stop, max(max_bytes, 1))
+            except EntryDamaged as e:
+                return e.index or index, e.detail
+            if after == index:
+                return index, f"entry {index} is missing"
+            index = after
+        return None, ""
 
     # -- payload reads ------------------------------------------------------------------------
 

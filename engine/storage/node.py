@@ -610,18 +610,9 @@ class NodeStorage:
         return self._begin_repair(uid, cp, bad, RepairKind.CUT, detail, self.wal.seq)
 
     def _first_unreadable(self, log: ServerLog, lo: int) -> tuple[int | None, str]:
-        hi = log.last_index()
-        while lo <= hi:
-            try:
-                got = log.entries(lo, hi + 1, self.limits.committed_bytes_per_ready_max)
-            except EntryDamaged as e:
-                return e.index or lo, e.detail
-            except LookupError:
-                got = []
-            if not got:
-                return lo, f"entry {lo} is missing"
-            lo = got[-1].index + 1
-        return None, ""
+        if lo < log.first_index() and lo <= log.last_index():
+            return lo, f"entry {lo} is missing"
+        return log.first_damaged(lo, self.limits.committed_bytes_per_ready_max)
 
     def _recover_prefix(self, log: ServerLog, cp: Checkpoint, snapshot_index: int) -> None:
         """Apply Raft's rule for a snapshot: keep the log if it holds the snapshot's entry

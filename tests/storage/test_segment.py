@@ -3,8 +3,10 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from engine.errors import StorageFailed
+from engine.errors import EntryDamaged, StorageFailed
 from engine.storage.disk import FakeDisk
 from engine.storage.segment import (
     HEADER_BYTES,
@@ -100,3 +102,40 @@ def test_the_second_header_slot_lets_dead_data_be_cut_off_the_end() -> None:
     assert [SegmentReader(disk, cut).read(i) for i in range(1, 5)] == written[:4]
     disk.flip_bit(path, 8 * (SLOT_BYTES + 8))  # the new slot damaged: the old one rules
     assert read_segment_info(disk, path) == dataclasses.replace(info, bytes=end)
+
+
+@given(
+    st.integers(1, 40),
+    st.sets(st.integers(0, 39)),
+    st.integers(1, 400),
+    st.data(),
+)
+@settings(max_examples=60, deadline=None)
+def test_check_run_agrees_with_reading_the_entries(
+    count: int, dropped: set[int], max_bytes: int, data: st.DataObject
+) -> None:
+    """``check_run`` checks what ``read_run`` would return (same run, same stop at a
+    hole or at ``max_bytes``) without building entries, and stops at the same damage."""
+    disk = FakeDisk()
+    kept = [e for k, e in enumerate(entries(10, count, size=24)) if k == 0 or k not in dropped]
+    write_segment(disk, "q", 1, kept, 0)
+    path = segment_path("q", 1)
+    info = read_segment_info(disk, path)
+    assert info is not None
+    lo = data.draw(st.sampled_from([e.index for e in kept]), label="lo")
+    hi = data.draw(st.integers(lo + 1, 10 + count + 1), label="hi")
+    run = SegmentReader(disk, info).read_run(lo, hi, max_bytes)
+    assert SegmentReader(disk, info).check_run(lo, hi, max_bytes) == lo + len(run)
+    victim = data.draw(st.sampled_from(kept), label="victim")
+    size = len(disk.read(path))
+    body_at = size - sum(len(e.data) for e in kept if e.index >= victim.index)
+    disk.flip_bit(path, (body_at + 3) * 8)
+    reader = SegmentReader(disk, info)
+    try:
+        reader.read_run(lo, hi, max_bytes)
+    except EntryDamaged as e:
+        with pytest.raises(EntryDamaged) as checked:
+            reader.check_run(lo, hi, max_bytes)
+        assert checked.value.index == e.index == victim.index
+    else:
+        assert reader.check_run(lo, hi, max_bytes) == lo + len(run)
