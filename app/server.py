@@ -7,6 +7,7 @@ from pathlib import Path
 
 import uvicorn
 
+from app.http_protocol import CoalescingProtocol
 from app.main import StartupReport, create_app
 from app.settings import Settings
 
@@ -37,5 +38,6 @@ def run_server(data_dir: Path, host: str, port: int) -> None:
         access_log=False,
         server_header=False,
         proxy_headers=False,
+        http=CoalescingProtocol,
     )
     uvicorn.Server(config).run()
