@@ -22,7 +22,6 @@ sends the same requests both ways and compares the answers.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import time
@@ -30,6 +29,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from prometheus_client import Counter
 from starlette.datastructures import State
 from starlette.responses import Response
@@ -278,13 +278,20 @@ class HotPaths:
 
 
 def _decoded(content_type: str, raw: bytes) -> Any:
-    """The body as the route would parse it; ``_Decline`` where the route refuses it."""
+    """The body as the route would parse it, or ``_Decline``.
+
+    JSON is parsed by orjson (two to three times faster than the standard library, which
+    the route uses). Where the two differ orjson refuses (a byte-order mark, lone
+    surrogates, NaN, numbers out of range) and the route parses again, except for integers
+    beyond 64 bits, which orjson reads as floats; hot_bodies takes only ``int`` values, so
+    those go to the route as well.
+    """
     if not raw:
         raise _Decline
     kind = media_type(content_type)
     try:
         if kind == JSON:
-            return json.loads(raw)
+            return orjson.loads(raw)
         if kind in MSGPACK_ALIASES:
             return unpackb(raw)
     except (ValueError, InvalidRequest):

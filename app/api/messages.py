@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 from datetime import UTC, datetime
 from typing import Any
 
 import msgpack
+import orjson
 from fastapi import APIRouter, Query, Request, Response, status
 
 from app.api.deps import API_PREFIX, QueueName
@@ -132,7 +132,9 @@ def encoded(payload: dict[str, Any], binary: bool) -> tuple[bytes, str]:
     body and its media type: encoded once, without ``respond``'s generic walk."""
     if binary:
         return msgpack.packb(payload, use_bin_type=True), MSGPACK
-    return json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8"), JSON
+    # orjson writes what json.dumps(ensure_ascii=False, separators=(",", ":")) does for
+    # these payloads, some ten times faster for a batch of received messages.
+    return orjson.dumps(payload), JSON
 
 
 def answer(request: Request, payload: dict[str, Any], status_code: int = 200) -> Response:

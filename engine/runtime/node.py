@@ -1115,10 +1115,10 @@ class Node:
             if (
                 type(body) is bytes
                 and m.headers == {}
-                and m.priority.__class__ is int
+                and type(m.priority) is int
                 and m.priority == 0
                 and m.ttl_ms is None
-                and m.delay_ms.__class__ is int
+                and type(m.delay_ms) is int
                 and m.delay_ms == 0
                 and m.dedup_id is None
             ):

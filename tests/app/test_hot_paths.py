@@ -23,6 +23,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from app import hot_paths
 from app.api.hot_bodies import publish_messages, receive_args, settle_args
 from app.api.messages import outgoing
 from app.api.queue_schemas import ExtendIn, NackIn, PublishIn, ReceiveIn, SettleIn
@@ -380,6 +381,32 @@ def test_hot_requests_are_counted_under_the_route_template(
 
 
 # --- the parsers against the models ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"messages": [{"body": "x"}], "messages": [{"body": "y"}]}',
+        b'{"messages": [{"body": "\\u00e9\\u2028\\ud83d\\ude00"}]}',
+        b'\xef\xbb\xbf{"messages": [{"body": "x"}]}',
+        b'{"messages": [{"body": "x", "priority": 18446744073709551616}]}',
+        b'{"messages": [{"body": "x", "ttl_ms": 1e400}]}',
+        b'{"messages": [{"body": "x", "delay_ms": NaN}]}',
+        b'{"messages": [{"body": "\\ud800"}]}',
+        b'{"messages": [{"body": "\xff"}]}',
+    ],
+)
+def test_the_hot_json_parser_agrees_with_the_routes_or_declines(raw: bytes) -> None:
+    """What the hot path's JSON parser (orjson) accepts, and the publish parser then
+    takes, is what the route reads with the standard library."""
+    try:
+        payload = hot_paths._decoded("application/json", raw)
+    except hot_paths._Decline:
+        return
+    batch = publish_messages(payload, DEFAULT_LIMITS)
+    if batch is not None:
+        assert batch == outgoing(PublishIn.model_validate(json.loads(raw)), DEFAULT_LIMITS)
+
 
 _INTS = st.one_of(
     st.integers(min_value=-3, max_value=12),
