@@ -14,7 +14,10 @@ client (httpx) spent more CPU per request than the server, on the same cores.
 * ``publish_p50_ms``/``publish_p99_ms``: batches of 1 due at a steady ``--rate``
   msgs/s, sent by up to 64 connections per generator (latency from the due time to the
   201, so falling behind is counted, as wrk2 does); the same at
-  ``--low-rate`` (``..._at_low_rate``) shows the latency of a server that keeps up.
+  ``--low-rate`` (``..._at_low_rate``) shows the latency of a server that keeps up;
+* ``disk_fdatasync_ms``: the disk alone, after the phases: 1 KiB appends, each
+  fdatasynced, one every 1/``--rate`` s, in the server's data directory (a paced
+  publish waits for one such sync).
 
 For each phase it reports the load generators' CPU use (``client_cpu_per_wall``: CPU
 seconds per wall second summed over the generator processes; with ``cpus`` cores a
@@ -406,6 +409,33 @@ def run_phase(server: ServerProcess, base: dict[str, Any], procs: int) -> dict[s
     }
 
 
+def disk_fdatasync_ms(directory: Path, gap_s: float, count: int = 300) -> dict[str, Any]:
+    """The disk's own latency: append 1 KiB and ``fdatasync``, ``count`` times, one every
+    ``gap_s`` (the paced phase's spacing), in ``directory`` (where the server's WAL is).
+    Every paced publish waits for one such sync; its p99 bounds the p99 the server can
+    reach."""
+    path = directory / "fdatasync-probe"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    latencies: list[float] = []
+    try:
+        for _ in range(count):
+            os.write(fd, b"x" * MESSAGE_BYTES)
+            started = time.perf_counter()
+            os.fdatasync(fd)
+            latencies.append((time.perf_counter() - started) * 1000)
+            time.sleep(gap_s)
+    finally:
+        os.close(fd)
+        path.unlink()
+    latencies.sort()
+    return {
+        "gap_ms": round(gap_s * 1000, 2),
+        "p50": _percentile(latencies, 0.5),
+        "p99": _percentile(latencies, 0.99),
+        "max": round(latencies[-1], 2),
+    }
+
+
 def _percentile(sorted_values: list[float], q: float) -> float | None:
     if not sorted_values:
         return None
@@ -478,6 +508,7 @@ def measure(args: argparse.Namespace, server: ServerProcess, token: str) -> dict
         "batch_clients_per_proc": args.batch_clients,
         "single_clients_per_proc": args.single_clients,
         "seconds_per_phase": args.seconds,
+        "disk_fdatasync_ms": disk_fdatasync_ms(server.data_dir, 1 / args.rate),
         "phases": {name: phase for name, phase in phases.items() if phase is not none},
         "targets": {"publish_msgs_per_s": 50_000, "publish_p99_ms": 10.0},
         "machine": bench.machine_info(),
