@@ -358,7 +358,18 @@ def _generator(spec: dict[str, Any], results: Any) -> None:
         results.join_thread()
         os._exit(0)
 
-    asyncio.run(bounded())
+    _run(bounded())
+
+
+def _run(main: Any) -> None:
+    """``asyncio.run``, on uvloop where installed (a dependency of the server): the
+    generators' CPU is taken from the cores the server runs on."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main)
+        return
+    uvloop.run(main)
 
 
 def run_phase(server: ServerProcess, base: dict[str, Any], procs: int) -> dict[str, Any]:
