@@ -35,6 +35,7 @@ from app.auth import hash_password, random_password
 from app.db import repo
 from app.db.migrate import upgrade_to_head
 from app.db.session import Database
+from app.hot_paths import HotPaths, HotPathStats
 from app.metrics import AppMetrics, MetricsMiddleware
 from app.node import NodeFactory, make_node, record_listener
 from app.problems import install_problem_handlers, problem_response
@@ -224,6 +225,9 @@ def create_app(
         lifespan=_lifespan(settings, node_factory, announce),
         docs_url=None,  # Swagger UI and ReDoc load from a CDN; /openapi.json is the contract
         redoc_url=None,
+        # FastAPI's OpenTelemetry asks the global providers on every request whether it
+        # should trace (about 16 us, environment reads included); Quorra configures none.
+        telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     app.state.settings = settings
     app.state.metrics = AppMetrics()
@@ -251,4 +255,13 @@ def create_app(
     app.add_middleware(BodyLimitMiddleware, limit_bytes=settings.request_body_bytes_max)
     app.add_middleware(SecurityHeadersMiddleware)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
+    # Outermost: the hot message endpoints, answered without the layers above when the
+    # request is well-formed; anything else goes on through them (app/hot_paths.py).
+    app.state.hot_paths = HotPathStats()
+    app.add_middleware(
+        HotPaths,
+        state=app.state,
+        body_bytes_max=settings.request_body_bytes_max,
+        extra_headers=SecurityHeadersMiddleware.HEADERS,
+    )
     return app

@@ -66,7 +66,11 @@ def _accept_q(accept: str, wanted: frozenset[str], family: str) -> float:
 
 def wants_msgpack(request: Request) -> bool:
     """True when ``Accept`` prefers MessagePack to JSON (JSON wins ties and silence)."""
-    accept = request.headers.get("accept", "")
+    return prefers_msgpack(request.headers.get("accept", ""))
+
+
+def prefers_msgpack(accept: str) -> bool:
+    """``wants_msgpack`` of an ``Accept`` header's value."""
     if "msgpack" not in accept:
         return False
     return _accept_q(accept, MSGPACK_ALIASES, "application/*") > _accept_q(

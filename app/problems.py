@@ -140,6 +140,11 @@ def problem_response(
 
 def _typed_error(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, QuorraError | AppProblem)
+    return typed_problem(exc)
+
+
+def typed_problem(exc: QuorraError | AppProblem) -> JSONResponse:
+    """The problem answer of a typed error, as the installed handler renders it."""
     return problem_response(
         exc.status,
         exc.problem_type,

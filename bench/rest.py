@@ -1,7 +1,9 @@
-"""``quorra bench rest [--json] [--seconds S] [--procs P] [--profile FILE]``: the REST API
-end to end. Starts ``quorra serve`` (a subprocess, temporary data directory, 127.0.0.1)
-and drives it from separate load-generator processes over loopback with httpx, 1 KiB
-messages, JSON bodies:
+"""``quorra bench rest [--json] [--seconds S] [--procs P] [--phases ...] [--profile FILE]``:
+the REST API end to end. Starts ``quorra serve`` (a subprocess, temporary data directory,
+127.0.0.1) and drives it from separate load-generator processes over loopback, 1 KiB
+messages, JSON bodies. The generators speak HTTP/1.1 over keep-alive sockets with
+pre-encoded requests (``Connection``) and read and check every response: a general
+client (httpx) spent more CPU per request than the server, on the same cores.
 
 * ``publish_msgs_per_s``: batches of 100, ``--batch-clients`` concurrent requests per
   process; every 201 means durable (fsynced) on the quorum, here the one node;
@@ -12,7 +14,10 @@ messages, JSON bodies:
 * ``publish_p50_ms``/``publish_p99_ms``: batches of 1 due at a steady ``--rate``
   msgs/s, sent by up to 64 connections per generator (latency from the due time to the
   201, so falling behind is counted, as wrk2 does); the same at
-  ``--low-rate`` (``..._at_low_rate``) shows the latency of a server that keeps up.
+  ``--low-rate`` (``..._at_low_rate``) shows the latency of a server that keeps up;
+* ``disk_fdatasync_ms``: the disk alone, after the phases: 1 KiB appends, each
+  fdatasynced, one every 1/``--rate`` s, in the server's data directory (a paced
+  publish waits for one such sync).
 
 For each phase it reports the load generators' CPU use (``client_cpu_per_wall``: CPU
 seconds per wall second summed over the generator processes; with ``cpus`` cores a
@@ -147,79 +152,127 @@ def _payload(batch: int) -> bytes:
     return json.dumps({"messages": [{"body": text}] * batch}).encode("ascii")
 
 
+class Connection:
+    """One HTTP/1.1 keep-alive connection of a load generator, over a plain asyncio
+    stream: requests are pre-encoded bytes, and every response is read whole (head and
+    ``Content-Length`` body) before the next request goes out, its status returned.
+    Lean on purpose: the generators share the machine's cores with the server."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def request(self, raw: bytes) -> tuple[int, bytes]:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        assert self.reader is not None
+        try:
+            self.writer.write(raw)
+            head = await self.reader.readuntil(b"\r\n\r\n")
+            status = int(head[9:12])
+            length = _content_length(head)
+            body = await self.reader.readexactly(length) if length else b""
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError):
+            self.close()
+            raise ConnectionError("the connection failed") from None
+        return status, body
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        self.reader = self.writer = None
+
+
+def _content_length(head: bytes) -> int:
+    for line in head.split(b"\r\n")[1:]:
+        key, _, value = line.partition(b":")
+        if key.strip().lower() == b"content-length":
+            return int(value)
+        if key.strip().lower() == b"transfer-encoding":
+            raise ValueError("the bench reads only Content-Length bodies")
+    return 0
+
+
+def _request(spec: dict[str, Any], path: str, body: bytes) -> bytes:
+    """A POST with ``body`` (JSON) as bytes on the wire."""
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {spec['host']}:{spec['port']}\r\n"
+        f"Authorization: Bearer {spec['token']}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    return head.encode("ascii") + body
+
+
+def _published(status: int, body: bytes, batch: int) -> bool:
+    """A 201 whose ``ids`` hold one id per message."""
+    return status == 201 and body.startswith(b'{"ids":[') and body.count(b",") == batch - 1
+
+
 async def _publish_loop(
-    client: httpx.AsyncClient, path: str, body: bytes, batch: int, until: float, out: dict[str, Any]
+    conn: Connection, raw: bytes, batch: int, until: float, out: dict[str, Any]
 ) -> None:
-    headers = {"Content-Type": "application/json"}
     while time.time() < until:
         try:
-            response = await client.post(path, content=body, headers=headers)
-        except httpx.TransportError:
+            status, body = await conn.request(raw)
+        except ConnectionError:
             out["transport_errors"] += 1
             await asyncio.sleep(0.01)
             continue
-        if response.status_code == 201:
+        if _published(status, body, batch):
             out["messages"] += batch
         else:
             out["errors"] += 1
-            if response.status_code in (429, 503):
+            if status in (429, 503):
                 await asyncio.sleep(0.01)
 
 
 async def _consume_loop(
-    client: httpx.AsyncClient, queue: str, until: float, out: dict[str, Any]
+    conn: Connection, spec: dict[str, Any], until: float, out: dict[str, Any]
 ) -> None:
-    receive, ack = (
-        f"/api/v1/queues/{queue}/messages/receive",
-        f"/api/v1/queues/{queue}/messages/ack",
-    )
+    base = f"/api/v1/queues/{spec['queue']}/messages"
+    receive = _request(spec, f"{base}/receive", b'{"max_messages":100,"wait_ms":0}')
     while time.time() < until:
         try:
-            got = await client.post(receive, json={"max_messages": 100, "wait_ms": 0})
-        except httpx.TransportError:
+            status, body = await conn.request(receive)
+        except ConnectionError:
             out["transport_errors"] += 1
             await asyncio.sleep(0.01)
             continue
-        messages = got.json().get("messages", []) if got.status_code == 200 else []
+        messages = json.loads(body)["messages"] if status == 200 else []
         if not messages:
             out["empty"] += 1
             if out["empty"] > 3:
                 return
             await asyncio.sleep(0.05)
             continue
+        receipts = json.dumps({"receipts": [m["receipt"] for m in messages]}).encode("ascii")
         try:
-            acked = await client.post(ack, json={"receipts": [m["receipt"] for m in messages]})
-        except httpx.TransportError:
+            status, body = await conn.request(_request(spec, f"{base}/ack", receipts))
+        except ConnectionError:
             out["transport_errors"] += 1
             continue
-        if acked.status_code == 200:
-            out["messages"] += acked.json()["settled"]
+        if status == 200:
+            out["messages"] += json.loads(body)["settled"]
         else:
             out["errors"] += 1
 
 
 async def _paced_loop(
-    client: httpx.AsyncClient,
-    path: str,
-    body: bytes,
-    rate: float,
-    start: float,
-    until: float,
-    out: dict[str, Any],
+    spec: dict[str, Any], raw: bytes, start: float, until: float, out: dict[str, Any]
 ) -> None:
-    """A send is due every 1/rate s; ``PACED_CONNECTIONS_MAX`` workers take the due
-    times in order. Latency counts from the *due* time (as wrk2 does), so a server that
-    falls behind is charged for the wait, not hidden by it. Sends not started
-    ``PACED_GRACE_S`` after the phase are counted in ``not_sent``."""
-    headers = {"Content-Type": "application/json"}
+    """A send is due every 1/rate s; ``PACED_CONNECTIONS_MAX`` workers, one connection
+    each, take the due times in order. Latency counts from the *due* time (as wrk2
+    does), so a server that falls behind is charged for the wait, not hidden by it.
+    Sends not started ``PACED_GRACE_S`` after the phase are counted in ``not_sent``."""
+    rate = spec["rate"]
     latencies: list[float] = out["latencies_ms"]
     due: collections.deque[float] = collections.deque(
         start + i / rate for i in range(int((until - start) * rate))
     )
-
     in_flight: dict[int, float] = out["open"]
 
-    async def worker() -> None:
+    async def worker(conn: Connection) -> None:
         while due and time.time() < until + PACED_GRACE_S:
             scheduled = due.popleft()
             delay = scheduled - time.time()
@@ -227,19 +280,20 @@ async def _paced_loop(
                 await asyncio.sleep(delay)
             in_flight[id(scheduled)] = scheduled  # counted if the hard deadline hits
             try:
-                response = await client.post(path, content=body, headers=headers)
-            except httpx.TransportError:
+                status, body = await conn.request(raw)
+            except ConnectionError:
                 out["transport_errors"] += 1
                 continue
             finally:
                 in_flight.pop(id(scheduled), None)
-            if response.status_code == 201:
+            if _published(status, body, 1):
                 out["messages"] += 1
                 latencies.append((time.time() - scheduled) * 1000)
             else:
                 out["errors"] += 1
 
-    await asyncio.gather(*(worker() for _ in range(PACED_CONNECTIONS_MAX)))
+    conns = out["connections"]
+    await asyncio.gather(*(worker(conn) for conn in conns))
     out["not_sent"] += len(due)
 
 
@@ -265,31 +319,27 @@ def _generator(spec: dict[str, Any], results: Any) -> None:
 
     async def run() -> None:
         clients = spec["clients"] if spec["kind"] != "paced" else PACED_CONNECTIONS_MAX
-        limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-        headers = {"Authorization": f"Bearer {spec['token']}"}
-        client = httpx.AsyncClient(
-            base_url=spec["url"], headers=headers, limits=limits, timeout=60.0
-        )
-        path = f"/api/v1/queues/{spec['queue']}/messages"
-        body = _payload(spec["batch"])
-        await client.get("/readyz")  # connect before the clock starts
+        conns = [Connection(spec["host"], spec["port"]) for _ in range(clients)]
+        ready = f"GET /readyz HTTP/1.1\r\nHost: {spec['host']}\r\n\r\n".encode("ascii")
+        for conn in conns:  # connect before the clock starts
+            status, _ = await conn.request(ready)
+            assert status == 200, status
+        out["connections"] = conns
+        raw = _request(spec, f"/api/v1/queues/{spec['queue']}/messages", _payload(spec["batch"]))
         until = start + spec["seconds"]
         await asyncio.sleep(max(0.0, start - time.time()))
         out["cpu0"] = _cpu_self_s()
         if spec["kind"] == "publish":
-            loops = [
-                _publish_loop(client, path, body, spec["batch"], until, out) for _ in range(clients)
-            ]
+            loops = [_publish_loop(c, raw, spec["batch"], until, out) for c in conns]
         elif spec["kind"] == "consume":
-            loops = [_consume_loop(client, spec["queue"], until, out) for _ in range(clients)]
+            loops = [_consume_loop(c, spec, until, out) for c in conns]
         else:
-            loops = [_paced_loop(client, path, body, spec["rate"], start, until, out)]
+            loops = [_paced_loop(spec, raw, start, until, out)]
         await asyncio.gather(*loops)
 
     async def bounded() -> None:
         deadline_s = max(0.0, start - time.time()) + spec["seconds"] + 2 * PACED_GRACE_S
-        # Not wait_for: it would wait for the cancelled work to unwind, and cancelling
-        # thousands of requests inside httpx's pool may take longer than the bench.
+        # Not wait_for: it would wait for the cancelled work to unwind.
         work = asyncio.create_task(run())
         done, _ = await asyncio.wait({work}, timeout=deadline_s)
         if not done:
@@ -297,15 +347,29 @@ def _generator(spec: dict[str, Any], results: Any) -> None:
             for scheduled in out["open"].values():
                 out["timed_out"] += 1
                 out["latencies_ms"].append((now - scheduled) * 1000)
+        elif work.exception() is not None:
+            raise work.exception()  # type: ignore[misc]
         out["wall_s"] = time.time() - start
         out["cpu_s"] = _cpu_self_s() - out.pop("cpu0")
         out.pop("open")
+        out.pop("connections", None)
         results.put(out)
         results.close()
         results.join_thread()
         os._exit(0)
 
-    asyncio.run(bounded())
+    _run(bounded())
+
+
+def _run(main: Any) -> None:
+    """``asyncio.run``, on uvloop where installed (a dependency of the server): the
+    generators' CPU is taken from the cores the server runs on."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main)
+        return
+    uvloop.run(main)
 
 
 def run_phase(server: ServerProcess, base: dict[str, Any], procs: int) -> dict[str, Any]:
@@ -356,6 +420,33 @@ def run_phase(server: ServerProcess, base: dict[str, Any], procs: int) -> dict[s
     }
 
 
+def disk_fdatasync_ms(directory: Path, gap_s: float, count: int = 300) -> dict[str, Any]:
+    """The disk's own latency: append 1 KiB and ``fdatasync``, ``count`` times, one every
+    ``gap_s`` (the paced phase's spacing), in ``directory`` (where the server's WAL is).
+    Every paced publish waits for one such sync; its p99 bounds the p99 the server can
+    reach."""
+    path = directory / "fdatasync-probe"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    latencies: list[float] = []
+    try:
+        for _ in range(count):
+            os.write(fd, b"x" * MESSAGE_BYTES)
+            started = time.perf_counter()
+            os.fdatasync(fd)
+            latencies.append((time.perf_counter() - started) * 1000)
+            time.sleep(gap_s)
+    finally:
+        os.close(fd)
+        path.unlink()
+    latencies.sort()
+    return {
+        "gap_ms": round(gap_s * 1000, 2),
+        "p50": _percentile(latencies, 0.5),
+        "p99": _percentile(latencies, 0.99),
+        "max": round(latencies[-1], 2),
+    }
+
+
 def _percentile(sorted_values: list[float], q: float) -> float | None:
     if not sorted_values:
         return None
@@ -377,38 +468,37 @@ def _setup(url: str) -> str:
     return token
 
 
+PHASES = ("publish_batch_100", "publish_batch_1", "consume_batch_100", "publish_paced")
+"""In this order (consume drains what publish_batch_100 filled); ``publish_paced`` runs
+at ``--rate`` and then at ``--low-rate``."""
+
+
+def _phase_specs(args: argparse.Namespace, base: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    batch = dict(base, queue="bench-batch", batch=100, clients=args.batch_clients)
+    paced = dict(base, kind="paced", queue="bench-paced", batch=1, clients=1)
+    return {
+        "publish_batch_100": dict(batch, kind="publish"),
+        "publish_batch_1": dict(
+            base, kind="publish", queue="bench-single", batch=1, clients=args.single_clients
+        ),
+        "consume_batch_100": dict(batch, kind="consume"),
+        "publish_paced": dict(paced, rate=args.rate),
+        "publish_paced_low": dict(paced, rate=args.low_rate),
+    }
+
+
 def measure(args: argparse.Namespace, server: ServerProcess, token: str) -> dict[str, Any]:
-    base = {"url": server.url, "token": token, "seconds": args.seconds}
-    phases: dict[str, dict[str, Any]] = {}
-    phases["publish_batch_100"] = run_phase(
-        server,
-        dict(base, kind="publish", queue="bench-batch", batch=100, clients=args.batch_clients),
-        args.procs,
-    )
-    phases["publish_batch_1"] = run_phase(
-        server,
-        dict(base, kind="publish", queue="bench-single", batch=1, clients=args.single_clients),
-        args.procs,
-    )
-    phases["consume_batch_100"] = run_phase(
-        server,
-        dict(base, kind="consume", queue="bench-batch", batch=100, clients=args.batch_clients),
-        args.procs,
-    )
-    phases["publish_paced"] = run_phase(
-        server,
-        dict(base, kind="paced", queue="bench-paced", batch=1, clients=1, rate=args.rate),
-        args.procs,
-    )
-    phases["publish_paced_low"] = run_phase(
-        server,
-        dict(base, kind="paced", queue="bench-paced", batch=1, clients=1, rate=args.low_rate),
-        args.procs,
-    )
-    paced = phases["publish_paced"]["latencies_ms"]
-    low = phases["publish_paced_low"]["latencies_ms"]
+    base = {"host": "127.0.0.1", "port": server.port, "token": token, "seconds": args.seconds}
+    specs = _phase_specs(args, base)
+    chosen = [p for p in specs if p.removesuffix("_low") in args.phases]
+    phases = {name: run_phase(server, specs[name], args.procs) for name in chosen}
+    none: dict[str, Any] = {"msgs_per_s": None, "timed_out": None, "not_sent": None}
+    paced = phases.get("publish_paced", {}).get("latencies_ms", [])
+    low = phases.get("publish_paced_low", {}).get("latencies_ms", [])
     for phase in phases.values():
         phase.pop("latencies_ms")
+    for name in specs:
+        phases.setdefault(name, none)
     return {
         "bench": "rest",
         "message_bytes": MESSAGE_BYTES,
@@ -429,7 +519,8 @@ def measure(args: argparse.Namespace, server: ServerProcess, token: str) -> dict
         "batch_clients_per_proc": args.batch_clients,
         "single_clients_per_proc": args.single_clients,
         "seconds_per_phase": args.seconds,
-        "phases": phases,
+        "disk_fdatasync_ms": disk_fdatasync_ms(server.data_dir, 1 / args.rate),
+        "phases": {name: phase for name, phase in phases.items() if phase is not none},
         "targets": {"publish_msgs_per_s": 50_000, "publish_p99_ms": 10.0},
         "machine": bench.machine_info(),
         "load_average": list(os.getloadavg()),
@@ -454,6 +545,12 @@ def main(argv: list[str]) -> int:
         "--low-rate", type=float, default=100.0, help="a second paced phase, for comparison"
     )
     parser.add_argument("--profile", type=Path, default=None, help="cProfile the server to FILE")
+    parser.add_argument(
+        "--phases",
+        type=lambda text: text.split(","),
+        default=list(PHASES),
+        help=f"comma-separated, of {','.join(PHASES)} (default: all)",
+    )
     args = parser.parse_args(argv)
 
     with tempfile.TemporaryDirectory(prefix="quorra-bench-rest-") as tmp:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Callable, Iterator
-from typing import Annotated
+from typing import Annotated, Any
 
 import anyio
 from fastapi import Depends, Path, Request
@@ -133,22 +133,28 @@ def _basic(request: Request, session: Session) -> Principal | None:
 
 
 async def authenticate(request: Request, _doc: BearerDoc) -> Principal:
-    """A bearer token, as every /api/v1 call needs.
+    """A bearer token, as every /api/v1 call needs."""
+    return await bearer_principal(request.app.state, request.headers.get("authorization", ""))
+
+
+async def bearer_principal(state: Any, authorization: str) -> Principal:
+    """Who the ``Authorization`` header's bearer token belongs to (else 401); ``state``
+    is the app's (its ``token_cache`` and ``db``).
 
     On the hot path of every publish and receive, so it runs on the event loop: a
     lookup in the token cache, else one indexed SQLite read in its own short session,
     no thread hop. The rare write
     (``last_used_at``, once a minute per token) goes to a worker thread.
     """
-    token = _credentials(request, "Bearer")
+    token = _bearer_token(authorization)
     if token is None:
         raise Unauthorized("send 'Authorization: Bearer <token>'; POST /api/v1/tokens makes one")
     digest = token_digest(token)
-    cache: TokenCache = request.app.state.token_cache
+    cache: TokenCache = state.token_cache
     cached = cache.get(digest)
     if cached is not None:
         return cached
-    db = await get_database(request)
+    db: Database = state.db
     with db.session_factory() as session:
         row = repo.find_token(session, digest)
         if row is None:
@@ -159,6 +165,13 @@ async def authenticate(request: Request, _doc: BearerDoc) -> Principal:
         await anyio.to_thread.run_sync(_touch_token, db, row.id)
     cache.put(digest, principal)
     return principal
+
+
+def _bearer_token(header: str) -> str | None:
+    given, _, value = header.partition(" ")
+    if given.lower() != "bearer" or not value.strip():
+        return None
+    return value.strip()
 
 
 def _touch_token(db: Database, token_id: str) -> None:

@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 from datetime import UTC, datetime
 from typing import Any
 
 import msgpack
+import orjson
 from fastapi import APIRouter, Query, Request, Response, status
 
 from app.api.deps import API_PREFIX, QueueName
@@ -44,6 +44,7 @@ from app.api.queue_schemas import (
     SettleIn,
 )
 from app.api.queues import PROBLEMS
+from app.auth import Principal
 from app.negotiation import (
     JSON,
     MSGPACK,
@@ -55,7 +56,13 @@ from app.negotiation import (
 from app.problems import problem_response, problem_responses
 from engine.errors import InvalidRequest, MessageTooLarge
 from engine.limits import Limits
-from engine.runtime.api import BrowsedMessage, OutgoingMessage, ReceivedMessage, SettleResult
+from engine.runtime.api import (
+    BrowsedMessage,
+    OutgoingMessage,
+    QueueEngine,
+    ReceivedMessage,
+    SettleResult,
+)
 
 router = APIRouter(
     prefix=f"{API_PREFIX}/queues/{{name}}/messages", tags=["messages"], route_class=NegotiatedRoute
@@ -120,13 +127,19 @@ def outgoing(batch: PublishIn, limits: Limits) -> list[OutgoingMessage]:
     return out
 
 
+def encoded(payload: dict[str, Any], binary: bool) -> tuple[bytes, str]:
+    """``payload`` (only JSON types, and ``bytes`` bodies when ``binary``) as a response
+    body and its media type: encoded once, without ``respond``'s generic walk."""
+    if binary:
+        return msgpack.packb(payload, use_bin_type=True), MSGPACK
+    # orjson writes what json.dumps(ensure_ascii=False, separators=(",", ":")) does for
+    # these payloads, some ten times faster for a batch of received messages.
+    return orjson.dumps(payload), JSON
+
+
 def answer(request: Request, payload: dict[str, Any], status_code: int = 200) -> Response:
-    """``payload`` holds only JSON types (and ``bytes`` bodies when the client takes
-    MessagePack): encoded once, without ``respond``'s generic walk over the payload."""
-    if wants_msgpack(request):
-        return Response(msgpack.packb(payload, use_bin_type=True), status_code, media_type=MSGPACK)
-    body = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-    return Response(body, status_code, media_type=JSON)
+    body, media_type = encoded(payload, wants_msgpack(request))
+    return Response(body, status_code, media_type=media_type)
 
 
 def _iso(epoch_ms: int) -> str:
@@ -160,6 +173,53 @@ def _settled(result: SettleResult, receipts: list[str]) -> Response | dict[str, 
     return {"settled": result.settled, "stale": stale}
 
 
+# --- what the endpoints do, shared with the hot paths (app/hot_paths.py) ------------
+
+
+async def publish_batch(
+    node: QueueEngine, name: str, messages: list[OutgoingMessage]
+) -> dict[str, Any]:
+    return {"ids": await node.publish(name, messages)}
+
+
+async def receive_batch(
+    node: QueueEngine,
+    name: str,
+    who: Principal,
+    *,
+    max_messages: int,
+    wait_ms: int,
+    lease_ms: int | None,
+    consumer: str | None,
+    binary: bool,
+) -> dict[str, Any]:
+    consumer = consumer or who.token_id or who.name
+    _check_text(consumer, "consumer")
+    received = await node.receive(
+        name, consumer=consumer, max_messages=max_messages, wait_ms=wait_ms, lease_ms=lease_ms
+    )
+    out = [
+        _message_out({"id": m.id, "receipt": m.receipt}, m, binary)
+        | {"lease_expires_at": _iso(m.lease_expires_at_ms)}
+        for m in received
+    ]
+    return {"messages": out}
+
+
+async def settle(
+    node: QueueEngine, name: str, how: str, receipts: list[str], *, requeue: bool, lease_ms: int
+) -> Response | dict[str, Any]:
+    """``how``: ack, nack (``requeue``) or extend (to ``lease_ms``)."""
+    if how == "ack":
+        result = await node.ack(name, receipts)
+    elif how == "nack":
+        result = await node.nack(name, receipts, requeue=requeue)
+    else:
+        assert how == "extend"
+        result = await node.extend(name, receipts, lease_ms)
+    return _settled(result, receipts)
+
+
 # --- endpoints -------------------------------------------------------------------
 
 
@@ -174,8 +234,8 @@ async def publish(
     name: QueueName, body: PublishIn, request: Request, _who: CanWrite, node: NodeDep
 ) -> Response:
     """Publish a batch, all or nothing; 201 once it is durable on a quorum."""
-    ids = await node.publish(name, outgoing(body, limits_of(request)))
-    return answer(request, {"ids": ids}, status.HTTP_201_CREATED)
+    published = await publish_batch(node, name, outgoing(body, limits_of(request)))
+    return answer(request, published, status.HTTP_201_CREATED)
 
 
 @router.post(
@@ -188,22 +248,17 @@ async def receive(
     name: QueueName, body: ReceiveIn, request: Request, who: CanRead, node: NodeDep
 ) -> Response:
     """Lease up to ``max_messages``; waits up to ``wait_ms`` for the first to arrive."""
-    consumer = body.consumer or who.token_id or who.name
-    _check_text(consumer, "consumer")
-    received = await node.receive(
+    received = await receive_batch(
+        node,
         name,
-        consumer=consumer,
+        who,
         max_messages=body.max_messages,
         wait_ms=body.wait_ms,
         lease_ms=body.lease_ms,
+        consumer=body.consumer,
+        binary=wants_msgpack(request),
     )
-    binary = wants_msgpack(request)
-    out = [
-        _message_out({"id": m.id, "receipt": m.receipt}, m, binary)
-        | {"lease_expires_at": _iso(m.lease_expires_at_ms)}
-        for m in received
-    ]
-    return answer(request, {"messages": out})
+    return answer(request, received)
 
 
 def _message_out(
@@ -228,8 +283,7 @@ def _message_out(
 )
 async def ack(name: QueueName, body: SettleIn, _who: CanRead, node: NodeDep) -> Any:
     """Settle messages: they leave the queue."""
-    result = await node.ack(name, body.receipts)
-    return _settled(result, body.receipts)
+    return await settle(node, name, "ack", body.receipts, requeue=False, lease_ms=0)
 
 
 @router.post(
@@ -240,8 +294,7 @@ async def ack(name: QueueName, body: SettleIn, _who: CanRead, node: NodeDep) -> 
 )
 async def nack(name: QueueName, body: NackIn, _who: CanRead, node: NodeDep) -> Any:
     """Give messages back (``requeue``), or dead-letter them (``requeue: false``)."""
-    result = await node.nack(name, body.receipts, requeue=body.requeue)
-    return _settled(result, body.receipts)
+    return await settle(node, name, "nack", body.receipts, requeue=body.requeue, lease_ms=0)
 
 
 @router.post(
@@ -252,8 +305,7 @@ async def nack(name: QueueName, body: NackIn, _who: CanRead, node: NodeDep) -> A
 )
 async def extend(name: QueueName, body: ExtendIn, _who: CanRead, node: NodeDep) -> Any:
     """Extend leases to ``lease_ms`` from now."""
-    result = await node.extend(name, body.receipts, body.lease_ms)
-    return _settled(result, body.receipts)
+    return await settle(node, name, "extend", body.receipts, requeue=False, lease_ms=body.lease_ms)
 
 
 @router.get("", response_model=BrowseOut, responses={**MESSAGE_PROBLEMS, 200: MSGPACK_RESPONSE})

@@ -93,6 +93,41 @@ def test_errors_for_bad_input(tmp_path: Path) -> None:
     run(body())
 
 
+def test_plain_and_other_messages_are_checked_alike(tmp_path: Path) -> None:
+    """A message with every field at its default takes a shorter check than one with
+    headers; both refuse the same way, and a refused message keeps its whole batch out."""
+
+    async def body() -> None:
+        node = await started(tmp_path)
+        try:
+            await node.create_queue("q", QueueArgs(max_message_bytes=10))
+            plain = OutgoingMessage(b"x" * 11, {}, 0, None, 0, None)
+            headed = OutgoingMessage(b"x" * 11, {"h": ""}, 0, None, 0, None)
+            for big in (plain, headed):
+                with pytest.raises(MessageTooLarge) as refused:
+                    await node.publish("q", [*msgs("ok"), big])
+                assert "larger than 10 bytes" in refused.value.detail
+            for bad in (
+                OutgoingMessage(b"x", {}, False, None, 0, None),
+                OutgoingMessage(b"x", {}, 0, None, False, None),
+            ):
+                with pytest.raises(ValidationFailed):
+                    await node.publish("q", [*msgs("ok"), bad])
+            assert node.stats("q")["messages_ready"] == 0
+            ids = await node.publish(
+                "q", [*msgs("a"), OutgoingMessage(b"b", {"k": "v"}, 0, None, 0, None)]
+            )
+            got = await node.receive("q", consumer="c", max_messages=2, wait_ms=0, lease_ms=None)
+            assert [(m.id, m.body, m.headers) for m in got] == [
+                (ids[0], b"a", {}),
+                (ids[1], b"b", {"k": "v"}),
+            ]
+        finally:
+            await node.stop()
+
+    run(body())
+
+
 def test_nack_requeue_discard_and_dead_letter(tmp_path: Path) -> None:
     async def body() -> None:
         node = await started(tmp_path)
