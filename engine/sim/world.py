@@ -11,8 +11,8 @@ final checks) and extra ``Observer`` checkers.
 
 Damaged disks (``SimConfig.corrupt_disks``, with a storage that has a disk): a crashed
 server's disk gets a flipped bit (WAL, segment data, index or header, checkpoint) before
-it restarts, and a running server's segment data may rot, one server at a time (no
-other is repairing, the group has three voters or more). A read that meets damaged data
+it restarts, and a running server's segment data may rot: one server's disk per run,
+while no server is repairing and the group has three voters or more. A read that meets damaged data
 while running (``EntryDamaged``) records the repair and crashes the server, which
 restarts in repair mode. At the end the
 faults stop, the network heals and the run goes on until every member has left repair
@@ -505,7 +505,7 @@ class World:
 
     def _corrupt(self, sid: ServerId) -> None:
         """Flip a bit on the crashed server's disk, if no server is repairing."""
-        if self._repairing():
+        if self._repairing() or not self._may_damage(sid):
             return
         leader = self._leader()
         if leader is None or len(leader.raft.config.voters) < 3:
@@ -541,12 +541,17 @@ class World:
             return
         sid = self.rng.choice(alive)
         leader = self._leader()
-        if leader is None or len(leader.raft.config.voters) < 3:
+        if leader is None or len(leader.raft.config.voters) < 3 or not self._may_damage(sid):
             return
         hit = self.nodes[sid].storage.rot(self.rng)
         if hit is not None:
             self.damaged.setdefault(sid, []).append(hit)
             self.log(f"damage {sid}: {hit}")
+
+    def _may_damage(self, sid: ServerId) -> bool:
+        """One server's disk is damaged per run: damage may lie unread (rot in a segment)
+        until another server is damaged too, and then two of three could be repairing."""
+        return not self.damaged or sid in self.damaged
 
     def _repairing(self) -> bool:
         """With damaged disks: whether a server is (or will restart) in repair."""
