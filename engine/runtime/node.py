@@ -1268,6 +1268,13 @@ class Node:
             return rep.log.read(index)
         except LookupError as e:
             raise StorageFailed(f"queue {rep.name}: entry {index} is missing") from e
+        except EntryDamaged as e:
+            # With peers, the replica stops (a leader steps down) and is repaired at the
+            # next start; the message, leased to nobody who got it, is delivered again by
+            # the next leader once the lease ends. A lone member only fails this read.
+            if len(rep.meta.members) > 1:
+                self._damaged(rep, e)
+            raise
 
     async def ack(self, name: str, receipts: list[str]) -> SettleResult:
         return await self._settle(name, "ack", receipts, 0)

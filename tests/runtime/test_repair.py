@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from engine.errors import NoLeader
+from engine.errors import EntryDamaged, NoLeader
 from engine.runtime import InMemoryNetwork, Node
 from engine.runtime.api import QueueArgs
 from tests.runtime.test_cluster import NAMES, cluster, leader_of, retrying
@@ -146,3 +146,55 @@ async def _leader_name(nodes: dict[str, Node], queue: str) -> str:
     if name is None:
         raise NoLeader("no leader yet")
     return name
+
+
+def test_a_leader_that_reads_a_damaged_message_body_stops_and_the_message_is_delivered(
+    tmp_path: Path,
+) -> None:
+    limits = rolling()
+
+    async def body() -> None:
+        network = InMemoryNetwork(NAMES)
+        nodes = {
+            name: Node(
+                tmp_path / name, node_name=name, limits=limits, transport=network.transport(name)
+            )
+            for name in NAMES
+        }
+        await asyncio.gather(*(n.start() for n in nodes.values()))
+        confirmed: list[bytes] = []
+        try:
+            info, _ = await nodes["n1"].create_queue("body", QueueArgs())
+            leader = await retrying(lambda: _leader_name(nodes, "body"))
+            via = nodes[leader]
+            for k in range(30):
+                batch = [f"{k}-{i}".ljust(4000, ".").encode() for i in range(10)]
+                await retrying(lambda b=batch: via.publish("body", msgs(*b)))  # type: ignore[misc]
+                confirmed.extend(batch)
+            await eventually(lambda: _segment_count(tmp_path / leader, info.uid) > 0)
+            _damage_segment_data(tmp_path / leader, info.uid)
+            rep = via._replicas["body"]
+            got: list[bytes] = []
+            try:
+                while True:  # the damaged body is met on the way through the queue
+                    batch_got = await via.receive(
+                        "body", consumer="c", max_messages=10, wait_ms=0, lease_ms=300
+                    )
+                    assert batch_got, "the damaged body was never read"
+                    got += [m.body for m in batch_got]
+                    await via.ack("body", [m.receipt for m in batch_got])
+            except EntryDamaged:
+                pass
+            assert rep.failed is not None and via._storage is not None
+            assert via._storage.repairing(info.uid), "the repair is recorded"
+            others = {k: v for k, v in nodes.items() if k != leader}
+            new_leader = await retrying(lambda: _leader_name(others, "body"))
+            rest = await retrying(lambda: drain(nodes[new_leader], "body"))
+            while len(got) + len(rest) < len(confirmed):  # the leased ones, once leases end
+                await asyncio.sleep(0.1)
+                rest += await retrying(lambda: drain(nodes[new_leader], "body"))
+            assert sorted(got + rest) == sorted(confirmed)
+        finally:
+            await asyncio.gather(*(n.stop() for n in nodes.values()))
+
+    run(body())
