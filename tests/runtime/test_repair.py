@@ -23,6 +23,34 @@ def _damage_segment_data(data_dir: Path, uid: str) -> None:
         f.write(bytes([byte[0] ^ 0x10]))
 
 
+def _damage_live_entries(node: Node, queue: str, data_dir: Path, *, count: int = 1) -> None:
+    """Flip a bit in the bodies of the queue's ``count`` oldest live entries held in
+    segments, where they are stored now (a compaction may have rewritten the first
+    segment file): a lagging follower's catch-up needs the oldest, a consumer's receive
+    meets one of them."""
+    rep = node._replicas[queue]
+    assert node._storage is not None
+    log = node._storage.log(rep.uid)
+    damaged = 0
+    for index in rep.machine.live_indexes():
+        seg = log._segment_for(index)
+        if seg is None or log.mem.get(index) is not None:
+            continue  # read from memory (a segment flush may not have finished)
+        reader = log._cache.get(seg.info)
+        row = reader.position(index)
+        assert row is not None
+        offset = int(reader.index[row]["offset"]) + 1
+        with open(data_dir / seg.info.path, "r+b") as f:
+            f.seek(offset)
+            byte = f.read(1)
+            f.seek(offset)
+            f.write(bytes([byte[0] ^ 0x10]))
+        damaged += 1
+        if damaged == count:
+            return
+    assert damaged, "live entries are in segments"
+
+
 def test_a_replica_with_damaged_segment_data_is_repaired_and_nothing_is_lost(
     tmp_path: Path,
 ) -> None:
@@ -99,8 +127,8 @@ def test_a_leader_that_reads_a_damaged_entry_stops_and_is_repaired_after_a_resta
                 await retrying(lambda b=batch: via.publish("rot", msgs(*b)))  # type: ignore[misc]
                 confirmed.extend(batch)
             await eventually(lambda: _segment_count(tmp_path / leader, info.uid) > 0)
-            # Bit rot in the leader's first segment: the lagging follower needs it.
-            _damage_segment_data(tmp_path / leader, info.uid)
+            # Bit rot in the leader's segments: the lagging follower needs the entry.
+            _damage_live_entries(via, "rot", tmp_path / leader)
             network.heal(behind)
             rep = via._replicas["rot"]
             await eventually(lambda: rep.failed is not None, what="the read found the damage")
@@ -172,7 +200,7 @@ def test_a_leader_that_reads_a_damaged_message_body_stops_and_the_message_is_del
                 await retrying(lambda b=batch: via.publish("body", msgs(*b)))  # type: ignore[misc]
                 confirmed.extend(batch)
             await eventually(lambda: _segment_count(tmp_path / leader, info.uid) > 0)
-            _damage_segment_data(tmp_path / leader, info.uid)
+            _damage_live_entries(via, "body", tmp_path / leader, count=1000)
             rep = via._replicas["body"]
             got: list[bytes] = []
             try:
