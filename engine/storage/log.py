@@ -20,72 +20,88 @@ from dataclasses import dataclass
 from pyroaring import BitMap64
 
 from engine.errors import EntryDamaged, StorageFailed
-from engine.raft.log import Entry
+from engine.raft.log import Entry, EntryKind
 from engine.storage.disk import Disk
 from engine.storage.segment import OVERWRITES, ReaderCache, SegmentInfo
 from engine.storage.wal import HardState
 
+_KINDS = tuple(EntryKind)
+"""Entry kinds by value, faster than calling the enum."""
+
 
 class MemTable:
-    """Contiguous entries ``lo .. hi`` held in memory until flushed to a segment."""
+    """Contiguous entries ``lo .. hi`` held in memory until flushed to a segment.
+
+    Held as tuples of plain values, not ``Entry`` objects: the garbage collector stops
+    tracking such tuples, so the entries waiting for their segment (up to a WAL file's
+    worth) neither make full collections more frequent nor longer. Reads build the
+    entries again."""
 
     def __init__(self) -> None:
         self.lo = 0
-        self._entries: list[Entry] = []
+        self._rows: list[tuple[int, int, int, bytes]] = []
+        """(term, kind, now_ms, data) of each entry from ``lo``."""
         self._wal_seqs: list[int] = []
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._rows)
 
     @property
     def hi(self) -> int:
-        return self.lo + len(self._entries) - 1 if self._entries else 0
+        return self.lo + len(self._rows) - 1 if self._rows else 0
 
     def put(self, entries: tuple[Entry, ...], wal_seq: int) -> None:
         """Entries from ``entries[0].index`` replace everything at that index and after."""
         first = entries[0].index
-        if not self._entries or first < self.lo:
+        if not self._rows or first < self.lo:
             self.clear()
             self.lo = first
         else:
             assert first <= self.hi + 1, f"gap in mem table: {first} after {self.hi}"
-            del self._entries[first - self.lo :]
+            del self._rows[first - self.lo :]
             del self._wal_seqs[first - self.lo :]
-        self._entries.extend(entries)
+        self._rows.extend([(e.term, int(e.kind), e.now_ms, e.data) for e in entries])
         self._wal_seqs.extend([wal_seq] * len(entries))
 
     def get(self, index: int) -> Entry | None:
-        if self._entries and self.lo <= index <= self.hi:
-            return self._entries[index - self.lo]
+        if self._rows and self.lo <= index <= self.hi:
+            term, kind, now_ms, data = self._rows[index - self.lo]
+            return Entry(index, term, _KINDS[kind], now_ms, data)
         return None
 
     def slice(self, lo: int, hi: int) -> list[Entry]:
-        return self._entries[lo - self.lo : hi - self.lo]
+        """The entries from ``lo`` (at least ``self.lo``) below ``hi``."""
+        start = max(lo, self.lo)
+        rows = self._rows[start - self.lo : max(0, hi - self.lo)]
+        return [
+            Entry(i, term, _KINDS[kind], now_ms, data)
+            for i, (term, kind, now_ms, data) in enumerate(rows, start)
+        ]
 
     def flushable(self, wal_seq: int) -> list[Entry]:
         """The leading entries written to WAL files up to ``wal_seq``."""
         n = bisect.bisect_right(self._wal_seqs, wal_seq)
-        return self._entries[:n]
+        return self.slice(self.lo, self.lo + n)
 
     def drop_flushed(self, wal_seq: int) -> None:
         n = bisect.bisect_right(self._wal_seqs, wal_seq)
-        del self._entries[:n]
+        del self._rows[:n]
         del self._wal_seqs[:n]
-        self.lo = self.lo + n if self._entries else 0
+        self.lo = self.lo + n if self._rows else 0
 
     def truncate_after(self, index: int) -> None:
         """Drop the entries after ``index``."""
-        if not self._entries or index >= self.hi:
+        if not self._rows or index >= self.hi:
             return
         if index < self.lo:
             self.clear()
             return
-        del self._entries[index - self.lo + 1 :]
+        del self._rows[index - self.lo + 1 :]
         del self._wal_seqs[index - self.lo + 1 :]
 
     def clear(self) -> None:
         self.lo = 0
-        self._entries.clear()
+        self._rows.clear()
         self._wal_seqs.clear()
 
 
