@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from engine.errors import NoLeader
+from engine.limits import Limits
 from engine.runtime import InMemoryNetwork, Node
 from engine.runtime.api import QueueArgs
 from tests.runtime.util import FAST, drain, eventually, msgs, rolling, run
@@ -16,11 +17,11 @@ T = TypeVar("T")
 NAMES = ["n1", "n2", "n3"]
 
 
-async def cluster(root: Path, network: InMemoryNetwork) -> dict[str, Node]:
+async def cluster(root: Path, network: InMemoryNetwork, limits: Limits = FAST) -> dict[str, Node]:
     nodes = {}
     for name in NAMES:
         nodes[name] = Node(
-            root / name, node_name=name, limits=FAST, transport=network.transport(name)
+            root / name, node_name=name, limits=limits, transport=network.transport(name)
         )
     await asyncio.gather(*(n.start() for n in nodes.values()))
     return nodes

@@ -108,13 +108,7 @@ def test_a_leader_that_reads_a_damaged_entry_stops_and_is_repaired_after_a_resta
 
     async def body() -> None:
         network = InMemoryNetwork(NAMES)
-        nodes = {
-            name: Node(
-                tmp_path / name, node_name=name, limits=limits, transport=network.transport(name)
-            )
-            for name in NAMES
-        }
-        await asyncio.gather(*(n.start() for n in nodes.values()))
+        nodes = await cluster(tmp_path, network, limits)
         confirmed: list[bytes] = []
         try:
             info, _ = await nodes["n1"].create_queue("rot", QueueArgs())
@@ -122,10 +116,7 @@ def test_a_leader_that_reads_a_damaged_entry_stops_and_is_repaired_after_a_resta
             behind = next(name for name in NAMES if name != leader)
             network.isolate(behind)
             via = nodes[leader]
-            for k in range(30):
-                batch = [f"{k}-{i}".ljust(4000, ".").encode() for i in range(10)]
-                await retrying(lambda b=batch: via.publish("rot", msgs(*b)))  # type: ignore[misc]
-                confirmed.extend(batch)
+            confirmed += await _publish_large(via, "rot")
             await eventually(lambda: _segment_count(tmp_path / leader, info.uid) > 0)
             # Bit rot in the leader's segments: the lagging follower needs the entry.
             await eventually(lambda: _damage_live_entries(via, "rot", tmp_path / leader) > 0)
@@ -161,6 +152,16 @@ def test_a_leader_that_reads_a_damaged_entry_stops_and_is_repaired_after_a_resta
     run(body())
 
 
+async def _publish_large(node: Node, queue: str) -> list[bytes]:
+    """300 messages of 4000 bytes in batches of 10: enough to roll a small WAL."""
+    confirmed: list[bytes] = []
+    for k in range(30):
+        batch = [f"{k}-{i}".ljust(4000, ".").encode() for i in range(10)]
+        await retrying(lambda b=batch: node.publish(queue, msgs(*b)))  # type: ignore[misc]
+        confirmed.extend(batch)
+    return confirmed
+
+
 def _segment_count(data_dir: Path, uid: str) -> int:
     return len(list((data_dir / "queues" / uid / "segments").glob("*.seg")))
 
@@ -183,22 +184,13 @@ def test_a_leader_that_reads_a_damaged_message_body_stops_and_the_message_is_del
 
     async def body() -> None:
         network = InMemoryNetwork(NAMES)
-        nodes = {
-            name: Node(
-                tmp_path / name, node_name=name, limits=limits, transport=network.transport(name)
-            )
-            for name in NAMES
-        }
-        await asyncio.gather(*(n.start() for n in nodes.values()))
+        nodes = await cluster(tmp_path, network, limits)
         confirmed: list[bytes] = []
         try:
             info, _ = await nodes["n1"].create_queue("body", QueueArgs())
             leader = await retrying(lambda: _leader_name(nodes, "body"))
             via = nodes[leader]
-            for k in range(30):
-                batch = [f"{k}-{i}".ljust(4000, ".").encode() for i in range(10)]
-                await retrying(lambda b=batch: via.publish("body", msgs(*b)))  # type: ignore[misc]
-                confirmed.extend(batch)
+            confirmed += await _publish_large(via, "body")
             # Damage the leader's copies: a receive on a follower is served by the leader.
             leader = await retrying(lambda: _leader_name(nodes, "body"))
             via = nodes[leader]
