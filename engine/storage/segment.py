@@ -238,72 +238,53 @@ class SegmentReader:
         """Entries ``lo, lo+1, ...`` below ``hi`` that this segment holds without a hole,
         with one ``pread``, stopping before the one that would pass ``max_bytes`` (at
         least one entry if ``lo`` is held)."""
+        rows, bodies = self._checked_run(lo, hi, max_bytes)
+        return [
+            Entry(lo + k, term, _KINDS[kind], now_ms, bytes(body))
+            for k, (term, now_ms, kind, body) in enumerate(
+                zip(
+                    rows["term"].tolist(),
+                    rows["now_ms"].tolist(),
+                    rows["kind"].tolist(),
+                    bodies,
+                    strict=True,
+                )
+            )
+        ]
+
+    def check_run(self, lo: int, hi: int, max_bytes: int) -> int:
+        """The CRC32C check of ``read_run`` without building entries. Returns the index
+        after the last one checked (``lo`` if ``lo`` is not held)."""
+        return lo + len(self._checked_run(lo, hi, max_bytes)[1])
+
+    def _checked_run(
+        self, lo: int, hi: int, max_bytes: int
+    ) -> tuple[npt.NDArray[np.void], list[memoryview]]:
+        """The index rows and bodies of ``read_run``'s entries, each body checked against
+        its CRC32C (``EntryDamaged`` at the first that fails)."""
         start = self.position(lo)
-        if start is None:
-            return []
-        rows = self.index[start : start + max(0, hi - lo)]
-        indexes = rows["index"].tolist()
-        lengths = rows["length"].tolist()
-        n, size = 0, 0
-        for k, index in enumerate(indexes):
-            if index != lo + k or (n and size + lengths[k] > max_bytes):
-                break
-            size += lengths[k]
-            n += 1
+        if start is None or hi <= lo:
+            return self.index[:0], []
+        rows = self.index[start : start + (hi - lo)]
+        held = rows["index"] == np.arange(lo, lo + len(rows), dtype=rows["index"].dtype)
+        n = len(rows) if bool(held.all()) else int(np.argmin(held))
+        ends = np.cumsum(rows["length"][:n], dtype=np.int64)
+        n = max(1, int(np.searchsorted(ends, max_bytes, side="right")))
         rows = rows[:n]
-        first = int(rows["offset"][0])
-        data = self._file.pread(first, size)
-        out: list[Entry] = []
+        data = memoryview(self._file.pread(int(rows["offset"][0]), int(ends[n - 1])))
+        bodies: list[memoryview] = []
         at = 0
-        for index, term, now_ms, length, crc, kind in zip(
-            indexes[:n],
-            rows["term"].tolist(),
-            rows["now_ms"].tolist(),
-            lengths[:n],
-            rows["crc"].tolist(),
-            rows["kind"].tolist(),
-            strict=True,
-        ):
+        for length, crc in zip(rows["length"].tolist(), rows["crc"].tolist(), strict=True):
             body = data[at : at + length]
             at += length
             if len(body) != length or crc32c.crc32c(body) != crc:
+                index = lo + len(bodies)
                 raise EntryDamaged(
                     f"segment {self.info.path}: entry {index} fails its CRC32C check",
                     index=index,
                 )
-            out.append(Entry(index, term, _KINDS[kind], now_ms, body))
-        return out
-
-    def check_run(self, lo: int, hi: int, max_bytes: int) -> int:
-        """Check the CRC32C of entries ``lo, lo+1, ...`` below ``hi`` that this segment
-        holds without a hole, reading at most about ``max_bytes`` with one ``pread`` and
-        building no entry. Returns the index after the last one checked (``lo`` if ``lo``
-        is not held); raises ``EntryDamaged`` at the first that fails."""
-        start = self.position(lo)
-        if start is None:
-            return lo
-        rows = self.index[start : start + max(0, hi - lo)]
-        held = rows["index"] == np.arange(lo, lo + len(rows), dtype=rows["index"].dtype)
-        n = len(rows) if bool(held.all()) else int(np.argmin(held))
-        ends = np.cumsum(rows["length"][:n], dtype=np.int64)
-        if n == 0:
-            return lo
-        n = max(1, int(np.searchsorted(ends, max_bytes, side="right")))
-        rows = rows[:n]
-        first = int(rows["offset"][0])
-        data = self._file.pread(first, int(ends[n - 1]))
-        at = 0
-        for k, (length, crc) in enumerate(
-            zip(rows["length"].tolist(), rows["crc"].tolist(), strict=True)
-        ):
-            body = data[at : at + length]
-            at += length
-            if len(body) != length or crc32c.crc32c(body) != crc:
-                raise EntryDamaged(
-                    f"segment {self.info.path}: entry {lo + k} fails its CRC32C check",
-                    index=lo + k,
-                )
-        return lo + n
+            bodies.append(body)
+        return rows, bodies
 
     def close(self) -> None:
         self._file.close()
