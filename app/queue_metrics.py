@@ -11,11 +11,17 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from engine.errors import QueueNotFound
 from engine.runtime.api import QueueEngine
+from engine.storage import SYNC_BUCKETS_S
 
 GAUGES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("messages_ready", "Messages ready to be delivered.", ("messages_ready",)),
@@ -105,3 +111,27 @@ class QueueCollector(Collector):
                     family_c.add_metric([name], number)
             yield family_c
         yield GaugeMetricFamily("quorra_queues", "Queues on this node.", value=len(stats))
+        yield from _wal_families(node)
+
+
+def _wal_families(node: QueueEngine) -> Iterator[Metric]:
+    """The node's shared WAL: how long each group commit's write and sync took."""
+    wal = node.wal_stats()
+    if wal is None:
+        return
+    buckets = [
+        (repr(bound), count) for bound, count in zip(SYNC_BUCKETS_S, wal.sync_buckets, strict=True)
+    ]
+    buckets.append(("+Inf", wal.batches))
+    yield HistogramMetricFamily(
+        "quorra_wal_sync_seconds",
+        "Time of each WAL group commit (one write and one fdatasync); publishes wait for it.",
+        buckets=buckets,
+        sum_value=wal.sync_seconds_sum,
+    )
+    yield CounterMetricFamily(
+        "quorra_wal_written_bytes", "Bytes written to the WAL.", value=wal.bytes_written
+    )
+    yield GaugeMetricFamily(
+        "quorra_wal_file", "Sequence number of the WAL file being written.", value=wal.file_seq
+    )

@@ -17,7 +17,12 @@ client (httpx) spent more CPU per request than the server, on the same cores.
   ``--low-rate`` (``..._at_low_rate``) shows the latency of a server that keeps up;
 * ``disk_fdatasync_ms``: the disk alone, after the phases: 1 KiB appends, each
   fdatasynced, one every 1/``--rate`` s, in the server's data directory (a paced
-  publish waits for one such sync).
+  publish waits for one such sync);
+* ``paced_wal``: the server's own WAL during the ``--rate`` phase, from the
+  ``quorra_wal_sync_seconds`` histogram of ``/metrics`` read before and after it: group
+  commits, how many took over 5, 10, 25 and 100 ms, and the bucket of the slowest. A paced
+  publish is answered after one such sync, so a run whose ``publish_p99_ms`` misses the
+  target with slow syncs here was held up by the disk, not by the server.
 
 For each phase it reports the load generators' CPU use (``client_cpu_per_wall``: CPU
 seconds per wall second summed over the generator processes; with ``cpus`` cores a
@@ -373,7 +378,10 @@ def _run(main: Any) -> None:
 
 
 def run_phase(server: ServerProcess, base: dict[str, Any], procs: int) -> dict[str, Any]:
-    """Run ``procs`` generators with ``base``; the merged counts and CPU figures."""
+    """Run ``procs`` generators with ``base``; the merged counts and CPU figures, and what
+    the server's WAL did meanwhile."""
+    url = f"http://{base['host']}:{base['port']}"
+    wal_before = wal_sync_buckets(url, base["token"])
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     start_at = time.time() + START_DELAY_S
@@ -402,6 +410,7 @@ def run_phase(server: ServerProcess, base: dict[str, Any], procs: int) -> dict[s
                 w.terminate()
     if not outs:
         raise RuntimeError(f"no load generator of phase {base['kind']} reported")
+    wal = wal_sync_delta(wal_before, wal_sync_buckets(url, base["token"]))
     wall_s = max(o["wall_s"] for o in outs)
     messages = sum(o["messages"] for o in outs)
     latencies = sorted(x for o in outs for x in o["latencies_ms"])
@@ -417,6 +426,39 @@ def run_phase(server: ServerProcess, base: dict[str, Any], procs: int) -> dict[s
         "server_cpu_per_wall": round(server_cpu / wall, 2),
         "latencies_ms": latencies,
         "generators_reported": f"{len(outs)}/{len(workers)}",
+        "wal": wal,
+    }
+
+
+def wal_sync_buckets(url: str, token: str) -> dict[float, float]:
+    """The server's ``quorra_wal_sync_seconds`` histogram: cumulative count by bound."""
+    got = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {token}"}, timeout=30.0)
+    got.raise_for_status()
+    buckets: dict[float, float] = {}
+    prefix = 'quorra_wal_sync_seconds_bucket{le="'
+    for line in got.text.splitlines():
+        if line.startswith(prefix):
+            bound, count = line[len(prefix) :].split('"} ')
+            buckets[float(bound)] = float(count)
+    return buckets
+
+
+def wal_sync_delta(before: dict[float, float], after: dict[float, float]) -> dict[str, Any]:
+    """What the WAL's group commits did between two reads of the histogram."""
+    delta = {bound: after[bound] - before.get(bound, 0.0) for bound in sorted(after)}
+    total = delta.get(float("inf"), 0.0)
+
+    def over(seconds: float) -> int:
+        return int(total - delta.get(seconds, total))
+
+    slowest = next((bound for bound, count in delta.items() if count >= total), None)
+    return {
+        "syncs": int(total),
+        "over_5ms": over(0.005),
+        "over_10ms": over(0.01),
+        "over_25ms": over(0.025),
+        "over_100ms": over(0.1),
+        "slowest_le_ms": None if slowest is None or total == 0 else slowest * 1000,
     }
 
 
@@ -512,6 +554,7 @@ def measure(args: argparse.Namespace, server: ServerProcess, token: str) -> dict
         "paced_achieved_msgs_per_s": phases["publish_paced"]["msgs_per_s"],
         "paced_timed_out": phases["publish_paced"]["timed_out"],
         "paced_not_sent": phases["publish_paced"]["not_sent"],
+        "paced_wal": phases["publish_paced"].get("wal"),
         "publish_p50_ms_at_low_rate": _percentile(low, 0.50),
         "publish_p99_ms_at_low_rate": _percentile(low, 0.99),
         "low_rate_msgs_per_s": args.low_rate,

@@ -8,7 +8,7 @@ from engine.limits import DEFAULT_LIMITS, Limits
 
 
 def test_default_limits_hold_their_relations() -> None:
-    assert DEFAULT_LIMITS == Limits()
+    assert Limits() == DEFAULT_LIMITS
 
 
 @pytest.mark.parametrize(

@@ -9,8 +9,21 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-FORBIDDEN_IN_CORE = {"asyncio", "socket", "time", "random", "os", "threading", "sqlite3",
-                     "subprocess", "selectors", "datetime", "io", "pathlib", "shutil"}
+FORBIDDEN_IN_CORE = {
+    "asyncio",
+    "socket",
+    "time",
+    "random",
+    "os",
+    "threading",
+    "sqlite3",
+    "subprocess",
+    "selectors",
+    "datetime",
+    "io",
+    "pathlib",
+    "shutil",
+}
 FORBIDDEN_IN_ENGINE = {"fastapi", "sqlalchemy", "starlette", "jinja2", "app", "pipeline"}
 
 

@@ -55,6 +55,7 @@ def _overview_context(request: Request, login: Any) -> dict[str, Any]:
     return {
         "readiness": readiness(request),
         "cluster": node.cluster() if node is not None else {"node": "", "nodes": []},
+        "wal": node.wal_stats() if node is not None else None,
         "totals": totals,
         "deepest": [(n, s) for n, s in deepest if s.ready + s.unacked > 0],
         "rates_chart": line_chart(

@@ -21,6 +21,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
+from engine.storage.wal_stats import WalStats
+
 Trigger = Literal["manual", "auto"]
 CompactionPhase = Literal["auto", 1, 2, 3]
 
@@ -204,6 +206,10 @@ class QueueEngine(Protocol):
 
     def cluster(self) -> dict[str, object]:
         """Nodes, their health, and the queues each leads (``GET /cluster``)."""
+        ...
+
+    def wal_stats(self) -> WalStats | None:
+        """The node's WAL: group commits, bytes, sync times (``None`` before start)."""
         ...
 
 

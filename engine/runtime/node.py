@@ -162,6 +162,7 @@ from engine.storage import (
 )
 from engine.storage.checkpoint import encode_checkpoint
 from engine.storage.wal import AppendOp, HardState, HardStateOp
+from engine.storage.wal_stats import WalStats
 
 log = logging.getLogger("quorra.engine")
 
@@ -1648,6 +1649,9 @@ class Node:
                 health = "up" if heard is not None and now - heard <= alive_ms else "unknown"
             nodes.append({"name": node, "health": health, "leads": led, "self": node == self.name})
         return {"node": self.name, "nodes": nodes}
+
+    def wal_stats(self) -> WalStats | None:
+        return self._storage.wal.stats() if self._storage is not None else None
 
     # === helpers =====================================================================
 

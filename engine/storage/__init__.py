@@ -102,8 +102,10 @@ from engine.storage.node import (
     WriteFailed,
 )
 from engine.storage.wal import HardState, Wal, WalBatch, WalThread
+from engine.storage.wal_stats import SYNC_BUCKETS_S, WalStats
 
 __all__ = [
+    "SYNC_BUCKETS_S",
     "Checkpoint",
     "CheckpointStore",
     "CompactionJob",
@@ -126,6 +128,7 @@ __all__ = [
     "StorageEvent",
     "Wal",
     "WalBatch",
+    "WalStats",
     "WalThread",
     "WriteFailed",
 ]

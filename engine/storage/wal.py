@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import lru_cache
@@ -48,6 +49,7 @@ from engine.errors import RecoveryRefused, StorageFailed
 from engine.limits import Limits
 from engine.raft.log import Entry, EntryKind
 from engine.storage.disk import Disk, DiskFile
+from engine.storage.wal_stats import WalStats, WalTimes
 
 WAL_DIR = "wal"
 _KINDS = tuple(EntryKind)
@@ -242,6 +244,7 @@ class Wal:
         self._hard_states = dict(hard_states)
         self._broken: StorageFailed | None = None
         self.syncs = 0
+        self.times = WalTimes()
         self.waker: Callable[[], None] | None = None
         """Called by a ``submit`` that found nothing pending; ``WalThread`` sets it to wake
         its writer. A writer checks ``pending()`` under its own lock before it waits, so
@@ -275,6 +278,10 @@ class Wal:
     def pending(self) -> bool:
         return bool(self._pending)
 
+    def stats(self) -> WalStats:
+        """Counts and sync times of the group commits so far; safe from any thread."""
+        return self.times.stats(self._seq)
+
     def write_batch(self) -> WalBatch:
         """One group commit: one write and one sync of every pending operation (up to the
         batch limit). Returns the batch, with ``error`` set if the disk refused it."""
@@ -289,11 +296,13 @@ class Wal:
         for op, tail, _ in taken:
             _encode_op(op, tail, self._ref(op.uid, out, new_refs), out)
         data = b"".join(out)
+        started = time.perf_counter()
         try:
             self._file.append(data)
             self._file.sync()
         except OSError as exc:
             return WalBatch(ops, self._fail(exc), None, 0, seq)
+        self.times.record(time.perf_counter() - started, len(data))
         self.syncs += 1
         self._size += len(data)
         self._refs.update(new_refs)

@@ -233,6 +233,23 @@ def test_metrics_per_queue(admin: httpx.Client) -> None:
     assert f'quorra_queue_memory_bytes{{queue="{q}"}}' in text
 
 
+def test_metrics_wal_sync_times(admin: httpx.Client) -> None:
+    """The shared WAL's group commits are a histogram: each publish adds at least one."""
+
+    def count() -> float:
+        text = admin.get("/metrics").text
+        assert 'quorra_wal_sync_seconds_bucket{le="0.01"}' in text
+        assert "quorra_wal_written_bytes_total" in text
+        line = next(x for x in text.splitlines() if x.startswith("quorra_wal_sync_seconds_count"))
+        return float(line.split()[-1])
+
+    q = new_queue(admin)
+    before = count()
+    for _ in range(3):
+        admin.post(f"/api/v1/queues/{q}/messages", json={"messages": [{"body": "a"}]})
+    assert count() >= before + 3
+
+
 def test_automatic_checkpoints_land_in_history(admin: httpx.Client) -> None:
     """Consumed messages make dead log bytes; past ~2 MiB the engine checkpoints on its
     own and the record listener stores the run in SQLite."""

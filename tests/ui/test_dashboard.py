@@ -146,6 +146,7 @@ def test_operator_journey(page: Page, ui_server: UiServer) -> None:
 
     page.goto(f"{ui_server.url}/")
     page.wait_for_function("document.querySelector('#total-queues').textContent.trim() === '3'")
+    expect(page.locator("#wal-sync")).to_contain_text("p99")
     screenshot(page, "02-overview")
 
     # Delete from the queue page: confirmed, then back to the list without it.
