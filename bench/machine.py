@@ -7,6 +7,10 @@ deques, groups, dicts), not an estimate. Throughput is wall time around ``apply`
 pre-encoded commands, each carrying a batch of 100 messages or receipts, and, separately,
 enqueues of one message per command; the CPU time of the process is reported too, as
 the cores may be shared with other work.
+
+``live_set_ms`` is the wall time of ``live_indexes`` on each filled machine: the set of
+log entries still holding a message, which stats and compaction count against, built on
+the event loop (see ``engine.runtime.observe.LIVE_SET_COST_FACTOR``).
 """
 
 from __future__ import annotations
@@ -78,9 +82,11 @@ def _traced_bytes_per_message(messages: int, pending: bool, batch: int = BATCH) 
     tracemalloc.stop()
     stats = driver.machine.stats()
     assert (stats.messages_unacked if pending else stats.messages_ready) == messages
+    live_s, _ = _timed(driver.machine.live_indexes)
     return {
         "messages": messages,
         "messages_per_entry": batch,
+        "live_set_ms": round(live_s * 1000, 1),
         "traced_bytes": held,
         "bytes_per_message": round(held / messages, 3),
         "machine_estimate_bytes": stats.memory_bytes,
@@ -180,6 +186,15 @@ def main(argv: list[str]) -> int:
         "bytes_per_ready_message": {str(r["messages"]): r["bytes_per_message"] for r in ready},
         "bytes_per_pending_message": {str(r["messages"]): r["bytes_per_message"] for r in pending},
         "bytes_per_ready_message_single_entries": single and single["bytes_per_message"],
+        "live_set_ms": {
+            **{f"ready {r['messages']}": r["live_set_ms"] for r in ready},
+            **{f"pending {r['messages']}": r["live_set_ms"] for r in pending},
+            **(
+                {f"ready {single['messages']} one per entry": single["live_set_ms"]}
+                if single
+                else {}
+            ),
+        },
         "ops_per_s": _ops(args.ops_messages),
         "single_enqueue_ops_per_s": _single_enqueue_ops(args.ops_messages),
         "details": {"ready": ready, "pending": pending, "ready_single_entries": single},

@@ -37,7 +37,7 @@ import heapq
 from array import array
 from bisect import bisect_right
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import ClassVar
 
 import msgpack
@@ -52,6 +52,7 @@ from engine.errors import (
     QueueFull,
     ValidationFailed,
 )
+from engine.index_sets import add_indexes
 from engine.limits import DEFAULT_LIMITS, Limits
 from engine.queue import commands as cmd
 from engine.queue.commands import RECORD_BYTES, Kind, QueuePolicy
@@ -204,7 +205,12 @@ class QueueMachine:
         return reply, effects
 
     def live_indexes(self) -> BitMap64:
-        return BitMap64(np.unique(indexes_of(self._all_refs(), self._fallback)))
+        """The Raft indexes holding a message still in the queue, built a page of refs
+        at a time (no array of every ref: that costs more than the set for millions)."""
+        live = BitMap64()
+        for part in self._ref_parts():
+            add_indexes(live, indexes_of(part, self._fallback))
+        return live
 
     def snapshot(self) -> bytes:
         lanes = [[lane.head_pos, lane.to_array().tobytes()] for lane in self._lanes]
@@ -851,8 +857,10 @@ class QueueMachine:
         if self._dead_bytes < self._limits.dead_bytes_per_live_checkpoint_factor * estimate:
             return
         self._dead_bytes = 0
-        indexes = indexes_of(self._all_refs(), self._fallback)
-        first_live = int(indexes.min()) if len(indexes) else index + 1
+        lows = [
+            int(indexes_of(part, self._fallback).min()) for part in self._ref_parts() if len(part)
+        ]
+        first_live = min(lows, default=index + 1)
         self._prune_samples(first_live)
         effects.append(CheckpointRequest(index))
         effects.append(ReleaseCursor(first_live))
@@ -891,12 +899,17 @@ class QueueMachine:
     def _ready_count(self) -> int:
         return self._ready
 
+    def _ref_parts(self) -> Iterator[U64]:
+        """Every ref the machine holds, in parts: ready pages, leased, delayed, and those
+        waiting to be dead-lettered."""
+        for lane in self._lanes:
+            yield from lane.chunks()
+        yield self._pending.refs()
+        yield np.array([r for _d, _s, r, _lv in self._delayed], dtype=np.uint64)
+        yield np.array(list(self._dead_lettering), dtype=np.uint64)
+
     def _all_refs(self) -> U64:
-        parts = [chunk for lane in self._lanes for chunk in lane.chunks()]
-        parts.append(self._pending.refs())
-        parts.append(np.array([r for _d, _s, r, _lv in self._delayed], dtype=np.uint64))
-        parts.append(np.array(list(self._dead_lettering), dtype=np.uint64))
-        return np.concatenate(parts)
+        return np.concatenate(list(self._ref_parts()))
 
     def _check_policy(self, policy: QueuePolicy) -> str:
         return policy.check(

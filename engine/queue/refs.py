@@ -180,8 +180,28 @@ class FallbackTable:
 # --- vectorised forms over numpy arrays (hot paths) -------------------------------------
 
 
+def _one_form(refs: U64) -> int | None:
+    """``0`` when every ref is short, ``0b10`` when every ref is long, else ``None``: two
+    reductions, so that a uniform array (the usual case) is decoded in one operation."""
+    if not len(refs):
+        return None
+    lo, hi = int(refs.min()) >> 62, int(refs.max()) >> 62
+    if hi <= 0b01:
+        return 0
+    if lo == hi == 0b10:
+        return 0b10
+    return None
+
+
 def indexes_of(refs: U64, table: FallbackTable) -> U64:
     """Raft index of each ref."""
+    form = _one_form(refs)
+    if form == 0:
+        return refs >> np.uint64(SIZE_BITS + SLOT_BITS_SHORT)
+    if form == 0b10:
+        out = refs >> np.uint64(SLOT_BITS_LONG + SIZE_BITS)
+        out &= np.uint64(_INDEX_MASK_LONG)
+        return out
     out = np.empty(refs.shape, dtype=np.uint64)
     short = (refs >> np.uint64(63)) == 0
     out[short] = refs[short] >> np.uint64(SIZE_BITS + SLOT_BITS_SHORT)
@@ -197,6 +217,11 @@ def indexes_of(refs: U64, table: FallbackTable) -> U64:
 
 def sizes_of(refs: U64, table: FallbackTable) -> U64:
     """Byte size of each ref."""
+    form = _one_form(refs)
+    if form is not None:
+        out = refs >> np.uint64(SLOT_BITS_SHORT) if form == 0 else refs.copy()
+        out &= np.uint64(_SIZE_MASK)
+        return out
     out = np.empty(refs.shape, dtype=np.uint64)
     short = (refs >> np.uint64(63)) == 0
     out[short] = (refs[short] >> np.uint64(SLOT_BITS_SHORT)) & np.uint64(_SIZE_MASK)

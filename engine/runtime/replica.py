@@ -90,9 +90,10 @@ class Replica:
     """(ms, published, delivered, acked) about once a second, for the rates."""
     disk_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     """Serialises checkpoint writes, cursor releases and compactions of this queue."""
-    live_cache: tuple[object, int, float, BitMap64] | None = None
-    """(machine, applied index, monotonic s, live indexes) of the last observation:
-    computing the live set walks every queued reference, too slow for each stats read."""
+    live_cache: tuple[object, int, float, BitMap64, float] | None = None
+    """(machine, applied index, monotonic s, live indexes, seconds it took) of the last
+    observation: the live set walks every queued reference, too slow for each stats read
+    (see ``observe.live_indexes``)."""
 
     @property
     def uid(self) -> str:

@@ -65,6 +65,7 @@ import numpy as np
 from pyroaring import BitMap64
 
 from engine.errors import EntryDamaged, StorageFailed
+from engine.index_sets import index_set
 from engine.limits import MIB, Limits
 from engine.raft.log import Entry
 from engine.storage.disk import Disk, parent, write_file_atomic
@@ -210,7 +211,7 @@ def segment_stat(
         held = cache.get(info).index["index"]
         rows = int(np.searchsorted(held, hi, side="right"))
         area = int(np.searchsorted(held, top, side="right"))
-        mine = BitMap64(held[:area].tolist()) if area else BitMap64()
+        mine = index_set(held[:area]) if area else BitMap64()
         live_n = int(live.intersection_cardinality(mine)) if area else 0
         last_row = int(held[-1])
     dead_tail = 0

@@ -216,3 +216,27 @@ def test_total_size_is_the_sum_of_sizes(
     # One form across a chunk boundary, as a restored deep lane has.
     many = np.full(40_000, table.pack(7, 0, 33, batch), dtype=np.uint64)
     assert total_size(many, table) == 40_000 * 33
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(1, INDEX_LIMIT_SHORT + 5),
+            st.integers(0, SIZE_LIMIT + 5),
+            st.sampled_from([1, 2, SLOT_LIMIT_SHORT + 1]),
+        ),
+        max_size=40,
+    )
+)
+def test_vectorised_indexes_and_sizes_agree_with_unpack(
+    parts: list[tuple[int, int, int]],
+) -> None:
+    """Uniform arrays (one form) take a one-operation path, mixed ones the masked path;
+    both give what unpacking each ref gives."""
+    table = FallbackTable()
+    refs = np.array(
+        [table.pack(index, 0, size, batch) for index, size, batch in parts], dtype=np.uint64
+    )
+    unpacked = [table.unpack(int(r)) for r in refs]
+    assert indexes_of(refs, table).tolist() == [u.index for u in unpacked]
+    assert sizes_of(refs, table).tolist() == [u.size for u in unpacked]
