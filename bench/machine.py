@@ -10,7 +10,9 @@ the cores may be shared with other work.
 
 ``live_set_ms`` is the wall time of ``live_indexes`` on each filled machine: the set of
 log entries still holding a message, which stats and compaction count against, built on
-the event loop (see ``engine.runtime.observe.LIVE_SET_COST_FACTOR``).
+the event loop (see ``engine.runtime.observe.LIVE_SET_COST_FACTOR``). Of a checkpoint,
+``checkpoint_freeze_ms`` is the part on the event loop (``QueueMachine.freeze``) and
+``checkpoint_encode_ms`` the part a worker does (encode and live set), in ``details``.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from engine.queue import (
     encode_enqueue,
     encode_settle,
 )
+from engine.queue.machine import FrozenMachine
 from engine.raft.machine import ApplyMeta
 
 BATCH = 100
@@ -83,10 +86,15 @@ def _traced_bytes_per_message(messages: int, pending: bool, batch: int = BATCH) 
     stats = driver.machine.stats()
     assert (stats.messages_unacked if pending else stats.messages_ready) == messages
     live_s, _ = _timed(driver.machine.live_indexes)
+    frozen: list[FrozenMachine] = []
+    freeze_s, _ = _timed(lambda: frozen.append(driver.machine.freeze()))
+    encode_s, _ = _timed(lambda: (frozen[0].encode(), frozen[0].live_indexes()))
     return {
         "messages": messages,
         "messages_per_entry": batch,
         "live_set_ms": round(live_s * 1000, 1),
+        "checkpoint_freeze_ms": round(freeze_s * 1000, 3),
+        "checkpoint_encode_ms": round(encode_s * 1000, 1),
         "traced_bytes": held,
         "bytes_per_message": round(held / messages, 3),
         "machine_estimate_bytes": stats.memory_bytes,

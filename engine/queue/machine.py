@@ -38,7 +38,7 @@ from array import array
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import ClassVar
+from typing import ClassVar, cast
 
 import msgpack
 import numpy as np
@@ -72,7 +72,7 @@ from engine.queue.effects import (
     Rejected,
     Settled,
 )
-from engine.queue.pages import RefFifo
+from engine.queue.pages import FrozenRefs, RefFifo
 from engine.queue.pending import Pending
 from engine.queue.refs import (
     INDEX_LIMIT_SHORT,
@@ -129,6 +129,38 @@ class BrowseItem:
     priority: int
     delivery_count: int
     """Deliveries so far (0 for a message never delivered)."""
+
+
+class FrozenMachine:
+    """A ``QueueMachine``'s state at one index (``QueueMachine.freeze``). It shares no
+    mutable state with the machine, so ``encode`` and ``live_indexes`` may run on another
+    thread while the machine applies later entries."""
+
+    __slots__ = ("_lanes", "_others", "_state")
+
+    def __init__(
+        self, lanes: tuple[FrozenRefs, ...], state: list[object], others: tuple[U64, ...]
+    ) -> None:
+        self._lanes = lanes
+        self._state = state
+        self._others = others
+
+    def encode(self) -> bytes:
+        """The snapshot bytes (``QueueMachine.restore`` reads them)."""
+        state = list(self._state)
+        state[4] = [[lane.head_pos, lane.to_array().tobytes()] for lane in self._lanes]
+        return bytes(msgpack.packb(state, use_bin_type=True))
+
+    def live_indexes(self) -> BitMap64:
+        """``QueueMachine.live_indexes`` as of the freeze."""
+        table = FallbackTable.from_wire(cast(list[object], self._state[5]))
+        live = BitMap64()
+        for lane in self._lanes:
+            for part in lane.chunks():
+                add_indexes(live, indexes_of(part, table))
+        for part in self._others:
+            add_indexes(live, indexes_of(part, table))
+        return live
 
 
 class QueueMachine:
@@ -213,13 +245,18 @@ class QueueMachine:
         return live
 
     def snapshot(self) -> bytes:
-        lanes = [[lane.head_pos, lane.to_array().tobytes()] for lane in self._lanes]
-        state = [
+        return self.freeze().encode()
+
+    def freeze(self) -> FrozenMachine:
+        """The state now, for a checkpoint: the ready lanes are taken a page at a time
+        (``RefFifo.freeze``), everything else copied; the ready refs, by far the largest
+        part, are copied out later by ``encode``, which may run on another thread."""
+        state: list[object] = [
             self.version,
             self.policy.to_wire(),
             [self._now_ms, self._last_index, self._dead_bytes, self._delayed_seq],
             [self._counters[name] for name in _COUNTERS],
-            lanes,
+            None,  # the lanes, filled in by encode
             self._fallback.to_wire(),
             self._pending.to_wire(),
             list(self._delivered_before.items()),
@@ -229,7 +266,12 @@ class QueueMachine:
             [[expiry, key, self._dedup[key]] for expiry, key in self._dedup_order],
             [self._sample_index.tobytes(), self._sample_ms.tobytes()],
         ]
-        return bytes(msgpack.packb(state, use_bin_type=True))
+        others = (
+            self._pending.refs(),
+            np.array([r for _d, _s, r, _lv in self._delayed], dtype=np.uint64),
+            np.array(list(self._dead_lettering), dtype=np.uint64),
+        )
+        return FrozenMachine(tuple(lane.freeze() for lane in self._lanes), state, others)
 
     def restore(self, data: bytes) -> None:
         """The ready lanes' pages become read-only views into ``data`` (no copy; see

@@ -19,6 +19,12 @@ but the tail one are read-only views into it, unsealed, so that a restore copies
 
 Positions are absolute: ``head_pos`` counts every ref ever popped, so a browse cursor
 stays valid while the head moves.
+
+A page array is never reused once it leaves the FIFO, and a page is only ever replaced,
+never changed, except for the slots past the tail's fill count. So ``freeze`` takes the
+refs of a moment in time proportional to the number of pages, not of refs, and the
+copy of them (``FrozenRefs.to_array``) may be made later, on another thread, while the
+FIFO moves on: a checkpoint of a deep queue does not hold up the event loop.
 """
 
 from __future__ import annotations
@@ -63,6 +69,34 @@ class SealedPage:
 
 
 Page = U64 | SealedPage
+
+
+class FrozenRefs:
+    """The refs a ``RefFifo`` held when ``freeze`` was called."""
+
+    __slots__ = ("_head", "_page_refs", "_pages", "_tail", "head_pos")
+
+    def __init__(
+        self, pages: tuple[Page, ...], head: int, tail: int, page_refs: int, head_pos: int
+    ) -> None:
+        self._pages = pages
+        self._head = head
+        self._tail = tail
+        self._page_refs = page_refs
+        self.head_pos = head_pos
+
+    def chunks(self) -> Iterator[U64]:
+        last = len(self._pages) - 1
+        for i, page in enumerate(self._pages):
+            lo = self._head if i == 0 else 0
+            hi = self._tail if i == last else self._page_refs
+            if hi > lo:
+                hot = page.expand() if isinstance(page, SealedPage) else page
+                yield hot[lo:hi]
+
+    def to_array(self) -> U64:
+        parts = list(self.chunks())
+        return np.concatenate(parts) if parts else np.empty(0, dtype=np.uint64)
 
 
 class RefFifo:
@@ -211,6 +245,12 @@ class RefFifo:
         self._pages.clear()
         self._head = self._tail = self._len = 0
         return out
+
+    def freeze(self) -> FrozenRefs:
+        """The refs now, in time proportional to the pages (see the module's rule)."""
+        return FrozenRefs(
+            tuple(self._pages), self._head, self._tail, self._page_refs, self.head_pos
+        )
 
     def chunks(self) -> Iterator[U64]:
         """Views of the refs in order, one per page (read-only use)."""

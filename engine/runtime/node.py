@@ -96,6 +96,7 @@ from engine.queue import (
     message_id,
     read_message,
 )
+from engine.queue.machine import FrozenMachine
 from engine.raft.config import EMPTY_CONFIGURATION, Configuration
 from engine.raft.events import (
     AddServer,
@@ -862,7 +863,7 @@ class Node:
                 p.future.set_exception(err)
 
     def _perform(self, rep: Replica, effects: list[MachineEffect], e: Entry, leader: bool) -> None:
-        checkpoint: Checkpoint | None = None
+        checkpoint: Captured | None = None
         for effect in effects:
             if isinstance(effect, MessagesAvailable):
                 if leader:
@@ -882,13 +883,11 @@ class Node:
         if checkpoint is not None:
             self._spawn(self._auto_checkpoint(rep, checkpoint, None))
 
-    def _capture(self, rep: Replica, index: int, term: int) -> Checkpoint:
-        """The machine state as of ``index``, taken before the next entry applies."""
+    def _capture(self, rep: Replica, index: int, term: int) -> Captured:
+        """The machine state as of ``index``, taken before the next entry applies: frozen
+        here, encoded by the worker that writes it (``Captured.build``)."""
         config = rep.raft.config_at(index).encode()
-        machine = rep.machine
-        return Checkpoint(
-            index, term, machine.version, config, machine.live_indexes(), machine.snapshot()
-        )
+        return Captured(index, term, rep.machine.version, config, rep.machine.freeze())
 
     def _policy_changed(self, rep: Replica) -> None:
         policy = rep.machine.policy
@@ -1537,7 +1536,7 @@ class Node:
     # === checkpoints and compaction ==================================================
 
     async def _auto_checkpoint(
-        self, rep: Replica, cp: Checkpoint | None, release_index: int | None
+        self, rep: Replica, cp: Captured | None, release_index: int | None
     ) -> None:
         try:
             async with rep.disk_lock:
@@ -1555,12 +1554,12 @@ class Node:
             log.error("queue %s: checkpoint failed: %s", rep.name, e)
 
     async def _write_checkpoint(
-        self, rep: Replica, cp: Checkpoint, trigger: Trigger
+        self, rep: Replica, cp: Captured, trigger: Trigger
     ) -> CheckpointRecord:
         storage = self._need_storage()
         started = time.perf_counter()
         taken_at = now_ms()
-        size = await asyncio.to_thread(_write_checkpoint, storage, rep.uid, cp)
+        size, live_entries = await asyncio.to_thread(_write_checkpoint, storage, rep.uid, cp)
         if cp.index >= rep.checkpoint.index:
             rep.checkpoint = CheckpointInfo(cp.index, taken_at, size)
         return CheckpointRecord(
@@ -1569,7 +1568,7 @@ class Node:
             term=cp.term,
             taken_at_ms=taken_at,
             bytes=size,
-            live_entries=len(cp.live_indexes),
+            live_entries=live_entries,
             trigger=trigger,
             duration_ms=round((time.perf_counter() - started) * 1000, 3),
         )
@@ -1669,9 +1668,27 @@ class Node:
         return self._storage
 
 
-def _write_checkpoint(storage: NodeStorage, uid: str, cp: Checkpoint) -> int:
+@dataclasses.dataclass(frozen=True, slots=True)
+class Captured:
+    """A checkpoint taken on the loop but not yet encoded: ``build`` copies the ready
+    refs out of the frozen pages, off the event loop (``QueueMachine.freeze``)."""
+
+    index: int
+    term: int
+    machine_version: int
+    config: bytes
+    frozen: FrozenMachine
+
+    def build(self) -> Checkpoint:
+        live, state = self.frozen.live_indexes(), self.frozen.encode()
+        return Checkpoint(self.index, self.term, self.machine_version, self.config, live, state)
+
+
+def _write_checkpoint(storage: NodeStorage, uid: str, captured: Captured) -> tuple[int, int]:
+    """On a worker: encode and write; (bytes of the checkpoint file, live entries)."""
+    cp = captured.build()
     storage.write_checkpoint(uid, cp)
-    return len(encode_checkpoint(cp))
+    return len(encode_checkpoint(cp)), len(cp.live_indexes)
 
 
 def _info(meta: QueueMeta) -> QueueInfo:

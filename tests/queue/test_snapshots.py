@@ -7,6 +7,8 @@ from dataclasses import replace
 import msgpack
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine.limits import Limits
 from engine.queue import (
@@ -16,6 +18,9 @@ from engine.queue import (
     QueuePolicy,
     encode_checkout,
     encode_enqueue,
+    encode_purge,
+    encode_return,
+    encode_settle,
 )
 from engine.queue.snapshots import LANES_AT, read_snapshot
 from engine.raft.machine import ApplyMeta
@@ -96,3 +101,55 @@ def test_a_snapshot_with_a_long_prefix_falls_back_to_msgpack() -> None:
     restored.restore(data)
     assert restored.snapshot() == data
     assert as_plain(read_snapshot(data)) == msgpack.unpackb(data, raw=False, strict_map_key=False)
+
+
+_STEPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("enqueue"), st.integers(1, 40), st.integers(0, 2)),
+        st.tuples(st.just("checkout"), st.integers(1, 40), st.just(0)),
+        st.tuples(st.just("settle"), st.integers(1, 40), st.just(0)),
+        st.tuples(st.just("return"), st.integers(1, 40), st.just(0)),
+        st.tuples(st.just("purge"), st.just(0), st.just(0)),
+    ),
+    max_size=25,
+)
+
+
+def _run(m: QueueMachine, steps: list[tuple[str, int, int]], index: int) -> int:
+    held: list[tuple[int, int]] = []
+    for kind, n, priority in steps:
+        index += 1
+        meta = ApplyMeta(index, 1, 1_000 + index)
+        if kind == "enqueue":
+            m.apply(meta, encode_enqueue([NewMessage(b"m" * (index % 5), priority=priority)] * n))
+        elif kind == "checkout":
+            reply, _ = m.apply(meta, encode_checkout("c", n, 60_000))
+            assert isinstance(reply, CheckedOut)
+            held.extend(zip(reply.tags, reply.refs, strict=True))
+        elif kind in ("settle", "return"):
+            some, held = held[:n], held[n:]
+            encode = encode_settle if kind == "settle" else encode_return
+            m.apply(meta, encode(some))
+        else:
+            m.apply(meta, encode_purge())
+    return index
+
+
+@settings(max_examples=60, deadline=None)
+@given(_STEPS, _STEPS)
+def test_a_frozen_machine_keeps_the_state_of_its_moment(
+    before: list[tuple[str, int, int]], after: list[tuple[str, int, int]]
+) -> None:
+    """``freeze`` shares the ready pages instead of copying them; whatever the machine
+    applies afterwards (pages filled, popped, sealed, expanded, purged), the frozen state
+    still encodes to the snapshot and live set of its moment."""
+    m = QueueMachine(QueuePolicy(priorities=3), LIMITS)
+    index = _run(m, before, 0)
+    expected_state, expected_live = m.snapshot(), m.live_indexes()
+    frozen = m.freeze()
+    _run(m, after, index)
+    assert frozen.encode() == expected_state
+    assert frozen.live_indexes() == expected_live
+    restored = QueueMachine(QueuePolicy(), LIMITS)
+    restored.restore(frozen.encode())
+    assert restored.live_indexes() == expected_live
