@@ -16,7 +16,7 @@ import base64
 import binascii
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from pydantic import BaseModel
 
@@ -180,7 +180,10 @@ def _message(m: object) -> OutgoingMessage | None:
         or (dedup_id is not None and not _is_text(dedup_id))
     ):
         return None
-    return OutgoingMessage(body, headers, priority, ttl_ms, delay_ms, dedup_id)
+    # accepts() checked the types: ints (ttl_ms also None), dedup_id text or None
+    return OutgoingMessage(
+        body, headers, cast(int, priority), ttl_ms, cast(int, delay_ms), dedup_id
+    )
 
 
 def publish_messages(payload: object, limits: Limits) -> list[OutgoingMessage] | None:
@@ -221,8 +224,8 @@ def receive_args(payload: object) -> ReceiveArgs | None:
     if type(payload) is not dict or not _RECEIVE_KEYS.issuperset(payload):
         return None
     args = ReceiveArgs(
-        payload.get("max_messages", _MAX_MESSAGES.default),
-        payload.get("wait_ms", _WAIT_MS.default),
+        cast(int, payload.get("max_messages", _MAX_MESSAGES.default)),  # checked below
+        cast(int, payload.get("wait_ms", _WAIT_MS.default)),
         payload.get("lease_ms"),
         payload.get("consumer"),
     )
