@@ -9,15 +9,26 @@ checkpoint code is exercised against the failures it must survive.
 
 Paths are relative to the disk's root and use ``/``. Directories are created with
 ``makedirs`` and treated as durable at once (a simplification of the fake disk).
+
+``OsDisk.remove`` renames the file into ``TRASH_DIR`` and a background thread unlinks
+it: freeing the blocks of a 256 MiB WAL file or a large segment (and, on a file system
+mounted with ``discard``, trimming them) took 30 to 65 ms, on the event loop where
+storage runs. The rename is as atomic as the unlink, and a name in the trash is never
+reused, so nothing else changes: the caller still syncs the parent directory to make
+the removal durable, and files a crash left in the trash are unlinked at the next open.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import mmap
 import os
+import queue
 import random
+import threading
+import uuid
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -131,12 +142,58 @@ class _OsFile:
             self._fd = -1
 
 
+TRASH_DIR = ".trash"
+"""Under an ``OsDisk``'s root: removed files waiting to be unlinked (module docstring)."""
+
+log = logging.getLogger(__name__)
+
+
+class _Reaper:
+    """Unlinks the files handed to it, one at a time, on a daemon thread (one for the
+    process, started by the first removal). Files it has not reached when the process
+    ends stay in the trash until the next open."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="quorra-reaper", daemon=True)
+        self._thread.start()
+
+    def put(self, path: str) -> None:
+        self._queue.put(path)
+
+    def _run(self) -> None:
+        while True:
+            path = self._queue.get()
+            try:
+                os.remove(path)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:  # stays in the trash; the next open tries again
+                log.warning("could not unlink %s: %s", path, exc)
+
+
+_reaper: _Reaper | None = None
+_reaper_lock = threading.Lock()
+
+
+def _reap(path: str) -> None:
+    global _reaper
+    with _reaper_lock:
+        if _reaper is None:
+            _reaper = _Reaper()
+    _reaper.put(path)
+
+
 class OsDisk:
     """Files under ``root`` on the real file system."""
 
     def __init__(self, root: str) -> None:
         self.root = os.path.abspath(root)
         os.makedirs(self.root, exist_ok=True)
+        self._trash = os.path.join(self.root, TRASH_DIR)
+        os.makedirs(self._trash, exist_ok=True)
+        for name in os.listdir(self._trash):  # left by a crash
+            _reap(os.path.join(self._trash, name))
 
     def _p(self, path: str) -> str:
         return os.path.join(self.root, path)
@@ -177,7 +234,10 @@ class OsDisk:
             return []
 
     def remove(self, path: str) -> None:
-        os.remove(self._p(path))
+        """Gone from ``path`` at once (a rename into the trash); unlinked in the background."""
+        trashed = os.path.join(self._trash, f"{uuid.uuid4().hex}-{os.path.basename(path)}")
+        os.rename(self._p(path), trashed)
+        _reap(trashed)
 
     def makedirs(self, path: str) -> None:
         os.makedirs(self._p(path), exist_ok=True)
