@@ -57,6 +57,12 @@ class WalStats:
     recent_max_ms: float
 
 
+def _rank(n: int, percent: int) -> int:
+    """Nearest-rank position of the ``percent``-th percentile among ``n`` sorted values
+    (integer arithmetic: no float rounding moves it by one)."""
+    return min(n - 1, max(0, -(-percent * n // 100) - 1))
+
+
 class WalTimes:
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -80,8 +86,8 @@ class WalTimes:
             buckets = list(accumulate(self._buckets[:-1]))
             recent = self._recent[: min(batches, RECENT_SYNCS)].copy()
         if len(recent):
-            p50, p99 = np.percentile(recent, (50, 99)) * 1000
-            top = float(recent.max()) * 1000
+            recent.sort()
+            p50, p99, top = (float(recent[_rank(len(recent), q)]) * 1000 for q in (50, 99, 100))
         else:
             p50 = p99 = top = 0.0
         return WalStats(
