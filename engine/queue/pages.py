@@ -254,16 +254,10 @@ class RefFifo:
 
     def chunks(self) -> Iterator[U64]:
         """Views of the refs in order, one per page (read-only use)."""
-        last = len(self._pages) - 1
-        for i in range(len(self._pages)):
-            lo = self._head if i == 0 else 0
-            hi = self._tail if i == last else self._page_refs
-            if hi > lo:
-                yield self._hot(i)[lo:hi]
+        return self.freeze().chunks()
 
     def to_array(self) -> U64:
-        parts = list(self.chunks())
-        return np.concatenate(parts) if parts else np.empty(0, dtype=np.uint64)
+        return self.freeze().to_array()
 
     def slice_from(self, pos: int, limit: int) -> U64:
         """Up to ``limit`` refs starting at absolute position ``pos`` (>= ``head_pos``)."""
