@@ -165,9 +165,8 @@ class _Reaper:
         while True:
             path = self._queue.get()
             try:
-                os.remove(path)
-            except FileNotFoundError:
-                pass
+                with contextlib.suppress(FileNotFoundError):  # emptied by another open
+                    os.remove(path)
             except OSError as exc:  # stays in the trash; the next open tries again
                 log.warning("could not unlink %s: %s", path, exc)
 
