@@ -14,7 +14,10 @@ client (httpx) spent more CPU per request than the server, on the same cores.
 * ``publish_p50_ms``/``publish_p99_ms``: batches of 1 due at a steady ``--rate``
   msgs/s, sent by up to 64 connections per generator (latency from the due time to the
   201, so falling behind is counted, as wrk2 does); the same at
-  ``--low-rate`` (``..._at_low_rate``) shows the latency of a server that keeps up;
+  ``--low-rate`` (``..._at_low_rate``) shows the latency of a server that keeps up.
+  ``paced_send_late_ms`` and ``low_rate_send_late_ms`` say how late the generators sent
+  (their event loop's timers are of millisecond grain, and its wake-ups are counted
+  too): that part of the latency is the client's own, and is not subtracted;
 * ``disk_fdatasync_ms``: the disk alone, after the phases: 1 KiB appends, each
   fdatasynced, one every 1/``--rate`` s, in the server's data directory (a paced
   publish waits for one such sync);
@@ -283,6 +286,7 @@ async def _paced_loop(
             delay = scheduled - time.time()
             if delay > 0:
                 await asyncio.sleep(delay)
+            out["send_late_ms"].append((time.time() - scheduled) * 1000)
             in_flight[id(scheduled)] = scheduled  # counted if the hard deadline hits
             try:
                 status, body = await conn.request(raw)
@@ -317,6 +321,7 @@ def _generator(spec: dict[str, Any], results: Any) -> None:
         "not_sent": 0,
         "empty": 0,
         "latencies_ms": [],
+        "send_late_ms": [],
         "open": {},
         "cpu0": _cpu_self_s(),
     }
@@ -414,6 +419,7 @@ def run_phase(server: ServerProcess, base: dict[str, Any], procs: int) -> dict[s
     wall_s = max(o["wall_s"] for o in outs)
     messages = sum(o["messages"] for o in outs)
     latencies = sorted(x for o in outs for x in o["latencies_ms"])
+    late = sorted(x for o in outs for x in o.get("send_late_ms", []))
     return {
         "messages": messages,
         "errors": sum(o["errors"] for o in outs),
@@ -425,6 +431,7 @@ def run_phase(server: ServerProcess, base: dict[str, Any], procs: int) -> dict[s
         "client_cpu_per_wall": round(sum(o["cpu_s"] for o in outs) / wall_s, 2),
         "server_cpu_per_wall": round(server_cpu / wall, 2),
         "latencies_ms": latencies,
+        "send_late_ms": {"p50": _percentile(late, 0.5), "p99": _percentile(late, 0.99)},
         "generators_reported": f"{len(outs)}/{len(workers)}",
         "wal": wal,
     }
@@ -555,9 +562,11 @@ def measure(args: argparse.Namespace, server: ServerProcess, token: str) -> dict
         "paced_timed_out": phases["publish_paced"]["timed_out"],
         "paced_not_sent": phases["publish_paced"]["not_sent"],
         "paced_wal": phases["publish_paced"].get("wal"),
+        "paced_send_late_ms": phases["publish_paced"].get("send_late_ms"),
         "publish_p50_ms_at_low_rate": _percentile(low, 0.50),
         "publish_p99_ms_at_low_rate": _percentile(low, 0.99),
         "low_rate_msgs_per_s": args.low_rate,
+        "low_rate_send_late_ms": phases["publish_paced_low"].get("send_late_ms"),
         "load_procs": args.procs,
         "batch_clients_per_proc": args.batch_clients,
         "single_clients_per_proc": args.single_clients,
