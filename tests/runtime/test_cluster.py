@@ -17,14 +17,24 @@ T = TypeVar("T")
 NAMES = ["n1", "n2", "n3"]
 
 
+def node_on(root: Path, name: str, network: InMemoryNetwork, limits: Limits = FAST) -> Node:
+    """Node ``name`` of the cluster, on its files under ``root`` (not started)."""
+    return Node(root / name, node_name=name, limits=limits, transport=network.transport(name))
+
+
 async def cluster(root: Path, network: InMemoryNetwork, limits: Limits = FAST) -> dict[str, Node]:
-    nodes = {}
-    for name in NAMES:
-        nodes[name] = Node(
-            root / name, node_name=name, limits=limits, transport=network.transport(name)
-        )
+    nodes = {name: node_on(root, name, network, limits) for name in NAMES}
     await asyncio.gather(*(n.start() for n in nodes.values()))
     return nodes
+
+
+async def restart(
+    nodes: dict[str, Node], name: str, root: Path, network: InMemoryNetwork, limits: Limits = FAST
+) -> Node:
+    """Start ``name`` again on its files, in place of the stopped or halted one."""
+    nodes[name] = node_on(root, name, network, limits)
+    await nodes[name].start()
+    return nodes[name]
 
 
 async def retrying(call: Callable[[], Awaitable[T]], timeout_s: float = 10) -> T:
@@ -48,6 +58,14 @@ def leader_of(nodes: dict[str, Node], queue: str) -> str | None:
         if raft["role"] == "leader":
             return name
     return None
+
+
+async def leader_name(nodes: dict[str, Node], queue: str) -> str:
+    """``leader_of``, raising ``NoLeader`` while there is none (for ``retrying``)."""
+    name = leader_of(nodes, queue)
+    if name is None:
+        raise NoLeader("no leader yet")
+    return name
 
 
 def test_replication_and_forwarding(tmp_path: Path) -> None:
@@ -122,13 +140,7 @@ def test_leader_crash_failover_loses_nothing_confirmed(tmp_path: Path) -> None:
             assert new_leader is not None and new_leader != leader
 
             # The crashed node comes back on its files and catches up.
-            nodes[leader] = Node(
-                tmp_path / leader,
-                node_name=leader,
-                limits=FAST,
-                transport=network.transport(leader),
-            )
-            await nodes[leader].start()
+            await restart(nodes, leader, tmp_path, network)
             await eventually(
                 lambda: nodes[leader].stats("fq")["messages_ready"] == len(confirmed),
                 what="the restarted replica caught up",
@@ -168,16 +180,10 @@ def test_follower_behind_compaction_catches_up_by_snapshot(tmp_path: Path) -> No
 
     async def body() -> None:
         network = InMemoryNetwork(NAMES)
-        nodes = {
-            name: Node(
-                tmp_path / name, node_name=name, limits=limits, transport=network.transport(name)
-            )
-            for name in NAMES
-        }
-        await asyncio.gather(*(n.start() for n in nodes.values()))
+        nodes = await cluster(tmp_path, network, limits)
         try:
             await nodes["n1"].create_queue("lag", QueueArgs())
-            leader = await retrying(lambda: _leader_name(nodes, "lag"))
+            leader = await retrying(lambda: leader_name(nodes, "lag"))
             behind = next(name for name in NAMES if name != leader)
             network.isolate(behind)
             via = nodes[leader]
@@ -208,20 +214,13 @@ def test_follower_behind_compaction_catches_up_by_snapshot(tmp_path: Path) -> No
     run(body())
 
 
-async def _leader_name(nodes: dict[str, Node], queue: str) -> str:
-    name = leader_of(nodes, queue)
-    if name is None:
-        raise NoLeader("no leader yet")
-    return name
-
-
 def test_transfer_leadership(tmp_path: Path) -> None:
     async def body() -> None:
         network = InMemoryNetwork(NAMES)
         nodes = await cluster(tmp_path, network)
         try:
             await nodes["n1"].create_queue("tq", QueueArgs())
-            leader = await retrying(lambda: _leader_name(nodes, "tq"))
+            leader = await retrying(lambda: leader_name(nodes, "tq"))
             target = next(name for name in NAMES if name != leader)
             other = next(name for name in NAMES if name not in (leader, target))
             # Asked through a node that does not lead: forwarded to the leader.

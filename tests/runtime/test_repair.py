@@ -6,11 +6,18 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from engine.errors import NoLeader, StorageFailed
+from engine.errors import StorageFailed
 from engine.runtime import InMemoryNetwork, Node
 from engine.runtime.api import QueueArgs
-from tests.runtime.test_cluster import NAMES, cluster, leader_of, retrying
-from tests.runtime.util import FAST, drain, eventually, msgs, rolling, run
+from tests.runtime.test_cluster import (
+    NAMES,
+    cluster,
+    leader_name,
+    leader_of,
+    restart,
+    retrying,
+)
+from tests.runtime.util import drain, eventually, msgs, rolling, run
 
 
 def _damage_segment_data(data_dir: Path, uid: str) -> None:
@@ -69,25 +76,16 @@ def test_a_replica_with_damaged_segment_data_is_repaired_and_nothing_is_lost(
             victim = next(name for name in NAMES if name != leader)
             await nodes[victim].stop()
             _damage_segment_data(tmp_path / victim, info.uid)
-            nodes[victim] = Node(
-                tmp_path / victim,
-                node_name=victim,
-                limits=FAST,
-                transport=network.transport(victim),
-            )
-            await nodes[victim].start()
+            await restart(nodes, victim, tmp_path, network)
             assert nodes[victim]._storage is not None
             assert nodes[victim]._storage.repairing(info.uid), "the damage was found"
             await retrying(lambda: nodes[leader].publish("rep", msgs("after")))
             confirmed.append(b"after")
-
-            def repaired() -> bool:
-                stats = nodes[victim].stats("rep")
-                raft = stats["raft"]
-                assert isinstance(raft, dict)
-                return not raft["repairing"] and stats["messages_ready"] == len(confirmed)
-
-            await eventually(repaired, timeout_s=20, what="the damaged replica repaired")
+            await eventually(
+                lambda: _repaired(nodes[victim], "rep", len(confirmed)),
+                timeout_s=20,
+                what="the damaged replica repaired",
+            )
             storage = nodes[victim]._storage
             await eventually(lambda: not storage.repairing(info.uid), what="the marker gone")
             # Served by the repaired replica once it leads.
@@ -112,7 +110,7 @@ def test_a_leader_that_reads_a_damaged_entry_stops_and_is_repaired_after_a_resta
         confirmed: list[bytes] = []
         try:
             info, _ = await nodes["n1"].create_queue("rot", QueueArgs())
-            leader = await retrying(lambda: _leader_name(nodes, "rot"))
+            leader = await retrying(lambda: leader_name(nodes, "rot"))
             behind = next(name for name in NAMES if name != leader)
             network.isolate(behind)
             via = nodes[leader]
@@ -126,21 +124,12 @@ def test_a_leader_that_reads_a_damaged_entry_stops_and_is_repaired_after_a_resta
             others = {k: v for k, v in nodes.items() if k != leader}
             await eventually(lambda: leader_of(others, "rot") is not None)
             await via.stop()
-            nodes[leader] = Node(
-                tmp_path / leader,
-                node_name=leader,
-                limits=limits,
-                transport=network.transport(leader),
+            await restart(nodes, leader, tmp_path, network, limits)
+            await eventually(
+                lambda: _repaired(nodes[leader], "rot", len(confirmed)),
+                timeout_s=20,
+                what="the damaged replica repaired",
             )
-            await nodes[leader].start()
-
-            def repaired() -> bool:
-                stats = nodes[leader].stats("rot")
-                raft = stats["raft"]
-                assert isinstance(raft, dict)
-                return not raft["repairing"] and stats["messages_ready"] == len(confirmed)
-
-            await eventually(repaired, timeout_s=20, what="the damaged replica repaired")
             new_leader = leader_of(nodes, "rot")
             assert new_leader is not None
             bodies = await retrying(lambda: drain(nodes[new_leader], "rot"))
@@ -161,11 +150,12 @@ async def _publish_large(node: Node, queue: str) -> list[bytes]:
     return confirmed
 
 
-async def _leader_name(nodes: dict[str, Node], queue: str) -> str:
-    name = leader_of(nodes, queue)
-    if name is None:
-        raise NoLeader("no leader yet")
-    return name
+def _repaired(node: Node, queue: str, messages: int) -> bool:
+    """Out of repair mode, with every confirmed message ready."""
+    stats = node.stats(queue)
+    raft = stats["raft"]
+    assert isinstance(raft, dict)
+    return not raft["repairing"] and stats["messages_ready"] == messages
 
 
 def test_a_leader_that_reads_a_damaged_message_body_stops_and_the_message_is_delivered(
@@ -179,11 +169,11 @@ def test_a_leader_that_reads_a_damaged_message_body_stops_and_the_message_is_del
         confirmed: list[bytes] = []
         try:
             info, _ = await nodes["n1"].create_queue("body", QueueArgs())
-            leader = await retrying(lambda: _leader_name(nodes, "body"))
+            leader = await retrying(lambda: leader_name(nodes, "body"))
             via = nodes[leader]
             confirmed += await _publish_large(via, "body")
             # Damage the leader's copies: a receive on a follower is served by the leader.
-            leader = await retrying(lambda: _leader_name(nodes, "body"))
+            leader = await retrying(lambda: leader_name(nodes, "body"))
             via = nodes[leader]
             await eventually(
                 lambda: _damage_live_entries(via, "body", tmp_path / leader, count=1000) > 0
@@ -207,7 +197,7 @@ def test_a_leader_that_reads_a_damaged_message_body_stops_and_the_message_is_del
             assert rep.failed is not None and via._storage is not None
             assert via._storage.repairing(info.uid), "the repair is recorded"
             others = {k: v for k, v in nodes.items() if k != leader}
-            new_leader = await retrying(lambda: _leader_name(others, "body"))
+            new_leader = await retrying(lambda: leader_name(others, "body"))
             rest = await retrying(lambda: drain(nodes[new_leader], "body"))
             while len(got) + len(rest) < len(confirmed):  # the leased ones, once leases end
                 await asyncio.sleep(0.1)
