@@ -4,6 +4,7 @@ import dataclasses
 
 from engine.limits import DEFAULT_LIMITS, KIB, Limits
 from engine.raft.log import Entry, EntryKind
+from engine.storage import FakeDisk, HardState, NodeStorage
 
 
 def small_limits(**change: int) -> Limits:
@@ -29,3 +30,15 @@ def entries(lo: int, n: int, term: int = 1, size: int = 16, tag: str = "") -> li
         Entry(i, term, EntryKind.COMMAND, i * 10, f"{tag}{i}:{term}:".encode().ljust(size, b"."))
         for i in range(lo, lo + n)
     ]
+
+
+def one_server(
+    disk: FakeDisk, written: list[Entry], hard_state: HardState, limits: Limits | None = None
+) -> NodeStorage:
+    """Storage on ``disk`` with server ``q`` holding ``written`` and ``hard_state``, synced."""
+    storage = NodeStorage.open(disk, limits or small_limits())
+    storage.open_server("q")
+    storage.append("q", written)
+    storage.save_hard_state("q", hard_state)
+    storage.sync()
+    return storage

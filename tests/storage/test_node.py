@@ -17,7 +17,7 @@ from engine.storage import (
     WalBatch,
     WalThread,
 )
-from tests.storage.conftest import entries, small_limits
+from tests.storage.conftest import entries, one_server, small_limits
 
 
 def reopen(disk: FakeDisk, uid: str = "q", **change: int) -> NodeStorage:
@@ -57,11 +57,7 @@ def test_overwrite_replaces_the_suffix_in_mem_table_and_segments() -> None:
 
 def test_recovery_loads_the_checkpoint_and_keeps_the_log_after_it() -> None:
     disk = FakeDisk()
-    storage = NodeStorage.open(disk, small_limits())
-    storage.open_server("q")
-    storage.append("q", entries(1, 40, size=40))
-    storage.save_hard_state("q", HardState(1, "q", 35))
-    storage.sync()
+    storage = one_server(disk, entries(1, 40, size=40), HardState(1, "q", 35))
     cp = Checkpoint(30, 1, 1, b"cfg", BitMap64([3, 17]), b"state")
     storage.write_checkpoint("q", cp)
     storage = reopen(disk)
@@ -138,11 +134,7 @@ def test_a_damaged_segment_header_or_snapshot_resets_the_server_for_repair() -> 
 
 def test_lost_committed_entries_put_the_server_into_repair() -> None:
     disk = FakeDisk()
-    storage = NodeStorage.open(disk, small_limits(wal_file_bytes_max=1 << 20))
-    storage.open_server("q")
-    storage.append("q", entries(1, 3))
-    storage.save_hard_state("q", HardState(1, None, 3))
-    storage.sync()
+    one_server(disk, entries(1, 3), HardState(1, None, 3), small_limits(wal_file_bytes_max=1 << 20))
     reopen(disk, wal_file_bytes_max=1 << 20)  # the new WAL file carries the hard state
     disk.crash()
     f = disk.open("wal/00000001.wal")

@@ -11,7 +11,7 @@ from engine.errors import EntryDamaged, RecoveryRefused
 from engine.storage import Checkpoint, FakeDisk, HardState, NodeStorage
 from engine.storage.repair import RepairKind, RepairMarker, decode_marker, encode_marker
 from engine.storage.wal import wal_path
-from tests.storage.conftest import entries, small_limits
+from tests.storage.conftest import entries, one_server, small_limits
 
 BIG_WAL = 1 << 20
 
@@ -45,11 +45,7 @@ def test_a_marker_round_trips_and_a_damaged_one_reads_as_a_reset() -> None:
 
 def test_a_corrupt_entry_after_the_checkpoint_cuts_the_log_before_it_until_repaired() -> None:
     disk = FakeDisk()
-    storage = NodeStorage.open(disk, small_limits())
-    storage.open_server("q")
-    storage.append("q", entries(1, 40, size=40))
-    storage.save_hard_state("q", HardState(1, "a", 40))
-    storage.sync()
+    storage = one_server(disk, entries(1, 40, size=40), HardState(1, "a", 40))
     storage.write_checkpoint("q", Checkpoint(6, 1, 1, b"", BitMap64([2, 5]), b"s"))
     seg = segments(disk)[2]
     assert storage.log("q").segment_infos()[2][0].hi == 12
@@ -78,11 +74,9 @@ def test_a_corrupt_entry_after_the_checkpoint_cuts_the_log_before_it_until_repai
 
 def test_the_marker_stays_while_a_wal_file_from_before_the_repair_remains() -> None:
     disk = FakeDisk()
-    storage = NodeStorage.open(disk, small_limits(wal_file_bytes_max=BIG_WAL))
-    storage.open_server("q")
-    storage.append("q", entries(1, 3))
-    storage.save_hard_state("q", HardState(1, None, 3))
-    storage.sync()
+    storage = one_server(
+        disk, entries(1, 3), HardState(1, None, 3), small_limits(wal_file_bytes_max=BIG_WAL)
+    )
     reopen(disk, wal_file_bytes_max=BIG_WAL)  # the new WAL file carries the hard state
     disk.crash()
     f = disk.open(wal_path(1))
@@ -99,11 +93,7 @@ def test_the_marker_stays_while_a_wal_file_from_before_the_repair_remains() -> N
 
 def test_a_damaged_segment_header_resets_the_server_and_old_wal_entries_stay_gone() -> None:
     disk = FakeDisk()
-    storage = NodeStorage.open(disk, small_limits())
-    storage.open_server("q")
-    storage.append("q", entries(1, 30, size=40))
-    storage.save_hard_state("q", HardState(3, "b", 30))
-    storage.sync()
+    storage = one_server(disk, entries(1, 30, size=40), HardState(3, "b", 30))
     storage.append("q", entries(31, 2, size=40))  # still in the WAL at the crash
     storage.sync()
     disk.flip_bit(segments(disk)[1], 8 * 20)
