@@ -21,7 +21,7 @@ from engine.raft.events import (
 from engine.raft.kv import KvMachine
 from engine.raft.log import EntryKind
 from engine.raft.machine import ApplyMeta
-from engine.raft.messages import Message
+from engine.raft.messages import Message, VoteRequest, VoteResponse
 from engine.raft.server import Fault, RaftOptions, RaftServer, Role
 from engine.raft.snapshot import Snapshot
 from engine.sim.storage import MemStorage
@@ -183,6 +183,16 @@ class Cluster:
         self.step(name, Tick(self.now_ms))
         self.stabilize()
         assert node.role is Role.LEADER, node.role
+
+    def campaign(self, name: str) -> None:
+        """``name`` campaigns now; only vote traffic is delivered (``elect`` delivers
+        everything and insists on a win)."""
+        self[name].election_deadline_ms = 0
+        self.now_ms += 1
+        self.step(name, Tick(self.now_ms))
+        for _ in range(3):
+            self.deliver(self.take(VoteRequest))
+            self.deliver(self.take(VoteResponse))
 
     def take_snapshot(self, name: str) -> Snapshot:
         node = self.nodes[name]

@@ -25,16 +25,6 @@ def _lose_entries_after(c: Cluster, name: str, index: int) -> None:
     del durable.entries[index - durable.snap_index :]
 
 
-def _campaign(c: Cluster, name: str) -> None:
-    """``name`` campaigns now; only vote traffic is delivered."""
-    c[name].election_deadline_ms = 0
-    c.now_ms += 1
-    c.step(name, Tick(c.now_ms))
-    for _ in range(3):
-        c.deliver(c.take(VoteRequest))
-        c.deliver(c.take(VoteResponse))
-
-
 def _commit_x_on_a_and_b_only() -> Cluster:
     c = Cluster(["a", "b", "c"])
     c.elect("a")
@@ -54,7 +44,7 @@ def test_without_repair_a_lost_committed_entry_lets_a_leader_without_it_win() ->
     _lose_entries_after(c, "b", 1)
     c.restart("b")
     c.cut = {"a"}
-    _campaign(c, "c")
+    c.campaign("c")
     assert c["c"].role is Role.LEADER
     assert c["c"].log.last_index() < 2 or c["c"].log.term(2) != 1, "committed entry lacking"
 
@@ -68,7 +58,7 @@ def test_a_repairing_server_refuses_the_vote_that_would_lose_a_committed_entry()
     assert b.commit == 0, "nothing after the checkpoint counts as committed"
     c.cut = {"a"}
     for _ in range(3):
-        _campaign(c, "c")
+        c.campaign("c")
         assert c["c"].role is not Role.LEADER
     assert b.vote is None and b.repairing
 

@@ -6,7 +6,7 @@ import dataclasses
 
 from engine.raft.events import Propose, Receive, Tick
 from engine.raft.log import Entry, EntryKind
-from engine.raft.messages import AppendRequest, AppendResponse, VoteRequest, VoteResponse
+from engine.raft.messages import AppendRequest, AppendResponse
 from engine.raft.progress import ProgressState
 from engine.raft.server import Fault, Role
 from tests.raft.harness import LIMITS, Cluster, sid
@@ -104,16 +104,6 @@ def test_the_leader_repairs_divergent_followers_with_fast_back_off() -> None:
     assert _logs_equal(c, ["a", "b", "c"]) and c["a"].log.last_index() == 7
 
 
-def _campaign(c: Cluster, name: str) -> None:
-    """``name`` campaigns now; only vote traffic is delivered."""
-    c[name].election_deadline_ms = 0
-    c.now_ms += 1
-    c.step(name, Tick(c.now_ms))
-    for _ in range(3):
-        c.deliver(c.take(VoteRequest))
-        c.deliver(c.take(VoteResponse))
-
-
 def test_only_entries_of_the_current_term_are_committed_by_counting_figure_8() -> None:
     for fault, committed in ((Fault.NONE, False), (Fault.COMMIT_ANY_TERM, True)):
         limits = dataclasses.replace(LIMITS, append_entries_per_message_max=1)
@@ -126,7 +116,7 @@ def test_only_entries_of_the_current_term_are_committed_by_counting_figure_8() -
         c.cut = {"a"}
         c.tick(limits.election_timeout_ms_min, ["c"])
         c.sent = []
-        _campaign(c, "b")
+        c.campaign("b")
         assert c["b"].role is Role.LEADER and c["b"].term == 2
         c.sent = []
         # a loses its lease, then wins term 3 with c's vote (its log is longer).
@@ -134,7 +124,7 @@ def test_only_entries_of_the_current_term_are_committed_by_counting_figure_8() -
         c.tick(2 * limits.election_timeout_ms_min + limits.tick_ms, ["a"])
         c.sent = []
         for _ in range(3):
-            _campaign(c, "a")
+            c.campaign("a")
             if c["a"].role is Role.LEADER:
                 break
         a = c["a"]
