@@ -37,7 +37,7 @@ import heapq
 from array import array
 from bisect import bisect_right
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import ClassVar, cast
 
 import msgpack
@@ -154,13 +154,17 @@ class FrozenMachine:
     def live_indexes(self) -> BitMap64:
         """``QueueMachine.live_indexes`` as of the freeze."""
         table = FallbackTable.from_wire(cast(list[object], self._state[5]))
-        live = BitMap64()
-        for lane in self._lanes:
-            for part in lane.chunks():
-                add_indexes(live, indexes_of(part, table))
-        for part in self._others:
-            add_indexes(live, indexes_of(part, table))
-        return live
+        parts = [part for lane in self._lanes for part in lane.chunks()]
+        return _indexes_of_parts([*parts, *self._others], table)
+
+
+def _indexes_of_parts(parts: Iterable[U64], table: FallbackTable) -> BitMap64:
+    """The Raft indexes of the refs in ``parts``, built a part (a page) at a time: no
+    array of every ref, which costs more than the set for millions."""
+    live = BitMap64()
+    for part in parts:
+        add_indexes(live, indexes_of(part, table))
+    return live
 
 
 class QueueMachine:
@@ -237,12 +241,8 @@ class QueueMachine:
         return reply, effects
 
     def live_indexes(self) -> BitMap64:
-        """The Raft indexes holding a message still in the queue, built a page of refs
-        at a time (no array of every ref: that costs more than the set for millions)."""
-        live = BitMap64()
-        for part in self._ref_parts():
-            add_indexes(live, indexes_of(part, self._fallback))
-        return live
+        """The Raft indexes holding a message still in the queue."""
+        return _indexes_of_parts(self._ref_parts(), self._fallback)
 
     def snapshot(self) -> bytes:
         return self.freeze().encode()
@@ -266,12 +266,8 @@ class QueueMachine:
             [[expiry, key, self._dedup[key]] for expiry, key in self._dedup_order],
             [self._sample_index.tobytes(), self._sample_ms.tobytes()],
         ]
-        others = (
-            self._pending.refs(),
-            np.array([r for _d, _s, r, _lv in self._delayed], dtype=np.uint64),
-            np.array(list(self._dead_lettering), dtype=np.uint64),
-        )
-        return FrozenMachine(tuple(lane.freeze() for lane in self._lanes), state, others)
+        lanes = tuple(lane.freeze() for lane in self._lanes)
+        return FrozenMachine(lanes, state, self._unready_refs())
 
     def restore(self, data: bytes) -> None:
         """The ready lanes' pages become read-only views into ``data`` (no copy; see
@@ -946,9 +942,16 @@ class QueueMachine:
         waiting to be dead-lettered."""
         for lane in self._lanes:
             yield from lane.chunks()
-        yield self._pending.refs()
-        yield np.array([r for _d, _s, r, _lv in self._delayed], dtype=np.uint64)
-        yield np.array(list(self._dead_lettering), dtype=np.uint64)
+        yield from self._unready_refs()
+
+    def _unready_refs(self) -> tuple[U64, U64, U64]:
+        """New arrays of the refs held outside the ready lanes: leased, delayed, and
+        waiting to be dead-lettered."""
+        return (
+            self._pending.refs(),
+            np.array([r for _d, _s, r, _lv in self._delayed], dtype=np.uint64),
+            np.array(list(self._dead_lettering), dtype=np.uint64),
+        )
 
     def _all_refs(self) -> U64:
         return np.concatenate(list(self._ref_parts()))
