@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 import bench
 
@@ -441,13 +442,13 @@ def wal_sync_buckets(url: str, token: str) -> dict[float, float]:
     """The server's ``quorra_wal_sync_seconds`` histogram: cumulative count by bound."""
     got = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {token}"}, timeout=30.0)
     got.raise_for_status()
-    buckets: dict[float, float] = {}
-    prefix = 'quorra_wal_sync_seconds_bucket{le="'
-    for line in got.text.splitlines():
-        if line.startswith(prefix):
-            bound, count = line[len(prefix) :].split('"} ')
-            buckets[float(bound)] = float(count)
-    return buckets
+    return {
+        float(sample.labels["le"]): sample.value
+        for family in text_string_to_metric_families(got.text)
+        if family.name == "quorra_wal_sync_seconds"
+        for sample in family.samples
+        if sample.name.endswith("_bucket")
+    }
 
 
 def wal_sync_delta(before: dict[float, float], after: dict[float, float]) -> dict[str, Any]:
@@ -458,14 +459,14 @@ def wal_sync_delta(before: dict[float, float], after: dict[float, float]) -> dic
     def over(seconds: float) -> int:
         return int(total - delta.get(seconds, total))
 
-    slowest = next((bound for bound, count in delta.items() if count >= total), None)
+    slowest = next(bound for bound, count in delta.items() if count >= total) if total else None
     return {
         "syncs": int(total),
         "over_5ms": over(0.005),
         "over_10ms": over(0.01),
         "over_25ms": over(0.025),
         "over_100ms": over(0.1),
-        "slowest_le_ms": None if slowest is None or total == 0 else slowest * 1000,
+        "slowest_le_ms": None if slowest is None else slowest * 1000,
     }
 
 

@@ -111,7 +111,7 @@ def run_servers(
     writer.start()
     load = os.getloadavg()[0]
     cpu_start = time.process_time()
-    syncs_before = storage.wal.syncs
+    syncs_before = storage.wal.times.batches
     persisted = 0
     start = time.perf_counter()
     for uid in uids:
@@ -130,7 +130,7 @@ def run_servers(
             flushing = None
         if flushing is None and (flush := storage.prepare_segment_flush()) is not None:
             flushing = pool.submit(flush.write)
-    syncs = storage.wal.syncs - syncs_before
+    syncs = storage.wal.times.batches - syncs_before
     writer.stop()
     while not inbox.empty():
         storage.complete(inbox.get())

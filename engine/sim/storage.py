@@ -226,7 +226,7 @@ class MemStorage:
         return False
 
     def finish_repair(self) -> None:
-        pass
+        """Never repairing (``repairing`` is always false): nothing to finish."""
 
     def mark_damaged(self, error: EntryDamaged) -> None:
         raise AssertionError(f"memory is never damaged: {error}")

@@ -243,7 +243,6 @@ class Wal:
         self._pending_bytes = 0
         self._hard_states = dict(hard_states)
         self._broken: StorageFailed | None = None
-        self.syncs = 0
         self.times = WalTimes()
         self.waker: Callable[[], None] | None = None
         """Called by a ``submit`` that found nothing pending; ``WalThread`` sets it to wake
@@ -303,7 +302,6 @@ class Wal:
         except OSError as exc:
             return WalBatch(ops, self._fail(exc), None, 0, seq)
         self.times.record(time.perf_counter() - started, len(data))
-        self.syncs += 1
         self._size += len(data)
         self._refs.update(new_refs)
         for op in ops:

@@ -20,20 +20,7 @@ from itertools import accumulate
 
 import numpy as np
 
-SYNC_BUCKETS_S: tuple[float, ...] = (
-    0.0005,
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-)
+SYNC_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 """Upper bounds of the sync-time histogram, in seconds (a last bucket takes the rest)."""
 RECENT_SYNCS = 4096
 """Syncs whose times are kept one by one, for the recent percentiles."""
@@ -71,6 +58,11 @@ class WalTimes:
         self._sum = 0.0
         self._buckets = [0] * (len(SYNC_BUCKETS_S) + 1)
         self._recent = np.zeros(RECENT_SYNCS, dtype=np.float64)
+
+    @property
+    def batches(self) -> int:
+        """Group commits recorded so far."""
+        return self._batches
 
     def record(self, seconds: float, nbytes: int) -> None:
         with self._lock:
