@@ -189,17 +189,39 @@ def test_message_ttl_expires_at_the_head_and_is_never_delivered() -> None:
 
 
 def test_queue_ttl_is_never_early_and_at_most_the_resolution_late() -> None:
-    q = Q(message_ttl_ms=5_000)  # resolution 1000 ms by default
+    q = Q(message_ttl_ms=300)  # enqueue times kept to 10 ms by default
     q.now = 10_000
-    q.publish(b"a")  # sample (1, 10000)
-    q.now = 10_999
-    q.publish(b"b")  # same sample: enqueue time known to within [10000, 10999]
-    q.now = 15_000 - 1
+    q.publish(b"a")  # opens an interval at 10000
+    q.now = 10_007
+    q.publish(b"b")  # same interval: a and b were both enqueued by 10007
+    q.now = 10_010
+    q.publish(b"c")  # opens the next interval: c's time is exact
+    assert q.machine.next_deadline_ms() == 10_307
+    q.now = 10_306
     assert q.apply(encode_expire())[0] == Expired(0, 0, 0)
-    q.now = 15_999 - 1
-    assert q.apply(encode_expire())[0] == Expired(0, 0, 0)
-    q.now = 15_999
+    q.now = 10_307  # a 7 ms late, b on time
     assert q.apply(encode_expire())[0] == Expired(0, 2, 0)
+    assert q.machine.next_deadline_ms() == 10_310
+    q.now = 10_309
+    assert q.apply(encode_expire())[0] == Expired(0, 0, 0)
+    q.publish(b"d")
+    q.now = 10_310  # a checkout at c's expiry time does not deliver c
+    assert q.bodies(q.take()) == [message_id(7, 0)]
+    assert q.machine.stats().expired == 3
+
+
+def test_queue_ttl_of_one_message_per_interval_is_exact() -> None:
+    q = Q(message_ttl_ms=500)
+    for k in range(5):
+        q.now = 20_000 + 37 * k
+        q.publish(b"m")
+    for k in range(5):
+        due = 20_000 + 37 * k + 500
+        assert q.machine.next_deadline_ms() == due
+        q.now = due - 1
+        assert q.apply(encode_expire())[0] == Expired(0, 0, 0)
+        q.now = due
+        assert q.apply(encode_expire())[0] == Expired(0, 1, 0)
 
 
 def test_delayed_messages_wait_until_due() -> None:
@@ -368,8 +390,8 @@ def test_clearing_the_dead_letter_target_drops_what_is_waiting_for_it() -> None:
 def test_next_deadline_names_the_earliest_timer() -> None:
     q = Q(message_ttl_ms=10_000, lease_ms=3_000)
     assert q.machine.next_deadline_ms() is None
-    q.publish(b"a")  # head expires at 1000 + 10000 + 999 at the latest
-    assert q.machine.next_deadline_ms() == 11_999
+    q.publish(b"a")  # the head expires at exactly 1000 + 10000
+    assert q.machine.next_deadline_ms() == 11_000
     q.publish(b"b", delay_ms=5_000)
     assert q.machine.next_deadline_ms() == 6_000
     q.take()
