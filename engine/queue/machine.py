@@ -25,7 +25,8 @@ log and one publish entry has one leader time, so the machine keeps a sparse ser
 published, 8 bytes each, nothing per message. A message's enqueue time is bounded above
 by its interval's latest time, so queue TTL expires a message at most ``resolution - 1``
 ms late (exactly on time when its interval holds one entry) and never early; per-message
-``ttl_ms`` is exact.
+``ttl_ms`` is exact. Only a queue with a ``message_ttl_ms`` keeps samples: setting one on
+a queue without makes the messages already there count from the change (never early).
 
 Expiry is at the head (as in RabbitMQ quorum queues): a message whose TTL passed is
 never delivered; it is dead-lettered (reason ``expired``) when it reaches the head of its
@@ -111,8 +112,9 @@ class MemoryUse:
     index_bytes: int
     """Ready messages: pages of packed refs, 8 bytes per message, 4 in sealed pages."""
     enqueue_times_bytes: int
-    """Enqueue times for queue TTL: 8 bytes per 10 ms interval in which something was
-    published and that a held message still needs (``engine.queue.times``)."""
+    """Enqueue times for queue TTL, kept only while the queue has one: 8 bytes per 10 ms
+    interval in which something was published and that a held message still needs
+    (``engine.queue.times``)."""
     leases_bytes: int
     """Leased messages: pages of the delivery-tag ring (8 bytes per slot) and lease groups."""
     extras_bytes: int
@@ -330,7 +332,9 @@ class QueueMachine:
             self._dedup_order.append((expiry, key))
             self._dedup[key] = mid
         resolution_ms = self._limits.enqueue_time_resolution_ms
-        if version == 1:
+        if version == 1 and self.policy.message_ttl_ms is None:
+            pass  # format 1 sampled without a queue TTL too; format 2 keeps none then
+        elif version == 1:
             self._times = EnqueueTimes.from_samples_v1(resolution_ms, _V1_RESOLUTION_MS, *times)
         else:
             self._times = EnqueueTimes.from_wire(resolution_ms, times)
@@ -500,7 +504,8 @@ class QueueMachine:
             return Rejected(QueueFull, "the queue is at max_length or max_bytes")
         if keys:
             self._remember_dedup(keys, ids, duplicate)
-        self._times.note(index, self._now_ms)
+        if self.policy.message_ttl_ms is not None:
+            self._times.note(index, self._now_ms)
         if dup_slots:
             self._dead_bytes += dup_bytes + RECORD_BYTES * len(dup_slots)
             self._counters["duplicates"] += len(dup_slots)
@@ -733,6 +738,10 @@ class QueueMachine:
         why = self._check_policy(policy)
         if why:
             return Rejected(ValidationFailed, why)
+        if policy.message_ttl_ms is None:
+            self._times.clear()
+        elif self.policy.message_ttl_ms is None:
+            self._times.restart(self._now_ms)
         self.policy = policy
         if policy.dead_letter_queue is None and self._dead_lettering:
             self._forget_many(np.array(list(self._dead_lettering), dtype=np.uint64))

@@ -20,7 +20,8 @@ samples kept span more than 2^32 entries or ms, about 49 days). A sample is made
 once per ``resolution_ms`` of leader time in which something was published, so the cost
 per message is 8 bytes divided by the messages published per interval: nothing worth
 counting for batches, at most 8 bytes for one message every ``resolution_ms`` or slower.
-``prune`` forgets the samples that no live message needs.
+``prune`` forgets the samples that no live message needs; ``restart`` and ``clear`` serve
+a queue TTL set and removed (the machine keeps samples only while there is one).
 """
 
 from __future__ import annotations
@@ -61,6 +62,18 @@ class EnqueueTimes:
     def nbytes(self) -> int:
         """Resident bytes of the two arrays (their spare capacity not counted)."""
         return 2 * _ARRAY_HEADER_BYTES + self._index.itemsize * 2 * len(self._index)
+
+    def clear(self) -> None:
+        self._index = array("I")
+        self._ms = array("I")
+        self._base_index = self._base_ms = 0
+        self._open_ms = None
+
+    def restart(self, now_ms: int) -> None:
+        """Forget the samples; every entry so far counts as proposed by ``now_ms`` (true,
+        and never early), the next enqueue opens an interval."""
+        self.clear()
+        self._append(0, now_ms)
 
     def note(self, index: int, now_ms: int) -> None:
         """An enqueue entry at ``index`` (increasing) applied with leader time ``now_ms``."""

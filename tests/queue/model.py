@@ -11,7 +11,8 @@ intervals of ``enqueue_time_resolution_ms`` (an interval opens at the first enqu
 least that long after the current one opened), and a message's enqueue time is that of
 the interval's latest enqueue: never earlier than its own, less than the resolution
 later, and its own when it is alone in its interval. With a resolution of 1 ms it is
-the message's own time.
+the message's own time. A queue TTL set on a queue that had none counts for the messages
+already there from the change.
 """
 
 from __future__ import annotations
@@ -171,7 +172,8 @@ class Model:
         full = self.over(len(fresh), sum(specs[k][0] for k in fresh))
         if full and self.policy.overflow == "reject-publish":
             return "QueueFull", None, None
-        self.note_enqueue_time()
+        if self.policy.message_ttl_ms is not None:
+            self.note_enqueue_time()
         for key, mid in seen.items():
             self.dedup[key] = (self.now + self.dedup_window_ms, mid)
             if len(self.dedup) > self.dedup_ids_max:
@@ -350,6 +352,7 @@ class Model:
         return result
 
     def set_policy(self, changes: dict[str, object]) -> None:
+        ttl_before = self.policy.message_ttl_ms
         for name, value in changes.items():
             setattr(self.policy, name, value)
         if self.policy.dead_letter_queue is None and self.dlx:
@@ -357,6 +360,10 @@ class Model:
                 del self.msgs[mid]
             self.counters["dropped"] += len(self.dlx)
             self.dlx.clear()
+        if ttl_before is None and self.policy.message_ttl_ms is not None:
+            for m in self.msgs.values():
+                m.enqueued_ms = self.now
+            self.interval_open_ms, self.interval_msgs = None, []
         if self.policy.overflow == "drop-head":
             self.drop_head()
 

@@ -439,3 +439,24 @@ def test_memory_is_broken_down_by_what_holds_it() -> None:
     assert m.fixed_bytes == empty.fixed_bytes
     assert m.index_bytes >= 8 * 76 and m.leases_bytes >= 8 * 5
     assert m.enqueue_times_bytes >= 8 * 41 and m.extras_bytes >= 1
+
+
+def test_a_queue_ttl_set_later_counts_from_the_change_and_none_keeps_no_times() -> None:
+    q = Q()
+    empty = q.machine.stats().memory.enqueue_times_bytes
+    for _ in range(30):
+        q.now += 20
+        q.publish(b"m")
+    assert q.machine.stats().memory.enqueue_times_bytes == empty  # no queue TTL: no samples
+    q.now = 5_000
+    assert isinstance(q.apply(encode_policy({"message_ttl_ms": 100}))[0], PolicyChanged)
+    q.now = 5_050
+    q.publish(b"new")
+    assert q.machine.next_deadline_ms() == 5_100  # the older ones count from 5000
+    q.now = 5_099
+    assert q.apply(encode_expire())[0] == Expired(0, 0, 0)
+    q.now = 5_100
+    assert q.apply(encode_expire())[0] == Expired(0, 30, 0)
+    assert q.machine.next_deadline_ms() == 5_150
+    q.apply(encode_policy({"message_ttl_ms": None}))
+    assert q.machine.stats().memory.enqueue_times_bytes == empty
