@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 
 from app.client_cli import register as register_client_commands
+from app.queue_cli import register as register_queue_commands
 
 cli = typer.Typer(
     name="quorra",
@@ -59,9 +60,10 @@ def pipeline(ctx: typer.Context) -> None:
     raise typer.Exit(pipeline_main(list(ctx.args)))
 
 
-# User, token, publish and consume commands; app.client_cli loads neither FastAPI nor
-# SQLAlchemy until one of its commands runs.
+# User, token, publish and consume commands, queue commands and status; app.client_cli
+# and app.queue_cli load neither FastAPI nor SQLAlchemy until one of their commands runs.
 register_client_commands(cli)
+register_queue_commands(cli)
 
 
 def main() -> None:
