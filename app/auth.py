@@ -147,3 +147,14 @@ def require(principal: Principal, permission: Permission, queue_name: str) -> No
     """
     if not principal.can(permission, queue_name):
         raise Forbidden(f"user {principal.name!r} has no {permission} permission on {queue_name!r}")
+
+
+def require_flow(principal: Principal, source: str, target: str) -> None:
+    """Raise 403 unless ``principal`` may make messages of ``source`` flow into ``target``
+    (a dead-letter target, a move): ``read`` on the source and ``write`` on the target.
+
+    RabbitMQ's rule for dead-letter exchanges. Without it, ``configure`` on one queue
+    would let a user read another: point the first at a queue they read, and wait.
+    """
+    require(principal, "read", source)
+    require(principal, "write", target)

@@ -9,16 +9,15 @@ so that session cookies survive a restart.
 from __future__ import annotations
 
 import os
-import secrets
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.limits import DEFAULT_LIMITS, MIB, Limits
+from engine.node_key import load_node_secret
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-SECRET_KEY_FILE = "secret.key"
 DATABASE_FILE = "meta.sqlite3"
 
 
@@ -77,17 +76,6 @@ class Settings:
 
 
 def load_secret_key(data_dir: Path) -> bytes:
-    """Read the key that signs session cookies, creating it (mode 0600) on first start."""
-    path = data_dir / SECRET_KEY_FILE
-    if not path.exists():
-        data_dir.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="ascii") as f:
-            f.write(secrets.token_hex(32))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    key = path.read_text(encoding="ascii").strip()
-    assert len(key) >= 32, f"{path} is too short to be a secret key"
-    return key.encode("ascii")
+    """Read the key that signs session cookies, creating it (mode 0600) on first start:
+    the node's secret (engine/node_key.py), from which the engine derives its keys."""
+    return load_node_secret(data_dir)

@@ -15,9 +15,10 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from engine.limits import DEFAULT_LIMITS as LIMITS
+from engine.queue.receipts import RECEIPT_CHARS
 
 QUEUE_NAME_PATTERN = r"^[A-Za-z0-9._-]{1,200}$"
-RECEIPT_PATTERN = r"^[0-9a-f]{32}$"
+RECEIPT_PATTERN = rf"^[0-9a-f]{{{RECEIPT_CHARS}}}$"
 COUNT_MAX = 1 << 62
 """Ceiling of ``max_length``/``max_bytes``: far beyond any disk, far below int64."""
 TTL_MS_MAX = 10 * 365 * 24 * 3600 * 1000
@@ -41,7 +42,14 @@ QueueNameStr = Annotated[
     str,
     Field(min_length=1, max_length=200, pattern=QUEUE_NAME_PATTERN, description="A queue name."),
 ]
-Receipt = Annotated[str, Field(pattern=RECEIPT_PATTERN, description="32 lowercase hex digits.")]
+Receipt = Annotated[
+    str,
+    Field(
+        pattern=RECEIPT_PATTERN,
+        description=f"{RECEIPT_CHARS} lowercase hex digits, from a receive: good on that "
+        "queue, for that delivery only.",
+    ),
+]
 Receipts = Annotated[list[Receipt], Field(min_length=1, max_length=LIMITS.receive_messages_max)]
 LeaseMs = Annotated[Int, Field(ge=1, le=LIMITS.lease_ms_max)]
 Count = Annotated[Int, Field(ge=0, le=COUNT_MAX)]

@@ -142,7 +142,7 @@ def test_permissions(api_server: Server, admin: httpx.Client) -> None:
         )
         assert_problem(writer.get(f"/api/v1/queues/{q}/messages"), 403, "forbidden")
         assert_problem(
-            writer.post(f"/api/v1/queues/{q}/messages/ack", json={"receipts": ["0" * 32]}),
+            writer.post(f"/api/v1/queues/{q}/messages/ack", json={"receipts": ["0" * 64]}),
             403,
             "forbidden",
         )
