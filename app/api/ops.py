@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
 
 from app.api.deps import API_PREFIX, AdminDep, PrincipalDep, SessionDep
-from app.api.schemas import AuditOut, Health, Permissions, Readiness, WhoAmI
+from app.api.schemas import ROW_ID_MAX, AuditOut, Health, Permissions, Readiness, WhoAmI
 from app.db import repo
 from app.metrics import CONTENT_TYPE_LATEST, AppMetrics
 from app.negotiation import NegotiatedRoute
@@ -79,7 +79,9 @@ def audit_log(
     session: SessionDep,
     _who: AdminDep,
     limit: int = Query(default=100, ge=1, le=1000),
-    before: int | None = Query(default=None, ge=1, description="Entries older than this id."),
+    before: int | None = Query(
+        default=None, ge=1, le=ROW_ID_MAX, description="Entries older than this id."
+    ),
 ) -> list[AuditOut]:
     """Administrative actions, newest first."""
     return [

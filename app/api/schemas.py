@@ -11,6 +11,9 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from app.auth import pattern_error
 
 USER_NAME_PATTERN = r"^[A-Za-z0-9._@-]{1,100}$"
+ROW_ID_MAX = (1 << 63) - 1
+"""SQLite's largest row id (a signed 64-bit integer): an id parameter beyond it is 422,
+never a value handed to SQLite (which would overflow)."""
 
 
 def _valid_pattern(pattern: str) -> str:
