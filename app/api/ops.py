@@ -55,13 +55,15 @@ def readyz(request: Request) -> Response:
         **problem_responses(401, 405),
     },
 )
-def metrics(request: Request, session: SessionDep, _who: PrincipalDep) -> Response:
-    """Prometheus text format. Needs a bearer token of any user."""
+def metrics(request: Request, session: SessionDep, who: PrincipalDep) -> Response:
+    """Prometheus text format. Needs a bearer token of any user; per-queue series only of
+    the queues that user may see (as ``GET /queues`` lists them)."""
     app_metrics: AppMetrics = request.app.state.metrics
     app_metrics.users.set(repo.count_users(session))
     app_metrics.ready.set(1 if readiness(request).ready else 0)
     # The queue collector reads the engine: do that on the event loop, which owns it.
-    return Response(from_thread.run_sync(app_metrics.render), media_type=CONTENT_TYPE_LATEST)
+    text = from_thread.run_sync(app_metrics.render, who.can_see)
+    return Response(text, media_type=CONTENT_TYPE_LATEST)
 
 
 @api_router.get("/whoami", response_model=WhoAmI)
