@@ -7,7 +7,7 @@ from pathlib import Path
 
 import uvicorn
 
-from app.http_protocol import CoalescingProtocol
+from app.http_protocol import http_protocol
 from app.main import StartupReport, create_app
 from app.settings import Settings
 
@@ -38,7 +38,7 @@ def run_server(data_dir: Path, host: str, port: int) -> None:
         access_log=False,
         server_header=False,
         proxy_headers=False,
-        http=CoalescingProtocol,
+        http=http_protocol(settings.header_read_timeout_s),
         # uvloop and httptools' parser: about a third less server CPU per small request
         # than asyncio's loop and h11 (quorra bench rest); "auto" keeps asyncio where
         # uvloop is missing.

@@ -20,6 +20,7 @@ from engine.limits import DEFAULT_LIMITS, MIB, Limits
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 SECRET_KEY_FILE = "secret.key"
 DATABASE_FILE = "meta.sqlite3"
+HEADER_READ_TIMEOUT_S_DEFAULT = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +36,9 @@ class Settings:
     """How long a dashboard login lasts."""
     request_body_bytes_max: int = DEFAULT_LIMITS.batch_bytes_max * 4 // 3 + 1 * MIB
     """A full batch, base64-encoded in JSON, fits; anything larger is 413 before parsing."""
+    header_read_timeout_s: float = HEADER_READ_TIMEOUT_S_DEFAULT
+    """``QUORRA_HEADER_READ_TIMEOUT_S``: a connection that has not sent a request's
+    headers this long after it opened (or after its last response) is closed."""
     limits: Limits = DEFAULT_LIMITS
     templates_dir: Path = PROJECT_ROOT / "templates"
     static_dir: Path = PROJECT_ROOT / "static"
@@ -43,6 +47,7 @@ class Settings:
     def __post_init__(self) -> None:
         assert 0 <= self.port <= 65535
         assert self.session_ttl_s > 0
+        assert self.header_read_timeout_s > 0
         assert self.request_body_bytes_max >= self.limits.batch_bytes_max
 
     @property
@@ -73,6 +78,9 @@ class Settings:
             port=port,
             admin_password=env.get("QUORRA_ADMIN_PASSWORD") or None,
             node_name=env.get("QUORRA_NODE_NAME") or socket.gethostname(),
+            header_read_timeout_s=float(
+                env.get("QUORRA_HEADER_READ_TIMEOUT_S") or HEADER_READ_TIMEOUT_S_DEFAULT
+            ),
         )
 
 
