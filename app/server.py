@@ -9,13 +9,12 @@ import uvicorn
 
 from app.http_protocol import http_protocol
 from app.main import StartupReport, create_app
-from app.settings import Settings
+from app.settings import Settings, reachable
 
 
 def announce(report: StartupReport) -> None:
     """Tell the operator where the server is and, on first start, how to log in."""
-    # A wildcard address is where the server listens, not where a browser can go.
-    url = report.base_url.replace("//0.0.0.0:", "//127.0.0.1:").replace("//[::]:", "//[::1]:")
+    url = reachable(report.base_url)
     lines = [f"Quorra is ready: dashboard {url}/  API {url}/api/v1"]
     if report.admin_created and report.admin_password is not None:
         lines.append(f"First start: log in as 'admin' with password: {report.admin_password}")

@@ -56,6 +56,7 @@ def _overview_context(request: Request, login: Any) -> dict[str, Any]:
     deepest = sorted(visible, key=lambda pair: -(pair[1].ready + pair[1].unacked))[:DEEPEST_SHOWN]
     return {
         "readiness": readiness(request),
+        "public_url": request.app.state.settings.public_base_url,
         "cluster": (
             cluster_seen_by(node, login.principal)
             if node is not None
