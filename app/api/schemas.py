@@ -37,7 +37,9 @@ Password = Annotated[str, Field(min_length=8, max_length=1024)]
 
 
 class _In(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """Strict, as the queue API's bodies (app/api/queue_schemas.py): no coercions."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class Permissions(_In):

@@ -239,13 +239,13 @@ def test_forbidden_queues_get_the_routes_403(app: FastAPI, client: TestClient) -
     [
         ("/receive", {"max_messages": 0}, 422),
         ("/receive", {"wait_ms": 10**9}, 422),
-        ("/receive", {"max_messages": "5"}, 200),  # pydantic's lax mode takes it
+        ("/receive", {"max_messages": "5"}, 422),  # strict: text is no integer
         ("/receive", {"consumer": ""}, 422),
         ("/receive", {"surprise": 1}, 422),
         ("/ack", {"receipts": []}, 422),
         ("/ack", {"receipts": ["XYZ"]}, 422),
         ("/ack", {"receipts": ["0" * 32 + "\n"]}, 422),
-        ("/nack", {"receipts": ["0" * 32], "requeue": "yes"}, 400),  # lax: true; no receipt
+        ("/nack", {"receipts": ["0" * 32], "requeue": "yes"}, 422),  # strict: no boolean
         ("/nack", {"receipts": ["0" * 32], "requeue": []}, 422),
         ("/extend", {"receipts": ["0" * 32]}, 422),
         ("/extend", {"receipts": ["0" * 32], "lease_ms": 0}, 422),
