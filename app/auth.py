@@ -138,6 +138,12 @@ class Principal:
     def can(self, permission: Permission, queue_name: str) -> bool:
         return permits(self.pattern(permission), queue_name)
 
+    def can_see(self, queue_name: str) -> bool:
+        """Any of configure, write or read on a queue lets a user see it: its name and
+        figures, in ``GET /queues``, ``GET /cluster``'s ``leads``, ``/metrics`` and the
+        dashboard. The one rule of visibility; nothing else decides it."""
+        return any(permits(self.pattern(p), queue_name) for p in PERMISSIONS)
+
 
 def require(principal: Principal, permission: Permission, queue_name: str) -> None:
     """Raise 403 unless ``principal`` may ``permission`` on ``queue_name``.

@@ -19,6 +19,7 @@ from engine.node_key import load_node_secret
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DATABASE_FILE = "meta.sqlite3"
+HEADER_READ_TIMEOUT_S_DEFAULT = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +35,13 @@ class Settings:
     """How long a dashboard login lasts."""
     request_body_bytes_max: int = DEFAULT_LIMITS.batch_bytes_max * 4 // 3 + 1 * MIB
     """A full batch, base64-encoded in JSON, fits; anything larger is 413 before parsing."""
+    public_url: str = ""
+    """``QUORRA_PUBLIC_URL``: where clients reach this server (e.g. behind a proxy), for
+    the commands the dashboard shows; empty: the listen address. Never the request's
+    ``Host`` header, which a client chooses."""
+    header_read_timeout_s: float = HEADER_READ_TIMEOUT_S_DEFAULT
+    """``QUORRA_HEADER_READ_TIMEOUT_S``: a connection that has not sent a request's
+    headers this long after it opened (or after its last response) is closed."""
     limits: Limits = DEFAULT_LIMITS
     templates_dir: Path = PROJECT_ROOT / "templates"
     static_dir: Path = PROJECT_ROOT / "static"
@@ -42,6 +50,10 @@ class Settings:
     def __post_init__(self) -> None:
         assert 0 <= self.port <= 65535
         assert self.session_ttl_s > 0
+        assert self.header_read_timeout_s > 0
+        assert self.public_url == "" or self.public_url.startswith(("http://", "https://")), (
+            f"QUORRA_PUBLIC_URL {self.public_url!r} is no http:// or https:// URL"
+        )
         assert self.request_body_bytes_max >= self.limits.batch_bytes_max
 
     @property
@@ -56,6 +68,11 @@ class Settings:
     def base_url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
+
+    @property
+    def public_base_url(self) -> str:
+        """``public_url`` without a trailing slash, else the listen address."""
+        return self.public_url.rstrip("/") or reachable(self.base_url)
 
     @classmethod
     def from_env(
@@ -72,7 +89,17 @@ class Settings:
             port=port,
             admin_password=env.get("QUORRA_ADMIN_PASSWORD") or None,
             node_name=env.get("QUORRA_NODE_NAME") or socket.gethostname(),
+            public_url=env.get("QUORRA_PUBLIC_URL", ""),
+            header_read_timeout_s=float(
+                env.get("QUORRA_HEADER_READ_TIMEOUT_S") or HEADER_READ_TIMEOUT_S_DEFAULT
+            ),
         )
+
+
+def reachable(url: str) -> str:
+    """A wildcard listen address is where the server listens, not where a client can
+    go: the loopback address in its place."""
+    return url.replace("//0.0.0.0:", "//127.0.0.1:").replace("//[::]:", "//[::1]:")
 
 
 def load_secret_key(data_dir: Path) -> bytes:

@@ -19,7 +19,7 @@ from app import queue_admin
 from app.api.deps import API_PREFIX, PrincipalDep, QueueName, client_addr
 from app.api.queue_deps import CanConfigure, CanSee, DatabaseDep, NodeDep
 from app.api.queue_schemas import PurgedOut, QueueArgsIn, QueueArgsOut, QueueOut, QueuePatch
-from app.auth import PERMISSIONS, Principal
+from app.auth import Principal
 from app.negotiation import NegotiatedRoute
 from app.problems import problem_responses
 from engine.errors import QueueNotFound, ValidationFailed
@@ -54,8 +54,7 @@ def queue_out(node: QueueEngine, info: QueueInfo) -> QueueOut:
 async def list_queues(who: PrincipalDep, node: NodeDep) -> list[QueueOut]:
     """The queues the caller holds any permission on, by name, with their stats."""
     infos = sorted(node.queues(), key=lambda q: q.name)
-    visible = [q for q in infos if any(who.can(p, q.name) for p in PERMISSIONS)]
-    return [queue_out(node, q) for q in visible]
+    return [queue_out(node, q) for q in infos if who.can_see(q.name)]
 
 
 @router.put(

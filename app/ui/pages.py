@@ -17,10 +17,12 @@ from fastapi.responses import HTMLResponse
 
 from app.api.deps import QueueName
 from app.api.ops import readiness
+from app.api.queue_ops import cluster_seen_by
+from app.auth import Principal
 from app.db import repo
 from app.db.session import Database
 from app.ui.charts import history_chart, line_chart
-from app.ui.common import can, can_see, flash, node_of, render
+from app.ui.common import can, flash, node_of, render
 from app.ui.reads import LIST_AGE_S, reads_of
 from app.ui.series import Sample, collect, store_of
 from app.ui.views import LoginDep
@@ -50,11 +52,16 @@ def _overview_context(request: Request, login: Any) -> dict[str, Any]:
     if totals is None and node is not None:
         totals = collect(node, None)
     rings = list(store.totals)
-    visible = [(n, s) for n, s in store.latest() if can_see(login.principal, n)]
+    visible = [(n, s) for n, s in store.latest() if login.principal.can_see(n)]
     deepest = sorted(visible, key=lambda pair: -(pair[1].ready + pair[1].unacked))[:DEEPEST_SHOWN]
     return {
         "readiness": readiness(request),
-        "cluster": node.cluster() if node is not None else {"node": "", "nodes": []},
+        "public_url": request.app.state.settings.public_base_url,
+        "cluster": (
+            cluster_seen_by(node, login.principal)
+            if node is not None
+            else {"node": "", "nodes": []}
+        ),
         "wal": node.wal_stats() if node is not None else None,
         "totals": totals,
         "deepest": [(n, s) for n, s in deepest if s.ready + s.unacked > 0],
@@ -76,8 +83,10 @@ def _overview_context(request: Request, login: Any) -> dict[str, Any]:
     }
 
 
-def _names(node: QueueEngine | None) -> list[str]:
-    return [q.name for q in node.queues()] if node is not None else []
+def _names(node: QueueEngine | None, who: Principal) -> list[str]:
+    """The queue names offered as choices (dead-letter and move targets): those ``who``
+    may see."""
+    return [q.name for q in node.queues() if who.can_see(q.name)] if node is not None else []
 
 
 @router.get("/", response_class=HTMLResponse)
@@ -107,9 +116,7 @@ def _rows(
     who = login.principal
     needle = needle.strip().lower()
     visible = [
-        q
-        for q in node.queues()
-        if can_see(who, q.name) and (not needle or needle in q.name.lower())
+        q for q in node.queues() if who.can_see(q.name) and (not needle or needle in q.name.lower())
     ]
     if sort == "depth":  # by the sampler's newest figures: no engine call per queue
         depth = {n: s.ready + s.unacked for n, s in store_of(request.app).latest()}
@@ -144,7 +151,7 @@ async def queues_page(
         "q": q,
         "sort": sort,
         "may_create": bool(login.principal.configure),
-        "queue_names": _names(request.app.state.node),
+        "queue_names": _names(request.app.state.node, login.principal),
         "limits": request.app.state.settings.limits,
     }
     return render(request, "queues.html", context, login)
@@ -168,7 +175,7 @@ async def queue_rows(
 def _info(request: Request, login: Any, name: str) -> QueueInfo:
     """The queue, when the user may see it (else the same 404 as an unknown queue)."""
     for info in node_of(request).queues():
-        if info.name == name and can_see(login.principal, name):
+        if info.name == name and login.principal.can_see(name):
             return info
     raise QueueNotFound(f"no queue {name!r}")
 
@@ -243,8 +250,10 @@ def _storage_context(request: Request, login: Any, name: str) -> dict[str, Any]:
     }
 
 
-def _dead_letter_sources(node: QueueEngine, name: str) -> list[str]:
-    return sorted(q.name for q in node.queues() if q.args.dead_letter_queue == name)
+def _dead_letter_sources(node: QueueEngine, name: str, who: Principal) -> list[str]:
+    return sorted(
+        q.name for q in node.queues() if q.args.dead_letter_queue == name and who.can_see(q.name)
+    )
 
 
 def not_shown(request: Request, login: Any, error: QuorraError) -> HTMLResponse:
@@ -268,8 +277,8 @@ async def _queue_page(name: str, request: Request, login: Any) -> HTMLResponse:
         "may_configure": can(who, "configure", name),
         "may_write": can(who, "write", name),
         "may_read": can(who, "read", name),
-        "redrive_targets": _dead_letter_sources(node_of(request), name),
-        "queue_names": _names(request.app.state.node),
+        "redrive_targets": _dead_letter_sources(node_of(request), name, who),
+        "queue_names": _names(request.app.state.node, who),
         "analytics": _analytics(request, name),
     }
     if context["may_read"]:
