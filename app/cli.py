@@ -44,8 +44,11 @@ def sim(ctx: typer.Context) -> None:
 
 
 @cli.command(context_settings=_PASSTHROUGH)
-def bench(ctx: typer.Context, name: Annotated[str, typer.Argument(help="Benchmark name.")]) -> None:
-    """Run a benchmark from bench/ and print its JSON figures."""
+def bench(
+    ctx: typer.Context, name: Annotated[str, typer.Argument(help="Benchmark name.")] = ""
+) -> None:
+    """Run a benchmark from bench/ and print its JSON figures (`quorra bench --help` lists
+    them, `quorra bench NAME --help` shows the flags of one)."""
     import bench as benches
 
     raise typer.Exit(benches.run(name, list(ctx.args)))
