@@ -8,7 +8,7 @@ next to REST publish and consume rates measured on the same server in the same r
 
 Without ``--server`` it starts a throwaway local server (``quorra serve`` on 127.0.0.1).
 Messages per micro-batch: 50,000; Spark partitions: the number of cores. Per-batch
-progress goes to stderr. ``--quick``: 2,000 rows, 1 s REST phases.
+progress goes to stderr. ``--quick``: 2,000 rows, 1 s REST phases, one partition.
 
 JSON keys (``JSON_KEYS``), the headline being ``write_rows_per_s``; figures are rows or
 messages per second of wall time:
@@ -243,6 +243,7 @@ def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     if args.quick:
         args.rows, args.rest_seconds = QUICK_ROWS, QUICK_REST_SECONDS
+        args.partitions = args.partitions or 1  # one Python worker to start, not one per core
     result = bench.header("pipeline")
     if args.server:
         result |= measure(args.server, args.token, args)
