@@ -47,8 +47,7 @@ def sim(ctx: typer.Context) -> None:
 def bench(
     ctx: typer.Context, name: Annotated[str, typer.Argument(help="Benchmark name.")] = ""
 ) -> None:
-    """Run a benchmark from bench/ and print its JSON figures (`quorra bench --help` lists
-    them, `quorra bench NAME --help` shows the flags of one)."""
+    """Run a benchmark and print its JSON figures (`quorra bench --help` lists them)."""
     import bench as benches
 
     raise typer.Exit(benches.run(name, list(ctx.args)))

@@ -1,4 +1,4 @@
-"""Rows per second of Spark's batch write and streaming read through the ``quorra`` source.
+"""Rows per second of Spark's batch write and streaming read through Quorra's data source.
 
 N rows of 1 KiB (default 1,000,000) through the ``quorra`` data source in local mode,
 next to REST publish and consume rates measured on the same server in the same run.
