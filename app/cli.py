@@ -45,8 +45,10 @@ def sim(ctx: typer.Context) -> None:
 
 
 @cli.command(context_settings=_PASSTHROUGH)
-def bench(ctx: typer.Context, name: Annotated[str, typer.Argument(help="Benchmark name.")]) -> None:
-    """Run a benchmark from bench/ and print its JSON figures."""
+def bench(
+    ctx: typer.Context, name: Annotated[str, typer.Argument(help="Benchmark name.")] = ""
+) -> None:
+    """Run a benchmark and print its JSON figures (`quorra bench --help` lists them)."""
     import bench as benches
 
     raise typer.Exit(benches.run(name, list(ctx.args)))
