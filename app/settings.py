@@ -35,6 +35,12 @@ class Settings:
     """How long a dashboard login lasts."""
     request_body_bytes_max: int = DEFAULT_LIMITS.batch_bytes_max * 4 // 3 + 1 * MIB
     """A full batch, base64-encoded in JSON, fits; anything larger is 413 before parsing."""
+    password_workers: int = 2
+    """Password checks and hashes (argon2, ~100 ms of CPU each) running at once."""
+    password_waiting_max: int = 8
+    """Password checks waiting for a worker; more logins than that at once are 429."""
+    password_wait_ms_max: int = 500
+    """How long a password check waits for a worker before it is refused (429)."""
     limits: Limits = DEFAULT_LIMITS
     templates_dir: Path = PROJECT_ROOT / "templates"
     static_dir: Path = PROJECT_ROOT / "static"
@@ -43,6 +49,8 @@ class Settings:
     def __post_init__(self) -> None:
         assert 0 <= self.port <= 65535
         assert self.session_ttl_s > 0
+        assert self.password_workers >= 1 and self.password_waiting_max >= 0
+        assert self.password_wait_ms_max > 0
         assert self.request_body_bytes_max >= self.limits.batch_bytes_max
 
     @property
