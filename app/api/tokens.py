@@ -1,7 +1,8 @@
 """``/api/v1/tokens``: create (with HTTP Basic or a token), list and revoke API tokens.
 
 A user manages their own tokens; an admin manages everyone's. The secret is returned
-once, by the create call; the server keeps only its SHA-256 digest. Each endpoint authenticates (``who``, which checks a password off the
+once, by the create call, with ``Cache-Control: no-store``; the server keeps only its
+SHA-256 digest. Each endpoint authenticates (``who``, which checks a password off the
 event loop) before it opens its transaction (``session``): FastAPI resolves
 dependencies in the order of the parameters.
 """
@@ -66,11 +67,13 @@ def _owner(session: Session, who: Principal, user_name: str | None) -> User:
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=TokenCreated)
 def create_token(
     request: Request,
+    response: Response,
     who: TokenOrPasswordDep,
     session: SessionDep,
     body: TokenIn | None = None,
 ) -> TokenCreated:
     body = body or TokenIn()
+    response.headers["Cache-Control"] = "no-store"  # the secret must stay out of caches
     user = _owner(session, who, body.user)
     secret, row = issue_token(session, user, body.name)
     repo.audit(

@@ -1,7 +1,7 @@
 """``/api/v1/users``: user and permission management (admins only), every change audited.
 
 A new password is hashed on the app's password workers (app/passwords.py) before the
-endpoint's first query.
+endpoint's first query, and ends the user's dashboard sessions.
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ def update_user(
         user.role = body.role
         changed.append("role")
     if password_hash is not None:
-        user.password_hash = password_hash
+        repo.set_password(session, user, password_hash)
         changed.append("password")
     if body.permissions is not None:
         _set_permissions(user, body.permissions)

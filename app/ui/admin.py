@@ -2,7 +2,8 @@
 tokens. Bodies are validated by the REST API's own models (``UserIn``,
 ``Permissions``); rows change through ``app.db.repo`` in the request's transaction,
 and every change lands in the audit log with ``source="ui"``. A password is hashed on
-the app's password workers (app/passwords.py) before the first query.
+the app's password workers (app/passwords.py) before the first query. A created token's
+secret is shown once, on a page with ``Cache-Control: no-store`` like every page here.
 """
 
 from __future__ import annotations

@@ -3,9 +3,9 @@ CSRF tokens for every form.
 
 The cookie holds a random session id signed with the data directory's secret key
 (itsdangerous), HttpOnly and SameSite=Strict; the database keeps only the id's digest,
-its expiry and the session's CSRF token, so logout and user deletion end a session at
-once. Before login, the form's CSRF token is a double submit: a random value in a
-signed, short-lived cookie and in the form.
+its expiry and the session's CSRF token, so logout, user deletion and a new password
+end a session at once. Before login, the form's CSRF token is a double submit: a random
+value in a signed, short-lived cookie and in the form.
 """
 
 from __future__ import annotations
