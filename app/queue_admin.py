@@ -165,11 +165,7 @@ def reconcile(db: Database, infos: list[QueueInfo]) -> ReconcileReport:
 
 
 async def _in_transaction(db: Database, work: Callable[[Session], _T]) -> _T:
-    def run() -> _T:
-        with db.transaction() as session:
-            return work(session)
-
-    return await anyio.to_thread.run_sync(run)
+    return await db.run(work)
 
 
 async def create_queue(

@@ -42,6 +42,12 @@ class Settings:
     header_read_timeout_s: float = HEADER_READ_TIMEOUT_S_DEFAULT
     """``QUORRA_HEADER_READ_TIMEOUT_S``: a connection that has not sent a request's
     headers this long after it opened (or after its last response) is closed."""
+    password_workers: int = 2
+    """Password checks and hashes (argon2, ~100 ms of CPU each) running at once."""
+    password_waiting_max: int = 8
+    """Password checks waiting for a worker; more logins than that at once are 429."""
+    password_wait_ms_max: int = 500
+    """How long a password check waits for a worker before it is refused (429)."""
     limits: Limits = DEFAULT_LIMITS
     templates_dir: Path = PROJECT_ROOT / "templates"
     static_dir: Path = PROJECT_ROOT / "static"
@@ -54,6 +60,8 @@ class Settings:
         assert self.public_url == "" or self.public_url.startswith(("http://", "https://")), (
             f"QUORRA_PUBLIC_URL {self.public_url!r} is no http:// or https:// URL"
         )
+        assert self.password_workers >= 1 and self.password_waiting_max >= 0
+        assert self.password_wait_ms_max > 0
         assert self.request_body_bytes_max >= self.limits.batch_bytes_max
 
     @property
