@@ -417,7 +417,15 @@ class RaftServer:
         last_index, last_term = self.log.last_index(), self.log.last_term()
         for voter in self.config.voters:
             if voter != self.id:
-                req = VoteRequest(self.id, voter, term, last_index, last_term, pre, transfer)
+                req = VoteRequest(
+                    src=self.id,
+                    dst=voter,
+                    term=term,
+                    last_index=last_index,
+                    last_term=last_term,
+                    pre=pre,
+                    transfer=transfer,
+                )
                 self.rd.messages_after_persist.append(req)
 
     def _won(self, votes: dict[ServerId, bool]) -> bool:
@@ -445,7 +453,15 @@ class RaftServer:
         last_index, last_term = self.log.last_index(), self.log.last_term()
         for voter in self.config.voters:
             if voter != self.id:
-                req = VoteRequest(self.id, voter, self.term, last_index, last_term, False, False)
+                req = VoteRequest(
+                    src=self.id,
+                    dst=voter,
+                    term=self.term,
+                    last_index=last_index,
+                    last_term=last_term,
+                    pre=False,
+                    transfer=False,
+                )
                 self.rd.messages_after_persist.append(req)
 
     def _become_leader(self) -> None:
@@ -591,7 +607,7 @@ class RaftServer:
         assert self.transfer is not None
         if not self.transfer_sent:
             self.transfer_sent = True
-            self.rd.messages.append(TimeoutNow(self.id, target, self.term))
+            self.rd.messages.append(TimeoutNow(src=self.id, dst=target, term=self.term))
 
     # --- replication (leader) -----------------------------------------------------------
 
@@ -604,7 +620,11 @@ class RaftServer:
     def _broadcast_heartbeat(self) -> None:
         for peer, pr in self.progress.items():
             commit = min(self.commit, pr.match)
-            self.rd.messages.append(Heartbeat(self.id, peer, self.term, commit, self.read_seq))
+            self.rd.messages.append(
+                Heartbeat(
+                    src=self.id, dst=peer, term=self.term, commit=commit, read_seq=self.read_seq
+                )
+            )
 
     def _maybe_send_append(self, peer: ServerId, pr: Progress, allow_empty: bool) -> bool:
         limits = self.limits
@@ -632,7 +652,15 @@ class RaftServer:
         size = 0
         for e in entries:
             size += len(e.data)
-        msg = AppendRequest(self.id, peer, self.term, prev, prev_term, entries, self.commit)
+        msg = AppendRequest(
+            src=self.id,
+            dst=peer,
+            term=self.term,
+            prev_index=prev,
+            prev_term=prev_term,
+            entries=entries,
+            commit=self.commit,
+        )
         self.rd.messages.append(msg)
         pr.sent(prev + len(entries), size)
         return True
@@ -761,15 +789,15 @@ class RaftServer:
                 return
             done = start - len(whole) + len(entries) >= len(pr.snapshot_missing)
         chunk = SnapshotChunk(
-            self.id,
-            peer,
-            self.term,
-            pr.snapshot_index,
-            pr.snapshot_term,
-            start,
-            data,
-            done,
-            entries,
+            src=self.id,
+            dst=peer,
+            term=self.term,
+            snapshot_index=pr.snapshot_index,
+            snapshot_term=pr.snapshot_term,
+            offset=start,
+            data=data,
+            done=done,
+            entries=entries,
         )
         pr.snapshot_sent_ms = self.now_ms
         self.rd.messages.append(chunk)
@@ -880,7 +908,16 @@ class RaftServer:
         if kind in (AppendRequest, Heartbeat, SnapshotChunk):
             # Tell a stale leader (it may be cut off by check-quorum and pre-vote) the term.
             self.rd.messages_after_persist.append(
-                AppendResponse(self.id, msg.src, self.term, False, 0, 0, 0, 0)
+                AppendResponse(
+                    src=self.id,
+                    dst=msg.src,
+                    term=self.term,
+                    success=False,
+                    match_index=0,
+                    rejected_prev_index=0,
+                    conflict_term=0,
+                    conflict_index=0,
+                )
             )
         elif kind is VoteRequest and msg.pre:  # type: ignore[union-attr]
             self._reply_vote(msg, False)  # type: ignore[arg-type]
@@ -888,7 +925,7 @@ class RaftServer:
     def _reply_vote(self, msg: VoteRequest, granted: bool) -> None:
         term = msg.term if granted else self.term
         self.rd.messages_after_persist.append(
-            VoteResponse(self.id, msg.src, term, granted, msg.pre)
+            VoteResponse(src=self.id, dst=msg.src, term=term, granted=granted, pre=msg.pre)
         )
 
     def _on_vote_request(self, msg: VoteRequest) -> None:
@@ -932,7 +969,13 @@ class RaftServer:
         self._heard_from_leader(msg.src)
         if msg.commit > self.commit and not self.repairing:
             self.commit = min(msg.commit, self.log.last_index())
-        resp = HeartbeatResponse(self.id, msg.src, self.term, msg.read_seq, self.repairing)
+        resp = HeartbeatResponse(
+            src=self.id,
+            dst=msg.src,
+            term=self.term,
+            read_seq=msg.read_seq,
+            repairing=self.repairing,
+        )
         self.rd.messages.append(resp)
 
     def _on_heartbeat_response(self, msg: HeartbeatResponse) -> None:
@@ -964,7 +1007,16 @@ class RaftServer:
         if msg.commit > self.commit:
             self.commit = min(msg.commit, last_new)
         self.rd.messages_after_persist.append(
-            AppendResponse(self.id, msg.src, self.term, True, last_new, 0, 0, 0)
+            AppendResponse(
+                src=self.id,
+                dst=msg.src,
+                term=self.term,
+                success=True,
+                match_index=last_new,
+                rejected_prev_index=0,
+                conflict_term=0,
+                conflict_index=0,
+            )
         )
 
     def _accept_append_below_commit(self, msg: AppendRequest) -> None:
@@ -978,7 +1030,16 @@ class RaftServer:
         if msg.commit > self.commit:
             self.commit = min(msg.commit, last_new)
         self.rd.messages_after_persist.append(
-            AppendResponse(self.id, msg.src, self.term, True, last_new, 0, 0, 0)
+            AppendResponse(
+                src=self.id,
+                dst=msg.src,
+                term=self.term,
+                success=True,
+                match_index=last_new,
+                rejected_prev_index=0,
+                conflict_term=0,
+                conflict_index=0,
+            )
         )
 
     def _append_new_entries(self, entries: list[Entry]) -> None:
@@ -1016,7 +1077,14 @@ class RaftServer:
                 conflict_index -= 1
         self.rd.messages_after_persist.append(
             AppendResponse(
-                self.id, msg.src, self.term, False, 0, prev, conflict_term, conflict_index
+                src=self.id,
+                dst=msg.src,
+                term=self.term,
+                success=False,
+                match_index=0,
+                rejected_prev_index=prev,
+                conflict_term=conflict_term,
+                conflict_index=conflict_index,
             )
         )
 
@@ -1102,7 +1170,14 @@ class RaftServer:
     ) -> None:
         """With ``missing``: tell the leader which live entries this server lacks."""
         data = b"" if missing is None else missing.serialize()
-        resp = SnapshotResponse(self.id, msg.src, self.term, msg.snapshot_index, next_offset, data)
+        resp = SnapshotResponse(
+            src=self.id,
+            dst=msg.src,
+            term=self.term,
+            snapshot_index=msg.snapshot_index,
+            next_offset=next_offset,
+            missing=data,
+        )
         self.rd.messages_after_persist.append(resp)
 
     # --- persistence, apply, reads -------------------------------------------------------
