@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from engine.ids import ServerId
+from engine.raft import replication
 from engine.raft.events import AddServer, Completed, Rejected, RemoveServer, TransferLeadership
 from engine.raft.log import EntryKind
 from engine.raft.messages import TimeoutNow
@@ -103,7 +104,7 @@ def on_add_server(s: RaftServer, event: AddServer) -> None:
     index = s.append_as_leader([(EntryKind.CONFIG, config.encode())])
     s.progress[event.server] = Progress(index, s.now_ms)
     s.membership.catch_up = CatchUp(event.request_id, event.server, index, s.now_ms, 1, index)
-    s.broadcast_append()
+    replication.broadcast_append(s)
 
 
 def on_remove_server(s: RaftServer, event: RemoveServer) -> None:
@@ -119,8 +120,8 @@ def on_remove_server(s: RaftServer, event: RemoveServer) -> None:
     index = s.append_as_leader([(EntryKind.CONFIG, config.without(event.server).encode())])
     s.progress.pop(event.server, None)
     s.membership.change = Change(event.request_id, index)
-    s.maybe_commit()
-    s.broadcast_append()
+    replication.maybe_commit(s)
+    replication.broadcast_append(s)
 
 
 def maybe_promote(s: RaftServer, peer: ServerId, pr: Progress) -> None:
@@ -137,7 +138,7 @@ def maybe_promote(s: RaftServer, peer: ServerId, pr: Progress) -> None:
         index = s.append_as_leader([(EntryKind.CONFIG, config.encode())])
         s.membership.change = Change(cu.request_id, index)
         s.membership.catch_up = None
-        s.broadcast_append()
+        replication.broadcast_append(s)
         return
     if cu.rounds >= s.limits.catch_up_rounds_max:
         s.rd.rejected.append(Rejected(cu.request_id, "not_caught_up", s.id))
@@ -173,7 +174,7 @@ def on_transfer(s: RaftServer, event: TransferLeadership) -> None:
     if pr.match == s.log.last_index():
         _send_timeout_now(s)
     else:
-        s.maybe_send_append(event.target, pr, allow_empty=False)
+        replication.maybe_send_append(s, event.target, pr, allow_empty=False)
 
 
 def maybe_timeout_now(s: RaftServer, peer: ServerId, pr: Progress) -> None:

@@ -15,7 +15,7 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from engine.ids import ServerId
-from engine.raft import quorum
+from engine.raft import quorum, replication
 from engine.raft.events import ReadReady, Rejected
 from engine.raft.role import Role
 
@@ -83,7 +83,7 @@ def on_read_index(s: RaftServer, request_id: int) -> None:
     if s.config.voters == (s.id,):
         maybe_confirm(s)
     else:
-        s.broadcast_heartbeat()
+        replication.broadcast_heartbeat(s)
 
 
 def on_term_committed(s: RaftServer) -> None:

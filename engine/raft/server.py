@@ -37,14 +37,11 @@ Rules kept here:
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
-from enum import IntEnum
-from typing import Protocol
 
 from engine.errors import RecoveryRefused
 from engine.ids import ServerId
-from engine.limits import DEFAULT_LIMITS, Limits
-from engine.raft import election, membership, quorum, read_only, snapshot_transfer
+from engine.limits import Limits
+from engine.raft import election, membership, quorum, read_only, replication, snapshot_transfer
 from engine.raft.config import EMPTY_CONFIGURATION, Configuration
 from engine.raft.events import (
     Accepted,
@@ -76,39 +73,12 @@ from engine.raft.messages import (
     VoteRequest,
     VoteResponse,
 )
-from engine.raft.progress import Progress, ProgressState
+from engine.raft.options import Fault, RaftOptions, RandomSource
+from engine.raft.progress import Progress
 from engine.raft.raft_log import RaftLog
 from engine.raft.read_only import ReadOnly
 from engine.raft.role import Role
 from engine.raft.snapshot import Snapshot, SnapshotMeta
-
-
-class RandomSource(Protocol):
-    """What the core needs of a ``random.Random`` (which satisfies it)."""
-
-    def randint(self, a: int, b: int) -> int: ...
-
-
-class Fault(IntEnum):
-    """Deliberate bugs, for tests that prove the simulator's checkers catch them."""
-
-    NONE = 0
-    COMMIT_ANY_TERM = 1
-    """Commit entries of earlier terms by counting replicas (breaks Raft section 5.4.2)."""
-    COMMIT_QUORUM_OFF_BY_ONE = 2
-    """Count one replica fewer than a majority as a quorum (at least one)."""
-    REPAIR_OFF = 3
-    """Start as a normal member although storage lost durable data (no repair mode)."""
-
-
-@dataclass(frozen=True, slots=True)
-class RaftOptions:
-    server_id: ServerId
-    rng: RandomSource
-    limits: Limits = DEFAULT_LIMITS
-    pre_vote: bool = True
-    check_quorum: bool = True
-    fault: Fault = Fault.NONE
 
 
 class RaftServer:
@@ -221,7 +191,7 @@ class RaftServer:
             self._on_propose(event)
         elif type(event) is Persisted:
             if self.log.maybe_persisted(event.index, event.term) and self.role is Role.LEADER:
-                self.maybe_commit()
+                replication.maybe_commit(self)
         elif type(event) is ReadIndex:
             read_only.on_read_index(self, event.request_id)
         elif type(event) is AddServer:
@@ -351,23 +321,8 @@ class RaftServer:
         membership.maybe_time_out_transfer(self)
         if now >= self.heartbeat_due_ms:
             self.heartbeat_due_ms = now + self.limits.heartbeat_interval_ms
-            self.broadcast_heartbeat()
-            self._unstick_followers()
-
-    def _unstick_followers(self) -> None:
-        """Resend what was lost: a probe that got no answer, a silent pipeline, a chunk."""
-        last = self.log.last_index()
-        stall_ms = 2 * self.limits.heartbeat_interval_ms
-        for peer, pr in self.progress.items():
-            if pr.state is ProgressState.PROBE:
-                pr.probe_sent = False
-                self.maybe_send_append(peer, pr, allow_empty=False)
-            elif pr.state is ProgressState.REPLICATE:
-                if pr.match < last and self.now_ms - pr.last_progress_ms >= stall_ms:
-                    pr.become_probe(pr.match + 1)
-                    self.maybe_send_append(peer, pr, allow_empty=True)
-            elif self.now_ms - pr.snapshot_sent_ms >= stall_ms:
-                snapshot_transfer.send_chunk(self, peer, pr)
+            replication.broadcast_heartbeat(self)
+            replication.unstick_followers(self)
 
     def reset_election_timer(self) -> None:
         lo, hi = self.limits.election_timeout_ms_min, self.limits.election_timeout_ms_max
@@ -401,7 +356,7 @@ class RaftServer:
         self.check_quorum_due_ms = self.now_ms + self.limits.election_timeout_ms_min
         self.append_as_leader([(EntryKind.NOOP, b"")])
         self.term_start_index = last + 1
-        self.broadcast_append()
+        replication.broadcast_append(self)
 
     # --- proposals -------------------------------------------------------------------
 
@@ -420,7 +375,7 @@ class RaftServer:
         self.uncommitted.append((last, size))
         self.uncommitted_bytes += size
         self.rd.accepted.append(Accepted(event.request_id, first, last, self.term))
-        self.broadcast_append()
+        replication.broadcast_append(self)
 
     def proposal_refusal(self) -> str | None:
         """Why this server takes no proposal now, or ``None``."""
@@ -452,134 +407,6 @@ class RaftServer:
         self.log.append(entries)
         return index
 
-    # --- replication (leader) -----------------------------------------------------------
-
-    def broadcast_append(self) -> None:
-        for peer, pr in self.progress.items():
-            self.maybe_send_append(peer, pr, allow_empty=False)
-        if not self.progress:
-            self.maybe_commit()
-
-    def broadcast_heartbeat(self) -> None:
-        for peer, pr in self.progress.items():
-            hb = Heartbeat(
-                src=self.id,
-                dst=peer,
-                term=self.term,
-                commit=min(self.commit, pr.match),
-                read_seq=self.reads.seq,
-            )
-            self.rd.messages.append(hb)
-
-    def maybe_send_append(self, peer: ServerId, pr: Progress, allow_empty: bool) -> bool:
-        """Send ``peer`` the entries it lacks (or the snapshot, if they are compacted
-        away), unless flow control holds it; says whether a message went."""
-        limits = self.limits
-        if pr.is_paused(
-            limits.inflight_messages_per_follower_max, limits.inflight_bytes_per_follower_max
-        ):
-            return False
-        log = self.log
-        last = log.last_index()
-        if pr.next > last and not allow_empty and pr.state is ProgressState.REPLICATE:
-            return False
-        prev = pr.next - 1
-        prev_term = log.term(prev)
-        if prev_term is None:
-            return snapshot_transfer.begin(self, peer, pr)
-        try:
-            entries = log.entries(
-                pr.next,
-                last + 1,
-                limits.append_bytes_per_message_max,
-                limits.append_entries_per_message_max,
-            )
-        except LookupError:
-            return snapshot_transfer.begin(self, peer, pr)
-        size = 0
-        for e in entries:
-            size += len(e.data)
-        msg = AppendRequest(
-            src=self.id,
-            dst=peer,
-            term=self.term,
-            prev_index=prev,
-            prev_term=prev_term,
-            entries=entries,
-            commit=self.commit,
-        )
-        self.rd.messages.append(msg)
-        pr.sent(prev + len(entries), size)
-        return True
-
-    def _on_append_response(self, msg: AppendResponse) -> None:
-        pr = self.progress.get(msg.src)
-        if pr is None:
-            return
-        pr.recent_active = True
-        if not msg.success:
-            self._on_append_rejected(msg, pr)
-            return
-        updated = pr.maybe_update(msg.match_index, self.now_ms)
-        if pr.state is ProgressState.PROBE:
-            pr.become_replicate()
-        if updated:
-            if msg.src in self.config.voters:
-                self.maybe_commit()
-            membership.maybe_promote(self, msg.src, pr)
-        membership.maybe_timeout_now(self, msg.src, pr)
-        while self.maybe_send_append(msg.src, pr, allow_empty=False):
-            if pr.next > self.log.last_index():
-                break
-
-    def _on_append_rejected(self, msg: AppendResponse, pr: Progress) -> None:
-        if msg.rejected_prev_index < pr.match:
-            return
-        if pr.state is ProgressState.SNAPSHOT:
-            return
-        next_index = msg.conflict_index
-        if msg.conflict_term > 0:
-            found = self.log.last_index_of_term(msg.conflict_term, msg.rejected_prev_index)
-            if found:
-                next_index = found + 1
-        next_index = min(next_index, msg.rejected_prev_index)
-        pr.become_probe(max(next_index, 1))
-        self.maybe_send_append(msg.src, pr, allow_empty=True)
-
-    def maybe_commit(self) -> None:
-        """Commit what a quorum of voters holds durably, if it is of this term."""
-
-        def acked(voter: ServerId) -> int:
-            if voter == self.id:
-                return self.log.stable_last
-            pr = self.progress.get(voter)
-            return 0 if pr is None else pr.match
-
-        size = None
-        if self.options.fault is Fault.COMMIT_QUORUM_OFF_BY_ONE:
-            size = max(1, quorum.majority(len(self.config.voters)) - 1)
-        candidate = quorum.committed_index(self.config.voters, acked, size)
-        if candidate <= self.commit:
-            return
-        if (
-            self.log.term(candidate) != self.term
-            and self.options.fault is not Fault.COMMIT_ANY_TERM
-        ):
-            return
-        self._commit_to(candidate)
-
-    def _commit_to(self, index: int) -> None:
-        self.commit = index
-        while self.uncommitted and self.uncommitted[0][0] <= index:
-            self.uncommitted_bytes -= self.uncommitted.popleft()[1]
-        membership.on_commit(self, index)
-        if self.reads.waiting_term_commit and index >= self.term_start_index:
-            read_only.on_term_committed(self)
-        removed = self.role is Role.LEADER and self.id not in self.config.voters
-        if removed and self.configs[-1][0] <= index:
-            # A leader that removed itself leads until the change commits (thesis 4.2.2).
-            self.become_follower(self.term, None)
-
     # --- messages --------------------------------------------------------------------
 
     def _on_message(self, msg: Message) -> None:
@@ -591,15 +418,15 @@ class RaftServer:
         kind = type(msg)
         leading = self.role is Role.LEADER
         if kind is AppendRequest:
-            self._on_append_request(msg)  # type: ignore[arg-type]
+            replication.on_append_request(self, msg)  # type: ignore[arg-type]
         elif kind is AppendResponse:
             if leading:
-                self._on_append_response(msg)  # type: ignore[arg-type]
+                replication.on_append_response(self, msg)  # type: ignore[arg-type]
         elif kind is Heartbeat:
-            self._on_heartbeat(msg)  # type: ignore[arg-type]
+            replication.on_heartbeat(self, msg)  # type: ignore[arg-type]
         elif kind is HeartbeatResponse:
             if leading:
-                self._on_heartbeat_response(msg)  # type: ignore[arg-type]
+                replication.on_heartbeat_response(self, msg)  # type: ignore[arg-type]
         elif kind is VoteRequest:
             election.on_vote_request(self, msg)  # type: ignore[arg-type]
         elif kind is VoteResponse:
@@ -636,7 +463,7 @@ class RaftServer:
         kind = type(msg)
         if kind in (AppendRequest, Heartbeat, SnapshotChunk):
             # Tell a stale leader (it may be cut off by check-quorum and pre-vote) the term.
-            self._answer_append(msg.src, success=False)
+            replication.answer_append(self, msg.src, success=False)
         elif kind is VoteRequest and msg.pre:  # type: ignore[union-attr]
             election.reply_vote(self, msg, False)  # type: ignore[arg-type]
 
@@ -647,115 +474,6 @@ class RaftServer:
         self.leader = leader
         self.leader_contact_ms = self.now_ms
         self.reset_election_timer()
-
-    def _on_heartbeat(self, msg: Heartbeat) -> None:
-        self.heard_from_leader(msg.src)
-        if msg.commit > self.commit and not self.repairing:
-            self.commit = min(msg.commit, self.log.last_index())
-        resp = HeartbeatResponse(
-            src=self.id,
-            dst=msg.src,
-            term=self.term,
-            read_seq=msg.read_seq,
-            repairing=self.repairing,
-        )
-        self.rd.messages.append(resp)
-
-    def _on_heartbeat_response(self, msg: HeartbeatResponse) -> None:
-        pr = self.progress.get(msg.src)
-        if pr is None:
-            return
-        pr.recent_active = True
-        if msg.read_seq > pr.read_acked:
-            pr.read_acked = msg.read_seq
-            read_only.maybe_confirm(self)
-        if pr.match < self.log.last_index() and pr.state is ProgressState.PROBE:
-            self.maybe_send_append(msg.src, pr, allow_empty=False)
-        elif msg.repairing and pr.state is not ProgressState.SNAPSHOT:
-            self.maybe_send_append(msg.src, pr, allow_empty=True)
-
-    def _on_append_request(self, msg: AppendRequest) -> None:
-        self.heard_from_leader(msg.src)
-        prev, entries = msg.prev_index, msg.entries
-        if prev < self.commit:
-            # Entries up to our commit index match the leader's (they are committed);
-            # keep only what follows it.
-            entries = entries[self.commit - prev :]
-            prev = self.commit
-        elif not self.log.matches(prev, msg.prev_term):
-            self._reject_append(msg)
-            return
-        last_new = prev + len(entries)
-        if entries:
-            self._append_new_entries(entries)
-        if msg.commit > self.commit:
-            self.commit = min(msg.commit, last_new)
-        self._answer_append(msg.src, success=True, match_index=last_new)
-
-    def _append_new_entries(self, entries: list[Entry]) -> None:
-        log = self.log
-        last = log.last_index()
-        n = 0
-        for e in entries:
-            if e.index > last or log.term(e.index) != e.term:
-                break
-            n += 1
-        if n == len(entries):
-            return
-        fresh = entries[n:] if n else entries
-        first = fresh[0].index
-        assert first > self.commit, "a committed entry is never overwritten"
-        if first <= last:
-            self.configs = [(i, c) for i, c in self.configs if i < first]
-        log.append(fresh)
-        for e in fresh:
-            if e.kind is EntryKind.CONFIG:
-                self.configs.append((e.index, Configuration.decode(e.data)))
-
-    def _reject_append(self, msg: AppendRequest) -> None:
-        """Refuse with a hint of where our log diverges: the first index of our term at
-        ``prev_index``, or our last index + 1 when the log is too short."""
-        log = self.log
-        prev = msg.prev_index
-        last = log.last_index()
-        if prev > last:
-            conflict_term, conflict_index = 0, last + 1
-        else:
-            conflict_term = log.term(prev) or 0
-            conflict_index = prev
-            while conflict_index - 1 > max(self.commit, log.snapshot_index) and (
-                log.term(conflict_index - 1) == conflict_term
-            ):
-                conflict_index -= 1
-        self._answer_append(
-            msg.src,
-            success=False,
-            rejected_prev_index=prev,
-            conflict_term=conflict_term,
-            conflict_index=conflict_index,
-        )
-
-    def _answer_append(
-        self,
-        leader: ServerId,
-        success: bool,
-        match_index: int = 0,
-        rejected_prev_index: int = 0,
-        conflict_term: int = 0,
-        conflict_index: int = 0,
-    ) -> None:
-        """Answer an append once what it depends on is durable."""
-        resp = AppendResponse(
-            src=self.id,
-            dst=leader,
-            term=self.term,
-            success=success,
-            match_index=match_index,
-            rejected_prev_index=rejected_prev_index,
-            conflict_term=conflict_term,
-            conflict_index=conflict_index,
-        )
-        self.rd.messages_after_persist.append(resp)
 
     # --- apply and compaction ---------------------------------------------------------
 

@@ -27,6 +27,7 @@ from pyroaring import BitMap64
 
 from engine.ids import ServerId
 from engine.limits import Limits
+from engine.raft import replication
 from engine.raft.log import Entry, LogStore
 from engine.raft.messages import SnapshotChunk, SnapshotResponse
 from engine.raft.progress import Progress, ProgressState
@@ -112,7 +113,7 @@ def on_response(s: RaftServer, msg: SnapshotResponse) -> None:
     if msg.next_offset < 0:
         pr.maybe_update(pr.snapshot_index, s.now_ms)
         pr.become_probe(pr.snapshot_index + 1)
-        s.maybe_send_append(msg.src, pr, allow_empty=True)
+        replication.maybe_send_append(s, msg.src, pr, allow_empty=True)
         return
     if msg.missing:
         # The follower's latest word (it may have restarted and lost some entries).
