@@ -87,7 +87,12 @@ class RaftServer:
     ``snapshot`` says where storage's log starts; ``checkpoint`` (at or after it, default
     the snapshot) is where the machine was restored: replay starts after it and only the
     log after it is read for configuration changes. Neither carries a payload, so
-    creating a server reads no live entry whatever the depth of the queue."""
+    creating a server reads no live entry whatever the depth of the queue.
+
+    The concept modules read and change its fields, and call the few methods without a
+    leading underscore (``become_follower``, ``become_leader``, ``heard_from_leader``,
+    ``reset_election_timer``, ``proposal_refusal``, ``append_as_leader``); nothing
+    outside ``engine.raft`` changes it except through ``step``."""
 
     def __init__(
         self,
