@@ -250,8 +250,10 @@ class RaftServer:
             f"<= commit {self.commit} <= last index {last}"
         )
         assert log.snapshot_index - 1 <= log.stable_last <= last, f"{self.id}: stable_last"
-        at = [i for i, _config in self.configs]
-        assert at == sorted(set(at)) and at[-1] <= last, f"{self.id}: configurations {at}"
+        configs = self.configs
+        for k in range(1, len(configs)):
+            assert configs[k - 1][0] < configs[k][0], f"{self.id}: configurations out of order"
+        assert configs[-1][0] <= last, f"{self.id}: a configuration past the log"
         assert self.uncommitted_bytes == sum(size for _last, size in self.uncommitted)
         assert not self.repairing or self.role is Role.FOLLOWER, "a repairing server follows"
         if self.role is Role.LEADER:
@@ -271,14 +273,16 @@ class RaftServer:
         assert self.leader == self.id and self.vote == self.id, f"{self.id}: leader's vote"
         last = self.log.last_index()
         assert 0 < self.term_start_index <= last, f"{self.id}: term start"
-        members = set(self.config.members) - {self.id}
-        assert set(self.progress) <= members, f"{self.id}: progress of a non-member"
+        config = self.config
         for peer, pr in self.progress.items():
+            member = peer in config.voters or peer in config.learners
+            assert member and peer != self.id, f"{self.id}: progress of a non-member {peer}"
             assert pr.match < pr.next and pr.match <= last, f"{self.id}: progress of {peer}"
         cu = self.membership.catch_up
         assert cu is None or cu.server in self.progress, f"{self.id}: catch-up of a stranger"
-        for _seq, _request_id, index in self.reads.pending:
-            assert index <= self.commit, f"{self.id}: read index above commit"
+        pending = self.reads.pending
+        # Reads record the commit index, which never decreases: the last is the highest.
+        assert not pending or pending[-1][2] <= self.commit, f"{self.id}: read above commit"
         if self.uncommitted:
             assert self.uncommitted[-1][0] <= last, f"{self.id}: uncommitted past the log"
 
