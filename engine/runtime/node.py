@@ -908,17 +908,7 @@ class Node:
     # --- timers ----------------------------------------------------------------------
 
     def _arm_tick(self, rep: Replica) -> None:
-        raft = rep.raft
-        due: int | None
-        if raft.role is Role.LEADER:
-            if not raft.progress:
-                due = None
-            else:
-                due = min(raft.heartbeat_due_ms, raft.check_quorum_due_ms)
-                if raft.transfer is not None:
-                    due = min(due, raft.transfer[2])
-        else:
-            due = raft.election_deadline_ms
+        due = rep.raft.next_deadline_ms()
         if due is None:
             return
         if rep.tick_handle is not None and rep.tick_due_ms <= due:
