@@ -10,7 +10,7 @@ DATA_DIR ?= ./data
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: run test lint bench-all system-test-deps clean
+.PHONY: run test lint system-test-deps clean
 
 run: $(VENV)/.stamp-base $(HTMX)
 	$(VENV)/bin/quorra serve --data-dir $(DATA_DIR) --host $(HOST) --port $(PORT)

@@ -138,6 +138,12 @@ class Principal:
     def can(self, permission: Permission, queue_name: str) -> bool:
         return permits(self.pattern(permission), queue_name)
 
+    def can_see(self, queue_name: str) -> bool:
+        """Any of configure, write or read on a queue lets a user see it: its name and
+        figures, in ``GET /queues``, ``GET /cluster``'s ``leads``, ``/metrics`` and the
+        dashboard. The one rule of visibility; nothing else decides it."""
+        return any(permits(self.pattern(p), queue_name) for p in PERMISSIONS)
+
 
 def require(principal: Principal, permission: Permission, queue_name: str) -> None:
     """Raise 403 unless ``principal`` may ``permission`` on ``queue_name``.
@@ -147,3 +153,14 @@ def require(principal: Principal, permission: Permission, queue_name: str) -> No
     """
     if not principal.can(permission, queue_name):
         raise Forbidden(f"user {principal.name!r} has no {permission} permission on {queue_name!r}")
+
+
+def require_flow(principal: Principal, source: str, target: str) -> None:
+    """Raise 403 unless ``principal`` may make messages of ``source`` flow into ``target``
+    (a dead-letter target, a move): ``read`` on the source and ``write`` on the target.
+
+    RabbitMQ's rule for dead-letter exchanges. Without it, ``configure`` on one queue
+    would let a user read another: point the first at a queue they read, and wait.
+    """
+    require(principal, "read", source)
+    require(principal, "write", target)

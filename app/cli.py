@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 
 from app.client_cli import register as register_client_commands
+from app.queue_cli import register as register_queue_commands
 
 cli = typer.Typer(
     name="quorra",
@@ -44,8 +45,10 @@ def sim(ctx: typer.Context) -> None:
 
 
 @cli.command(context_settings=_PASSTHROUGH)
-def bench(ctx: typer.Context, name: Annotated[str, typer.Argument(help="Benchmark name.")]) -> None:
-    """Run a benchmark from bench/ and print its JSON figures."""
+def bench(
+    ctx: typer.Context, name: Annotated[str, typer.Argument(help="Benchmark name.")] = ""
+) -> None:
+    """Run a benchmark and print its JSON figures (`quorra bench --help` lists them)."""
     import bench as benches
 
     raise typer.Exit(benches.run(name, list(ctx.args)))
@@ -59,9 +62,10 @@ def pipeline(ctx: typer.Context) -> None:
     raise typer.Exit(pipeline_main(list(ctx.args)))
 
 
-# User, token, publish and consume commands; app.client_cli loads neither FastAPI nor
-# SQLAlchemy until one of its commands runs.
+# User, token, publish and consume commands, queue commands and status; app.client_cli
+# and app.queue_cli load neither FastAPI nor SQLAlchemy until one of their commands runs.
 register_client_commands(cli)
+register_queue_commands(cli)
 
 
 def main() -> None:

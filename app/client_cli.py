@@ -9,6 +9,10 @@ bearer token from ``--token`` or ``QUORRA_TOKEN``:
     TOKEN=$(quorra token create --user admin)
     seq 1 1000 | quorra publish orders --token "$TOKEN"
     quorra consume orders --token "$TOKEN" --max 1000 > out.txt
+
+On a terminal they draw a progress bar with the rate on stderr (``show_progress`` says
+when). The HTTP helpers here (``api_client``, ``send``, ``run_action``) serve the queue
+commands of ``app.queue_cli`` too.
 """
 
 from __future__ import annotations
@@ -25,7 +29,16 @@ from typing import IO, Annotated, Any
 import httpx
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    Task,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.text import Text
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 RETRY_STATUSES = frozenset({429, 503})
@@ -140,25 +153,39 @@ def _retry_after_s(response: httpx.Response) -> float:
         return 1.0
 
 
+def send(
+    client: httpx.Client,
+    method: str,
+    path: str,
+    body: dict[str, Any] | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> httpx.Response:
+    """Send one request and return its successful answer; wait and retry on 429/503 as
+    ``Retry-After`` says (the server did nothing then); any other error is a
+    ``ClientError`` with the problem's title and detail."""
+    for _ in range(RETRIES_MAX):
+        response = client.request(method, path, json=body)
+        if response.status_code in RETRY_STATUSES:
+            sleep(_retry_after_s(response))
+            continue
+        if response.is_error:
+            raise ClientError(_problem_text(response))
+        return response
+    raise ClientError(f"gave up on {path} after {RETRIES_MAX} retries")
+
+
 def call(
     client: httpx.Client,
     path: str,
     body: dict[str, Any],
     sleep: Callable[[float], None] = time.sleep,
 ) -> dict[str, Any]:
-    """POST ``body``; wait and retry on 429/503 as ``Retry-After`` says, else fail clearly."""
-    for _ in range(RETRIES_MAX):
-        response = client.post(path, json=body)
-        if response.status_code in RETRY_STATUSES:
-            sleep(_retry_after_s(response))
-            continue
-        if response.is_error:
-            raise ClientError(_problem_text(response))
-        result = response.json() if response.content else {}
-        if not isinstance(result, dict):
-            raise ClientError(f"unexpected answer from {path}")
-        return result
-    raise ClientError(f"gave up on {path} after {RETRIES_MAX} retries")
+    """POST ``body`` and return the JSON object the server answers with."""
+    response = send(client, "POST", path, body, sleep)
+    result = response.json() if response.content else {}
+    if not isinstance(result, dict):
+        raise ClientError(f"unexpected answer from {path}")
+    return result
 
 
 def _batches(lines: Iterable[str], size: int) -> Iterator[list[str]]:
@@ -243,13 +270,30 @@ def consume_lines(
     return consumed
 
 
-def _client(url: str, token: str) -> httpx.Client:
+def api_client(url: str, token: str) -> httpx.Client:
+    """A client of the REST API at ``url`` with the bearer ``token`` (required)."""
     if not token:
         raise ClientError(
             "no token: pass --token or set QUORRA_TOKEN (quorra token create makes one)"
         )
     headers = {"Authorization": f"Bearer {token}", "User-Agent": "quorra-cli"}
     return httpx.Client(base_url=url, headers=headers, timeout=httpx.Timeout(60.0))
+
+
+def show_progress(stderr_tty: bool, data_tty: bool) -> bool:
+    """Whether a command draws a progress bar (on stderr): only when stderr is a terminal,
+    and not when the command's data also flows through a terminal (``consume`` printing
+    to the screen, ``publish`` reading what is typed), whose lines the bar would garble.
+    Piped or redirected, a command prints no bar."""
+    return stderr_tty and not data_tty
+
+
+class RateColumn(ProgressColumn):
+    """Messages per second, over rich's recent window."""
+
+    def render(self, task: Task) -> Text:
+        speed = task.finished_speed or task.speed
+        return Text("" if speed is None else f"{speed:,.0f} msg/s", style="progress.data.speed")
 
 
 def _progress(label: str, show: bool) -> Any:
@@ -260,20 +304,23 @@ def _progress(label: str, show: bool) -> Any:
         TextColumn(label),
         BarColumn(),
         MofNCompleteColumn(),
+        RateColumn(),
         TimeElapsedColumn(),
         console=stderr,
         transient=False,
     )
 
 
-def _run(action: Callable[[], None]) -> None:
+def run_action(action: Callable[[], None]) -> None:
+    """Run a command's body; a ``ClientError`` or a transport error is one line on stderr
+    and exit status 1."""
     try:
         action()
     except ClientError as e:
-        stderr.print(f"[red]error:[/red] {e}")
+        stderr.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
     except httpx.HTTPError as e:
-        stderr.print(f"[red]error:[/red] {type(e).__name__}: {e}")
+        stderr.print(f"[red]error:[/red] {type(e).__name__}: {e}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
 
 
@@ -306,7 +353,7 @@ def register(cli: typer.Typer) -> None:
             raise typer.BadParameter("admin or user", param_hint="--role")
         if len(password) < 8:
             raise typer.BadParameter("at least 8 characters", param_hint="--password")
-        _run(lambda: add_user(data_dir, name, password, role, configure, write, read))
+        run_action(lambda: add_user(data_dir, name, password, role, configure, write, read))
         stderr.print(f"added user {name!r} ({role})")
 
     @token_cli.command("create")
@@ -316,7 +363,7 @@ def register(cli: typer.Typer) -> None:
         data_dir: DataDir = Path("./data"),
     ) -> None:
         """Create an API token and print it (only now) on stdout."""
-        _run(lambda: print(create_token(data_dir, user, name)))
+        run_action(lambda: print(create_token(data_dir, user, name)))
 
     @cli.command()
     def publish(
@@ -331,16 +378,16 @@ def register(cli: typer.Typer) -> None:
         """Publish each line of stdin (or --file) as one message."""
 
         def action() -> None:
-            show = stderr.is_terminal
+            show = show_progress(stderr.is_terminal, file is None and sys.stdin.isatty())
             source = sys.stdin if file is None else file.open(encoding="utf-8")
-            with source, _client(url, token) as client, _progress("publishing", show) as bar:
+            with source, api_client(url, token) as client, _progress("publishing", show) as bar:
                 task = bar.add_task("publish", total=None) if bar else None
                 count = publish_lines(
                     client, queue, source, batch, lambda n: bar.advance(task, n) if bar else None
                 )
             stderr.print(f"published {count} messages to {queue!r}")
 
-        _run(action)
+        run_action(action)
 
     @cli.command()
     def consume(
@@ -359,10 +406,10 @@ def register(cli: typer.Typer) -> None:
         """Print one message per line on stdout and ack it once written."""
 
         def action() -> None:
-            show = stderr.is_terminal and (
+            show = show_progress(stderr.is_terminal, sys.stdout.isatty()) and (
                 max_messages == 0 or max_messages >= PROGRESS_AFTER_MESSAGES
             )
-            with _client(url, token) as client, _progress("consuming", show) as bar:
+            with api_client(url, token) as client, _progress("consuming", show) as bar:
                 task = bar.add_task("consume", total=max_messages or None) if bar else None
                 count = consume_lines(
                     client,
@@ -376,4 +423,4 @@ def register(cli: typer.Typer) -> None:
                 )
             stderr.print(f"consumed {count} messages from {queue!r}")
 
-        _run(action)
+        run_action(action)

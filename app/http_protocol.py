@@ -8,12 +8,21 @@ written during one turn of the event loop and sends it at the end of that turn, 
 as one write; closing sends what is gathered first. Nothing else of the protocol changes.
 It is uvicorn's httptools protocol (a C parser; h11, pure Python, where httptools is
 missing).
+
+It also bounds the time to send a request's headers, which uvicorn does not: a
+connection that sends no bytes, or only part of a request line or of its headers, would
+otherwise stay open for ever (a few thousand such sockets exhaust the process's file
+descriptors). The clock starts when the connection opens and again when a response
+ends; when it runs out and no request with complete headers is being answered, the
+connection is closed. An idle keep-alive connection is closed sooner, by uvicorn's
+``timeout_keep_alive``. Bodies and the handling of a request have no such bound here
+(long polls wait by design; bodies are bounded in size).
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, ClassVar
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -56,7 +65,48 @@ class CoalescingTransport:
 
 class CoalescingProtocol(_Base):
     """uvicorn's HTTP/1.1 protocol (httptools' parser when installed, else h11) over a
-    ``CoalescingTransport``."""
+    ``CoalescingTransport``, with a header-read timeout (``http_protocol`` sets it)."""
+
+    header_read_timeout_s: ClassVar[float] = 10.0
+    _header_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(CoalescingTransport(transport, asyncio.get_running_loop()))  # type: ignore[arg-type]
+        self._start_header_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_header_timer()
+        super().connection_lost(exc)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing():
+            self._start_header_timer()  # the next request's headers
+
+    def _start_header_timer(self) -> None:
+        self._stop_header_timer()
+        loop = asyncio.get_running_loop()
+        self._header_timer = loop.call_later(self.header_read_timeout_s, self._headers_late)
+
+    def _stop_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _headers_late(self) -> None:
+        """Close, unless a request whose headers arrived is being answered (its response
+        starts the clock again when it ends)."""
+        self._header_timer = None
+        answering = self.cycle is not None and not self.cycle.response_complete
+        if not answering and not self.transport.is_closing():
+            self.transport.close()
+
+
+def http_protocol(header_read_timeout_s: float) -> type[CoalescingProtocol]:
+    """The protocol class for uvicorn's ``http``, with this header-read timeout."""
+    assert header_read_timeout_s > 0
+    return type(
+        "QuorraHttpProtocol",
+        (CoalescingProtocol,),
+        {"header_read_timeout_s": header_read_timeout_s},
+    )

@@ -2,7 +2,8 @@
 
 Start-up, in order (shutdown undoes it in reverse):
 
-1. the secret key (created in the data directory on first start) and the session signer;
+1. the secret key (created in the data directory on first start), the session signer and
+   the password workers (app/passwords.py);
 2. the metadata database: Alembic migrations to head, then the engine and session factory;
 3. bootstrap: user ``admin`` while there is no admin, this node in the node registry;
 4. the queue engine (app/node.py): ``make_node``, its record listener, ``await
@@ -38,6 +39,7 @@ from app.db.session import Database
 from app.hot_paths import HotPaths, HotPathStats
 from app.metrics import AppMetrics, MetricsMiddleware
 from app.node import NodeFactory, make_node, record_listener
+from app.passwords import PasswordWorkers
 from app.problems import install_problem_handlers, problem_response
 from app.settings import Settings, load_secret_key
 from app.throttle import FailureThrottle
@@ -101,6 +103,9 @@ def _lifespan(
         state.ready, state.node, state.engine, state.migrations = False, None, "absent", None
         secret_key = await anyio.to_thread.run_sync(load_secret_key, settings.data_dir)
         state.session_signer = SessionSigner(secret_key, settings.session_ttl_s)
+        state.passwords = PasswordWorkers(
+            settings.password_workers, settings.password_waiting_max, settings.password_wait_ms_max
+        )
         db = Database(settings.database_url)
         try:
             state.migrations = await anyio.to_thread.run_sync(
@@ -137,6 +142,7 @@ def _lifespan(
                     await node.stop()
         finally:
             db.dispose()
+            state.passwords.close()
 
     return lifespan
 

@@ -3,26 +3,34 @@
 Names follow rabbitmq_prometheus: ``quorra_`` prefix, units last. The engine's queue
 metrics (``quorra_queue_messages_ready``, ...) arrive later as a collector registered
 on ``app.state.metrics.registry`` when the node starts.
+
+A series labelled ``queue`` is shown only to a caller who may see that queue (the rule of
+``GET /queues``, ``Principal.can_see``); node-wide series are everyone's.
 """
 
 from __future__ import annotations
 
+import copy
 import time
+from collections.abc import Callable, Iterator
 
 from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
     Histogram,
+    Metric,
     disable_created_metrics,
     generate_latest,
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 __all__ = ["CONTENT_TYPE_LATEST", "AppMetrics", "MetricsMiddleware"]
 
 UNMATCHED_ROUTE = "<unmatched>"
+QUEUE_LABEL = "queue"
 
 
 class AppMetrics:
@@ -50,8 +58,29 @@ class AppMetrics:
             "quorra_users", "Users in the metadata database.", registry=self.registry
         )
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def render(self, can_see: Callable[[str], bool]) -> bytes:
+        """The text format, without the series of queues ``can_see`` refuses."""
+        return generate_latest(_QueuesSeen(self.registry, can_see))
+
+
+class _QueuesSeen(Collector):
+    """The registry's metrics, each without the samples of queues ``can_see`` refuses."""
+
+    def __init__(self, registry: CollectorRegistry, can_see: Callable[[str], bool]) -> None:
+        self.registry = registry
+        self.can_see = can_see
+
+    def collect(self) -> Iterator[Metric]:
+        for metric in self.registry.collect():
+            samples = [
+                s
+                for s in metric.samples
+                if QUEUE_LABEL not in s.labels or self.can_see(s.labels[QUEUE_LABEL])
+            ]
+            if len(samples) != len(metric.samples):
+                metric = copy.copy(metric)
+                metric.samples = samples
+            yield metric
 
 
 class MetricsMiddleware:

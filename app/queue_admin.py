@@ -30,10 +30,11 @@ from typing import Any, TypeVar
 import anyio
 from sqlalchemy.orm import Session
 
+from app.auth import Principal, require_flow
 from app.db import repo
 from app.db.models import QueueDefinition
 from app.db.session import Database
-from engine.errors import NoLeader
+from engine.errors import NoLeader, ValidationFailed
 from engine.runtime.api import (
     CheckpointRecord,
     CompactionPhase,
@@ -70,6 +71,19 @@ def _audit(session: Session, actor: Actor, action: str, target: str, **detail: A
 
 def args_dict(args: QueueArgs) -> dict[str, Any]:
     return asdict(args)
+
+
+def check_dead_letter_target(who: Principal, name: str, target: str | None) -> None:
+    """Setting ``target`` as ``name``'s dead-letter queue (on create, or a policy change
+    that sets or changes it) makes ``name``'s messages flow there: beyond ``configure``
+    on ``name`` (the caller's check), it needs ``read`` on ``name`` and ``write`` on
+    ``target`` (403 otherwise), and another queue (422). The API and the dashboard both
+    call this before changing anything."""
+    if target is None:
+        return
+    if target == name:
+        raise ValidationFailed("a queue cannot be its own dead_letter_queue")
+    require_flow(who, name, target)
 
 
 # --- the mirror --------------------------------------------------------------------
@@ -151,11 +165,7 @@ def reconcile(db: Database, infos: list[QueueInfo]) -> ReconcileReport:
 
 
 async def _in_transaction(db: Database, work: Callable[[Session], _T]) -> _T:
-    def run() -> _T:
-        with db.transaction() as session:
-            return work(session)
-
-    return await anyio.to_thread.run_sync(run)
+    return await db.run(work)
 
 
 async def create_queue(
@@ -285,6 +295,7 @@ class _Listed:
 __all__ = [
     "Actor",
     "ReconcileReport",
+    "check_dead_letter_target",
     "create_queue",
     "delete_queue",
     "forget_definition",

@@ -22,6 +22,7 @@ from prometheus_client.registry import Collector
 from engine.errors import QueueNotFound
 from engine.runtime.api import QueueEngine
 from engine.storage import SYNC_BUCKETS_S
+from engine.storage.wal_stats import RECENT_SYNCS
 
 GAUGES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("messages_ready", "Messages ready to be delivered.", ("messages_ready",)),
@@ -128,6 +129,26 @@ def _wal_families(node: QueueEngine) -> Iterator[Metric]:
         "Time of each WAL group commit (one write and one fdatasync); publishes wait for it.",
         buckets=buckets,
         sum_value=wal.sync_seconds_sum,
+    )
+    # The dashboard's figures, for ``quorra status`` and for alerts: the histogram says
+    # how many syncs were slow since the start, these say how slow the recent ones are.
+    recent = GaugeMetricFamily(
+        "quorra_wal_sync_recent_seconds",
+        f"Time of the last WAL group commits (at most {RECENT_SYNCS}) at a quantile; "
+        "quantile 1 is the slowest.",
+        labels=["quantile"],
+    )
+    for quantile, ms in (
+        ("0.5", wal.recent_p50_ms),
+        ("0.99", wal.recent_p99_ms),
+        ("1", wal.recent_max_ms),
+    ):
+        recent.add_metric([quantile], ms / 1000)
+    yield recent
+    yield GaugeMetricFamily(
+        "quorra_wal_sync_recent_syncs",
+        "Group commits that quorra_wal_sync_recent_seconds covers.",
+        value=wal.recent_syncs,
     )
     yield CounterMetricFamily(
         "quorra_wal_written_bytes", "Bytes written to the WAL.", value=wal.bytes_written

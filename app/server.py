@@ -7,15 +7,14 @@ from pathlib import Path
 
 import uvicorn
 
-from app.http_protocol import CoalescingProtocol
+from app.http_protocol import http_protocol
 from app.main import StartupReport, create_app
-from app.settings import Settings
+from app.settings import Settings, reachable
 
 
 def announce(report: StartupReport) -> None:
     """Tell the operator where the server is and, on first start, how to log in."""
-    # A wildcard address is where the server listens, not where a browser can go.
-    url = report.base_url.replace("//0.0.0.0:", "//127.0.0.1:").replace("//[::]:", "//[::1]:")
+    url = reachable(report.base_url)
     lines = [f"Quorra is ready: dashboard {url}/  API {url}/api/v1"]
     if report.admin_created and report.admin_password is not None:
         lines.append(f"First start: log in as 'admin' with password: {report.admin_password}")
@@ -38,7 +37,7 @@ def run_server(data_dir: Path, host: str, port: int) -> None:
         access_log=False,
         server_header=False,
         proxy_headers=False,
-        http=CoalescingProtocol,
+        http=http_protocol(settings.header_read_timeout_s),
         # uvloop and httptools' parser: about a third less server CPU per small request
         # than asyncio's loop and h11 (quorra bench rest); "auto" keeps asyncio where
         # uvloop is missing.

@@ -9,17 +9,17 @@ so that session cookies survive a restart.
 from __future__ import annotations
 
 import os
-import secrets
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.limits import DEFAULT_LIMITS, MIB, Limits
+from engine.node_key import load_node_secret
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-SECRET_KEY_FILE = "secret.key"
 DATABASE_FILE = "meta.sqlite3"
+HEADER_READ_TIMEOUT_S_DEFAULT = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +35,19 @@ class Settings:
     """How long a dashboard login lasts."""
     request_body_bytes_max: int = DEFAULT_LIMITS.batch_bytes_max * 4 // 3 + 1 * MIB
     """A full batch, base64-encoded in JSON, fits; anything larger is 413 before parsing."""
+    public_url: str = ""
+    """``QUORRA_PUBLIC_URL``: where clients reach this server (e.g. behind a proxy), for
+    the commands the dashboard shows; empty: the listen address. Never the request's
+    ``Host`` header, which a client chooses."""
+    header_read_timeout_s: float = HEADER_READ_TIMEOUT_S_DEFAULT
+    """``QUORRA_HEADER_READ_TIMEOUT_S``: a connection that has not sent a request's
+    headers this long after it opened (or after its last response) is closed."""
+    password_workers: int = 2
+    """Password checks and hashes (argon2, ~100 ms of CPU each) running at once."""
+    password_waiting_max: int = 8
+    """Password checks waiting for a worker; more logins than that at once are 429."""
+    password_wait_ms_max: int = 500
+    """How long a password check waits for a worker before it is refused (429)."""
     limits: Limits = DEFAULT_LIMITS
     templates_dir: Path = PROJECT_ROOT / "templates"
     static_dir: Path = PROJECT_ROOT / "static"
@@ -43,6 +56,12 @@ class Settings:
     def __post_init__(self) -> None:
         assert 0 <= self.port <= 65535
         assert self.session_ttl_s > 0
+        assert self.header_read_timeout_s > 0
+        assert self.public_url == "" or self.public_url.startswith(("http://", "https://")), (
+            f"QUORRA_PUBLIC_URL {self.public_url!r} is no http:// or https:// URL"
+        )
+        assert self.password_workers >= 1 and self.password_waiting_max >= 0
+        assert self.password_wait_ms_max > 0
         assert self.request_body_bytes_max >= self.limits.batch_bytes_max
 
     @property
@@ -57,6 +76,11 @@ class Settings:
     def base_url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
+
+    @property
+    def public_base_url(self) -> str:
+        """``public_url`` without a trailing slash, else the listen address."""
+        return self.public_url.rstrip("/") or reachable(self.base_url)
 
     @classmethod
     def from_env(
@@ -73,21 +97,20 @@ class Settings:
             port=port,
             admin_password=env.get("QUORRA_ADMIN_PASSWORD") or None,
             node_name=env.get("QUORRA_NODE_NAME") or socket.gethostname(),
+            public_url=env.get("QUORRA_PUBLIC_URL", ""),
+            header_read_timeout_s=float(
+                env.get("QUORRA_HEADER_READ_TIMEOUT_S") or HEADER_READ_TIMEOUT_S_DEFAULT
+            ),
         )
 
 
+def reachable(url: str) -> str:
+    """A wildcard listen address is where the server listens, not where a client can
+    go: the loopback address in its place."""
+    return url.replace("//0.0.0.0:", "//127.0.0.1:").replace("//[::]:", "//[::1]:")
+
+
 def load_secret_key(data_dir: Path) -> bytes:
-    """Read the key that signs session cookies, creating it (mode 0600) on first start."""
-    path = data_dir / SECRET_KEY_FILE
-    if not path.exists():
-        data_dir.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="ascii") as f:
-            f.write(secrets.token_hex(32))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    key = path.read_text(encoding="ascii").strip()
-    assert len(key) >= 32, f"{path} is too short to be a secret key"
-    return key.encode("ascii")
+    """Read the key that signs session cookies, creating it (mode 0600) on first start:
+    the node's secret (engine/node_key.py), from which the engine derives its keys."""
+    return load_node_secret(data_dir)

@@ -1,26 +1,44 @@
-"""``quorra bench compaction``: how much disk compaction gives back, and what it costs.
+"""How much disk compaction gives back, and what it costs publishers meanwhile.
 
-Publish ``--messages`` messages of ``--body-bytes`` over 4 priorities to one queue (one
-log entry each, through ``engine.queue.QueueMachine`` and the real storage on this
-disk), check them all out, ack 90% of them in random order, stop cleanly (every entry is
-in a segment), take a checkpoint, compact (``auto``). Reported:
+``quorra bench compaction [--json] [--quick] [--messages N] [--body-bytes B]``: publish
+``--messages`` messages of ``--body-bytes`` over 4 priorities to one queue (one log entry
+each, through ``engine.queue.QueueMachine`` and the real storage on this disk), check
+them all out, ack 90% of them in random order, stop cleanly (every entry is in a
+segment), take a checkpoint, compact (``auto``). Meanwhile and before, one-message
+publishes to a second queue on the same node, durable (group commit of 100 entries),
+are timed alone and while the compaction's I/O runs in a worker thread, as the runtime
+runs it. Data goes to a temporary directory in the repository (its disk), removed at
+the end. ``--quick``: 20,000 messages, the idle publish rate over 0.5 s.
 
-* ``live_bytes``: bytes of the log entries the checkpoint still needs (their data);
-* ``disk_bytes_before`` / ``disk_bytes_after``: the queue's segment files before and
-  after compaction (the WAL is empty after the clean stop); ``ratio_after`` =
-  ``disk_bytes_after / live_bytes`` (target at most 1.3);
-* ``compaction_s``: the compaction's wall time; ``phases``, segment counts, dead entries;
-* ``publish_rate_idle`` / ``publish_rate_during``: one-message publishes per second to a
-  second queue on the same node, durable (group commit of 100 entries), measured alone
-  and while the compaction's I/O runs in a worker thread, as the runtime runs it;
-  ``publish_ratio`` = during / idle (target at least 0.5).
+JSON keys (``JSON_KEYS``), the headline being ``ratio_after``:
 
-Data goes to a temporary directory in the repository (its disk), removed at the end.
+* ``bench``: "compaction";
+* ``machine``: ``bench.machine_info()`` at the start (load average, CPU governor);
+* ``messages``: messages published (``--messages``);
+* ``body_bytes``: bytes per message body (``--body-bytes``);
+* ``publish_s``: time to publish them (not part of the compaction);
+* ``live_entries``: log entries the checkpoint still needs;
+* ``live_bytes``: bytes of those entries (their data);
+* ``disk_bytes_before``: the queue's segment files before compaction (the WAL is empty
+  after the clean stop);
+* ``disk_bytes_after``: the same after compaction;
+* ``ratio_after``: the headline: ``disk_bytes_after / live_bytes`` (target at most 1.3);
+* ``compaction_s``: the compaction's wall time;
+* ``compaction_io_s``: the part spent in the worker thread;
+* ``phases``: the compaction's phases;
+* ``segments_before``: segment files before;
+* ``segments_after``: segment files after;
+* ``dead_entries_before``: dead entries in segments before;
+* ``dead_entries_after``: dead entries in segments after;
+* ``transient_bytes_max``: the most extra disk the compaction used at once;
+* ``publish_rate_idle``: publishes per second to the second queue, alone;
+* ``publish_rate_during``: the same during the compaction;
+* ``publish_ratio``: during / idle (target at least 0.5);
+* ``targets``: ``ratio_after_max`` and ``publish_ratio_min``.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import shutil
@@ -39,6 +57,33 @@ from engine.raft.log import Entry, EntryKind
 from engine.raft.machine import ApplyMeta
 from engine.storage import Checkpoint, NodeStorage, OsDisk
 
+JSON_KEYS = (
+    "bench",
+    "machine",
+    "messages",
+    "body_bytes",
+    "publish_s",
+    "live_entries",
+    "live_bytes",
+    "disk_bytes_before",
+    "disk_bytes_after",
+    "ratio_after",
+    "compaction_s",
+    "compaction_io_s",
+    "phases",
+    "segments_before",
+    "segments_after",
+    "dead_entries_before",
+    "dead_entries_after",
+    "transient_bytes_max",
+    "publish_rate_idle",
+    "publish_rate_during",
+    "publish_ratio",
+    "targets",
+)
+HEADLINE_KEY = "ratio_after"
+QUICK_MESSAGES = 20_000
+QUICK_IDLE_S = 0.5
 QUEUE = "bench-compaction"
 OTHER = "bench-publish"
 PRIORITIES = 4
@@ -112,7 +157,7 @@ def segment_bytes(directory: str, uid: str) -> int:
     return sum(p.stat().st_size for p in seg.iterdir() if p.name.endswith(".seg"))
 
 
-def run(directory: str, messages: int, body_bytes: int, seed: int) -> dict[str, Any]:
+def run(directory: str, messages: int, body_bytes: int, seed: int, idle_s: float) -> dict[str, Any]:
     rng = random.Random(seed)
     body = rng.randbytes(body_bytes)
     storage = NodeStorage.open(OsDisk(directory), DEFAULT_LIMITS)
@@ -136,7 +181,7 @@ def run(directory: str, messages: int, body_bytes: int, seed: int) -> dict[str, 
     live_bytes = sum(len(log.read(i).data) for i in live)
     before = segment_bytes(directory, QUEUE)
     other = Queue(storage, OTHER)
-    idle_rate = publish_for(other, body, 3.0, None)
+    idle_rate = publish_for(other, body, idle_s, None)
 
     t = time.perf_counter()
     job = storage.prepare_compaction(QUEUE, "auto")
@@ -183,18 +228,22 @@ def run(directory: str, messages: int, body_bytes: int, seed: int) -> dict[str, 
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="quorra bench compaction", description=__doc__)
-    parser.add_argument("--json", action="store_true", help="print JSON (the default)")
-    parser.add_argument("--messages", type=int, default=1_000_000)
-    parser.add_argument("--body-bytes", type=int, default=1024)
-    parser.add_argument("--seed", type=int, default=1)
+    parser = bench.parser("compaction", __doc__)
+    parser.add_argument("--messages", type=int, default=1_000_000, help="messages to publish")
+    parser.add_argument("--body-bytes", type=int, default=1024, help="bytes per message body")
+    parser.add_argument("--seed", type=int, default=1, help="seed of priorities, acks, bodies")
+    parser.add_argument(
+        "--idle-seconds", type=float, default=3.0, help="time to measure the idle publish rate"
+    )
     args = parser.parse_args(argv)
+    if args.quick:
+        args.messages, args.idle_seconds = QUICK_MESSAGES, QUICK_IDLE_S
+    figures = bench.header("compaction")
     root = Path(__file__).resolve().parent.parent
     directory = tempfile.mkdtemp(prefix=".bench-compaction-", dir=root)
     try:
-        figures = run(directory, args.messages, args.body_bytes, args.seed)
+        figures |= run(directory, args.messages, args.body_bytes, args.seed, args.idle_seconds)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
-    figures["machine"] = bench.machine_info()
-    print(json.dumps(figures, indent=2))
+    print(json.dumps(figures, indent=None if args.json else 2))
     return 0

@@ -1,4 +1,6 @@
-"""``quorra bench machine``: memory per message and apply throughput of the queue machine.
+"""Memory per message and apply throughput of the queue machine.
+
+``quorra bench machine [--json] [--quick] [--ready N,N] [--pending N,N] [--ops-messages N]``.
 
 Memory is measured with ``tracemalloc`` (numpy reports its buffers to it), as the traced
 bytes the machine holds after the workload minus those of the same machine empty,
@@ -13,11 +15,30 @@ log entries still holding a message, which stats and compaction count against, b
 the event loop (see ``engine.runtime.observe.LIVE_SET_COST_FACTOR``). Of a checkpoint,
 ``checkpoint_freeze_ms`` is the part on the event loop (``QueueMachine.freeze``) and
 ``checkpoint_encode_ms`` the part a worker does (encode and live set), in ``details``.
+``--quick``: depths of 20,000 and 100,000 ready, 20,000 pending, 20,000 ops messages.
+
+JSON keys (``JSON_KEYS``), the headline being ``bytes_per_ready_message``:
+
+* ``bench``: "machine";
+* ``machine``: ``bench.machine_info()`` at the start (load average, CPU governor);
+* ``body_bytes``: bytes per message body;
+* ``batch_messages``: messages per command;
+* ``bytes_per_ready_message``: the headline: bytes per ready message at the largest
+  depth measured (``--ready``);
+* ``bytes_per_ready_message_by_depth``: the same at each depth;
+* ``bytes_per_pending_message``: bytes per checked-out message at the largest depth
+  measured (``--pending``);
+* ``bytes_per_pending_message_by_depth``: the same at each depth;
+* ``bytes_per_ready_message_single_entries``: bytes per ready message, one per entry;
+* ``live_set_ms``: the live set's build time, for each filled machine;
+* ``ops_per_s``: enqueue, checkout and settle throughput, batches of 100;
+* ``single_enqueue_ops_per_s``: enqueues of one message per command;
+* ``details``: every measured machine's figures;
+* ``targets``: the engineering goals for the two memory figures.
 """
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import time
@@ -37,6 +58,26 @@ from engine.queue import (
 from engine.queue.machine import FrozenMachine
 from engine.raft.machine import ApplyMeta
 
+JSON_KEYS = (
+    "bench",
+    "machine",
+    "body_bytes",
+    "batch_messages",
+    "bytes_per_ready_message",
+    "bytes_per_ready_message_by_depth",
+    "bytes_per_pending_message",
+    "bytes_per_pending_message_by_depth",
+    "bytes_per_ready_message_single_entries",
+    "live_set_ms",
+    "ops_per_s",
+    "single_enqueue_ops_per_s",
+    "details",
+    "targets",
+)
+HEADLINE_KEY = "bytes_per_ready_message"
+QUICK_READY = "20000,100000"
+QUICK_PENDING = "20000"
+QUICK_MESSAGES = 20_000
 BATCH = 100
 BODY = b"x" * 100
 
@@ -167,15 +208,16 @@ def _single_enqueue_ops(messages: int) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="quorra bench machine")
-    parser.add_argument("--json", action="store_true", help="print JSON (the only format)")
+    parser = bench.parser("machine", __doc__)
     parser.add_argument(
-        "--ready",
-        default="1000000,10000000",
-        help="comma-separated ready-queue depths to measure",
+        "--ready", default="1000000,10000000", help="comma-separated ready-queue depths"
     )
-    parser.add_argument("--pending", default="50000,200000")
-    parser.add_argument("--ops-messages", type=int, default=200_000)
+    parser.add_argument(
+        "--pending", default="50000,200000", help="comma-separated checked-out depths"
+    )
+    parser.add_argument(
+        "--ops-messages", type=int, default=200_000, help="messages of the throughput runs"
+    )
     parser.add_argument(
         "--single",
         type=int,
@@ -183,30 +225,38 @@ def main(argv: list[str]) -> int:
         help="ready messages published one per entry (the single-message ref form)",
     )
     args = parser.parse_args(argv)
-    ready = [_traced_bytes_per_message(int(n), False) for n in args.ready.split(",") if n]
-    pending = [_traced_bytes_per_message(int(n), True) for n in args.pending.split(",") if n]
-    single = _traced_bytes_per_message(args.single, False, 1) if args.single else None
-    result = {
-        "bench": "machine",
-        "machine": bench.machine_info(),
+    if args.quick:
+        args.ready, args.pending = QUICK_READY, QUICK_PENDING
+        args.ops_messages = args.single = QUICK_MESSAGES
+    ready_depths = sorted(int(n) for n in args.ready.split(",") if n)
+    pending_depths = sorted(int(n) for n in args.pending.split(",") if n)
+    if not ready_depths or not pending_depths or args.single < 1:
+        parser.error("--ready, --pending and --single need at least one depth each")
+    result = bench.header("machine")
+    ready = [_traced_bytes_per_message(n, False) for n in ready_depths]
+    pending = [_traced_bytes_per_message(n, True) for n in pending_depths]
+    single = _traced_bytes_per_message(args.single, False, 1)
+    result |= {
         "body_bytes": len(BODY),
         "batch_messages": BATCH,
-        "bytes_per_ready_message": {str(r["messages"]): r["bytes_per_message"] for r in ready},
-        "bytes_per_pending_message": {str(r["messages"]): r["bytes_per_message"] for r in pending},
-        "bytes_per_ready_message_single_entries": single and single["bytes_per_message"],
+        "bytes_per_ready_message": ready[-1]["bytes_per_message"],
+        "bytes_per_ready_message_by_depth": _by_depth(ready),
+        "bytes_per_pending_message": pending[-1]["bytes_per_message"],
+        "bytes_per_pending_message_by_depth": _by_depth(pending),
+        "bytes_per_ready_message_single_entries": single["bytes_per_message"],
         "live_set_ms": {
             **{f"ready {r['messages']}": r["live_set_ms"] for r in ready},
             **{f"pending {r['messages']}": r["live_set_ms"] for r in pending},
-            **(
-                {f"ready {single['messages']} one per entry": single["live_set_ms"]}
-                if single
-                else {}
-            ),
+            f"ready {single['messages']} one per entry": single["live_set_ms"],
         },
         "ops_per_s": _ops(args.ops_messages),
         "single_enqueue_ops_per_s": _single_enqueue_ops(args.ops_messages),
         "details": {"ready": ready, "pending": pending, "ready_single_entries": single},
         "targets": {"bytes_per_ready_message": 8, "bytes_per_pending_message": 16},
     }
-    print(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=None if args.json else 2))
     return 0
+
+
+def _by_depth(runs: list[dict[str, Any]]) -> dict[str, float]:
+    return {str(r["messages"]): r["bytes_per_message"] for r in runs}

@@ -1,31 +1,45 @@
-"""``quorra bench pipeline``: Spark batch write and streaming read of N rows of 1 KiB
-(default 1,000,000) through the ``quorra`` data source in local mode, next to REST
-publish and consume rates measured on the same server in the same run.
+"""Rows per second of Spark's batch write and streaming read through Quorra's data source.
 
-    quorra bench pipeline [--rows N] [--master local[*]] [--server URL --token T]
+N rows of 1 KiB (default 1,000,000) through the ``quorra`` data source in local mode,
+next to REST publish and consume rates measured on the same server in the same run.
+
+    quorra bench pipeline [--json] [--quick] [--rows N] [--master local[*]]
+                          [--server URL --token T]
 
 Without ``--server`` it starts a throwaway local server (``quorra serve`` on 127.0.0.1).
+Messages per micro-batch: 50,000; Spark partitions: the number of cores. Per-batch
+progress goes to stderr. ``--quick``: 2,000 rows, 1 s REST phases, one partition.
 
-Figures (rows or messages per second of wall time):
+JSON keys (``JSON_KEYS``), the headline being ``write_rows_per_s``; figures are rows or
+messages per second of wall time:
 
-* ``rest_publish_msgs_per_s``, ``rest_consume_msgs_per_s``: ``quorra bench rest``'s
-  publish and consume phases (``bench.rest.run_phase``: 2 load-generator processes x 4
-  clients, batches of 100, JSON, ``--rest-seconds`` each) against the same server;
+* ``bench``: "pipeline";
+* ``machine``: ``bench.machine_info()`` at the start (load average, CPU governor);
+* ``rows``: rows written and read (``--rows``);
+* ``body_bytes``: bytes per row's body (1024);
+* ``master``: the Spark master (``--master``);
+* ``rest_publish_msgs_per_s``: ``quorra bench rest``'s publish phase
+  (``bench.rest.run_phase``: 2 load-generator processes x 4 clients, batches of 100,
+  JSON, ``--rest-seconds``) against the same server;
+* ``rest_consume_msgs_per_s``: its consume phase, the same way;
 * ``rest_single_client_publish_msgs_per_s``: one HTTP client publishing the N rows in
   batches of 1000 (MessagePack), each waiting for its confirm;
-  ``rest_single_client_consume_msgs_per_s``: one client receiving 1000 at a time and
+* ``rest_single_client_consume_msgs_per_s``: one client receiving 1000 at a time and
   acking each batch (the REST path a user's script takes);
-* ``write_rows_per_s``: ``df.write.format("quorra")`` of N generated rows, from job
-  submission to the last confirm (tasks and Python workers included; the SparkSession
-  is already up: its start is ``spark_session_start_s``).
+* ``spark_session_start_s``: time to start the SparkSession;
+* ``write_rows_per_s``: the headline: ``df.write.format("quorra")`` of N generated rows,
+  from job submission to the last confirm (tasks and Python workers included; the
+  SparkSession is already up);
 * ``stream_read_rows_per_s``: a streaming query (``quorra`` source -> ``noop`` sink)
   from ``start()`` until the queue holds nothing ready or leased, i.e. every row was
-  processed by Spark *and* acked after its micro-batch committed (query start-up
-  included); ``stream_read_s`` is that time, ``stream_rows_through_spark_s`` the time
-  until Spark had processed every row (acks of the last batches still in flight).
-
-Messages per micro-batch: 50,000; Spark partitions: the number of cores. Per-batch
-progress goes to stderr.
+  processed by Spark *and* acked after its micro-batch committed (start-up included);
+* ``stream_read_s``: that time;
+* ``stream_rows_through_spark_s``: the time until Spark had processed every row (acks
+  of the last batches still in flight);
+* ``write_vs_rest_publish``: ``write_rows_per_s`` / ``rest_publish_msgs_per_s``;
+* ``write_vs_rest_single_client_publish``: the same against the single client;
+* ``stream_read_vs_rest_consume``: ``stream_read_rows_per_s`` / ``rest_consume_msgs_per_s``;
+* ``stream_read_vs_rest_single_client_consume``: the same against the single client.
 """
 
 from __future__ import annotations
@@ -38,20 +52,44 @@ import time
 from pathlib import Path
 from typing import Any
 
+JSON_KEYS = (
+    "bench",
+    "machine",
+    "rows",
+    "body_bytes",
+    "master",
+    "rest_publish_msgs_per_s",
+    "rest_consume_msgs_per_s",
+    "rest_single_client_publish_msgs_per_s",
+    "rest_single_client_consume_msgs_per_s",
+    "spark_session_start_s",
+    "write_rows_per_s",
+    "stream_read_rows_per_s",
+    "stream_read_s",
+    "stream_rows_through_spark_s",
+    "write_vs_rest_publish",
+    "write_vs_rest_single_client_publish",
+    "stream_read_vs_rest_consume",
+    "stream_read_vs_rest_single_client_consume",
+)
+HEADLINE_KEY = "write_rows_per_s"
+QUICK_ROWS = 2_000
+QUICK_REST_SECONDS = 1.0
 BODY_BYTES = 1024
 REST_BATCH = 1000
 MAX_MESSAGES_PER_TRIGGER = 50_000
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="quorra bench pipeline")
-    p.add_argument("--rows", type=int, default=1_000_000)
-    p.add_argument("--master", default="local[*]")
+    import bench
+
+    p = bench.parser("pipeline", __doc__)
+    p.add_argument("--rows", type=int, default=1_000_000, help="rows to write and read")
+    p.add_argument("--master", default="local[*]", help="Spark master")
     p.add_argument("--server", help="server URL (default: start a local one)")
-    p.add_argument("--token", default="")
+    p.add_argument("--token", default="", help="token for --server")
     p.add_argument("--partitions", type=int, default=0, help="Spark partitions (0: cores)")
     p.add_argument("--rest-seconds", type=float, default=10.0, help="per bench-rest phase")
-    p.add_argument("--json", action="store_true", help="JSON output (always on)")
     return p
 
 
@@ -75,28 +113,27 @@ def rest_consume(client: Any, queue: str, rows: int) -> float:
     return rows / (time.perf_counter() - started)
 
 
-class _ServerAddress:
-    """What ``bench.rest.run_phase`` needs of a server: its URL, and its CPU time (not
-    measured here: the server may be remote)."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
+class _RemoteServer:
+    """A server ``bench.rest.run_phase`` measures from outside: its CPU time is not
+    known here (the server may be on another machine)."""
 
     def cpu_s(self) -> float:
         return 0.0
 
 
-def rest_bench_rates(client: Any, url: str, token: str, seconds: float) -> dict[str, float]:
+def rest_bench_rates(
+    client: Any, url: str, token: str, seconds: float, start_delay_s: float
+) -> dict[str, float]:
     """``quorra bench rest``'s publish and consume phases (its own load generators:
     2 processes x 4 clients, batches of 100, JSON) against this server."""
     from bench import rest
 
     client.create_queue("bench-batch")
-    base = {"url": url, "token": token, "seconds": seconds, "queue": "bench-batch"}
+    base = rest.server_spec(url, token, seconds) | {"queue": "bench-batch"}
     base |= {"batch": 100, "clients": 4}
-    server = _ServerAddress(url)
-    publish = rest.run_phase(server, dict(base, kind="publish"), 2)
-    consume = rest.run_phase(server, dict(base, kind="consume"), 2)
+    server = _RemoteServer()
+    publish = rest.run_phase(server, dict(base, kind="publish"), 2, start_delay_s)
+    consume = rest.run_phase(server, dict(base, kind="consume"), 2, start_delay_s)
     return {"publish": publish["msgs_per_s"], "consume": consume["msgs_per_s"]}
 
 
@@ -156,6 +193,7 @@ def spark_stream_read(
 def measure(url: str, token: str, args: argparse.Namespace) -> dict[str, Any]:
     import os
 
+    from bench import rest
     from pipeline.client import QuorraClient
     from pipeline.session import spark_session
 
@@ -165,7 +203,8 @@ def measure(url: str, token: str, args: argparse.Namespace) -> dict[str, Any]:
     with QuorraClient(url, token) as client:
         client.create_queue("bench-rest")
         client.create_queue("bench-spark")
-        rates = rest_bench_rates(client, url, token, args.rest_seconds)
+        delay_s = rest.QUICK_START_DELAY_S if args.quick else rest.START_DELAY_S
+        rates = rest_bench_rates(client, url, token, args.rest_seconds, delay_s)
         figures["rest_publish_msgs_per_s"] = round(rates["publish"])
         figures["rest_consume_msgs_per_s"] = round(rates["consume"])
         single_publish = rest_publish(client, "bench-rest", rows)
@@ -191,7 +230,7 @@ def measure(url: str, token: str, args: argparse.Namespace) -> dict[str, Any]:
         for prefix in ("rest_", "rest_single_client_"):
             ratio = figures[spark_key] / max(1, figures[prefix + rest_key])
             figures[f"{spark_key.split('_rows')[0]}_vs_{prefix}{rest_key.split('_msgs')[0]}"] = (
-                round(ratio, 3)
+                round(ratio, 4)
             )
     spark.stop()
     return figures
@@ -202,30 +241,14 @@ def main(argv: list[str]) -> int:
     from pipeline.localserver import local_server
 
     args = _parser().parse_args(argv)
+    if args.quick:
+        args.rows, args.rest_seconds = QUICK_ROWS, QUICK_REST_SECONDS
+        args.partitions = args.partitions or 1  # one Python worker to start, not one per core
+    result = bench.header("pipeline")
     if args.server:
-        figures = measure(args.server, args.token, args)
+        result |= measure(args.server, args.token, args)
     else:
         with local_server() as server:
-            figures = measure(server.url, server.token, args)
-    load = _load_average()
-    print(
-        json.dumps(
-            {
-                "bench": "pipeline",
-                **figures,
-                "load_average_1m": load,
-                "machine": bench.machine_info(),
-            },
-            indent=2,
-        )
-    )
+            result |= measure(server.url, server.token, args)
+    print(json.dumps(result, indent=None if args.json else 2))
     return 0
-
-
-def _load_average() -> float | None:
-    import os
-
-    try:
-        return round(os.getloadavg()[0], 2)
-    except OSError:
-        return None

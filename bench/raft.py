@@ -1,21 +1,38 @@
-"""``quorra bench raft [--json] [--entries N] [--batch B] [--window W]``: a 3-server Raft
-group in one process, in-memory transport and storage, 1 KiB commands, KV machine applied
-on every replica. Reports committed entries per second (as seen by the leader's
-machine; wall clock, so other load on the machine lowers it), the same per CPU second of
-this process (what one free core would give), entries per AppendEntries message and CPU
-seconds per 1000 entries.
+"""Committed 1 KiB entries per second of a 3-server Raft group in one process.
 
+``quorra bench raft [--json] [--quick] [--entries N] [--batch B] [--window W] [--rounds R]``:
+in-memory transport and storage, 1 KiB commands, KV machine applied on every replica.
 Storage is a list that is "durable" at once, so this measures the core and its
 batching, not a disk. Clients keep ``window`` entries in flight, proposing ``batch`` at
-a time.
+a time. Each round is a fresh group; the figures are the median of ``--rounds`` rounds
+(3; 1 with ``--quick``), each round's are in ``rounds``. Throughput is wall clock, so
+other load on the machine lowers it: compare runs with the load average in ``machine``.
+
+JSON keys (``JSON_KEYS``), the headline being ``committed_entries_per_s``:
+
+* ``bench``: "raft";
+* ``machine``: ``bench.machine_info()`` at the start (load average, CPU governor);
+* ``servers``: servers in the group (3);
+* ``state_machine``: what the replicas apply;
+* ``command_bytes``: bytes per command (1024);
+* ``proposal_batch``: commands per proposal (``--batch``);
+* ``window_entries``: entries in flight (``--window``);
+* ``entries_per_round``: committed entries per round (``--entries``);
+* ``committed_entries_per_s``: the headline: committed entries per wall second, as seen
+  by the leader's machine, median of the rounds;
+* ``committed_entries_per_cpu_s``: the same per CPU second of this process (what one
+  free core would give), median;
+* ``cpu_s_per_1k_entries``: CPU seconds per 1000 entries, median;
+* ``entries_per_append``: entries per AppendEntries message, median;
+* ``rounds``: each round's figures (``committed_entries``, ``wall_s``, ``cpu_s`` and the
+  four above).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import random
+import statistics
 import time
 from collections import deque
 from typing import Any
@@ -136,7 +153,33 @@ class Cluster:
         return None
 
 
+JSON_KEYS = (
+    "bench",
+    "machine",
+    "servers",
+    "state_machine",
+    "command_bytes",
+    "proposal_batch",
+    "window_entries",
+    "entries_per_round",
+    "committed_entries_per_s",
+    "committed_entries_per_cpu_s",
+    "cpu_s_per_1k_entries",
+    "entries_per_append",
+    "rounds",
+)
+HEADLINE_KEY = "committed_entries_per_s"
+MEDIAN_KEYS = (
+    "committed_entries_per_s",
+    "committed_entries_per_cpu_s",
+    "cpu_s_per_1k_entries",
+    "entries_per_append",
+)
+QUICK_ENTRIES = 20_000
+
+
 def run(entries: int, batch: int, window: int) -> dict[str, Any]:
+    """One round on a fresh group: its figures."""
     limits = Limits()
     cluster = Cluster(limits)
     now_ms = 0
@@ -174,34 +217,38 @@ def run(entries: int, batch: int, window: int) -> dict[str, Any]:
     committed = cluster.applied[leader] - base
     assert cluster.leader() == leader, "leadership changed during the run"
     return {
-        "bench": "raft",
-        "servers": 3,
-        "command_bytes": len(commands[0]),
         "committed_entries": committed,
         "wall_s": round(wall_s, 3),
         "cpu_s": round(cpu_s, 3),
         "committed_entries_per_s": round(committed / wall_s),
-        "entries_per_append": round(cluster.appended_entries / max(1, cluster.appends), 1),
-        "cpu_s_per_1k_entries": round(cpu_s / committed * 1000, 5),
         "committed_entries_per_cpu_s": round(committed / cpu_s),
-        "loadavg_1m_at_end": round(os.getloadavg()[0], 2),
-        "proposal_batch": batch,
-        "window_entries": window,
-        "machine": "kv, applied on all 3 replicas",
-        "machine_info": bench.machine_info(),
+        "cpu_s_per_1k_entries": round(cpu_s / committed * 1000, 5),
+        "entries_per_append": round(cluster.appended_entries / max(1, cluster.appends), 1),
     }
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="quorra bench raft", description=__doc__.splitlines()[0])
-    p.add_argument("--json", action="store_true", help="print JSON only")
-    p.add_argument("--entries", type=int, default=300_000)
+    p = bench.parser("raft", __doc__)
+    p.add_argument("--entries", type=int, default=300_000, help="committed entries per round")
     p.add_argument("--batch", type=int, default=256, help="commands per proposal")
     p.add_argument("--window", type=int, default=4096, help="entries in flight")
+    p.add_argument("--rounds", type=int, default=3, help="rounds; the figures are the median")
     args = p.parse_args(argv)
-    figures = run(args.entries, args.batch, args.window)
-    if args.json:
-        print(json.dumps(figures, sort_keys=True))
-    else:
-        print(json.dumps(figures, indent=2, sort_keys=True))
+    if args.quick:
+        args.entries, args.rounds = min(args.entries, QUICK_ENTRIES), 1
+    if min(args.entries, args.batch, args.window, args.rounds) < 1:
+        p.error("--entries, --batch, --window and --rounds are at least 1")
+    figures: dict[str, Any] = bench.header("raft") | {
+        "servers": 3,
+        "state_machine": "kv, applied on all 3 replicas",
+        "command_bytes": COMMAND_BYTES,
+        "proposal_batch": args.batch,
+        "window_entries": args.window,
+        "entries_per_round": args.entries,
+    }
+    rounds = [run(args.entries, args.batch, args.window) for _ in range(args.rounds)]
+    for key in MEDIAN_KEYS:
+        figures[key] = statistics.median(r[key] for r in rounds)
+    figures["rounds"] = rounds
+    print(json.dumps(figures, indent=None if args.json else 2))
     return 0

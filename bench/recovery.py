@@ -1,4 +1,6 @@
-"""``quorra bench recovery --messages N``: time to reopen a queue holding N messages.
+"""Time to reopen a queue holding N messages, in one process (storage and machine).
+
+``quorra bench recovery [--json] [--quick] [--messages N] [--machine queue|packed]``:
 
 Fill one queue with N small messages (``--per-entry`` messages per log entry, as a
 publish batch is one entry), take a checkpoint, append ``--tail`` more messages (one per
@@ -14,11 +16,28 @@ segments; ``recovery_ms`` is this one). Files are fresh in the page cache.
 
 The machine is pluggable (``--machine``): ``queue`` is ``engine.queue.QueueMachine``;
 ``packed`` is a stand-in whose state is one numpy array of packed references.
+``--quick``: 10,000 messages and a tail of 1,000.
+
+JSON keys (``JSON_KEYS``), the headline being ``recovery_ms``:
+
+* ``bench``: "recovery";
+* ``machine``: ``bench.machine_info()`` at the start (load average, CPU governor);
+* ``machine_kind``: the queue machine measured (``--machine``);
+* ``messages``: messages before the checkpoint (``--messages``);
+* ``messages_per_entry``: of those, per log entry (``--per-entry``);
+* ``tail_messages``: messages after the checkpoint (``--tail``);
+* ``tail_messages_per_entry``: of those, per log entry (``--tail-per-entry``);
+* ``log_entries``: entries in the queue's log;
+* ``checkpoint_bytes``: size of the machine's state in the checkpoint;
+* ``fill_s``: time to fill the queue (not part of the recovery);
+* ``recovery_ms``: the headline: wall time of the recovery after a clean stop;
+* ``recovery_cpu_ms``: CPU time of the same;
+* ``clean_stop``: the phases of the recovery after a clean stop (ms, entries replayed);
+* ``crash_stop``: the same after a crash.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import struct
@@ -26,7 +45,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import ClassVar, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -38,6 +57,25 @@ from engine.raft.log import Entry, EntryKind
 from engine.raft.machine import ApplyMeta, Machine, MachineEffect
 from engine.storage import Checkpoint, NodeStorage, OsDisk
 
+JSON_KEYS = (
+    "bench",
+    "machine",
+    "machine_kind",
+    "messages",
+    "messages_per_entry",
+    "tail_messages",
+    "tail_messages_per_entry",
+    "log_entries",
+    "checkpoint_bytes",
+    "fill_s",
+    "recovery_ms",
+    "recovery_cpu_ms",
+    "clean_stop",
+    "crash_stop",
+)
+HEADLINE_KEY = "recovery_ms"
+QUICK_MESSAGES = 10_000
+QUICK_TAIL = 1_000
 UID = "bench-queue"
 _ENQ = struct.Struct("<II")
 
@@ -204,15 +242,17 @@ def recover(directory: str, kit: Kit) -> tuple[dict[str, float], Machine, NodeSt
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="quorra bench recovery", description=__doc__)
-    parser.add_argument("--json", action="store_true", help="print JSON (the default)")
-    parser.add_argument("--messages", type=int, default=100_000)
-    parser.add_argument("--per-entry", type=int, default=100)
-    parser.add_argument("--tail", type=int, default=10_000)
-    parser.add_argument("--tail-per-entry", type=int, default=1)
-    parser.add_argument("--body-bytes", type=int, default=32)
-    parser.add_argument("--machine", choices=sorted(KITS), default="queue")
+    parser = bench.parser("recovery", __doc__)
+    parser.add_argument("--messages", type=int, default=100_000, help="before the checkpoint")
+    parser.add_argument("--per-entry", type=int, default=100, help="messages per log entry")
+    parser.add_argument("--tail", type=int, default=10_000, help="messages after it")
+    parser.add_argument("--tail-per-entry", type=int, default=1, help="of the tail, per entry")
+    parser.add_argument("--body-bytes", type=int, default=32, help="bytes per message body")
+    parser.add_argument("--machine", choices=sorted(KITS), default="queue", help="machine kind")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.messages, args.tail = QUICK_MESSAGES, QUICK_TAIL
+    result = bench.header("recovery")
     kit = KITS[args.machine]
     root = Path(__file__).resolve().parent.parent
     directory = tempfile.mkdtemp(prefix=".bench-recovery-", dir=root)
@@ -236,8 +276,7 @@ def main(argv: list[str]) -> int:
         storage.close(flush=False)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
-    result: dict[str, Any] = {
-        "bench": "recovery",
+    result |= {
         "machine_kind": args.machine,
         "messages": args.messages,
         "messages_per_entry": args.per_entry,
@@ -245,12 +284,11 @@ def main(argv: list[str]) -> int:
         "tail_messages_per_entry": args.tail_per_entry,
         "log_entries": filled.last_index,
         "checkpoint_bytes": filled.checkpoint_bytes,
-        "fill_s": round(fill_s, 1),
+        "fill_s": round(fill_s, 3),
         "recovery_ms": clean["recovery_ms"],
         "recovery_cpu_ms": clean["recovery_cpu_ms"],
         "clean_stop": clean,
         "crash_stop": crash,
-        "machine": bench.machine_info(),
     }
-    print(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=None if args.json else 2))
     return 0

@@ -1,27 +1,31 @@
-"""``quorra bench rest [--json] [--seconds S] [--procs P] [--phases ...] [--profile FILE]``:
-the REST API end to end. Starts ``quorra serve`` (a subprocess, temporary data directory,
+"""Messages per second and publish latency of the REST API end to end, on a real server.
+
+``quorra bench rest [--json] [--quick] [--seconds S] [--procs P] [--phases ...]
+[--profile FILE]``: starts ``quorra serve`` (a subprocess, temporary data directory,
 127.0.0.1) and drives it from separate load-generator processes over loopback, 1 KiB
 messages, JSON bodies. The generators speak HTTP/1.1 over keep-alive sockets with
 pre-encoded requests (``Connection``) and read and check every response: a general
 client (httpx) spent more CPU per request than the server, on the same cores.
 
-* ``publish_msgs_per_s``: batches of 100, ``--batch-clients`` concurrent requests per
-  process; every 201 means durable (fsynced) on the quorum, here the one node;
-* ``publish_single_msgs_per_s``: batches of 1, ``--single-clients`` concurrent requests
-  per process;
-* ``consume_msgs_per_s``: receive (up to 100) then ack those, the queue filled by the
-  first phase;
-* ``publish_p50_ms``/``publish_p99_ms``: batches of 1 due at a steady ``--rate``
-  msgs/s, sent by up to 64 connections per generator (latency from the due time to the
-  201, so falling behind is counted, as wrk2 does); the same at
+The phases, and the keys below they give:
+
+* publish (``publish_msgs_per_s``): batches of 100, ``--batch-clients`` concurrent
+  requests per process; every 201 means durable (fsynced) on the quorum, here the one
+  node; ``publish_single_msgs_per_s``: batches of 1, ``--single-clients`` concurrent
+  requests per process;
+* consume (``consume_msgs_per_s``): receive (up to 100) then ack those, the queue filled
+  by the first phase;
+* paced publish (``publish_p50_ms``, ``publish_p99_ms``): batches of 1 due at a steady
+  ``--rate`` msgs/s, sent by up to 64 connections per generator (latency from the due
+  time to the 201, so falling behind is counted, as wrk2 does); the same at
   ``--low-rate`` (``..._at_low_rate``) shows the latency of a server that keeps up.
   ``paced_send_late_ms`` and ``low_rate_send_late_ms`` say how late the generators sent
   (their event loop's timers are of millisecond grain, and its wake-ups are counted
   too): that part of the latency is the client's own, and is not subtracted;
-* ``disk_fdatasync_ms``: the disk alone, after the phases: 1 KiB appends, each
+* the disk alone (``disk_fdatasync_ms``), after the phases: 1 KiB appends, each
   fdatasynced, one every 1/``--rate`` s, in the server's data directory (a paced
   publish waits for one such sync);
-* ``paced_wal``: the server's own WAL during the ``--rate`` phase, from the
+* the server's own WAL during the ``--rate`` phase (``paced_wal``), from the
   ``quorra_wal_sync_seconds`` histogram of ``/metrics`` read before and after it: group
   commits, how many took over 5, 10, 25 and 100 ms, and the bucket of the slowest. A paced
   publish is answered after one such sync, so a run whose ``publish_p99_ms`` misses the
@@ -33,6 +37,37 @@ value near ``cpus`` would mean the generators, not the server, were the limit) a
 server's (``server_cpu_per_wall``; above 1.0 only through the WAL writer thread).
 ``--profile FILE`` runs the server under cProfile (main thread: the event loop) and
 writes its stats there, plus the top functions by cumulative time to stderr.
+``--quick``: 1 s phases, one generator process, generators started 1.5 s ahead.
+
+JSON keys (``JSON_KEYS``), the headline being ``publish_msgs_per_s``; a phase left out
+with ``--phases`` gives ``null`` figures:
+
+* ``bench``: "rest";
+* ``machine``: ``bench.machine_info()`` at the start (load average, CPU governor);
+* ``message_bytes``: bytes per message body (1024);
+* ``body_format``: how request bodies are encoded ("json");
+* ``publish_msgs_per_s``: the headline: published messages per second, batches of 100;
+* ``publish_single_msgs_per_s``: the same, batches of 1;
+* ``consume_msgs_per_s``: received and acked messages per second;
+* ``publish_p50_ms``: median latency of a paced publish at ``--rate``;
+* ``publish_p99_ms``: its 99th percentile;
+* ``paced_rate_msgs_per_s``: the rate asked for (``--rate``);
+* ``paced_achieved_msgs_per_s``: the rate achieved;
+* ``paced_timed_out``: paced publishes unanswered at the generators' deadline;
+* ``paced_not_sent``: paced publishes never sent;
+* ``paced_wal``: the server's WAL group commits during the paced phase;
+* ``paced_send_late_ms``: how late the generators sent (p50, p99);
+* ``publish_p50_ms_at_low_rate``: median latency of a paced publish at ``--low-rate``;
+* ``publish_p99_ms_at_low_rate``: its 99th percentile;
+* ``low_rate_msgs_per_s``: the rate asked for (``--low-rate``);
+* ``low_rate_send_late_ms``: how late the generators sent at that rate;
+* ``load_procs``: load-generator processes (``--procs``);
+* ``batch_clients_per_proc``: concurrent batch-of-100 requests per process;
+* ``single_clients_per_proc``: concurrent batch-of-1 requests per process;
+* ``seconds_per_phase``: length of each phase (``--seconds``);
+* ``disk_fdatasync_ms``: the disk's own append + fdatasync latency;
+* ``phases``: every phase's figures (counts, errors, CPU, WAL);
+* ``targets``: ``publish_msgs_per_s`` and ``publish_p99_ms``.
 """
 
 from __future__ import annotations
@@ -54,14 +89,44 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 import bench
 
+JSON_KEYS = (
+    "bench",
+    "machine",
+    "message_bytes",
+    "body_format",
+    "publish_msgs_per_s",
+    "publish_single_msgs_per_s",
+    "consume_msgs_per_s",
+    "publish_p50_ms",
+    "publish_p99_ms",
+    "paced_rate_msgs_per_s",
+    "paced_achieved_msgs_per_s",
+    "paced_timed_out",
+    "paced_not_sent",
+    "paced_wal",
+    "paced_send_late_ms",
+    "publish_p50_ms_at_low_rate",
+    "publish_p99_ms_at_low_rate",
+    "low_rate_msgs_per_s",
+    "low_rate_send_late_ms",
+    "load_procs",
+    "batch_clients_per_proc",
+    "single_clients_per_proc",
+    "seconds_per_phase",
+    "disk_fdatasync_ms",
+    "phases",
+    "targets",
+)
+HEADLINE_KEY = "publish_msgs_per_s"
 MESSAGE_BYTES = 1024
 ADMIN_PASSWORD = "bench-admin-password"
 START_TIMEOUT_S = 60.0
@@ -70,6 +135,15 @@ PACED_CONNECTIONS_MAX = 64
 """Per generator: enough that requests queue in the server, not in the client's pool."""
 START_DELAY_S = 3.0
 """Generators start their clocks together, this long after being spawned (imports)."""
+QUICK_SECONDS = 1.0
+QUICK_START_DELAY_S = 1.5
+
+
+class CpuClock(Protocol):
+    """What ``run_phase`` needs of the server: its CPU seconds so far (0.0 for a server
+    measured from outside)."""
+
+    def cpu_s(self) -> float: ...
 
 
 # --- the server --------------------------------------------------------------------
@@ -383,14 +457,26 @@ def _run(main: Any) -> None:
     uvloop.run(main)
 
 
-def run_phase(server: ServerProcess, base: dict[str, Any], procs: int) -> dict[str, Any]:
-    """Run ``procs`` generators with ``base``; the merged counts and CPU figures, and what
-    the server's WAL did meanwhile."""
+def server_spec(url: str, token: str, seconds: float) -> dict[str, Any]:
+    """The part of a phase's spec (``run_phase``'s ``base``) that names the server and
+    the phase's length; the generators speak plain HTTP/1.1, so ``url`` is ``http://``."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname:
+        raise ValueError(f"the load generators speak plain HTTP only, not {url!r}")
+    port = parts.port or 80
+    return {"host": parts.hostname, "port": port, "token": token, "seconds": seconds}
+
+
+def run_phase(
+    server: CpuClock, base: dict[str, Any], procs: int, start_delay_s: float = START_DELAY_S
+) -> dict[str, Any]:
+    """Run ``procs`` generators with ``base`` (``server_spec`` and the phase's own keys);
+    the merged counts and CPU figures, and what the server's WAL did meanwhile."""
     url = f"http://{base['host']}:{base['port']}"
     wal_before = wal_sync_buckets(url, base["token"])
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    start_at = time.time() + START_DELAY_S
+    start_at = time.time() + start_delay_s
     specs = [dict(base, start_at=start_at) for _ in range(procs)]
     if base["kind"] == "paced":
         for spec in specs:
@@ -402,7 +488,7 @@ def run_phase(server: ServerProcess, base: dict[str, Any], procs: int) -> dict[s
     time.sleep(max(0.0, start_at - time.time()))
     server_cpu0, wall0 = server.cpu_s(), time.time()
     outs: list[dict[str, Any]] = []
-    deadline = time.time() + START_DELAY_S + base["seconds"] + 3 * PACED_GRACE_S + 60
+    deadline = time.time() + start_delay_s + base["seconds"] + 3 * PACED_GRACE_S + 60
     try:
         for _ in workers:
             outs.append(results.get(timeout=max(1.0, deadline - time.time())))
@@ -538,10 +624,10 @@ def _phase_specs(args: argparse.Namespace, base: dict[str, Any]) -> dict[str, di
 
 
 def measure(args: argparse.Namespace, server: ServerProcess, token: str) -> dict[str, Any]:
-    base = {"host": "127.0.0.1", "port": server.port, "token": token, "seconds": args.seconds}
-    specs = _phase_specs(args, base)
+    specs = _phase_specs(args, server_spec(server.url, token, args.seconds))
     chosen = [p for p in specs if p.removesuffix("_low") in args.phases]
-    phases = {name: run_phase(server, specs[name], args.procs) for name in chosen}
+    delay_s = QUICK_START_DELAY_S if args.quick else START_DELAY_S
+    phases = {name: run_phase(server, specs[name], args.procs, delay_s) for name in chosen}
     none: dict[str, Any] = {"msgs_per_s": None, "timed_out": None, "not_sent": None}
     paced = phases.get("publish_paced", {}).get("latencies_ms", [])
     low = phases.get("publish_paced_low", {}).get("latencies_ms", [])
@@ -550,7 +636,6 @@ def measure(args: argparse.Namespace, server: ServerProcess, token: str) -> dict
     for name in specs:
         phases.setdefault(name, none)
     return {
-        "bench": "rest",
         "message_bytes": MESSAGE_BYTES,
         "body_format": "json",
         "publish_msgs_per_s": phases["publish_batch_100"]["msgs_per_s"],
@@ -575,8 +660,6 @@ def measure(args: argparse.Namespace, server: ServerProcess, token: str) -> dict
         "disk_fdatasync_ms": disk_fdatasync_ms(server.data_dir, 1 / args.rate),
         "phases": {name: phase for name, phase in phases.items() if phase is not none},
         "targets": {"publish_msgs_per_s": 50_000, "publish_p99_ms": 10.0},
-        "machine": bench.machine_info(),
-        "load_average": list(os.getloadavg()),
     }
 
 
@@ -587,8 +670,7 @@ def _print_profile(path: Path, top: int = 40) -> None:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="quorra bench rest", description=__doc__.split("\n")[0])
-    parser.add_argument("--json", action="store_true", help="print only the JSON figures")
+    parser = bench.parser("rest", __doc__)
     parser.add_argument("--seconds", type=float, default=5.0, help="length of each phase")
     parser.add_argument("--procs", type=int, default=2, help="load-generator processes")
     parser.add_argument("--batch-clients", type=int, default=4, help="per process, batches of 100")
@@ -605,12 +687,14 @@ def main(argv: list[str]) -> int:
         help=f"comma-separated, of {','.join(PHASES)} (default: all)",
     )
     args = parser.parse_args(argv)
-
+    if args.quick:
+        args.seconds, args.procs = QUICK_SECONDS, 1
+    header = bench.header("rest")
     with tempfile.TemporaryDirectory(prefix="quorra-bench-rest-") as tmp:
         server = ServerProcess(Path(tmp) / "data", args.profile)
         server.start()
         try:
-            result = measure(args, server, _setup(server.url))
+            result = header | measure(args, server, _setup(server.url))
         except BaseException:
             print(server.log_path.read_text(errors="replace")[-5000:], file=sys.stderr)
             raise

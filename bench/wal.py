@@ -1,5 +1,8 @@
-"""``quorra bench wal``: durable 1 KiB appends through the shared WAL from 1, 10 and 100
-servers, against plain sequential 64 KiB writes + fdatasync on the same disk.
+"""Durable 1 KiB appends per second through the shared WAL from 1, 10 and 100 servers.
+
+``quorra bench wal [--json] [--quick] [--servers 1,10,100] [--window W] [--seconds S]``:
+the appends are compared with plain sequential 64 KiB writes + fdatasync on the same
+disk.
 
 Each server keeps ``--window`` entries in flight (a Raft leader pipelines its appends);
 when a ``Persisted`` comes back it submits as many new entries, as one append, as it
@@ -25,12 +28,25 @@ raw figures measured just before and just after it (``raw_mb_per_s`` of the run;
 top-level one is the first run's).
 Each run also reports the 1-minute load average when it started and the CPU time of the
 whole process (all threads) per entry, which noise from other processes moves less than
-the throughput.
+the throughput. ``--quick``: 1 and 10 servers, 0.3 s per run.
+
+JSON keys (``JSON_KEYS``), the headline being ``entries_per_s``:
+
+* ``bench``: "wal";
+* ``machine``: ``bench.machine_info()`` at the start (load average, CPU governor);
+* ``entry_bytes``: bytes per entry (``--entry-bytes``);
+* ``window_entries_per_server``: entries in flight per server (``--window``);
+* ``seconds_per_run``: length of each run and of each raw measurement;
+* ``raw_write_bytes``: bytes per raw write (64 KiB);
+* ``raw_mb_per_s``: raw writes + fdatasync, MB/s, around the first run;
+* ``entries_per_s``: the headline: durable entries per second at the largest number of
+  servers measured (100 by default);
+* ``entries_per_s_by_servers``: the same for each number of servers;
+* ``runs``: each run's figures (``mb_per_s``, ``mb_per_s_vs_raw``, fsyncs, CPU, load).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import queue
@@ -48,8 +64,23 @@ from engine.raft.log import Entry, EntryKind
 from engine.storage import NodeStorage, OsDisk, Persisted, SegmentFlush, WalBatch, WalThread
 from engine.storage.wal import AppendOp
 
+JSON_KEYS = (
+    "bench",
+    "machine",
+    "entry_bytes",
+    "window_entries_per_server",
+    "seconds_per_run",
+    "raw_write_bytes",
+    "raw_mb_per_s",
+    "entries_per_s",
+    "entries_per_s_by_servers",
+    "runs",
+)
+HEADLINE_KEY = "entries_per_s"
 MB = 1_000_000
 RAW_CHUNK = 64 * 1024
+QUICK_SERVERS = "1,10"
+QUICK_SECONDS = 0.3
 
 
 def _bench_dir() -> str:
@@ -153,26 +184,49 @@ def run_servers(
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="quorra bench wal", description=__doc__)
-    parser.add_argument("--json", action="store_true", help="print JSON (the default)")
-    parser.add_argument("--servers", default="1,10,100")
-    parser.add_argument("--window", type=int, default=16)
-    parser.add_argument("--entry-bytes", type=int, default=1024)
-    parser.add_argument("--seconds", type=float, default=3.0)
+    parser = bench.parser("wal", __doc__)
+    parser.add_argument("--servers", default="1,10,100", help="comma-separated server counts")
+    parser.add_argument("--window", type=int, default=16, help="entries in flight per server")
+    parser.add_argument("--entry-bytes", type=int, default=1024, help="bytes per entry")
+    parser.add_argument("--seconds", type=float, default=3.0, help="length of each run")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.servers, args.seconds = QUICK_SERVERS, QUICK_SECONDS
     limits = DEFAULT_LIMITS
     window_max = limits.inflight_messages_per_follower_max * limits.append_entries_per_message_max
     if not 1 <= args.window <= window_max:
         parser.error(f"--window must be 1..{window_max} (what the Raft core lets be in flight)")
+    counts = [int(s) for s in args.servers.split(",")]
+    result = bench.header("wal") | {
+        "entry_bytes": args.entry_bytes,
+        "window_entries_per_server": args.window,
+        "seconds_per_run": args.seconds,
+        "raw_write_bytes": RAW_CHUNK,
+    }
+    runs = measure(counts, args.window, args.entry_bytes, args.seconds)
+    by_servers = {str(run["servers"]): run["entries_per_s"] for run in runs}
+    result |= {
+        "raw_mb_per_s": runs[0]["raw_mb_per_s"],
+        "entries_per_s": by_servers[str(max(counts))],
+        "entries_per_s_by_servers": by_servers,
+        "runs": runs,
+    }
+    print(json.dumps(result, indent=None if args.json else 2))
+    return 0
+
+
+def measure(counts: list[int], window: int, entry_bytes: int, seconds: float) -> list[Any]:
+    """One run per server count, each beside the raw figures measured just before and
+    after it."""
     directory = _bench_dir()
     runs = []
     try:
-        before = raw_mb_per_s(directory, args.seconds)
-        for servers in (int(s) for s in args.servers.split(",")):
+        before = raw_mb_per_s(directory, seconds)
+        for servers in counts:
             run_dir = os.path.join(directory, f"servers-{servers}")
-            run = run_servers(run_dir, servers, args.window, args.entry_bytes, args.seconds)
+            run = run_servers(run_dir, servers, window, entry_bytes, seconds)
             shutil.rmtree(run_dir)
-            after = raw_mb_per_s(directory, args.seconds)
+            after = raw_mb_per_s(directory, seconds)
             raw = (before + after) / 2
             run["raw_mb_per_s"] = round(raw, 1)
             run["raw_mb_per_s_before_after"] = [round(before, 1), round(after, 1)]
@@ -181,14 +235,4 @@ def main(argv: list[str]) -> int:
             before = after
     finally:
         shutil.rmtree(directory, ignore_errors=True)
-    result = {
-        "bench": "wal",
-        "entry_bytes": args.entry_bytes,
-        "seconds_per_run": args.seconds,
-        "raw_mb_per_s": runs[0]["raw_mb_per_s"] if runs else None,
-        "raw_write_bytes": RAW_CHUNK,
-        "runs": runs,
-        "machine": bench.machine_info(),
-    }
-    print(json.dumps(result, indent=2))
-    return 0
+    return runs

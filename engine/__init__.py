@@ -8,6 +8,7 @@ Layers, with dependencies pointing one way only:
 - ``engine.runtime`` the asyncio shell that hosts many queues on one node and performs effects.
 - ``engine.sim``     the deterministic simulator that runs the same core on a fake clock,
                      network and disk.
+- ``engine.node_key`` the node's secret and the keys derived from it (receipts).
 
 Nothing in ``engine`` imports FastAPI or SQLAlchemy; ``engine.raft`` and ``engine.queue``
 import no I/O, clock or randomness modules at all (a test scans their imports).

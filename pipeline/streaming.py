@@ -9,8 +9,8 @@ its partitions (Arrow record batches), so executors never talk to the queue on r
 
 **Offsets carry the batch.** The end offset of a micro-batch is
 ``{"seq": n, "ids": [...], "receipts": [...]}``: the running count of messages handed
-to Spark, and the ids and lease receipts of the messages of that micro-batch (32 hex
-digits each, about 50 bytes per message in the offset log). Spark writes it to the
+to Spark, and the ids and lease receipts of the messages of that micro-batch (64 hex
+digits each, about 80 bytes per message in the offset log). Spark writes it to the
 checkpoint's offset log before running the batch, so the identity of every batch
 survives a crash or a restart of the query.
 

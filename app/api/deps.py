@@ -10,6 +10,12 @@ Usage in a queue router::
 check the permission against the ``{name}`` path parameter (403); use
 ``app.auth.require(principal, permission, name)`` for any other queue name in a
 request (a dead-letter target needs ``configure`` on it, say).
+
+Authentication never blocks the event loop: a bearer token is looked up in the token
+cache, else in a short transaction on a worker thread; a password (HTTP Basic, and the
+dashboard's login form through ``check_login``) is reserved against the lockout
+(app/throttle.py), then checked on the password workers (app/passwords.py), with no
+database session held across the hash.
 """
 
 from __future__ import annotations
@@ -19,7 +25,6 @@ import binascii
 from collections.abc import Callable, Iterator
 from typing import Annotated, Any
 
-import anyio
 from fastapi import Depends, Path, Request
 from fastapi.security import (
     HTTPAuthorizationCredentials,
@@ -29,10 +34,11 @@ from fastapi.security import (
 )
 from sqlalchemy.orm import Session
 
-from app.auth import Permission, Principal, check_password, require, token_digest
+from app.auth import Permission, Principal, require, token_digest
 from app.db import repo
 from app.db.models import User
 from app.db.session import Database
+from app.passwords import PasswordWorkers
 from app.problems import Forbidden, Unauthorized
 from app.throttle import FailureThrottle
 from app.token_cache import TokenCache
@@ -90,46 +96,12 @@ def principal_of(user: User, token_id: str | None = None) -> Principal:
     )
 
 
-def _credentials(request: Request, scheme: str) -> str | None:
-    header = request.headers.get("authorization", "")
+def _credentials(header: str, scheme: str) -> str | None:
+    """The value of an ``Authorization`` header of ``scheme``, else None."""
     given, _, value = header.partition(" ")
     if given.lower() != scheme.lower() or not value.strip():
         return None
     return value.strip()
-
-
-def _bearer(request: Request, session: Session) -> Principal | None:
-    token = _credentials(request, "Bearer")
-    if token is None:
-        return None
-    row = repo.find_token(session, token_digest(token))
-    if row is None:
-        raise Unauthorized("the token is invalid or revoked")
-    repo.maybe_touch_token(row)
-    return principal_of(row.user, token_id=row.id)
-
-
-def _basic(request: Request, session: Session) -> Principal | None:
-    encoded = _credentials(request, "Basic")
-    if encoded is None:
-        return None
-    try:
-        name, sep, password = (
-            base64.b64decode(encoded, validate=True).decode("utf-8").partition(":")
-        )
-    except (binascii.Error, UnicodeDecodeError):
-        raise Unauthorized("malformed Basic credentials", scheme="Basic") from None
-    throttle: FailureThrottle = request.app.state.login_throttle
-    address = client_addr(request)
-    name = name[:100]  # no longer name exists; bounds the throttle's keys
-    throttle.check(name, address)
-    user = repo.get_user(session, name) if sep else None
-    if not check_password(user.password_hash if user else None, password):
-        throttle.failed(name, address)
-        raise Unauthorized("wrong user name or password", scheme="Basic")
-    assert user is not None
-    throttle.succeeded(name, address)
-    return principal_of(user)
 
 
 async def authenticate(request: Request, _doc: BearerDoc) -> Principal:
@@ -141,12 +113,12 @@ async def bearer_principal(state: Any, authorization: str) -> Principal:
     """Who the ``Authorization`` header's bearer token belongs to (else 401); ``state``
     is the app's (its ``token_cache`` and ``db``).
 
-    On the hot path of every publish and receive, so it runs on the event loop: a
-    lookup in the token cache, else one indexed SQLite read in its own short session,
-    no thread hop. The rare write
-    (``last_used_at``, once a minute per token) goes to a worker thread.
+    On the hot path of every publish and receive: a lookup in the token cache, and only
+    on a miss (once a second per token, or a wrong token) one indexed SQLite read, on a
+    worker thread so that the event loop never waits for the database. That read also
+    writes ``last_used_at`` when it is a minute old.
     """
-    token = _bearer_token(authorization)
+    token = _credentials(authorization, "Bearer")
     if token is None:
         raise Unauthorized("send 'Authorization: Bearer <token>'; POST /api/v1/tokens makes one")
     digest = token_digest(token)
@@ -155,37 +127,72 @@ async def bearer_principal(state: Any, authorization: str) -> Principal:
     if cached is not None:
         return cached
     db: Database = state.db
-    with db.session_factory() as session:
-        row = repo.find_token(session, digest)
-        if row is None:
-            raise Unauthorized("the token is invalid or revoked")
-        principal = principal_of(row.user, token_id=row.id)
-        stale = repo.token_use_is_stale(row)
-    if stale:
-        await anyio.to_thread.run_sync(_touch_token, db, row.id)
+    principal = await db.run(lambda session: _token_principal(session, digest))
     cache.put(digest, principal)
     return principal
 
 
-def _bearer_token(header: str) -> str | None:
-    given, _, value = header.partition(" ")
-    if given.lower() != "bearer" or not value.strip():
+def _token_principal(session: Session, digest: str) -> Principal:
+    row = repo.find_token(session, digest)
+    if row is None:
+        raise Unauthorized("the token is invalid or revoked")
+    repo.maybe_touch_token(row)
+    return principal_of(row.user, token_id=row.id)
+
+
+async def check_login(state: Any, name: str, password: str, address: str) -> Principal | None:
+    """The user ``name`` when ``password`` is theirs, else None; ``state`` is the app's.
+
+    ``TooManyFailures`` when the pair may not try now (app/throttle.py), ``LoginsBusy``
+    when the password workers are full (app/passwords.py); both before any work. The
+    user is read in a short session of its own, closed before the hash is checked.
+    """
+    throttle: FailureThrottle = state.login_throttle
+    passwords: PasswordWorkers = state.passwords
+    db: Database = state.db
+    with throttle.attempt(name, address) as attempt, passwords.slot():
+        found = await db.run(lambda session: _login_facts(session, name))
+        valid = await passwords.check(found[1] if found else None, password)
+        attempt.verdict(found is not None and valid)
+    return found[0] if found is not None and valid else None
+
+
+def _login_facts(session: Session, name: str) -> tuple[Principal, str] | None:
+    user = repo.get_user(session, name)
+    return (principal_of(user), user.password_hash) if user is not None else None
+
+
+async def _basic(request: Request, authorization: str) -> Principal | None:
+    encoded = _credentials(authorization, "Basic")
+    if encoded is None:
         return None
-    return value.strip()
+    try:
+        name, sep, password = (
+            base64.b64decode(encoded, validate=True).decode("utf-8").partition(":")
+        )
+    except (binascii.Error, UnicodeDecodeError):
+        raise Unauthorized("malformed Basic credentials", scheme="Basic") from None
+    if not sep:
+        raise Unauthorized("malformed Basic credentials", scheme="Basic")
+    name = name[:100]  # no longer name exists; bounds the throttle's keys
+    principal = await check_login(request.app.state, name, password, client_addr(request))
+    if principal is None:
+        raise Unauthorized("wrong user name or password", scheme="Basic")
+    return principal
 
 
-def _touch_token(db: Database, token_id: str) -> None:
-    with db.transaction() as session:
-        row = repo.get_token(session, token_id)
-        if row is not None:
-            repo.maybe_touch_token(row)
-
-
-def authenticate_token_or_password(
-    request: Request, session: SessionDep, _bearer_doc: BearerDoc, _basic_doc: BasicDoc
+async def authenticate_token_or_password(
+    request: Request, _bearer_doc: BearerDoc, _basic_doc: BasicDoc
 ) -> Principal:
-    """A bearer token or HTTP Basic (user and password): only for /api/v1/tokens."""
-    principal = _bearer(request, session) or _basic(request, session)
+    """A bearer token or HTTP Basic (user and password): only for /api/v1/tokens.
+
+    ``async`` and without the request's session: the password is checked before the
+    endpoint opens its transaction, so no connection is held across the hash.
+    """
+    authorization = request.headers.get("authorization", "")
+    if _credentials(authorization, "Bearer") is not None:
+        return await bearer_principal(request.app.state, authorization)
+    principal = await _basic(request, authorization)
     if principal is None:
         raise Unauthorized("send HTTP Basic credentials or a bearer token", scheme="Basic")
     return principal

@@ -6,8 +6,8 @@ to the FastAPI route, whose pydantic model gives the answer (400, 413 or 422 wit
 errors), so error answers have one source. A body accepted here is one the model accepts
 too, with the same values: the bounds are read from the models' JSON schema (what the
 OpenAPI document states), and tests/app/test_hot_paths.py checks both against each
-other. Types are checked exactly (``type(x) is int``): pydantic's lax coercions (``"5"``,
-``5.0``, bytes for text) are left to pydantic.
+other. Types are checked exactly (``type(x) is int``), as the models are strict: ``"5"``,
+``5.0`` and ``true`` are no integer, bytes no text, on either path.
 """
 
 from __future__ import annotations

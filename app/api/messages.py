@@ -9,8 +9,10 @@ Stale receipts (ack, nack, extend): a receipt whose lease ended (its message was
 will be handed out again) settles nothing. When at least one receipt of the request
 settled, the answer is 200 with ``settled`` and the ``stale`` receipts; when every
 receipt was stale it is 409 ``/problems/stale-receipt`` with the same two fields. A
-malformed receipt is 422 (schema) or 400 (well-formed text that is no receipt), and
-then nothing of the request is applied.
+receipt the queue did not make (its MAC does not match: forged, altered, or another
+queue's; engine/queue/receipts.py) is answered exactly as a stale one, so that a guess
+settles nothing and tells nothing. A malformed receipt (not 64 lowercase hex digits) is
+422, and then nothing of the request is applied.
 
 A publish is all or nothing and answers 201 with one id per message only once the whole
 batch is durable on a quorum. Batches over ``batch_messages_max`` messages or

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import JSONResponse
 
 from app.api.deps import API_PREFIX, AdminDep, PrincipalDep, SessionDep
-from app.api.schemas import AuditOut, Health, Permissions, Readiness, WhoAmI
+from app.api.schemas import ROW_ID_MAX, AuditOut, Health, Permissions, Readiness, WhoAmI
 from app.db import repo
 from app.metrics import CONTENT_TYPE_LATEST, AppMetrics
 from app.negotiation import NegotiatedRoute
@@ -55,13 +55,15 @@ def readyz(request: Request) -> Response:
         **problem_responses(401, 405),
     },
 )
-def metrics(request: Request, session: SessionDep, _who: PrincipalDep) -> Response:
-    """Prometheus text format. Needs a bearer token of any user."""
+def metrics(request: Request, session: SessionDep, who: PrincipalDep) -> Response:
+    """Prometheus text format. Needs a bearer token of any user; per-queue series only of
+    the queues that user may see (as ``GET /queues`` lists them)."""
     app_metrics: AppMetrics = request.app.state.metrics
     app_metrics.users.set(repo.count_users(session))
     app_metrics.ready.set(1 if readiness(request).ready else 0)
     # The queue collector reads the engine: do that on the event loop, which owns it.
-    return Response(from_thread.run_sync(app_metrics.render), media_type=CONTENT_TYPE_LATEST)
+    text = from_thread.run_sync(app_metrics.render, who.can_see)
+    return Response(text, media_type=CONTENT_TYPE_LATEST)
 
 
 @api_router.get("/whoami", response_model=WhoAmI)
@@ -79,7 +81,9 @@ def audit_log(
     session: SessionDep,
     _who: AdminDep,
     limit: int = Query(default=100, ge=1, le=1000),
-    before: int | None = Query(default=None, ge=1, description="Entries older than this id."),
+    before: int | None = Query(
+        default=None, ge=1, le=ROW_ID_MAX, description="Entries older than this id."
+    ),
 ) -> list[AuditOut]:
     """Administrative actions, newest first."""
     return [

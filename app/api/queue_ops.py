@@ -33,6 +33,7 @@ from app.api.queue_schemas import (
     SnapshotOut,
 )
 from app.api.queues import PROBLEMS, actor, info_of
+from app.auth import Principal
 from app.db import repo
 from app.db.models import CompactionEntry, SnapshotEntry
 from app.negotiation import NegotiatedRoute
@@ -163,10 +164,25 @@ async def list_segments(name: QueueName, _who: CanSee, node: NodeDep) -> list[Se
 # --- cluster -----------------------------------------------------------------------
 
 
+def cluster_seen_by(node: QueueEngine, who: Principal) -> dict[str, Any]:
+    """``node.cluster()`` with each node's ``leads`` narrowed to the queues ``who`` may
+    see (the rule of ``GET /queues``): the nodes and their health are everyone's."""
+    cluster = dict(node.cluster())
+    nodes = cluster.get("nodes")
+    if isinstance(nodes, list):
+        cluster["nodes"] = [
+            {**n, "leads": [q for q in n.get("leads", []) if who.can_see(q)]}
+            if isinstance(n, dict)
+            else n
+            for n in nodes
+        ]
+    return cluster
+
+
 @cluster_router.get("/cluster", responses=PROBLEMS)
-async def cluster(_who: PrincipalDep, node: NodeDep) -> dict[str, Any]:
-    """Nodes, their health, and the queues each leads."""
-    return node.cluster()
+async def cluster(who: PrincipalDep, node: NodeDep) -> dict[str, Any]:
+    """Nodes, their health, and the queues each leads (of those the caller may see)."""
+    return cluster_seen_by(node, who)
 
 
 def _membership_unavailable(node: QueueEngine, name: str) -> AppProblem:

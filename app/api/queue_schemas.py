@@ -5,6 +5,10 @@ Bounds come from ``engine.limits.DEFAULT_LIMITS`` so that the OpenAPI document s
 them; the node checks its own limits again (a server may run with smaller ones).
 Message bodies are ``str`` in JSON (``encoding`` says how to turn them into bytes) and
 raw ``bytes`` in MessagePack.
+
+Every field is strict: an integer is a JSON or MessagePack integer (not ``"1"``, ``1.0``
+or ``true``), a boolean a boolean, text is text. app/api/hot_bodies.py checks types the
+same way, so both paths accept the same bodies.
 """
 
 from __future__ import annotations
@@ -12,12 +16,13 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict
 
 from engine.limits import DEFAULT_LIMITS as LIMITS
+from engine.queue.receipts import RECEIPT_CHARS
 
 QUEUE_NAME_PATTERN = r"^[A-Za-z0-9._-]{1,200}$"
-RECEIPT_PATTERN = r"^[0-9a-f]{32}$"
+RECEIPT_PATTERN = rf"^[0-9a-f]{{{RECEIPT_CHARS}}}$"
 COUNT_MAX = 1 << 62
 """Ceiling of ``max_length``/``max_bytes``: far beyond any disk, far below int64."""
 TTL_MS_MAX = 10 * 365 * 24 * 3600 * 1000
@@ -27,28 +32,35 @@ DEDUP_ID_CHARS_MAX = 255
 CONSUMER_CHARS_MAX = 200
 
 
-def _not_bool(value: object) -> object:
-    """JSON ``true`` is no number (pydantic would take it as 1)."""
-    if isinstance(value, bool):
-        raise ValueError("a number, not a boolean")
+def _integer_or_text(value: object) -> object:
+    """A ``Literal`` of integers takes ``true`` and ``1.0`` as 1, even when strict."""
+    if isinstance(value, bool | float):
+        raise ValueError("an integer or a text, not a boolean or a decimal number")
     return value
 
 
-Int = Annotated[int, BeforeValidator(_not_bool)]
-"""Every integer a client sends."""
+Int = Annotated[int, Strict()]
+"""Every integer a client sends: an integer, never ``"1"``, ``1.0`` or ``true``."""
 
 QueueNameStr = Annotated[
     str,
     Field(min_length=1, max_length=200, pattern=QUEUE_NAME_PATTERN, description="A queue name."),
 ]
-Receipt = Annotated[str, Field(pattern=RECEIPT_PATTERN, description="32 lowercase hex digits.")]
+Receipt = Annotated[
+    str,
+    Field(
+        pattern=RECEIPT_PATTERN,
+        description=f"{RECEIPT_CHARS} lowercase hex digits, from a receive: good on that "
+        "queue, for that delivery only.",
+    ),
+]
 Receipts = Annotated[list[Receipt], Field(min_length=1, max_length=LIMITS.receive_messages_max)]
 LeaseMs = Annotated[Int, Field(ge=1, le=LIMITS.lease_ms_max)]
 Count = Annotated[Int, Field(ge=0, le=COUNT_MAX)]
 
 
 class _In(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 # --- queues ------------------------------------------------------------------------
@@ -255,7 +267,7 @@ class SnapshotOut(BaseModel):
 
 
 class CompactionIn(_In):
-    phase: Annotated[Literal["auto", 1, 2, 3], BeforeValidator(_not_bool)] = "auto"
+    phase: Annotated[Literal["auto", 1, 2, 3], BeforeValidator(_integer_or_text)] = "auto"
 
 
 class CompactionOut(BaseModel):

@@ -2,9 +2,9 @@
 
 ``PUT`` answers 201 when it created the queue, 200 when the same queue existed, 409 when
 it exists with other arguments. Listing shows the queues the caller holds any
-permission on; showing one needs any permission on it. A ``dead_letter_queue`` also
-needs ``write`` on that queue (its messages will be written there), and may not be the
-queue itself. Every change goes through ``app.queue_admin`` (engine first, then the
+permission on; showing one needs any permission on it. Setting a ``dead_letter_queue``
+(on create or by a policy change) also needs ``read`` on the queue and ``write`` on the
+target (its messages will flow there), and may not be the queue itself. Every change goes through ``app.queue_admin`` (engine first, then the
 SQLite mirror and the audit log, in the request's transaction).
 """
 
@@ -19,7 +19,7 @@ from app import queue_admin
 from app.api.deps import API_PREFIX, PrincipalDep, QueueName, client_addr
 from app.api.queue_deps import CanConfigure, CanSee, DatabaseDep, NodeDep
 from app.api.queue_schemas import PurgedOut, QueueArgsIn, QueueArgsOut, QueueOut, QueuePatch
-from app.auth import PERMISSIONS, Principal, require
+from app.auth import Principal
 from app.negotiation import NegotiatedRoute
 from app.problems import problem_responses
 from engine.errors import QueueNotFound, ValidationFailed
@@ -50,21 +50,11 @@ def queue_out(node: QueueEngine, info: QueueInfo) -> QueueOut:
     )
 
 
-def _check_target(who: Principal, name: str, target: str | None) -> None:
-    """A dead-letter target receives messages from ``name``: it needs ``write`` on it."""
-    if target is None:
-        return
-    if target == name:
-        raise ValidationFailed("a queue cannot be its own dead_letter_queue")
-    require(who, "write", target)
-
-
 @router.get("", response_model=list[QueueOut], responses=PROBLEMS)
 async def list_queues(who: PrincipalDep, node: NodeDep) -> list[QueueOut]:
     """The queues the caller holds any permission on, by name, with their stats."""
     infos = sorted(node.queues(), key=lambda q: q.name)
-    visible = [q for q in infos if any(who.can(p, q.name) for p in PERMISSIONS)]
-    return [queue_out(node, q) for q in visible]
+    return [queue_out(node, q) for q in infos if who.can_see(q.name)]
 
 
 @router.put(
@@ -86,7 +76,7 @@ async def put_queue(
     body: Annotated[QueueArgsIn | None, Body()] = None,
 ) -> QueueOut:
     args_in = body or QueueArgsIn()
-    _check_target(who, name, args_in.dead_letter_queue)
+    queue_admin.check_dead_letter_target(who, name, args_in.dead_letter_queue)
     args = QueueArgs(**args_in.model_dump())
     info, created = await queue_admin.create_queue(node, db, actor(request, who), name, args)
     response.status_code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
@@ -111,7 +101,7 @@ async def patch_queue(
     if not changes:
         raise ValidationFailed("send at least one policy to change")
     if "dead_letter_queue" in changes:
-        _check_target(who, name, body.dead_letter_queue)
+        queue_admin.check_dead_letter_target(who, name, body.dead_letter_queue)
     info = await queue_admin.update_policy(node, db, actor(request, who), name, changes)
     return queue_out(node, info)
 

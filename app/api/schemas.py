@@ -11,6 +11,9 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from app.auth import pattern_error
 
 USER_NAME_PATTERN = r"^[A-Za-z0-9._@-]{1,100}$"
+ROW_ID_MAX = (1 << 63) - 1
+"""SQLite's largest row id (a signed 64-bit integer): an id parameter beyond it is 422,
+never a value handed to SQLite (which would overflow)."""
 
 
 def _valid_pattern(pattern: str) -> str:
@@ -34,7 +37,9 @@ Password = Annotated[str, Field(min_length=8, max_length=1024)]
 
 
 class _In(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """Strict, as the queue API's bodies (app/api/queue_schemas.py): no coercions."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class Permissions(_In):

@@ -1,7 +1,10 @@
 """``/api/v1/tokens``: create (with HTTP Basic or a token), list and revoke API tokens.
 
 A user manages their own tokens; an admin manages everyone's. The secret is returned
-once, by the create call; the server keeps only its SHA-256 digest.
+once, by the create call, with ``Cache-Control: no-store``; the server keeps only its
+SHA-256 digest. Each endpoint authenticates (``who``, which checks a password off the
+event loop) before it opens its transaction (``session``): FastAPI resolves
+dependencies in the order of the parameters.
 """
 
 from __future__ import annotations
@@ -63,9 +66,14 @@ def _owner(session: Session, who: Principal, user_name: str | None) -> User:
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=TokenCreated)
 def create_token(
-    request: Request, session: SessionDep, who: TokenOrPasswordDep, body: TokenIn | None = None
+    request: Request,
+    response: Response,
+    who: TokenOrPasswordDep,
+    session: SessionDep,
+    body: TokenIn | None = None,
 ) -> TokenCreated:
     body = body or TokenIn()
+    response.headers["Cache-Control"] = "no-store"  # the secret must stay out of caches
     user = _owner(session, who, body.user)
     secret, row = issue_token(session, user, body.name)
     repo.audit(
@@ -83,8 +91,8 @@ def create_token(
 
 @router.get("", response_model=list[TokenOut])
 def list_tokens(
-    session: SessionDep,
     who: TokenOrPasswordDep,
+    session: SessionDep,
     user: str | None = Query(default=None, max_length=100, description="Admins: filter by user."),
 ) -> list[TokenOut]:
     if who.is_admin and user is None:
@@ -94,7 +102,7 @@ def list_tokens(
 
 @router.delete("/{token_id}", status_code=status.HTTP_204_NO_CONTENT)
 def revoke_token(
-    token_id: str, request: Request, session: SessionDep, who: TokenOrPasswordDep
+    token_id: str, request: Request, who: TokenOrPasswordDep, session: SessionDep
 ) -> Response:
     token = repo.get_token(session, token_id)
     if token is None or (token.user_id != who.user_id and not who.is_admin):

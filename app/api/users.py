@@ -1,4 +1,8 @@
-"""``/api/v1/users``: user and permission management (admins only), every change audited."""
+"""``/api/v1/users``: user and permission management (admins only), every change audited.
+
+A new password is hashed on the app's password workers (app/passwords.py) before the
+endpoint's first query, and ends the user's dashboard sessions.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +13,11 @@ from sqlalchemy.orm import Session
 
 from app.api.deps import API_PREFIX, AdminDep, SessionDep, client_addr
 from app.api.schemas import USER_NAME_PATTERN, Permissions, UserIn, UserOut, UserPatch
-from app.auth import Principal, hash_password
+from app.auth import Principal
 from app.db import repo
 from app.db.models import User
 from app.negotiation import NegotiatedRoute
+from app.passwords import PasswordWorkers
 from app.problems import API_ERROR_STATUSES, UserConflict, UserNotFound, problem_responses
 
 UserName = Annotated[str, Path(pattern=USER_NAME_PATTERN)]
@@ -42,6 +47,11 @@ def _get(session: Session, name: str) -> User:
     return user
 
 
+def _passwords(request: Request) -> PasswordWorkers:
+    passwords: PasswordWorkers = request.app.state.passwords
+    return passwords
+
+
 def _audit(
     session: Session, request: Request, who: Principal, action: str, target: str, **detail: object
 ) -> None:
@@ -68,12 +78,13 @@ def list_users(session: SessionDep, _who: AdminDep) -> list[UserOut]:
 
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=UserOut)
 def create_user(body: UserIn, request: Request, session: SessionDep, who: AdminDep) -> UserOut:
+    password_hash = _passwords(request).hash_from_thread(body.password)
     if repo.get_user(session, body.name) is not None:
         raise UserConflict(f"user {body.name!r} exists")
     user = repo.create_user(
         session,
         name=body.name,
-        password_hash=hash_password(body.password),
+        password_hash=password_hash,
         role=body.role,
         configure=body.permissions.configure,
         write=body.permissions.write,
@@ -100,6 +111,9 @@ def get_user(user_name: UserName, session: SessionDep, _who: AdminDep) -> UserOu
 def update_user(
     user_name: UserName, body: UserPatch, request: Request, session: SessionDep, who: AdminDep
 ) -> UserOut:
+    password_hash = None
+    if body.password is not None:
+        password_hash = _passwords(request).hash_from_thread(body.password)
     user = _get(session, user_name)
     changed: list[str] = []
     if body.role is not None and body.role != user.role:
@@ -107,8 +121,8 @@ def update_user(
             _keep_an_admin(session, user)
         user.role = body.role
         changed.append("role")
-    if body.password is not None:
-        user.password_hash = hash_password(body.password)
+    if password_hash is not None:
+        repo.set_password(session, user, password_hash)
         changed.append("password")
     if body.permissions is not None:
         _set_permissions(user, body.permissions)

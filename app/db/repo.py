@@ -79,6 +79,15 @@ def create_user(
     return user
 
 
+def set_password(session: Session, user: User, password_hash: str) -> int:
+    """Give ``user`` a new password and end their dashboard sessions (a password change
+    is how one locks out whoever learnt the old one); returns how many ended."""
+    user.password_hash = password_hash
+    result = session.execute(delete(UiSession).where(UiSession.user_id == user.id))
+    session.flush()
+    return int(getattr(result, "rowcount", 0) or 0)
+
+
 def delete_user(session: Session, user: User) -> None:
     session.delete(user)
     session.flush()

@@ -3,19 +3,24 @@
 A request owns its transaction: ``get_session`` (app/api/deps.py) opens one session
 per request, commits when the endpoint returns and rolls back when it raises. Work
 outside a request (start-up, background recording by the engine) uses
-``Database.transaction()``, which does the same around a ``with`` block.
+``Database.transaction()``, which does the same around a ``with`` block. An ``async``
+endpoint never queries on the event loop (a query may wait for a pooled connection or
+for SQLite's busy timeout, and the whole server would wait with it): it awaits
+``Database.run(work)``, a transaction of its own on a worker thread.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
+import anyio
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 SQLITE_BUSY_TIMEOUT_MS = 5000
+_T = TypeVar("_T")
 
 
 def _on_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -46,6 +51,15 @@ class Database:
         """A session in one transaction: committed on exit, rolled back on error."""
         with self.session_factory.begin() as session:
             yield session
+
+    async def run(self, work: Callable[[Session], _T]) -> _T:
+        """``work(session)`` in a transaction of its own on a worker thread."""
+
+        def run() -> _T:
+            with self.transaction() as session:
+                return work(session)
+
+        return await anyio.to_thread.run_sync(run)
 
     def dispose(self) -> None:
         self.engine.dispose()

@@ -25,7 +25,7 @@ from app import queue_admin
 from app.api.deps import QueueName, client_addr
 from app.api.messages import outgoing
 from app.api.queue_schemas import QUEUE_NAME_PATTERN, PublishIn, QueueArgsIn
-from app.auth import Permission, Principal, require
+from app.auth import Permission, Principal, require, require_flow
 from app.db import repo
 from app.db.session import Database
 from app.problems import AppProblem
@@ -96,15 +96,6 @@ def queue_args_in(form: FormData, limits: Limits) -> QueueArgsIn:
     return QueueArgsIn.model_validate(body)
 
 
-def _check_dead_letter_target(who: Principal, name: str, target: str | None) -> None:
-    """A dead-letter target receives this queue's messages: it needs ``write`` on it."""
-    if target is None:
-        return
-    if target == name:
-        raise ValidationFailed("a queue cannot be its own dead_letter_queue")
-    require(who, "write", target)
-
-
 @router.post("/queues", response_class=HTMLResponse)
 async def create_queue(request: Request, login: CsrfLoginDep) -> HTMLResponse:
     form = await request.form()
@@ -113,7 +104,7 @@ async def create_queue(request: Request, login: CsrfLoginDep) -> HTMLResponse:
         _check_name(name)
         _permit(login.principal, "configure", name)
         args_in = queue_args_in(form, request.app.state.settings.limits)
-        _check_dead_letter_target(login.principal, name, args_in.dead_letter_queue)
+        queue_admin.check_dead_letter_target(login.principal, name, args_in.dead_letter_queue)
         node = node_of(request)
         args = QueueArgs(**args_in.model_dump())
         _info, created = await queue_admin.create_queue(
@@ -261,16 +252,17 @@ async def publish(name: QueueName, request: Request, login: CsrfLoginDep) -> HTM
 
 @router.post("/queues/{name}/redrive", response_class=HTMLResponse)
 async def redrive(name: QueueName, request: Request, login: CsrfLoginDep) -> HTMLResponse:
-    """Move up to ``count`` ready messages of ``name`` (a dead-letter queue) to ``target``:
-    lease them, publish copies to the target (durable there first), then ack them here.
-    A failed publish gives the leases back, so a message is never lost (it may be
-    published twice if the ack fails: at least once, like every delivery)."""
+    """Move up to ``count`` ready messages of ``name`` (a dead-letter queue) to ``target``
+    (``configure`` and ``read`` on ``name``, ``write`` on ``target``): lease them, publish
+    copies to the target (durable there first), then ack them here. A failed publish
+    gives the leases back, so a message is never lost (it may be published twice if the
+    ack fails: at least once, like every delivery)."""
     form = await request.form()
     target = str(form.get("target", "")).strip()
     try:
         _permit(login.principal, "configure", name)
         _check_name(target)
-        _permit(login.principal, "write", target)
+        require_flow(login.principal, name, target)
         if target == name:
             raise ValidationFailed("choose another queue to move messages to")
         count = _int_field(form, "count") or 100

@@ -1,7 +1,9 @@
 """Users and tokens (admins only): add users, set their permissions, create and revoke
 tokens. Bodies are validated by the REST API's own models (``UserIn``,
 ``Permissions``); rows change through ``app.db.repo`` in the request's transaction,
-and every change lands in the audit log with ``source="ui"``.
+and every change lands in the audit log with ``source="ui"``. A password is hashed on
+the app's password workers (app/passwords.py) before the first query. A created token's
+secret is shown once, on a page with ``Cache-Control: no-store`` like every page here.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ from sqlalchemy.orm import Session
 from app.api.deps import SessionDep, client_addr
 from app.api.schemas import USER_NAME_PATTERN, Permissions, UserIn
 from app.api.tokens import issue_token
-from app.auth import hash_password
 from app.db import repo
+from app.passwords import PasswordWorkers
 from app.problems import AppProblem, Forbidden, TokenNotFound, UserConflict, UserNotFound
 from app.ui.common import error_flash, flash, render
 from app.ui.sessions import UiLogin
@@ -106,6 +108,8 @@ def add_user(
                 "permissions": {"configure": configure, "write": write, "read": read},
             }
         )
+        passwords: PasswordWorkers = request.app.state.passwords
+        password_hash = passwords.hash_from_thread(body.password)  # before any query
         if repo.get_user(session, body.name) is not None:
             raise UserConflict(f"user {body.name!r} exists")
     except (AppProblem, ValidationError) as e:
@@ -113,7 +117,7 @@ def add_user(
     repo.create_user(
         session,
         name=body.name,
-        password_hash=hash_password(body.password),
+        password_hash=password_hash,
         role=body.role,
         configure=body.permissions.configure,
         write=body.permissions.write,

@@ -15,7 +15,7 @@ from fastapi.responses import HTMLResponse
 from pydantic import ValidationError
 
 from app.api.deps import client_addr
-from app.auth import PERMISSIONS, Permission, Principal
+from app.auth import Permission, Principal
 from app.problems import AppProblem
 from app.queue_admin import Actor
 from app.ui.charts import FILTERS
@@ -63,10 +63,6 @@ def actor_of(request: Request, login: UiLogin) -> Actor:
 
 def can(principal: Principal, permission: Permission, queue: str) -> bool:
     return principal.can(permission, queue)
-
-
-def can_see(principal: Principal, queue: str) -> bool:
-    return any(principal.can(p, queue) for p in PERMISSIONS)
 
 
 def flash(

@@ -3,7 +3,8 @@ with the fragments htmx polls for its live parts.
 
 Endpoints are ``async``: the engine's state changes on the event loop only, so its
 ``stats``/``segments``/``cluster`` are read there too. History comes from SQLite in a
-short session (bounded reads), like bearer authentication does.
+short transaction on a worker thread (bounded reads), and the analytics summary from
+its file there too: the event loop never waits on SQLite or the disk.
 """
 
 from __future__ import annotations
@@ -12,15 +13,20 @@ import json
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
+import anyio
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse
+from sqlalchemy.orm import Session
 
 from app.api.deps import QueueName
 from app.api.ops import readiness
+from app.api.queue_ops import cluster_seen_by
+from app.auth import Principal
 from app.db import repo
+from app.db.models import CompactionEntry, SnapshotEntry
 from app.db.session import Database
 from app.ui.charts import history_chart, line_chart
-from app.ui.common import can, can_see, flash, node_of, render
+from app.ui.common import can, flash, node_of, render
 from app.ui.reads import LIST_AGE_S, reads_of
 from app.ui.series import Sample, collect, store_of
 from app.ui.views import LoginDep
@@ -50,11 +56,16 @@ def _overview_context(request: Request, login: Any) -> dict[str, Any]:
     if totals is None and node is not None:
         totals = collect(node, None)
     rings = list(store.totals)
-    visible = [(n, s) for n, s in store.latest() if can_see(login.principal, n)]
+    visible = [(n, s) for n, s in store.latest() if login.principal.can_see(n)]
     deepest = sorted(visible, key=lambda pair: -(pair[1].ready + pair[1].unacked))[:DEEPEST_SHOWN]
     return {
         "readiness": readiness(request),
-        "cluster": node.cluster() if node is not None else {"node": "", "nodes": []},
+        "public_url": request.app.state.settings.public_base_url,
+        "cluster": (
+            cluster_seen_by(node, login.principal)
+            if node is not None
+            else {"node": "", "nodes": []}
+        ),
         "wal": node.wal_stats() if node is not None else None,
         "totals": totals,
         "deepest": [(n, s) for n, s in deepest if s.ready + s.unacked > 0],
@@ -76,8 +87,10 @@ def _overview_context(request: Request, login: Any) -> dict[str, Any]:
     }
 
 
-def _names(node: QueueEngine | None) -> list[str]:
-    return [q.name for q in node.queues()] if node is not None else []
+def _names(node: QueueEngine | None, who: Principal) -> list[str]:
+    """The queue names offered as choices (dead-letter and move targets): those ``who``
+    may see."""
+    return [q.name for q in node.queues() if who.can_see(q.name)] if node is not None else []
 
 
 @router.get("/", response_class=HTMLResponse)
@@ -107,9 +120,7 @@ def _rows(
     who = login.principal
     needle = needle.strip().lower()
     visible = [
-        q
-        for q in node.queues()
-        if can_see(who, q.name) and (not needle or needle in q.name.lower())
+        q for q in node.queues() if who.can_see(q.name) and (not needle or needle in q.name.lower())
     ]
     if sort == "depth":  # by the sampler's newest figures: no engine call per queue
         depth = {n: s.ready + s.unacked for n, s in store_of(request.app).latest()}
@@ -144,7 +155,7 @@ async def queues_page(
         "q": q,
         "sort": sort,
         "may_create": bool(login.principal.configure),
-        "queue_names": _names(request.app.state.node),
+        "queue_names": _names(request.app.state.node, login.principal),
         "limits": request.app.state.settings.limits,
     }
     return render(request, "queues.html", context, login)
@@ -168,7 +179,7 @@ async def queue_rows(
 def _info(request: Request, login: Any, name: str) -> QueueInfo:
     """The queue, when the user may see it (else the same 404 as an unknown queue)."""
     for info in node_of(request).queues():
-        if info.name == name and can_see(login.principal, name):
+        if info.name == name and login.principal.can_see(name):
             return info
     raise QueueNotFound(f"no queue {name!r}")
 
@@ -210,17 +221,22 @@ def _live_context(request: Request, login: Any, name: str) -> dict[str, Any]:
     }
 
 
-def _storage_context(request: Request, login: Any, name: str) -> dict[str, Any]:
+def _history(
+    session: Session, name: str, engine_uid: str
+) -> tuple[list[SnapshotEntry], list[CompactionEntry]]:
+    row = repo.get_queue(session, name)
+    uid = row.uid if row is not None else engine_uid
+    snapshots = list(repo.list_snapshots(session, uid, CHART_HISTORY_MAX))
+    return snapshots, list(repo.list_compactions(session, uid, CHART_HISTORY_MAX))
+
+
+async def _storage_context(request: Request, login: Any, name: str) -> dict[str, Any]:
     info = _info(request, login, name)
     node = node_of(request)
     reads = reads_of(request.app)
     segments = reads.segments(node, name)
     db: Database = request.app.state.db
-    with db.session_factory() as session:
-        row = repo.get_queue(session, name)
-        uid = row.uid if row is not None else info.uid
-        snapshots = list(repo.list_snapshots(session, uid, CHART_HISTORY_MAX))
-        compactions = list(repo.list_compactions(session, uid, CHART_HISTORY_MAX))
+    snapshots, compactions = await db.run(lambda session: _history(session, name, info.uid))
     widest = max((s.live_entries + s.dead_entries for s in segments), default=0)
     chart = history_chart(
         [(int(s.taken_at.timestamp() * 1000), s.bytes) for s in snapshots],
@@ -243,8 +259,10 @@ def _storage_context(request: Request, login: Any, name: str) -> dict[str, Any]:
     }
 
 
-def _dead_letter_sources(node: QueueEngine, name: str) -> list[str]:
-    return sorted(q.name for q in node.queues() if q.args.dead_letter_queue == name)
+def _dead_letter_sources(node: QueueEngine, name: str, who: Principal) -> list[str]:
+    return sorted(
+        q.name for q in node.queues() if q.args.dead_letter_queue == name and who.can_see(q.name)
+    )
 
 
 def not_shown(request: Request, login: Any, error: QuorraError) -> HTMLResponse:
@@ -264,13 +282,13 @@ async def _queue_page(name: str, request: Request, login: Any) -> HTMLResponse:
     who = login.principal
     context = {
         **_live_context(request, login, name),
-        **_storage_context(request, login, name),
+        **await _storage_context(request, login, name),
         "may_configure": can(who, "configure", name),
         "may_write": can(who, "write", name),
         "may_read": can(who, "read", name),
-        "redrive_targets": _dead_letter_sources(node_of(request), name),
-        "queue_names": _names(request.app.state.node),
-        "analytics": _analytics(request, name),
+        "redrive_targets": _dead_letter_sources(node_of(request), name, who),
+        "queue_names": _names(request.app.state.node, who),
+        "analytics": await anyio.to_thread.run_sync(_analytics, request, name),
     }
     if context["may_read"]:
         context |= await _browse_context(request, name, None)
@@ -289,7 +307,7 @@ async def queue_live(name: QueueName, request: Request, login: LoginDep) -> HTML
 @router.get("/queues/{name}/storage", response_class=HTMLResponse)
 async def queue_storage(name: QueueName, request: Request, login: LoginDep) -> HTMLResponse:
     try:
-        context = _storage_context(request, login, name)
+        context = await _storage_context(request, login, name)
     except QuorraError as e:
         return flash(request, e.detail, kind="bad", status_code=e.status)
     return render(request, "_queue_storage.html", context, login)
@@ -353,7 +371,8 @@ async def queue_messages(
 
 def _analytics(request: Request, name: str) -> dict[str, Any] | None:
     """The pipeline's analytics summary of this queue, when ``quorra pipeline report
-    --out DATA_DIR/reports`` wrote one (``reports/<queue>/summary.json``)."""
+    --out DATA_DIR/reports`` wrote one (``reports/<queue>/summary.json``). File I/O:
+    call it on a worker thread."""
     if name in (".", ".."):
         return None
     path = request.app.state.settings.data_dir / ANALYTICS_DIR / name / "summary.json"

@@ -3,9 +3,9 @@ CSRF tokens for every form.
 
 The cookie holds a random session id signed with the data directory's secret key
 (itsdangerous), HttpOnly and SameSite=Strict; the database keeps only the id's digest,
-its expiry and the session's CSRF token, so logout and user deletion end a session at
-once. Before login, the form's CSRF token is a double submit: a random value in a
-signed, short-lived cookie and in the form.
+its expiry and the session's CSRF token, so logout, user deletion and a new password
+end a session at once. Before login, the form's CSRF token is a double submit: a random
+value in a signed, short-lived cookie and in the form.
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ from fastapi import Depends, Request, Response
 from itsdangerous import BadSignature, URLSafeTimedSerializer
 from sqlalchemy.orm import Session
 
-from app.api.deps import SessionDep, principal_of
+from app.api.deps import principal_of
 from app.auth import Principal, session_digest
 from app.db import repo
+from app.db.session import Database
 
 SESSION_COOKIE = "quorra_session"
 LOGIN_CSRF_COOKIE = "quorra_login_csrf"
@@ -106,17 +107,23 @@ def start_session(
     clear_cookie(response, LOGIN_CSRF_COOKIE)
 
 
-def current_login(request: Request, session: SessionDep) -> UiLogin | None:
-    """The logged-in user of this request, or None."""
+def current_login(request: Request) -> UiLogin | None:
+    """The logged-in user of this request, or None.
+
+    Read in a short session of its own (this runs on a worker thread), not in the
+    request's: an endpoint's transaction then holds no connection before it needs one.
+    """
     cookie = request.cookies.get(SESSION_COOKIE)
     session_id = _signer(request).unsign_session(cookie) if cookie else None
     if session_id is None:
         return None
     digest = session_digest(session_id)
-    row = repo.find_ui_session(session, digest)
-    if row is None:
-        return None
-    return UiLogin(principal_of(row.user), row.csrf_token, digest)
+    db: Database = request.app.state.db
+    with db.session_factory() as session:
+        row = repo.find_ui_session(session, digest)
+        if row is None:
+            return None
+        return UiLogin(principal_of(row.user), row.csrf_token, digest)
 
 
 MaybeLogin = Annotated[UiLogin | None, Depends(current_login)]

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-import anyio
 from fastapi import APIRouter, Depends, Request, Response, status
 from fastapi.responses import HTMLResponse, RedirectResponse
 from sqlalchemy.orm import Session
 
-from app.api.deps import SessionDep, client_addr, principal_of
-from app.auth import check_password
+from app.api.deps import SessionDep, check_login, client_addr
 from app.db import repo
-from app.throttle import FailureThrottle, TooManyFailures
+from app.db.session import Database
+from app.passwords import LoginsBusy
+from app.throttle import TooManyFailures
 from app.ui.sessions import (
     MaybeLogin,
     UiLogin,
@@ -87,31 +87,31 @@ def login_form(request: Request, login: MaybeLogin) -> Response:
 
 
 @router.post("/login", response_class=HTMLResponse)
-async def login_submit(request: Request, session: SessionDep) -> Response:
+async def login_submit(request: Request) -> Response:
+    """``async`` and without the request's session: the password is checked off the event
+    loop (``check_login``), and the session row is written in a transaction of its own."""
     form = await request.form()
     username = str(form.get("username", ""))[:100]
     password = str(form.get("password", ""))[:1024]
     if not login_csrf_ok(request, str(form.get("csrf_token", ""))):
         return _login_page(request, "The form expired; please try again.", 403, username)
-    throttle: FailureThrottle = request.app.state.login_throttle
-    address = client_addr(request)
+    state = request.app.state
     try:
-        throttle.check(username, address)
-    except TooManyFailures as e:
-        return _login_page(
-            request, f"Too many wrong passwords; retry in {e.retry_after_s} s.", 429, username
-        )
-    user = repo.get_user(session, username)
-    valid = await anyio.to_thread.run_sync(
-        check_password, user.password_hash if user else None, password
-    )
-    if user is None or not valid:
-        throttle.failed(username, address)
+        principal = await check_login(state, username, password, client_addr(request))
+    except (TooManyFailures, LoginsBusy) as e:
+        page = _login_page(request, f"{e.detail[:1].upper()}{e.detail[1:]}.", 429, username)
+        page.headers["Retry-After"] = str(e.retry_after_s)
+        return page
+    if principal is None:
         return _login_page(request, "Wrong user name or password.", 401, username)
-    throttle.succeeded(username, address)
     response = RedirectResponse("/", status_code=status.HTTP_303_SEE_OTHER)
-    start_session(request, response, session, principal_of(user))
-    _audit(session, request, user.name, "session.login")
+
+    def begin(session: Session) -> None:
+        start_session(request, response, session, principal)
+        _audit(session, request, principal.name, "session.login")
+
+    db: Database = state.db
+    await db.run(begin)
     return response
 
 

@@ -14,9 +14,10 @@ How the runtime uses it
   tuples; ``.deliveries`` gives ``Delivery(tag, ref, priority, delivery_count)`` values). For each, ``machine.ref_parts(ref)`` gives ``(index, slot, size)``;
   read the log entry at ``index`` and call ``read_message(entry, slot)`` for body and
   headers (memoryviews, no copy); ``published_at`` is that entry's ``now_ms``. The
-  receipt is ``encode_receipt(tag, ref)``; the public message id is
+  receipt is ``ReceiptSeal(key, queue uid).seal(tag, ref)``; the public message id is
   ``message_id(index, slot)`` (= index * 1024 + slot, as in ``Enqueued.ids``).
-* **Ack / nack / extend**: ``decode_receipt`` each receipt, then ``encode_settle``,
+* **Ack / nack / extend**: ``ReceiptSeal.open`` each receipt (``None``: not one of this
+  queue's, report it stale without proposing it), then ``encode_settle``,
   ``encode_return`` (nack requeue), ``encode_discard`` (nack without requeue: dead-letter
   with reason ``rejected``), ``encode_extend(receipts, lease_ms)``. Reply
   ``Settled(count, stale)``: ``stale`` lists the positions of receipts whose lease is no
@@ -37,7 +38,8 @@ How the runtime uses it
 
 Packed references (``refs``): one uint64 per message, tag bit 63 = 0: index:44 | size:15 |
 slot:4; tag 10: index:37 | slot:10 | size:15; tag 11: handle into the machine's fallback
-table. Receipts (``receipts``): 32 hex digits, delivery tag then ref.
+table. Receipts (``receipts``): 64 hex digits, delivery tag, ref, then a MAC binding
+them to the queue.
 
 Dedup window: a message whose ``dedup_id`` was seen in this queue within
 ``Limits.dedup_window_ms`` (leader time, default 5 minutes) of the first publish is
@@ -89,7 +91,7 @@ from engine.queue.effects import (
     Settled,
 )
 from engine.queue.machine import BrowseItem, MemoryUse, QueueMachine, QueueStats
-from engine.queue.receipts import decode_receipt, encode_receipt
+from engine.queue.receipts import ReceiptSeal, check_receipt_text
 from engine.queue.refs import RefParts, message_id, message_id_parts
 
 __all__ = [
@@ -118,11 +120,12 @@ __all__ = [
     "QueueMachine",
     "QueuePolicy",
     "QueueStats",
+    "ReceiptSeal",
     "RefParts",
     "Rejected",
     "Settled",
+    "check_receipt_text",
     "command_kind",
-    "decode_receipt",
     "encode_checkout",
     "encode_dead_letter_confirm",
     "encode_discard",
@@ -131,7 +134,6 @@ __all__ = [
     "encode_extend",
     "encode_policy",
     "encode_purge",
-    "encode_receipt",
     "encode_return",
     "encode_settle",
     "enqueue_count",

@@ -28,7 +28,9 @@ from engine.raft.events import (
 )
 from engine.raft.log import Entry, EntryKind, LogStore
 from engine.raft.machine import ApplyMeta, Machine
-from engine.raft.server import Fault, RaftOptions, RaftServer, RandomSource, Role
+from engine.raft.options import Fault, RaftOptions, RandomSource
+from engine.raft.role import Role
+from engine.raft.server import RaftServer
 from engine.raft.snapshot import Snapshot, SnapshotMeta
 
 __all__ = [

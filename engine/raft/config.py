@@ -28,9 +28,6 @@ class Configuration:
     def members(self) -> tuple[ServerId, ...]:
         return tuple(sorted(self.voters + self.learners))
 
-    def quorum(self) -> int:
-        return len(self.voters) // 2 + 1
-
     def with_learner(self, server: ServerId) -> Configuration:
         assert server not in self.members
         return Configuration(self.voters, tuple(sorted((*self.learners, server))))

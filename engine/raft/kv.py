@@ -69,9 +69,6 @@ class KvMachine:
             self.keys.pop(op[1], None)
         return ("ok", meta.index), []
 
-    def value_index(self, key: str) -> int | None:
-        return self.keys.get(key)
-
     def get(self, key: str, read_entry: Callable[[int], bytes]) -> bytes | None:
         """The current value of ``key``; ``read_entry`` returns the data of a log entry."""
         index = self.keys.get(key)

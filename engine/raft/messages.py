@@ -1,5 +1,8 @@
 """Messages between the Raft servers of one group. Frozen values; the runtime moves them.
 
+Constructors take keywords only (``AppendResponse(term=..., success=...)``): a message
+has many integer fields of the same type, and a keyword cannot be put in the wrong place.
+
 Every message names its sender, its receiver and the sender's term. The core never
 assumes delivery, order or uniqueness: the network may drop, delay, reorder and repeat.
 """
@@ -12,7 +15,7 @@ from engine.ids import ServerId
 from engine.raft.log import Entry
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class VoteRequest:
     src: ServerId
     dst: ServerId
@@ -25,7 +28,7 @@ class VoteRequest:
     """Sent on a leadership transfer: voters ignore their leader lease."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class VoteResponse:
     src: ServerId
     dst: ServerId
@@ -34,7 +37,7 @@ class VoteResponse:
     pre: bool
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class AppendRequest:
     src: ServerId
     dst: ServerId
@@ -45,7 +48,7 @@ class AppendRequest:
     commit: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class AppendResponse:
     src: ServerId
     dst: ServerId
@@ -62,7 +65,7 @@ class AppendResponse:
     last index + 1 when the log is too short."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Heartbeat:
     src: ServerId
     dst: ServerId
@@ -72,7 +75,7 @@ class Heartbeat:
     read_seq: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class HeartbeatResponse:
     src: ServerId
     dst: ServerId
@@ -83,7 +86,7 @@ class HeartbeatResponse:
     passed its log check, so the leader sends one (empty if there is nothing new)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SnapshotChunk:
     src: ServerId
     dst: ServerId
@@ -101,7 +104,7 @@ class SnapshotChunk:
     """Live entries before the snapshot that the follower lacks, in index order."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SnapshotResponse:
     src: ServerId
     dst: ServerId
@@ -114,7 +117,7 @@ class SnapshotResponse:
     of its live indexes this follower lacks; the leader sends only those."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TimeoutNow:
     """Leadership transfer: the receiver campaigns at once, skipping the pre-vote."""
 

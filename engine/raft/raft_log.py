@@ -57,6 +57,19 @@ class RaftLog:
     def matches(self, index: int, term: int) -> bool:
         return self.term(index) == term
 
+    def last_index_of_term(self, term: int, upto: int) -> int:
+        """The last index at or below ``upto`` whose entry has ``term``; 0 if none is
+        held (a leader's hint for a follower whose log diverges in ``term``)."""
+        index = min(upto, self.last_index())
+        while index > self.snapshot_index:
+            t = self.term(index)
+            if t is None or t < term:
+                return 0
+            if t == term:
+                return index
+            index -= 1
+        return 0
+
     def entries(self, lo: int, hi: int, max_bytes: int, max_count: int) -> list[Entry]:
         """Entries ``lo <= index < hi``, at most ``max_count``, stopping before the one that
         passes ``max_bytes`` (at least one). Raises ``LookupError`` below the snapshot."""

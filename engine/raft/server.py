@@ -1,5 +1,11 @@
 """The Raft server as a pure object: ``step(event)`` changes it, ``ready()`` says what to do.
 
+The server holds one member's state and dispatches events; each concept has its module
+(as etcd-raft's packages): ``election`` (votes, pre-vote), ``quorum`` (the one quorum
+rule), ``read_only`` (ReadIndex), ``membership`` (changes, learner catch-up, leadership
+transfer), ``snapshot_transfer`` (sending and receiving snapshots), ``progress`` (what
+the leader knows of each follower), ``raft_log`` (the log with its unstable tail).
+
 Rules kept here:
 
 - No I/O, clock or randomness of its own: time comes from ``Tick``, chance from the
@@ -8,11 +14,9 @@ Rules kept here:
   (``Ready.messages_after_persist``); the leader counts itself toward a quorum only up to
   what its own storage reported durable.
 - Only entries of the current term are committed by counting replicas (Raft section 5.4.2).
-- Pre-vote and check-quorum: a server that cannot win does not disturb the term, and a
-  voter that heard from a leader within the minimum election timeout ignores campaigns
+- Check-quorum: a leader that did not hear from a quorum within the minimum election
+  timeout steps down, and a voter that heard from a leader within it ignores campaigns
   (its leader lease), unless the campaign is a leadership transfer.
-- Reads are linearizable by ReadIndex: the leader records its commit index, confirms it
-  still leads with one heartbeat round to a quorum, and answers once it has applied it.
 - Repair mode (``repair=True``: storage lost durable entries of this server, or maybe its
   hard state). Such a server may have acknowledged entries, or voted, and no longer know
   it, so until it is repaired it grants no vote or pre-vote, never campaigns, and counts
@@ -26,31 +30,27 @@ Rules kept here:
   acknowledgements. Leaving, it records a vote for that leader in that term (it may have
   voted in it before the damage) and ``Ready.repaired`` says so; storage keeps its
   repair marker until that hard state is durable.
+- ``check_invariants()`` states what holds between any two events; the simulator calls
+  it after every step.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
-from enum import IntEnum
-from typing import Protocol
-
-from pyroaring import BitMap64
 
 from engine.errors import RecoveryRefused
 from engine.ids import ServerId
-from engine.limits import DEFAULT_LIMITS, Limits
+from engine.limits import Limits
+from engine.raft import election, membership, quorum, read_only, replication, snapshot_transfer
 from engine.raft.config import EMPTY_CONFIGURATION, Configuration
 from engine.raft.events import (
     Accepted,
     AddServer,
-    Completed,
     Event,
     HardState,
     Persisted,
     Propose,
     ReadIndex,
-    ReadReady,
     Ready,
     Receive,
     Rejected,
@@ -73,77 +73,12 @@ from engine.raft.messages import (
     VoteRequest,
     VoteResponse,
 )
-from engine.raft.progress import Progress, ProgressState
+from engine.raft.options import Fault, RaftOptions, RandomSource
+from engine.raft.progress import Progress
 from engine.raft.raft_log import RaftLog
+from engine.raft.read_only import ReadOnly
+from engine.raft.role import Role
 from engine.raft.snapshot import Snapshot, SnapshotMeta
-
-
-class RandomSource(Protocol):
-    """What the core needs of a ``random.Random`` (which satisfies it)."""
-
-    def randint(self, a: int, b: int) -> int: ...
-
-
-class Role(IntEnum):
-    FOLLOWER = 0
-    PRE_CANDIDATE = 1
-    CANDIDATE = 2
-    LEADER = 3
-
-
-class Fault(IntEnum):
-    """Deliberate bugs, for tests that prove the simulator's checkers catch them."""
-
-    NONE = 0
-    COMMIT_ANY_TERM = 1
-    """Commit entries of earlier terms by counting replicas (breaks Raft section 5.4.2)."""
-    COMMIT_QUORUM_OFF_BY_ONE = 2
-    """Count ``len(voters) // 2`` replicas as a quorum (one too few)."""
-    REPAIR_OFF = 3
-    """Start as a normal member although storage lost durable data (no repair mode)."""
-
-
-@dataclass(frozen=True, slots=True)
-class RaftOptions:
-    server_id: ServerId
-    rng: RandomSource
-    limits: Limits = DEFAULT_LIMITS
-    pre_vote: bool = True
-    check_quorum: bool = True
-    fault: Fault = Fault.NONE
-
-
-@dataclass(slots=True)
-class _Incoming:
-    """A snapshot a follower is receiving: the checkpoint's bytes, then (once decoded)
-    the live entries it lacks."""
-
-    index: int
-    term: int
-    data: bytearray
-    snapshot: Snapshot | None = None
-    missing: BitMap64 | None = None
-    entries: list[Entry] = field(default_factory=list)
-
-    def next_offset(self) -> int:
-        return len(self.data) + len(self.entries)
-
-
-def _expected(inc: _Incoming, entries: list[Entry]) -> bool:
-    """``entries`` are the next ones of the missing set, in order."""
-    assert inc.missing is not None
-    k = len(inc.entries)
-    return [e.index for e in entries] == list(inc.missing[k : k + len(entries)])
-
-
-@dataclass(slots=True)
-class _CatchUp:
-    request_id: int
-    server: ServerId
-    round_target: int
-    round_start_ms: int
-    rounds: int
-    learner_index: int
 
 
 class RaftServer:
@@ -152,7 +87,12 @@ class RaftServer:
     ``snapshot`` says where storage's log starts; ``checkpoint`` (at or after it, default
     the snapshot) is where the machine was restored: replay starts after it and only the
     log after it is read for configuration changes. Neither carries a payload, so
-    creating a server reads no live entry whatever the depth of the queue."""
+    creating a server reads no live entry whatever the depth of the queue.
+
+    The concept modules read and change its fields, and call the few methods without a
+    leading underscore (``become_follower``, ``become_leader``, ``heard_from_leader``,
+    ``reset_election_timer``, ``proposal_refusal``, ``append_as_leader``); nothing
+    outside ``engine.raft`` changes it except through ``step``."""
 
     def __init__(
         self,
@@ -197,39 +137,35 @@ class RaftServer:
         self.configs: list[tuple[int, Configuration]] = [
             (base_index, base.config if base else bootstrap)
         ]
-        self._scan_configs(base_index + 1)
+        """(index of the entry, configuration) from the checkpoint on, in index order."""
+        self.configs += _configs_in(self.log, base_index + 1, self.limits)
         if repair and self.config.voters == (self.id,):
             raise RecoveryRefused(
                 f"{self.id}: durable data was lost and the group has no other member to "
                 "repair it from; restore it from a backup"
             )
         self.progress: dict[ServerId, Progress] = {}
+        """The leader's view of each other member; empty unless leading."""
         self.votes: dict[ServerId, bool] = {}
         self.election_deadline_ms = 0
         self.leader_contact_ms = -(1 << 40)
         self.heartbeat_due_ms = 0
         self.check_quorum_due_ms = 0
         self.term_start_index = 0
+        """The index of the leader's first entry of its term (its no-op)."""
         self.uncommitted: deque[tuple[int, int]] = deque()
+        """(last index, bytes) of each accepted proposal not yet committed."""
         self.uncommitted_bytes = 0
-        self.read_seq = 0
-        self.pending_reads: deque[tuple[int, int, int]] = deque()
-        """(read seq, request id, read index), waiting for a quorum to confirm the seq."""
-        self.confirmed_reads: deque[tuple[int, int]] = deque()
-        self.reads_waiting_term_commit: list[int] = []
-        self.catch_up: _CatchUp | None = None
-        self.change_request: tuple[int, int] | None = None
-        """(request id, config entry index) of a removal waiting to commit."""
-        self.transfer: tuple[int, ServerId, int] | None = None
-        """(request id, target, deadline ms) of a leadership transfer in progress."""
-        self.transfer_sent = False
-        self.incoming_snapshot: _Incoming | None = None
+        self.reads = ReadOnly()
+        self.membership = membership.Membership()
+        self.incoming_snapshot: snapshot_transfer.Incoming | None = None
         self.pending_install: tuple[Snapshot, list[Entry]] | None = None
         self.hard_state_out = HardState(self.term, self.vote, self.commit)
         self.rd = Ready()
+        """What the next ``ready()`` returns, filled as events are stepped."""
         if repair:
             self.term, self.vote = self.term + 1, None
-        self._reset_election_timer()
+        self.reset_election_timer()
 
     # --- public surface --------------------------------------------------------------
 
@@ -259,19 +195,20 @@ class RaftServer:
         elif type(event) is Propose:
             self._on_propose(event)
         elif type(event) is Persisted:
-            self._on_persisted(event.index, event.term)
+            if self.log.maybe_persisted(event.index, event.term) and self.role is Role.LEADER:
+                replication.maybe_commit(self)
         elif type(event) is ReadIndex:
-            self._on_read_index(event.request_id)
+            read_only.on_read_index(self, event.request_id)
         elif type(event) is AddServer:
-            self._on_add_server(event)
+            membership.on_add_server(self, event)
         elif type(event) is RemoveServer:
-            self._on_remove_server(event)
+            membership.on_remove_server(self, event)
         elif type(event) is TransferLeadership:
-            self._on_transfer(event)
+            membership.on_transfer(self, event)
         elif type(event) is SnapshotTaken:
             self._on_snapshot_taken(event.snapshot)
         elif type(event) is SnapshotInstalled:
-            self._on_snapshot_installed(event.index, event.term)
+            snapshot_transfer.on_installed(self, event.index, event.term)
         else:
             raise AssertionError(f"unknown event {event!r}")
         if self.repairing:
@@ -288,10 +225,66 @@ class RaftServer:
             self.pending_install = None
         rd.entries_to_persist = self.log.take_unpersisted()
         self._collect_committed(rd)
-        while self.confirmed_reads and self.confirmed_reads[0][1] <= self.applied:
-            request_id, index = self.confirmed_reads.popleft()
-            rd.reads.append(ReadReady(request_id, index))
+        rd.reads = self.reads.take_ready(self.applied)
         return rd
+
+    def next_deadline_ms(self) -> int | None:
+        """When a ``Tick`` next has work to do: the election timeout of a non-leader; a
+        leader's next heartbeat, check-quorum or transfer deadline. ``None``: a leader
+        without other members has no timer."""
+        if self.role is not Role.LEADER:
+            return self.election_deadline_ms
+        if not self.progress:
+            return None
+        due = min(self.heartbeat_due_ms, self.check_quorum_due_ms)
+        transfer = self.membership.transfer
+        return due if transfer is None else min(due, transfer.deadline_ms)
+
+    def check_invariants(self) -> None:
+        """Assert what holds between any two events (the simulator calls it after every
+        step); an ``AssertionError`` names the broken rule."""
+        log = self.log
+        last = log.last_index()
+        assert log.snapshot_index <= self.applied <= self.commit <= last, (
+            f"{self.id}: snapshot {log.snapshot_index} <= applied {self.applied} "
+            f"<= commit {self.commit} <= last index {last}"
+        )
+        assert log.snapshot_index - 1 <= log.stable_last <= last, f"{self.id}: stable_last"
+        configs = self.configs
+        for k in range(1, len(configs)):
+            assert configs[k - 1][0] < configs[k][0], f"{self.id}: configurations out of order"
+        assert configs[-1][0] <= last, f"{self.id}: a configuration past the log"
+        assert self.uncommitted_bytes == sum(size for _last, size in self.uncommitted)
+        assert not self.repairing or self.role is Role.FOLLOWER, "a repairing server follows"
+        if self.role is Role.LEADER:
+            self._check_leader_invariants()
+            return
+        assert self.leader != self.id, f"{self.id}: {self.role.name} names itself leader"
+        assert not self.progress and not self.uncommitted, f"{self.id}: leader state kept"
+        assert self.reads.is_empty(), f"{self.id}: reads held by a non-leader"
+        ms = self.membership
+        assert ms.catch_up is None and ms.change is None and ms.transfer is None
+        if self.role is not Role.FOLLOWER:
+            assert self.leader is None, f"{self.id}: a candidate knows no leader"
+        if self.role is Role.CANDIDATE:
+            assert self.vote == self.id, f"{self.id}: a candidate votes for itself"
+
+    def _check_leader_invariants(self) -> None:
+        assert self.leader == self.id and self.vote == self.id, f"{self.id}: leader's vote"
+        last = self.log.last_index()
+        assert 0 < self.term_start_index <= last, f"{self.id}: term start"
+        config = self.config
+        for peer, pr in self.progress.items():
+            member = peer in config.voters or peer in config.learners
+            assert member and peer != self.id, f"{self.id}: progress of a non-member {peer}"
+            assert pr.match < pr.next and pr.match <= last, f"{self.id}: progress of {peer}"
+        cu = self.membership.catch_up
+        assert cu is None or cu.server in self.progress, f"{self.id}: catch-up of a stranger"
+        pending = self.reads.pending
+        # Reads record the commit index, which never decreases: the last is the highest.
+        assert not pending or pending[-1][2] <= self.commit, f"{self.id}: read above commit"
+        if self.uncommitted:
+            assert self.uncommitted[-1][0] <= last, f"{self.id}: uncommitted past the log"
 
     # --- repair ----------------------------------------------------------------------
 
@@ -318,137 +311,50 @@ class RaftServer:
         if self.role is Role.LEADER:
             self._tick_leader()
         elif now_ms >= self.election_deadline_ms:
-            if self._is_voter(self.id) and not self.repairing:
-                self._campaign(transfer=False)
+            if self.id in self.config.voters and not self.repairing:
+                election.campaign(self, transfer=False)
             else:
-                self._reset_election_timer()
+                self.reset_election_timer()
 
     def _tick_leader(self) -> None:
         now = self.now_ms
         if self.options.check_quorum and now >= self.check_quorum_due_ms:
             self.check_quorum_due_ms = now + self.limits.election_timeout_ms_min
-            if not self._quorum_active():
-                self._become_follower(self.term, None)
+            active = {self.id, *(p for p, pr in self.progress.items() if pr.recent_active)}
+            for pr in self.progress.values():
+                pr.recent_active = False
+            if not quorum.has_quorum(self.config.voters, active.__contains__):
+                self.become_follower(self.term, None)
                 return
             self.leader_contact_ms = now
-        if self.transfer is not None and now >= self.transfer[2]:
-            self.rd.rejected.append(Rejected(self.transfer[0], "timeout", self.id))
-            self.transfer = None
+        membership.maybe_time_out_transfer(self)
         if now >= self.heartbeat_due_ms:
             self.heartbeat_due_ms = now + self.limits.heartbeat_interval_ms
-            self._broadcast_heartbeat()
-            self._unstick_followers()
+            replication.broadcast_heartbeat(self)
+            replication.unstick_followers(self)
 
-    def _quorum_active(self) -> bool:
-        active = 1 if self._is_voter(self.id) else 0
-        for peer, pr in self.progress.items():
-            if pr.recent_active and self._is_voter(peer):
-                active += 1
-            pr.recent_active = False
-        return active >= self.config.quorum()
-
-    def _unstick_followers(self) -> None:
-        """Resend what was lost: a probe that got no answer, a silent pipeline, a chunk."""
-        last = self.log.last_index()
-        stall_ms = 2 * self.limits.heartbeat_interval_ms
-        for peer, pr in self.progress.items():
-            if pr.state is ProgressState.PROBE:
-                pr.probe_sent = False
-                self._maybe_send_append(peer, pr, allow_empty=False)
-            elif pr.state is ProgressState.REPLICATE:
-                if pr.match < last and self.now_ms - pr.last_progress_ms >= stall_ms:
-                    pr.become_probe(pr.match + 1)
-                    self._maybe_send_append(peer, pr, allow_empty=True)
-            elif self.now_ms - pr.snapshot_sent_ms >= stall_ms:
-                self._send_snapshot_chunk(peer, pr)
-
-    def _reset_election_timer(self) -> None:
+    def reset_election_timer(self) -> None:
         lo, hi = self.limits.election_timeout_ms_min, self.limits.election_timeout_ms_max
         self.election_deadline_ms = self.now_ms + self.rng.randint(lo, hi - 1)
 
     # --- role changes ----------------------------------------------------------------
 
-    def _become_follower(self, term: int, leader: ServerId | None) -> None:
+    def become_follower(self, term: int, leader: ServerId | None) -> None:
         was_leader = self.role is Role.LEADER
         if term > self.term:
             self.term, self.vote = term, None
         self.role = Role.FOLLOWER
         self.leader = leader
         self.progress = {}
-        self._reset_election_timer()
+        self.reset_election_timer()
         if was_leader:
-            self._drop_leader_state()
+            for request_id in self.reads.drop():
+                self.rd.rejected.append(Rejected(request_id, "lost_leadership", self.leader))
+            self.membership.drop(self.rd.rejected, self.rd.completed)
+            self.uncommitted.clear()
+            self.uncommitted_bytes = 0
 
-    def _drop_leader_state(self) -> None:
-        for _seq, request_id, _index in self.pending_reads:
-            self.rd.rejected.append(Rejected(request_id, "lost_leadership", self.leader))
-        for request_id, _index in self.confirmed_reads:
-            self.rd.rejected.append(Rejected(request_id, "lost_leadership", self.leader))
-        for request_id in self.reads_waiting_term_commit:
-            self.rd.rejected.append(Rejected(request_id, "lost_leadership", self.leader))
-        self.pending_reads.clear()
-        self.confirmed_reads.clear()
-        self.reads_waiting_term_commit = []
-        if self.catch_up is not None:
-            self.rd.rejected.append(Rejected(self.catch_up.request_id, "lost_leadership", None))
-            self.catch_up = None
-        if self.change_request is not None:
-            self.rd.rejected.append(Rejected(self.change_request[0], "lost_leadership", None))
-            self.change_request = None
-        if self.transfer is not None:
-            self.rd.completed.append(Completed(self.transfer[0], 0))
-            self.transfer = None
-        self.uncommitted.clear()
-        self.uncommitted_bytes = 0
-
-    def _campaign(self, transfer: bool) -> None:
-        pre = self.options.pre_vote and not transfer
-        self.role = Role.PRE_CANDIDATE if pre else Role.CANDIDATE
-        self.leader = None
-        if not pre:
-            self.term += 1
-            self.vote = self.id
-        self._reset_election_timer()
-        self.votes = {self.id: True}
-        if self._won(self.votes):
-            self._on_election_won(pre)
-            return
-        term = self.term + 1 if pre else self.term
-        last_index, last_term = self.log.last_index(), self.log.last_term()
-        for voter in self.config.voters:
-            if voter != self.id:
-                req = VoteRequest(self.id, voter, term, last_index, last_term, pre, transfer)
-                self.rd.messages_after_persist.append(req)
-
-    def _won(self, votes: dict[ServerId, bool]) -> bool:
-        granted = sum(1 for v, ok in votes.items() if ok and self._is_voter(v))
-        return granted >= self.config.quorum()
-
-    def _lost(self, votes: dict[ServerId, bool]) -> bool:
-        refused = sum(1 for v, ok in votes.items() if not ok and self._is_voter(v))
-        return refused > len(self.config.voters) - self.config.quorum()
-
-    def _on_election_won(self, pre: bool) -> None:
-        if pre:
-            self._campaign_after_pre_vote()
-        else:
-            self._become_leader()
-
-    def _campaign_after_pre_vote(self) -> None:
-        self.role = Role.CANDIDATE
-        self.term += 1
-        self.vote = self.id
-        self.votes = {self.id: True}
-        if self._won(self.votes):
-            self._become_leader()
-            return
-        last_index, last_term = self.log.last_index(), self.log.last_term()
-        for voter in self.config.voters:
-            if voter != self.id:
-                req = VoteRequest(self.id, voter, self.term, last_index, last_term, False, False)
-                self.rd.messages_after_persist.append(req)
-
-    def _become_leader(self) -> None:
+    def become_leader(self) -> None:
         self.role = Role.LEADER
         self.leader = self.id
         last = self.log.last_index()
@@ -457,14 +363,14 @@ class RaftServer:
         }
         self.heartbeat_due_ms = self.now_ms
         self.check_quorum_due_ms = self.now_ms + self.limits.election_timeout_ms_min
-        self._append_as_leader([(EntryKind.NOOP, b"")])
+        self.append_as_leader([(EntryKind.NOOP, b"")])
         self.term_start_index = last + 1
-        self._broadcast_append()
+        replication.broadcast_append(self)
 
     # --- proposals -------------------------------------------------------------------
 
     def _on_propose(self, event: Propose) -> None:
-        reason = self._refuse_proposal_reason()
+        reason = self.proposal_refusal()
         size = sum(len(c) for c in event.commands)
         if reason is None and not event.commands:
             reason = "bad_request"
@@ -478,12 +384,13 @@ class RaftServer:
         self.uncommitted.append((last, size))
         self.uncommitted_bytes += size
         self.rd.accepted.append(Accepted(event.request_id, first, last, self.term))
-        self._broadcast_append()
+        replication.broadcast_append(self)
 
-    def _refuse_proposal_reason(self) -> str | None:
+    def proposal_refusal(self) -> str | None:
+        """Why this server takes no proposal now, or ``None``."""
         if self.role is not Role.LEADER:
             return "not_leader"
-        if self.transfer is not None:
+        if self.membership.transfer is not None:
             return "transferring"
         return None
 
@@ -497,7 +404,8 @@ class RaftServer:
         self.log.append(entries)
         return index
 
-    def _append_as_leader(self, items: list[tuple[EntryKind, bytes]]) -> int:
+    def append_as_leader(self, items: list[tuple[EntryKind, bytes]]) -> int:
+        """Append entries of this term; a configuration takes effect at once."""
         index = self.log.last_index()
         entries = []
         for kind, data in items:
@@ -508,322 +416,6 @@ class RaftServer:
         self.log.append(entries)
         return index
 
-    # --- membership and transfer ------------------------------------------------------
-
-    def _change_refusal(self) -> str | None:
-        reason = self._refuse_proposal_reason()
-        if reason is not None:
-            return reason
-        if self.commit < self.term_start_index or self.configs[-1][0] > self.commit:
-            return "change_pending"
-        if self.catch_up is not None or self.change_request is not None:
-            return "change_pending"
-        return None
-
-    def _on_add_server(self, event: AddServer) -> None:
-        reason = self._change_refusal()
-        if reason is None and event.server in self.config.members:
-            reason = "bad_request"
-        if reason is not None:
-            self.rd.rejected.append(Rejected(event.request_id, reason, self.leader))
-            return
-        config = self.config.with_learner(event.server)
-        index = self._append_as_leader([(EntryKind.CONFIG, config.encode())])
-        self.progress[event.server] = Progress(index, self.now_ms)
-        self.catch_up = _CatchUp(event.request_id, event.server, index, self.now_ms, 1, index)
-        self._broadcast_append()
-
-    def _on_remove_server(self, event: RemoveServer) -> None:
-        reason = self._change_refusal()
-        if reason is None and event.server not in self.config.members:
-            reason = "bad_request"
-        if reason is None and len(self.config.voters) == 1 and event.server in self.config.voters:
-            reason = "bad_request"
-        if reason is not None:
-            self.rd.rejected.append(Rejected(event.request_id, reason, self.leader))
-            return
-        config = self.config.without(event.server)
-        index = self._append_as_leader([(EntryKind.CONFIG, config.encode())])
-        self.progress.pop(event.server, None)
-        self.change_request = (event.request_id, index)
-        self._maybe_commit()
-        self._broadcast_append()
-
-    def _maybe_promote(self, peer: ServerId, pr: Progress) -> None:
-        cu = self.catch_up
-        if cu is None or cu.server != peer or pr.match < cu.round_target:
-            return
-        if self.commit < cu.learner_index:
-            return
-        in_time = self.now_ms - cu.round_start_ms <= self.limits.election_timeout_ms_min
-        if in_time or pr.match >= self.log.last_index():
-            config = self.config.with_voter(peer)
-            index = self._append_as_leader([(EntryKind.CONFIG, config.encode())])
-            self.change_request = (cu.request_id, index)
-            self.catch_up = None
-            self._broadcast_append()
-            return
-        if cu.rounds >= self.limits.catch_up_rounds_max:
-            self.rd.rejected.append(Rejected(cu.request_id, "not_caught_up", self.id))
-            self.catch_up = None
-            return
-        cu.rounds += 1
-        cu.round_target = self.log.last_index()
-        cu.round_start_ms = self.now_ms
-
-    def _on_transfer(self, event: TransferLeadership) -> None:
-        reason = self._refuse_proposal_reason()
-        if reason is None and (event.target == self.id or not self._is_voter(event.target)):
-            reason = "bad_request"
-        if reason is not None:
-            self.rd.rejected.append(Rejected(event.request_id, reason, self.leader))
-            return
-        deadline = self.now_ms + self.limits.election_timeout_ms_min
-        self.transfer = (event.request_id, event.target, deadline)
-        self.transfer_sent = False
-        pr = self.progress[event.target]
-        if pr.match == self.log.last_index():
-            self._send_timeout_now(event.target)
-        else:
-            self._maybe_send_append(event.target, pr, allow_empty=False)
-
-    def _send_timeout_now(self, target: ServerId) -> None:
-        assert self.transfer is not None
-        if not self.transfer_sent:
-            self.transfer_sent = True
-            self.rd.messages.append(TimeoutNow(self.id, target, self.term))
-
-    # --- replication (leader) -----------------------------------------------------------
-
-    def _broadcast_append(self) -> None:
-        for peer, pr in self.progress.items():
-            self._maybe_send_append(peer, pr, allow_empty=False)
-        if not self.progress:
-            self._maybe_commit()
-
-    def _broadcast_heartbeat(self) -> None:
-        for peer, pr in self.progress.items():
-            commit = min(self.commit, pr.match)
-            self.rd.messages.append(Heartbeat(self.id, peer, self.term, commit, self.read_seq))
-
-    def _maybe_send_append(self, peer: ServerId, pr: Progress, allow_empty: bool) -> bool:
-        limits = self.limits
-        if pr.is_paused(
-            limits.inflight_messages_per_follower_max, limits.inflight_bytes_per_follower_max
-        ):
-            return False
-        log = self.log
-        last = log.last_index()
-        if pr.next > last and not allow_empty and pr.state is ProgressState.REPLICATE:
-            return False
-        prev = pr.next - 1
-        prev_term = log.term(prev)
-        if prev_term is None:
-            return self._begin_snapshot(peer, pr)
-        try:
-            entries = log.entries(
-                pr.next,
-                last + 1,
-                limits.append_bytes_per_message_max,
-                limits.append_entries_per_message_max,
-            )
-        except LookupError:
-            return self._begin_snapshot(peer, pr)
-        size = 0
-        for e in entries:
-            size += len(e.data)
-        msg = AppendRequest(self.id, peer, self.term, prev, prev_term, entries, self.commit)
-        self.rd.messages.append(msg)
-        pr.sent(prev + len(entries), size)
-        return True
-
-    def _on_append_response(self, msg: AppendResponse) -> None:
-        pr = self.progress.get(msg.src)
-        if pr is None:
-            return
-        pr.recent_active = True
-        if not msg.success:
-            self._on_append_rejected(msg, pr)
-            return
-        updated = pr.maybe_update(msg.match_index, self.now_ms)
-        if pr.state is ProgressState.PROBE:
-            pr.become_replicate()
-        if updated:
-            if self._is_voter(msg.src):
-                self._maybe_commit()
-            self._maybe_promote(msg.src, pr)
-        transfer = self.transfer
-        if transfer is not None and transfer[1] == msg.src and pr.match == self.log.last_index():
-            self._send_timeout_now(msg.src)
-        while self._maybe_send_append(msg.src, pr, allow_empty=False):
-            if pr.next > self.log.last_index():
-                break
-
-    def _on_append_rejected(self, msg: AppendResponse, pr: Progress) -> None:
-        if msg.rejected_prev_index < pr.match:
-            return
-        if pr.state is ProgressState.SNAPSHOT:
-            return
-        next_index = msg.conflict_index
-        if msg.conflict_term > 0:
-            found = self._last_index_of_term(msg.conflict_term, msg.rejected_prev_index)
-            if found:
-                next_index = found + 1
-        next_index = min(next_index, msg.rejected_prev_index)
-        pr.become_probe(max(next_index, 1))
-        self._maybe_send_append(msg.src, pr, allow_empty=True)
-
-    def _last_index_of_term(self, term: int, upto: int) -> int:
-        index = min(upto, self.log.last_index())
-        while index > self.log.snapshot_index:
-            t = self.log.term(index)
-            if t is None or t < term:
-                return 0
-            if t == term:
-                return index
-            index -= 1
-        return 0
-
-    def _maybe_commit(self) -> None:
-        voters = self.config.voters
-        matches = []
-        for v in voters:
-            if v == self.id:
-                matches.append(self.log.stable_last)
-            else:
-                pr = self.progress.get(v)
-                matches.append(pr.match if pr is not None else 0)
-        if not matches:
-            return
-        matches.sort(reverse=True)
-        quorum = len(voters) // 2 + 1
-        if self.options.fault is Fault.COMMIT_QUORUM_OFF_BY_ONE:
-            quorum = max(1, len(voters) // 2)
-        candidate = matches[quorum - 1]
-        if candidate <= self.commit:
-            return
-        if (
-            self.log.term(candidate) != self.term
-            and self.options.fault is not Fault.COMMIT_ANY_TERM
-        ):
-            return
-        self._commit_to(candidate)
-
-    def _commit_to(self, index: int) -> None:
-        self.commit = index
-        while self.uncommitted and self.uncommitted[0][0] <= index:
-            self.uncommitted_bytes -= self.uncommitted.popleft()[1]
-        cu = self.catch_up
-        if cu is not None and cu.learner_index <= index:
-            # The learner may have caught up before its entry committed; look again.
-            self._maybe_promote(cu.server, self.progress[cu.server])
-        if self.change_request is not None and self.change_request[1] <= index:
-            self.rd.completed.append(Completed(*self.change_request))
-            self.change_request = None
-        if self.reads_waiting_term_commit and index >= self.term_start_index:
-            waiting, self.reads_waiting_term_commit = self.reads_waiting_term_commit, []
-            for request_id in waiting:
-                self._on_read_index(request_id)
-        removed = self.role is Role.LEADER and not self._is_voter(self.id)
-        if removed and self.configs[-1][0] <= index:
-            # A leader that removed itself leads until the change commits (thesis 4.2.2).
-            self._become_follower(self.term, None)
-
-    # --- snapshots (leader side) --------------------------------------------------------
-
-    def _begin_snapshot(self, peer: ServerId, pr: Progress) -> bool:
-        snap = self.snapshot
-        if snap is None or snap.index < self.log.snapshot_index:
-            return False  # the runtime hands the current one in with SnapshotTaken
-        pr.become_snapshot(snap.index, snap.term, snap.encode(), self.now_ms)
-        self._send_snapshot_chunk(peer, pr)
-        return True
-
-    def _send_snapshot_chunk(self, peer: ServerId, pr: Progress) -> None:
-        """The checkpoint's bytes from the offset the follower wants, or past them the
-        next live entries it lacks (read from storage now, bounded per message)."""
-        size = self.limits.snapshot_chunk_bytes
-        whole = pr.snapshot_data
-        start = pr.snapshot_offset
-        entries: list[Entry] = []
-        if start >= len(whole) and pr.snapshot_missing is None:
-            start = (len(whole) - 1) // size * size  # ask again for the missing set
-        if start < len(whole):
-            data = whole[start : start + size]
-            done = start + len(data) >= len(whole)
-        else:
-            assert pr.snapshot_missing is not None
-            data = b""
-            entries = self._missing_entries(pr.snapshot_missing, start - len(whole))
-            if not entries:
-                # A live entry is gone: a newer snapshot replaced this one; start over.
-                pr.become_probe(pr.match + 1)
-                return
-            done = start - len(whole) + len(entries) >= len(pr.snapshot_missing)
-        chunk = SnapshotChunk(
-            self.id,
-            peer,
-            self.term,
-            pr.snapshot_index,
-            pr.snapshot_term,
-            start,
-            data,
-            done,
-            entries,
-        )
-        pr.snapshot_sent_ms = self.now_ms
-        self.rd.messages.append(chunk)
-
-    def _missing_entries(self, missing: BitMap64, skip: int) -> list[Entry]:
-        """The live entries ``missing[skip:]`` within one message's bounds; empty if one
-        of them is no longer stored."""
-        limits = self.limits
-        out: list[Entry] = []
-        size = 0
-        for index in missing[skip : skip + limits.append_entries_per_message_max]:
-            try:
-                entry = self.log.store.entry(index)
-            except LookupError:
-                return []
-            assert entry.index == index
-            size += len(entry.data)
-            if out and size > limits.append_bytes_per_message_max:
-                break
-            out.append(entry)
-        return out
-
-    def _on_snapshot_response(self, msg: SnapshotResponse) -> None:
-        pr = self.progress.get(msg.src)
-        if pr is None:
-            return
-        pr.recent_active = True
-        if pr.state is not ProgressState.SNAPSHOT or msg.snapshot_index != pr.snapshot_index:
-            return
-        if msg.next_offset < 0:
-            pr.maybe_update(pr.snapshot_index, self.now_ms)
-            pr.become_probe(pr.snapshot_index + 1)
-            self._maybe_send_append(msg.src, pr, allow_empty=True)
-            return
-        if msg.missing:
-            # The follower's latest word (it may have restarted and lost some entries).
-            pr.snapshot_missing = BitMap64.deserialize(msg.missing)
-        if msg.next_offset > len(pr.snapshot_data) and pr.snapshot_missing is None:
-            return  # the stall timer asks again with a piece of the checkpoint
-        pr.snapshot_offset = msg.next_offset
-        self._send_snapshot_chunk(msg.src, pr)
-
-    def _on_snapshot_taken(self, snapshot: Snapshot) -> None:
-        assert snapshot.index <= self.applied, "a snapshot covers applied entries only"
-        if self.snapshot is not None and snapshot.index <= self.snapshot.index:
-            return
-        self.snapshot = snapshot
-        self.log.compacted(snapshot.index, snapshot.term)
-        if snapshot.index > self.configs[0][0]:
-            base = self.config_at(snapshot.index)
-            self.configs = [(snapshot.index, base)] + [
-                (i, c) for i, c in self.configs if i > snapshot.index
-            ]
-
     # --- messages --------------------------------------------------------------------
 
     def _on_message(self, msg: Message) -> None:
@@ -833,27 +425,28 @@ class RaftServer:
             self._on_lower_term(msg)
             return
         kind = type(msg)
+        leading = self.role is Role.LEADER
         if kind is AppendRequest:
-            self._on_append_request(msg)  # type: ignore[arg-type]
+            replication.on_append_request(self, msg)  # type: ignore[arg-type]
         elif kind is AppendResponse:
-            if self.role is Role.LEADER:
-                self._on_append_response(msg)  # type: ignore[arg-type]
+            if leading:
+                replication.on_append_response(self, msg)  # type: ignore[arg-type]
         elif kind is Heartbeat:
-            self._on_heartbeat(msg)  # type: ignore[arg-type]
+            replication.on_heartbeat(self, msg)  # type: ignore[arg-type]
         elif kind is HeartbeatResponse:
-            if self.role is Role.LEADER:
-                self._on_heartbeat_response(msg)  # type: ignore[arg-type]
+            if leading:
+                replication.on_heartbeat_response(self, msg)  # type: ignore[arg-type]
         elif kind is VoteRequest:
-            self._on_vote_request(msg)  # type: ignore[arg-type]
+            election.on_vote_request(self, msg)  # type: ignore[arg-type]
         elif kind is VoteResponse:
-            self._on_vote_response(msg)  # type: ignore[arg-type]
+            election.on_vote_response(self, msg)  # type: ignore[arg-type]
         elif kind is SnapshotChunk:
-            self._on_snapshot_chunk(msg)  # type: ignore[arg-type]
+            snapshot_transfer.on_chunk(self, msg)  # type: ignore[arg-type]
         elif kind is SnapshotResponse:
-            if self.role is Role.LEADER:
-                self._on_snapshot_response(msg)  # type: ignore[arg-type]
-        elif kind is TimeoutNow and self._is_voter(self.id) and not self.repairing:
-            self._campaign(transfer=True)
+            if leading:
+                snapshot_transfer.on_response(self, msg)  # type: ignore[arg-type]
+        elif kind is TimeoutNow and self.id in self.config.voters and not self.repairing:
+            election.campaign(self, transfer=True)
 
     def _on_higher_term(self, msg: Message) -> bool:
         """Says whether ``msg`` is processed further after seeing its higher term."""
@@ -865,251 +458,33 @@ class RaftServer:
             )
             if in_lease and not msg.transfer:
                 if msg.pre:
-                    self._reply_vote(msg, False)
+                    election.reply_vote(self, msg, False)
                 return False
             if msg.pre:
                 return True
         elif type(msg) is VoteResponse and msg.pre and msg.granted:
             return True
         leader = msg.src if type(msg) in (AppendRequest, Heartbeat, SnapshotChunk) else None
-        self._become_follower(msg.term, leader)
+        self.become_follower(msg.term, leader)
         return True
 
     def _on_lower_term(self, msg: Message) -> None:
         kind = type(msg)
         if kind in (AppendRequest, Heartbeat, SnapshotChunk):
             # Tell a stale leader (it may be cut off by check-quorum and pre-vote) the term.
-            self.rd.messages_after_persist.append(
-                AppendResponse(self.id, msg.src, self.term, False, 0, 0, 0, 0)
-            )
+            replication.answer_append(self, msg.src, success=False)
         elif kind is VoteRequest and msg.pre:  # type: ignore[union-attr]
-            self._reply_vote(msg, False)  # type: ignore[arg-type]
+            election.reply_vote(self, msg, False)  # type: ignore[arg-type]
 
-    def _reply_vote(self, msg: VoteRequest, granted: bool) -> None:
-        term = msg.term if granted else self.term
-        self.rd.messages_after_persist.append(
-            VoteResponse(self.id, msg.src, term, granted, msg.pre)
-        )
-
-    def _on_vote_request(self, msg: VoteRequest) -> None:
-        if self.repairing:
-            self._reply_vote(msg, False)
-            return
-        log = self.log
-        up_to_date = (msg.last_term, msg.last_index) >= (log.last_term(), log.last_index())
-        if msg.pre:
-            free = self.vote == msg.src or (self.vote is None and self.leader is None)
-            self._reply_vote(msg, up_to_date and (msg.term > self.term or free))
-            return
-        can_vote = self.vote == msg.src or (self.vote is None and self.leader is None)
-        granted = up_to_date and can_vote
-        if granted:
-            self.vote = msg.src
-            self._reset_election_timer()
-        self._reply_vote(msg, granted)
-
-    def _on_vote_response(self, msg: VoteResponse) -> None:
-        expected = Role.PRE_CANDIDATE if msg.pre else Role.CANDIDATE
-        if self.role is not expected:
-            return
-        if msg.pre and msg.term != self.term + 1 and msg.granted:
-            return
-        self.votes[msg.src] = msg.granted
-        if self._won(self.votes):
-            self._on_election_won(msg.pre)
-        elif self._lost(self.votes):
-            self._become_follower(self.term, None)
-
-    def _heard_from_leader(self, leader: ServerId) -> None:
+    def heard_from_leader(self, leader: ServerId) -> None:
         assert self.role is not Role.LEADER, f"two leaders in term {self.term}"
         if self.role is not Role.FOLLOWER:
-            self._become_follower(self.term, leader)
+            self.become_follower(self.term, leader)
         self.leader = leader
         self.leader_contact_ms = self.now_ms
-        self._reset_election_timer()
+        self.reset_election_timer()
 
-    def _on_heartbeat(self, msg: Heartbeat) -> None:
-        self._heard_from_leader(msg.src)
-        if msg.commit > self.commit and not self.repairing:
-            self.commit = min(msg.commit, self.log.last_index())
-        resp = HeartbeatResponse(self.id, msg.src, self.term, msg.read_seq, self.repairing)
-        self.rd.messages.append(resp)
-
-    def _on_heartbeat_response(self, msg: HeartbeatResponse) -> None:
-        pr = self.progress.get(msg.src)
-        if pr is None:
-            return
-        pr.recent_active = True
-        if msg.read_seq > pr.read_acked:
-            pr.read_acked = msg.read_seq
-            self._maybe_confirm_reads()
-        if pr.match < self.log.last_index() and pr.state is ProgressState.PROBE:
-            self._maybe_send_append(msg.src, pr, allow_empty=False)
-        elif msg.repairing and pr.state is not ProgressState.SNAPSHOT:
-            self._maybe_send_append(msg.src, pr, allow_empty=True)
-
-    def _on_append_request(self, msg: AppendRequest) -> None:
-        self._heard_from_leader(msg.src)
-        log = self.log
-        prev = msg.prev_index
-        if prev < self.commit:
-            self._accept_append_below_commit(msg)
-            return
-        if not log.matches(prev, msg.prev_term):
-            self._reject_append(msg)
-            return
-        entries = msg.entries
-        last_new = prev + len(entries)
-        self._append_new_entries(entries)
-        if msg.commit > self.commit:
-            self.commit = min(msg.commit, last_new)
-        self.rd.messages_after_persist.append(
-            AppendResponse(self.id, msg.src, self.term, True, last_new, 0, 0, 0)
-        )
-
-    def _accept_append_below_commit(self, msg: AppendRequest) -> None:
-        """Entries up to our commit index match the leader's (they are committed); keep
-        only what follows it."""
-        skip = self.commit - msg.prev_index
-        entries = msg.entries[skip:]
-        last_new = self.commit + len(entries)
-        if entries:
-            self._append_new_entries(entries)
-        if msg.commit > self.commit:
-            self.commit = min(msg.commit, last_new)
-        self.rd.messages_after_persist.append(
-            AppendResponse(self.id, msg.src, self.term, True, last_new, 0, 0, 0)
-        )
-
-    def _append_new_entries(self, entries: list[Entry]) -> None:
-        log = self.log
-        last = log.last_index()
-        n = 0
-        for e in entries:
-            if e.index > last or log.term(e.index) != e.term:
-                break
-            n += 1
-        if n == len(entries):
-            return
-        fresh = entries[n:] if n else entries
-        first = fresh[0].index
-        assert first > self.commit, "a committed entry is never overwritten"
-        if first <= last:
-            self.configs = [(i, c) for i, c in self.configs if i < first]
-        log.append(fresh)
-        for e in fresh:
-            if e.kind is EntryKind.CONFIG:
-                self.configs.append((e.index, Configuration.decode(e.data)))
-
-    def _reject_append(self, msg: AppendRequest) -> None:
-        log = self.log
-        prev = msg.prev_index
-        last = log.last_index()
-        if prev > last:
-            conflict_term, conflict_index = 0, last + 1
-        else:
-            conflict_term = log.term(prev) or 0
-            conflict_index = prev
-            while conflict_index - 1 > max(self.commit, log.snapshot_index) and (
-                log.term(conflict_index - 1) == conflict_term
-            ):
-                conflict_index -= 1
-        self.rd.messages_after_persist.append(
-            AppendResponse(
-                self.id, msg.src, self.term, False, 0, prev, conflict_term, conflict_index
-            )
-        )
-
-    # --- snapshots (follower side) ------------------------------------------------------
-
-    def _on_snapshot_chunk(self, msg: SnapshotChunk) -> None:
-        self._heard_from_leader(msg.src)
-        if msg.snapshot_index <= self.commit:
-            self._reply_snapshot(msg, -1)
-            return
-        if self.log.matches(msg.snapshot_index, msg.snapshot_term):
-            # Our log holds the snapshot's last entry: keep it and what follows (section 7).
-            self.commit = msg.snapshot_index
-            self.incoming_snapshot = None
-            self._reply_snapshot(msg, -1)
-            return
-        key = (msg.snapshot_index, msg.snapshot_term)
-        inc = self.incoming_snapshot
-        known = inc is not None and (inc.index, inc.term) == key
-        if msg.offset == 0 and not msg.entries and not (known and inc and inc.snapshot):
-            inc = self.incoming_snapshot = _Incoming(*key, bytearray())
-        if inc is None or (inc.index, inc.term) != key:
-            self._reply_snapshot(msg, 0)
-        elif inc.snapshot is None:
-            self._on_checkpoint_piece(msg, inc)
-        elif msg.entries and msg.offset == inc.next_offset() and _expected(inc, msg.entries):
-            inc.entries.extend(msg.entries)
-            self._maybe_install(msg, inc)
-        else:
-            # Out of order, or the leader works from another missing set (an answer from
-            # before a restart of ours): say again what we lack.
-            self._reply_snapshot(msg, inc.next_offset(), inc.missing)
-
-    def _on_checkpoint_piece(self, msg: SnapshotChunk, inc: _Incoming) -> None:
-        if msg.entries or len(inc.data) != msg.offset:
-            self._reply_snapshot(msg, len(inc.data))
-            return
-        inc.data.extend(msg.data)
-        if not msg.done:
-            self._reply_snapshot(msg, len(inc.data))
-            return
-        snap = Snapshot.decode(bytes(inc.data))
-        assert (snap.index, snap.term) == (inc.index, inc.term)
-        inc.snapshot = snap
-        inc.missing = snap.live_indexes - self._held_live(snap.live_indexes)
-        self._maybe_install(msg, inc)
-
-    def _held_live(self, live: BitMap64) -> BitMap64:
-        """The indexes of ``live`` this server stores as committed entries after its own
-        snapshot: they are the leader's (log matching), so they need not travel."""
-        lo = self.log.snapshot_index
-        hi = min(self.commit, self.log.stable_last)
-        if hi <= lo:
-            return BitMap64()
-        held: BitMap64 = live[live.rank(lo) : live.rank(hi)]
-        return held
-
-    def _maybe_install(self, msg: SnapshotChunk, inc: _Incoming) -> None:
-        assert inc.snapshot is not None and inc.missing is not None
-        if len(inc.entries) < len(inc.missing):
-            # The missing set answers a piece of the checkpoint only, not every message.
-            self._reply_snapshot(msg, inc.next_offset(), None if msg.entries else inc.missing)
-            return
-        assert BitMap64(e.index for e in inc.entries) == inc.missing, "the entries asked for"
-        self.incoming_snapshot = None
-        self._install(inc.snapshot, inc.entries)
-        self._reply_snapshot(msg, -1)
-
-    def _install(self, snap: Snapshot, entries: list[Entry]) -> None:
-        self.log.restore(snap.index, snap.term)
-        self.log.stable_last = self.log.snapshot_index - 1
-        self.commit = self.applied = snap.index
-        self.snapshot = snap
-        self.configs = [(snap.index, snap.config)]
-        self.pending_install = (snap, entries)
-
-    def _on_snapshot_installed(self, index: int, term: int) -> None:
-        if index == self.log.snapshot_index and term == self.log.snapshot_term:
-            self.log.stable_last = max(self.log.stable_last, index)
-
-    def _reply_snapshot(
-        self, msg: SnapshotChunk, next_offset: int, missing: BitMap64 | None = None
-    ) -> None:
-        """With ``missing``: tell the leader which live entries this server lacks."""
-        data = b"" if missing is None else missing.serialize()
-        resp = SnapshotResponse(self.id, msg.src, self.term, msg.snapshot_index, next_offset, data)
-        self.rd.messages_after_persist.append(resp)
-
-    # --- persistence, apply, reads -------------------------------------------------------
-
-    def _on_persisted(self, index: int, term: int) -> None:
-        if self.log.maybe_persisted(index, term) and self.role is Role.LEADER:
-            self._maybe_commit()
+    # --- apply and compaction ---------------------------------------------------------
 
     def _collect_committed(self, rd: Ready) -> None:
         hi = min(self.commit, self.log.stable_last)
@@ -1126,57 +501,35 @@ class RaftServer:
         rd.committed_entries = entries
         self.applied = entries[-1].index
 
-    def _on_read_index(self, request_id: int) -> None:
-        if self.role is not Role.LEADER:
-            self.rd.rejected.append(Rejected(request_id, "not_leader", self.leader))
+    def _on_snapshot_taken(self, snapshot: Snapshot) -> None:
+        assert snapshot.index <= self.applied, "a snapshot covers applied entries only"
+        if self.snapshot is not None and snapshot.index <= self.snapshot.index:
             return
-        if self.commit < self.term_start_index:
-            self.reads_waiting_term_commit.append(request_id)
-            return
-        self.read_seq += 1
-        self.pending_reads.append((self.read_seq, request_id, self.commit))
-        if len(self.config.voters) == 1 and self._is_voter(self.id):
-            self._maybe_confirm_reads()
-        else:
-            self._broadcast_heartbeat()
+        self.snapshot = snapshot
+        self.log.compacted(snapshot.index, snapshot.term)
+        if snapshot.index > self.configs[0][0]:
+            base = self.config_at(snapshot.index)
+            self.configs = [(snapshot.index, base)] + [
+                (i, c) for i, c in self.configs if i > snapshot.index
+            ]
 
-    def _maybe_confirm_reads(self) -> None:
-        if not self.pending_reads:
-            return
-        acked = sorted(
-            (
-                self.read_seq if v == self.id else self.progress[v].read_acked
-                for v in self.config.voters
-                if v == self.id or v in self.progress
-            ),
-            reverse=True,
+
+def _configs_in(log: RaftLog, lo: int, limits: Limits) -> list[tuple[int, Configuration]]:
+    """The configuration entries of ``log`` from ``lo`` on, read in bounded batches."""
+    found: list[tuple[int, Configuration]] = []
+    last = log.last_index()
+    while lo <= last:
+        batch = log.entries(
+            lo,
+            last + 1,
+            limits.committed_bytes_per_ready_max,
+            limits.committed_entries_per_ready_max,
         )
-        quorum = self.config.quorum()
-        if len(acked) < quorum:
-            return
-        confirmed_seq = acked[quorum - 1]
-        while self.pending_reads and self.pending_reads[0][0] <= confirmed_seq:
-            _seq, request_id, index = self.pending_reads.popleft()
-            self.confirmed_reads.append((request_id, index))
-
-    # --- helpers ---------------------------------------------------------------------
-
-    def _is_voter(self, server: ServerId) -> bool:
-        return server in self.config.voters
-
-    def _scan_configs(self, lo: int) -> None:
-        last = self.log.last_index()
-        while lo <= last:
-            batch = self.log.entries(
-                lo,
-                last + 1,
-                self.limits.committed_bytes_per_ready_max,
-                self.limits.committed_entries_per_ready_max,
-            )
-            for e in batch:
-                if e.kind is EntryKind.CONFIG:
-                    self.configs.append((e.index, Configuration.decode(e.data)))
-            lo += len(batch)
+        for e in batch:
+            if e.kind is EntryKind.CONFIG:
+                found.append((e.index, Configuration.decode(e.data)))
+        lo += len(batch)
+    return found
 
 
 __all__ = ["Fault", "RaftOptions", "RaftServer", "RandomSource", "Role"]

@@ -69,6 +69,7 @@ from engine.errors import (
 )
 from engine.ids import NodeName, ServerId
 from engine.limits import DEFAULT_LIMITS, Limits
+from engine.node_key import receipt_key
 from engine.queue import (
     CheckedOut,
     DeadLetter,
@@ -79,9 +80,10 @@ from engine.queue import (
     PolicyChanged,
     Purged,
     QueueMachine,
+    ReceiptSeal,
     Rejected,
     Settled,
-    decode_receipt,
+    check_receipt_text,
     encode_checkout,
     encode_dead_letter_confirm,
     encode_discard,
@@ -90,7 +92,6 @@ from engine.queue import (
     encode_extend,
     encode_policy,
     encode_purge,
-    encode_receipt,
     encode_return,
     encode_settle,
     message_id,
@@ -203,8 +204,11 @@ class Node:
         node_name: str = "node-1",
         limits: Limits = DEFAULT_LIMITS,
         transport: Transport | None = None,
+        receipt_key: bytes | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
+        self._receipt_key = receipt_key
+        """Seals receipts; ``None``: derived from the data directory's secret at start."""
         self.name = NodeName(node_name)
         self.limits = limits
         self.transport: Transport = transport or LocalTransport(node_name)
@@ -238,6 +242,8 @@ class Node:
         assert self._storage is None, "a Node starts once; make a new one to restart"
         self._loop = asyncio.get_running_loop()
         self._create_lock = asyncio.Lock()
+        if self._receipt_key is None:
+            self._receipt_key = await asyncio.to_thread(receipt_key, self.data_dir)
         storage = await asyncio.to_thread(self._open_storage)
         self._storage = storage
         metas = await asyncio.to_thread(self._read_metas)
@@ -538,7 +544,9 @@ class Node:
             checkpoint_meta,
             repair=rec.repairing,
         )
-        rep = Replica(meta, sid, raft, machine, rec.log, base, checkpoint=checkpoint)
+        assert self._receipt_key is not None, "start() loads the key before hosting"
+        seal = ReceiptSeal(self._receipt_key, meta.uid)
+        rep = Replica(meta, sid, raft, machine, rec.log, base, seal, checkpoint=checkpoint)
         rep.applied_index = raft.applied
         if hs is not None:
             rep.hard_state_written = (hs.term, hs.vote)
@@ -900,17 +908,7 @@ class Node:
     # --- timers ----------------------------------------------------------------------
 
     def _arm_tick(self, rep: Replica) -> None:
-        raft = rep.raft
-        due: int | None
-        if raft.role is Role.LEADER:
-            if not raft.progress:
-                due = None
-            else:
-                due = min(raft.heartbeat_due_ms, raft.check_quorum_due_ms)
-                if raft.transfer is not None:
-                    due = min(due, raft.transfer[2])
-        else:
-            due = raft.election_deadline_ms
+        due = rep.raft.next_deadline_ms()
         if due is None:
             return
         if rep.tick_handle is not None and rep.tick_due_ms <= due:
@@ -1237,6 +1235,7 @@ class Node:
         entries: dict[int, Entry] = {}
         machine = rep.machine
         expires_ms = reply.lease_expires_ms
+        seal = rep.seal.seal
         for tag, ref, priority, count in zip(
             reply.tags, reply.refs, reply.priorities, reply.delivery_counts, strict=True
         ):
@@ -1249,7 +1248,7 @@ class Node:
             out.append(
                 ReceivedMessage(
                     id=message_id(index, slot),
-                    receipt=encode_receipt(tag, ref),
+                    receipt=seal(tag, ref),
                     body=bytes(view.body),
                     headers=decode_headers(view.headers),
                     priority=priority,
@@ -1296,7 +1295,7 @@ class Node:
         if len(receipts) > self.limits.receive_messages_max:
             raise ValidationFailed(f"at most {self.limits.receive_messages_max} receipts")
         for r in receipts:
-            decode_receipt(r)
+            check_receipt_text(r)
         method = "extend" if how == "extend" else ("nack" if how != "ack" else "ack")
         async with self._admit():
             result = await self._route(name, method, (name, how, receipts, lease_ms))
@@ -1306,7 +1305,17 @@ class Node:
     async def _settle_local(
         self, rep: Replica, how: str, receipts: list[str], lease_ms: int
     ) -> SettleResult:
-        pairs = [decode_receipt(r) for r in receipts]
+        """Check each receipt's MAC here, on the leader, before anything is proposed: a
+        receipt this queue did not make (forged, altered, another queue's) is reported
+        stale without reaching the machine, as a receipt whose lease ended. Each node
+        seals with its own key (engine/node_key.py): after leadership moves, the old
+        leader's receipts are stale (their messages are delivered again when the leases
+        end) until the nodes of a cluster share one secret."""
+        open_receipt = rep.seal.open
+        opened = [open_receipt(r) for r in receipts]
+        pairs = [p for p in opened if p is not None]
+        if not pairs:
+            return SettleResult(0, tuple(range(len(receipts))))
         if how == "ack":
             command = encode_settle(pairs)
         elif how == "nack":
@@ -1317,7 +1326,12 @@ class Node:
             command = encode_extend(pairs, lease_ms)
         reply = await self._propose(rep, command)
         assert isinstance(reply, Settled), reply
-        return SettleResult(reply.count, reply.stale)
+        if len(pairs) == len(receipts):
+            return SettleResult(reply.count, reply.stale)
+        sent = [i for i, p in enumerate(opened) if p is not None]
+        refused = [i for i, p in enumerate(opened) if p is None]
+        stale = sorted(refused + [sent[k] for k in reply.stale])
+        return SettleResult(reply.count, tuple(stale))
 
     async def browse(self, name: str, *, after: int | None, limit: int) -> list[BrowsedMessage]:
         self._replica(name)

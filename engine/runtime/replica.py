@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pyroaring import BitMap64
 
 from engine.ids import ServerId
-from engine.queue import QueueMachine
+from engine.queue import QueueMachine, ReceiptSeal
 from engine.raft.log import Entry
 from engine.raft.messages import Message
 from engine.raft.server import RaftServer, Role
@@ -52,6 +52,8 @@ class Replica:
     base_index: int
     """The machine was restored from a checkpoint at this index: entries up to it are in
     its state already and are not applied again."""
+    seal: ReceiptSeal
+    """Makes and checks this queue's receipts."""
     replay_until: int = 0
     """Entries up to this index were in the log at recovery: applying them is a replay."""
     failed: Exception | None = None

@@ -3,8 +3,8 @@
 Rule: every value a ``Transport`` carries (Raft messages, the arguments and answers of
 node-to-node calls, operating errors) encodes to one msgpack document and decodes to an
 equal value. A dataclass is the extension type ``DATACLASS`` holding ``[type name,
-[field values...]]``; only the types registered here decode, so a peer cannot make this
-node build anything else. An operating error travels as ``ERROR``: ``[class name,
+[field values...]]`` in field order, rebuilt by field name; only the types registered here
+decode, so a peer cannot make this node build anything else. An operating error travels as ``ERROR``: ``[class name,
 detail]``. The in-memory transport can round-trip everything through this module
 (``InMemoryNetwork(wire=True)``), so the tests prove what a TCP transport with msgpack
 frames (a later issue) will carry.
@@ -66,6 +66,10 @@ _TYPES: dict[str, type[Any]] = {
         QueueInfo,
     )
 }
+_FIELD_NAMES: dict[str, tuple[str, ...]] = {
+    name: tuple(f.name for f in dataclasses.fields(cls)) for name, cls in _TYPES.items()
+}
+"""Values travel in field order and are rebuilt by name (some types take keywords only)."""
 _ERRORS: dict[str, type[errors.QuorraError]] = {
     name: cls
     for name, cls in vars(errors).items()
@@ -97,7 +101,11 @@ def _ext_hook(code: int, data: bytes) -> object:
         if cls is None:
             raise ValueError(f"not a wire type: {name!r}")
         fixup = _FIXUPS.get(name)
-        return cls(*(fixup(fields) if fixup else fields))
+        values = fixup(fields) if fixup else fields
+        names = _FIELD_NAMES[name]
+        if len(values) != len(names):
+            raise ValueError(f"{name}: {len(values)} fields, expected {len(names)}")
+        return cls(**dict(zip(names, values, strict=True)))
     if code == ERROR:
         name, detail = decode(data)
         return _ERRORS.get(name, errors.QuorraError)(detail)

@@ -304,6 +304,7 @@ class World:
             return
         try:
             node.raft.step(event)
+            node.raft.check_invariants()
             self._drain(node)
         except EntryDamaged as error:
             self._on_damaged(node, error)
@@ -390,6 +391,7 @@ class World:
         try:
             for event in events:
                 node.raft.step(event)
+            node.raft.check_invariants()
             self._drain(node)
         except EntryDamaged as error:
             self._on_damaged(node, error)

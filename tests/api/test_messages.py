@@ -353,10 +353,10 @@ def test_settle_errors(admin: httpx.Client) -> None:
     assert_problem(admin.post(f"{url}/ack", json={"receipts": []}), 422, "validation-failed")
     assert_problem(admin.post(f"{url}/ack", json={"receipts": ["zz"]}), 422, "validation-failed")
     assert_problem(
-        admin.post(f"{url}/extend", json={"receipts": ["0" * 32]}), 422, "validation-failed"
+        admin.post(f"{url}/extend", json={"receipts": ["0" * 64]}), 422, "validation-failed"
     )
     assert_problem(
-        admin.post("/api/v1/queues/nope-x/messages/ack", json={"receipts": ["0" * 32]}),
+        admin.post("/api/v1/queues/nope-x/messages/ack", json={"receipts": ["0" * 64]}),
         404,
         "queue-not-found",
     )

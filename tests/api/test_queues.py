@@ -4,6 +4,7 @@ snapshots, compactions, segments, cluster; audit log and per-queue metrics."""
 
 from __future__ import annotations
 
+import re
 import secrets
 import time
 from typing import Any
@@ -142,7 +143,7 @@ def test_permissions(api_server: Server, admin: httpx.Client) -> None:
         )
         assert_problem(writer.get(f"/api/v1/queues/{q}/messages"), 403, "forbidden")
         assert_problem(
-            writer.post(f"/api/v1/queues/{q}/messages/ack", json={"receipts": ["0" * 32]}),
+            writer.post(f"/api/v1/queues/{q}/messages/ack", json={"receipts": ["0" * 64]}),
             403,
             "forbidden",
         )
@@ -271,3 +272,27 @@ def test_automatic_checkpoints_land_in_history(admin: httpx.Client) -> None:
     auto = [s for s in history if s["trigger"] == "auto"]
     assert auto, history
     assert auto[0]["index"] > 3 and auto[0]["bytes"] > 0
+
+
+def _queue_labels(metrics_text: str) -> set[str]:
+    return set(re.findall(r'\{queue="([^"]+)"\}', metrics_text))
+
+
+def test_cluster_and_metrics_show_only_the_queues_get_queues_lists(
+    api_server: Server, admin: httpx.Client
+) -> None:
+    """Leaders and per-queue series follow the listing's rule; node-wide series stay."""
+    mine, other = new_queue(admin, "seen"), new_queue(admin, "hidden")
+    assert {mine, other} <= _queue_labels(admin.get("/metrics").text)
+    with (
+        user_client(api_server, admin) as nobody,
+        user_client(api_server, admin, read=re.escape(mine)) as reader,
+    ):
+        for client, visible in ((nobody, set()), (reader, {mine})):
+            listed = {q["name"] for q in client.get("/api/v1/queues").json()}
+            assert listed == visible
+            (node,) = client.get("/api/v1/cluster").json()["nodes"]
+            assert node["health"] == "up" and set(node["leads"]) == visible
+            text = client.get("/metrics").text
+            assert _queue_labels(text) == visible
+            assert "quorra_wal_sync_seconds_count" in text and "quorra_ready 1.0" in text

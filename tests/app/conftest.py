@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Self
 
@@ -30,9 +30,16 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, data_dir: Path, admin_password: str | None = ADMIN_PASSWORD) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        admin_password: str | None = ADMIN_PASSWORD,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self.data_dir = data_dir
         self.admin_password = admin_password
+        self.env = dict(env or {})
+        """More environment for the server (``QUORRA_...`` settings)."""
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = data_dir.parent / f"{data_dir.name}-server.log"
@@ -52,6 +59,7 @@ class Server:
         env = {k: v for k, v in os.environ.items() if not k.startswith("QUORRA_")}
         if self.admin_password is not None:
             env["QUORRA_ADMIN_PASSWORD"] = self.admin_password
+        env.update(self.env)
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 self.command(),

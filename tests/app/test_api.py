@@ -43,6 +43,7 @@ def test_token_from_basic_auth_is_shown_once_and_stored_hashed(
         f"{server.url}/api/v1/tokens", auth=("admin", ADMIN_PASSWORD), json={"name": "ci"}
     )
     assert created.status_code == 201
+    assert created.headers["cache-control"] == "no-store"  # the secret stays out of caches
     body = created.json()
     assert set(body) == {"token", "id", "user", "name", "created_at"}
     assert body["token"].startswith("qra_") and len(body["token"]) >= 40
@@ -85,6 +86,7 @@ def test_users_manage_only_their_own_tokens(server: Server, admin: httpx.Client)
         assert_problem(client.post("/api/v1/tokens", json={"user": "admin"}), 403, "forbidden")
         assert_problem(client.get("/api/v1/tokens", params={"user": "admin"}), 403, "forbidden")
     made_for = admin.post("/api/v1/tokens", json={"user": name, "name": "by-admin"})
+    assert made_for.headers["cache-control"] == "no-store"
     assert made_for.status_code == 201 and made_for.json()["user"] == name
     assert {t["user"] for t in admin.get("/api/v1/tokens", params={"user": name}).json()} == {name}
 

@@ -32,6 +32,7 @@ from app.main import create_app
 from app.settings import Settings
 from engine.errors import QuorraError
 from engine.limits import DEFAULT_LIMITS
+from engine.queue.receipts import RECEIPT_CHARS
 
 with warnings.catch_warnings():
     # Starlette's test client asks for httpx2, which this project does not install.
@@ -239,16 +240,16 @@ def test_forbidden_queues_get_the_routes_403(app: FastAPI, client: TestClient) -
     [
         ("/receive", {"max_messages": 0}, 422),
         ("/receive", {"wait_ms": 10**9}, 422),
-        ("/receive", {"max_messages": "5"}, 200),  # pydantic's lax mode takes it
+        ("/receive", {"max_messages": "5"}, 422),  # strict: text is no integer
         ("/receive", {"consumer": ""}, 422),
         ("/receive", {"surprise": 1}, 422),
         ("/ack", {"receipts": []}, 422),
         ("/ack", {"receipts": ["XYZ"]}, 422),
-        ("/ack", {"receipts": ["0" * 32 + "\n"]}, 422),
-        ("/nack", {"receipts": ["0" * 32], "requeue": "yes"}, 400),  # lax: true; no receipt
-        ("/nack", {"receipts": ["0" * 32], "requeue": []}, 422),
-        ("/extend", {"receipts": ["0" * 32]}, 422),
-        ("/extend", {"receipts": ["0" * 32], "lease_ms": 0}, 422),
+        ("/ack", {"receipts": ["0" * RECEIPT_CHARS + "\n"]}, 422),
+        ("/nack", {"receipts": ["0" * RECEIPT_CHARS], "requeue": "yes"}, 422),  # strict: no boolean
+        ("/nack", {"receipts": ["0" * RECEIPT_CHARS], "requeue": []}, 422),
+        ("/extend", {"receipts": ["0" * RECEIPT_CHARS]}, 422),
+        ("/extend", {"receipts": ["0" * RECEIPT_CHARS], "lease_ms": 0}, 422),
     ],
 )
 def test_invalid_receives_and_settles_get_the_routes_answer(
@@ -267,9 +268,9 @@ def test_invalid_receives_and_settles_get_the_routes_answer(
     [
         ("", {"messages": [{"body": "x"}]}),
         ("/receive", {"max_messages": 3}),
-        ("/ack", {"receipts": ["0" * 32]}),
-        ("/nack", {"receipts": ["0" * 32], "requeue": False}),
-        ("/extend", {"receipts": ["0" * 32], "lease_ms": 1000}),
+        ("/ack", {"receipts": ["0" * RECEIPT_CHARS]}),
+        ("/nack", {"receipts": ["0" * RECEIPT_CHARS], "requeue": False}),
+        ("/extend", {"receipts": ["0" * RECEIPT_CHARS], "lease_ms": 1000}),
     ],
 )
 def test_unknown_queue_is_the_same_404(
@@ -483,8 +484,10 @@ def test_the_receive_parser_accepts_only_what_the_model_accepts(payload: dict[st
 
 
 _RECEIPT = st.one_of(
-    st.from_regex(r"[0-9a-f]{32}", fullmatch=True),
-    st.text(alphabet="0123456789abcdefABCDEF\n", min_size=31, max_size=33),
+    st.from_regex(rf"[0-9a-f]{{{RECEIPT_CHARS}}}", fullmatch=True),
+    st.text(
+        alphabet="0123456789abcdefABCDEF\n", min_size=RECEIPT_CHARS - 1, max_size=RECEIPT_CHARS + 1
+    ),
     st.integers(),
     st.binary(),
 )
@@ -503,8 +506,8 @@ _RECEIPT = st.one_of(
         max_size=3,
     ),
 )
-@example("extend", {"receipts": ["0" * 32], "lease_ms": 43200000})
-@example("nack", {"receipts": ["0" * 32, "f" * 32], "requeue": False})
+@example("extend", {"receipts": ["0" * RECEIPT_CHARS], "lease_ms": 43200000})
+@example("nack", {"receipts": ["0" * RECEIPT_CHARS, "f" * RECEIPT_CHARS], "requeue": False})
 def test_the_settle_parsers_accept_only_what_the_models_accept(
     how: str, payload: dict[str, Any]
 ) -> None:

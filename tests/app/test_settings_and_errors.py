@@ -13,14 +13,20 @@ from app.settings import Settings, load_secret_key
 
 
 def test_settings_from_env(tmp_path: Path) -> None:
-    env = {"QUORRA_ADMIN_PASSWORD": "pw-from-env", "QUORRA_NODE_NAME": "node-a"}
+    env = {
+        "QUORRA_ADMIN_PASSWORD": "pw-from-env",
+        "QUORRA_NODE_NAME": "node-a",
+        "QUORRA_HEADER_READ_TIMEOUT_S": "2.5",
+    }
     settings = Settings.from_env(tmp_path / "d", host="::1", port=9000, environ=env)
     assert settings.admin_password == "pw-from-env" and settings.node_name == "node-a"
+    assert settings.header_read_timeout_s == 2.5
     assert settings.data_dir.is_absolute()
     assert settings.base_url == "http://[::1]:9000"
     assert settings.database_url == f"sqlite:///{settings.data_dir / 'meta.sqlite3'}"
     empty = Settings.from_env(tmp_path / "d", environ={"QUORRA_ADMIN_PASSWORD": ""})
     assert empty.admin_password is None and empty.node_name
+    assert empty.header_read_timeout_s == 10.0
 
 
 def test_secret_key_is_made_once_and_kept(tmp_path: Path) -> None:

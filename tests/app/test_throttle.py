@@ -20,40 +20,77 @@ class Clock:
         return self.now
 
 
+def fail(throttle: FailureThrottle, user: str, address: str) -> None:
+    with throttle.attempt(user, address) as attempt:
+        attempt.verdict(False)
+
+
+def refused(throttle: FailureThrottle, user: str, address: str) -> TooManyFailures:
+    with pytest.raises(TooManyFailures) as caught, throttle.attempt(user, address):
+        pass
+    return caught.value
+
+
 def test_refuses_after_the_limit_until_the_window_ends() -> None:
     clock = Clock()
     throttle = FailureThrottle(failures_max=3, window_s=60, clock=clock)
     for _ in range(3):
-        throttle.check("bob", "10.0.0.1")
-        throttle.failed("bob", "10.0.0.1")
-    with pytest.raises(TooManyFailures) as caught:
-        throttle.check("bob", "10.0.0.1")
-    assert caught.value.status == 429 and caught.value.retry_after_s == 60
-    throttle.check("bob", "10.0.0.2")  # another address
-    throttle.check("alice", "10.0.0.1")  # another user
+        fail(throttle, "bob", "10.0.0.1")
+    error = refused(throttle, "bob", "10.0.0.1")
+    assert error.status == 429 and error.retry_after_s == 60
+    fail(throttle, "bob", "10.0.0.2")  # another address
+    fail(throttle, "alice", "10.0.0.1")  # another user
     clock.now += 59.5
-    with pytest.raises(TooManyFailures) as caught:
-        throttle.check("bob", "10.0.0.1")
-    assert caught.value.retry_after_s == 1
+    assert refused(throttle, "bob", "10.0.0.1").retry_after_s == 1
     clock.now += 0.5
-    throttle.check("bob", "10.0.0.1")  # the window ended: a fresh start
-    throttle.failed("bob", "10.0.0.1")
-    throttle.check("bob", "10.0.0.1")
+    fail(throttle, "bob", "10.0.0.1")  # the window ended: a fresh start
+    with throttle.attempt("bob", "10.0.0.1"):
+        pass
+
+
+def test_attempts_in_flight_count_before_their_verdict() -> None:
+    """The race of issue 13: checks that started together all count, so the limit holds
+    however many guesses arrive at once."""
+    throttle = FailureThrottle(failures_max=3, window_s=60, clock=Clock())
+    with (
+        throttle.attempt("bob", "a") as first,
+        throttle.attempt("bob", "a") as second,
+        throttle.attempt("bob", "a"),
+    ):
+        error = refused(throttle, "bob", "a")
+        assert error.retry_after_s == 1 and "at once" in error.detail
+        with throttle.attempt("carol", "a"):  # other pairs are not held up
+            pass
+        first.verdict(False)
+        second.verdict(False)
+    # Two failures; the third attempt gave its place back (no verdict: never checked).
+    fail(throttle, "bob", "a")
+    assert refused(throttle, "bob", "a").retry_after_s == 60
+
+
+def test_an_exception_gives_the_place_back() -> None:
+    throttle = FailureThrottle(failures_max=1, window_s=60, clock=Clock())
+    with pytest.raises(RuntimeError), throttle.attempt("bob", "a"):
+        raise RuntimeError("the server was busy")
+    assert len(throttle) == 0
+    fail(throttle, "bob", "a")
+    refused(throttle, "bob", "a")
 
 
 def test_success_clears_and_keys_are_bounded() -> None:
     throttle = FailureThrottle(failures_max=2, window_s=60, keys_max=3, clock=Clock())
-    throttle.failed("bob", "a")
-    throttle.succeeded("bob", "a")
-    throttle.failed("bob", "a")
-    throttle.check("bob", "a")
+    fail(throttle, "bob", "a")
+    with throttle.attempt("bob", "a") as attempt:
+        attempt.verdict(True)
+    assert len(throttle) == 0  # nothing counted: nothing kept
+    fail(throttle, "bob", "a")
     for user in ("u1", "u2", "u3", "u4"):
-        throttle.failed(user, "a")
-        throttle.failed(user, "a")
-    with pytest.raises(TooManyFailures):
-        throttle.check("u4", "a")
-    throttle.check("u1", "a")  # forgotten: only keys_max pairs are kept
-    throttle.check("bob", "a")
+        fail(throttle, user, "a")
+        fail(throttle, user, "a")
+    assert len(throttle) == 3
+    refused(throttle, "u4", "a")
+    fail(throttle, "u1", "a")  # forgotten: only keys_max pairs are kept
+    fail(throttle, "bob", "a")
 
 
 @pytest.mark.integration

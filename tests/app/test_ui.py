@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import secrets
 
 import httpx
 import pytest
@@ -23,11 +24,11 @@ def browser(server: Server) -> httpx.Client:
     return httpx.Client(base_url=server.url, timeout=10.0, follow_redirects=False)
 
 
-def log_in(client: httpx.Client, password: str = ADMIN_PASSWORD) -> httpx.Response:
+def log_in(
+    client: httpx.Client, password: str = ADMIN_PASSWORD, user: str = "admin"
+) -> httpx.Response:
     token = csrf_of(client.get("/login"))
-    return client.post(
-        "/login", data={"username": "admin", "password": password, "csrf_token": token}
-    )
+    return client.post("/login", data={"username": user, "password": password, "csrf_token": token})
 
 
 def test_pages_need_a_login(server: Server) -> None:
@@ -132,3 +133,35 @@ def test_logins_are_audited(server: Server, admin: httpx.Client) -> None:
         client.post("/logout", headers={"X-CSRF-Token": csrf_of(client.get("/"))})
     actions = [e["action"] for e in admin.get("/api/v1/audit").json() if e["source"] == "ui"]
     assert actions[:2] == ["session.logout", "session.login"]
+
+
+def test_a_new_password_ends_the_users_sessions(server: Server, admin: httpx.Client) -> None:
+    """Issue 13: whoever learnt the old password stayed logged in after the change."""
+    name, old_password = f"pw-{secrets.token_hex(3)}", "old-password"
+    assert admin.post("/api/v1/users", json={"name": name, "password": old_password}).is_success
+    with browser(server) as owner, browser(server) as intruder, browser(server) as bystander:
+        assert log_in(owner, old_password, name).status_code == 303
+        assert log_in(intruder, old_password, name).status_code == 303
+        assert log_in(bystander).status_code == 303  # admin: another user
+        assert intruder.get("/").status_code == 200
+        changed = admin.patch(f"/api/v1/users/{name}", json={"password": "new-password"})
+        assert changed.status_code == 200
+        for client in (owner, intruder):
+            ended = client.get("/")
+            assert ended.status_code == 303 and ended.headers["location"] == "/login"
+        assert bystander.get("/").status_code == 200
+        assert log_in(owner, "new-password", name).status_code == 303
+        permissions = {"configure": "", "write": "", "read": "x"}
+        assert admin.patch(f"/api/v1/users/{name}", json={"permissions": permissions}).is_success
+        assert owner.get("/").status_code == 200  # no new password: the session stays
+
+
+def test_the_page_with_a_new_token_is_not_cached(server: Server) -> None:
+    with browser(server) as client:
+        log_in(client)
+        csrf = csrf_of(client.get("/users"))
+        created = client.post(
+            "/tokens", data={"user": "admin", "name": "page"}, headers={"X-CSRF-Token": csrf}
+        )
+        assert created.status_code == 200 and "qra_" in created.text
+        assert created.headers["cache-control"] == "no-store"

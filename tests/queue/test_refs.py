@@ -1,4 +1,4 @@
-"""Packed refs, receipts, sealed pages and the paged FIFO: round trips at every boundary."""
+"""Packed refs, sealed pages and the paged FIFO: round trips at every boundary."""
 
 from __future__ import annotations
 
@@ -7,9 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.errors import InvalidRequest
 from engine.queue.pages import RefFifo, SealedPage
-from engine.queue.receipts import decode_receipt, encode_receipt
 from engine.queue.refs import (
     INDEX_LIMIT_LONG,
     INDEX_LIMIT_SHORT,
@@ -119,19 +117,6 @@ def test_pack_batch_agrees_with_scalar_packing(index: int, batch: int, data: st.
 @given(index=st.integers(1, 1 << 50), slot=st.integers(0, SLOTS_PER_ENTRY_MAX - 1))
 def test_message_id_round_trip(index: int, slot: int) -> None:
     assert message_id_parts(message_id(index, slot)) == (index, slot)
-
-
-@given(tag=st.integers(1, (1 << 64) - 1), ref=st.integers(1, (1 << 64) - 1))
-def test_receipt_round_trip(tag: int, ref: int) -> None:
-    text = encode_receipt(tag, ref)
-    assert len(text) == 32
-    assert decode_receipt(text) == (tag, ref)
-
-
-@pytest.mark.parametrize("text", ["", "xyz", "0" * 32, "g" * 32, "A" * 32, "1" * 31, "1" * 33])
-def test_malformed_receipts_are_invalid_requests(text: str) -> None:
-    with pytest.raises(InvalidRequest):
-        decode_receipt(text)
 
 
 @settings(max_examples=100, deadline=None)

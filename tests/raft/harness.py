@@ -97,6 +97,7 @@ class Cluster:
     def step(self, name: str, event: Event) -> Ready:
         node = self.nodes[name]
         node.raft.step(event)
+        node.raft.check_invariants()
         return self.process(name)
 
     def process(self, name: str) -> Ready:

@@ -44,8 +44,32 @@ def test_candidate_with_majority_becomes_leader_and_appends_a_noop() -> None:
 def test_vote_is_granted_at_most_once_per_term() -> None:
     c = Cluster(["a", "b", "c"], pre_vote=False)
     b = c["b"]
-    b.step(Receive(VoteRequest(sid("a"), sid("b"), 1, 0, 0, False, False)))
-    b.step(Receive(VoteRequest(sid("c"), sid("b"), 1, 0, 0, False, False)))
+    b.step(
+        Receive(
+            VoteRequest(
+                src=sid("a"),
+                dst=sid("b"),
+                term=1,
+                last_index=0,
+                last_term=0,
+                pre=False,
+                transfer=False,
+            )
+        )
+    )
+    b.step(
+        Receive(
+            VoteRequest(
+                src=sid("c"),
+                dst=sid("b"),
+                term=1,
+                last_index=0,
+                last_term=0,
+                pre=False,
+                transfer=False,
+            )
+        )
+    )
     rd = b.ready()
     grants = [(m.dst, m.granted) for m in rd.messages_after_persist if type(m) is VoteResponse]
     assert grants == [("a", True), ("c", False)]
@@ -56,7 +80,9 @@ def test_vote_is_refused_to_a_candidate_whose_log_is_less_up_to_date() -> None:
     c = Cluster(["a", "b", "c"])
     c.elect("a")
     b = c["b"]
-    stale = VoteRequest(sid("c"), sid("b"), 5, 0, 0, False, False)
+    stale = VoteRequest(
+        src=sid("c"), dst=sid("b"), term=5, last_index=0, last_term=0, pre=False, transfer=False
+    )
     c.now_ms += 10 * c.limits.election_timeout_ms_max
     b.step(Tick(c.now_ms))
     b.step(Receive(stale))
@@ -69,7 +95,20 @@ def test_a_higher_term_makes_a_leader_step_down() -> None:
     c = Cluster(["a", "b", "c"])
     c.elect("a")
     a = c["a"]
-    a.step(Receive(AppendResponse(sid("b"), sid("a"), 7, False, 0, 0, 0, 0)))
+    a.step(
+        Receive(
+            AppendResponse(
+                src=sid("b"),
+                dst=sid("a"),
+                term=7,
+                success=False,
+                match_index=0,
+                rejected_prev_index=0,
+                conflict_term=0,
+                conflict_index=0,
+            )
+        )
+    )
     assert a.role is Role.FOLLOWER and a.term == 7 and a.vote is None
 
 
@@ -77,7 +116,7 @@ def test_a_message_of_a_stale_term_is_answered_with_the_current_term() -> None:
     c = Cluster(["a", "b", "c"])
     c.elect("a")
     b = c["b"]
-    b.step(Receive(Heartbeat(sid("c"), sid("b"), 0, 0, 0)))
+    b.step(Receive(Heartbeat(src=sid("c"), dst=sid("b"), term=0, commit=0, read_seq=0)))
     rd = b.ready()
     assert [(type(m).__name__, m.term) for m in rd.messages_after_persist] == [
         ("AppendResponse", 1)
@@ -108,10 +147,24 @@ def test_a_voter_that_hears_from_its_leader_ignores_a_campaign() -> None:
     c = Cluster(["a", "b", "c"])
     c.elect("a")
     b = c["b"]
-    b.step(Receive(VoteRequest(sid("c"), sid("b"), 2, 9, 1, False, False)))
+    b.step(
+        Receive(
+            VoteRequest(
+                src=sid("c"),
+                dst=sid("b"),
+                term=2,
+                last_index=9,
+                last_term=1,
+                pre=False,
+                transfer=False,
+            )
+        )
+    )
     rd = b.ready()
     assert b.term == 1 and not rd.messages_after_persist
-    transfer = VoteRequest(sid("c"), sid("b"), 2, 9, 1, False, True)
+    transfer = VoteRequest(
+        src=sid("c"), dst=sid("b"), term=2, last_index=9, last_term=1, pre=False, transfer=True
+    )
     b.step(Receive(transfer))
     rd = b.ready()
     assert b.term == 2 and [m.granted for m in rd.messages_after_persist] == [True]

@@ -96,10 +96,30 @@ def test_repair_ends_only_with_a_durable_committed_entry_of_the_leaders_term() -
     x = c["a"].log.entries(2, 3, 1 << 20, 10)
     noop = Entry(3, 2, EntryKind.NOOP, 0, b"")
     # The committed entry 2 is of an older term: not enough.
-    c.step("b", Receive(AppendRequest(sid("a"), sid("b"), 2, 1, 1, x, 2)))
+    c.step(
+        "b",
+        Receive(
+            AppendRequest(
+                src=sid("a"), dst=sid("b"), term=2, prev_index=1, prev_term=1, entries=x, commit=2
+            )
+        ),
+    )
     c.persist("b")
     assert b.commit == 2 and b.repairing
-    c.step("b", Receive(AppendRequest(sid("a"), sid("b"), 2, 2, 1, [noop], 3)))
+    c.step(
+        "b",
+        Receive(
+            AppendRequest(
+                src=sid("a"),
+                dst=sid("b"),
+                term=2,
+                prev_index=2,
+                prev_term=1,
+                entries=[noop],
+                commit=3,
+            )
+        ),
+    )
     assert b.commit == 3 and b.repairing, "held in memory, not yet durable"
     rd = c.persist("b")
     assert not b.repairing and rd.repaired and rd.hard_state == HardState(2, sid("a"), 3)
@@ -109,7 +129,7 @@ def test_a_heartbeats_commit_is_not_trusted_while_repairing() -> None:
     c = Cluster(["a", "b", "c"])
     c.restart("b", repair=True)
     b = c["b"]
-    b.step(Receive(Heartbeat(sid("a"), sid("b"), 1, 5, 0)))
+    b.step(Receive(Heartbeat(src=sid("a"), dst=sid("b"), term=1, commit=5, read_seq=0)))
     assert b.commit == 0 and b.leader == "a" and b.repairing
 
 
@@ -119,10 +139,23 @@ def test_a_repairing_server_never_campaigns_nor_grants_a_vote_or_pre_vote() -> N
     b = c["b"]
     c.tick(5 * c.limits.election_timeout_ms_max, ["b"])
     assert b.role is Role.FOLLOWER and not c.take(VoteRequest)
-    c.step("b", Receive(TimeoutNow(sid("a"), sid("b"), 1)))
+    c.step("b", Receive(TimeoutNow(src=sid("a"), dst=sid("b"), term=1)))
     assert b.role is Role.FOLLOWER and not c.take(VoteRequest)
     for pre in (True, False):
-        c.step("b", Receive(VoteRequest(sid("a"), sid("b"), 9, 50, 9, pre, False)))
+        c.step(
+            "b",
+            Receive(
+                VoteRequest(
+                    src=sid("a"),
+                    dst=sid("b"),
+                    term=9,
+                    last_index=50,
+                    last_term=9,
+                    pre=pre,
+                    transfer=False,
+                )
+            ),
+        )
     c.tick(c.limits.tick_ms, ["b"])
     grants = [m.granted for m in c.take(VoteResponse)]
     assert grants == [False, False] and b.vote is None and b.term == 9
@@ -134,12 +167,38 @@ def test_a_vote_forgotten_with_the_hard_state_is_not_given_twice() -> None:
     it records its vote for c in term 1 again."""
     for repair in (False, True):
         c = Cluster(["a", "b", "c"], pre_vote=False)
-        c.step("b", Receive(VoteRequest(sid("c"), sid("b"), 1, 0, 0, False, False)))
+        c.step(
+            "b",
+            Receive(
+                VoteRequest(
+                    src=sid("c"),
+                    dst=sid("b"),
+                    term=1,
+                    last_index=0,
+                    last_term=0,
+                    pre=False,
+                    transfer=False,
+                )
+            ),
+        )
         assert c["b"].vote == "c"
         c.take()
         c.nodes["b"].storage.durable.hard_state = None
         c.restart("b", repair=repair)
-        c.step("b", Receive(VoteRequest(sid("a"), sid("b"), 1, 0, 0, False, False)))
+        c.step(
+            "b",
+            Receive(
+                VoteRequest(
+                    src=sid("a"),
+                    dst=sid("b"),
+                    term=1,
+                    last_index=0,
+                    last_term=0,
+                    pre=False,
+                    transfer=False,
+                )
+            ),
+        )
         granted = [m.granted for m in c.take(VoteResponse)]
         assert granted == [not repair]
     b = c["b"]
@@ -148,7 +207,7 @@ def test_a_vote_forgotten_with_the_hard_state_is_not_given_twice() -> None:
     c.now_ms += 1
     c.step("c", Tick(c.now_ms))
     c.take(VoteRequest)
-    c.step("c", Receive(VoteResponse(sid("b"), sid("c"), 1, True, False)))
+    c.step("c", Receive(VoteResponse(src=sid("b"), dst=sid("c"), term=1, granted=True, pre=False)))
     assert c["c"].role is Role.LEADER and c["c"].term == 1
     c.stabilize()
     c.tick(c.limits.heartbeat_interval_ms, ["c"], deliver=True)
@@ -160,7 +219,14 @@ def test_a_leader_that_counted_acknowledgements_from_before_the_damage_steps_dow
     c = _commit_x_on_a_and_b_only()
     _lose_entries_after(c, "b", 1)
     c.restart("b", repair=True)
-    c.step("b", Receive(AppendRequest(sid("a"), sid("b"), 1, 2, 1, [], 2)))
+    c.step(
+        "b",
+        Receive(
+            AppendRequest(
+                src=sid("a"), dst=sid("b"), term=1, prev_index=2, prev_term=1, entries=[], commit=2
+            )
+        ),
+    )
     answers = c.take(AppendResponse)
     assert [(m.term, m.success) for m in answers] == [(2, False)]
     c.deliver(answers)

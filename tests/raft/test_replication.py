@@ -62,7 +62,13 @@ def test_a_follower_rejects_a_mismatched_append_with_a_conflict_hint() -> None:
     c = Cluster(["a", "b", "c"])
     c.elect("a")
     b = c["b"]
-    b.step(Receive(AppendRequest(sid("a"), sid("b"), 1, 5, 1, [], 1)))
+    b.step(
+        Receive(
+            AppendRequest(
+                src=sid("a"), dst=sid("b"), term=1, prev_index=5, prev_term=1, entries=[], commit=1
+            )
+        )
+    )
     rd = b.ready()
     (resp,) = rd.messages_after_persist
     assert type(resp) is AppendResponse and not resp.success
@@ -74,10 +80,22 @@ def test_a_follower_truncates_conflicting_entries_and_keeps_matching_ones() -> N
     c.elect("a")
     b = c["b"]
     old = [Entry(2, 1, EntryKind.COMMAND, 0, b"old2"), Entry(3, 1, EntryKind.COMMAND, 0, b"old3")]
-    b.step(Receive(AppendRequest(sid("a"), sid("b"), 1, 1, 1, old, 1)))
+    b.step(
+        Receive(
+            AppendRequest(
+                src=sid("a"), dst=sid("b"), term=1, prev_index=1, prev_term=1, entries=old, commit=1
+            )
+        )
+    )
     c.process("b")
     new = [Entry(3, 2, EntryKind.COMMAND, 0, b"new3")]
-    b.step(Receive(AppendRequest(sid("c"), sid("b"), 2, 2, 1, new, 1)))
+    b.step(
+        Receive(
+            AppendRequest(
+                src=sid("c"), dst=sid("b"), term=2, prev_index=2, prev_term=1, entries=new, commit=1
+            )
+        )
+    )
     c.process("b")
     data = [e.data for e in c.nodes["b"].storage.entries(2, 4, 1 << 30)]
     assert data == [b"old2", b"new3"] and b.log.last_index() == 3

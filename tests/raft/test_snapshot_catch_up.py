@@ -125,7 +125,15 @@ def test_a_follower_refuses_live_entries_it_did_not_ask_for_and_says_again_what_
     def send(offset: int, piece: bytes, done: bool, indexes: list[int]) -> SnapshotResponse:
         entries = [stored.entry(i) for i in indexes]
         chunk = SnapshotChunk(
-            a.id, f.id, a.term, snap.index, snap.term, offset, piece, done, entries
+            src=a.id,
+            dst=f.id,
+            term=a.term,
+            snapshot_index=snap.index,
+            snapshot_term=snap.term,
+            offset=offset,
+            data=piece,
+            done=done,
+            entries=entries,
         )
         f.step(Receive(chunk))
         (resp,) = f.ready().messages_after_persist
@@ -142,15 +150,15 @@ def test_a_follower_refuses_live_entries_it_did_not_ask_for_and_says_again_what_
     f.step(
         Receive(
             SnapshotChunk(
-                a.id,
-                f.id,
-                a.term,
-                snap.index,
-                snap.term,
-                len(data) + 2,
-                b"",
-                True,
-                [stored.entry(7), stored.entry(8)],
+                src=a.id,
+                dst=f.id,
+                term=a.term,
+                snapshot_index=snap.index,
+                snapshot_term=snap.term,
+                offset=len(data) + 2,
+                data=b"",
+                done=True,
+                entries=[stored.entry(7), stored.entry(8)],
             )
         )
     )

@@ -102,7 +102,20 @@ def test_a_follower_whose_log_holds_the_snapshot_point_keeps_its_log() -> None:
     b = c["b"]
     assert c["a"].commit == 4 and b.commit == 1 and b.log.last_index() == 4
     snap = c.take_snapshot("a")
-    b.step(Receive(SnapshotChunk(sid("a"), sid("b"), 1, snap.index, snap.term, 0, b"", True)))
+    b.step(
+        Receive(
+            SnapshotChunk(
+                src=sid("a"),
+                dst=sid("b"),
+                term=1,
+                snapshot_index=snap.index,
+                snapshot_term=snap.term,
+                offset=0,
+                data=b"",
+                done=True,
+            )
+        )
+    )
     rd = b.ready()
     assert rd.snapshot_to_install is None and b.log.last_index() == 4 and b.commit == 4
     assert [type(m).__name__ for m in rd.messages_after_persist] == ["SnapshotResponse"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgpack
 import pytest
 
 from engine.errors import Backpressure, NoLeader, QueueNotFound
@@ -31,28 +32,58 @@ from engine.runtime.meta import QueueMeta
 
 A, B = ServerId("n1/q"), ServerId("n2/q")
 VALUES: list[object] = [
-    VoteRequest(A, B, 3, 10, 2, True, False),
-    VoteResponse(A, B, 3, True, False),
+    VoteRequest(src=A, dst=B, term=3, last_index=10, last_term=2, pre=True, transfer=False),
+    VoteResponse(src=A, dst=B, term=3, granted=True, pre=False),
     AppendRequest(
-        A,
-        B,
-        3,
-        9,
-        2,
-        [
+        src=A,
+        dst=B,
+        term=3,
+        prev_index=9,
+        prev_term=2,
+        entries=[
             Entry(10, 3, EntryKind.COMMAND, 1234, b"\x00data"),
             Entry(11, 3, EntryKind.NOOP, 1235, b""),
         ],
-        9,
+        commit=9,
     ),
-    AppendResponse(A, B, 3, False, 0, 9, 2, 5),
-    Heartbeat(A, B, 3, 9, 4),
-    HeartbeatResponse(A, B, 3, 4),
-    SnapshotChunk(A, B, 3, 100, 2, 0, b"chunk", False),
-    SnapshotResponse(A, B, 3, 100, -1),
-    SnapshotChunk(A, B, 3, 100, 2, 40, b"", True, [Entry(7, 1, EntryKind.COMMAND, 5, b"p")]),
-    SnapshotResponse(A, B, 3, 100, 40, b"\x01missing"),
-    TimeoutNow(A, B, 3),
+    AppendResponse(
+        src=A,
+        dst=B,
+        term=3,
+        success=False,
+        match_index=0,
+        rejected_prev_index=9,
+        conflict_term=2,
+        conflict_index=5,
+    ),
+    Heartbeat(src=A, dst=B, term=3, commit=9, read_seq=4),
+    HeartbeatResponse(src=A, dst=B, term=3, read_seq=4),
+    SnapshotChunk(
+        src=A,
+        dst=B,
+        term=3,
+        snapshot_index=100,
+        snapshot_term=2,
+        offset=0,
+        data=b"chunk",
+        done=False,
+    ),
+    SnapshotResponse(src=A, dst=B, term=3, snapshot_index=100, next_offset=-1),
+    SnapshotChunk(
+        src=A,
+        dst=B,
+        term=3,
+        snapshot_index=100,
+        snapshot_term=2,
+        offset=40,
+        data=b"",
+        done=True,
+        entries=[Entry(7, 1, EntryKind.COMMAND, 5, b"p")],
+    ),
+    SnapshotResponse(
+        src=A, dst=B, term=3, snapshot_index=100, next_offset=40, missing=b"\x01missing"
+    ),
+    TimeoutNow(src=A, dst=B, term=3),
     QueueMeta("q", "uid", QueueArgs(replicas=3, dead_letter_queue="d"), 5, ("n1", "n2")),
     QueueInfo("q", "uid", QueueArgs(), 7),
     [OutgoingMessage(b"b", {"k": "v"}, 2, 100, 5, "id")],
@@ -80,3 +111,30 @@ def test_errors_keep_their_class_and_detail() -> None:
 def test_only_registered_types_encode() -> None:
     with pytest.raises(TypeError):
         wire.encode(object())
+
+
+def test_a_message_travels_as_its_field_values_in_order() -> None:
+    """The wire format does not depend on how messages are constructed: a positional
+    list of field values, as before constructors became keyword-only."""
+    msg = AppendResponse(
+        src=A,
+        dst=B,
+        term=3,
+        success=False,
+        match_index=0,
+        rejected_prev_index=9,
+        conflict_term=2,
+        conflict_index=5,
+    )
+    ext = msgpack.unpackb(wire.encode(msg), raw=False)
+    assert ext.code == wire.DATACLASS
+    assert msgpack.unpackb(ext.data, raw=False) == [
+        "AppendResponse",
+        ["n1/q", "n2/q", 3, False, 0, 9, 2, 5],
+    ]
+
+
+def test_a_dataclass_with_the_wrong_field_count_is_refused() -> None:
+    short = msgpack.ExtType(wire.DATACLASS, wire.encode(["TimeoutNow", ["n1/q", "n2/q"]]))
+    with pytest.raises(ValueError, match="TimeoutNow: 2 fields, expected 3"):
+        wire.decode(msgpack.packb(short))

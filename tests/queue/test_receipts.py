@@ -1,0 +1,52 @@
+"""Sealed receipts: a seal opens what it made, and nothing else (another queue's, another
+incarnation's, another key's, any altered character, any malformed text)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from engine.errors import InvalidRequest
+from engine.queue.receipts import RECEIPT_CHARS, ReceiptSeal, check_receipt_text
+
+KEY = bytes(range(32))
+UID = "0123456789abcdef0123456789abcdef"
+U64 = st.integers(1, (1 << 64) - 1)
+HEX = "0123456789abcdef"
+
+
+@given(tag=U64, ref=U64, uid=st.text(min_size=1, max_size=40), key=st.binary(min_size=32))
+def test_a_seal_opens_what_it_made(tag: int, ref: int, uid: str, key: bytes) -> None:
+    seal = ReceiptSeal(key[:64], uid)
+    text = seal.seal(tag, ref)
+    assert len(text) == RECEIPT_CHARS and set(text) <= set(HEX)
+    check_receipt_text(text)
+    assert seal.open(text) == (tag, ref)
+
+
+@given(tag=U64, ref=U64, position=st.integers(0, RECEIPT_CHARS - 1), digit=st.sampled_from(HEX))
+def test_any_changed_character_is_refused(tag: int, ref: int, position: int, digit: str) -> None:
+    seal = ReceiptSeal(KEY, UID)
+    text = seal.seal(tag, ref)
+    changed = text[:position] + digit + text[position + 1 :]
+    assert seal.open(changed) == ((tag, ref) if changed == text else None)
+
+
+@given(tag=U64, ref=U64)
+def test_a_receipt_is_good_on_its_own_queue_and_key_only(tag: int, ref: int) -> None:
+    text = ReceiptSeal(KEY, UID).seal(tag, ref)
+    assert ReceiptSeal(KEY, "f" * 32).open(text) is None  # another queue (or incarnation)
+    assert ReceiptSeal(bytes(32), UID).open(text) is None  # another node's key
+    unsealed = f"{tag:016x}{ref:016x}"  # the old format, and its MAC guessed as zeros
+    assert ReceiptSeal(KEY, UID).open(unsealed + "0" * 32) is None
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "xyz", "0" * 32, "g" * 64, "A" * 64, "1" * 63, "1" * 65, " " * 64, "00 " * 21 + "0"],
+)
+def test_malformed_receipts(text: str) -> None:
+    with pytest.raises(InvalidRequest):
+        check_receipt_text(text)
+    assert ReceiptSeal(KEY, UID).open(text) is None
