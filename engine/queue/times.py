@@ -106,8 +106,8 @@ class EnqueueTimes:
     def prune(self, first_live: int, spans: tuple[I64, I64] | None = None) -> None:
         """Forget the samples no live message needs: those of intervals that end before
         ``first_live`` and, when ``spans`` (the first and last indexes of ranges that
-        hold every live message) is given, those of intervals that meet no span. The last interval is
-        kept: it may still grow."""
+        hold every live message) is given, those of intervals that meet no span. The
+        last interval is kept: it may still grow."""
         if len(self._index) <= 1:
             return
         code = self._index.typecode
