@@ -32,7 +32,7 @@ GAUGES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("memory_bytes", "Engine memory used by the queue.", ("memory_bytes",)),
     (
         "memory_per_message_bytes",
-        "Engine memory per queued message.",
+        "Engine memory per queued message, the queue's fixed part left out.",
         ("memory_per_message_bytes",),
     ),
     ("publish_rate", "Messages published per second, recently.", ("publish_rate",)),

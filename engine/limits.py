@@ -67,8 +67,10 @@ class Limits:
     checkpoint_bytes_per_message_estimate: int = 64
     checkpoint_bytes_min: int = 1 * MIB
     """Floor of the checkpoint size estimate, so a near-empty queue does not checkpoint often."""
-    enqueue_time_resolution_ms: int = 1000
-    """Precision of enqueue times kept for queue TTL (one sample per interval, not per message)."""
+    enqueue_time_resolution_ms: int = 10
+    """Queue TTL expires a message at most this much minus 1 ms late (never early): enqueue
+    times are kept as one 8-byte sample per such interval in which something was
+    published, not per message, by queues with a queue TTL (``engine.queue.times``)."""
     dead_letter_retry_ms: int = 10_000
     """A dead-letter effect not confirmed by then is emitted again by the expire command."""
 
@@ -102,6 +104,7 @@ class Limits:
         assert self.compaction_dead_per_100_live_max >= 0
         assert self.checkpoints_kept_max >= 2
         assert self.leader_wait_ms >= self.election_timeout_ms_max
+        assert self.enqueue_time_resolution_ms >= 1
         assert self.proposal_timeout_ms >= self.leader_wait_ms
 
 

@@ -48,6 +48,8 @@ class Sample:
     ack_rate: float
     memory_bytes: int
     consumers: int
+    memory_fixed_bytes: int = 0
+    """The part of ``memory_bytes`` a queue holds whatever its depth."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,11 +65,14 @@ class Totals:
     memory_bytes: int
     consumers: int
     failed: int
+    memory_fixed_bytes: int = 0
 
     @property
     def memory_per_message_bytes(self) -> float:
+        """Engine memory per held message, the queues' fixed parts left out (as each
+        queue's ``memory_per_message_bytes``)."""
         held = self.ready + self.unacked
-        return self.memory_bytes / held if held else 0.0
+        return (self.memory_bytes - self.memory_fixed_bytes) / held if held else 0.0
 
     def as_sample(self) -> Sample:
         return Sample(
@@ -79,6 +84,7 @@ class Totals:
             self.ack_rate,
             self.memory_bytes,
             self.consumers,
+            self.memory_fixed_bytes,
         )
 
 
@@ -94,6 +100,7 @@ def _float(stats: dict[str, Any], key: str) -> float:
 
 def sample_of(stats: dict[str, Any], at_ms: int) -> Sample:
     consumers = stats.get("consumers")
+    memory = stats.get("memory")
     return Sample(
         at_ms=at_ms,
         ready=_int(stats, "messages_ready"),
@@ -103,6 +110,7 @@ def sample_of(stats: dict[str, Any], at_ms: int) -> Sample:
         ack_rate=_float(stats, "ack_rate"),
         memory_bytes=_int(stats, "memory_bytes"),
         consumers=len(consumers) if isinstance(consumers, dict) else 0,
+        memory_fixed_bytes=_int(memory, "fixed_bytes") if isinstance(memory, dict) else 0,
     )
 
 
@@ -171,6 +179,7 @@ def _sum(at_ms: int, parts: list[tuple[Sample, int, bool]]) -> Totals:
         memory_bytes=sum(s.memory_bytes for s, _b, _f in parts),
         consumers=sum(s.consumers for s, _b, _f in parts),
         failed=sum(1 for _s, _b, f in parts if f),
+        memory_fixed_bytes=sum(s.memory_fixed_bytes for s, _b, _f in parts),
     )
 
 

@@ -27,7 +27,8 @@ How the runtime uses it
   delayed messages, ends leases (a lease end counts as a delivery attempt), sweeps
   expired messages and re-emits unconfirmed dead-letters.
 * **Admin**: ``encode_purge()``, ``encode_policy({field: value})`` (fields of
-  ``QueuePolicy``; ``priorities`` is fixed at creation), ``machine.stats()``,
+  ``QueuePolicy``; ``priorities`` is fixed at creation), ``machine.stats()`` (with
+  ``memory``, a ``MemoryUse`` breakdown of the estimated memory),
   ``machine.browse(after, limit)``.
 * **Effects** (performed by the leader only): ``MessagesAvailable`` (wake long polls);
   ``DeadLetter(target, reason, refs, delivery_counts)``: publish copies to ``target``
@@ -89,7 +90,7 @@ from engine.queue.effects import (
     Rejected,
     Settled,
 )
-from engine.queue.machine import BrowseItem, QueueMachine, QueueStats
+from engine.queue.machine import BrowseItem, MemoryUse, QueueMachine, QueueStats
 from engine.queue.receipts import ReceiptSeal, check_receipt_text
 from engine.queue.refs import RefParts, message_id, message_id_parts
 
@@ -110,6 +111,7 @@ __all__ = [
     "Enqueued",
     "Expired",
     "Kind",
+    "MemoryUse",
     "MessageView",
     "MessagesAvailable",
     "NewMessage",

@@ -19,23 +19,26 @@ number of earlier deliveries, for messages given back at least once), ``_expires
 (per-message TTL), the delayed heap, the dead-letter table and the fallback refs.
 
 Queue-level TTL needs each message's enqueue time. Leader time never decreases along the
-log, so the machine keeps a sparse series of (raft index, leader ms) samples, one each
-time the clock moved by ``Limits.enqueue_time_resolution_ms`` at an enqueue. A message's
-enqueue time is bounded above by ``sample + resolution - 1``, so queue TTL expires a
-message at most ``resolution - 1`` ms late and never early. The cost is 16 bytes per
-resolution interval during which something was published, not per message.
+log and one publish entry has one leader time, so the machine keeps a sparse series of
+(raft index, leader ms) samples (``engine.queue.times``): at most one per
+``Limits.enqueue_time_resolution_ms`` (10 ms) of leader time in which something was
+published, 8 bytes each, nothing per message. A message's enqueue time is bounded above
+by its interval's latest time, so queue TTL expires a message at most ``resolution - 1``
+ms late (exactly on time when its interval holds one entry) and never early; per-message
+``ttl_ms`` is exact. Only a queue with a ``message_ttl_ms`` keeps samples: setting one on
+a queue without makes the messages already there count from the change (never early).
 
 Expiry is at the head (as in RabbitMQ quorum queues): a message whose TTL passed is
 never delivered; it is dead-lettered (reason ``expired``) when it reaches the head of its
-lane during a checkout or an expire sweep. Until then it counts as ready.
+lane during a checkout (at the checkout's leader time) or an expire sweep, which the
+leader proposes at the head's exact expiry time (``next_deadline_ms``). Until then it
+counts as ready.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import heapq
-from array import array
-from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import ClassVar, cast
@@ -89,11 +92,46 @@ from engine.queue.refs import (
     total_size,
 )
 from engine.queue.snapshots import read_snapshot
+from engine.queue.times import EnqueueTimes
 from engine.raft.machine import ApplyMeta, CheckpointRequest, MachineEffect, ReleaseCursor
 
 U64 = npt.NDArray[np.uint64]
+I64 = npt.NDArray[np.int64]
 _DICT_ENTRY_BYTES_ESTIMATE = 100
+_FIXED_BYTES_ESTIMATE = 3200
+_LEVEL_BYTES_ESTIMATE = 1200
+"""An empty machine holds about ``_FIXED + _LEVEL * priorities`` bytes (tracemalloc: 4.4
+KB with one level, 15 KB with ten; each level has two lanes)."""
 _CURSOR_POS_BITS = 48
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MemoryUse:
+    """Estimated engine memory of one queue, by what holds it."""
+
+    index_bytes: int
+    """Ready messages: pages of packed refs, 8 bytes per message, 4 in sealed pages."""
+    enqueue_times_bytes: int
+    """Enqueue times for queue TTL, kept only while the queue has one: 8 bytes per 10 ms
+    interval in which something was published and that a held message still needs
+    (``engine.queue.times``)."""
+    leases_bytes: int
+    """Leased messages: pages of the delivery-tag ring (8 bytes per slot) and lease groups."""
+    extras_bytes: int
+    """Paid only by the messages that need it (about 100 bytes each): redelivery counts,
+    per-message TTL, delayed and dead-lettering messages, large refs; and dedup ids."""
+    fixed_bytes: int
+    """The queue's own structures, whatever its depth."""
+
+    @property
+    def total_bytes(self) -> int:
+        return (
+            self.index_bytes
+            + self.enqueue_times_bytes
+            + self.leases_bytes
+            + self.extras_bytes
+            + self.fixed_bytes
+        )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -115,7 +153,8 @@ class QueueStats:
     expired: int
     dropped: int
     memory_bytes: int
-    """Estimate of the engine memory this queue's state holds (pages, rings, extras)."""
+    """Estimate of the engine memory this queue's state holds (``memory.total_bytes``)."""
+    memory: MemoryUse
     last_applied: int
     dead_bytes: int
     """Log bytes no longer needed since the last checkpoint request."""
@@ -170,7 +209,9 @@ def _indexes_of_parts(parts: Iterable[U64], table: FallbackTable) -> BitMap64:
 class QueueMachine:
     """One queue. Constructed identically on every replica, then driven only by ``apply``."""
 
-    version: ClassVar[int] = 1
+    version: ClassVar[int] = 2
+    """Snapshot format: 2 keeps enqueue times as ``EnqueueTimes.to_wire``; 1 (still read)
+    kept 1-second samples."""
 
     def __init__(self, policy: QueuePolicy | None = None, limits: Limits = DEFAULT_LIMITS) -> None:
         self._limits = limits
@@ -202,8 +243,7 @@ class QueueMachine:
         """ref -> (reason, delivery count, ms of the last DeadLetter effect)."""
         self._dedup: dict[bytes, int] = {}
         self._dedup_order: deque[tuple[int, bytes]] = deque()
-        self._sample_index = array("q")
-        self._sample_ms = array("q")
+        self._times = EnqueueTimes(self._limits.enqueue_time_resolution_ms)
         self._now_ms = 0
         self._last_index = 0
         self._dead_bytes = 0
@@ -264,7 +304,7 @@ class QueueMachine:
             [list(item) for item in self._delayed],
             [[ref, *entry] for ref, entry in self._dead_lettering.items()],
             [[expiry, key, self._dedup[key]] for expiry, key in self._dedup_order],
-            [self._sample_index.tobytes(), self._sample_ms.tobytes()],
+            self._times.to_wire(),
         ]
         lanes = tuple(lane.freeze() for lane in self._lanes)
         return FrozenMachine(lanes, state, self._unready_refs())
@@ -274,8 +314,8 @@ class QueueMachine:
         ``engine.queue.snapshots``), so ``data`` must not change afterwards."""
         state = read_snapshot(data)
         version, policy, clock, counters, lanes, fallback, pending = state[:7]
-        delivered, expires, delayed, dead_lettering, dedup, samples = state[7:]
-        assert version == self.version, version
+        delivered, expires, delayed, dead_lettering, dedup, times = state[7:]
+        assert version in (1, self.version), version
         self.policy = QueuePolicy(**policy)
         self._reset()
         self._now_ms, self._last_index, self._dead_bytes, self._delayed_seq = clock
@@ -291,8 +331,13 @@ class QueueMachine:
         for expiry, key, mid in dedup:
             self._dedup_order.append((expiry, key))
             self._dedup[key] = mid
-        self._sample_index.frombytes(samples[0])
-        self._sample_ms.frombytes(samples[1])
+        resolution_ms = self._limits.enqueue_time_resolution_ms
+        if version == 1 and self.policy.message_ttl_ms is None:
+            pass  # format 1 sampled without a queue TTL too; format 2 keeps none then
+        elif version == 1:
+            self._times = EnqueueTimes.from_samples_v1(resolution_ms, _V1_RESOLUTION_MS, *times)
+        else:
+            self._times = EnqueueTimes.from_wire(resolution_ms, times)
         self._ready = sum(len(lane) for lane in self._lanes)
         self._bytes_ready = sum(total_size(refs, self._fallback) for _head, refs in lanes)
         self._bytes_delayed = sum(self._size(ref) for _d, _s, ref, _lv in self._delayed)
@@ -306,6 +351,7 @@ class QueueMachine:
 
     def stats(self) -> QueueStats:
         c = self._counters
+        memory = self.memory_use()
         return QueueStats(
             messages_ready=self._ready_count(),
             messages_delayed=len(self._delayed),
@@ -322,12 +368,16 @@ class QueueMachine:
             dead_lettered=c["dead_lettered"],
             expired=c["expired"],
             dropped=c["dropped"],
-            memory_bytes=self.memory_bytes(),
+            memory_bytes=memory.total_bytes,
+            memory=memory,
             last_applied=self._last_index,
             dead_bytes=self._dead_bytes,
         )
 
     def memory_bytes(self) -> int:
+        return self.memory_use().total_bytes
+
+    def memory_use(self) -> MemoryUse:
         extras = (
             len(self._delivered_before)
             + len(self._expires_at)
@@ -336,11 +386,12 @@ class QueueMachine:
             + 2 * len(self._dedup)
             + len(self._delayed)
         )
-        return (
-            sum(lane.nbytes() for lane in self._lanes)
-            + self._pending.nbytes()
-            + extras * _DICT_ENTRY_BYTES_ESTIMATE
-            + 16 * len(self._sample_index)
+        return MemoryUse(
+            index_bytes=sum(lane.nbytes() for lane in self._lanes),
+            enqueue_times_bytes=self._times.nbytes(),
+            leases_bytes=self._pending.nbytes(),
+            extras_bytes=extras * _DICT_ENTRY_BYTES_ESTIMATE,
+            fixed_bytes=_FIXED_BYTES_ESTIMATE + _LEVEL_BYTES_ESTIMATE * self.policy.priorities,
         )
 
     def browse(self, after: int | None = None, limit: int = 100) -> list[BrowseItem]:
@@ -453,7 +504,8 @@ class QueueMachine:
             return Rejected(QueueFull, "the queue is at max_length or max_bytes")
         if keys:
             self._remember_dedup(keys, ids, duplicate)
-        self._note_time(index)
+        if self.policy.message_ttl_ms is not None:
+            self._times.note(index, self._now_ms)
         if dup_slots:
             self._dead_bytes += dup_bytes + RECORD_BYTES * len(dup_slots)
             self._counters["duplicates"] += len(dup_slots)
@@ -686,6 +738,10 @@ class QueueMachine:
         why = self._check_policy(policy)
         if why:
             return Rejected(ValidationFailed, why)
+        if policy.message_ttl_ms is None:
+            self._times.clear()
+        elif self.policy.message_ttl_ms is None:
+            self._times.restart(self._now_ms)
         self.policy = policy
         if policy.dead_letter_queue is None and self._dead_lettering:
             self._forget_many(np.array(list(self._dead_lettering), dtype=np.uint64))
@@ -765,17 +821,9 @@ class QueueMachine:
         expiry = self._expiry_of(ref)
         return expiry is not None and expiry <= self._now_ms
 
-    def _note_time(self, index: int) -> None:
-        resolution = self._limits.enqueue_time_resolution_ms
-        if not self._sample_ms or self._now_ms >= self._sample_ms[-1] + resolution:
-            self._sample_index.append(index)
-            self._sample_ms.append(self._now_ms)
-
     def _enqueued_ms_max(self, index: int) -> int:
         """Latest leader time at which the enqueue entry ``index`` can have been proposed."""
-        i = bisect_right(self._sample_index, index) - 1
-        assert i >= 0, index
-        return self._sample_ms[i] + self._limits.enqueue_time_resolution_ms - 1
+        return self._times.bound_ms(index)
 
     # === dead-lettering, limits, dedup =============================================
 
@@ -895,19 +943,28 @@ class QueueMachine:
         if self._dead_bytes < self._limits.dead_bytes_per_live_checkpoint_factor * estimate:
             return
         self._dead_bytes = 0
-        lows = [
-            int(indexes_of(part, self._fallback).min()) for part in self._ref_parts() if len(part)
-        ]
-        first_live = min(lows, default=index + 1)
-        self._prune_samples(first_live)
+        spans = self._live_spans()
+        first_live = int(spans[0].min()) if len(spans[0]) else index + 1
+        self._times.prune(first_live, spans)
         effects.append(CheckpointRequest(index))
         effects.append(ReleaseCursor(first_live))
 
-    def _prune_samples(self, first_live: int) -> None:
-        i = bisect_right(self._sample_index, first_live) - 1
-        if i > 0:
-            del self._sample_index[:i]
-            del self._sample_ms[:i]
+    def _live_spans(self) -> tuple[I64, I64]:
+        """(first, last) Raft indexes of ranges that hold every live message: one range per
+        ready page, and one per entry of the messages held outside the lanes."""
+        lo: list[int] = []
+        hi: list[int] = []
+        for lane in self._lanes:
+            for chunk in lane.chunks():
+                indexes = indexes_of(chunk, self._fallback)
+                lo.append(int(indexes.min()))
+                hi.append(int(indexes.max()))
+        parts = [indexes_of(part, self._fallback) for part in self._unready_refs() if len(part)]
+        points = np.unique(np.concatenate(parts)).astype(np.int64) if parts else _NO_INDEXES
+        return (
+            np.concatenate([np.array(lo, dtype=np.int64), points]),
+            np.concatenate([np.array(hi, dtype=np.int64), points]),
+        )
 
     def _forget(self, ref: int) -> None:
         """A message left the queue for good: drop its extras, count its log bytes dead."""
@@ -970,6 +1027,10 @@ def _split_cursor(cursor: int) -> tuple[int, int]:
 
 _Handler = Callable[[QueueMachine, ApplyMeta, bytes, list[MachineEffect]], object]
 
+_V1_RESOLUTION_MS = 1000
+"""The enqueue time resolution of format-1 snapshots (the default then)."""
+_NO_INDEXES = np.empty(0, dtype=np.int64)
+
 _CHECKOUT_FEW_MAX = 16
 """A checkout of at most this many messages pops them one by one (no numpy call)."""
 
@@ -1000,4 +1061,4 @@ _HANDLERS: dict[Kind, _Handler] = {
 _HANDLERS_BY_BYTE = {kind.value[0]: handler for kind, handler in _HANDLERS.items()}
 _ON_ENQUEUE = QueueMachine._on_enqueue
 
-__all__ = ["BrowseItem", "QueueMachine", "QueueStats"]
+__all__ = ["BrowseItem", "MemoryUse", "QueueMachine", "QueueStats"]

@@ -199,7 +199,7 @@ class QueueEngine(Protocol):
     def stats(self, name: str) -> dict[str, object]:
         """The queue stats of API.md: messages_ready, messages_unacked, bytes_ready,
         consumers, publish_rate, deliver_rate, ack_rate, memory_bytes,
-        memory_per_message_bytes, raft{...}, log{...}, checkpoint{...}."""
+        memory_per_message_bytes, memory{...}, raft{...}, log{...}, checkpoint{...}."""
         ...
 
     def segments(self, name: str) -> list[SegmentInfo]: ...

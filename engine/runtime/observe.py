@@ -6,17 +6,20 @@ engine state, except the rate sample a stats call may add.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from pyroaring import BitMap64
 
 from engine.errors import QuorraError
+from engine.queue import MemoryUse
 from engine.raft.server import Role
 from engine.runtime.api import CompactionRecord, SegmentInfo, Trigger
 from engine.runtime.replica import Replica, node_of
 
 LIVE_SET_REUSE_S = 1.0
-"""How stale the live set behind stats, segments and records may be while entries apply."""
+"""How long the live set behind stats, segments and records is reused while entries apply
+(see ``live_indexes`` for what a reused set counts)."""
 LIVE_SET_COST_FACTOR = 50
 """A live set that took ``t`` seconds to build is reused for ``LIVE_SET_COST_FACTOR * t``
 when that is longer: building it is linear in the queue's depth and runs on the event
@@ -24,17 +27,27 @@ loop, so a deep queue's stats must not keep the loop busy (about 0.1 s for 5 mil
 messages: reused for 5 s, at most 2% of the loop)."""
 
 
+MEMORY_FIELDS = tuple(f.name for f in dataclasses.fields(MemoryUse))
+"""The parts of ``memory_bytes`` in the stats' ``memory`` (see ``engine.queue.MemoryUse``)."""
+
+
 def live_indexes(rep: Replica) -> BitMap64:
-    """The machine's live set, reused while nothing applied or for ``LIVE_SET_REUSE_S``
-    (longer for deep queues, see ``LIVE_SET_COST_FACTOR``)."""
+    """The entries that may hold a message still in the queue: never fewer than those that
+    do. The machine's set is rebuilt at most every ``LIVE_SET_REUSE_S`` (longer for deep
+    queues, see ``LIVE_SET_COST_FACTOR``); in between, the set of the last build plus every
+    entry applied since. An entry that held no message at the build never holds one again
+    (a message stays in the entry that published it), so the reused set only counts as
+    live, for that long, entries that died since or that never held a message."""
     now = time.monotonic()
     cached = rep.live_cache
     if cached is not None and cached[0] is rep.machine:
         _, applied, built_at, live, cost = cached
-        if applied == rep.applied_index or now - built_at < max(
-            LIVE_SET_REUSE_S, LIVE_SET_COST_FACTOR * cost
-        ):
+        if applied == rep.applied_index:
             return live
+        if now - built_at < max(LIVE_SET_REUSE_S, LIVE_SET_COST_FACTOR * cost):
+            since = live.copy()
+            since.add_range(applied + 1, rep.applied_index + 1)
+            return since
     live = rep.machine.live_indexes()
     rep.live_cache = (rep.machine, rep.applied_index, now, live, time.monotonic() - now)
     return live
@@ -79,6 +92,8 @@ def queue_stats(rep: Replica, now: int) -> dict[str, object]:
     rep.sample(now)
     publish_rate, deliver_rate, ack_rate = rep.rates(now)
     held = s.messages_ready + s.messages_unacked + s.messages_delayed
+    memory = s.memory
+    per_message = memory.total_bytes - memory.fixed_bytes
     return {
         "messages_ready": s.messages_ready,
         "messages_unacked": s.messages_unacked,
@@ -97,7 +112,8 @@ def queue_stats(rep: Replica, now: int) -> dict[str, object]:
         "deliver_rate": deliver_rate,
         "ack_rate": ack_rate,
         "memory_bytes": s.memory_bytes,
-        "memory_per_message_bytes": round(s.memory_bytes / held, 3) if held else 0.0,
+        "memory_per_message_bytes": round(per_message / held, 3) if held else 0.0,
+        "memory": {name: getattr(memory, name) for name in MEMORY_FIELDS},
         "raft": raft_stats(rep),
         "log": log_stats(rep, live, segments),
         "checkpoint": {
@@ -179,6 +195,7 @@ def failed_stats(error: QuorraError) -> dict[str, object]:
         **dict.fromkeys(counts, 0),
         **dict.fromkeys(rates, 0.0),
         "consumers": {},
+        "memory": dict.fromkeys(MEMORY_FIELDS, 0),
         "raft": {
             "leader": None,
             "role": "none",
@@ -204,6 +221,7 @@ def failed_stats(error: QuorraError) -> dict[str, object]:
 
 
 __all__ = [
+    "MEMORY_FIELDS",
     "compaction_record",
     "failed_stats",
     "log_stats",

@@ -1,8 +1,18 @@
 """A plain-Python model of one queue: the oracle of the stateful tests.
 
 It states the semantics of API.md with lists and dicts and no attention to memory: a
-message is its public id; ready lanes are lists; leases a dict by delivery tag. It
-assumes exact enqueue times (tests run the machine with a 1 ms time resolution).
+message is its public id; ready lanes are lists; leases a dict by delivery tag.
+
+Time-to-live is exact: a message expires at the first command whose leader time reaches
+its enqueue time plus its TTL (the smaller of its own ``ttl_ms`` and the queue's
+``message_ttl_ms``), and a checkout at that time does not deliver it. For queue TTL the
+enqueue time is the one the machine can know in its memory budget: enqueues are grouped in
+intervals of ``enqueue_time_resolution_ms`` (an interval opens at the first enqueue at
+least that long after the current one opened), and a message's enqueue time is that of
+the interval's latest enqueue: never earlier than its own, less than the resolution
+later, and its own when it is alone in its interval. With a resolution of 1 ms it is
+the message's own time. A queue TTL set on a queue that had none counts for the messages
+already there from the change.
 """
 
 from __future__ import annotations
@@ -52,7 +62,11 @@ class Model:
     batch_messages_max: int
     receive_messages_max: int
     dead_letter_retry_ms: int
+    enqueue_time_resolution_ms: int
     now: int = 0
+    interval_open_ms: int | None = None
+    interval_msgs: list[Msg] = field(default_factory=list)
+    """The messages of the enqueue interval opened at ``interval_open_ms``."""
     msgs: dict[int, Msg] = field(default_factory=dict)
     lanes: list[list[int]] = field(default_factory=list)
     delayed: list[tuple[int, int, int]] = field(default_factory=list)
@@ -158,6 +172,8 @@ class Model:
         full = self.over(len(fresh), sum(specs[k][0] for k in fresh))
         if full and self.policy.overflow == "reject-publish":
             return "QueueFull", None, None
+        if self.policy.message_ttl_ms is not None:
+            self.note_enqueue_time()
         for key, mid in seen.items():
             self.dedup[key] = (self.now + self.dedup_window_ms, mid)
             if len(self.dedup) > self.dedup_ids_max:
@@ -168,6 +184,7 @@ class Model:
         for k in fresh:
             size, prio, ttl, delay, _key = specs[k]
             m = Msg(ids[k], index, size, min(prio, top), self.now, None)
+            self.interval_msgs.append(m)
             if ttl is not None:
                 m.expires_ms = self.now + ttl
             self.msgs[m.mid] = m
@@ -179,6 +196,17 @@ class Model:
         if full:
             self.drop_head()
         return "ok", ids, dup
+
+    def note_enqueue_time(self) -> None:
+        """An enqueue at ``now``: it joins the open interval, whose messages' enqueue time
+        becomes ``now``, or opens the next one."""
+        opened = self.interval_open_ms
+        if opened is not None and self.now < opened + self.enqueue_time_resolution_ms:
+            for m in self.interval_msgs:
+                m.enqueued_ms = self.now
+        else:
+            self.interval_open_ms = self.now
+            self.interval_msgs = []
 
     def drop_head(self) -> None:
         dropped: list[int] = []
@@ -296,6 +324,7 @@ class Model:
         for (tag, _mid), good in zip(receipts, ok, strict=True):
             if good:
                 self.pending[tag].expires_ms = self.now + lease_ms
+                self.pending[tag].overridden = True
         return ok
 
     def purge(self) -> int:
@@ -323,6 +352,7 @@ class Model:
         return result
 
     def set_policy(self, changes: dict[str, object]) -> None:
+        ttl_before = self.policy.message_ttl_ms
         for name, value in changes.items():
             setattr(self.policy, name, value)
         if self.policy.dead_letter_queue is None and self.dlx:
@@ -330,6 +360,10 @@ class Model:
                 del self.msgs[mid]
             self.counters["dropped"] += len(self.dlx)
             self.dlx.clear()
+        if ttl_before is None and self.policy.message_ttl_ms is not None:
+            for m in self.msgs.values():
+                m.enqueued_ms = self.now
+            self.interval_open_ms, self.interval_msgs = None, []
         if self.policy.overflow == "drop-head":
             self.drop_head()
 
@@ -358,6 +392,16 @@ class Model:
         mids += [lease.mid for lease in self.pending.values()]
         mids += list(self.dlx)
         return {self.msgs[mid].index for mid in mids}
+
+    def next_deadline(self) -> int | None:
+        """The earliest time at which an expire command has something to do: a delayed
+        message due, a lease ending, a lane head expiring, a dead-letter to emit again."""
+        times = [due for due, _seq, _mid in self.delayed]
+        times += [lease.expires_ms for lease in self.pending.values()]
+        heads = [self.expiry(self.msgs[lane[0]]) for lane in self.lanes if lane]
+        times += [e for e in heads if e is not None]
+        times += [ms + self.dead_letter_retry_ms for _r, _n, ms in self.dlx.values()]
+        return min(times, default=None)
 
     def consumers(self) -> dict[str, int]:
         out: dict[str, int] = {}

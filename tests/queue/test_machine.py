@@ -16,6 +16,7 @@ from engine.queue import (
     Delivery,
     Enqueued,
     Expired,
+    MemoryUse,
     MessagesAvailable,
     NewMessage,
     PolicyChanged,
@@ -37,6 +38,9 @@ from engine.queue import (
     message_id,
 )
 from engine.raft.machine import ApplyMeta, CheckpointRequest, ReleaseCursor
+
+NO_MEMORY = MemoryUse(0, 0, 0, 0, 0)
+"""Memory estimates differ after a restore (pages come back unsealed)."""
 
 
 class Q:
@@ -189,17 +193,39 @@ def test_message_ttl_expires_at_the_head_and_is_never_delivered() -> None:
 
 
 def test_queue_ttl_is_never_early_and_at_most_the_resolution_late() -> None:
-    q = Q(message_ttl_ms=5_000)  # resolution 1000 ms by default
+    q = Q(message_ttl_ms=300)  # enqueue times kept to 10 ms by default
     q.now = 10_000
-    q.publish(b"a")  # sample (1, 10000)
-    q.now = 10_999
-    q.publish(b"b")  # same sample: enqueue time known to within [10000, 10999]
-    q.now = 15_000 - 1
+    q.publish(b"a")  # opens an interval at 10000
+    q.now = 10_007
+    q.publish(b"b")  # same interval: a and b were both enqueued by 10007
+    q.now = 10_010
+    q.publish(b"c")  # opens the next interval: c's time is exact
+    assert q.machine.next_deadline_ms() == 10_307
+    q.now = 10_306
     assert q.apply(encode_expire())[0] == Expired(0, 0, 0)
-    q.now = 15_999 - 1
-    assert q.apply(encode_expire())[0] == Expired(0, 0, 0)
-    q.now = 15_999
+    q.now = 10_307  # a 7 ms late, b on time
     assert q.apply(encode_expire())[0] == Expired(0, 2, 0)
+    assert q.machine.next_deadline_ms() == 10_310
+    q.now = 10_309
+    assert q.apply(encode_expire())[0] == Expired(0, 0, 0)
+    q.publish(b"d")
+    q.now = 10_310  # a checkout at c's expiry time does not deliver c
+    assert q.bodies(q.take()) == [message_id(7, 0)]
+    assert q.machine.stats().expired == 3
+
+
+def test_queue_ttl_of_one_message_per_interval_is_exact() -> None:
+    q = Q(message_ttl_ms=500)
+    for k in range(5):
+        q.now = 20_000 + 37 * k
+        q.publish(b"m")
+    for k in range(5):
+        due = 20_000 + 37 * k + 500
+        assert q.machine.next_deadline_ms() == due
+        q.now = due - 1
+        assert q.apply(encode_expire())[0] == Expired(0, 0, 0)
+        q.now = due
+        assert q.apply(encode_expire())[0] == Expired(0, 1, 0)
 
 
 def test_delayed_messages_wait_until_due() -> None:
@@ -338,7 +364,9 @@ def test_restore_gives_back_the_same_machine(count: int) -> None:
     other.restore(data)
     other.check_invariants()
     assert other.snapshot() == data
-    assert replace(other.stats(), memory_bytes=0) == replace(q.machine.stats(), memory_bytes=0)
+    assert replace(other.stats(), memory_bytes=0, memory=NO_MEMORY) == replace(
+        q.machine.stats(), memory_bytes=0, memory=NO_MEMORY
+    )
 
 
 def test_extending_twice_to_the_same_time_expires_once() -> None:
@@ -368,8 +396,8 @@ def test_clearing_the_dead_letter_target_drops_what_is_waiting_for_it() -> None:
 def test_next_deadline_names_the_earliest_timer() -> None:
     q = Q(message_ttl_ms=10_000, lease_ms=3_000)
     assert q.machine.next_deadline_ms() is None
-    q.publish(b"a")  # head expires at 1000 + 10000 + 999 at the latest
-    assert q.machine.next_deadline_ms() == 11_999
+    q.publish(b"a")  # the head expires at exactly 1000 + 10000
+    assert q.machine.next_deadline_ms() == 11_000
     q.publish(b"b", delay_ms=5_000)
     assert q.machine.next_deadline_ms() == 6_000
     q.take()
@@ -389,3 +417,46 @@ def test_max_length_counts_delayed_messages() -> None:
     q.publish(b"a", delay_ms=100)
     reply = q.publish(b"b")
     assert isinstance(reply, Rejected) and reply.error is QueueFull
+
+
+def test_memory_is_broken_down_by_what_holds_it() -> None:
+    q = Q(Limits(page_refs=16), message_ttl_ms=60_000)
+    empty = q.machine.stats().memory
+    assert empty.index_bytes == empty.leases_bytes == empty.extras_bytes == 0
+    assert empty.fixed_bytes > 0
+    for _ in range(40):
+        q.now += 10
+        q.publish(b"m", b"m")
+    q.take(5)
+    q.publish(b"late", ttl_ms=5)
+    s = q.machine.stats()
+    m = s.memory
+    assert (
+        s.memory_bytes
+        == m.total_bytes
+        == (m.index_bytes + m.enqueue_times_bytes + m.leases_bytes + m.extras_bytes + m.fixed_bytes)
+    )
+    assert m.fixed_bytes == empty.fixed_bytes
+    assert m.index_bytes >= 8 * 76 and m.leases_bytes >= 8 * 5
+    assert m.enqueue_times_bytes >= 8 * 41 and m.extras_bytes >= 1
+
+
+def test_a_queue_ttl_set_later_counts_from_the_change_and_none_keeps_no_times() -> None:
+    q = Q()
+    empty = q.machine.stats().memory.enqueue_times_bytes
+    for _ in range(30):
+        q.now += 20
+        q.publish(b"m")
+    assert q.machine.stats().memory.enqueue_times_bytes == empty  # no queue TTL: no samples
+    q.now = 5_000
+    assert isinstance(q.apply(encode_policy({"message_ttl_ms": 100}))[0], PolicyChanged)
+    q.now = 5_050
+    q.publish(b"new")
+    assert q.machine.next_deadline_ms() == 5_100  # the older ones count from 5000
+    q.now = 5_099
+    assert q.apply(encode_expire())[0] == Expired(0, 0, 0)
+    q.now = 5_100
+    assert q.apply(encode_expire())[0] == Expired(0, 30, 0)
+    assert q.machine.next_deadline_ms() == 5_150
+    q.apply(encode_policy({"message_ttl_ms": None}))
+    assert q.machine.stats().memory.enqueue_times_bytes == empty

@@ -67,6 +67,8 @@ def test_sample_of_engine_stats() -> None:
         "consumers": {"c1": 2},
     }
     assert sample_of(stats, 7) == Sample(7, 3, 2, 1.5, 1.0, 0.5, 40, 1)
+    with_parts = {**stats, "memory": {"index_bytes": 10, "fixed_bytes": 30}}
+    assert sample_of(with_parts, 7) == Sample(7, 3, 2, 1.5, 1.0, 0.5, 40, 1, 30)
     assert sample_of({"status": "failed"}, 7) == Sample(7, 0, 0, 0.0, 0.0, 0.0, 0, 0)
 
 
