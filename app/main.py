@@ -240,6 +240,9 @@ def create_app(
     app.state.login_throttle = FailureThrottle()
     app.state.token_cache = TokenCache()
     app.state.templates = Jinja2Templates(directory=settings.templates_dir)
+    # Templates are part of the release: checking each file's mtime on every render
+    # (Jinja's default) costs a system call per page and per included template.
+    app.state.templates.env.auto_reload = False
     app.state.ready, app.state.node, app.state.engine, app.state.migrations = (
         False,
         None,

@@ -1,15 +1,16 @@
 """Password hashing off the event loop, with a bound on how much may wait for it.
 
-argon2 is slow on purpose (about 100 ms of CPU per check here, on four threads of its
-own, one per lane), so a server that checked every login as it came would let anyone
-queue minutes of work with a few hundred requests. Checks and hashes run on a thread
+argon2 is slow on purpose (about 25 ms of CPU per check here, app/auth.py), so a server
+that checked every login as it came would let anyone queue minutes of work with a few
+hundred requests. Checks and hashes run on a thread
 pool of their own, ``workers`` at once: they never take the threads that the database
 work of other requests runs on (anyio's), nor those theirs. At most ``waiting_max`` more
 wait for a worker, each for at most ``wait_ms_max``; a request beyond that is refused
 with ``LoginsBusy`` (429 with ``Retry-After``), at once or after that wait, instead of
 queueing without bound. The workers run at a lower CPU priority (``WORKER_NICE``, Linux),
 as do the threads argon2 starts from them: when the CPU is short, the event loop and the
-queues it serves come first and logins wait.
+queues it serves come first and logins wait. (argon2 uses one thread per lane; with
+one lane, a check runs on its worker alone.)
 
 A caller takes its place (``slot``) before it reads the user from the database, and
 holds no database session across the hash.
@@ -33,7 +34,7 @@ from app.problems import AppProblem
 
 _T = TypeVar("_T")
 BUSY_RETRY_S = 1
-"""A full pool drains in about (workers + waiting_max) / workers checks of ~100 ms."""
+"""A full pool drains in about (workers + waiting_max) / workers checks of ~25 ms."""
 WORKER_NICE = 10
 """A thread at nice 10 gets about a tenth of the CPU a nice-0 thread (the event loop)
 gets when both want it."""
@@ -90,6 +91,11 @@ class PasswordWorkers:
         """``hash_password`` on a worker, taking a slot of its own."""
         with self.slot():
             return await self._run(hash_password, password)
+
+    async def rehash(self, password: str) -> str:
+        """``hash_password`` on a worker, inside the caller's ``slot``."""
+        assert self._admitted > 0, "take a slot first"
+        return await self._run(hash_password, password)
 
     def hash_from_thread(self, password: str) -> str:
         """``hash`` for a sync endpoint (on a worker thread already). Call it before the

@@ -34,7 +34,7 @@ from fastapi.security import (
 )
 from sqlalchemy.orm import Session
 
-from app.auth import Permission, Principal, require, token_digest
+from app.auth import Permission, Principal, needs_rehash, require, token_digest
 from app.db import repo
 from app.db.models import User
 from app.db.session import Database
@@ -154,7 +154,16 @@ async def check_login(state: Any, name: str, password: str, address: str) -> Pri
         found = await db.run(lambda session: _login_facts(session, name))
         valid = await passwords.check(found[1] if found else None, password)
         attempt.verdict(found is not None and valid)
+        if found is not None and valid and needs_rehash(found[1]):
+            await _rehash(db, passwords, found[0].user_id, password)
     return found[0] if found is not None and valid else None
+
+
+async def _rehash(db: Database, passwords: PasswordWorkers, user_id: int, password: str) -> None:
+    """The same password, hashed with today's parameters (app/auth.py): a hash is only
+    ever upgraded when its password is known, at a successful login."""
+    new_hash = await passwords.rehash(password)
+    await db.run(lambda session: repo.replace_password_hash(session, user_id, new_hash))
 
 
 def _login_facts(session: Session, name: str) -> tuple[Principal, str] | None:

@@ -88,6 +88,14 @@ def set_password(session: Session, user: User, password_hash: str) -> int:
     return int(getattr(result, "rowcount", 0) or 0)
 
 
+def replace_password_hash(session: Session, user_id: int, password_hash: str) -> None:
+    """The same password under a new hash (new parameters); sessions stay."""
+    user = session.get(User, user_id)
+    if user is not None:
+        user.password_hash = password_hash
+        session.flush()
+
+
 def delete_user(session: Session, user: User) -> None:
     session.delete(user)
     session.flush()
