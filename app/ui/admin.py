@@ -8,7 +8,7 @@ secret is shown once, on a page with ``Cache-Control: no-store`` like every page
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Form, Path, Request
 from fastapi.responses import HTMLResponse
@@ -43,7 +43,7 @@ Text = Annotated[str, Form(max_length=1024)]
 
 
 def _audit(
-    session: Session, request: Request, login: UiLogin, action: str, target: str, **detail: Any
+    session: Session, request: Request, login: UiLogin, action: str, target: str, **detail: object
 ) -> None:
     repo.audit(
         session,
@@ -56,7 +56,7 @@ def _audit(
     )
 
 
-def _users_context(session: Session) -> dict[str, Any]:
+def _users_context(session: Session) -> dict[str, object]:
     users = list(repo.list_users(session))
     return {"users": users, "tokens": list(repo.list_tokens(session))}
 
