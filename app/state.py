@@ -14,7 +14,7 @@ The items, in the order the app sets them: ``settings``, ``metrics``,
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from starlette.datastructures import State
 
@@ -72,9 +72,12 @@ def node_or_none(state: State) -> QueueEngine | None:
     return node
 
 
-def engine_status_of(state: State) -> str:
-    """``absent``, ``recovering`` or ``recovered``."""
-    status: str = state.engine
+EngineStatus = Literal["absent", "recovering", "recovered"]
+"""Where the node's start-up is, as ``/readyz`` tells it."""
+
+
+def engine_status_of(state: State) -> EngineStatus:
+    status: EngineStatus = state.engine
     return status
 
 
@@ -100,6 +103,7 @@ def db_of(state: State) -> Database:
 
 
 __all__ = [
+    "EngineStatus",
     "db_of",
     "engine_status_of",
     "hot_path_stats_of",

@@ -19,8 +19,8 @@ from app.api.deps import SessionDep, client_addr
 from app.api.schemas import USER_NAME_PATTERN, Permissions, UserIn
 from app.api.tokens import issue_token
 from app.db import repo
-from app.passwords import PasswordWorkers
 from app.problems import AppProblem, Forbidden, TokenNotFound, UserConflict, UserNotFound
+from app.state import passwords_of
 from app.ui.common import error_flash, flash, render
 from app.ui.sessions import UiLogin
 from app.ui.views import CsrfLoginDep, LoginDep
@@ -108,7 +108,7 @@ def add_user(
                 "permissions": {"configure": configure, "write": write, "read": read},
             }
         )
-        passwords: PasswordWorkers = request.app.state.passwords
+        passwords = passwords_of(request.app.state)
         password_hash = passwords.hash_from_thread(body.password)  # before any query
         if repo.get_user(session, body.name) is not None:
             raise UserConflict(f"user {body.name!r} exists")
