@@ -1,5 +1,6 @@
-# Quorra: `make run` starts a single-node server, `make test` runs the whole suite.
-# Both create and reuse .venv; a stamp per extra reinstalls only when pyproject.toml changes.
+# Quorra: `make run` starts a single-node server; `make lint` checks style and types (ruff,
+# mypy --strict); `make test` runs lint first, then the whole suite.
+# Each creates and reuses .venv; a stamp per extra reinstalls only when pyproject.toml changes.
 
 PYTHON ?= python3
 VENV := .venv
@@ -15,11 +16,12 @@ PORT ?= 8000
 run: $(VENV)/.stamp-base $(HTMX)
 	$(VENV)/bin/quorra serve --data-dir $(DATA_DIR) --host $(HOST) --port $(PORT)
 
-test: $(VENV)/.stamp-dev $(HTMX) system-test-deps
+test: lint $(VENV)/.stamp-dev $(HTMX) system-test-deps
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: $(VENV)/.stamp-dev
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
 $(VENV)/.stamp-venv:

@@ -21,10 +21,10 @@ import base64
 import secrets
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import nullcontext
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import IO, Annotated, Any
+from typing import IO, TYPE_CHECKING, Annotated, Any
 
 import httpx
 import typer
@@ -39,6 +39,9 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 from rich.text import Text
+
+if TYPE_CHECKING:
+    from app.db.session import Database
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 RETRY_STATUSES = frozenset({429, 503})
@@ -60,7 +63,7 @@ class ClientError(Exception):
 # --- local metadata commands -------------------------------------------------------
 
 
-def _local_database(data_dir: Path) -> Any:
+def _local_database(data_dir: Path) -> Database:
     from app.db.migrate import upgrade_to_head
     from app.db.session import Database
     from app.settings import Settings
@@ -157,7 +160,7 @@ def send(
     client: httpx.Client,
     method: str,
     path: str,
-    body: dict[str, Any] | None = None,
+    body: Mapping[str, object] | None = None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> httpx.Response:
     """Send one request and return its successful answer; wait and retry on 429/503 as
@@ -177,7 +180,7 @@ def send(
 def call(
     client: httpx.Client,
     path: str,
-    body: dict[str, Any],
+    body: Mapping[str, object],
     sleep: Callable[[float], None] = time.sleep,
 ) -> dict[str, Any]:
     """POST ``body`` and return the JSON object the server answers with."""
@@ -296,7 +299,7 @@ class RateColumn(ProgressColumn):
         return Text("" if speed is None else f"{speed:,.0f} msg/s", style="progress.data.speed")
 
 
-def _progress(label: str, show: bool) -> Any:
+def _progress(label: str, show: bool) -> AbstractContextManager[Progress | None]:
     """A progress bar on stderr, or nothing when ``show`` is false."""
     if not show:
         return nullcontext(None)
@@ -383,7 +386,11 @@ def register(cli: typer.Typer) -> None:
             with source, api_client(url, token) as client, _progress("publishing", show) as bar:
                 task = bar.add_task("publish", total=None) if bar else None
                 count = publish_lines(
-                    client, queue, source, batch, lambda n: bar.advance(task, n) if bar else None
+                    client,
+                    queue,
+                    source,
+                    batch,
+                    lambda n: bar.advance(task, n) if bar and task is not None else None,
                 )
             stderr.print(f"published {count} messages to {queue!r}")
 
@@ -419,7 +426,7 @@ def register(cli: typer.Typer) -> None:
                     batch,
                     wait_ms,
                     follow,
-                    lambda n: bar.advance(task, n) if bar else None,
+                    lambda n: bar.advance(task, n) if bar and task is not None else None,
                 )
             stderr.print(f"consumed {count} messages from {queue!r}")
 

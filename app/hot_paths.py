@@ -27,7 +27,6 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
 
 import orjson
 from prometheus_client import Counter
@@ -38,11 +37,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from app.api import hot_bodies, messages
 from app.api.deps import API_PREFIX, bearer_principal
 from app.auth import Permission, Principal
-from app.metrics import AppMetrics
 from app.negotiation import JSON, MSGPACK_ALIASES, media_type, prefers_msgpack, unpackb
 from app.problems import AppProblem, problem_response, typed_problem
+from app.state import hot_path_stats_of, metrics_of, node_or_none, settings_of
 from engine.errors import InvalidRequest, QuorraError
-from engine.limits import Limits
 from engine.runtime.api import QueueEngine
 
 log = logging.getLogger("quorra.app")
@@ -103,10 +101,10 @@ class HotPaths:
         self.state = state
         self.body_bytes_max = body_bytes_max
         self.extra_headers = list(extra_headers)
-        self.stats: HotPathStats = state.hot_paths
-        metrics: AppMetrics = state.metrics
+        self.stats = hot_path_stats_of(state)
+        metrics = metrics_of(state)
         self._requests: Counter = metrics.http_requests
-        self._counted: dict[tuple[str, int], Any] = {}
+        self._counted: dict[tuple[str, int], Counter] = {}
         self._durations = {
             kind: metrics.http_request_duration.labels("POST", MESSAGES_TEMPLATE + suffix.decode())
             for suffix, kind in KINDS.items()
@@ -163,7 +161,7 @@ class HotPaths:
             who = await bearer_principal(self.state, request.authorization)
         except Exception:
             raise _Decline from None  # the route answers 401 (or why it failed)
-        node: QueueEngine | None = self.state.node
+        node = node_or_none(self.state)
         if node is None or not who.can(PERMISSION[request.kind], request.name):
             raise _Decline
         binary = prefers_msgpack(request.accept) if request.accept else False
@@ -191,12 +189,12 @@ class HotPaths:
         return status
 
     def _call(
-        self, request: _Request, payload: Any, node: QueueEngine, who: Principal, binary: bool
-    ) -> Callable[[], Awaitable[Any]]:
+        self, request: _Request, payload: object, node: QueueEngine, who: Principal, binary: bool
+    ) -> Callable[[], Awaitable[Response | dict[str, object]]]:
         """The engine call for a valid body; ``_Decline`` for any other."""
         kind, name = request.kind, request.name
         if kind == "publish":
-            limits: Limits = self.state.settings.limits
+            limits = settings_of(self.state).limits
             batch = hot_bodies.publish_messages(payload, limits)
             if batch is None:
                 raise _Decline
@@ -277,7 +275,7 @@ class HotPaths:
         self._durations[request.kind].observe(seconds)
 
 
-def _decoded(content_type: str, raw: bytes) -> Any:
+def _decoded(content_type: str, raw: bytes) -> object:
     """The body as the route would parse it, or ``_Decline``.
 
     JSON is parsed by orjson (two to three times faster than the standard library, which

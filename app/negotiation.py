@@ -83,7 +83,7 @@ def _iso(value: datetime) -> str:
     return value.isoformat().replace("+00:00", "Z")
 
 
-def _msgpack_default(value: Any) -> Any:
+def _msgpack_default(value: object) -> object:
     if isinstance(value, datetime):
         return _iso(value)
     if isinstance(value, UUID):
@@ -97,14 +97,14 @@ def _msgpack_default(value: Any) -> Any:
     raise TypeError(f"cannot encode {type(value).__name__} as MessagePack")
 
 
-def packb(payload: Any) -> bytes:
+def packb(payload: object) -> bytes:
     if isinstance(payload, BaseModel):
         payload = payload.model_dump(mode="python")
     packed: bytes = msgpack.packb(payload, use_bin_type=True, default=_msgpack_default)
     return packed
 
 
-def _json_ready(payload: Any) -> Any:
+def _json_ready(payload: object) -> object:
     """JSON has no bytes: raw bytes in a payload go out base64-encoded."""
     return jsonable_encoder(
         payload,
@@ -114,7 +114,7 @@ def _json_ready(payload: Any) -> Any:
 
 def respond(
     request: Request,
-    payload: Any,
+    payload: object,
     status_code: int = 200,
     headers: Mapping[str, str] | None = None,
 ) -> Response:
@@ -125,7 +125,7 @@ def respond(
     return Response(body.encode("utf-8"), status_code, dict(headers or {}), media_type=JSON)
 
 
-def unpackb(raw: bytes) -> Any:
+def unpackb(raw: bytes) -> object:
     """Decode a request body; anything but one well-formed object is ``InvalidRequest``."""
     try:
         value = msgpack.unpackb(raw, raw=False, strict_map_key=True, use_list=True, timestamp=0)
@@ -137,7 +137,7 @@ def unpackb(raw: bytes) -> Any:
     return value
 
 
-def _check_depth(value: Any, depth: int) -> None:
+def _check_depth(value: object, depth: int) -> None:
     if depth > MSGPACK_DEPTH_MAX:
         raise InvalidRequest(f"the body nests deeper than {MSGPACK_DEPTH_MAX} levels")
     if isinstance(value, dict):
@@ -198,13 +198,13 @@ async def _as_decoded_json(request: Request) -> Request:
     return replaced
 
 
-def openapi_msgpack(model: type[BaseModel] | None = None) -> dict[str, Any]:
+def openapi_msgpack(model: type[BaseModel] | None = None) -> dict[str, object]:
     """``openapi_extra`` for a route whose request body may also be MessagePack."""
-    schema: dict[str, Any] = (
+    schema: dict[str, object] = (
         {"$ref": f"#/components/schemas/{model.__name__}"} if model is not None else {}
     )
     return {"requestBody": {"content": {MSGPACK: {"schema": schema}}}}
 
 
-MSGPACK_RESPONSE: dict[str, Any] = {"content": {MSGPACK: {}}}
+MSGPACK_RESPONSE: dict[str, object] = {"content": {MSGPACK: {}}}
 """Add to ``responses={200: MSGPACK_RESPONSE}`` for routes that use ``respond``."""

@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import TypeVar, TypeVarTuple
 
 import anyio
 
@@ -33,6 +33,7 @@ from app.auth import check_password, hash_password
 from app.problems import AppProblem
 
 _T = TypeVar("_T")
+_Args = TypeVarTuple("_Args")
 BUSY_RETRY_S = 1
 """A full pool drains in about (workers + waiting_max) / workers checks of ~25 ms."""
 WORKER_NICE = 10
@@ -106,7 +107,7 @@ class PasswordWorkers:
         """Stop the workers (the app's lifespan, at shutdown); waiting work is dropped."""
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    async def _run(self, work: Callable[..., _T], *args: Any) -> _T:
+    async def _run(self, work: Callable[[*_Args], _T], *args: *_Args) -> _T:
         """``work`` on a worker once it is this caller's turn; ``LoginsBusy`` when no
         turn came within ``wait_ms_max`` (under load the count alone bounds the wait
         only in checks, not in time). The turn is given back when the worker is done,

@@ -95,7 +95,7 @@ class Problem(BaseModel):
     title: str
     status: int
     detail: str | None = None
-    errors: list[dict[str, Any]] | None = Field(
+    errors: list[dict[str, object]] | None = Field(
         default=None, description="Validation errors (422 only): loc, msg, type."
     )
 
@@ -103,7 +103,7 @@ class Problem(BaseModel):
 API_ERROR_STATUSES = (400, 401, 403, 404, 405, 409, 413, 415, 422, 429, 503)
 
 
-def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+def problem_responses(*statuses: int) -> dict[int | str, dict[str, object]]:
     """OpenAPI ``responses`` documenting problem bodies for ``statuses``."""
     return {
         status: {
@@ -123,9 +123,9 @@ def problem_response(
     *,
     retry_after_s: int | None = None,
     headers: dict[str, str] | None = None,
-    extra: dict[str, Any] | None = None,
+    extra: dict[str, object] | None = None,
 ) -> JSONResponse:
-    body: dict[str, Any] = {"type": problem_type, "title": title, "status": status}
+    body: dict[str, object] = {"type": problem_type, "title": title, "status": status}
     if detail:
         body["detail"] = detail
     if extra:
@@ -155,7 +155,8 @@ def typed_problem(exc: QuorraError | AppProblem) -> JSONResponse:
     )
 
 
-def _validation_errors(errors: list[Any]) -> list[dict[str, Any]]:
+def _validation_errors(errors: list[Any]) -> list[dict[str, object]]:
+    # `errors` are FastAPI's `RequestValidationError.errors()`, typed `Sequence[Any]`.
     # Only location, message and kind: pydantic's `input` and `ctx` may echo secrets
     # (a password field) or hold values that are not JSON.
     return [

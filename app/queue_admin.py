@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import anyio
 from sqlalchemy.orm import Session
@@ -57,7 +57,7 @@ class Actor:
     remote_addr: str = ""
 
 
-def _audit(session: Session, actor: Actor, action: str, target: str, **detail: Any) -> None:
+def _audit(session: Session, actor: Actor, action: str, target: str, **detail: object) -> None:
     repo.audit(
         session,
         actor=actor.name,
@@ -69,7 +69,7 @@ def _audit(session: Session, actor: Actor, action: str, target: str, **detail: A
     )
 
 
-def args_dict(args: QueueArgs) -> dict[str, Any]:
+def args_dict(args: QueueArgs) -> dict[str, object]:
     return asdict(args)
 
 
@@ -214,7 +214,9 @@ async def purge_queue(node: QueueEngine, db: Database, actor: Actor, name: str) 
     return purged
 
 
-async def record_action(db: Database, actor: Actor, action: str, name: str, **detail: Any) -> None:
+async def record_action(
+    db: Database, actor: Actor, action: str, name: str, **detail: object
+) -> None:
     """Audit an action the caller already performed on the engine."""
     await _in_transaction(db, lambda session: _audit(session, actor, action, name, **detail))
 

@@ -17,6 +17,7 @@ from app.api.queue_schemas import QUEUE_NAME_PATTERN
 from app.db.session import Database
 from app.problems import problem_response
 from app.queue_metrics import QueueCollector
+from app.state import metrics_of, node_or_none
 from engine.runtime.api import QueueEngine
 
 log = logging.getLogger("quorra.app")
@@ -66,7 +67,7 @@ def install(app: FastAPI) -> None:
     app.include_router(messages.router)
     app.include_router(queue_ops.router)
     app.include_router(queue_ops.cluster_router)
-    app.state.metrics.registry.register(QueueCollector(lambda: app.state.node))
+    metrics_of(app.state).registry.register(QueueCollector(lambda: node_or_none(app.state)))
     app.add_middleware(QueueNameGuard)
 
 

@@ -22,7 +22,7 @@ import json
 import sys
 from collections.abc import Callable
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, TypedDict
 from urllib.parse import quote
 
 import httpx
@@ -72,7 +72,7 @@ def _say(text: str) -> None:
     _stdout().print(text, soft_wrap=True)
 
 
-def _print_json(value: Any) -> None:
+def _print_json(value: object) -> None:
     print(json.dumps(value, indent=2))
 
 
@@ -174,7 +174,7 @@ def queue_facts(queue: dict[str, Any]) -> Table:
     )
 
 
-def create_body(**options: Any) -> dict[str, Any]:
+def create_body(**options: object) -> dict[str, object]:
     """The ``PUT /queues/{name}`` body: only the options given, so the server's defaults
     hold for the rest. ``delivery_limit`` 0 means unlimited (``null``)."""
     body = {
@@ -188,7 +188,37 @@ def create_body(**options: Any) -> dict[str, Any]:
 # --- status ------------------------------------------------------------------------
 
 
-def metrics_figures(text: str) -> dict[str, Any]:
+class WalFigures(TypedDict):
+    """The WAL's sync times, as ``/metrics`` tells them."""
+
+    syncs: int
+    sync_mean_ms: float | None
+    recent_syncs: int
+    recent_p50_ms: float | None
+    recent_p99_ms: float | None
+    recent_max_ms: float | None
+
+
+class MetricsFigures(TypedDict):
+    queues: int | None
+    wal: WalFigures | None
+
+
+class ServerStatus(TypedDict):
+    """``quorra status``'s figures (``--json`` prints them as they are)."""
+
+    url: str
+    healthy: bool
+    readiness: dict[str, object] | None
+    """``/readyz``'s JSON; ``node`` and ``nodes`` are ``/api/v1/cluster``'s."""
+    node: object
+    nodes: list[dict[str, Any]] | None
+    queues: int | None
+    wal: WalFigures | None
+    errors: list[str]
+
+
+def metrics_figures(text: str) -> MetricsFigures:
     """The queue count and the WAL's sync times from a ``/metrics`` answer."""
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -198,7 +228,7 @@ def metrics_figures(text: str) -> dict[str, Any]:
             values[(sample.name, sample.labels.get("quantile", ""))] = sample.value
     queues = values.get(("quorra_queues", ""))
     syncs = values.get(("quorra_wal_sync_seconds_count", ""))
-    wal = None
+    wal: WalFigures | None = None
     if syncs is not None:
         total_s = values.get(("quorra_wal_sync_seconds_sum", ""), 0.0)
         recent = {
@@ -219,7 +249,7 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000, 3)
 
 
-def _authorized_status(client: httpx.Client, status: dict[str, Any]) -> None:
+def _authorized_status(client: httpx.Client, status: ServerStatus) -> None:
     """Add what needs a token; a part the token may not read is an error, not a crash."""
     try:
         cluster = send(client, "GET", "/api/v1/cluster").json()
@@ -227,13 +257,14 @@ def _authorized_status(client: httpx.Client, status: dict[str, Any]) -> None:
     except (ClientError, httpx.HTTPError) as e:
         status["errors"].append(f"/api/v1/cluster: {e}")
     try:
-        status.update(metrics_figures(send(client, "GET", "/metrics").text))
+        figures = metrics_figures(send(client, "GET", "/metrics").text)
+        status["queues"], status["wal"] = figures["queues"], figures["wal"]
     except (ClientError, httpx.HTTPError, ValueError) as e:  # ValueError: not Prometheus text
         status["errors"].append(f"/metrics: {e}")
 
 
-def read_status(url: str, token: str) -> dict[str, Any]:
-    status: dict[str, Any] = {
+def read_status(url: str, token: str) -> ServerStatus:
+    status: ServerStatus = {
         "url": url,
         "healthy": False,
         "readiness": None,
@@ -257,12 +288,12 @@ def read_status(url: str, token: str) -> dict[str, Any]:
     return status
 
 
-def status_ok(status: dict[str, Any]) -> bool:
+def status_ok(status: ServerStatus) -> bool:
     ready = bool((status["readiness"] or {}).get("ready"))
     return bool(status["healthy"]) and ready and not status["errors"]
 
 
-def status_facts(status: dict[str, Any], token_given: bool) -> Table:
+def status_facts(status: ServerStatus, token_given: bool) -> Table:
     readiness = status["readiness"] or {}
     health = "up" if status["healthy"] else "down"
     ready = "ready" if readiness.get("ready") else "not ready"
@@ -282,7 +313,7 @@ def status_facts(status: dict[str, Any], token_given: bool) -> Table:
     return _facts(rows)
 
 
-def _wal_text(wal: dict[str, Any]) -> str:
+def _wal_text(wal: WalFigures) -> str:
     since = f"{human_count(wal['syncs'])} since start"
     if wal["sync_mean_ms"] is not None:
         since += f", mean {wal['sync_mean_ms']:.2f} ms"

@@ -8,8 +8,7 @@ survive restarts and agree across replicas).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -64,8 +63,8 @@ COUNTERS: tuple[tuple[str, str, str], ...] = (
 )
 
 
-def _number(stats: dict[str, Any], path: tuple[str, ...]) -> float | None:
-    value: Any = stats
+def _number(stats: Mapping[str, object], path: tuple[str, ...]) -> float | None:
+    value: object = stats
     for key in path:
         if not isinstance(value, dict) or key not in value:
             return None

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import time
 from itertools import chain
-from typing import Any
 
 from sqlalchemy import event
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session, UOWTransaction, sessionmaker
 
 from app.auth import Principal
 from app.db.models import ApiToken, User
@@ -54,7 +53,7 @@ class TokenCache:
         """Forget everything whenever a session of ``factory`` flushes a user or token."""
         event.listen(factory, "after_flush", self._on_flush)
 
-    def _on_flush(self, session: Session, _context: Any) -> None:
+    def _on_flush(self, session: Session, _context: UOWTransaction) -> None:
         changed = chain(session.new, session.dirty, session.deleted)
         if any(isinstance(obj, User | ApiToken) for obj in changed):
             self.clear()

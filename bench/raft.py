@@ -82,6 +82,11 @@ class ListStore:
                 return out[:n]
         return out
 
+    def entry(self, index: int) -> Entry:
+        if not 0 < index <= len(self.log):
+            raise LookupError(index)
+        return self.log[index - 1]
+
     def write(self, entries: list[Entry]) -> None:
         first = entries[0].index
         if first <= len(self.log):

@@ -17,7 +17,7 @@ import sys
 import tempfile
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from pipeline.options import DEFAULT_URL
 
@@ -110,9 +110,21 @@ def _demo(args: argparse.Namespace) -> int:
     return 0 if counts["streamed_distinct"] == args.rows else 1
 
 
+class DemoCounts(TypedDict):
+    """What ``quorra pipeline demo`` prints: rows written, rows streamed back."""
+
+    queue: str
+    written: int
+    streamed: int
+    streamed_distinct: int
+    batches: int
+    stream_seconds: float
+    parquet: str
+
+
 def run_demo(
     url: str, token: str, queue: str, rows: int, out: Path, checkpoint: Path, master: str
-) -> dict[str, Any]:
+) -> DemoCounts:
     from pipeline.client import QuorraClient
     from pipeline.jobs import generated_dataset, stream_to_parquet, write_queue
     from pipeline.session import spark_session

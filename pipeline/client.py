@@ -49,7 +49,7 @@ class Message:
     cursor: int | None = None
 
 
-def to_ms(value: Any) -> int:
+def to_ms(value: object) -> int:
     """Milliseconds since the epoch from an int/float (ms) or an ISO 8601 string."""
     if value is None:
         return 0
@@ -108,8 +108,11 @@ class QuorraClient:
 
     # --- transport ------------------------------------------------------------------
 
-    def request(self, method: str, path: str, body: Any = None, **params: Any) -> Any:
-        """One call with retries on 429/503; the decoded answer (None when empty)."""
+    def request(
+        self, method: str, path: str, body: object = None, **params: int | str | None
+    ) -> Any:
+        """One call with retries on 429/503; the decoded answer (None when empty), as
+        msgpack or httpx decode it: ``Any``, which the callers below take apart."""
         content = None if body is None else msgpack.packb(body, use_bin_type=True)
         headers = {} if body is None else {"Content-Type": MSGPACK}
         query = {k: v for k, v in params.items() if v is not None}
@@ -127,7 +130,7 @@ class QuorraClient:
 
     # --- queues ---------------------------------------------------------------------
 
-    def create_queue(self, queue: str, **args: Any) -> Any:
+    def create_queue(self, queue: str, **args: object) -> Any:
         return self.request("PUT", f"/queues/{queue}", args)
 
     def delete_queue(self, queue: str) -> None:
@@ -149,7 +152,7 @@ class QuorraClient:
 
     # --- messages -------------------------------------------------------------------
 
-    def publish(self, queue: str, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+    def publish(self, queue: str, messages: Sequence[Mapping[str, object]]) -> list[int]:
         """Publish one batch (all or nothing); the ids once durable on a quorum."""
         answer = self.request("POST", f"/queues/{queue}/messages", {"messages": list(messages)})
         ids = [int(i) for i in answer["ids"]]
@@ -160,7 +163,7 @@ class QuorraClient:
     def receive(
         self, queue: str, max_messages: int, wait_ms: int = 0, lease_ms: int | None = None
     ) -> list[Message]:
-        body: dict[str, Any] = {"max_messages": max_messages, "wait_ms": wait_ms}
+        body: dict[str, object] = {"max_messages": max_messages, "wait_ms": wait_ms}
         if lease_ms is not None:
             body["lease_ms"] = lease_ms
         answer = self.request("POST", f"/queues/{queue}/messages/receive", body)
@@ -168,32 +171,33 @@ class QuorraClient:
 
     def ack(self, queue: str, receipts: Sequence[str]) -> list[int]:
         """Settle; returns the positions of stale receipts (lease expired meanwhile)."""
-        return self._settle("ack", queue, {"receipts": list(receipts)})
+        return self._settle("ack", queue, list(receipts))
 
     def nack(self, queue: str, receipts: Sequence[str], requeue: bool = True) -> list[int]:
-        return self._settle("nack", queue, {"receipts": list(receipts), "requeue": requeue})
+        return self._settle("nack", queue, list(receipts), requeue=requeue)
 
     def extend(self, queue: str, receipts: Sequence[str], lease_ms: int) -> list[int]:
-        return self._settle("extend", queue, {"receipts": list(receipts), "lease_ms": lease_ms})
+        return self._settle("extend", queue, list(receipts), lease_ms=lease_ms)
 
     def browse(self, queue: str, after: int | None, limit: int) -> list[Message]:
         answer = self.request("GET", f"/queues/{queue}/messages", after=after, limit=limit)
         return [_message(m) for m in _items(answer, "messages")]
 
-    def _settle(self, verb: str, queue: str, body: dict[str, Any]) -> list[int]:
-        if not body["receipts"]:
+    def _settle(self, verb: str, queue: str, receipts: list[str], **extra: object) -> list[int]:
+        if not receipts:
             return []
+        body = {"receipts": receipts, **extra}
         try:
             answer = self.request("POST", f"/queues/{queue}/messages/{verb}", body)
         except QuorraError as e:
             # A batch whose receipts are all stale may be answered 409 as a whole.
             if e.status == 409:
-                return list(range(len(body["receipts"])))
+                return list(range(len(receipts)))
             raise
-        return _stale_positions(answer, body["receipts"])
+        return _stale_positions(answer, receipts)
 
 
-def _stale_positions(answer: Any, receipts: Sequence[str]) -> list[int]:
+def _stale_positions(answer: object, receipts: Sequence[str]) -> list[int]:
     if not isinstance(answer, dict):
         return []
     stale = answer.get("stale") or []
@@ -212,7 +216,7 @@ def _stale_positions(answer: Any, receipts: Sequence[str]) -> list[int]:
     return positions
 
 
-def _items(answer: Any, key: str) -> list[dict[str, Any]]:
+def _items(answer: object, key: str) -> list[dict[str, Any]]:
     if isinstance(answer, list):
         return answer
     if isinstance(answer, dict):

@@ -11,9 +11,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pipeline.client import QuorraClient
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
 
 TRIGGER = "100 milliseconds"
 POLL_S = 0.5
@@ -26,7 +29,9 @@ class StreamRun:
     batches: int
 
 
-def generated_dataset(spark: Any, rows: int, body_bytes: int = 64, partitions: int = 4) -> Any:
+def generated_dataset(
+    spark: SparkSession, rows: int, body_bytes: int = 64, partitions: int = 4
+) -> DataFrame:
     """Rows ``seq`` 0..rows-1 with a text body of ``body_bytes`` (``seq`` padded with 'x')
     and a header carrying the row number."""
     return spark.range(0, rows, numPartitions=partitions).selectExpr(
@@ -36,7 +41,7 @@ def generated_dataset(spark: Any, rows: int, body_bytes: int = 64, partitions: i
     )
 
 
-def write_queue(df: Any, options: dict[str, str]) -> None:
+def write_queue(df: DataFrame, options: dict[str, str]) -> None:
     df.select("body", "headers").write.format("quorra").options(**options).mode("append").save()
 
 
@@ -46,7 +51,7 @@ def queue_pending(client: QuorraClient, queue: str) -> int:
 
 
 def stream_to_parquet(
-    spark: Any,
+    spark: SparkSession,
     options: dict[str, str],
     out: Path,
     checkpoint: Path,

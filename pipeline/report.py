@@ -178,9 +178,9 @@ def _delta(a: dict[str, Any], b: dict[str, Any], counter: str) -> float:
     return float(b["stats"].get(counter) or 0) - float(a["stats"].get(counter) or 0)
 
 
-def _throughput_summary(table: pd.DataFrame) -> dict[str, Any]:
+def _throughput_summary(table: pd.DataFrame) -> dict[str, object]:
     stats = table[table["source"] != "checkpoints"]
-    out: dict[str, Any] = {"windows": len(stats)}
+    out: dict[str, object] = {"windows": len(stats)}
     for column in ("published_per_s", "delivered_per_s", "acked_per_s"):
         values = stats[column].dropna()
         out[f"mean_{column}"] = round(float(values.mean()), 3) if len(values) else None
@@ -223,7 +223,7 @@ def _time_queued(queue: str, history: dict[str, Any], now_ms: int) -> pd.DataFra
     )
 
 
-def _quantiles(values: pd.Series) -> dict[str, Any]:
+def _quantiles(values: pd.Series) -> dict[str, object]:
     if not len(values):
         return {"count": 0, "p50": None, "p95": None, "max": None}
     return {
@@ -318,7 +318,7 @@ def _live_dead(queue: str, samples: list[dict[str, Any]]) -> pd.DataFrame:
     )
 
 
-def _compaction_summary(runs: pd.DataFrame, live_dead: pd.DataFrame) -> dict[str, Any]:
+def _compaction_summary(runs: pd.DataFrame, live_dead: pd.DataFrame) -> dict[str, object]:
     reclaimed = runs["bytes_reclaimed"]
     before = int(runs["bytes_before"].sum())
     last_ratio = None

@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -34,6 +34,7 @@ from pyspark.sql.datasource import (
     DataSourceArrowWriter,
     DataSourceReader,
     DataSourceStreamArrowWriter,
+    DataSourceStreamReader,
     InputPartition,
     WriterCommitMessage,
 )
@@ -41,6 +42,9 @@ from pyspark.sql.types import StructType
 
 from pipeline.client import Message, QuorraClient
 from pipeline.options import Options
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 NAME = "quorra"
 READ_SCHEMA = (
@@ -85,7 +89,7 @@ class QuorraDataSource(DataSource):
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamArrowWriter:
         return PublishStreamWriter(Options.parse(self.options), schema)
 
-    def streamReader(self, schema: StructType) -> Any:
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         from pipeline.streaming import LeaseStreamReader
 
         return LeaseStreamReader(Options.parse(self.options))
@@ -203,7 +207,7 @@ def _column(batch: pa.RecordBatch, name: str) -> list[Any] | None:
     return None if index < 0 else batch.column(index).to_pylist()
 
 
-def outgoing(batch: pa.RecordBatch, dedup_base: str, first_row: int) -> list[dict[str, Any]]:
+def outgoing(batch: pa.RecordBatch, dedup_base: str, first_row: int) -> list[dict[str, object]]:
     """The publish messages of one Arrow batch; rows numbered from ``first_row``."""
     bodies = _column(batch, "body")
     if bodies is None:
@@ -211,9 +215,9 @@ def outgoing(batch: pa.RecordBatch, dedup_base: str, first_row: int) -> list[dic
     headers = _column(batch, "headers")
     priorities = _column(batch, "priority")
     dedup_ids = _column(batch, "dedup_id")
-    messages: list[dict[str, Any]] = []
+    messages: list[dict[str, object]] = []
     for i, body in enumerate(bodies):
-        message: dict[str, Any] = {
+        message: dict[str, object] = {
             "body": body.encode("utf-8") if isinstance(body, str) else bytes(body or b""),
             "dedup_id": (dedup_ids[i] if dedup_ids and dedup_ids[i] else None)
             or f"{dedup_base}-{first_row + i}",
@@ -238,14 +242,14 @@ def publish_all(options: Options, batches: Iterator[pa.RecordBatch], dedup_base:
         fail_after = None
     queued = 0
     confirmed = 0
-    pending: list[dict[str, Any]] = []
+    pending: list[dict[str, object]] = []
     in_flight: deque[Future[list[int]]] = deque()
     with (
         QuorraClient(options.url, options.token) as client,
         ThreadPoolExecutor(PUBLISH_IN_FLIGHT) as pool,
     ):
 
-        def send(chunk: list[dict[str, Any]]) -> None:
+        def send(chunk: list[dict[str, object]]) -> None:
             nonlocal confirmed
             while len(in_flight) >= PUBLISH_IN_FLIGHT:
                 confirmed += len(in_flight.popleft().result())
@@ -306,6 +310,6 @@ class PublishStreamWriter(DataSourceStreamArrowWriter):
         return None
 
 
-def register(spark: Any) -> None:
+def register(spark: SparkSession) -> None:
     """Register the data source with a SparkSession under the name ``quorra``."""
     spark.dataSource.register(QuorraDataSource)

@@ -62,6 +62,7 @@ supported. The done-id memory is bounded (``DONE_IDS_MAX``).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import threading
@@ -111,11 +112,11 @@ class LeaseStreamReader(DataSourceStreamReader):
     def __init__(self, options: Options) -> None:
         self._setup(options)
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> dict[str, Options]:
         # Spark pickles the reader to run ``read`` on executors: only the options go.
         return {"options": self.options}
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
+    def __setstate__(self, state: dict[str, Options]) -> None:
         self._setup(state["options"])
 
     def _setup(self, options: Options) -> None:
@@ -279,7 +280,7 @@ class LeaseStreamReader(DataSourceStreamReader):
         batch = self._spare if seq == SPARE else self._batches.get(seq, [])
         for i, old in enumerate(batch):
             if old.id == m.id:
-                batch[i] = old.__class__(**{**_fields(old), "receipt": m.receipt})
+                batch[i] = dataclasses.replace(old, receipt=m.receipt)
                 return
 
     def _recover(self, end: dict[str, Any]) -> list[Message]:
@@ -419,7 +420,3 @@ def _chunks(messages: list[Message], options: Options) -> list[list[Message]]:
 def _slices(items: list[str], size: int) -> Iterator[list[str]]:
     for i in range(0, len(items), size):
         yield items[i : i + size]
-
-
-def _fields(m: Message) -> dict[str, Any]:
-    return {name: getattr(m, name) for name in m.__slots__}

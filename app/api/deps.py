@@ -23,7 +23,7 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Callable, Iterator
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import Depends, Path, Request
 from fastapi.security import (
@@ -33,15 +33,14 @@ from fastapi.security import (
     HTTPBearer,
 )
 from sqlalchemy.orm import Session
+from starlette.datastructures import State
 
 from app.auth import Permission, Principal, needs_rehash, require, token_digest
 from app.db import repo
 from app.db.models import User
 from app.db.session import Database
-from app.passwords import PasswordWorkers
 from app.problems import Forbidden, Unauthorized
-from app.throttle import FailureThrottle
-from app.token_cache import TokenCache
+from app.state import db_of, login_throttle_of, node_or_none, passwords_of, token_cache_of
 from engine.errors import NoLeader
 from engine.runtime.api import QueueEngine
 
@@ -58,8 +57,7 @@ BasicDoc = Annotated[HTTPBasicCredentials | None, Depends(BASIC_SCHEME)]
 
 
 async def get_database(request: Request) -> Database:
-    db: Database = request.app.state.db
-    return db
+    return db_of(request.app.state)
 
 
 def get_session(db: Annotated[Database, Depends(get_database)]) -> Iterator[Session]:
@@ -109,7 +107,7 @@ async def authenticate(request: Request, _doc: BearerDoc) -> Principal:
     return await bearer_principal(request.app.state, request.headers.get("authorization", ""))
 
 
-async def bearer_principal(state: Any, authorization: str) -> Principal:
+async def bearer_principal(state: State, authorization: str) -> Principal:
     """Who the ``Authorization`` header's bearer token belongs to (else 401); ``state``
     is the app's (its ``token_cache`` and ``db``).
 
@@ -122,12 +120,11 @@ async def bearer_principal(state: Any, authorization: str) -> Principal:
     if token is None:
         raise Unauthorized("send 'Authorization: Bearer <token>'; POST /api/v1/tokens makes one")
     digest = token_digest(token)
-    cache: TokenCache = state.token_cache
+    cache = token_cache_of(state)
     cached = cache.get(digest)
     if cached is not None:
         return cached
-    db: Database = state.db
-    principal = await db.run(lambda session: _token_principal(session, digest))
+    principal = await db_of(state).run(lambda session: _token_principal(session, digest))
     cache.put(digest, principal)
     return principal
 
@@ -140,16 +137,14 @@ def _token_principal(session: Session, digest: str) -> Principal:
     return principal_of(row.user, token_id=row.id)
 
 
-async def check_login(state: Any, name: str, password: str, address: str) -> Principal | None:
+async def check_login(state: State, name: str, password: str, address: str) -> Principal | None:
     """The user ``name`` when ``password`` is theirs, else None; ``state`` is the app's.
 
     ``TooManyFailures`` when the pair may not try now (app/throttle.py), ``LoginsBusy``
     when the password workers are full (app/passwords.py); both before any work. The
     user is read in a short session of its own, closed before the hash is checked.
     """
-    throttle: FailureThrottle = state.login_throttle
-    passwords: PasswordWorkers = state.passwords
-    db: Database = state.db
+    throttle, passwords, db = login_throttle_of(state), passwords_of(state), db_of(state)
     with throttle.attempt(name, address) as attempt, passwords.slot():
         found = await db.run(lambda session: _login_facts(session, name))
         valid = await passwords.check(found[1] if found else None, password)
@@ -237,7 +232,7 @@ CanRead = Annotated[Principal, Depends(queue_access("read"))]
 
 
 def get_node(request: Request) -> QueueEngine:
-    node: QueueEngine | None = request.app.state.node
+    node = node_or_none(request.app.state)
     if node is None:
         raise NoLeader("the queue engine is not running on this node")
     return node

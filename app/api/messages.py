@@ -25,7 +25,6 @@ from __future__ import annotations
 import base64
 import binascii
 from datetime import UTC, datetime
-from typing import Any
 
 import msgpack
 import orjson
@@ -56,6 +55,7 @@ from app.negotiation import (
     wants_msgpack,
 )
 from app.problems import problem_response, problem_responses
+from app.state import settings_of
 from engine.errors import InvalidRequest, MessageTooLarge
 from engine.limits import Limits
 from engine.runtime.api import (
@@ -74,8 +74,7 @@ MESSAGE_PROBLEMS = PROBLEMS | problem_responses(413, 429)
 
 
 def limits_of(request: Request) -> Limits:
-    limits: Limits = request.app.state.settings.limits
-    return limits
+    return settings_of(request.app.state).limits
 
 
 # --- bodies in and out -------------------------------------------------------------
@@ -129,7 +128,7 @@ def outgoing(batch: PublishIn, limits: Limits) -> list[OutgoingMessage]:
     return out
 
 
-def encoded(payload: dict[str, Any], binary: bool) -> tuple[bytes, str]:
+def encoded(payload: dict[str, object], binary: bool) -> tuple[bytes, str]:
     """``payload`` (only JSON types, and ``bytes`` bodies when ``binary``) as a response
     body and its media type: encoded once, without ``respond``'s generic walk."""
     if binary:
@@ -139,7 +138,7 @@ def encoded(payload: dict[str, Any], binary: bool) -> tuple[bytes, str]:
     return orjson.dumps(payload), JSON
 
 
-def answer(request: Request, payload: dict[str, Any], status_code: int = 200) -> Response:
+def answer(request: Request, payload: dict[str, object], status_code: int = 200) -> Response:
     body, media_type = encoded(payload, wants_msgpack(request))
     return Response(body, status_code, media_type=media_type)
 
@@ -152,7 +151,7 @@ def _iso(epoch_ms: int) -> str:
     )
 
 
-def _put_body(item: dict[str, Any], body: bytes, binary: bool) -> None:
+def _put_body(item: dict[str, object], body: bytes, binary: bool) -> None:
     if binary:
         item["body"] = body
         return
@@ -162,7 +161,7 @@ def _put_body(item: dict[str, Any], body: bytes, binary: bool) -> None:
         item["body"], item["encoding"] = base64.b64encode(body).decode("ascii"), "base64"
 
 
-def _settled(result: SettleResult, receipts: list[str]) -> Response | dict[str, Any]:
+def _settled(result: SettleResult, receipts: list[str]) -> Response | dict[str, object]:
     stale = [receipts[i] for i in result.stale]
     if stale and result.settled == 0 and len(stale) == len(receipts):
         return problem_response(
@@ -180,7 +179,7 @@ def _settled(result: SettleResult, receipts: list[str]) -> Response | dict[str, 
 
 async def publish_batch(
     node: QueueEngine, name: str, messages: list[OutgoingMessage]
-) -> dict[str, Any]:
+) -> dict[str, object]:
     return {"ids": await node.publish(name, messages)}
 
 
@@ -194,7 +193,7 @@ async def receive_batch(
     lease_ms: int | None,
     consumer: str | None,
     binary: bool,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     consumer = consumer or who.token_id or who.name
     _check_text(consumer, "consumer")
     received = await node.receive(
@@ -210,7 +209,7 @@ async def receive_batch(
 
 async def settle(
     node: QueueEngine, name: str, how: str, receipts: list[str], *, requeue: bool, lease_ms: int
-) -> Response | dict[str, Any]:
+) -> Response | dict[str, object]:
     """``how``: ack, nack (``requeue``) or extend (to ``lease_ms``)."""
     if how == "ack":
         result = await node.ack(name, receipts)
@@ -264,8 +263,8 @@ async def receive(
 
 
 def _message_out(
-    item: dict[str, Any], m: ReceivedMessage | BrowsedMessage, binary: bool
-) -> dict[str, Any]:
+    item: dict[str, object], m: ReceivedMessage | BrowsedMessage, binary: bool
+) -> dict[str, object]:
     """``item`` (its id fields) completed with the body and what every message shows."""
     _put_body(item, m.body, binary)
     item |= {
@@ -283,7 +282,9 @@ def _message_out(
     responses=MESSAGE_PROBLEMS,
     openapi_extra=openapi_msgpack(SettleIn),
 )
-async def ack(name: QueueName, body: SettleIn, _who: CanRead, node: NodeDep) -> Any:
+async def ack(
+    name: QueueName, body: SettleIn, _who: CanRead, node: NodeDep
+) -> Response | dict[str, object]:
     """Settle messages: they leave the queue."""
     return await settle(node, name, "ack", body.receipts, requeue=False, lease_ms=0)
 
@@ -294,7 +295,9 @@ async def ack(name: QueueName, body: SettleIn, _who: CanRead, node: NodeDep) -> 
     responses=MESSAGE_PROBLEMS,
     openapi_extra=openapi_msgpack(NackIn),
 )
-async def nack(name: QueueName, body: NackIn, _who: CanRead, node: NodeDep) -> Any:
+async def nack(
+    name: QueueName, body: NackIn, _who: CanRead, node: NodeDep
+) -> Response | dict[str, object]:
     """Give messages back (``requeue``), or dead-letter them (``requeue: false``)."""
     return await settle(node, name, "nack", body.receipts, requeue=body.requeue, lease_ms=0)
 
@@ -305,7 +308,9 @@ async def nack(name: QueueName, body: NackIn, _who: CanRead, node: NodeDep) -> A
     responses=MESSAGE_PROBLEMS,
     openapi_extra=openapi_msgpack(ExtendIn),
 )
-async def extend(name: QueueName, body: ExtendIn, _who: CanRead, node: NodeDep) -> Any:
+async def extend(
+    name: QueueName, body: ExtendIn, _who: CanRead, node: NodeDep
+) -> Response | dict[str, object]:
     """Extend leases to ``lease_ms`` from now."""
     return await settle(node, name, "extend", body.receipts, requeue=False, lease_ms=body.lease_ms)
 

@@ -10,9 +10,10 @@ from fastapi.responses import JSONResponse
 from app.api.deps import API_PREFIX, AdminDep, PrincipalDep, SessionDep
 from app.api.schemas import ROW_ID_MAX, AuditOut, Health, Permissions, Readiness, WhoAmI
 from app.db import repo
-from app.metrics import CONTENT_TYPE_LATEST, AppMetrics
+from app.metrics import CONTENT_TYPE_LATEST
 from app.negotiation import NegotiatedRoute
 from app.problems import API_ERROR_STATUSES, problem_responses
+from app.state import engine_status_of, metrics_of, migrations_of, ready_of
 
 ops_router = APIRouter(tags=["operations"])
 api_router = APIRouter(
@@ -25,9 +26,9 @@ api_router = APIRouter(
 
 def readiness(request: Request) -> Readiness:
     state = request.app.state
-    engine = state.engine
-    ready = bool(state.ready) and state.migrations is not None and engine != "recovering"
-    return Readiness(ready=ready, migrations=state.migrations, engine=engine)
+    engine, migrations = engine_status_of(state), migrations_of(state)
+    ready = ready_of(state) and migrations is not None and engine != "recovering"
+    return Readiness(ready=ready, migrations=migrations, engine=engine)
 
 
 @ops_router.get("/healthz", response_model=Health)
@@ -58,7 +59,7 @@ def readyz(request: Request) -> Response:
 def metrics(request: Request, session: SessionDep, who: PrincipalDep) -> Response:
     """Prometheus text format. Needs a bearer token of any user; per-queue series only of
     the queues that user may see (as ``GET /queues`` lists them)."""
-    app_metrics: AppMetrics = request.app.state.metrics
+    app_metrics = metrics_of(request.app.state)
     app_metrics.users.set(repo.count_users(session))
     app_metrics.ready.set(1 if readiness(request).ready else 0)
     # The queue collector reads the engine: do that on the event loop, which owns it.

@@ -15,6 +15,7 @@ from app.api.deps import PrincipalDep, QueueName
 from app.auth import Permission, Principal, require
 from app.db.session import Database
 from app.problems import Forbidden
+from app.state import db_of, node_or_none
 from engine.errors import NoLeader
 from engine.runtime.api import QueueEngine
 
@@ -38,15 +39,14 @@ async def can_see(name: QueueName, principal: PrincipalDep) -> Principal:
 
 
 async def get_node(request: Request) -> QueueEngine:
-    node: QueueEngine | None = request.app.state.node
+    node = node_or_none(request.app.state)
     if node is None:
         raise NoLeader("the queue engine is not running on this node")
     return node
 
 
 async def get_database(request: Request) -> Database:
-    db: Database = request.app.state.db
-    return db
+    return db_of(request.app.state)
 
 
 CanConfigure = Annotated[Principal, Depends(queue_access("configure"))]

@@ -14,7 +14,7 @@ protocol); membership changes have no engine call yet and answer 501
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Protocol, cast
+from typing import Annotated, Protocol, cast
 
 from anyio import from_thread
 from fastapi import APIRouter, Body, Path, Request, Response, status
@@ -164,7 +164,7 @@ async def list_segments(name: QueueName, _who: CanSee, node: NodeDep) -> list[Se
 # --- cluster -----------------------------------------------------------------------
 
 
-def cluster_seen_by(node: QueueEngine, who: Principal) -> dict[str, Any]:
+def cluster_seen_by(node: QueueEngine, who: Principal) -> dict[str, object]:
     """``node.cluster()`` with each node's ``leads`` narrowed to the queues ``who`` may
     see (the rule of ``GET /queues``): the nodes and their health are everyone's."""
     cluster = dict(node.cluster())
@@ -180,7 +180,7 @@ def cluster_seen_by(node: QueueEngine, who: Principal) -> dict[str, Any]:
 
 
 @cluster_router.get("/cluster", responses=PROBLEMS)
-async def cluster(who: PrincipalDep, node: NodeDep) -> dict[str, Any]:
+async def cluster(who: PrincipalDep, node: NodeDep) -> dict[str, object]:
     """Nodes, their health, and the queues each leads (of those the caller may see)."""
     return cluster_seen_by(node, who)
 

@@ -14,7 +14,7 @@ same way, so both paths accept the same bodies.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict
 
@@ -132,7 +132,7 @@ class QueueOut(BaseModel):
     name: str
     arguments: QueueArgsOut = Field(description="The effective arguments, policies applied.")
     created_at: datetime
-    stats: dict[str, Any] = Field(
+    stats: dict[str, object] = Field(
         description="messages_ready, messages_unacked, bytes_ready, consumers, publish_rate, "
         "deliver_rate, ack_rate, memory_bytes, memory_per_message_bytes, memory{index_bytes, "
         "enqueue_times_bytes, leases_bytes, extras_bytes, fixed_bytes}, raft{leader, term, "
@@ -285,7 +285,7 @@ class CompactionOut(BaseModel):
 
 
 class CompactionsOut(BaseModel):
-    current: dict[str, Any] = Field(
+    current: dict[str, object] = Field(
         description="The log now: first_index, last_index, segments, bytes, live_entries, "
         "dead_entries. " + LIVE_ENTRIES_NOTE
     )

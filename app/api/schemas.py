@@ -4,11 +4,12 @@ direction: what a client sends (``...In``/``...Patch``) never doubles as what it
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from app.auth import pattern_error
+from app.state import EngineStatus
 
 USER_NAME_PATTERN = r"^[A-Za-z0-9._@-]{1,100}$"
 ROW_ID_MAX = (1 << 63) - 1
@@ -108,7 +109,7 @@ class AuditOut(BaseModel):
     actor: str
     action: str
     target: str
-    detail: dict[str, Any]
+    detail: dict[str, object]
     source: str
     remote_addr: str
 
@@ -120,4 +121,4 @@ class Health(BaseModel):
 class Readiness(BaseModel):
     ready: bool
     migrations: str | None = Field(description="The metadata schema revision, once migrated.")
-    engine: Literal["absent", "recovering", "recovered"]
+    engine: EngineStatus

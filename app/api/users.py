@@ -19,6 +19,7 @@ from app.db.models import User
 from app.negotiation import NegotiatedRoute
 from app.passwords import PasswordWorkers
 from app.problems import API_ERROR_STATUSES, UserConflict, UserNotFound, problem_responses
+from app.state import passwords_of
 
 UserName = Annotated[str, Path(pattern=USER_NAME_PATTERN)]
 
@@ -48,8 +49,7 @@ def _get(session: Session, name: str) -> User:
 
 
 def _passwords(request: Request) -> PasswordWorkers:
-    passwords: PasswordWorkers = request.app.state.passwords
-    return passwords
+    return passwords_of(request.app.state)
 
 
 def _audit(

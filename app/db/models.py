@@ -7,7 +7,6 @@ test compares the migrated schema with these models.
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
 
 from sqlalchemy import (
     JSON,
@@ -131,8 +130,8 @@ class QueueDefinition(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(200), unique=True)
     uid: Mapped[str] = mapped_column(String(32), unique=True)
-    arguments: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
-    policies: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    arguments: Mapped[dict[str, object]] = mapped_column(JSON, default=dict)
+    policies: Mapped[dict[str, object]] = mapped_column(JSON, default=dict)
     status: Mapped[str] = mapped_column(String(10), default="creating")
     created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow, onupdate=utcnow)
@@ -193,7 +192,7 @@ class AuditEntry(Base):
     actor: Mapped[str] = mapped_column(String(100))
     action: Mapped[str] = mapped_column(String(50))
     target: Mapped[str] = mapped_column(String(250), default="")
-    detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    detail: Mapped[dict[str, object]] = mapped_column(JSON, default=dict)
     source: Mapped[str] = mapped_column(String(10))
     """Where the action came from: ``api``, ``ui``, ``cli`` or ``system``."""
     remote_addr: Mapped[str] = mapped_column(String(64), default="")

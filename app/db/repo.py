@@ -7,10 +7,9 @@ Functions never commit; the caller's transaction (the request, or
 from __future__ import annotations
 
 import secrets
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session, joinedload
@@ -203,7 +202,7 @@ def list_queues(session: Session, status: str | None = None) -> Sequence[QueueDe
 
 
 def create_queue(
-    session: Session, *, name: str, arguments: dict[str, Any], uid: str | None = None
+    session: Session, *, name: str, arguments: dict[str, object], uid: str | None = None
 ) -> QueueDefinition:
     """A new definition in status ``creating``; mark it ``ready`` once the engine has it."""
     queue = QueueDefinition(
@@ -219,7 +218,9 @@ def set_queue_status(session: Session, queue: QueueDefinition, status: str) -> N
     session.flush()
 
 
-def set_queue_policies(session: Session, queue: QueueDefinition, policies: dict[str, Any]) -> None:
+def set_queue_policies(
+    session: Session, queue: QueueDefinition, policies: dict[str, object]
+) -> None:
     # A new dict, so that SQLAlchemy sees the JSON column change.
     queue.policies = dict(policies)
     session.flush()
@@ -343,7 +344,7 @@ def audit(
     actor: str,
     action: str,
     target: str = "",
-    detail: dict[str, Any] | None = None,
+    detail: Mapping[str, object] | None = None,
     source: str = "api",
     remote_addr: str = "",
 ) -> AuditEntry:
@@ -352,7 +353,7 @@ def audit(
         actor=actor,
         action=action,
         target=target,
-        detail=detail or {},
+        detail=dict(detail or {}),
         source=source,
         remote_addr=remote_addr,
     )

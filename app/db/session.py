@@ -13,17 +13,19 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import anyio
 from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import ConnectionPoolEntry
 
 SQLITE_BUSY_TIMEOUT_MS = 5000
 _T = TypeVar("_T")
 
 
-def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+def _on_connect(dbapi_connection: DBAPIConnection, _record: ConnectionPoolEntry) -> None:
     # WAL lets the CLI read and write while the server runs; FULL sync because
     # metadata writes are rare and a lost queue definition is worse than a slow one.
     cursor = dbapi_connection.cursor()

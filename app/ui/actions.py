@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
 
 import anyio
 from fastapi import APIRouter, Request
@@ -29,6 +28,7 @@ from app.auth import Permission, Principal, require, require_flow
 from app.db import repo
 from app.db.session import Database
 from app.problems import AppProblem
+from app.state import db_of, settings_of
 from app.ui.common import actor_of, error_flash, flash, node_of
 from app.ui.reads import reads_of
 from app.ui.views import CsrfLoginDep
@@ -76,7 +76,7 @@ def _int_field(form: FormData, key: str) -> int | str | None:
 def queue_args_in(form: FormData, limits: Limits) -> QueueArgsIn:
     """The create form as ``PUT /queues/{name}``'s body; pydantic validates it the same.
     An empty field takes this node's default."""
-    body: dict[str, Any] = {
+    body: dict[str, object] = {
         "overflow": str(form.get("overflow", "reject-publish")),
         "lease_ms": limits.lease_ms_default,
         "max_message_bytes": limits.message_bytes_max,
@@ -103,7 +103,7 @@ async def create_queue(request: Request, login: CsrfLoginDep) -> HTMLResponse:
     try:
         _check_name(name)
         _permit(login.principal, "configure", name)
-        args_in = queue_args_in(form, request.app.state.settings.limits)
+        args_in = queue_args_in(form, settings_of(request.app.state).limits)
         queue_admin.check_dead_letter_target(login.principal, name, args_in.dead_letter_queue)
         node = node_of(request)
         args = QueueArgs(**args_in.model_dump())
@@ -124,8 +124,7 @@ def _check_name(name: str) -> None:
 
 
 def _db(request: Request) -> Database:
-    db: Database = request.app.state.db
-    return db
+    return db_of(request.app.state)
 
 
 @router.post("/queues/{name}/delete", response_class=HTMLResponse)
@@ -235,7 +234,7 @@ async def publish(name: QueueName, request: Request, login: CsrfLoginDep) -> HTM
     form = await request.form()
     try:
         _permit(login.principal, "write", name)
-        message: dict[str, Any] = {
+        message: dict[str, object] = {
             "body": str(form.get("body", "")),
             "headers": parse_headers(str(form.get("headers", ""))),
         }
@@ -243,7 +242,7 @@ async def publish(name: QueueName, request: Request, login: CsrfLoginDep) -> HTM
             message["priority"] = priority
         batch = PublishIn.model_validate({"messages": [message]})
         ids = await node_of(request).publish(
-            name, outgoing(batch, request.app.state.settings.limits)
+            name, outgoing(batch, settings_of(request.app.state).limits)
         )
     except (QuorraError, AppProblem, ValidationError) as e:
         return error_flash(request, e)

@@ -8,7 +8,7 @@ secret is shown once, on a page with ``Cache-Control: no-store`` like every page
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Form, Path, Request
 from fastapi.responses import HTMLResponse
@@ -19,8 +19,8 @@ from app.api.deps import SessionDep, client_addr
 from app.api.schemas import USER_NAME_PATTERN, Permissions, UserIn
 from app.api.tokens import issue_token
 from app.db import repo
-from app.passwords import PasswordWorkers
 from app.problems import AppProblem, Forbidden, TokenNotFound, UserConflict, UserNotFound
+from app.state import passwords_of
 from app.ui.common import error_flash, flash, render
 from app.ui.sessions import UiLogin
 from app.ui.views import CsrfLoginDep, LoginDep
@@ -43,7 +43,7 @@ Text = Annotated[str, Form(max_length=1024)]
 
 
 def _audit(
-    session: Session, request: Request, login: UiLogin, action: str, target: str, **detail: Any
+    session: Session, request: Request, login: UiLogin, action: str, target: str, **detail: object
 ) -> None:
     repo.audit(
         session,
@@ -56,7 +56,7 @@ def _audit(
     )
 
 
-def _users_context(session: Session) -> dict[str, Any]:
+def _users_context(session: Session) -> dict[str, object]:
     users = list(repo.list_users(session))
     return {"users": users, "tokens": list(repo.list_tokens(session))}
 
@@ -108,7 +108,7 @@ def add_user(
                 "permissions": {"configure": configure, "write": write, "read": read},
             }
         )
-        passwords: PasswordWorkers = request.app.state.passwords
+        passwords = passwords_of(request.app.state)
         password_hash = passwords.hash_from_thread(body.password)  # before any query
         if repo.get_user(session, body.name) is not None:
             raise UserConflict(f"user {body.name!r} exists")

@@ -8,7 +8,7 @@ a flash fragment; htmx swaps it into ``#flash`` (``HX-Retarget``), as base.html'
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
 
 from fastapi import Request
 from fastapi.responses import HTMLResponse
@@ -18,6 +18,7 @@ from app.api.deps import client_addr
 from app.auth import Permission, Principal
 from app.problems import AppProblem
 from app.queue_admin import Actor
+from app.state import node_or_none, templates_of
 from app.ui.charts import FILTERS
 from app.ui.sessions import UiLogin
 from app.ui.views import render as _render
@@ -32,11 +33,11 @@ class EngineAbsent(NoLeader):
 def render(
     request: Request,
     name: str,
-    context: dict[str, Any],
+    context: Mapping[str, object],
     login: UiLogin | None = None,
     status_code: int = 200,
 ) -> HTMLResponse:
-    env = request.app.state.templates.env
+    env = templates_of(request.app.state).env
     if "bytes" not in env.filters:
         env.filters.update(FILTERS)
     if login is not None:
@@ -51,7 +52,7 @@ def render(
 
 
 def node_of(request: Request) -> QueueEngine:
-    node: QueueEngine | None = request.app.state.node
+    node = node_or_none(request.app.state)
     if node is None:
         raise EngineAbsent("the queue engine is not running on this node")
     return node

@@ -10,8 +10,9 @@ its file there too: the event loop never waits on SQLite or the disk.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import anyio
 from fastapi import APIRouter, Query, Request
@@ -24,11 +25,12 @@ from app.api.queue_ops import cluster_seen_by
 from app.auth import Principal
 from app.db import repo
 from app.db.models import CompactionEntry, SnapshotEntry
-from app.db.session import Database
+from app.state import db_of, node_or_none, settings_of
 from app.ui.charts import history_chart, line_chart
 from app.ui.common import can, flash, node_of, render
 from app.ui.reads import LIST_AGE_S, reads_of
 from app.ui.series import Sample, collect, store_of
+from app.ui.sessions import UiLogin
 from app.ui.views import LoginDep
 from engine.errors import QueueNotFound, QuorraError
 from engine.runtime.api import BrowsedMessage, QueueEngine, QueueInfo
@@ -49,8 +51,8 @@ ANALYTICS_BYTES_MAX = 1 << 20
 # --- overview ----------------------------------------------------------------------
 
 
-def _overview_context(request: Request, login: Any) -> dict[str, Any]:
-    node: QueueEngine | None = request.app.state.node
+def _overview_context(request: Request, login: UiLogin) -> dict[str, object]:
+    node = node_or_none(request.app.state)
     store = store_of(request.app)
     totals = store.latest_totals()
     if totals is None and node is not None:
@@ -60,7 +62,7 @@ def _overview_context(request: Request, login: Any) -> dict[str, Any]:
     deepest = sorted(visible, key=lambda pair: -(pair[1].ready + pair[1].unacked))[:DEEPEST_SHOWN]
     return {
         "readiness": readiness(request),
-        "public_url": request.app.state.settings.public_base_url,
+        "public_url": settings_of(request.app.state).public_base_url,
         "cluster": (
             cluster_seen_by(node, login.principal)
             if node is not None
@@ -109,12 +111,12 @@ async def overview_live(request: Request, login: LoginDep) -> HTMLResponse:
 @dataclass(frozen=True, slots=True)
 class QueueRow:
     info: QueueInfo
-    stats: dict[str, Any]
+    stats: dict[str, object]
     configurable: bool
 
 
 def _rows(
-    request: Request, login: Any, needle: str, sort: str = "name"
+    request: Request, login: UiLogin, needle: str, sort: str = "name"
 ) -> tuple[list[QueueRow], int]:
     node = node_of(request)
     who = login.principal
@@ -155,8 +157,8 @@ async def queues_page(
         "q": q,
         "sort": sort,
         "may_create": bool(login.principal.configure),
-        "queue_names": _names(request.app.state.node, login.principal),
-        "limits": request.app.state.settings.limits,
+        "queue_names": _names(node_or_none(request.app.state), login.principal),
+        "limits": settings_of(request.app.state).limits,
     }
     return render(request, "queues.html", context, login)
 
@@ -176,7 +178,7 @@ async def queue_rows(
 # --- queue detail ------------------------------------------------------------------
 
 
-def _info(request: Request, login: Any, name: str) -> QueueInfo:
+def _info(request: Request, login: UiLogin, name: str) -> QueueInfo:
     """The queue, when the user may see it (else the same 404 as an unknown queue)."""
     for info in node_of(request).queues():
         if info.name == name and login.principal.can_see(name):
@@ -184,7 +186,7 @@ def _info(request: Request, login: Any, name: str) -> QueueInfo:
     raise QueueNotFound(f"no queue {name!r}")
 
 
-def _series_charts(samples: list[Sample]) -> dict[str, Any]:
+def _series_charts(samples: list[Sample]) -> dict[str, object]:
     return {
         "depth_chart": line_chart(
             [("ready", [s.ready for s in samples]), ("unacked", [s.unacked for s in samples])],
@@ -204,7 +206,14 @@ def _series_charts(samples: list[Sample]) -> dict[str, Any]:
     }
 
 
-def _live_context(request: Request, login: Any, name: str) -> dict[str, Any]:
+def _part(stats: Mapping[str, object], key: str) -> dict[str, object]:
+    """A nested part of a queue's stats (``raft``, ``log``, ``checkpoint``,
+    ``consumers``); empty when the stats have none."""
+    part = stats.get(key)
+    return part if isinstance(part, dict) else {}
+
+
+def _live_context(request: Request, login: UiLogin, name: str) -> dict[str, object]:
     info = _info(request, login, name)
     node = node_of(request)
     stats = reads_of(request.app).stats(node, name)
@@ -213,10 +222,10 @@ def _live_context(request: Request, login: Any, name: str) -> dict[str, Any]:
     return {
         "info": info,
         "stats": stats,
-        "raft": stats.get("raft", {}),
-        "log": stats.get("log", {}),
-        "checkpoint": stats.get("checkpoint", {}),
-        "consumers": sorted(dict(stats.get("consumers", {})).items()),
+        "raft": _part(stats, "raft"),
+        "log": _part(stats, "log"),
+        "checkpoint": _part(stats, "checkpoint"),
+        "consumers": sorted(_part(stats, "consumers").items()),
         **_series_charts(samples),
     }
 
@@ -230,13 +239,14 @@ def _history(
     return snapshots, list(repo.list_compactions(session, uid, CHART_HISTORY_MAX))
 
 
-async def _storage_context(request: Request, login: Any, name: str) -> dict[str, Any]:
+async def _storage_context(request: Request, login: UiLogin, name: str) -> dict[str, object]:
     info = _info(request, login, name)
     node = node_of(request)
     reads = reads_of(request.app)
     segments = reads.segments(node, name)
-    db: Database = request.app.state.db
-    snapshots, compactions = await db.run(lambda session: _history(session, name, info.uid))
+    snapshots, compactions = await db_of(request.app.state).run(
+        lambda session: _history(session, name, info.uid)
+    )
     widest = max((s.live_entries + s.dead_entries for s in segments), default=0)
     chart = history_chart(
         [(int(s.taken_at.timestamp() * 1000), s.bytes) for s in snapshots],
@@ -253,8 +263,10 @@ async def _storage_context(request: Request, login: Any, name: str) -> dict[str,
         "snapshots": snapshots[:HISTORY_ROWS_SHOWN],
         "compactions": compactions[:HISTORY_ROWS_SHOWN],
         "history_chart": chart,
-        "log": stats.get("log", {}),
-        "dead_per_100_live_max": request.app.state.settings.limits.compaction_dead_per_100_live_max,
+        "log": _part(stats, "log"),
+        "dead_per_100_live_max": settings_of(
+            request.app.state
+        ).limits.compaction_dead_per_100_live_max,
         "configurable": can(login.principal, "configure", name),
     }
 
@@ -265,7 +277,7 @@ def _dead_letter_sources(node: QueueEngine, name: str, who: Principal) -> list[s
     )
 
 
-def not_shown(request: Request, login: Any, error: QuorraError) -> HTMLResponse:
+def not_shown(request: Request, login: UiLogin, error: QuorraError) -> HTMLResponse:
     """A page or fragment that cannot be shown: the error page, with the error's status."""
     return render(request, "error.html", {"message": error.detail}, login, error.status)
 
@@ -278,7 +290,7 @@ async def queue_page(name: QueueName, request: Request, login: LoginDep) -> HTML
         return not_shown(request, login, e)
 
 
-async def _queue_page(name: str, request: Request, login: Any) -> HTMLResponse:
+async def _queue_page(name: str, request: Request, login: UiLogin) -> HTMLResponse:
     who = login.principal
     context = {
         **_live_context(request, login, name),
@@ -287,7 +299,7 @@ async def _queue_page(name: str, request: Request, login: Any) -> HTMLResponse:
         "may_write": can(who, "write", name),
         "may_read": can(who, "read", name),
         "redrive_targets": _dead_letter_sources(node_of(request), name, who),
-        "queue_names": _names(request.app.state.node, who),
+        "queue_names": _names(node_or_none(request.app.state), who),
         "analytics": await anyio.to_thread.run_sync(_analytics, request, name),
     }
     if context["may_read"]:
@@ -342,7 +354,7 @@ def shown(message: BrowsedMessage) -> ShownMessage:
     return ShownMessage(message, kind, text[:BODY_CHARS_SHOWN], len(text) > BODY_CHARS_SHOWN)
 
 
-async def _browse_context(request: Request, name: str, after: int | None) -> dict[str, Any]:
+async def _browse_context(request: Request, name: str, after: int | None) -> dict[str, object]:
     browsed = await node_of(request).browse(name, after=after, limit=BROWSE_LIMIT)
     return {
         "messages": [shown(m) for m in browsed],
@@ -369,13 +381,13 @@ async def queue_messages(
     return render(request, "_messages.html", context, login)
 
 
-def _analytics(request: Request, name: str) -> dict[str, Any] | None:
+def _analytics(request: Request, name: str) -> dict[str, object] | None:
     """The pipeline's analytics summary of this queue, when ``quorra pipeline report
     --out DATA_DIR/reports`` wrote one (``reports/<queue>/summary.json``). File I/O:
     call it on a worker thread."""
     if name in (".", ".."):
         return None
-    path = request.app.state.settings.data_dir / ANALYTICS_DIR / name / "summary.json"
+    path = settings_of(request.app.state).data_dir / ANALYTICS_DIR / name / "summary.json"
     try:
         if path.stat().st_size > ANALYTICS_BYTES_MAX:
             return None

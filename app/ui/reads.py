@@ -11,7 +11,9 @@ on a queue forgets its reads, so its page shows the result at once.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TypeVar
+
+from starlette.applications import Starlette
 
 from engine.runtime.api import QueueEngine, SegmentInfo
 
@@ -23,13 +25,17 @@ round on a busy node takes a while."""
 SEGMENTS_AGE_S = 5.0
 ENTRIES_MAX = 20_000
 
+_Kept = TypeVar("_Kept")
+
 
 class EngineReads:
     def __init__(self) -> None:
-        self._stats: dict[str, tuple[float, dict[str, Any]]] = {}
+        self._stats: dict[str, tuple[float, dict[str, object]]] = {}
         self._segments: dict[str, tuple[float, list[SegmentInfo]]] = {}
 
-    def stats(self, node: QueueEngine, name: str, max_age_s: float = STATS_AGE_S) -> dict[str, Any]:
+    def stats(
+        self, node: QueueEngine, name: str, max_age_s: float = STATS_AGE_S
+    ) -> dict[str, object]:
         now = time.monotonic()
         kept = self._stats.get(name)
         if kept is not None and now - kept[0] <= max_age_s:
@@ -59,13 +65,13 @@ class EngineReads:
                 del kept[gone]
 
     @staticmethod
-    def _keep(kept: dict[str, Any], name: str, value: Any) -> None:
+    def _keep(kept: dict[str, _Kept], name: str, value: _Kept) -> None:
         if name not in kept and len(kept) >= ENTRIES_MAX:
             kept.clear()  # a bound, never reached with the node's queue limit
         kept[name] = value
 
 
-def reads_of(app: Any) -> EngineReads:
+def reads_of(app: Starlette) -> EngineReads:
     reads: EngineReads | None = getattr(app.state, "engine_reads", None)
     if reads is None:
         reads = app.state.engine_reads = EngineReads()

@@ -15,13 +15,14 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
 
 from fastapi import FastAPI
+from starlette.applications import Starlette
 
+from app.state import node_or_none
 from app.ui.reads import EngineReads, reads_of
 from engine.runtime.api import QueueEngine
 
@@ -88,17 +89,17 @@ class Totals:
         )
 
 
-def _int(stats: dict[str, Any], key: str) -> int:
+def _int(stats: Mapping[str, object], key: str) -> int:
     value = stats.get(key, 0)
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
-def _float(stats: dict[str, Any], key: str) -> float:
+def _float(stats: Mapping[str, object], key: str) -> float:
     value = stats.get(key, 0.0)
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
 
 
-def sample_of(stats: dict[str, Any], at_ms: int) -> Sample:
+def sample_of(stats: Mapping[str, object], at_ms: int) -> Sample:
     consumers = stats.get("consumers")
     memory = stats.get("memory")
     return Sample(
@@ -209,7 +210,7 @@ async def sample_round(node: QueueEngine, store: SeriesStore, reads: EngineReads
 
 async def _run(app: FastAPI, store: SeriesStore, interval_s: float) -> None:
     while True:
-        node: QueueEngine | None = app.state.node
+        node = node_or_none(app.state)
         if node is not None:
             try:
                 await sample_round(node, store, reads_of(app))
@@ -232,7 +233,7 @@ async def sampler_lifespan(app: FastAPI) -> AsyncIterator[None]:
             await task
 
 
-def store_of(app: Any) -> SeriesStore:
+def store_of(app: Starlette) -> SeriesStore:
     """The app's store; a fresh one when the sampler is not running (tests, benches)."""
     store: SeriesStore | None = getattr(app.state, "series", None)
     if store is None:

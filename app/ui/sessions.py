@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 from app.api.deps import principal_of
 from app.auth import Principal, session_digest
 from app.db import repo
-from app.db.session import Database
+from app.state import db_of, session_signer_of
 
 SESSION_COOKIE = "quorra_session"
 LOGIN_CSRF_COOKIE = "quorra_login_csrf"
@@ -62,8 +62,7 @@ class SessionSigner:
 
 
 def _signer(request: Request) -> SessionSigner:
-    signer: SessionSigner = request.app.state.session_signer
-    return signer
+    return session_signer_of(request.app.state)
 
 
 def set_cookie(request: Request, response: Response, name: str, value: str, max_age_s: int) -> None:
@@ -118,8 +117,7 @@ def current_login(request: Request) -> UiLogin | None:
     if session_id is None:
         return None
     digest = session_digest(session_id)
-    db: Database = request.app.state.db
-    with db.session_factory() as session:
+    with db_of(request.app.state).session_factory() as session:
         row = repo.find_ui_session(session, digest)
         if row is None:
             return None

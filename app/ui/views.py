@@ -7,16 +7,18 @@ taken from the ``X-CSRF-Token`` header htmx sends or the ``csrf_token`` form fie
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from collections.abc import Mapping
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request, Response, status
 from fastapi.responses import HTMLResponse, RedirectResponse
 from sqlalchemy.orm import Session
+from starlette.applications import Starlette
 
 from app.api.deps import SessionDep, check_login, client_addr
 from app.db import repo
-from app.db.session import Database
 from app.passwords import LoginsBusy
+from app.state import db_of, templates_of
 from app.throttle import TooManyFailures
 from app.ui.sessions import (
     MaybeLogin,
@@ -60,10 +62,10 @@ CsrfLoginDep = Annotated[UiLogin, Depends(require_csrf)]
 
 
 def render(
-    request: Request, name: str, context: dict[str, Any], status_code: int = 200
+    request: Request, name: str, context: Mapping[str, object], status_code: int = 200
 ) -> HTMLResponse:
-    response: HTMLResponse = request.app.state.templates.TemplateResponse(
-        request, name, context, status_code=status_code
+    response: HTMLResponse = templates_of(request.app.state).TemplateResponse(
+        request, name, dict(context), status_code=status_code
     )
     response.headers["Cache-Control"] = "no-store"
     return response
@@ -110,8 +112,7 @@ async def login_submit(request: Request) -> Response:
         start_session(request, response, session, principal)
         _audit(session, request, principal.name, "session.login")
 
-    db: Database = state.db
-    await db.run(begin)
+    await db_of(state).run(begin)
     return response
 
 
@@ -137,6 +138,6 @@ def _csrf_failed(request: Request, _exc: Exception) -> Response:
     )
 
 
-def install_ui_handlers(app: Any) -> None:
+def install_ui_handlers(app: Starlette) -> None:
     app.add_exception_handler(LoginRequired, _login_required)
     app.add_exception_handler(CsrfFailed, _csrf_failed)

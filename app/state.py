@@ -1,0 +1,120 @@
+"""Typed reads of ``app.state``: one accessor per item.
+
+Rule: ``create_app`` and its lifespan (app/main.py) set these items; every other module
+reads them through an accessor here, never as an attribute of ``request.app.state``,
+which Starlette types as ``Any``. An accessor names the item's type once, so that a
+renamed or retyped item fails ``mypy`` here instead of at a reader.
+
+The items, in the order the app sets them: ``settings``, ``metrics``,
+``login_throttle``, ``token_cache``, ``templates``, ``hot_paths`` (create_app);
+``ready``, ``node``, ``engine`` (the node's start-up status), ``migrations``,
+``session_signer``, ``passwords``, ``db`` (the lifespan). The dashboard adds
+``series`` and ``engine_reads`` itself (app/ui/series.py, app/ui/reads.py).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
+from starlette.datastructures import State
+
+if TYPE_CHECKING:
+    from fastapi.templating import Jinja2Templates
+
+    from app.db.session import Database
+    from app.hot_paths import HotPathStats
+    from app.metrics import AppMetrics
+    from app.passwords import PasswordWorkers
+    from app.settings import Settings
+    from app.throttle import FailureThrottle
+    from app.token_cache import TokenCache
+    from app.ui.sessions import SessionSigner
+    from engine.runtime.api import QueueEngine
+
+
+def settings_of(state: State) -> Settings:
+    settings: Settings = state.settings
+    return settings
+
+
+def metrics_of(state: State) -> AppMetrics:
+    metrics: AppMetrics = state.metrics
+    return metrics
+
+
+def login_throttle_of(state: State) -> FailureThrottle:
+    throttle: FailureThrottle = state.login_throttle
+    return throttle
+
+
+def token_cache_of(state: State) -> TokenCache:
+    cache: TokenCache = state.token_cache
+    return cache
+
+
+def templates_of(state: State) -> Jinja2Templates:
+    templates: Jinja2Templates = state.templates
+    return templates
+
+
+def hot_path_stats_of(state: State) -> HotPathStats:
+    stats: HotPathStats = state.hot_paths
+    return stats
+
+
+def ready_of(state: State) -> bool:
+    return bool(state.ready)
+
+
+def node_or_none(state: State) -> QueueEngine | None:
+    """The running engine node; ``None`` before it started and once it stops."""
+    node: QueueEngine | None = state.node
+    return node
+
+
+EngineStatus = Literal["absent", "recovering", "recovered"]
+"""Where the node's start-up is, as ``/readyz`` tells it."""
+
+
+def engine_status_of(state: State) -> EngineStatus:
+    status: EngineStatus = state.engine
+    return status
+
+
+def migrations_of(state: State) -> str | None:
+    """The metadata's Alembic revision once migrated, else ``None``."""
+    revision: str | None = state.migrations
+    return revision
+
+
+def session_signer_of(state: State) -> SessionSigner:
+    signer: SessionSigner = state.session_signer
+    return signer
+
+
+def passwords_of(state: State) -> PasswordWorkers:
+    passwords: PasswordWorkers = state.passwords
+    return passwords
+
+
+def db_of(state: State) -> Database:
+    db: Database = state.db
+    return db
+
+
+__all__ = [
+    "EngineStatus",
+    "db_of",
+    "engine_status_of",
+    "hot_path_stats_of",
+    "login_throttle_of",
+    "metrics_of",
+    "migrations_of",
+    "node_or_none",
+    "passwords_of",
+    "ready_of",
+    "session_signer_of",
+    "settings_of",
+    "templates_of",
+    "token_cache_of",
+]
