@@ -39,6 +39,7 @@ from app.auth import Permission, Principal, needs_rehash, require, token_digest
 from app.db import repo
 from app.db.models import User
 from app.db.session import Database
+from app.passwords import PasswordWorkers
 from app.problems import Forbidden, Unauthorized
 from app.state import db_of, login_throttle_of, node_or_none, passwords_of, token_cache_of
 from engine.errors import NoLeader
