@@ -40,10 +40,9 @@ from __future__ import annotations
 import dataclasses
 import heapq
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
-from typing import ClassVar, cast
+from collections.abc import Callable, Iterator
+from typing import ClassVar
 
-import msgpack
 import numpy as np
 import numpy.typing as npt
 from pyroaring import BitMap64
@@ -55,7 +54,6 @@ from engine.errors import (
     QueueFull,
     ValidationFailed,
 )
-from engine.index_sets import add_indexes
 from engine.limits import DEFAULT_LIMITS, Limits
 from engine.queue import commands as cmd
 from engine.queue.commands import RECORD_BYTES, Kind, QueuePolicy
@@ -75,7 +73,7 @@ from engine.queue.effects import (
     Rejected,
     Settled,
 )
-from engine.queue.pages import FrozenRefs, RefFifo
+from engine.queue.pages import RefFifo
 from engine.queue.pending import Pending
 from engine.queue.refs import (
     INDEX_LIMIT_SHORT,
@@ -86,12 +84,13 @@ from engine.queue.refs import (
     FallbackTable,
     RefParts,
     indexes_of,
+    indexes_of_parts,
     message_id,
     pack_batch,
     sizes_of,
     total_size,
 )
-from engine.queue.snapshots import read_snapshot
+from engine.queue.snapshots import FrozenMachine, MachineClock, SnapshotState, read_snapshot
 from engine.queue.times import EnqueueTimes
 from engine.raft.machine import ApplyMeta, CheckpointRequest, MachineEffect, ReleaseCursor
 
@@ -170,42 +169,6 @@ class BrowseItem:
     """Deliveries so far (0 for a message never delivered)."""
 
 
-class FrozenMachine:
-    """A ``QueueMachine``'s state at one index (``QueueMachine.freeze``). It shares no
-    mutable state with the machine, so ``encode`` and ``live_indexes`` may run on another
-    thread while the machine applies later entries."""
-
-    __slots__ = ("_lanes", "_others", "_state")
-
-    def __init__(
-        self, lanes: tuple[FrozenRefs, ...], state: list[object], others: tuple[U64, ...]
-    ) -> None:
-        self._lanes = lanes
-        self._state = state
-        self._others = others
-
-    def encode(self) -> bytes:
-        """The snapshot bytes (``QueueMachine.restore`` reads them)."""
-        state = list(self._state)
-        state[4] = [[lane.head_pos, lane.to_array().tobytes()] for lane in self._lanes]
-        return bytes(msgpack.packb(state, use_bin_type=True))
-
-    def live_indexes(self) -> BitMap64:
-        """``QueueMachine.live_indexes`` as of the freeze."""
-        table = FallbackTable.from_wire(cast(list[object], self._state[5]))
-        parts = [part for lane in self._lanes for part in lane.chunks()]
-        return _indexes_of_parts([*parts, *self._others], table)
-
-
-def _indexes_of_parts(parts: Iterable[U64], table: FallbackTable) -> BitMap64:
-    """The Raft indexes of the refs in ``parts``, built a part (a page) at a time: no
-    array of every ref, which costs more than the set for millions."""
-    live = BitMap64()
-    for part in parts:
-        add_indexes(live, indexes_of(part, table))
-    return live
-
-
 class QueueMachine:
     """One queue. Constructed identically on every replica, then driven only by ``apply``."""
 
@@ -282,7 +245,7 @@ class QueueMachine:
 
     def live_indexes(self) -> BitMap64:
         """The Raft indexes holding a message still in the queue."""
-        return _indexes_of_parts(self._ref_parts(), self._fallback)
+        return indexes_of_parts(self._ref_parts(), self._fallback)
 
     def snapshot(self) -> bytes:
         return self.freeze().encode()
@@ -291,21 +254,21 @@ class QueueMachine:
         """The state now, for a checkpoint: the ready lanes are taken a page at a time
         (``RefFifo.freeze``), everything else copied; the ready refs, by far the largest
         part, are copied out later by ``encode``, which may run on another thread."""
-        state: list[object] = [
-            self.version,
-            self.policy.to_wire(),
-            [self._now_ms, self._last_index, self._dead_bytes, self._delayed_seq],
-            [self._counters[name] for name in _COUNTERS],
-            None,  # the lanes, filled in by encode
-            self._fallback.to_wire(),
-            self._pending.to_wire(),
-            list(self._delivered_before.items()),
-            list(self._expires_at.items()),
-            [list(item) for item in self._delayed],
-            [[ref, *entry] for ref, entry in self._dead_lettering.items()],
-            [[expiry, key, self._dedup[key]] for expiry, key in self._dedup_order],
-            self._times.to_wire(),
-        ]
+        state = SnapshotState(
+            version=self.version,
+            policy=self.policy.to_wire(),
+            clock=MachineClock(self._now_ms, self._last_index, self._dead_bytes, self._delayed_seq),
+            counters=[self._counters[name] for name in _COUNTERS],
+            lanes=[],  # filled in by encode
+            fallback=self._fallback.to_wire(),
+            pending=self._pending.to_wire(),
+            delivered_before=list(self._delivered_before.items()),
+            expires_at=list(self._expires_at.items()),
+            delayed=[list(item) for item in self._delayed],
+            dead_letters=[[ref, *entry] for ref, entry in self._dead_lettering.items()],
+            dedup=[[expiry, key, self._dedup[key]] for expiry, key in self._dedup_order],
+            enqueue_times=self._times.to_wire(),
+        )
         lanes = tuple(lane.freeze() for lane in self._lanes)
         return FrozenMachine(lanes, state, self._unready_refs())
 
@@ -313,33 +276,34 @@ class QueueMachine:
         """The ready lanes' pages become read-only views into ``data`` (no copy; see
         ``engine.queue.snapshots``), so ``data`` must not change afterwards."""
         state = read_snapshot(data)
-        version, policy, clock, counters, lanes, fallback, pending = state[:7]
-        delivered, expires, delayed, dead_lettering, dedup, times = state[7:]
-        assert version in (1, self.version), version
-        self.policy = QueuePolicy(**policy)
+        assert state.version in (1, self.version), state.version
+        self.policy = QueuePolicy(**state.policy)
         self._reset()
-        self._now_ms, self._last_index, self._dead_bytes, self._delayed_seq = clock
-        self._counters = dict(zip(_COUNTERS, counters, strict=True))
-        for lane, (head_pos, refs) in zip(self._lanes, lanes, strict=True):
+        clock = MachineClock(*state.clock)
+        self._now_ms, self._last_index = clock.now_ms, clock.last_index
+        self._dead_bytes, self._delayed_seq = clock.dead_bytes, clock.delayed_seq
+        self._counters = dict(zip(_COUNTERS, state.counters, strict=True))
+        for lane, (head_pos, refs) in zip(self._lanes, state.lanes, strict=True):
             lane.adopt(refs, head_pos)
-        self._fallback = FallbackTable.from_wire(fallback)
-        self._pending = Pending.from_wire(self._limits.page_refs, pending)
-        self._delivered_before = {ref: n for ref, n in delivered}
-        self._expires_at = {ref: ms for ref, ms in expires}
-        self._delayed = [(d, s, r, lv) for d, s, r, lv in delayed]
-        self._dead_lettering = {ref: (reason, n, ms) for ref, reason, n, ms in dead_lettering}
-        for expiry, key, mid in dedup:
+        self._fallback = FallbackTable.from_wire(state.fallback)
+        self._pending = Pending.from_wire(self._limits.page_refs, state.pending)
+        self._delivered_before = {ref: n for ref, n in state.delivered_before}
+        self._expires_at = {ref: ms for ref, ms in state.expires_at}
+        self._delayed = [(d, s, r, lv) for d, s, r, lv in state.delayed]
+        self._dead_lettering = {ref: (why, n, ms) for ref, why, n, ms in state.dead_letters}
+        for expiry, key, mid in state.dedup:
             self._dedup_order.append((expiry, key))
             self._dedup[key] = mid
         resolution_ms = self._limits.enqueue_time_resolution_ms
-        if version == 1 and self.policy.message_ttl_ms is None:
+        times = state.enqueue_times
+        if state.version == 1 and self.policy.message_ttl_ms is None:
             pass  # format 1 sampled without a queue TTL too; format 2 keeps none then
-        elif version == 1:
+        elif state.version == 1:
             self._times = EnqueueTimes.from_samples_v1(resolution_ms, _V1_RESOLUTION_MS, *times)
         else:
             self._times = EnqueueTimes.from_wire(resolution_ms, times)
         self._ready = sum(len(lane) for lane in self._lanes)
-        self._bytes_ready = sum(total_size(refs, self._fallback) for _head, refs in lanes)
+        self._bytes_ready = sum(total_size(refs, self._fallback) for _head, refs in state.lanes)
         self._bytes_delayed = sum(self._size(ref) for _d, _s, ref, _lv in self._delayed)
         self._bytes_pending = int(sizes_of(self._pending.refs(), self._fallback).sum())
 
@@ -1061,4 +1025,4 @@ _HANDLERS: dict[Kind, _Handler] = {
 _HANDLERS_BY_BYTE = {kind.value[0]: handler for kind, handler in _HANDLERS.items()}
 _ON_ENQUEUE = QueueMachine._on_enqueue
 
-__all__ = ["BrowseItem", "MemoryUse", "QueueMachine", "QueueStats"]
+__all__ = ["BrowseItem", "FrozenMachine", "MemoryUse", "QueueMachine", "QueueStats"]

@@ -23,10 +23,14 @@ form, whose handle the machine assigns from a counter, so every replica assigns 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
+from pyroaring import BitMap64
+
+from engine.index_sets import add_indexes
 
 U64 = npt.NDArray[np.uint64]
 
@@ -215,6 +219,15 @@ def indexes_of(refs: U64, table: FallbackTable) -> U64:
     return out
 
 
+def indexes_of_parts(parts: Iterable[U64], table: FallbackTable) -> BitMap64:
+    """The Raft indexes of the refs in ``parts``, built a part (a page) at a time: no
+    array of every ref, which costs more than the set for millions."""
+    live = BitMap64()
+    for part in parts:
+        add_indexes(live, indexes_of(part, table))
+    return live
+
+
 def sizes_of(refs: U64, table: FallbackTable) -> U64:
     """Byte size of each ref."""
     form = _one_form(refs)
@@ -291,6 +304,7 @@ __all__ = [
     "fallback_handle",
     "fallback_ref",
     "indexes_of",
+    "indexes_of_parts",
     "is_fallback",
     "message_id",
     "message_id_parts",
