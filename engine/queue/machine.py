@@ -6,9 +6,9 @@ same on every replica); nothing reads a clock, a random source or a payload.
 
 Where a message is, at any moment (exactly one of):
 
-* **ready**: in a lane of its priority level. Each level has two lanes, *returns*
+* **ready**: in a lane of its priority level (``engine.queue.lanes``): *returns*
   (messages given back after a delivery) served before *main* (first deliveries in
-  publish order). Levels are strict: a higher level is always served first.
+  publish order); a higher level is always served first.
 * **delayed**: in a heap by due time, moved to the tail of its level's main lane when
   a checkout or expire command applies at or after the due time.
 * **pending**: leased to a consumer under a delivery tag (``engine.queue.pending``).
@@ -73,6 +73,7 @@ from engine.queue.effects import (
     Rejected,
     Settled,
 )
+from engine.queue.lanes import Lanes
 from engine.queue.pages import RefFifo
 from engine.queue.pending import Pending
 from engine.queue.refs import (
@@ -101,7 +102,6 @@ _FIXED_BYTES_ESTIMATE = 3200
 _LEVEL_BYTES_ESTIMATE = 1200
 """An empty machine holds about ``_FIXED + _LEVEL * priorities`` bytes (tracemalloc: 4.4
 KB with one level, 15 KB with ten; each level has two lanes)."""
-_CURSOR_POS_BITS = 48
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -193,8 +193,7 @@ class QueueMachine:
         self._reset()
 
     def _reset(self) -> None:
-        levels = self.policy.priorities
-        self._lanes = [RefFifo(self._limits.page_refs) for _ in range(2 * levels)]
+        self._lanes = Lanes(self.policy.priorities, self._limits.page_refs)
         self._fallback = FallbackTable()
         self._pending = Pending(self._limits.page_refs)
         self._delivered_before: dict[int, int] = {}
@@ -269,8 +268,7 @@ class QueueMachine:
             dedup=[[expiry, key, self._dedup[key]] for expiry, key in self._dedup_order],
             enqueue_times=self._times.to_wire(),
         )
-        lanes = tuple(lane.freeze() for lane in self._lanes)
-        return FrozenMachine(lanes, state, self._unready_refs())
+        return FrozenMachine(self._lanes.freeze(), state, self._unready_refs())
 
     def restore(self, data: bytes) -> None:
         """The ready lanes' pages become read-only views into ``data`` (no copy; see
@@ -283,8 +281,7 @@ class QueueMachine:
         self._now_ms, self._last_index = clock.now_ms, clock.last_index
         self._dead_bytes, self._delayed_seq = clock.dead_bytes, clock.delayed_seq
         self._counters = dict(zip(_COUNTERS, state.counters, strict=True))
-        for lane, (head_pos, refs) in zip(self._lanes, state.lanes, strict=True):
-            lane.adopt(refs, head_pos)
+        self._lanes.adopt(state.lanes)
         self._fallback = FallbackTable.from_wire(state.fallback)
         self._pending = Pending.from_wire(self._limits.page_refs, state.pending)
         self._delivered_before = {ref: n for ref, n in state.delivered_before}
@@ -302,7 +299,7 @@ class QueueMachine:
             self._times = EnqueueTimes.from_samples_v1(resolution_ms, _V1_RESOLUTION_MS, *times)
         else:
             self._times = EnqueueTimes.from_wire(resolution_ms, times)
-        self._ready = sum(len(lane) for lane in self._lanes)
+        self._ready = self._lanes.count()
         self._bytes_ready = sum(total_size(refs, self._fallback) for _head, refs in state.lanes)
         self._bytes_delayed = sum(self._size(ref) for _d, _s, ref, _lv in self._delayed)
         self._bytes_pending = int(sizes_of(self._pending.refs(), self._fallback).sum())
@@ -351,7 +348,7 @@ class QueueMachine:
             + len(self._delayed)
         )
         return MemoryUse(
-            index_bytes=sum(lane.nbytes() for lane in self._lanes),
+            index_bytes=self._lanes.nbytes(),
             enqueue_times_bytes=self._times.nbytes(),
             leases_bytes=self._pending.nbytes(),
             extras_bytes=extras * _DICT_ENTRY_BYTES_ESTIMATE,
@@ -365,19 +362,11 @@ class QueueMachine:
         Expired messages not yet swept may appear; delayed and leased ones do not.
         """
         limit = max(0, min(limit, self._limits.receive_messages_max))
-        lane_no, pos = (0, 0) if after is None else _split_cursor(after + 1)
-        out: list[BrowseItem] = []
-        levels = self.policy.priorities
-        while lane_no < len(self._lanes) and len(out) < limit:
-            lane = self._lanes[lane_no]
-            pos = max(pos, lane.head_pos)
-            refs = lane.slice_from(pos, limit - len(out)).tolist()
-            level = levels - 1 - lane_no // 2
-            for k, ref in enumerate(refs):
-                cursor = (lane_no << _CURSOR_POS_BITS) | (pos + k)
-                out.append(BrowseItem(cursor, ref, level, self._delivered_before.get(ref, 0)))
-            lane_no, pos = lane_no + 1, 0
-        return out
+        count = self._delivered_before.get
+        return [
+            BrowseItem(cursor, ref, level, count(ref, 0))
+            for cursor, ref, level in self._lanes.browse(after, limit)
+        ]
 
     def next_deadline_ms(self) -> int | None:
         """When the runtime should next propose ``encode_expire()`` (None: no timer needed)."""
@@ -387,7 +376,7 @@ class QueueMachine:
         lease = self._pending.next_expiry_ms()
         if lease is not None:
             candidates.append(lease)
-        for lane in self._lanes:
+        for lane in self._lanes.fifos:
             if lane:
                 expiry = self._expiry_of(lane.peek())
                 if expiry is not None:
@@ -403,11 +392,12 @@ class QueueMachine:
 
     def check_invariants(self) -> None:
         """Counts equal contents; the tests and the simulator call it after every step."""
-        for lane in self._lanes:
-            lane.check()
+        self._lanes.check()
         self._pending.check()
-        assert self._ready == sum(len(lane) for lane in self._lanes)
-        assert self._bytes_ready == sum(self._lane_bytes(lane) for lane in self._lanes)
+        assert self._ready == self._lanes.count()
+        assert self._bytes_ready == sum(
+            int(sizes_of(chunk, self._fallback).sum()) for chunk in self._lanes.chunks()
+        )
         assert self._bytes_pending == int(sizes_of(self._pending.refs(), self._fallback).sum())
         assert self._bytes_delayed == sum(self._size(r) for _d, _s, r, _lv in self._delayed)
         refs = self._all_refs()
@@ -489,6 +479,7 @@ class QueueMachine:
         n = len(records)
         assert n <= SLOT_LIMIT_SHORT
         top = self.policy.priorities - 1
+        main_lanes = self._lanes.main
         compact = index < INDEX_LIMIT_SHORT
         head = index << (SIZE_BITS + SLOT_BITS_SHORT)
         for k, (body_len, headers_len, _o, _d, priority, _f, ttl_ms, delay_ms) in enumerate(
@@ -511,7 +502,7 @@ class QueueMachine:
                 self._delayed_seq += 1
                 self._bytes_delayed += size
             else:
-                self._lanes[2 * (top - level) + 1].push(ref)
+                main_lanes[level].push(ref)
                 self._bytes_ready += size
                 self._ready += 1
 
@@ -528,7 +519,7 @@ class QueueMachine:
         )
         if simple:
             refs = pack_batch(index, sizes, self._fallback)
-            self._lanes[2 * (top - int(prios[0])) + 1].push_many(refs)
+            self._lanes.main[int(prios[0])].push_many(refs)
             self._bytes_ready += int(sizes.sum())
             self._ready += len(refs)
             return
@@ -547,7 +538,7 @@ class QueueMachine:
                 self._delayed_seq += 1
                 self._bytes_delayed += size
             else:
-                self._lanes[2 * (top - level) + 1].push(ref)
+                self._lanes.main[level].push(ref)
                 self._bytes_ready += size
                 self._ready += 1
 
@@ -562,15 +553,11 @@ class QueueMachine:
         levels_out: list[int] = []
         counts: list[int] = []
         expired: list[int] = []
-        levels = self.policy.priorities
-        for level in range(levels - 1, -1, -1):
+        for level, returns, main in self._lanes.by_level():
             if len(tags) >= wanted:
                 break
-            lane_no = 2 * (levels - 1 - level)
-            first_lane = self._take(self._lanes[lane_no], wanted - len(tags), expired)
-            second_lane = self._take(
-                self._lanes[lane_no + 1], wanted - len(tags) - len(first_lane), expired
-            )
+            first_lane = self._take(returns, wanted - len(tags), expired)
+            second_lane = self._take(main, wanted - len(tags) - len(first_lane), expired)
             refs: list[int] | U64
             if isinstance(first_lane, list) and isinstance(second_lane, list):
                 refs = taken = first_lane + second_lane
@@ -677,10 +664,9 @@ class QueueMachine:
 
     def _on_purge(self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]) -> object:
         """Drop every ready and delayed message (not leased ones), without dead-lettering."""
-        dropped = [lane.clear() for lane in self._lanes]
-        dropped.append(np.array([r for _d, _s, r, _lv in self._delayed], dtype=np.uint64))
+        delayed = np.array([r for _d, _s, r, _lv in self._delayed], dtype=np.uint64)
         self._delayed.clear()
-        refs = np.concatenate(dropped)
+        refs = np.concatenate([self._lanes.clear(), delayed])
         self._bytes_ready = self._bytes_delayed = self._ready = 0
         self._forget_many(refs)
         self._counters["dropped"] += len(refs)
@@ -730,20 +716,19 @@ class QueueMachine:
     def _advance_time(self, effects: list[MachineEffect]) -> tuple[int, int, int]:
         """Release due delayed messages, end expired leases, sweep expired heads."""
         released = 0
-        top = self.policy.priorities - 1
         while self._delayed and self._delayed[0][0] <= self._now_ms:
             _due, _seq, ref, level = heapq.heappop(self._delayed)
             size = self._size(ref)
             self._bytes_delayed -= size
             self._bytes_ready += size
             self._ready += 1
-            self._lanes[2 * (top - level) + 1].push(ref)
+            self._lanes.main[level].push(ref)
             released += 1
         tags = self._pending.take_expired(self._now_ms)
         self._give_back(tags, effects)
         expired: list[int] = []
         may_expire = self.policy.message_ttl_ms is not None or bool(self._expires_at)
-        for lane in self._lanes if may_expire else ():
+        for lane in self._lanes.fifos if may_expire else ():
             while lane and self._is_expired(lane.peek()):
                 ref = lane.pop()
                 self._bytes_ready -= self._size(ref)
@@ -755,7 +740,7 @@ class QueueMachine:
     def _give_back(self, tags: list[int], effects: list[MachineEffect]) -> None:
         """Return leased messages to the returns lane of their level, or dead-letter those
         that reached the delivery limit."""
-        top = self.policy.priorities - 1
+        returns = self._lanes.returns
         limit = self.policy.delivery_limit
         over: list[int] = []
         for tag in tags:
@@ -767,7 +752,7 @@ class QueueMachine:
             if limit is not None and count >= limit:
                 over.append(ref)
                 continue
-            self._lanes[2 * (top - level)].push(ref)
+            returns[level].push(ref)
             self._bytes_ready += size
             self._ready += 1
         self._counters["returned"] += len(tags) - len(over)
@@ -841,11 +826,7 @@ class QueueMachine:
         """Overflow ``drop-head``: dead-letter (reason ``maxlen``) from the head of the lowest
         level (its returns lane first), then delayed messages, until within the limits."""
         dropped: list[int] = []
-        order = [
-            self._lanes[lane_no]
-            for pair in range(len(self._lanes) - 2, -1, -2)
-            for lane_no in (pair, pair + 1)
-        ]
+        order = self._lanes.drop_order()
         while self._over_limits():
             lane = next((lane for lane in order if lane), None)
             if lane is not None:
@@ -918,11 +899,10 @@ class QueueMachine:
         ready page, and one per entry of the messages held outside the lanes."""
         lo: list[int] = []
         hi: list[int] = []
-        for lane in self._lanes:
-            for chunk in lane.chunks():
-                indexes = indexes_of(chunk, self._fallback)
-                lo.append(int(indexes.min()))
-                hi.append(int(indexes.max()))
+        for chunk in self._lanes.chunks():
+            indexes = indexes_of(chunk, self._fallback)
+            lo.append(int(indexes.min()))
+            hi.append(int(indexes.max()))
         parts = [indexes_of(part, self._fallback) for part in self._unready_refs() if len(part)]
         points = np.unique(np.concatenate(parts)).astype(np.int64) if parts else _NO_INDEXES
         return (
@@ -952,17 +932,13 @@ class QueueMachine:
     def _size(self, ref: int) -> int:
         return self._fallback.size(ref)
 
-    def _lane_bytes(self, lane: RefFifo) -> int:
-        return sum(int(sizes_of(chunk, self._fallback).sum()) for chunk in lane.chunks())
-
     def _ready_count(self) -> int:
         return self._ready
 
     def _ref_parts(self) -> Iterator[U64]:
         """Every ref the machine holds, in parts: ready pages, leased, delayed, and those
         waiting to be dead-lettered."""
-        for lane in self._lanes:
-            yield from lane.chunks()
+        yield from self._lanes.chunks()
         yield from self._unready_refs()
 
     def _unready_refs(self) -> tuple[U64, U64, U64]:
@@ -983,10 +959,6 @@ class QueueMachine:
             self._limits.priorities_max,
             self._limits.message_bytes_max_ceiling,
         )
-
-
-def _split_cursor(cursor: int) -> tuple[int, int]:
-    return cursor >> _CURSOR_POS_BITS, cursor & ((1 << _CURSOR_POS_BITS) - 1)
 
 
 _Handler = Callable[[QueueMachine, ApplyMeta, bytes, list[MachineEffect]], object]
