@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-from collections import deque
 from collections.abc import Callable, Iterator
 from typing import ClassVar
 
@@ -57,6 +56,7 @@ from engine.errors import (
 from engine.limits import DEFAULT_LIMITS, Limits
 from engine.queue import commands as cmd
 from engine.queue.commands import RECORD_BYTES, Kind, QueuePolicy
+from engine.queue.dedup import DedupWindow
 from engine.queue.effects import (
     REASON_DELIVERY_LIMIT,
     REASON_EXPIRED,
@@ -203,8 +203,7 @@ class QueueMachine:
         self._delayed_seq = 0
         self._dead_lettering: dict[int, tuple[str, int, int]] = {}
         """ref -> (reason, delivery count, ms of the last DeadLetter effect)."""
-        self._dedup: dict[bytes, int] = {}
-        self._dedup_order: deque[tuple[int, bytes]] = deque()
+        self._dedup = DedupWindow(self._limits.dedup_window_ms, self._limits.dedup_ids_max)
         self._times = EnqueueTimes(self._limits.enqueue_time_resolution_ms)
         self._now_ms = 0
         self._last_index = 0
@@ -265,7 +264,7 @@ class QueueMachine:
             expires_at=list(self._expires_at.items()),
             delayed=[list(item) for item in self._delayed],
             dead_letters=[[ref, *entry] for ref, entry in self._dead_lettering.items()],
-            dedup=[[expiry, key, self._dedup[key]] for expiry, key in self._dedup_order],
+            dedup=self._dedup.to_wire(),
             enqueue_times=self._times.to_wire(),
         )
         return FrozenMachine(self._lanes.freeze(), state, self._unready_refs())
@@ -288,9 +287,7 @@ class QueueMachine:
         self._expires_at = {ref: ms for ref, ms in state.expires_at}
         self._delayed = [(d, s, r, lv) for d, s, r, lv in state.delayed]
         self._dead_lettering = {ref: (why, n, ms) for ref, why, n, ms in state.dead_letters}
-        for expiry, key, mid in state.dedup:
-            self._dedup_order.append((expiry, key))
-            self._dedup[key] = mid
+        self._dedup.adopt(state.dedup)
         resolution_ms = self._limits.enqueue_time_resolution_ms
         times = state.enqueue_times
         if state.version == 1 and self.policy.message_ttl_ms is None:
@@ -402,7 +399,7 @@ class QueueMachine:
         assert self._bytes_delayed == sum(self._size(r) for _d, _s, r, _lv in self._delayed)
         refs = self._all_refs()
         assert len(np.unique(refs)) == len(refs), "a message is in two places"
-        assert len(self._dedup) == len(self._dedup_order)
+        self._dedup.check()
         held = set(refs.tolist())
         assert set(self._delivered_before) <= held
         assert set(self._expires_at) <= held
@@ -448,8 +445,8 @@ class QueueMachine:
         ids = [message_id(index, k) for k in range(n)] if n > 1 else [message_id(index, 0)]
         duplicate = [False] * n
         if keys:
-            self._prune_dedup()
-            self._find_duplicates(keys, ids, duplicate)
+            self._dedup.prune(self._now_ms)
+            self._dedup.find_duplicates(keys, ids, duplicate)
         dup_slots = [k for k, _key in keys if duplicate[k]] if keys else []
         dup_bytes = sum(int(sizes[k]) for k in dup_slots) if dup_slots else 0
         count_new = n - len(dup_slots)
@@ -457,7 +454,7 @@ class QueueMachine:
         if full and self.policy.overflow == cmd.OVERFLOW_REJECT_PUBLISH:
             return Rejected(QueueFull, "the queue is at max_length or max_bytes")
         if keys:
-            self._remember_dedup(keys, ids, duplicate)
+            self._dedup.remember(keys, ids, duplicate, self._now_ms)
         if self.policy.message_ttl_ms is not None:
             self._times.note(index, self._now_ms)
         if dup_slots:
@@ -774,7 +771,7 @@ class QueueMachine:
         """Latest leader time at which the enqueue entry ``index`` can have been proposed."""
         return self._times.bound_ms(index)
 
-    # === dead-lettering, limits, dedup =============================================
+    # === dead-lettering and limits =================================================
 
     def _dead_letter(self, refs: list[int], reason: str, effects: list[MachineEffect]) -> None:
         """Hand messages that left the ready/pending state to the dead-letter target, or
@@ -838,37 +835,6 @@ class QueueMachine:
                 self._bytes_delayed -= self._size(ref)
             dropped.append(ref)
         self._dead_letter(dropped, REASON_MAXLEN, effects)
-
-    def _prune_dedup(self) -> None:
-        while self._dedup_order and self._dedup_order[0][0] <= self._now_ms:
-            _expiry, key = self._dedup_order.popleft()
-            del self._dedup[key]
-
-    def _find_duplicates(
-        self, keys: list[tuple[int, bytes]], ids: list[int], duplicate: list[bool]
-    ) -> None:
-        """``keys``: (slot, dedup id) of the messages of the batch that carry one."""
-        seen: dict[bytes, int] = {}
-        for k, key in keys:
-            first = self._dedup.get(key, seen.get(key))
-            if first is not None:
-                duplicate[k] = True
-                ids[k] = first
-            else:
-                seen[key] = ids[k]
-
-    def _remember_dedup(
-        self, keys: list[tuple[int, bytes]], ids: list[int], duplicate: list[bool]
-    ) -> None:
-        expiry = self._now_ms + self._limits.dedup_window_ms
-        for k, key in keys:
-            if duplicate[k]:
-                continue
-            self._dedup[key] = ids[k]
-            self._dedup_order.append((expiry, key))
-            if len(self._dedup) > self._limits.dedup_ids_max:
-                _old, old_key = self._dedup_order.popleft()
-                del self._dedup[old_key]
 
     # === bookkeeping ===============================================================
 
