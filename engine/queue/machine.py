@@ -56,6 +56,7 @@ from engine.errors import (
 from engine.limits import DEFAULT_LIMITS, Limits
 from engine.queue import commands as cmd
 from engine.queue.commands import RECORD_BYTES, Kind, QueuePolicy
+from engine.queue.dead_letters import DeadLetters
 from engine.queue.dedup import DedupWindow
 from engine.queue.effects import (
     REASON_DELIVERY_LIMIT,
@@ -63,7 +64,6 @@ from engine.queue.effects import (
     REASON_MAXLEN,
     REASON_REJECTED,
     CheckedOut,
-    DeadLetter,
     DeadLetterConfirmed,
     Enqueued,
     Expired,
@@ -201,8 +201,7 @@ class QueueMachine:
         self._delayed: list[tuple[int, int, int, int]] = []
         """Heap of (due_ms, seq, ref, level)."""
         self._delayed_seq = 0
-        self._dead_lettering: dict[int, tuple[str, int, int]] = {}
-        """ref -> (reason, delivery count, ms of the last DeadLetter effect)."""
+        self._dead_letters = DeadLetters(self._limits.dead_letter_retry_ms)
         self._dedup = DedupWindow(self._limits.dedup_window_ms, self._limits.dedup_ids_max)
         self._times = EnqueueTimes(self._limits.enqueue_time_resolution_ms)
         self._now_ms = 0
@@ -263,7 +262,7 @@ class QueueMachine:
             delivered_before=list(self._delivered_before.items()),
             expires_at=list(self._expires_at.items()),
             delayed=[list(item) for item in self._delayed],
-            dead_letters=[[ref, *entry] for ref, entry in self._dead_lettering.items()],
+            dead_letters=self._dead_letters.to_wire(),
             dedup=self._dedup.to_wire(),
             enqueue_times=self._times.to_wire(),
         )
@@ -286,7 +285,7 @@ class QueueMachine:
         self._delivered_before = {ref: n for ref, n in state.delivered_before}
         self._expires_at = {ref: ms for ref, ms in state.expires_at}
         self._delayed = [(d, s, r, lv) for d, s, r, lv in state.delayed]
-        self._dead_lettering = {ref: (why, n, ms) for ref, why, n, ms in state.dead_letters}
+        self._dead_letters.adopt(state.dead_letters)
         self._dedup.adopt(state.dedup)
         resolution_ms = self._limits.enqueue_time_resolution_ms
         times = state.enqueue_times
@@ -314,7 +313,7 @@ class QueueMachine:
             messages_ready=self._ready_count(),
             messages_delayed=len(self._delayed),
             messages_unacked=len(self._pending),
-            messages_dead_lettering=len(self._dead_lettering),
+            messages_dead_lettering=len(self._dead_letters),
             bytes_ready=self._bytes_ready,
             bytes_unacked=self._bytes_pending,
             consumers=self._pending.consumers(),
@@ -339,7 +338,7 @@ class QueueMachine:
         extras = (
             len(self._delivered_before)
             + len(self._expires_at)
-            + len(self._dead_lettering)
+            + len(self._dead_letters)
             + len(self._fallback)
             + 2 * len(self._dedup)
             + len(self._delayed)
@@ -378,9 +377,9 @@ class QueueMachine:
                 expiry = self._expiry_of(lane.peek())
                 if expiry is not None:
                     candidates.append(expiry)
-        if self._dead_lettering:
-            oldest = min(ms for _r, _n, ms in self._dead_lettering.values())
-            candidates.append(oldest + self._limits.dead_letter_retry_ms)
+        retry = self._dead_letters.next_retry_ms()
+        if retry is not None:
+            candidates.append(retry)
         return min(candidates) if candidates else None
 
     def pending_items(self) -> list[tuple[int, int]]:
@@ -671,7 +670,7 @@ class QueueMachine:
 
     def _on_expire(self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]) -> object:
         leases, messages, released = self._advance_time(effects)
-        self._retry_dead_letters(effects)
+        effects += self._dead_letters.retry(self.policy.dead_letter_queue, self._now_ms)
         return Expired(leases, messages, released)
 
     def _on_policy(self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]) -> object:
@@ -690,10 +689,10 @@ class QueueMachine:
         elif self.policy.message_ttl_ms is None:
             self._times.restart(self._now_ms)
         self.policy = policy
-        if policy.dead_letter_queue is None and self._dead_lettering:
-            self._forget_many(np.array(list(self._dead_lettering), dtype=np.uint64))
-            self._counters["dropped"] += len(self._dead_lettering)
-            self._dead_lettering.clear()
+        if policy.dead_letter_queue is None and self._dead_letters:
+            dropped = self._dead_letters.clear()
+            self._forget_many(dropped)
+            self._counters["dropped"] += len(dropped)
         if policy.overflow == cmd.OVERFLOW_DROP_HEAD:
             self._drop_head(effects)
         return PolicyChanged(policy)
@@ -701,12 +700,10 @@ class QueueMachine:
     def _on_dead_letter_confirm(
         self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]
     ) -> object:
-        count = 0
-        for ref in cmd.decode_dead_letter_confirm(command).tolist():
-            if self._dead_lettering.pop(ref, None) is not None:
-                self._forget(ref)
-                count += 1
-        return DeadLetterConfirmed(count)
+        confirmed = self._dead_letters.confirm(cmd.decode_dead_letter_confirm(command).tolist())
+        for ref in confirmed:
+            self._forget(ref)
+        return DeadLetterConfirmed(len(confirmed))
 
     # === time ======================================================================
 
@@ -786,25 +783,8 @@ class QueueMachine:
             self._counters["dropped"] += len(refs)
             return
         counts = tuple(self._delivered_before.get(ref, 0) for ref in refs)
-        for ref, count in zip(refs, counts, strict=True):
-            self._dead_lettering[ref] = (reason, count, self._now_ms)
         self._counters["dead_lettered"] += len(refs)
-        effects.append(DeadLetter(target, reason, tuple(refs), counts))
-
-    def _retry_dead_letters(self, effects: list[MachineEffect]) -> None:
-        target = self.policy.dead_letter_queue
-        due = self._now_ms - self._limits.dead_letter_retry_ms
-        by_reason: dict[str, list[tuple[int, int]]] = {}
-        for ref, (reason, count, ms) in self._dead_lettering.items():
-            if ms <= due:
-                by_reason.setdefault(reason, []).append((ref, count))
-        for reason in sorted(by_reason):
-            items = by_reason[reason]
-            for ref, count in items:
-                self._dead_lettering[ref] = (reason, count, self._now_ms)
-            assert target is not None
-            refs = tuple(r for r, _ in items)
-            effects.append(DeadLetter(target, reason, refs, tuple(c for _, c in items)))
+        effects.append(self._dead_letters.hand_over(target, reason, refs, counts, self._now_ms))
 
     def _waiting(self) -> tuple[int, int]:
         """(messages, bytes) that count against max_length / max_bytes: ready and delayed."""
@@ -842,10 +822,7 @@ class QueueMachine:
         """Ask for a checkpoint once the dead log bytes reach about twice what the checkpoint
         will weigh, then release the prefix that no live message needs."""
         held = (
-            self._ready_count()
-            + len(self._delayed)
-            + len(self._pending)
-            + len(self._dead_lettering)
+            self._ready_count() + len(self._delayed) + len(self._pending) + len(self._dead_letters)
         )
         estimate = max(
             held * self._limits.checkpoint_bytes_per_message_estimate,
@@ -913,7 +890,7 @@ class QueueMachine:
         return (
             self._pending.refs(),
             np.array([r for _d, _s, r, _lv in self._delayed], dtype=np.uint64),
-            np.array(list(self._dead_lettering), dtype=np.uint64),
+            self._dead_letters.refs(),
         )
 
     def _all_refs(self) -> U64:
