@@ -20,7 +20,7 @@ number of earlier deliveries, for messages given back at least once), ``_expires
 
 Queue-level TTL needs each message's enqueue time. Leader time never decreases along the
 log and one publish entry has one leader time, so the machine keeps a sparse series of
-(raft index, leader ms) samples (``engine.queue.times``): at most one per
+(raft index, leader ms) samples (``engine.queue.enqueue_times``): at most one per
 ``Limits.enqueue_time_resolution_ms`` (10 ms) of leader time in which something was
 published, 8 bytes each, nothing per message. A message's enqueue time is bounded above
 by its interval's latest time, so queue TTL expires a message at most ``resolution - 1``
@@ -73,6 +73,7 @@ from engine.queue.effects import (
     Rejected,
     Settled,
 )
+from engine.queue.enqueue_times import EnqueueTimes
 from engine.queue.lanes import Lanes
 from engine.queue.pages import RefFifo
 from engine.queue.pending import Pending
@@ -92,7 +93,6 @@ from engine.queue.refs import (
     total_size,
 )
 from engine.queue.snapshots import FrozenMachine, MachineClock, SnapshotState, read_snapshot
-from engine.queue.times import EnqueueTimes
 from engine.raft.machine import ApplyMeta, CheckpointRequest, MachineEffect, ReleaseCursor
 
 U64 = npt.NDArray[np.uint64]
@@ -113,7 +113,7 @@ class MemoryUse:
     enqueue_times_bytes: int
     """Enqueue times for queue TTL, kept only while the queue has one: 8 bytes per 10 ms
     interval in which something was published and that a held message still needs
-    (``engine.queue.times``)."""
+    (``engine.queue.enqueue_times``)."""
     leases_bytes: int
     """Leased messages: pages of the delivery-tag ring (8 bytes per slot) and lease groups."""
     extras_bytes: int
