@@ -331,9 +331,6 @@ class QueueMachine:
             dead_bytes=self._dead_bytes,
         )
 
-    def memory_bytes(self) -> int:
-        return self.memory_use().total_bytes
-
     def memory_use(self) -> MemoryUse:
         extras = (
             len(self._delivered_before)
@@ -907,7 +904,7 @@ class QueueMachine:
 _Handler = Callable[[QueueMachine, ApplyMeta, bytes, list[MachineEffect]], object]
 
 _V1_RESOLUTION_MS = 1000
-"""The enqueue time resolution of format-1 snapshots (the default then)."""
+"""The enqueue time resolution of format-1 snapshots: one sample a second."""
 _NO_INDEXES = np.empty(0, dtype=np.int64)
 
 _CHECKOUT_FEW_MAX = 16
