@@ -6,27 +6,21 @@ same on every replica); nothing reads a clock, a random source or a payload.
 
 Where a message is, at any moment (exactly one of):
 
-* **ready**: in a lane of its priority level (``engine.queue.lanes``): *returns*
-  (messages given back after a delivery) served before *main* (first deliveries in
-  publish order); a higher level is always served first.
-* **delayed**: in a heap by due time, moved to the tail of its level's main lane when
-  a checkout or expire command applies at or after the due time.
+* **ready**: in a lane of its priority level (``engine.queue.lanes``).
+* **delayed**: waiting for its due time (``engine.queue.delayed``).
 * **pending**: leased to a consumer under a delivery tag (``engine.queue.pending``).
-* **dead-lettering**: waiting for the target queue to confirm it holds a copy.
+* **dead-lettering**: waiting for the target queue to confirm it holds a copy
+  (``engine.queue.dead_letters``).
 
 Sparse extras cost memory only for messages that need them: ``_delivered_before`` (the
 number of earlier deliveries, for messages given back at least once), ``_expires_at``
 (per-message TTL), the delayed heap, the dead-letter table and the fallback refs.
 
-Queue-level TTL needs each message's enqueue time. Leader time never decreases along the
-log and one publish entry has one leader time, so the machine keeps a sparse series of
-(raft index, leader ms) samples (``engine.queue.enqueue_times``): at most one per
-``Limits.enqueue_time_resolution_ms`` (10 ms) of leader time in which something was
-published, 8 bytes each, nothing per message. A message's enqueue time is bounded above
-by its interval's latest time, so queue TTL expires a message at most ``resolution - 1``
-ms late (exactly on time when its interval holds one entry) and never early; per-message
-``ttl_ms`` is exact. Only a queue with a ``message_ttl_ms`` keeps samples: setting one on
-a queue without makes the messages already there count from the change (never early).
+Queue-level TTL bounds each message's enqueue time by a sparse series of (Raft index,
+leader ms) samples, kept only while the queue has a ``message_ttl_ms``
+(``engine.queue.enqueue_times``): queue TTL is never early and at most
+``Limits.enqueue_time_resolution_ms - 1`` late; per-message ``ttl_ms`` is exact. Setting
+a queue TTL on a queue without makes the messages already there count from the change.
 
 Expiry is at the head (as in RabbitMQ quorum queues): a message whose TTL passed is
 never delivered; it is dead-lettered (reason ``expired``) when it reaches the head of its
@@ -38,7 +32,6 @@ counts as ready.
 from __future__ import annotations
 
 import dataclasses
-import heapq
 from collections.abc import Callable, Iterator
 from typing import ClassVar
 
@@ -58,6 +51,7 @@ from engine.queue import commands as cmd
 from engine.queue.commands import RECORD_BYTES, Kind, QueuePolicy
 from engine.queue.dead_letters import DeadLetters
 from engine.queue.dedup import DedupWindow
+from engine.queue.delayed import Delayed
 from engine.queue.effects import (
     REASON_DELIVERY_LIMIT,
     REASON_EXPIRED,
@@ -85,88 +79,18 @@ from engine.queue.refs import (
     SLOT_LIMIT_SHORT,
     FallbackTable,
     RefParts,
-    indexes_of,
     indexes_of_parts,
+    live_spans,
     message_id,
     pack_batch,
     sizes_of,
     total_size,
 )
 from engine.queue.snapshots import FrozenMachine, MachineClock, SnapshotState, read_snapshot
+from engine.queue.stats import COUNTERS, BrowseItem, MemoryUse, QueueStats
 from engine.raft.machine import ApplyMeta, CheckpointRequest, MachineEffect, ReleaseCursor
 
 U64 = npt.NDArray[np.uint64]
-I64 = npt.NDArray[np.int64]
-_DICT_ENTRY_BYTES_ESTIMATE = 100
-_FIXED_BYTES_ESTIMATE = 3200
-_LEVEL_BYTES_ESTIMATE = 1200
-"""An empty machine holds about ``_FIXED + _LEVEL * priorities`` bytes (tracemalloc: 4.4
-KB with one level, 15 KB with ten; each level has two lanes)."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class MemoryUse:
-    """Estimated engine memory of one queue, by what holds it."""
-
-    index_bytes: int
-    """Ready messages: pages of packed refs, 8 bytes per message, 4 in sealed pages."""
-    enqueue_times_bytes: int
-    """Enqueue times for queue TTL, kept only while the queue has one: 8 bytes per 10 ms
-    interval in which something was published and that a held message still needs
-    (``engine.queue.enqueue_times``)."""
-    leases_bytes: int
-    """Leased messages: pages of the delivery-tag ring (8 bytes per slot) and lease groups."""
-    extras_bytes: int
-    """Paid only by the messages that need it (about 100 bytes each): redelivery counts,
-    per-message TTL, delayed and dead-lettering messages, large refs; and dedup ids."""
-    fixed_bytes: int
-    """The queue's own structures, whatever its depth."""
-
-    @property
-    def total_bytes(self) -> int:
-        return (
-            self.index_bytes
-            + self.enqueue_times_bytes
-            + self.leases_bytes
-            + self.extras_bytes
-            + self.fixed_bytes
-        )
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class QueueStats:
-    messages_ready: int
-    messages_delayed: int
-    messages_unacked: int
-    messages_dead_lettering: int
-    bytes_ready: int
-    bytes_unacked: int
-    consumers: dict[str, int]
-    """Leased messages per consumer id (consumers with an active lease)."""
-    published: int
-    duplicates: int
-    delivered: int
-    acked: int
-    returned: int
-    dead_lettered: int
-    expired: int
-    dropped: int
-    memory_bytes: int
-    """Estimate of the engine memory this queue's state holds (``memory.total_bytes``)."""
-    memory: MemoryUse
-    last_applied: int
-    dead_bytes: int
-    """Log bytes no longer needed since the last checkpoint request."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class BrowseItem:
-    cursor: int
-    """Pass as ``after`` to continue after this item."""
-    ref: int
-    priority: int
-    delivery_count: int
-    """Deliveries so far (0 for a message never delivered)."""
 
 
 class QueueMachine:
@@ -183,7 +107,7 @@ class QueueMachine:
             lease_ms=limits.lease_ms_default,
             max_message_bytes=limits.message_bytes_max,
         )
-        why = self._check_policy(self.policy)
+        why = _check_policy(self.policy, limits)
         assert not why, why
         self._checkpoint_dead_bytes_min = (
             limits.dead_bytes_per_live_checkpoint_factor * limits.checkpoint_bytes_min
@@ -198,9 +122,7 @@ class QueueMachine:
         self._pending = Pending(self._limits.page_refs)
         self._delivered_before: dict[int, int] = {}
         self._expires_at: dict[int, int] = {}
-        self._delayed: list[tuple[int, int, int, int]] = []
-        """Heap of (due_ms, seq, ref, level)."""
-        self._delayed_seq = 0
+        self._delayed = Delayed()
         self._dead_letters = DeadLetters(self._limits.dead_letter_retry_ms)
         self._dedup = DedupWindow(self._limits.dedup_window_ms, self._limits.dedup_ids_max)
         self._times = EnqueueTimes(self._limits.enqueue_time_resolution_ms)
@@ -212,7 +134,7 @@ class QueueMachine:
         self._bytes_ready = 0
         self._bytes_delayed = 0
         self._bytes_pending = 0
-        self._counters = dict.fromkeys(_COUNTERS, 0)
+        self._counters = dict.fromkeys(COUNTERS, 0)
 
     # === the Machine contract ======================================================
 
@@ -254,14 +176,14 @@ class QueueMachine:
         state = SnapshotState(
             version=self.version,
             policy=self.policy.to_wire(),
-            clock=MachineClock(self._now_ms, self._last_index, self._dead_bytes, self._delayed_seq),
-            counters=[self._counters[name] for name in _COUNTERS],
+            clock=MachineClock(self._now_ms, self._last_index, self._dead_bytes, self._delayed.seq),
+            counters=[self._counters[name] for name in COUNTERS],
             lanes=[],  # filled in by encode
             fallback=self._fallback.to_wire(),
             pending=self._pending.to_wire(),
             delivered_before=list(self._delivered_before.items()),
             expires_at=list(self._expires_at.items()),
-            delayed=[list(item) for item in self._delayed],
+            delayed=self._delayed.to_wire(),
             dead_letters=self._dead_letters.to_wire(),
             dedup=self._dedup.to_wire(),
             enqueue_times=self._times.to_wire(),
@@ -277,14 +199,14 @@ class QueueMachine:
         self._reset()
         clock = MachineClock(*state.clock)
         self._now_ms, self._last_index = clock.now_ms, clock.last_index
-        self._dead_bytes, self._delayed_seq = clock.dead_bytes, clock.delayed_seq
-        self._counters = dict(zip(_COUNTERS, state.counters, strict=True))
+        self._dead_bytes = clock.dead_bytes
+        self._counters = dict(zip(COUNTERS, state.counters, strict=True))
         self._lanes.adopt(state.lanes)
         self._fallback = FallbackTable.from_wire(state.fallback)
         self._pending = Pending.from_wire(self._limits.page_refs, state.pending)
         self._delivered_before = {ref: n for ref, n in state.delivered_before}
         self._expires_at = {ref: ms for ref, ms in state.expires_at}
-        self._delayed = [(d, s, r, lv) for d, s, r, lv in state.delayed]
+        self._delayed.adopt(state.delayed, clock.delayed_seq)
         self._dead_letters.adopt(state.dead_letters)
         self._dedup.adopt(state.dedup)
         resolution_ms = self._limits.enqueue_time_resolution_ms
@@ -297,7 +219,7 @@ class QueueMachine:
             self._times = EnqueueTimes.from_wire(resolution_ms, times)
         self._ready = self._lanes.count()
         self._bytes_ready = sum(total_size(refs, self._fallback) for _head, refs in state.lanes)
-        self._bytes_delayed = sum(self._size(ref) for _d, _s, ref, _lv in self._delayed)
+        self._bytes_delayed = total_size(self._delayed.refs(), self._fallback)
         self._bytes_pending = int(sizes_of(self._pending.refs(), self._fallback).sum())
 
     # === queries for the runtime and the API =======================================
@@ -310,7 +232,7 @@ class QueueMachine:
         c = self._counters
         memory = self.memory_use()
         return QueueStats(
-            messages_ready=self._ready_count(),
+            messages_ready=self._ready,
             messages_delayed=len(self._delayed),
             messages_unacked=len(self._pending),
             messages_dead_lettering=len(self._dead_letters),
@@ -340,12 +262,12 @@ class QueueMachine:
             + 2 * len(self._dedup)
             + len(self._delayed)
         )
-        return MemoryUse(
+        return MemoryUse.estimate(
             index_bytes=self._lanes.nbytes(),
             enqueue_times_bytes=self._times.nbytes(),
             leases_bytes=self._pending.nbytes(),
-            extras_bytes=extras * _DICT_ENTRY_BYTES_ESTIMATE,
-            fixed_bytes=_FIXED_BYTES_ESTIMATE + _LEVEL_BYTES_ESTIMATE * self.policy.priorities,
+            extras=extras,
+            priorities=self.policy.priorities,
         )
 
     def browse(self, after: int | None = None, limit: int = 100) -> list[BrowseItem]:
@@ -364,8 +286,9 @@ class QueueMachine:
     def next_deadline_ms(self) -> int | None:
         """When the runtime should next propose ``encode_expire()`` (None: no timer needed)."""
         candidates: list[int] = []
-        if self._delayed:
-            candidates.append(self._delayed[0][0])
+        due = self._delayed.next_due_ms()
+        if due is not None:
+            candidates.append(due)
         lease = self._pending.next_expiry_ms()
         if lease is not None:
             candidates.append(lease)
@@ -392,8 +315,8 @@ class QueueMachine:
             int(sizes_of(chunk, self._fallback).sum()) for chunk in self._lanes.chunks()
         )
         assert self._bytes_pending == int(sizes_of(self._pending.refs(), self._fallback).sum())
-        assert self._bytes_delayed == sum(self._size(r) for _d, _s, r, _lv in self._delayed)
-        refs = self._all_refs()
+        assert self._bytes_delayed == total_size(self._delayed.refs(), self._fallback)
+        refs = np.concatenate(list(self._ref_parts()))
         assert len(np.unique(refs)) == len(refs), "a message is in two places"
         self._dedup.check()
         held = set(refs.tolist())
@@ -489,10 +412,7 @@ class QueueMachine:
             if ttl_ms >= 0:
                 self._expires_at[ref] = self._now_ms + ttl_ms
             if delay_ms > 0:
-                heapq.heappush(
-                    self._delayed, (self._now_ms + delay_ms, self._delayed_seq, ref, level)
-                )
-                self._delayed_seq += 1
+                self._delayed.push(self._now_ms + delay_ms, ref, level)
                 self._bytes_delayed += size
             else:
                 main_lanes[level].push(ref)
@@ -525,10 +445,7 @@ class QueueMachine:
                 self._expires_at[ref] = self._now_ms + ttl_ms
             delay_ms = int(recs["delay_ms"][k])
             if delay_ms > 0:
-                heapq.heappush(
-                    self._delayed, (self._now_ms + delay_ms, self._delayed_seq, ref, level)
-                )
-                self._delayed_seq += 1
+                self._delayed.push(self._now_ms + delay_ms, ref, level)
                 self._bytes_delayed += size
             else:
                 self._lanes.main[level].push(ref)
@@ -621,12 +538,12 @@ class QueueMachine:
         return Settled(count, tuple(np.flatnonzero(~ok).tolist()))
 
     def _on_return(self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]) -> object:
-        live, stale, _ = self._live_receipts(command)
+        live, stale, _ = _live_receipts(self._pending, command)
         self._give_back(live, effects)
         return Settled(len(live), stale)
 
     def _on_discard(self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]) -> object:
-        live, stale, _ = self._live_receipts(command)
+        live, stale, _ = _live_receipts(self._pending, command)
         rejected: list[int] = []
         for tag in live:
             ref, _level = self._pending.remove(tag)
@@ -637,29 +554,15 @@ class QueueMachine:
         return Settled(len(rejected), stale)
 
     def _on_extend(self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]) -> object:
-        live, stale, lease_ms = self._live_receipts(command)
+        live, stale, lease_ms = _live_receipts(self._pending, command)
         lease_ms = min(lease_ms or self.policy.lease_ms, self._limits.lease_ms_max)
         for tag in live:
             self._pending.extend(tag, self._now_ms + lease_ms)
         return Settled(len(live), stale)
 
-    def _live_receipts(self, command: bytes) -> tuple[list[int], tuple[int, ...], int]:
-        """(tags of the receipts that name a live lease, in command order; positions of the
-        stale ones; lease_ms of an extend or 0). A few receipts are read one by one."""
-        few = cmd.decode_receipts_few(command)
-        if few is not None:
-            pairs, lease_ms = few
-            live, stale = self._pending.matching_few(pairs)
-            return live, stale, lease_ms
-        tags, refs, lease_ms = cmd.decode_receipts(command)
-        ok = self._pending.matching(tags, refs)
-        return tags[ok].tolist(), tuple(np.flatnonzero(~ok).tolist()), lease_ms
-
     def _on_purge(self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]) -> object:
         """Drop every ready and delayed message (not leased ones), without dead-lettering."""
-        delayed = np.array([r for _d, _s, r, _lv in self._delayed], dtype=np.uint64)
-        self._delayed.clear()
-        refs = np.concatenate([self._lanes.clear(), delayed])
+        refs = np.concatenate([self._lanes.clear(), self._delayed.clear()])
         self._bytes_ready = self._bytes_delayed = self._ready = 0
         self._forget_many(refs)
         self._counters["dropped"] += len(refs)
@@ -678,7 +581,7 @@ class QueueMachine:
             policy = dataclasses.replace(self.policy, **changes)  # type: ignore[arg-type]
         except TypeError as e:
             return Rejected(ValidationFailed, str(e))
-        why = self._check_policy(policy)
+        why = _check_policy(policy, self._limits)
         if why:
             return Rejected(ValidationFailed, why)
         if policy.message_ttl_ms is None:
@@ -707,8 +610,7 @@ class QueueMachine:
     def _advance_time(self, effects: list[MachineEffect]) -> tuple[int, int, int]:
         """Release due delayed messages, end expired leases, sweep expired heads."""
         released = 0
-        while self._delayed and self._delayed[0][0] <= self._now_ms:
-            _due, _seq, ref, level = heapq.heappop(self._delayed)
+        for ref, level in self._delayed.pop_due(self._now_ms):
             size = self._size(ref)
             self._bytes_delayed -= size
             self._bytes_ready += size
@@ -753,17 +655,13 @@ class QueueMachine:
         expiry = self._expires_at.get(ref)
         ttl_ms = self.policy.message_ttl_ms
         if ttl_ms is not None:
-            by_queue = self._enqueued_ms_max(self._fallback.unpack(ref).index) + ttl_ms
+            by_queue = self._times.bound_ms(self._fallback.unpack(ref).index) + ttl_ms
             expiry = by_queue if expiry is None else min(expiry, by_queue)
         return expiry
 
     def _is_expired(self, ref: int) -> bool:
         expiry = self._expiry_of(ref)
         return expiry is not None and expiry <= self._now_ms
-
-    def _enqueued_ms_max(self, index: int) -> int:
-        """Latest leader time at which the enqueue entry ``index`` can have been proposed."""
-        return self._times.bound_ms(index)
 
     # === dead-lettering and limits =================================================
 
@@ -783,15 +681,14 @@ class QueueMachine:
         self._counters["dead_lettered"] += len(refs)
         effects.append(self._dead_letters.hand_over(target, reason, refs, counts, self._now_ms))
 
-    def _waiting(self) -> tuple[int, int]:
-        """(messages, bytes) that count against max_length / max_bytes: ready and delayed."""
-        return self._ready_count() + len(self._delayed), self._bytes_ready + self._bytes_delayed
-
     def _over_limits(self, extra_count: int = 0, extra_bytes: int = 0) -> bool:
+        """Whether the messages that count against max_length / max_bytes (ready and
+        delayed), with ``extra_count`` more of ``extra_bytes``, exceed them."""
         p = self.policy
         if p.max_length is None and p.max_bytes is None:
             return False
-        count, size = self._waiting()
+        count = self._ready + len(self._delayed)
+        size = self._bytes_ready + self._bytes_delayed
         return (p.max_length is not None and count + extra_count > p.max_length) or (
             p.max_bytes is not None and size + extra_bytes > p.max_bytes
         )
@@ -808,7 +705,7 @@ class QueueMachine:
                 self._bytes_ready -= self._size(ref)
                 self._ready -= 1
             else:
-                _due, _seq, ref, _level = heapq.heappop(self._delayed)
+                ref = self._delayed.pop_first()
                 self._bytes_delayed -= self._size(ref)
             dropped.append(ref)
         self._dead_letter(dropped, REASON_MAXLEN, effects)
@@ -818,9 +715,7 @@ class QueueMachine:
     def _maybe_checkpoint(self, index: int, effects: list[MachineEffect]) -> None:
         """Ask for a checkpoint once the dead log bytes reach about twice what the checkpoint
         will weigh, then release the prefix that no live message needs."""
-        held = (
-            self._ready_count() + len(self._delayed) + len(self._pending) + len(self._dead_letters)
-        )
+        held = self._ready + len(self._delayed) + len(self._pending) + len(self._dead_letters)
         estimate = max(
             held * self._limits.checkpoint_bytes_per_message_estimate,
             self._limits.checkpoint_bytes_min,
@@ -828,27 +723,11 @@ class QueueMachine:
         if self._dead_bytes < self._limits.dead_bytes_per_live_checkpoint_factor * estimate:
             return
         self._dead_bytes = 0
-        spans = self._live_spans()
+        spans = live_spans(self._lanes.chunks(), self._unready_refs(), self._fallback)
         first_live = int(spans[0].min()) if len(spans[0]) else index + 1
         self._times.prune(first_live, spans)
         effects.append(CheckpointRequest(index))
         effects.append(ReleaseCursor(first_live))
-
-    def _live_spans(self) -> tuple[I64, I64]:
-        """(first, last) Raft indexes of ranges that hold every live message: one range per
-        ready page, and one per entry of the messages held outside the lanes."""
-        lo: list[int] = []
-        hi: list[int] = []
-        for chunk in self._lanes.chunks():
-            indexes = indexes_of(chunk, self._fallback)
-            lo.append(int(indexes.min()))
-            hi.append(int(indexes.max()))
-        parts = [indexes_of(part, self._fallback) for part in self._unready_refs() if len(part)]
-        points = np.unique(np.concatenate(parts)).astype(np.int64) if parts else _NO_INDEXES
-        return (
-            np.concatenate([np.array(lo, dtype=np.int64), points]),
-            np.concatenate([np.array(hi, dtype=np.int64), points]),
-        )
 
     def _forget(self, ref: int) -> None:
         """A message left the queue for good: drop its extras, count its log bytes dead."""
@@ -872,9 +751,6 @@ class QueueMachine:
     def _size(self, ref: int) -> int:
         return self._fallback.size(ref)
 
-    def _ready_count(self) -> int:
-        return self._ready
-
     def _ref_parts(self) -> Iterator[U64]:
         """Every ref the machine holds, in parts: ready pages, leased, delayed, and those
         waiting to be dead-lettered."""
@@ -886,40 +762,39 @@ class QueueMachine:
         waiting to be dead-lettered."""
         return (
             self._pending.refs(),
-            np.array([r for _d, _s, r, _lv in self._delayed], dtype=np.uint64),
+            self._delayed.refs(),
             self._dead_letters.refs(),
         )
 
-    def _all_refs(self) -> U64:
-        return np.concatenate(list(self._ref_parts()))
 
-    def _check_policy(self, policy: QueuePolicy) -> str:
-        return policy.check(
-            self._limits.lease_ms_max,
-            self._limits.priorities_max,
-            self._limits.message_bytes_max_ceiling,
-        )
+def _check_policy(policy: QueuePolicy, limits: Limits) -> str:
+    return policy.check(
+        limits.lease_ms_max,
+        limits.priorities_max,
+        limits.message_bytes_max_ceiling,
+    )
+
+
+def _live_receipts(pending: Pending, command: bytes) -> tuple[list[int], tuple[int, ...], int]:
+    """(tags of the receipts that name a live lease, in command order; positions of the
+    stale ones; lease_ms of an extend or 0). A few receipts are read one by one."""
+    few = cmd.decode_receipts_few(command)
+    if few is not None:
+        pairs, lease_ms = few
+        live, stale = pending.matching_few(pairs)
+        return live, stale, lease_ms
+    tags, refs, lease_ms = cmd.decode_receipts(command)
+    ok = pending.matching(tags, refs)
+    return tags[ok].tolist(), tuple(np.flatnonzero(~ok).tolist()), lease_ms
 
 
 _Handler = Callable[[QueueMachine, ApplyMeta, bytes, list[MachineEffect]], object]
 
 _V1_RESOLUTION_MS = 1000
 """The enqueue time resolution of format-1 snapshots: one sample a second."""
-_NO_INDEXES = np.empty(0, dtype=np.int64)
 
 _CHECKOUT_FEW_MAX = 16
 """A checkout of at most this many messages pops them one by one (no numpy call)."""
-
-_COUNTERS = (
-    "published",
-    "duplicates",
-    "delivered",
-    "acked",
-    "returned",
-    "dead_lettered",
-    "expired",
-    "dropped",
-)
 
 _HANDLERS: dict[Kind, _Handler] = {
     Kind.ENQUEUE: QueueMachine._on_enqueue,
@@ -937,4 +812,4 @@ _HANDLERS: dict[Kind, _Handler] = {
 _HANDLERS_BY_BYTE = {kind.value[0]: handler for kind, handler in _HANDLERS.items()}
 _ON_ENQUEUE = QueueMachine._on_enqueue
 
-__all__ = ["BrowseItem", "FrozenMachine", "MemoryUse", "QueueMachine", "QueueStats"]
+__all__ = ["FrozenMachine", "QueueMachine"]

@@ -46,7 +46,7 @@ class SnapshotState(NamedTuple):
     clock: Sequence[int]
     """A ``MachineClock`` (read back as a plain list)."""
     counters: list[int]
-    """In the order of ``machine.COUNTERS``."""
+    """In the order of ``engine.queue.stats.COUNTERS``."""
     lanes: list[Any]
     """``[head_pos, refs]`` per lane, in delivery order (``engine.queue.lanes``): refs are
     bytes when written, a read-only uint64 array when read."""
