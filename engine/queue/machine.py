@@ -209,14 +209,12 @@ class QueueMachine:
         self._delayed.adopt(state.delayed, clock.delayed_seq)
         self._dead_letters.adopt(state.dead_letters)
         self._dedup.adopt(state.dedup)
-        resolution_ms = self._limits.enqueue_time_resolution_ms
-        times = state.enqueue_times
-        if state.version == 1 and self.policy.message_ttl_ms is None:
-            pass  # format 1 sampled without a queue TTL too; format 2 keeps none then
-        elif state.version == 1:
-            self._times = EnqueueTimes.from_samples_v1(resolution_ms, _V1_RESOLUTION_MS, *times)
-        else:
-            self._times = EnqueueTimes.from_wire(resolution_ms, times)
+        self._times = EnqueueTimes.from_snapshot(
+            self._limits.enqueue_time_resolution_ms,
+            state.version,
+            state.enqueue_times,
+            queue_ttl=self.policy.message_ttl_ms is not None,
+        )
         self._ready = self._lanes.count()
         self._bytes_ready = sum(total_size(refs, self._fallback) for _head, refs in state.lanes)
         self._bytes_delayed = total_size(self._delayed.refs(), self._fallback)
@@ -789,9 +787,6 @@ def _live_receipts(pending: Pending, command: bytes) -> tuple[list[int], tuple[i
 
 
 _Handler = Callable[[QueueMachine, ApplyMeta, bytes, list[MachineEffect]], object]
-
-_V1_RESOLUTION_MS = 1000
-"""The enqueue time resolution of format-1 snapshots: one sample a second."""
 
 _CHECKOUT_FEW_MAX = 16
 """A checkout of at most this many messages pops them one by one (no numpy call)."""
