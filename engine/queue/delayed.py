@@ -9,12 +9,14 @@ heap item carries a sequence number, kept in the snapshot with the machine's clo
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 U64 = npt.NDArray[np.uint64]
+_NONE_DUE: tuple[tuple[int, int], ...] = ()
 
 
 class Delayed:
@@ -33,9 +35,11 @@ class Delayed:
         heapq.heappush(self._heap, (due_ms, self.seq, ref, level))
         self.seq += 1
 
-    def pop_due(self, now_ms: int) -> list[tuple[int, int]]:
+    def pop_due(self, now_ms: int) -> Sequence[tuple[int, int]]:
         """(ref, level) of the messages due at or before ``now_ms``, in due order."""
         heap = self._heap
+        if not heap or heap[0][0] > now_ms:
+            return _NONE_DUE
         due: list[tuple[int, int]] = []
         while heap and heap[0][0] <= now_ms:
             _due, _seq, ref, level = heapq.heappop(heap)

@@ -27,7 +27,7 @@ _CURSOR_POS_BITS = 48
 class Lanes:
     """The lanes of a queue with ``levels`` priority levels (0 is the lowest)."""
 
-    __slots__ = ("fifos", "main", "returns")
+    __slots__ = ("by_level", "fifos", "main", "returns")
 
     def __init__(self, levels: int, page_refs: int) -> None:
         top = levels - 1
@@ -37,11 +37,10 @@ class Lanes:
         """The returns lane of each level, indexed by level."""
         self.main = tuple(self.fifos[2 * (top - level) + 1] for level in range(levels))
         """The main lane of each level, indexed by level."""
-
-    def by_level(self) -> Iterator[tuple[int, RefFifo, RefFifo]]:
+        self.by_level = tuple(
+            (level, self.returns[level], self.main[level]) for level in range(top, -1, -1)
+        )
         """(level, returns lane, main lane) from the highest level down: delivery order."""
-        for level in range(len(self.main) - 1, -1, -1):
-            yield level, self.returns[level], self.main[level]
 
     def drop_order(self) -> list[RefFifo]:
         """The lanes from the lowest level up, each level's returns lane first: the order

@@ -461,7 +461,7 @@ class QueueMachine:
         levels_out: list[int] = []
         counts: list[int] = []
         expired: list[int] = []
-        for level, returns, main in self._lanes.by_level():
+        for level, returns, main in self._lanes.by_level:
             if len(tags) >= wanted:
                 break
             first_lane = self._take(returns, wanted - len(tags), expired)
