@@ -70,7 +70,7 @@ class Limits:
     enqueue_time_resolution_ms: int = 10
     """Queue TTL expires a message at most this much minus 1 ms late (never early): enqueue
     times are kept as one 8-byte sample per such interval in which something was
-    published, not per message, by queues with a queue TTL (``engine.queue.times``)."""
+    published, not per message, by queues with a queue TTL (``engine.queue.enqueue_times``)."""
     dead_letter_retry_ms: int = 10_000
     """A dead-letter effect not confirmed by then is emitted again by the expire command."""
 

@@ -90,9 +90,10 @@ from engine.queue.effects import (
     Rejected,
     Settled,
 )
-from engine.queue.machine import BrowseItem, MemoryUse, QueueMachine, QueueStats
+from engine.queue.machine import QueueMachine
 from engine.queue.receipts import ReceiptSeal, check_receipt_text
 from engine.queue.refs import RefParts, message_id, message_id_parts
+from engine.queue.stats import BrowseItem, MemoryUse, QueueStats
 
 __all__ = [
     "DEAD_LETTER_REASONS",

@@ -6,27 +6,21 @@ same on every replica); nothing reads a clock, a random source or a payload.
 
 Where a message is, at any moment (exactly one of):
 
-* **ready**: in a lane of its priority level. Each level has two lanes, *returns*
-  (messages given back after a delivery) served before *main* (first deliveries in
-  publish order). Levels are strict: a higher level is always served first.
-* **delayed**: in a heap by due time, moved to the tail of its level's main lane when
-  a checkout or expire command applies at or after the due time.
+* **ready**: in a lane of its priority level (``engine.queue.lanes``).
+* **delayed**: waiting for its due time (``engine.queue.delayed``).
 * **pending**: leased to a consumer under a delivery tag (``engine.queue.pending``).
-* **dead-lettering**: waiting for the target queue to confirm it holds a copy.
+* **dead-lettering**: waiting for the target queue to confirm it holds a copy
+  (``engine.queue.dead_letters``).
 
 Sparse extras cost memory only for messages that need them: ``_delivered_before`` (the
 number of earlier deliveries, for messages given back at least once), ``_expires_at``
 (per-message TTL), the delayed heap, the dead-letter table and the fallback refs.
 
-Queue-level TTL needs each message's enqueue time. Leader time never decreases along the
-log and one publish entry has one leader time, so the machine keeps a sparse series of
-(raft index, leader ms) samples (``engine.queue.times``): at most one per
-``Limits.enqueue_time_resolution_ms`` (10 ms) of leader time in which something was
-published, 8 bytes each, nothing per message. A message's enqueue time is bounded above
-by its interval's latest time, so queue TTL expires a message at most ``resolution - 1``
-ms late (exactly on time when its interval holds one entry) and never early; per-message
-``ttl_ms`` is exact. Only a queue with a ``message_ttl_ms`` keeps samples: setting one on
-a queue without makes the messages already there count from the change (never early).
+Queue-level TTL bounds each message's enqueue time by a sparse series of (Raft index,
+leader ms) samples, kept only while the queue has a ``message_ttl_ms``
+(``engine.queue.enqueue_times``): queue TTL is never early and at most
+``Limits.enqueue_time_resolution_ms - 1`` late; per-message ``ttl_ms`` is exact. Setting
+a queue TTL on a queue without makes the messages already there count from the change.
 
 Expiry is at the head (as in RabbitMQ quorum queues): a message whose TTL passed is
 never delivered; it is dead-lettered (reason ``expired``) when it reaches the head of its
@@ -38,12 +32,9 @@ counts as ready.
 from __future__ import annotations
 
 import dataclasses
-import heapq
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator
-from typing import ClassVar, cast
+from collections.abc import Callable, Iterator
+from typing import ClassVar
 
-import msgpack
 import numpy as np
 import numpy.typing as npt
 from pyroaring import BitMap64
@@ -55,17 +46,18 @@ from engine.errors import (
     QueueFull,
     ValidationFailed,
 )
-from engine.index_sets import add_indexes
 from engine.limits import DEFAULT_LIMITS, Limits
 from engine.queue import commands as cmd
 from engine.queue.commands import RECORD_BYTES, Kind, QueuePolicy
+from engine.queue.dead_letters import DeadLetters
+from engine.queue.dedup import DedupWindow
+from engine.queue.delayed import Delayed
 from engine.queue.effects import (
     REASON_DELIVERY_LIMIT,
     REASON_EXPIRED,
     REASON_MAXLEN,
     REASON_REJECTED,
     CheckedOut,
-    DeadLetter,
     DeadLetterConfirmed,
     Enqueued,
     Expired,
@@ -75,7 +67,9 @@ from engine.queue.effects import (
     Rejected,
     Settled,
 )
-from engine.queue.pages import FrozenRefs, RefFifo
+from engine.queue.enqueue_times import EnqueueTimes
+from engine.queue.lanes import Lanes
+from engine.queue.pages import RefFifo
 from engine.queue.pending import Pending
 from engine.queue.refs import (
     INDEX_LIMIT_SHORT,
@@ -85,125 +79,18 @@ from engine.queue.refs import (
     SLOT_LIMIT_SHORT,
     FallbackTable,
     RefParts,
-    indexes_of,
+    indexes_of_parts,
+    live_spans,
     message_id,
     pack_batch,
     sizes_of,
     total_size,
 )
-from engine.queue.snapshots import read_snapshot
-from engine.queue.times import EnqueueTimes
+from engine.queue.snapshots import FrozenMachine, MachineClock, SnapshotState, read_snapshot
+from engine.queue.stats import COUNTERS, BrowseItem, MemoryUse, QueueStats
 from engine.raft.machine import ApplyMeta, CheckpointRequest, MachineEffect, ReleaseCursor
 
 U64 = npt.NDArray[np.uint64]
-I64 = npt.NDArray[np.int64]
-_DICT_ENTRY_BYTES_ESTIMATE = 100
-_FIXED_BYTES_ESTIMATE = 3200
-_LEVEL_BYTES_ESTIMATE = 1200
-"""An empty machine holds about ``_FIXED + _LEVEL * priorities`` bytes (tracemalloc: 4.4
-KB with one level, 15 KB with ten; each level has two lanes)."""
-_CURSOR_POS_BITS = 48
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class MemoryUse:
-    """Estimated engine memory of one queue, by what holds it."""
-
-    index_bytes: int
-    """Ready messages: pages of packed refs, 8 bytes per message, 4 in sealed pages."""
-    enqueue_times_bytes: int
-    """Enqueue times for queue TTL, kept only while the queue has one: 8 bytes per 10 ms
-    interval in which something was published and that a held message still needs
-    (``engine.queue.times``)."""
-    leases_bytes: int
-    """Leased messages: pages of the delivery-tag ring (8 bytes per slot) and lease groups."""
-    extras_bytes: int
-    """Paid only by the messages that need it (about 100 bytes each): redelivery counts,
-    per-message TTL, delayed and dead-lettering messages, large refs; and dedup ids."""
-    fixed_bytes: int
-    """The queue's own structures, whatever its depth."""
-
-    @property
-    def total_bytes(self) -> int:
-        return (
-            self.index_bytes
-            + self.enqueue_times_bytes
-            + self.leases_bytes
-            + self.extras_bytes
-            + self.fixed_bytes
-        )
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class QueueStats:
-    messages_ready: int
-    messages_delayed: int
-    messages_unacked: int
-    messages_dead_lettering: int
-    bytes_ready: int
-    bytes_unacked: int
-    consumers: dict[str, int]
-    """Leased messages per consumer id (consumers with an active lease)."""
-    published: int
-    duplicates: int
-    delivered: int
-    acked: int
-    returned: int
-    dead_lettered: int
-    expired: int
-    dropped: int
-    memory_bytes: int
-    """Estimate of the engine memory this queue's state holds (``memory.total_bytes``)."""
-    memory: MemoryUse
-    last_applied: int
-    dead_bytes: int
-    """Log bytes no longer needed since the last checkpoint request."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class BrowseItem:
-    cursor: int
-    """Pass as ``after`` to continue after this item."""
-    ref: int
-    priority: int
-    delivery_count: int
-    """Deliveries so far (0 for a message never delivered)."""
-
-
-class FrozenMachine:
-    """A ``QueueMachine``'s state at one index (``QueueMachine.freeze``). It shares no
-    mutable state with the machine, so ``encode`` and ``live_indexes`` may run on another
-    thread while the machine applies later entries."""
-
-    __slots__ = ("_lanes", "_others", "_state")
-
-    def __init__(
-        self, lanes: tuple[FrozenRefs, ...], state: list[object], others: tuple[U64, ...]
-    ) -> None:
-        self._lanes = lanes
-        self._state = state
-        self._others = others
-
-    def encode(self) -> bytes:
-        """The snapshot bytes (``QueueMachine.restore`` reads them)."""
-        state = list(self._state)
-        state[4] = [[lane.head_pos, lane.to_array().tobytes()] for lane in self._lanes]
-        return bytes(msgpack.packb(state, use_bin_type=True))
-
-    def live_indexes(self) -> BitMap64:
-        """``QueueMachine.live_indexes`` as of the freeze."""
-        table = FallbackTable.from_wire(cast(list[object], self._state[5]))
-        parts = [part for lane in self._lanes for part in lane.chunks()]
-        return _indexes_of_parts([*parts, *self._others], table)
-
-
-def _indexes_of_parts(parts: Iterable[U64], table: FallbackTable) -> BitMap64:
-    """The Raft indexes of the refs in ``parts``, built a part (a page) at a time: no
-    array of every ref, which costs more than the set for millions."""
-    live = BitMap64()
-    for part in parts:
-        add_indexes(live, indexes_of(part, table))
-    return live
 
 
 class QueueMachine:
@@ -220,7 +107,7 @@ class QueueMachine:
             lease_ms=limits.lease_ms_default,
             max_message_bytes=limits.message_bytes_max,
         )
-        why = self._check_policy(self.policy)
+        why = _check_policy(self.policy, limits)
         assert not why, why
         self._checkpoint_dead_bytes_min = (
             limits.dead_bytes_per_live_checkpoint_factor * limits.checkpoint_bytes_min
@@ -230,19 +117,14 @@ class QueueMachine:
         self._reset()
 
     def _reset(self) -> None:
-        levels = self.policy.priorities
-        self._lanes = [RefFifo(self._limits.page_refs) for _ in range(2 * levels)]
+        self._lanes = Lanes(self.policy.priorities, self._limits.page_refs)
         self._fallback = FallbackTable()
         self._pending = Pending(self._limits.page_refs)
         self._delivered_before: dict[int, int] = {}
         self._expires_at: dict[int, int] = {}
-        self._delayed: list[tuple[int, int, int, int]] = []
-        """Heap of (due_ms, seq, ref, level)."""
-        self._delayed_seq = 0
-        self._dead_lettering: dict[int, tuple[str, int, int]] = {}
-        """ref -> (reason, delivery count, ms of the last DeadLetter effect)."""
-        self._dedup: dict[bytes, int] = {}
-        self._dedup_order: deque[tuple[int, bytes]] = deque()
+        self._delayed = Delayed()
+        self._dead_letters = DeadLetters(self._limits.dead_letter_retry_ms)
+        self._dedup = DedupWindow(self._limits.dedup_window_ms, self._limits.dedup_ids_max)
         self._times = EnqueueTimes(self._limits.enqueue_time_resolution_ms)
         self._now_ms = 0
         self._last_index = 0
@@ -252,7 +134,7 @@ class QueueMachine:
         self._bytes_ready = 0
         self._bytes_delayed = 0
         self._bytes_pending = 0
-        self._counters = dict.fromkeys(_COUNTERS, 0)
+        self._counters = dict.fromkeys(COUNTERS, 0)
 
     # === the Machine contract ======================================================
 
@@ -282,7 +164,7 @@ class QueueMachine:
 
     def live_indexes(self) -> BitMap64:
         """The Raft indexes holding a message still in the queue."""
-        return _indexes_of_parts(self._ref_parts(), self._fallback)
+        return indexes_of_parts(self._ref_parts(), self._fallback)
 
     def snapshot(self) -> bytes:
         return self.freeze().encode()
@@ -291,56 +173,51 @@ class QueueMachine:
         """The state now, for a checkpoint: the ready lanes are taken a page at a time
         (``RefFifo.freeze``), everything else copied; the ready refs, by far the largest
         part, are copied out later by ``encode``, which may run on another thread."""
-        state: list[object] = [
-            self.version,
-            self.policy.to_wire(),
-            [self._now_ms, self._last_index, self._dead_bytes, self._delayed_seq],
-            [self._counters[name] for name in _COUNTERS],
-            None,  # the lanes, filled in by encode
-            self._fallback.to_wire(),
-            self._pending.to_wire(),
-            list(self._delivered_before.items()),
-            list(self._expires_at.items()),
-            [list(item) for item in self._delayed],
-            [[ref, *entry] for ref, entry in self._dead_lettering.items()],
-            [[expiry, key, self._dedup[key]] for expiry, key in self._dedup_order],
-            self._times.to_wire(),
-        ]
-        lanes = tuple(lane.freeze() for lane in self._lanes)
-        return FrozenMachine(lanes, state, self._unready_refs())
+        state = SnapshotState(
+            version=self.version,
+            policy=self.policy.to_wire(),
+            clock=MachineClock(self._now_ms, self._last_index, self._dead_bytes, self._delayed.seq),
+            counters=[self._counters[name] for name in COUNTERS],
+            lanes=[],  # filled in by encode
+            fallback=self._fallback.to_wire(),
+            pending=self._pending.to_wire(),
+            delivered_before=list(self._delivered_before.items()),
+            expires_at=list(self._expires_at.items()),
+            delayed=self._delayed.to_wire(),
+            dead_letters=self._dead_letters.to_wire(),
+            dedup=self._dedup.to_wire(),
+            enqueue_times=self._times.to_wire(),
+        )
+        return FrozenMachine(self._lanes.freeze(), state, self._unready_refs())
 
     def restore(self, data: bytes) -> None:
         """The ready lanes' pages become read-only views into ``data`` (no copy; see
         ``engine.queue.snapshots``), so ``data`` must not change afterwards."""
         state = read_snapshot(data)
-        version, policy, clock, counters, lanes, fallback, pending = state[:7]
-        delivered, expires, delayed, dead_lettering, dedup, times = state[7:]
-        assert version in (1, self.version), version
-        self.policy = QueuePolicy(**policy)
+        assert state.version in (1, self.version), state.version
+        self.policy = QueuePolicy(**state.policy)
         self._reset()
-        self._now_ms, self._last_index, self._dead_bytes, self._delayed_seq = clock
-        self._counters = dict(zip(_COUNTERS, counters, strict=True))
-        for lane, (head_pos, refs) in zip(self._lanes, lanes, strict=True):
-            lane.adopt(refs, head_pos)
-        self._fallback = FallbackTable.from_wire(fallback)
-        self._pending = Pending.from_wire(self._limits.page_refs, pending)
-        self._delivered_before = {ref: n for ref, n in delivered}
-        self._expires_at = {ref: ms for ref, ms in expires}
-        self._delayed = [(d, s, r, lv) for d, s, r, lv in delayed]
-        self._dead_lettering = {ref: (reason, n, ms) for ref, reason, n, ms in dead_lettering}
-        for expiry, key, mid in dedup:
-            self._dedup_order.append((expiry, key))
-            self._dedup[key] = mid
-        resolution_ms = self._limits.enqueue_time_resolution_ms
-        if version == 1 and self.policy.message_ttl_ms is None:
-            pass  # format 1 sampled without a queue TTL too; format 2 keeps none then
-        elif version == 1:
-            self._times = EnqueueTimes.from_samples_v1(resolution_ms, _V1_RESOLUTION_MS, *times)
-        else:
-            self._times = EnqueueTimes.from_wire(resolution_ms, times)
-        self._ready = sum(len(lane) for lane in self._lanes)
-        self._bytes_ready = sum(total_size(refs, self._fallback) for _head, refs in lanes)
-        self._bytes_delayed = sum(self._size(ref) for _d, _s, ref, _lv in self._delayed)
+        clock = MachineClock(*state.clock)
+        self._now_ms, self._last_index = clock.now_ms, clock.last_index
+        self._dead_bytes = clock.dead_bytes
+        self._counters = dict(zip(COUNTERS, state.counters, strict=True))
+        self._lanes.adopt(state.lanes)
+        self._fallback = FallbackTable.from_wire(state.fallback)
+        self._pending = Pending.from_wire(self._limits.page_refs, state.pending)
+        self._delivered_before = {ref: n for ref, n in state.delivered_before}
+        self._expires_at = {ref: ms for ref, ms in state.expires_at}
+        self._delayed.adopt(state.delayed, clock.delayed_seq)
+        self._dead_letters.adopt(state.dead_letters)
+        self._dedup.adopt(state.dedup)
+        self._times = EnqueueTimes.from_snapshot(
+            self._limits.enqueue_time_resolution_ms,
+            state.version,
+            state.enqueue_times,
+            queue_ttl=self.policy.message_ttl_ms is not None,
+        )
+        self._ready = self._lanes.count()
+        self._bytes_ready = sum(total_size(refs, self._fallback) for _head, refs in state.lanes)
+        self._bytes_delayed = total_size(self._delayed.refs(), self._fallback)
         self._bytes_pending = int(sizes_of(self._pending.refs(), self._fallback).sum())
 
     # === queries for the runtime and the API =======================================
@@ -353,10 +230,10 @@ class QueueMachine:
         c = self._counters
         memory = self.memory_use()
         return QueueStats(
-            messages_ready=self._ready_count(),
+            messages_ready=self._ready,
             messages_delayed=len(self._delayed),
             messages_unacked=len(self._pending),
-            messages_dead_lettering=len(self._dead_lettering),
+            messages_dead_lettering=len(self._dead_letters),
             bytes_ready=self._bytes_ready,
             bytes_unacked=self._bytes_pending,
             consumers=self._pending.consumers(),
@@ -374,24 +251,21 @@ class QueueMachine:
             dead_bytes=self._dead_bytes,
         )
 
-    def memory_bytes(self) -> int:
-        return self.memory_use().total_bytes
-
     def memory_use(self) -> MemoryUse:
         extras = (
             len(self._delivered_before)
             + len(self._expires_at)
-            + len(self._dead_lettering)
+            + len(self._dead_letters)
             + len(self._fallback)
             + 2 * len(self._dedup)
             + len(self._delayed)
         )
-        return MemoryUse(
-            index_bytes=sum(lane.nbytes() for lane in self._lanes),
+        return MemoryUse.estimate(
+            index_bytes=self._lanes.nbytes(),
             enqueue_times_bytes=self._times.nbytes(),
             leases_bytes=self._pending.nbytes(),
-            extras_bytes=extras * _DICT_ENTRY_BYTES_ESTIMATE,
-            fixed_bytes=_FIXED_BYTES_ESTIMATE + _LEVEL_BYTES_ESTIMATE * self.policy.priorities,
+            extras=extras,
+            priorities=self.policy.priorities,
         )
 
     def browse(self, after: int | None = None, limit: int = 100) -> list[BrowseItem]:
@@ -401,36 +275,29 @@ class QueueMachine:
         Expired messages not yet swept may appear; delayed and leased ones do not.
         """
         limit = max(0, min(limit, self._limits.receive_messages_max))
-        lane_no, pos = (0, 0) if after is None else _split_cursor(after + 1)
-        out: list[BrowseItem] = []
-        levels = self.policy.priorities
-        while lane_no < len(self._lanes) and len(out) < limit:
-            lane = self._lanes[lane_no]
-            pos = max(pos, lane.head_pos)
-            refs = lane.slice_from(pos, limit - len(out)).tolist()
-            level = levels - 1 - lane_no // 2
-            for k, ref in enumerate(refs):
-                cursor = (lane_no << _CURSOR_POS_BITS) | (pos + k)
-                out.append(BrowseItem(cursor, ref, level, self._delivered_before.get(ref, 0)))
-            lane_no, pos = lane_no + 1, 0
-        return out
+        count = self._delivered_before.get
+        return [
+            BrowseItem(cursor, ref, level, count(ref, 0))
+            for cursor, ref, level in self._lanes.browse(after, limit)
+        ]
 
     def next_deadline_ms(self) -> int | None:
         """When the runtime should next propose ``encode_expire()`` (None: no timer needed)."""
         candidates: list[int] = []
-        if self._delayed:
-            candidates.append(self._delayed[0][0])
+        due = self._delayed.next_due_ms()
+        if due is not None:
+            candidates.append(due)
         lease = self._pending.next_expiry_ms()
         if lease is not None:
             candidates.append(lease)
-        for lane in self._lanes:
+        for lane in self._lanes.fifos:
             if lane:
                 expiry = self._expiry_of(lane.peek())
                 if expiry is not None:
                     candidates.append(expiry)
-        if self._dead_lettering:
-            oldest = min(ms for _r, _n, ms in self._dead_lettering.values())
-            candidates.append(oldest + self._limits.dead_letter_retry_ms)
+        retry = self._dead_letters.next_retry_ms()
+        if retry is not None:
+            candidates.append(retry)
         return min(candidates) if candidates else None
 
     def pending_items(self) -> list[tuple[int, int]]:
@@ -439,16 +306,17 @@ class QueueMachine:
 
     def check_invariants(self) -> None:
         """Counts equal contents; the tests and the simulator call it after every step."""
-        for lane in self._lanes:
-            lane.check()
+        self._lanes.check()
         self._pending.check()
-        assert self._ready == sum(len(lane) for lane in self._lanes)
-        assert self._bytes_ready == sum(self._lane_bytes(lane) for lane in self._lanes)
+        assert self._ready == self._lanes.count()
+        assert self._bytes_ready == sum(
+            int(sizes_of(chunk, self._fallback).sum()) for chunk in self._lanes.chunks()
+        )
         assert self._bytes_pending == int(sizes_of(self._pending.refs(), self._fallback).sum())
-        assert self._bytes_delayed == sum(self._size(r) for _d, _s, r, _lv in self._delayed)
-        refs = self._all_refs()
+        assert self._bytes_delayed == total_size(self._delayed.refs(), self._fallback)
+        refs = np.concatenate(list(self._ref_parts()))
         assert len(np.unique(refs)) == len(refs), "a message is in two places"
-        assert len(self._dedup) == len(self._dedup_order)
+        self._dedup.check()
         held = set(refs.tolist())
         assert set(self._delivered_before) <= held
         assert set(self._expires_at) <= held
@@ -494,8 +362,8 @@ class QueueMachine:
         ids = [message_id(index, k) for k in range(n)] if n > 1 else [message_id(index, 0)]
         duplicate = [False] * n
         if keys:
-            self._prune_dedup()
-            self._find_duplicates(keys, ids, duplicate)
+            self._dedup.prune(self._now_ms)
+            self._dedup.find_duplicates(keys, ids, duplicate)
         dup_slots = [k for k, _key in keys if duplicate[k]] if keys else []
         dup_bytes = sum(int(sizes[k]) for k in dup_slots) if dup_slots else 0
         count_new = n - len(dup_slots)
@@ -503,7 +371,7 @@ class QueueMachine:
         if full and self.policy.overflow == cmd.OVERFLOW_REJECT_PUBLISH:
             return Rejected(QueueFull, "the queue is at max_length or max_bytes")
         if keys:
-            self._remember_dedup(keys, ids, duplicate)
+            self._dedup.remember(keys, ids, duplicate, self._now_ms)
         if self.policy.message_ttl_ms is not None:
             self._times.note(index, self._now_ms)
         if dup_slots:
@@ -525,6 +393,7 @@ class QueueMachine:
         n = len(records)
         assert n <= SLOT_LIMIT_SHORT
         top = self.policy.priorities - 1
+        main_lanes = self._lanes.main
         compact = index < INDEX_LIMIT_SHORT
         head = index << (SIZE_BITS + SLOT_BITS_SHORT)
         for k, (body_len, headers_len, _o, _d, priority, _f, ttl_ms, delay_ms) in enumerate(
@@ -541,13 +410,10 @@ class QueueMachine:
             if ttl_ms >= 0:
                 self._expires_at[ref] = self._now_ms + ttl_ms
             if delay_ms > 0:
-                heapq.heappush(
-                    self._delayed, (self._now_ms + delay_ms, self._delayed_seq, ref, level)
-                )
-                self._delayed_seq += 1
+                self._delayed.push(self._now_ms + delay_ms, ref, level)
                 self._bytes_delayed += size
             else:
-                self._lanes[2 * (top - level) + 1].push(ref)
+                main_lanes[level].push(ref)
                 self._bytes_ready += size
                 self._ready += 1
 
@@ -564,7 +430,7 @@ class QueueMachine:
         )
         if simple:
             refs = pack_batch(index, sizes, self._fallback)
-            self._lanes[2 * (top - int(prios[0])) + 1].push_many(refs)
+            self._lanes.main[int(prios[0])].push_many(refs)
             self._bytes_ready += int(sizes.sum())
             self._ready += len(refs)
             return
@@ -577,13 +443,10 @@ class QueueMachine:
                 self._expires_at[ref] = self._now_ms + ttl_ms
             delay_ms = int(recs["delay_ms"][k])
             if delay_ms > 0:
-                heapq.heappush(
-                    self._delayed, (self._now_ms + delay_ms, self._delayed_seq, ref, level)
-                )
-                self._delayed_seq += 1
+                self._delayed.push(self._now_ms + delay_ms, ref, level)
                 self._bytes_delayed += size
             else:
-                self._lanes[2 * (top - level) + 1].push(ref)
+                self._lanes.main[level].push(ref)
                 self._bytes_ready += size
                 self._ready += 1
 
@@ -598,15 +461,11 @@ class QueueMachine:
         levels_out: list[int] = []
         counts: list[int] = []
         expired: list[int] = []
-        levels = self.policy.priorities
-        for level in range(levels - 1, -1, -1):
+        for level, returns, main in self._lanes.by_level:
             if len(tags) >= wanted:
                 break
-            lane_no = 2 * (levels - 1 - level)
-            first_lane = self._take(self._lanes[lane_no], wanted - len(tags), expired)
-            second_lane = self._take(
-                self._lanes[lane_no + 1], wanted - len(tags) - len(first_lane), expired
-            )
+            first_lane = self._take(returns, wanted - len(tags), expired)
+            second_lane = self._take(main, wanted - len(tags) - len(first_lane), expired)
             refs: list[int] | U64
             if isinstance(first_lane, list) and isinstance(second_lane, list):
                 refs = taken = first_lane + second_lane
@@ -677,12 +536,12 @@ class QueueMachine:
         return Settled(count, tuple(np.flatnonzero(~ok).tolist()))
 
     def _on_return(self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]) -> object:
-        live, stale, _ = self._live_receipts(command)
+        live, stale, _ = _live_receipts(self._pending, command)
         self._give_back(live, effects)
         return Settled(len(live), stale)
 
     def _on_discard(self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]) -> object:
-        live, stale, _ = self._live_receipts(command)
+        live, stale, _ = _live_receipts(self._pending, command)
         rejected: list[int] = []
         for tag in live:
             ref, _level = self._pending.remove(tag)
@@ -693,30 +552,15 @@ class QueueMachine:
         return Settled(len(rejected), stale)
 
     def _on_extend(self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]) -> object:
-        live, stale, lease_ms = self._live_receipts(command)
+        live, stale, lease_ms = _live_receipts(self._pending, command)
         lease_ms = min(lease_ms or self.policy.lease_ms, self._limits.lease_ms_max)
         for tag in live:
             self._pending.extend(tag, self._now_ms + lease_ms)
         return Settled(len(live), stale)
 
-    def _live_receipts(self, command: bytes) -> tuple[list[int], tuple[int, ...], int]:
-        """(tags of the receipts that name a live lease, in command order; positions of the
-        stale ones; lease_ms of an extend or 0). A few receipts are read one by one."""
-        few = cmd.decode_receipts_few(command)
-        if few is not None:
-            pairs, lease_ms = few
-            live, stale = self._pending.matching_few(pairs)
-            return live, stale, lease_ms
-        tags, refs, lease_ms = cmd.decode_receipts(command)
-        ok = self._pending.matching(tags, refs)
-        return tags[ok].tolist(), tuple(np.flatnonzero(~ok).tolist()), lease_ms
-
     def _on_purge(self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]) -> object:
         """Drop every ready and delayed message (not leased ones), without dead-lettering."""
-        dropped = [lane.clear() for lane in self._lanes]
-        dropped.append(np.array([r for _d, _s, r, _lv in self._delayed], dtype=np.uint64))
-        self._delayed.clear()
-        refs = np.concatenate(dropped)
+        refs = np.concatenate([self._lanes.clear(), self._delayed.clear()])
         self._bytes_ready = self._bytes_delayed = self._ready = 0
         self._forget_many(refs)
         self._counters["dropped"] += len(refs)
@@ -724,7 +568,7 @@ class QueueMachine:
 
     def _on_expire(self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]) -> object:
         leases, messages, released = self._advance_time(effects)
-        self._retry_dead_letters(effects)
+        effects += self._dead_letters.retry(self.policy.dead_letter_queue, self._now_ms)
         return Expired(leases, messages, released)
 
     def _on_policy(self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]) -> object:
@@ -735,7 +579,7 @@ class QueueMachine:
             policy = dataclasses.replace(self.policy, **changes)  # type: ignore[arg-type]
         except TypeError as e:
             return Rejected(ValidationFailed, str(e))
-        why = self._check_policy(policy)
+        why = _check_policy(policy, self._limits)
         if why:
             return Rejected(ValidationFailed, why)
         if policy.message_ttl_ms is None:
@@ -743,10 +587,10 @@ class QueueMachine:
         elif self.policy.message_ttl_ms is None:
             self._times.restart(self._now_ms)
         self.policy = policy
-        if policy.dead_letter_queue is None and self._dead_lettering:
-            self._forget_many(np.array(list(self._dead_lettering), dtype=np.uint64))
-            self._counters["dropped"] += len(self._dead_lettering)
-            self._dead_lettering.clear()
+        if policy.dead_letter_queue is None and self._dead_letters:
+            dropped = self._dead_letters.clear()
+            self._forget_many(dropped)
+            self._counters["dropped"] += len(dropped)
         if policy.overflow == cmd.OVERFLOW_DROP_HEAD:
             self._drop_head(effects)
         return PolicyChanged(policy)
@@ -754,32 +598,28 @@ class QueueMachine:
     def _on_dead_letter_confirm(
         self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]
     ) -> object:
-        count = 0
-        for ref in cmd.decode_dead_letter_confirm(command).tolist():
-            if self._dead_lettering.pop(ref, None) is not None:
-                self._forget(ref)
-                count += 1
-        return DeadLetterConfirmed(count)
+        confirmed = self._dead_letters.confirm(cmd.decode_dead_letter_confirm(command).tolist())
+        for ref in confirmed:
+            self._forget(ref)
+        return DeadLetterConfirmed(len(confirmed))
 
     # === time ======================================================================
 
     def _advance_time(self, effects: list[MachineEffect]) -> tuple[int, int, int]:
         """Release due delayed messages, end expired leases, sweep expired heads."""
         released = 0
-        top = self.policy.priorities - 1
-        while self._delayed and self._delayed[0][0] <= self._now_ms:
-            _due, _seq, ref, level = heapq.heappop(self._delayed)
+        for ref, level in self._delayed.pop_due(self._now_ms):
             size = self._size(ref)
             self._bytes_delayed -= size
             self._bytes_ready += size
             self._ready += 1
-            self._lanes[2 * (top - level) + 1].push(ref)
+            self._lanes.main[level].push(ref)
             released += 1
         tags = self._pending.take_expired(self._now_ms)
         self._give_back(tags, effects)
         expired: list[int] = []
         may_expire = self.policy.message_ttl_ms is not None or bool(self._expires_at)
-        for lane in self._lanes if may_expire else ():
+        for lane in self._lanes.fifos if may_expire else ():
             while lane and self._is_expired(lane.peek()):
                 ref = lane.pop()
                 self._bytes_ready -= self._size(ref)
@@ -791,7 +631,7 @@ class QueueMachine:
     def _give_back(self, tags: list[int], effects: list[MachineEffect]) -> None:
         """Return leased messages to the returns lane of their level, or dead-letter those
         that reached the delivery limit."""
-        top = self.policy.priorities - 1
+        returns = self._lanes.returns
         limit = self.policy.delivery_limit
         over: list[int] = []
         for tag in tags:
@@ -803,7 +643,7 @@ class QueueMachine:
             if limit is not None and count >= limit:
                 over.append(ref)
                 continue
-            self._lanes[2 * (top - level)].push(ref)
+            returns[level].push(ref)
             self._bytes_ready += size
             self._ready += 1
         self._counters["returned"] += len(tags) - len(over)
@@ -813,7 +653,7 @@ class QueueMachine:
         expiry = self._expires_at.get(ref)
         ttl_ms = self.policy.message_ttl_ms
         if ttl_ms is not None:
-            by_queue = self._enqueued_ms_max(self._fallback.unpack(ref).index) + ttl_ms
+            by_queue = self._times.bound_ms(self._fallback.unpack(ref).index) + ttl_ms
             expiry = by_queue if expiry is None else min(expiry, by_queue)
         return expiry
 
@@ -821,11 +661,7 @@ class QueueMachine:
         expiry = self._expiry_of(ref)
         return expiry is not None and expiry <= self._now_ms
 
-    def _enqueued_ms_max(self, index: int) -> int:
-        """Latest leader time at which the enqueue entry ``index`` can have been proposed."""
-        return self._times.bound_ms(index)
-
-    # === dead-lettering, limits, dedup =============================================
+    # === dead-lettering and limits =================================================
 
     def _dead_letter(self, refs: list[int], reason: str, effects: list[MachineEffect]) -> None:
         """Hand messages that left the ready/pending state to the dead-letter target, or
@@ -840,35 +676,17 @@ class QueueMachine:
             self._counters["dropped"] += len(refs)
             return
         counts = tuple(self._delivered_before.get(ref, 0) for ref in refs)
-        for ref, count in zip(refs, counts, strict=True):
-            self._dead_lettering[ref] = (reason, count, self._now_ms)
         self._counters["dead_lettered"] += len(refs)
-        effects.append(DeadLetter(target, reason, tuple(refs), counts))
-
-    def _retry_dead_letters(self, effects: list[MachineEffect]) -> None:
-        target = self.policy.dead_letter_queue
-        due = self._now_ms - self._limits.dead_letter_retry_ms
-        by_reason: dict[str, list[tuple[int, int]]] = {}
-        for ref, (reason, count, ms) in self._dead_lettering.items():
-            if ms <= due:
-                by_reason.setdefault(reason, []).append((ref, count))
-        for reason in sorted(by_reason):
-            items = by_reason[reason]
-            for ref, count in items:
-                self._dead_lettering[ref] = (reason, count, self._now_ms)
-            assert target is not None
-            refs = tuple(r for r, _ in items)
-            effects.append(DeadLetter(target, reason, refs, tuple(c for _, c in items)))
-
-    def _waiting(self) -> tuple[int, int]:
-        """(messages, bytes) that count against max_length / max_bytes: ready and delayed."""
-        return self._ready_count() + len(self._delayed), self._bytes_ready + self._bytes_delayed
+        effects.append(self._dead_letters.hand_over(target, reason, refs, counts, self._now_ms))
 
     def _over_limits(self, extra_count: int = 0, extra_bytes: int = 0) -> bool:
+        """Whether the messages that count against max_length / max_bytes (ready and
+        delayed), with ``extra_count`` more of ``extra_bytes``, exceed them."""
         p = self.policy
         if p.max_length is None and p.max_bytes is None:
             return False
-        count, size = self._waiting()
+        count = self._ready + len(self._delayed)
+        size = self._bytes_ready + self._bytes_delayed
         return (p.max_length is not None and count + extra_count > p.max_length) or (
             p.max_bytes is not None and size + extra_bytes > p.max_bytes
         )
@@ -877,11 +695,7 @@ class QueueMachine:
         """Overflow ``drop-head``: dead-letter (reason ``maxlen``) from the head of the lowest
         level (its returns lane first), then delayed messages, until within the limits."""
         dropped: list[int] = []
-        order = [
-            self._lanes[lane_no]
-            for pair in range(len(self._lanes) - 2, -1, -2)
-            for lane_no in (pair, pair + 1)
-        ]
+        order = self._lanes.drop_order()
         while self._over_limits():
             lane = next((lane for lane in order if lane), None)
             if lane is not None:
@@ -889,53 +703,17 @@ class QueueMachine:
                 self._bytes_ready -= self._size(ref)
                 self._ready -= 1
             else:
-                _due, _seq, ref, _level = heapq.heappop(self._delayed)
+                ref = self._delayed.pop_first()
                 self._bytes_delayed -= self._size(ref)
             dropped.append(ref)
         self._dead_letter(dropped, REASON_MAXLEN, effects)
-
-    def _prune_dedup(self) -> None:
-        while self._dedup_order and self._dedup_order[0][0] <= self._now_ms:
-            _expiry, key = self._dedup_order.popleft()
-            del self._dedup[key]
-
-    def _find_duplicates(
-        self, keys: list[tuple[int, bytes]], ids: list[int], duplicate: list[bool]
-    ) -> None:
-        """``keys``: (slot, dedup id) of the messages of the batch that carry one."""
-        seen: dict[bytes, int] = {}
-        for k, key in keys:
-            first = self._dedup.get(key, seen.get(key))
-            if first is not None:
-                duplicate[k] = True
-                ids[k] = first
-            else:
-                seen[key] = ids[k]
-
-    def _remember_dedup(
-        self, keys: list[tuple[int, bytes]], ids: list[int], duplicate: list[bool]
-    ) -> None:
-        expiry = self._now_ms + self._limits.dedup_window_ms
-        for k, key in keys:
-            if duplicate[k]:
-                continue
-            self._dedup[key] = ids[k]
-            self._dedup_order.append((expiry, key))
-            if len(self._dedup) > self._limits.dedup_ids_max:
-                _old, old_key = self._dedup_order.popleft()
-                del self._dedup[old_key]
 
     # === bookkeeping ===============================================================
 
     def _maybe_checkpoint(self, index: int, effects: list[MachineEffect]) -> None:
         """Ask for a checkpoint once the dead log bytes reach about twice what the checkpoint
         will weigh, then release the prefix that no live message needs."""
-        held = (
-            self._ready_count()
-            + len(self._delayed)
-            + len(self._pending)
-            + len(self._dead_lettering)
-        )
+        held = self._ready + len(self._delayed) + len(self._pending) + len(self._dead_letters)
         estimate = max(
             held * self._limits.checkpoint_bytes_per_message_estimate,
             self._limits.checkpoint_bytes_min,
@@ -943,28 +721,11 @@ class QueueMachine:
         if self._dead_bytes < self._limits.dead_bytes_per_live_checkpoint_factor * estimate:
             return
         self._dead_bytes = 0
-        spans = self._live_spans()
+        spans = live_spans(self._lanes.chunks(), self._unready_refs(), self._fallback)
         first_live = int(spans[0].min()) if len(spans[0]) else index + 1
         self._times.prune(first_live, spans)
         effects.append(CheckpointRequest(index))
         effects.append(ReleaseCursor(first_live))
-
-    def _live_spans(self) -> tuple[I64, I64]:
-        """(first, last) Raft indexes of ranges that hold every live message: one range per
-        ready page, and one per entry of the messages held outside the lanes."""
-        lo: list[int] = []
-        hi: list[int] = []
-        for lane in self._lanes:
-            for chunk in lane.chunks():
-                indexes = indexes_of(chunk, self._fallback)
-                lo.append(int(indexes.min()))
-                hi.append(int(indexes.max()))
-        parts = [indexes_of(part, self._fallback) for part in self._unready_refs() if len(part)]
-        points = np.unique(np.concatenate(parts)).astype(np.int64) if parts else _NO_INDEXES
-        return (
-            np.concatenate([np.array(lo, dtype=np.int64), points]),
-            np.concatenate([np.array(hi, dtype=np.int64), points]),
-        )
 
     def _forget(self, ref: int) -> None:
         """A message left the queue for good: drop its extras, count its log bytes dead."""
@@ -988,17 +749,10 @@ class QueueMachine:
     def _size(self, ref: int) -> int:
         return self._fallback.size(ref)
 
-    def _lane_bytes(self, lane: RefFifo) -> int:
-        return sum(int(sizes_of(chunk, self._fallback).sum()) for chunk in lane.chunks())
-
-    def _ready_count(self) -> int:
-        return self._ready
-
     def _ref_parts(self) -> Iterator[U64]:
         """Every ref the machine holds, in parts: ready pages, leased, delayed, and those
         waiting to be dead-lettered."""
-        for lane in self._lanes:
-            yield from lane.chunks()
+        yield from self._lanes.chunks()
         yield from self._unready_refs()
 
     def _unready_refs(self) -> tuple[U64, U64, U64]:
@@ -1006,44 +760,36 @@ class QueueMachine:
         waiting to be dead-lettered."""
         return (
             self._pending.refs(),
-            np.array([r for _d, _s, r, _lv in self._delayed], dtype=np.uint64),
-            np.array(list(self._dead_lettering), dtype=np.uint64),
-        )
-
-    def _all_refs(self) -> U64:
-        return np.concatenate(list(self._ref_parts()))
-
-    def _check_policy(self, policy: QueuePolicy) -> str:
-        return policy.check(
-            self._limits.lease_ms_max,
-            self._limits.priorities_max,
-            self._limits.message_bytes_max_ceiling,
+            self._delayed.refs(),
+            self._dead_letters.refs(),
         )
 
 
-def _split_cursor(cursor: int) -> tuple[int, int]:
-    return cursor >> _CURSOR_POS_BITS, cursor & ((1 << _CURSOR_POS_BITS) - 1)
+def _check_policy(policy: QueuePolicy, limits: Limits) -> str:
+    return policy.check(
+        limits.lease_ms_max,
+        limits.priorities_max,
+        limits.message_bytes_max_ceiling,
+    )
+
+
+def _live_receipts(pending: Pending, command: bytes) -> tuple[list[int], tuple[int, ...], int]:
+    """(tags of the receipts that name a live lease, in command order; positions of the
+    stale ones; lease_ms of an extend or 0). A few receipts are read one by one."""
+    few = cmd.decode_receipts_few(command)
+    if few is not None:
+        pairs, lease_ms = few
+        live, stale = pending.matching_few(pairs)
+        return live, stale, lease_ms
+    tags, refs, lease_ms = cmd.decode_receipts(command)
+    ok = pending.matching(tags, refs)
+    return tags[ok].tolist(), tuple(np.flatnonzero(~ok).tolist()), lease_ms
 
 
 _Handler = Callable[[QueueMachine, ApplyMeta, bytes, list[MachineEffect]], object]
 
-_V1_RESOLUTION_MS = 1000
-"""The enqueue time resolution of format-1 snapshots (the default then)."""
-_NO_INDEXES = np.empty(0, dtype=np.int64)
-
 _CHECKOUT_FEW_MAX = 16
 """A checkout of at most this many messages pops them one by one (no numpy call)."""
-
-_COUNTERS = (
-    "published",
-    "duplicates",
-    "delivered",
-    "acked",
-    "returned",
-    "dead_lettered",
-    "expired",
-    "dropped",
-)
 
 _HANDLERS: dict[Kind, _Handler] = {
     Kind.ENQUEUE: QueueMachine._on_enqueue,
@@ -1061,4 +807,4 @@ _HANDLERS: dict[Kind, _Handler] = {
 _HANDLERS_BY_BYTE = {kind.value[0]: handler for kind, handler in _HANDLERS.items()}
 _ON_ENQUEUE = QueueMachine._on_enqueue
 
-__all__ = ["BrowseItem", "MemoryUse", "QueueMachine", "QueueStats"]
+__all__ = ["FrozenMachine", "QueueMachine"]

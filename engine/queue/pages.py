@@ -3,10 +3,10 @@
 Rule of this module: no Python object per message. A page is a numpy ``uint64`` array of
 ``page_refs`` slots; the FIFO is a deque of pages, with a read offset in the first page
 and a fill count in the last. Only the head page is read and only the tail page is
-written, so every page in between is immutable while it sits there: a later issue can
-spill such a *cold* page to disk as one contiguous block (``page.tobytes()``) and load
-it back when it reaches the head, without touching the others (the Qpid paged-queue
-design, restricted to what a FIFO needs).
+written, so every page in between is immutable while it sits there: such a *cold* page
+could be spilled to disk as one contiguous block (``page.tobytes()``) and loaded back
+when it reaches the head, without touching the others (the Qpid paged-queue design,
+restricted to what a FIFO needs).
 
 A page that is full and no longer the head is *sealed*: if every step between
 neighbouring refs fits in a signed 32-bit integer (refs of consecutive slots and entries
@@ -118,10 +118,6 @@ class RefFifo:
 
     def __bool__(self) -> bool:
         return self._len > 0
-
-    @property
-    def page_count(self) -> int:
-        return len(self._pages)
 
     def nbytes(self) -> int:
         """Resident bytes of the pages (array headers included)."""

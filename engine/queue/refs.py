@@ -23,12 +23,17 @@ form, whose handle the machine assigns from a counter, so every replica assigns 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
+from pyroaring import BitMap64
+
+from engine.index_sets import add_indexes
 
 U64 = npt.NDArray[np.uint64]
+I64 = npt.NDArray[np.int64]
 
 INDEX_BITS_SHORT = 44
 SIZE_BITS = 15
@@ -50,9 +55,9 @@ _TAG_FALLBACK = 0b11 << 62
 _SIZE_MASK = SIZE_LIMIT - 1
 _SLOT_MASK_SHORT = SLOT_LIMIT_SHORT - 1
 _SLOT_MASK_LONG = SLOT_LIMIT_LONG - 1
-_INDEX_MASK_SHORT = INDEX_LIMIT_SHORT - 1
 _INDEX_MASK_LONG = INDEX_LIMIT_LONG - 1
 _HANDLE_MASK = (1 << HANDLE_BITS) - 1
+_NO_INDEXES = np.empty(0, dtype=np.int64)
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,6 +220,34 @@ def indexes_of(refs: U64, table: FallbackTable) -> U64:
     return out
 
 
+def indexes_of_parts(parts: Iterable[U64], table: FallbackTable) -> BitMap64:
+    """The Raft indexes of the refs in ``parts``, built a part (a page) at a time: no
+    array of every ref, which costs more than the set for millions."""
+    live = BitMap64()
+    for part in parts:
+        add_indexes(live, indexes_of(part, table))
+    return live
+
+
+def live_spans(
+    ready_pages: Iterable[U64], others: Iterable[U64], table: FallbackTable
+) -> tuple[I64, I64]:
+    """(first, last) Raft indexes of ranges that hold every live message: one range per
+    page of ready refs, and one per entry of the refs in ``others``."""
+    lo: list[int] = []
+    hi: list[int] = []
+    for page in ready_pages:
+        indexes = indexes_of(page, table)
+        lo.append(int(indexes.min()))
+        hi.append(int(indexes.max()))
+    parts = [indexes_of(part, table) for part in others if len(part)]
+    points = np.unique(np.concatenate(parts)).astype(np.int64) if parts else _NO_INDEXES
+    return (
+        np.concatenate([np.array(lo, dtype=np.int64), points]),
+        np.concatenate([np.array(hi, dtype=np.int64), points]),
+    )
+
+
 def sizes_of(refs: U64, table: FallbackTable) -> U64:
     """Byte size of each ref."""
     form = _one_form(refs)
@@ -291,7 +324,9 @@ __all__ = [
     "fallback_handle",
     "fallback_ref",
     "indexes_of",
+    "indexes_of_parts",
     "is_fallback",
+    "live_spans",
     "message_id",
     "message_id_parts",
     "pack_batch",

@@ -1,7 +1,10 @@
-"""Reading a machine snapshot without copying its ref arrays.
+"""The queue machine's snapshot: its fields by name, writing it, and reading it without
+copying its ref arrays.
 
-Rule of this module: pure functions over bytes; the format is the machine's (a msgpack
-array written by ``QueueMachine.snapshot``), and nothing here changes it.
+Rule of this module: the format is one msgpack array with the fields of
+``SnapshotState`` in that order (a NamedTuple packs as an array, so naming the fields
+changes no byte); checkpoints on disk are read back, so a change of it is a new
+``QueueMachine.version`` that still reads the old ones.
 
 Almost all of a deep queue's snapshot is the ready lanes, one msgpack ``bin`` of packed
 refs each (8 bytes per message). ``msgpack.unpackb`` copies each ``bin`` into a new
@@ -14,15 +17,54 @@ msgpack as usual. Anything unexpected falls back to ``msgpack.unpackb`` of the w
 from __future__ import annotations
 
 import struct
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import msgpack
 import numpy as np
 import numpy.typing as npt
+from pyroaring import BitMap64
+
+from engine.queue.pages import FrozenRefs
+from engine.queue.refs import FallbackTable, indexes_of_parts
 
 U64 = npt.NDArray[np.uint64]
 
-LANES_AT = 4
+
+class MachineClock(NamedTuple):
+    now_ms: int
+    last_index: int
+    dead_bytes: int
+    delayed_seq: int
+
+
+class SnapshotState(NamedTuple):
+    """The snapshot's top-level array, field by field (each in its wire form)."""
+
+    version: int
+    policy: dict[str, Any]
+    clock: Sequence[int]
+    """A ``MachineClock`` (read back as a plain list)."""
+    counters: list[int]
+    """In the order of ``engine.queue.stats.COUNTERS``."""
+    lanes: list[Any]
+    """``[head_pos, refs]`` per lane, in delivery order (``engine.queue.lanes``): refs are
+    bytes when written, a read-only uint64 array when read."""
+    fallback: list[Any]
+    pending: list[Any]
+    delivered_before: list[Any]
+    """``[ref, deliveries]`` pairs."""
+    expires_at: list[Any]
+    """``[ref, ms]`` pairs."""
+    delayed: list[Any]
+    """The delayed heap, ``[due_ms, seq, ref, level]`` items in heap order."""
+    dead_letters: list[Any]
+    dedup: list[Any]
+    enqueue_times: list[Any]
+    """Format 2: ``EnqueueTimes.to_wire``; format 1: two arrays of one-second samples."""
+
+
+LANES_AT = SnapshotState._fields.index("lanes")
 """Position of the lanes in the snapshot's top-level array."""
 _PREFIX_BYTES_MAX = 1 << 16
 """The elements before the lanes (version, policy, clock, counters) fit in this."""
@@ -32,31 +74,56 @@ _UINT = {0xCC: _U8, 0xCD: _U16, 0xCE: _U32, 0xCF: _U64}
 _BIN_LEN = {0xC4: _U8, 0xC5: _U16, 0xC6: _U32}
 
 
+class FrozenMachine:
+    """A ``QueueMachine``'s state at one index (``QueueMachine.freeze``). It shares no
+    mutable state with the machine, so ``encode`` and ``live_indexes`` may run on another
+    thread while the machine applies later entries."""
+
+    __slots__ = ("_lanes", "_others", "_state")
+
+    def __init__(
+        self, lanes: tuple[FrozenRefs, ...], state: SnapshotState, others: tuple[U64, ...]
+    ) -> None:
+        self._lanes = lanes
+        self._state = state
+        self._others = others
+
+    def encode(self) -> bytes:
+        """The snapshot bytes (``QueueMachine.restore`` reads them)."""
+        lanes = [[lane.head_pos, lane.to_array().tobytes()] for lane in self._lanes]
+        return bytes(msgpack.packb(self._state._replace(lanes=lanes), use_bin_type=True))
+
+    def live_indexes(self) -> BitMap64:
+        """``QueueMachine.live_indexes`` as of the freeze."""
+        table = FallbackTable.from_wire(self._state.fallback)
+        parts = [part for lane in self._lanes for part in lane.chunks()]
+        return indexes_of_parts([*parts, *self._others], table)
+
+
 class _Unexpected(Exception):
     pass
 
 
-def read_snapshot(data: bytes) -> list[Any]:
-    """The snapshot's top-level array, with element ``LANES_AT`` as a list of
-    ``[head_pos, refs]`` where ``refs`` is a read-only uint64 array (a view into ``data``
-    where possible)."""
+def read_snapshot(data: bytes) -> SnapshotState:
+    """The snapshot's fields, with ``lanes`` as a list of ``[head_pos, refs]`` where
+    ``refs`` is a read-only uint64 array (a view into ``data`` where possible)."""
     try:
-        return _read_with_views(data)
+        return SnapshotState(*_read_with_views(data))
     except (_Unexpected, msgpack.OutOfData, ValueError, struct.error, IndexError):
         state: list[Any] = msgpack.unpackb(data, **_UNPACK)
         lanes = state[LANES_AT]
         assert isinstance(lanes, list)
         state[LANES_AT] = [[head, np.frombuffer(raw, dtype=np.uint64)] for head, raw in lanes]
-        return state
+        return SnapshotState(*state)
 
 
-def _read_with_views(data: bytes) -> list[object]:
+def _read_with_views(data: bytes) -> list[Any]:
     head = msgpack.Unpacker(**_UNPACK)
     head.feed(memoryview(data)[:_PREFIX_BYTES_MAX])
     size = head.read_array_header()
     if size <= LANES_AT:
         raise _Unexpected
-    state: list[object] = [head.unpack() for _ in range(LANES_AT)]
+    state: list[Any] = [head.unpack() for _ in range(LANES_AT)]
     pos = head.tell()
     count, pos = _array_header(data, pos)
     lanes: list[list[object]] = []
@@ -107,4 +174,4 @@ def _bin_header(data: bytes, pos: int) -> tuple[int, int]:
     return form.unpack_from(data, pos + 1)[0], pos + 1 + form.size
 
 
-__all__ = ["LANES_AT", "read_snapshot"]
+__all__ = ["LANES_AT", "FrozenMachine", "MachineClock", "SnapshotState", "read_snapshot"]

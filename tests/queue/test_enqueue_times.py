@@ -1,4 +1,4 @@
-"""Enqueue times (engine.queue.times): bounds never early and less than the resolution
+"""Enqueue times (engine.queue.enqueue_times): bounds never early and less than the resolution
 late, pruning that keeps every live entry's bound, exact snapshots, format-1 samples."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.queue.times import EnqueueTimes
+from engine.queue.enqueue_times import EnqueueTimes
 
 steps = st.lists(
     st.tuples(

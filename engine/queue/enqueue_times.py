@@ -28,11 +28,14 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_right
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 I64 = npt.NDArray[np.int64]
+FORMAT_1_RESOLUTION_MS = 1000
+"""The enqueue time resolution of format-1 snapshots: one sample a second."""
 _NARROW_MAX = (1 << 32) - 1
 _ARRAY_HEADER_BYTES = 64
 
@@ -157,6 +160,19 @@ class EnqueueTimes:
         times._index = array(code, index)
         times._ms = array(code, ms)
         return times
+
+    @classmethod
+    def from_snapshot(
+        cls, resolution_ms: int, version: int, wire: list[Any], *, queue_ttl: bool
+    ) -> EnqueueTimes:
+        """From a machine snapshot of format ``version`` (``QueueMachine.version``).
+        Format 1 kept samples whether or not the queue had a TTL; without one, none are
+        kept here."""
+        if version >= 2:
+            return cls.from_wire(resolution_ms, wire)
+        if not queue_ttl:
+            return cls(resolution_ms)
+        return cls.from_samples_v1(resolution_ms, FORMAT_1_RESOLUTION_MS, *wire)
 
     @classmethod
     def from_samples_v1(

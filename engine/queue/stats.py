@@ -1,0 +1,113 @@
+"""What a queue machine reports about itself: counts, counters, memory, browse items.
+
+Rule of this module: frozen values only, computed by ``QueueMachine.stats`` and
+``QueueMachine.browse``; the memory figures are estimates (see ``MemoryUse.estimate``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+COUNTERS = (
+    "published",
+    "duplicates",
+    "delivered",
+    "acked",
+    "returned",
+    "dead_lettered",
+    "expired",
+    "dropped",
+)
+"""The machine's running counters, in the order its snapshot keeps them."""
+
+_DICT_ENTRY_BYTES_ESTIMATE = 100
+_FIXED_BYTES_ESTIMATE = 3200
+_LEVEL_BYTES_ESTIMATE = 1200
+"""An empty machine holds about ``_FIXED + _LEVEL * priorities`` bytes (tracemalloc: 4.4
+KB with one level, 15 KB with ten; each level has two lanes)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MemoryUse:
+    """Estimated engine memory of one queue, by what holds it."""
+
+    index_bytes: int
+    """Ready messages: pages of packed refs, 8 bytes per message, 4 in sealed pages."""
+    enqueue_times_bytes: int
+    """Enqueue times for queue TTL, kept only while the queue has one: 8 bytes per 10 ms
+    interval in which something was published and that a held message still needs
+    (``engine.queue.enqueue_times``)."""
+    leases_bytes: int
+    """Leased messages: pages of the delivery-tag ring (8 bytes per slot) and lease groups."""
+    extras_bytes: int
+    """Paid only by the messages that need it (about 100 bytes each): redelivery counts,
+    per-message TTL, delayed and dead-lettering messages, large refs; and dedup ids."""
+    fixed_bytes: int
+    """The queue's own structures, whatever its depth."""
+
+    @classmethod
+    def estimate(
+        cls,
+        index_bytes: int,
+        enqueue_times_bytes: int,
+        leases_bytes: int,
+        extras: int,
+        priorities: int,
+    ) -> MemoryUse:
+        """``extras``: the number of entries of the sparse tables (dicts, heap, dedup)."""
+        return cls(
+            index_bytes=index_bytes,
+            enqueue_times_bytes=enqueue_times_bytes,
+            leases_bytes=leases_bytes,
+            extras_bytes=extras * _DICT_ENTRY_BYTES_ESTIMATE,
+            fixed_bytes=_FIXED_BYTES_ESTIMATE + _LEVEL_BYTES_ESTIMATE * priorities,
+        )
+
+    @property
+    def total_bytes(self) -> int:
+        return (
+            self.index_bytes
+            + self.enqueue_times_bytes
+            + self.leases_bytes
+            + self.extras_bytes
+            + self.fixed_bytes
+        )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class QueueStats:
+    messages_ready: int
+    messages_delayed: int
+    messages_unacked: int
+    messages_dead_lettering: int
+    bytes_ready: int
+    bytes_unacked: int
+    consumers: dict[str, int]
+    """Leased messages per consumer id (consumers with an active lease)."""
+    published: int
+    duplicates: int
+    delivered: int
+    acked: int
+    returned: int
+    dead_lettered: int
+    expired: int
+    dropped: int
+    memory_bytes: int
+    """Estimate of the engine memory this queue's state holds (``memory.total_bytes``)."""
+    memory: MemoryUse
+    last_applied: int
+    dead_bytes: int
+    """Log bytes no longer needed since the last checkpoint request."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BrowseItem:
+    cursor: int
+    """Pass as ``after`` to continue after this item."""
+    ref: int
+    priority: int
+    delivery_count: int
+    """Deliveries so far (0 for a message never delivered)."""
+
+
+__all__ = ["COUNTERS", "BrowseItem", "MemoryUse", "QueueStats"]
