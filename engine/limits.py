@@ -69,6 +69,10 @@ class Limits:
     page_refs: int = 4096
     """References per page of the ready FIFO."""
     dead_bytes_per_live_checkpoint_factor: int = 2
+    replay_bytes_max: int = 64 * MIB
+    """A replica checkpoints once this many log bytes applied since its last checkpoint
+    (a queue whose messages all stay has no dead bytes to trigger one): a restart applies
+    at most this much of the log again, whatever the depth of the queue."""
     checkpoint_bytes_per_message_estimate: int = 64
     checkpoint_bytes_min: int = 1 * MIB
     """Floor of the checkpoint size estimate, so a near-empty queue does not checkpoint often."""

@@ -26,7 +26,8 @@ the transport (one hop); while no leader is known it waits up to
 ticked with the node's clock, because the core stamps entries with the last time it saw.
 
 Checkpoints: ``CheckpointRequest`` serialises the machine before the next entry applies
-(every replica), the file is written by a worker, then ``ReleaseCursor`` promotes it to
+(every replica; also once ``Limits.replay_bytes_max`` of the log has applied since the
+last one, which bounds what a restart applies again), the file is written by a worker, then ``ReleaseCursor`` promotes it to
 the snapshot and deletes segments holding only dead entries (compaction phase 1, the
 only one storage offers so far). The core learns of that snapshot only when a follower
 lags behind it: the checkpoint is then loaded (no payload) and shipped in chunks, then
@@ -838,7 +839,8 @@ class Node:
             reply: object = None
             if e.kind is EntryKind.COMMAND and e.index > rep.base_index:
                 reply, effects = machine.apply(ApplyMeta(e.index, e.term, e.now_ms), e.data)
-                if effects:
+                rep.bytes_since_capture += len(e.data)
+                if effects or rep.bytes_since_capture >= self.limits.replay_bytes_max:
                     # Replay throws leader-only effects away (the machine repeats what
                     # must happen: unconfirmed dead letters are emitted again).
                     self._perform(rep, effects, e, leader and e.index > rep.replay_until)
@@ -880,12 +882,18 @@ class Node:
             elif isinstance(effect, ReleaseCursor):
                 self._spawn(self._auto_checkpoint(rep, checkpoint, effect.index))
                 checkpoint = None
+        if checkpoint is None and rep.bytes_since_capture >= self.limits.replay_bytes_max:
+            # The machine asks for checkpoints when dead entries pile up; a queue whose
+            # messages all stay gets one here, so that a restart applies at most this
+            # much of the log again whatever the depth of the queue.
+            checkpoint = self._capture(rep, e.index, e.term)
         if checkpoint is not None:
             self._spawn(self._auto_checkpoint(rep, checkpoint, None))
 
     def _capture(self, rep: Replica, index: int, term: int) -> Captured:
         """The machine state as of ``index``, taken before the next entry applies: frozen
         here, encoded by the worker that writes it (``Captured.build``)."""
+        rep.bytes_since_capture = 0
         config = rep.raft.config_at(index).encode()
         return Captured(index, term, rep.machine.version, config, rep.machine.freeze())
 
