@@ -27,7 +27,8 @@ ticked with the node's clock, because the core stamps entries with the last time
 
 Checkpoints: ``CheckpointRequest`` serialises the machine before the next entry applies
 (every replica; also once ``Limits.replay_bytes_max`` of the log has applied since the
-last one, which bounds what a restart applies again), the file is written by a worker, then ``ReleaseCursor`` promotes it to
+last one, which bounds what a restart applies again, and at a clean stop, so that the
+next start applies next to nothing), the file is written by a worker, then ``ReleaseCursor`` promotes it to
 the snapshot and deletes segments holding only dead entries (compaction phase 1, the
 only one storage offers so far). The core learns of that snapshot only when a follower
 lags behind it: the checkpoint is then loaded (no payload) and shipped in chunks, then
@@ -188,6 +189,9 @@ _CALLS = (
 
 STOP_GRACE_MS = 2_000
 """How long a graceful stop lets requests in flight finish."""
+STOP_CHECKPOINT_BYTES_MIN = 1 << 20
+"""A clean stop checkpoints a queue that applied at least this much since its last
+checkpoint, so that the next start applies next to nothing again."""
 
 
 def now_ms() -> int:
@@ -323,6 +327,7 @@ class Node:
             return
         if not abandon:
             await self._drain_requests()
+            await self._checkpoint_before_stop()
         self._running = False
         self.transport.detach(self.name)
         for rep in self._replicas.values():
@@ -343,6 +348,27 @@ class Node:
             await asyncio.to_thread(self._close_files, storage)
         else:
             await asyncio.to_thread(storage.close)
+
+    async def _checkpoint_before_stop(self) -> None:
+        """Checkpoint every queue with ``STOP_CHECKPOINT_BYTES_MIN`` applied since its
+        last checkpoint: a restart after a clean stop then restores the machine and
+        applies nothing of the log (up to ``Limits.replay_bytes_max`` otherwise)."""
+        for rep in list(self._replicas.values()):
+            if (
+                rep.failed is not None
+                or rep.closed
+                or rep.applied_term == 0
+                or rep.bytes_since_capture < STOP_CHECKPOINT_BYTES_MIN
+            ):
+                continue
+            cp = self._capture(rep, rep.applied_index, rep.applied_term)
+            try:
+                async with rep.disk_lock:
+                    record = await self._write_checkpoint(rep, cp, "auto")
+            except (StorageFailed, OSError) as e:
+                log.error("queue %s: checkpoint at stop failed: %s", rep.name, e)
+                continue
+            await self._notify(record)
 
     async def _drain_requests(self) -> None:
         """Refuse new requests, end long polls, and give those in flight a moment."""

@@ -607,3 +607,28 @@ def test_a_queue_whose_messages_all_stay_checkpoints_so_a_restart_replays_little
             await node.stop()
 
     run(body())
+
+
+def test_a_clean_stop_checkpoints_so_the_next_start_applies_nothing_again(
+    tmp_path: Path,
+) -> None:
+    limits = rolling(replay_bytes_max=64 << 20)  # no checkpoint while publishing
+
+    async def body() -> None:
+        node = await started(tmp_path, limits)
+        await node.create_queue("deep", QueueArgs())
+        for k in range(20):
+            await node.publish("deep", msgs(*[f"{k}-{i}".ljust(1024, "x") for i in range(100)]))
+        await node.publish("deep", msgs("last"))
+        assert node.stats("deep")["checkpoint"]["index"] == 0  # type: ignore[index]
+        last = node.stats("deep")["log"]["last_index"]  # type: ignore[index]
+        await node.stop()
+        node = await started(tmp_path, limits)
+        try:
+            assert node._replicas["deep"].base_index == last
+            bodies = await drain(node, "deep")
+            assert len(bodies) == 2001 and bodies[-1] == b"last"
+        finally:
+            await node.stop()
+
+    run(body())
