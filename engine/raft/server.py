@@ -1165,18 +1165,11 @@ class RaftServer:
         return server in self.config.voters
 
     def _scan_configs(self, lo: int) -> None:
-        last = self.log.last_index()
-        while lo <= last:
-            batch = self.log.entries(
-                lo,
-                last + 1,
-                self.limits.committed_bytes_per_ready_max,
-                self.limits.committed_entries_per_ready_max,
-            )
-            for e in batch:
-                if e.kind is EntryKind.CONFIG:
-                    self.configs.append((e.index, Configuration.decode(e.data)))
-            lo += len(batch)
+        """The configurations in the log from ``lo`` (at start: all of it is in storage),
+        found by kind, so that only their entries are read."""
+        store = self.log.store
+        for index in store.config_indexes(lo, self.log.last_index() + 1):
+            self.configs.append((index, Configuration.decode(store.entry(index).data)))
 
 
 __all__ = ["Fault", "RaftOptions", "RaftServer", "RandomSource", "Role"]
