@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import sys
 from pathlib import Path
 
@@ -24,7 +26,39 @@ def announce(report: StartupReport) -> None:
     print("\n".join(lines), file=sys.stdout, flush=True)
 
 
+_M_MMAP_THRESHOLD = -3
+_M_ARENA_MAX = -8
+MALLOC_MMAP_THRESHOLD_BYTES = 64 * 1024
+MALLOC_ARENAS_MAX = 2
+
+
+def tune_malloc() -> bool:
+    """Make glibc's malloc give the memory of large buffers back when they are freed.
+
+    The server's large allocations are short-lived or released in bulk: request bodies,
+    encoded publish batches (about 100 KiB for 100 messages of 1 KiB, held in the mem
+    table until their WAL file is flushed to segments), WAL batches, segment files being
+    written. glibc raises its mmap threshold each time such a buffer is freed (up to
+    32 MiB), so the next ones come from the heap, whose freed space it keeps: a server
+    that took a million messages kept about 300 B per message of freed heap. A fixed
+    threshold of 64 KiB keeps those buffers in their own mappings, returned to the
+    system by ``free``; two arenas (not eight per core) keep the threads' small
+    allocations from holding freed space in arenas of their own. False where the C
+    library is not glibc (nothing is changed there)."""
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError, TypeError):
+        return False
+    return bool(
+        mallopt(_M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD_BYTES)
+        and mallopt(_M_ARENA_MAX, MALLOC_ARENAS_MAX)
+    )
+
+
 def run_server(data_dir: Path, host: str, port: int) -> None:
+    tune_malloc()
     settings = Settings.from_env(data_dir=data_dir, host=host, port=port)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     app = create_app(settings, announce=announce)

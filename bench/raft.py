@@ -87,6 +87,9 @@ class ListStore:
             raise LookupError(index)
         return self.log[index - 1]
 
+    def config_indexes(self, lo: int, hi: int) -> list[int]:
+        return [e.index for e in self.log[lo - 1 : hi - 1] if e.kind is EntryKind.CONFIG]
+
     def write(self, entries: list[Entry]) -> None:
         first = entries[0].index
         if first <= len(self.log):

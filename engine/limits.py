@@ -36,7 +36,12 @@ class Limits:
     """A learner is promoted once it is within one round of the leader, tried this often."""
 
     # --- storage --------------------------------------------------------------------
-    wal_file_bytes_max: int = 256 * MIB
+    wal_file_bytes_max: int = 16 * MIB
+    """The WAL rolls to a new file after the batch that reaches this size. It bounds the
+    entries held in memory: the mem tables keep every entry of the current file until it
+    rolls and they are flushed to segments (256 MiB held a quarter of a million 1 KiB
+    messages in memory), and the WAL replayed after a crash. A batch may carry a file
+    past it (one batch is never split), hence no relation to ``wal_batch_bytes_max``."""
     wal_batch_bytes_max: int = 32 * MIB
     """The WAL writer takes at most this much into one write + fdatasync."""
     segment_file_bytes_max: int = 64 * MIB
@@ -64,6 +69,10 @@ class Limits:
     page_refs: int = 4096
     """References per page of the ready FIFO."""
     dead_bytes_per_live_checkpoint_factor: int = 2
+    replay_bytes_max: int = 64 * MIB
+    """A replica checkpoints once this many log bytes applied since its last checkpoint
+    (a queue whose messages all stay has no dead bytes to trigger one): a restart applies
+    at most this much of the log again, whatever the depth of the queue."""
     checkpoint_bytes_per_message_estimate: int = 64
     checkpoint_bytes_min: int = 1 * MIB
     """Floor of the checkpoint size estimate, so a near-empty queue does not checkpoint often."""
@@ -95,7 +104,7 @@ class Limits:
         assert self.committed_entries_per_ready_max >= 1
         assert self.committed_bytes_per_ready_max >= self.append_bytes_per_message_max
         assert self.append_bytes_per_message_max <= self.inflight_bytes_per_follower_max
-        assert self.entry_bytes_max <= self.wal_batch_bytes_max <= self.wal_file_bytes_max
+        assert self.entry_bytes_max <= self.wal_batch_bytes_max
         assert self.batch_bytes_max <= self.entry_bytes_max
         assert self.message_bytes_max <= self.message_bytes_max_ceiling <= self.batch_bytes_max
         assert self.batch_messages_max >= 1 and self.receive_messages_max >= 1

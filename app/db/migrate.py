@@ -2,20 +2,34 @@
 
 The server does this at start-up and the local CLI commands before they touch the
 database, so there is no separate migration step to forget.
+
+A database already at the head revision is the common case at start-up; it is told
+apart without importing Alembic (about 100 ms with Mako and Pygments, a tenth of the
+start-up of ``quorra serve``): the head is read from the ``revision`` and
+``down_revision`` lines of the migration files, the database's from its
+``alembic_version`` table. Whenever that reading is not plain (no single head, a line
+that is not a literal), Alembic decides.
 """
 
 from __future__ import annotations
 
+import ast
+import re
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
+from sqlalchemy.exc import OperationalError
+
+if TYPE_CHECKING:
+    from alembic.config import Config
+
+_REVISION_LINE = re.compile(r"^(revision|down_revision)\s*(?::[^=\n]*)?=\s*(.+)$", re.MULTILINE)
 
 
 def alembic_config(migrations_dir: Path, engine: Engine | None = None) -> Config:
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", str(migrations_dir))
     if engine is not None:
@@ -25,6 +39,12 @@ def alembic_config(migrations_dir: Path, engine: Engine | None = None) -> Config
 
 def upgrade_to_head(engine: Engine, migrations_dir: Path) -> str:
     """Migrate to the newest revision and return it."""
+    head = script_head(migrations_dir)
+    if head is not None and stored_revisions(engine) == [head]:
+        return head
+    from alembic import command
+    from alembic.script import ScriptDirectory
+
     config = alembic_config(migrations_dir, engine)
     with engine.begin() as connection:
         config.attributes["connection"] = connection
@@ -36,5 +56,51 @@ def upgrade_to_head(engine: Engine, migrations_dir: Path) -> str:
 
 
 def current_revision(engine: Engine) -> str | None:
+    from alembic.runtime.migration import MigrationContext
+
     with engine.connect() as connection:
         return MigrationContext.configure(connection).get_current_revision()
+
+
+def script_head(migrations_dir: Path) -> str | None:
+    """The one head revision of ``migrations_dir/versions``, from the files' text;
+    None when there is not exactly one or a file's revision lines are not literals."""
+    revisions: set[str] = set()
+    parents: set[str] = set()
+    for path in sorted((migrations_dir / "versions").glob("*.py")):
+        found = dict(
+            (name, _literal(value)) for name, value in _REVISION_LINE.findall(path.read_text())
+        )
+        revision, down = found.get("revision"), found.get("down_revision")
+        if not isinstance(revision, str) or "down_revision" not in found:
+            return None
+        revisions.add(revision)
+        if isinstance(down, str):
+            parents.add(down)
+        elif isinstance(down, tuple) and all(isinstance(d, str) for d in down):
+            parents.update(down)
+        elif down is not None:
+            return None
+    heads = revisions - parents
+    return heads.pop() if len(heads) == 1 else None
+
+
+def stored_revisions(engine: Engine) -> list[str]:
+    """The revisions in the database's ``alembic_version`` table; none before the first
+    migration."""
+    try:
+        with engine.connect() as connection:
+            rows = connection.execute(text("SELECT version_num FROM alembic_version"))
+            return [str(row[0]) for row in rows]
+    except OperationalError:  # no such table
+        return []
+
+
+def _literal(value: str) -> Any:
+    try:
+        return ast.literal_eval(value.strip())
+    except (ValueError, SyntaxError):
+        return _NOT_LITERAL
+
+
+_NOT_LITERAL = object()

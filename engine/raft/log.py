@@ -70,5 +70,11 @@ class LogStore(Protocol):
         ships those to a follower that lacks them). Raises ``LookupError`` if absent."""
         ...
 
+    def config_indexes(self, lo: int, hi: int) -> list[int]:
+        """Indexes of the ``CONFIG`` entries stored in ``lo <= index < hi``, from the kinds
+        storage keeps beside the payloads: no payload is read (a restart looks for the
+        configurations in the log after its checkpoint, which may be tens of MiB)."""
+        ...
+
 
 __all__ = ["Entry", "EntryKind", "LogStore"]

@@ -40,7 +40,6 @@ from collections import deque
 
 from engine.errors import RecoveryRefused
 from engine.ids import ServerId
-from engine.limits import Limits
 from engine.raft import election, membership, quorum, read_only, replication, snapshot_transfer
 from engine.raft.config import EMPTY_CONFIGURATION, Configuration
 from engine.raft.events import (
@@ -138,7 +137,7 @@ class RaftServer:
             (base_index, base.config if base else bootstrap)
         ]
         """(index of the entry, configuration) from the checkpoint on, in index order."""
-        self.configs += _configs_in(self.log, base_index + 1, self.limits)
+        self.configs += _configs_in(self.log, base_index + 1)
         if repair and self.config.voters == (self.id,):
             raise RecoveryRefused(
                 f"{self.id}: durable data was lost and the group has no other member to "
@@ -514,22 +513,14 @@ class RaftServer:
             ]
 
 
-def _configs_in(log: RaftLog, lo: int, limits: Limits) -> list[tuple[int, Configuration]]:
-    """The configuration entries of ``log`` from ``lo`` on, read in bounded batches."""
-    found: list[tuple[int, Configuration]] = []
-    last = log.last_index()
-    while lo <= last:
-        batch = log.entries(
-            lo,
-            last + 1,
-            limits.committed_bytes_per_ready_max,
-            limits.committed_entries_per_ready_max,
-        )
-        for e in batch:
-            if e.kind is EntryKind.CONFIG:
-                found.append((e.index, Configuration.decode(e.data)))
-        lo += len(batch)
-    return found
+def _configs_in(log: RaftLog, lo: int) -> list[tuple[int, Configuration]]:
+    """The configurations in ``log`` from ``lo`` (at start: all of it is in storage),
+    found by kind, so that only their entries are read."""
+    store = log.store
+    return [
+        (index, Configuration.decode(store.entry(index).data))
+        for index in store.config_indexes(lo, log.last_index() + 1)
+    ]
 
 
 __all__ = ["Fault", "RaftOptions", "RaftServer", "RandomSource", "Role"]

@@ -26,7 +26,9 @@ the transport (one hop); while no leader is known it waits up to
 ticked with the node's clock, because the core stamps entries with the last time it saw.
 
 Checkpoints: ``CheckpointRequest`` serialises the machine before the next entry applies
-(every replica), the file is written by a worker, then ``ReleaseCursor`` promotes it to
+(every replica; also once ``Limits.replay_bytes_max`` of the log has applied since the
+last one, which bounds what a restart applies again, and at a clean stop, so that the
+next start applies next to nothing), the file is written by a worker, then ``ReleaseCursor`` promotes it to
 the snapshot and deletes segments holding only dead entries (compaction phase 1, the
 only one storage offers so far). The core learns of that snapshot only when a follower
 lags behind it: the checkpoint is then loaded (no payload) and shipped in chunks, then
@@ -188,6 +190,9 @@ _CALLS = (
 
 STOP_GRACE_MS = 2_000
 """How long a graceful stop lets requests in flight finish."""
+STOP_CHECKPOINT_BYTES_MIN = 1 << 20
+"""A clean stop checkpoints a queue that applied at least this much since its last
+checkpoint, so that the next start applies next to nothing again."""
 
 
 def now_ms() -> int:
@@ -328,6 +333,7 @@ class Node:
             return
         if not abandon:
             await self._drain_requests()
+            await self._checkpoint_before_stop()
         self._running = False
         self.transport.detach(self.name)
         for rep in self._replicas.values():
@@ -348,6 +354,27 @@ class Node:
             await asyncio.to_thread(self._close_files, storage)
         else:
             await asyncio.to_thread(storage.close)
+
+    async def _checkpoint_before_stop(self) -> None:
+        """Checkpoint every queue with ``STOP_CHECKPOINT_BYTES_MIN`` applied since its
+        last checkpoint: a restart after a clean stop then restores the machine and
+        applies nothing of the log (up to ``Limits.replay_bytes_max`` otherwise)."""
+        for rep in list(self._replicas.values()):
+            if (
+                rep.failed is not None
+                or rep.closed
+                or rep.applied_term == 0
+                or rep.bytes_since_capture < STOP_CHECKPOINT_BYTES_MIN
+            ):
+                continue
+            cp = self._capture(rep, rep.applied_index, rep.applied_term)
+            try:
+                async with rep.disk_lock:
+                    record = await self._write_checkpoint(rep, cp, "auto")
+            except (StorageFailed, OSError) as e:
+                log.error("queue %s: checkpoint at stop failed: %s", rep.name, e)
+                continue
+            await self._notify(record)
 
     async def _drain_requests(self) -> None:
         """Refuse new requests, end long polls, and give those in flight a moment."""
@@ -846,7 +873,8 @@ class Node:
             reply: object = None
             if e.kind is EntryKind.COMMAND and e.index > rep.base_index:
                 reply, effects = machine.apply(ApplyMeta(e.index, e.term, e.now_ms), e.data)
-                if effects:
+                rep.bytes_since_capture += len(e.data)
+                if effects or rep.bytes_since_capture >= self.limits.replay_bytes_max:
                     # Replay throws leader-only effects away (the machine repeats what
                     # must happen: unconfirmed dead letters are emitted again).
                     self._perform(rep, effects, e, leader and e.index > rep.replay_until)
@@ -888,12 +916,18 @@ class Node:
             elif isinstance(effect, ReleaseCursor):
                 self._spawn(self._auto_checkpoint(rep, checkpoint, effect.index))
                 checkpoint = None
+        if checkpoint is None and rep.bytes_since_capture >= self.limits.replay_bytes_max:
+            # The machine asks for checkpoints when dead entries pile up; a queue whose
+            # messages all stay gets one here, so that a restart applies at most this
+            # much of the log again whatever the depth of the queue.
+            checkpoint = self._capture(rep, e.index, e.term)
         if checkpoint is not None:
             self._spawn(self._auto_checkpoint(rep, checkpoint, None))
 
     def _capture(self, rep: Replica, index: int, term: int) -> Captured:
         """The machine state as of ``index``, taken before the next entry applies: frozen
         here, encoded by the worker that writes it (``Captured.build``)."""
+        rep.bytes_since_capture = 0
         config = rep.raft.config_at(index).encode()
         return Captured(index, term, rep.machine.version, config, rep.machine.freeze())
 

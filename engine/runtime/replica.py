@@ -86,6 +86,10 @@ class Replica:
     leader_waiters: list[asyncio.Future[None]] = field(default_factory=list)
     inflight_publish_bytes: int = 0
     checkpoint: CheckpointInfo = field(default_factory=CheckpointInfo)
+    bytes_since_capture: int = 0
+    """Log bytes applied since the machine was last captured for a checkpoint (or
+    restored): what a restart would apply again, bounded by
+    ``Limits.replay_bytes_max``."""
     installed_live: dict[int, Entry] = field(default_factory=dict)
     """Live entries of a snapshot being installed, readable until storage shows them."""
     samples: deque[tuple[int, int, int, int]] = field(default_factory=lambda: deque(maxlen=16))

@@ -15,7 +15,7 @@ from typing import Protocol
 
 from engine.errors import EntryDamaged
 from engine.raft.events import HardState
-from engine.raft.log import Entry, LogStore
+from engine.raft.log import Entry, EntryKind, LogStore
 from engine.raft.snapshot import Snapshot
 
 
@@ -178,6 +178,12 @@ class MemStorage:
             if size > max_bytes and n:
                 return out[:n]
         return out
+
+    def config_indexes(self, lo: int, hi: int) -> list[int]:
+        v = self.visible
+        first = v.snap_index + 1
+        held = v.entries[max(lo, first) - first : max(hi, first) - first]
+        return [e.index for e in held if e.kind is EntryKind.CONFIG]
 
     # --- SimStorage -----------------------------------------------------------------
 

@@ -78,6 +78,12 @@ class MemTable:
             for i, (term, kind, now_ms, data) in enumerate(rows, start)
         ]
 
+    def indexes_of_kind(self, kind: EntryKind, lo: int, hi: int) -> list[int]:
+        """Indexes of the entries of ``kind`` from ``lo`` (at least ``self.lo``) below ``hi``."""
+        start = max(lo, self.lo)
+        rows = self._rows[start - self.lo : max(0, hi - self.lo)]
+        return [i for i, row in enumerate(rows, start) if row[1] == kind]
+
     def flushable(self, wal_seq: int) -> list[Entry]:
         """The leading entries written to WAL files up to ``wal_seq``."""
         n = bisect.bisect_right(self._wal_seqs, wal_seq)
@@ -187,6 +193,26 @@ class ServerLog:
             return []
         stop = min(end, seg.hi + 1, self.mem.lo if len(self.mem) else end)
         return self._cache.get(seg.info).read_run(index, stop, max(max_bytes, 1))
+
+    def config_indexes(self, lo: int, hi: int) -> list[int]:
+        """``LogStore.config_indexes``: from the mem table's rows and the segments'
+        index sections (read once per segment, checked when opened), no payload."""
+        end = min(hi, self._last + 1)
+        mem_lo = self.mem.lo if len(self.mem) else end
+        out: list[int] = []
+        index = max(lo, self.first_index())
+        while index < min(end, mem_lo):
+            seg = self._segment_for(index)
+            if seg is None:  # not stored here: on to the next segment, if any
+                k = bisect.bisect_right(self._los, index)
+                index = self._los[k] if k < len(self._los) else mem_lo
+                continue
+            stop = min(end, mem_lo, seg.hi + 1)
+            out += self._cache.get(seg.info).indexes_of_kind(EntryKind.CONFIG, index, stop)
+            index = stop
+        if index < end:
+            out += self.mem.indexes_of_kind(EntryKind.CONFIG, index, end)
+        return out
 
     def first_damaged(self, lo: int, max_bytes: int) -> tuple[int | None, str]:
         """The first entry from ``lo`` to the last that is missing or fails its CRC32C

@@ -221,6 +221,13 @@ class SegmentReader:
         row = self.position(index)
         return None if row is None else int(self.index["term"][row])
 
+    def indexes_of_kind(self, kind: EntryKind, lo: int, hi: int) -> list[int]:
+        """Indexes of the entries of ``kind`` from ``lo`` below ``hi`` held here, from the
+        index section alone."""
+        rows = self.index
+        chosen = (rows["kind"] == int(kind)) & (rows["index"] >= lo) & (rows["index"] < hi)
+        return [int(i) for i in rows["index"][chosen]]
+
     def read(self, index: int) -> Entry | None:
         row = self.position(index)
         if row is None:

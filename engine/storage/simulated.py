@@ -97,6 +97,9 @@ class SimDiskStorage:
     def entry(self, index: int) -> Entry:
         return self._log.read(index)
 
+    def config_indexes(self, lo: int, hi: int) -> list[int]:
+        return self._log.config_indexes(lo, hi)
+
     # -- SimStorage -------------------------------------------------------------------------
 
     def write(

@@ -27,7 +27,7 @@ from engine.runtime.api import (
     QueueArgs,
 )
 from engine.storage import ServerLog
-from tests.runtime.util import FAST, drain, msgs, rolling, run, started
+from tests.runtime.util import FAST, drain, eventually, msgs, rolling, run, started
 
 
 def test_publish_receive_ack(tmp_path: Path) -> None:
@@ -570,6 +570,64 @@ def test_restart_after_a_promoted_snapshot_reads_no_live_payload(
             assert node.stats("deep")["messages_ready"] == 2002
             bodies = await drain(node, "deep")
             assert len(bodies) == 2002 and bodies[0] == b"0-0" and bodies[-1] == b"tail-2"
+        finally:
+            await node.stop()
+
+    run(body())
+
+
+def test_a_queue_whose_messages_all_stay_checkpoints_so_a_restart_replays_little(
+    tmp_path: Path,
+) -> None:
+    """No message is settled, so no dead byte asks for a checkpoint; the replay bound
+    (``Limits.replay_bytes_max``) does, and the restart applies only the log after it."""
+    entry_bytes = 10 * 1024
+    limits = rolling(replay_bytes_max=8 * entry_bytes)
+    records: list[CheckpointRecord | CompactionRecord] = []
+
+    async def listener(record: CheckpointRecord | CompactionRecord) -> None:
+        records.append(record)
+
+    async def body() -> None:
+        node = await started(tmp_path, limits)
+        node.set_record_listener(listener)
+        await node.create_queue("deep", QueueArgs())
+        for k in range(40):
+            await node.publish("deep", msgs(*[f"{k}-{i}".ljust(1024, "x") for i in range(10)]))
+        await eventually(lambda: any(isinstance(r, CheckpointRecord) for r in records))
+        assert all(r.trigger == "auto" for r in records)
+        last = node.stats("deep")["log"]["last_index"]  # type: ignore[index]
+        await node.stop()
+        node = await started(tmp_path, limits)
+        try:
+            rep = node._replicas["deep"]
+            assert last - rep.base_index <= 8 + 1  # at most the bound's worth applied again
+            assert node.stats("deep")["messages_ready"] == 400
+        finally:
+            await node.stop()
+
+    run(body())
+
+
+def test_a_clean_stop_checkpoints_so_the_next_start_applies_nothing_again(
+    tmp_path: Path,
+) -> None:
+    limits = rolling(replay_bytes_max=64 << 20)  # no checkpoint while publishing
+
+    async def body() -> None:
+        node = await started(tmp_path, limits)
+        await node.create_queue("deep", QueueArgs())
+        for k in range(20):
+            await node.publish("deep", msgs(*[f"{k}-{i}".ljust(1024, "x") for i in range(100)]))
+        await node.publish("deep", msgs("last"))
+        assert node.stats("deep")["checkpoint"]["index"] == 0  # type: ignore[index]
+        last = node.stats("deep")["log"]["last_index"]  # type: ignore[index]
+        await node.stop()
+        node = await started(tmp_path, limits)
+        try:
+            assert node._replicas["deep"].base_index == last
+            bodies = await drain(node, "deep")
+            assert len(bodies) == 2001 and bodies[-1] == b"last"
         finally:
             await node.stop()
 

@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+import dataclasses
 import re
 import threading
 
 import pytest
 from pyroaring import BitMap64
 
+from engine.raft.log import EntryKind
 from engine.storage import (
     Checkpoint,
     FakeDisk,
@@ -17,6 +19,7 @@ from engine.storage import (
     WalBatch,
     WalThread,
 )
+from engine.storage.segment import SegmentReader
 from tests.storage.conftest import entries, one_server, small_limits
 
 
@@ -205,3 +208,29 @@ def test_a_removed_server_leaves_no_files_even_if_a_crash_interrupts_it() -> Non
         assert storage.open_server("kept").log.last_index() == 30
         storage = reopen(disk)  # nothing of it comes back from older WAL files either
         assert storage.servers() == ["kept"]
+
+
+def test_config_indexes_come_from_kinds_alone_across_segments_and_mem_table(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    written = [
+        dataclasses.replace(e, kind=EntryKind.CONFIG) if e.index % 7 in (0, 3) else e
+        for e in entries(1, 40, size=120)
+    ]
+    storage = NodeStorage.open(FakeDisk(), small_limits())
+    storage.open_server("q")
+    for k in range(0, 40, 5):  # several appends: the WAL rolls, segments are written
+        storage.append("q", written[k : k + 5])
+        storage.sync()
+    log = storage.log("q")
+    assert log.segment_infos() and len(log.mem)  # both places hold entries
+
+    def no_payload(*args: object) -> None:
+        raise AssertionError("a payload was read")
+
+    monkeypatch.setattr(SegmentReader, "read", no_payload)
+    monkeypatch.setattr(SegmentReader, "read_run", no_payload)
+    for lo in range(1, 42, 3):
+        for hi in range(lo, 43, 4):
+            expected = [e.index for e in written[lo - 1 : hi - 1] if e.kind is EntryKind.CONFIG]
+            assert log.config_indexes(lo, hi) == expected, (lo, hi)
