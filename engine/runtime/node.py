@@ -164,7 +164,6 @@ from engine.storage import (
     WalBatch,
     WriteFailed,
 )
-from engine.storage.checkpoint import encode_checkpoint
 from engine.storage.wal import AppendOp, HardState, HardStateOp
 from engine.storage.wal_stats import WalStats
 
@@ -541,7 +540,7 @@ class Node:
             # The state may be a view of a mapped file: msgpack reads it without a copy.
             machine.restore(cast(bytes, rec.checkpoint.state))
             base = rec.checkpoint.index
-            checkpoint = CheckpointInfo(base, 0, len(encode_checkpoint(rec.checkpoint)))
+            checkpoint = CheckpointInfo(base, 0, rec.checkpoint.file_bytes)
         snapshot, checkpoint_meta = self._raft_metas(meta.uid, rec.log, rec.checkpoint)
         hs = rec.hard_state
         hard = None
@@ -738,12 +737,12 @@ class Node:
             snap.live_indexes,
             snap.machine_state,
         )
-        storage.install_snapshot(rep.uid, cp, given)
+        size = storage.install_snapshot(rep.uid, cp, given)
         rep.machine.restore(snap.machine_state)
         rep.base_index = snap.index
         rep.applied_index, rep.applied_term = snap.index, snap.term
         rep.installed_live = installed
-        rep.checkpoint = CheckpointInfo(snap.index, now_ms(), len(encode_checkpoint(cp)))
+        rep.checkpoint = CheckpointInfo(snap.index, now_ms(), size)
 
     def _send(self, rep: Replica, msg: Message) -> None:
         self.transport.send(NodeName(node_of(msg.dst)), rep.uid, msg)
@@ -1735,8 +1734,7 @@ class Captured:
 def _write_checkpoint(storage: NodeStorage, uid: str, captured: Captured) -> tuple[int, int]:
     """On a worker: encode and write; (bytes of the checkpoint file, live entries)."""
     cp = captured.build()
-    storage.write_checkpoint(uid, cp)
-    return len(encode_checkpoint(cp)), len(cp.live_indexes)
+    return storage.write_checkpoint(uid, cp), len(cp.live_indexes)
 
 
 def _info(meta: QueueMeta) -> QueueInfo:

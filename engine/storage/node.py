@@ -935,10 +935,11 @@ class NodeStorage:
     def checkpoints(self, uid: str) -> CheckpointStore:
         return CheckpointStore(self.disk, uid, self.limits.checkpoints_kept_max)
 
-    def write_checkpoint(self, uid: str, cp: Checkpoint) -> None:
-        """Durably write a checkpoint (``CheckpointRequest``); the log is not truncated."""
+    def write_checkpoint(self, uid: str, cp: Checkpoint) -> int:
+        """Durably write a checkpoint (``CheckpointRequest``); the log is not truncated.
+        Returns the bytes of its file."""
         try:
-            self.checkpoints(uid).write(cp)
+            return self.checkpoints(uid).write(cp)
         except OSError as exc:
             raise StorageFailed(f"checkpoint of {uid} at {cp.index} failed: {exc}") from exc
 
@@ -974,15 +975,13 @@ class NodeStorage:
             held.add(index)
         return held
 
-    def install_snapshot(
-        self, uid: str, cp: Checkpoint, live_entries: Sequence[Entry] = ()
-    ) -> None:
+    def install_snapshot(self, uid: str, cp: Checkpoint, live_entries: Sequence[Entry] = ()) -> int:
         """A snapshot from the leader replaces the whole log of ``uid``: the snapshot file
         is written durably, every segment deleted, the snapshot's live entries written
         to a new segment, then a reset record goes through the WAL (``SnapshotReset``
         follows; until then the log view is unchanged). ``live_entries`` may hold only
         the live entries this server lacks (see ``held_live``): the others are read from
-        its own log before it is replaced."""
+        its own log before it is replaced. Returns the bytes of the snapshot file."""
         log = self._log(uid)
         if log.failed is not None:
             raise log.failed
@@ -991,7 +990,7 @@ class NodeStorage:
         held = [log.read(i) for i in cp.live_indexes - given]
         live_entries = sorted([*live_entries, *held], key=lambda e: e.index)
         try:
-            self.checkpoints(uid).install_snapshot(cp)
+            size = self.checkpoints(uid).install_snapshot(cp)
             stale = log.drop_segments()
             pending, _ = self._installed.pop(uid, (None, None))
             for info in [*stale, *([pending] if pending else [])]:
@@ -1007,6 +1006,7 @@ class NodeStorage:
         except OSError as exc:
             raise StorageFailed(f"snapshot install of {uid} failed: {exc}") from exc
         self.wal.submit(ResetOp(uid, cp.index, cp.term))
+        return size
 
     def remove_server(self, uid: str) -> None:
         """Delete server ``uid``: a forget record goes through the WAL, then its files
