@@ -573,6 +573,8 @@ class Node:
         assert self._receipt_key is not None, "start() loads the key before hosting"
         seal = ReceiptSeal(self._receipt_key, meta.uid)
         rep = Replica(meta, sid, raft, machine, rec.log, base, seal, checkpoint=checkpoint)
+        if rec.checkpoint is not None:  # stats must not walk a deep queue at start
+            observe.seed_live_set(rep, base, rec.checkpoint.live_indexes)
         rep.applied_index = raft.applied
         if hs is not None:
             rep.hard_state_written = (hs.term, hs.vote)
@@ -743,6 +745,7 @@ class Node:
         rep.applied_index, rep.applied_term = snap.index, snap.term
         rep.installed_live = installed
         rep.checkpoint = CheckpointInfo(snap.index, now_ms(), size)
+        observe.seed_live_set(rep, snap.index, snap.live_indexes)
 
     def _send(self, rep: Replica, msg: Message) -> None:
         self.transport.send(NodeName(node_of(msg.dst)), rep.uid, msg)
