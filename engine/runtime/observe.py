@@ -69,7 +69,7 @@ def live_set(rep: Replica) -> tuple[BitMap64, int]:
         if now - built_at < reuse_s or _built_off_loop(rep):
             return _with_applied_since(live, applied, rep.applied_index), applied
     elif _built_off_loop(rep):
-        return _with_applied_since(BitMap64(), 0, rep.applied_index), 0
+        return _every_entry(rep), 0
     live = rep.machine.live_indexes()
     rep.live_cache = (rep.machine, rep.applied_index, now, live, time.monotonic() - now)
     return live, rep.applied_index
@@ -80,6 +80,17 @@ def seed_live_set(rep: Replica, index: int, live: BitMap64) -> None:
     machine was just restored from): reads start from it instead of walking the queue."""
     rep.live_cache = (rep.machine, index, time.monotonic(), live, 0.0)
     rep.live_build = None
+
+
+def _every_entry(rep: Replica) -> BitMap64:
+    """Every entry the log holds up to the applied index: the set until one is built."""
+    firsts = [info.lo for info, _hi in rep.log.segment_infos()]
+    if len(rep.log.mem):
+        firsts.append(rep.log.mem.lo)
+    everything = BitMap64()
+    if firsts and min(firsts) <= rep.applied_index:
+        everything.add_range(min(firsts), rep.applied_index + 1)
+    return everything
 
 
 def _with_applied_since(live: BitMap64, applied: int, now_applied: int) -> BitMap64:

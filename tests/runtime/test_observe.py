@@ -49,8 +49,19 @@ class _Machine:
         return Frozen()
 
 
+class _Log:
+    """Entries from 1 in segments, none in the mem table."""
+
+    mem: tuple[()] = ()
+
+    def segment_infos(self) -> list[tuple[Any, int]]:
+        return [(SimpleNamespace(lo=1), 100)]
+
+
 def _replica(machine: _Machine, applied: int) -> Any:
-    return SimpleNamespace(machine=machine, applied_index=applied, live_cache=None, live_build=None)
+    return SimpleNamespace(
+        machine=machine, applied_index=applied, live_cache=None, live_build=None, log=_Log()
+    )
 
 
 def _wait_for_build(rep: Any) -> None:
