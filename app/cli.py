@@ -31,6 +31,13 @@ def serve(
     port: Annotated[int, typer.Option(help="Port to bind.")] = 8000,
 ) -> None:
     """Start a single-node server."""
+    import gc
+
+    # Start-up makes hundreds of thousands of objects that live as long as the process
+    # (modules, classes, routes, models) and almost no garbage: collecting while they are
+    # made costs ~130 ms of a ~900 ms start. The app's lifespan freezes what start-up
+    # built and turns collection back on once the server is ready.
+    gc.disable()
     from app.server import run_server
 
     run_server(data_dir=data_dir, host=host, port=port)

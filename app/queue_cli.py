@@ -22,13 +22,15 @@ import json
 import sys
 from collections.abc import Callable
 from enum import StrEnum
-from typing import Annotated, Any, TypedDict
+from typing import TYPE_CHECKING, Annotated, Any, TypedDict
 from urllib.parse import quote
 
-import httpx
 import typer
 from rich.console import Console
 from rich.table import Table
+
+if TYPE_CHECKING:
+    import httpx
 
 from app.client_cli import (
     DEFAULT_URL,
@@ -251,6 +253,8 @@ def _ms(seconds: float | None) -> float | None:
 
 def _authorized_status(client: httpx.Client, status: ServerStatus) -> None:
     """Add what needs a token; a part the token may not read is an error, not a crash."""
+    import httpx
+
     try:
         cluster = send(client, "GET", "/api/v1/cluster").json()
         status["node"], status["nodes"] = cluster.get("node"), cluster.get("nodes")
@@ -264,6 +268,8 @@ def _authorized_status(client: httpx.Client, status: ServerStatus) -> None:
 
 
 def read_status(url: str, token: str) -> ServerStatus:
+    import httpx
+
     status: ServerStatus = {
         "url": url,
         "healthy": False,
