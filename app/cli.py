@@ -32,6 +32,12 @@ def serve(
 ) -> None:
     """Start a single-node server."""
     import gc
+    import os
+
+    # The engine uses numpy for packed arrays, never its linear algebra: OpenBLAS's thread
+    # pool (one per core, started when numpy loads) would cost ~50 ms of the start and
+    # idle threads for the life of the server.
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
     # Start-up makes hundreds of thousands of objects that live as long as the process
     # (modules, classes, routes, models) and almost no garbage: collecting while they are
