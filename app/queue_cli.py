@@ -90,6 +90,28 @@ def _with_client(url: str, token: str, work: Callable[[httpx.Client], None]) -> 
     run_action(action)
 
 
+def _request_and_print(
+    url: str,
+    token: str,
+    as_json: bool,
+    method: str,
+    path: str,
+    human: Callable[[Any], None],
+    body: dict[str, object] | None = None,
+) -> None:
+    """Send a request and print the answer's JSON: as it is with ``--json``, else through
+    ``human``."""
+
+    def work(client: httpx.Client) -> None:
+        answer = send(client, method, path, body).json()
+        if as_json:
+            _print_json(answer)
+        else:
+            human(answer)
+
+    _with_client(url, token, work)
+
+
 # --- human output ------------------------------------------------------------------
 
 
@@ -340,15 +362,14 @@ queue_app = typer.Typer(help="Queues on a server, over the REST API.", no_args_i
 @queue_app.command("list")
 def queue_list(url: Url = DEFAULT_URL, token: Token = "", as_json: Json = False) -> None:
     """The queues the token may see: depth, rates, memory and leader."""
-
-    def work(client: httpx.Client) -> None:
-        queues = send(client, "GET", "/api/v1/queues").json()
-        if as_json:
-            _print_json(queues)
-        else:
-            _stdout().print(queue_table(queues))
-
-    _with_client(url, token, work)
+    _request_and_print(
+        url,
+        token,
+        as_json,
+        "GET",
+        "/api/v1/queues",
+        lambda queues: _stdout().print(queue_table(queues)),
+    )
 
 
 @queue_app.command("show")
@@ -356,15 +377,14 @@ def queue_show(
     name: QueueName, url: Url = DEFAULT_URL, token: Token = "", as_json: Json = False
 ) -> None:
     """A queue's definition and stats."""
-
-    def work(client: httpx.Client) -> None:
-        queue = send(client, "GET", _queue_path(name)).json()
-        if as_json:
-            _print_json(queue)
-        else:
-            _stdout().print(queue_facts(queue))
-
-    _with_client(url, token, work)
+    _request_and_print(
+        url,
+        token,
+        as_json,
+        "GET",
+        _queue_path(name),
+        lambda queue: _stdout().print(queue_facts(queue)),
+    )
 
 
 @queue_app.command("create")
@@ -438,15 +458,14 @@ def queue_purge(
     name: QueueName, url: Url = DEFAULT_URL, token: Token = "", as_json: Json = False
 ) -> None:
     """Drop all ready messages of a queue (leased ones stay)."""
-
-    def work(client: httpx.Client) -> None:
-        result = send(client, "POST", _queue_path(name, "/purge")).json()
-        if as_json:
-            _print_json(result)
-        else:
-            _say(f"purged {result['purged']:,} messages from {name!r}")
-
-    _with_client(url, token, work)
+    _request_and_print(
+        url,
+        token,
+        as_json,
+        "POST",
+        _queue_path(name, "/purge"),
+        lambda result: _say(f"purged {result['purged']:,} messages from {name!r}"),
+    )
 
 
 @queue_app.command("snapshot")
@@ -455,18 +474,14 @@ def queue_snapshot(
 ) -> None:
     """Take a checkpoint of a queue now."""
 
-    def work(client: httpx.Client) -> None:
-        record = send(client, "POST", _queue_path(name, "/snapshots")).json()
-        if as_json:
-            _print_json(record)
-            return
+    def human(record: dict[str, Any]) -> None:
         _say(
             f"checkpoint of {name!r} at index {record['index']} (term {record['term']}): "
             f"{human_bytes(record['bytes'])}, {record['live_entries']:,} live entries, "
             f"{record['duration_ms']:.1f} ms"
         )
 
-    _with_client(url, token, work)
+    _request_and_print(url, token, as_json, "POST", _queue_path(name, "/snapshots"), human)
 
 
 @queue_app.command("compact")
@@ -478,13 +493,9 @@ def queue_compact(
     phase: Annotated[Phase, typer.Option(help="Compaction phase (auto: as needed).")] = Phase.auto,
 ) -> None:
     """Compact a queue's log now."""
-    body = {"phase": phase.value if phase is Phase.auto else int(phase.value)}
+    body: dict[str, object] = {"phase": phase.value if phase is Phase.auto else int(phase.value)}
 
-    def work(client: httpx.Client) -> None:
-        record = send(client, "POST", _queue_path(name, "/compactions"), body).json()
-        if as_json:
-            _print_json(record)
-            return
+    def human(record: dict[str, Any]) -> None:
         _say(
             f"compacted {name!r} (phase {record['phase']}): segments "
             f"{record['segments_before']} → {record['segments_after']}, "
@@ -493,7 +504,7 @@ def queue_compact(
             f"{record['dead_entries_after']:,}, {record['duration_ms']:.1f} ms"
         )
 
-    _with_client(url, token, work)
+    _request_and_print(url, token, as_json, "POST", _queue_path(name, "/compactions"), human, body)
 
 
 def status(url: Url = DEFAULT_URL, token: Token = "", as_json: Json = False) -> None:
