@@ -96,18 +96,20 @@ def _request_and_print(
     as_json: bool,
     method: str,
     path: str,
-    human: Callable[[Any], None],
+    human: Callable[[Any], Table | str],
     body: dict[str, object] | None = None,
 ) -> None:
-    """Send a request and print the answer's JSON: as it is with ``--json``, else through
-    ``human``."""
+    """Send a request and print the answer's JSON: as it is with ``--json``, else as
+    ``human`` tells it (a table, or a sentence)."""
 
     def work(client: httpx.Client) -> None:
         answer = send(client, method, path, body).json()
         if as_json:
             _print_json(answer)
+        elif isinstance(told := human(answer), str):
+            _say(told)
         else:
-            human(answer)
+            _stdout().print(told)
 
     _with_client(url, token, work)
 
@@ -362,14 +364,7 @@ queue_app = typer.Typer(help="Queues on a server, over the REST API.", no_args_i
 @queue_app.command("list")
 def queue_list(url: Url = DEFAULT_URL, token: Token = "", as_json: Json = False) -> None:
     """The queues the token may see: depth, rates, memory and leader."""
-    _request_and_print(
-        url,
-        token,
-        as_json,
-        "GET",
-        "/api/v1/queues",
-        lambda queues: _stdout().print(queue_table(queues)),
-    )
+    _request_and_print(url, token, as_json, "GET", "/api/v1/queues", queue_table)
 
 
 @queue_app.command("show")
@@ -377,14 +372,7 @@ def queue_show(
     name: QueueName, url: Url = DEFAULT_URL, token: Token = "", as_json: Json = False
 ) -> None:
     """A queue's definition and stats."""
-    _request_and_print(
-        url,
-        token,
-        as_json,
-        "GET",
-        _queue_path(name),
-        lambda queue: _stdout().print(queue_facts(queue)),
-    )
+    _request_and_print(url, token, as_json, "GET", _queue_path(name), queue_facts)
 
 
 @queue_app.command("create")
@@ -458,14 +446,11 @@ def queue_purge(
     name: QueueName, url: Url = DEFAULT_URL, token: Token = "", as_json: Json = False
 ) -> None:
     """Drop all ready messages of a queue (leased ones stay)."""
-    _request_and_print(
-        url,
-        token,
-        as_json,
-        "POST",
-        _queue_path(name, "/purge"),
-        lambda result: _say(f"purged {result['purged']:,} messages from {name!r}"),
-    )
+
+    def human(result: dict[str, Any]) -> str:
+        return f"purged {result['purged']:,} messages from {name!r}"
+
+    _request_and_print(url, token, as_json, "POST", _queue_path(name, "/purge"), human)
 
 
 @queue_app.command("snapshot")
@@ -474,8 +459,8 @@ def queue_snapshot(
 ) -> None:
     """Take a checkpoint of a queue now."""
 
-    def human(record: dict[str, Any]) -> None:
-        _say(
+    def human(record: dict[str, Any]) -> str:
+        return (
             f"checkpoint of {name!r} at index {record['index']} (term {record['term']}): "
             f"{human_bytes(record['bytes'])}, {record['live_entries']:,} live entries, "
             f"{record['duration_ms']:.1f} ms"
@@ -495,8 +480,8 @@ def queue_compact(
     """Compact a queue's log now."""
     body: dict[str, object] = {"phase": phase.value if phase is Phase.auto else int(phase.value)}
 
-    def human(record: dict[str, Any]) -> None:
-        _say(
+    def human(record: dict[str, Any]) -> str:
+        return (
             f"compacted {name!r} (phase {record['phase']}): segments "
             f"{record['segments_before']} → {record['segments_after']}, "
             f"{human_bytes(record['bytes_before'])} → {human_bytes(record['bytes_after'])}, "
