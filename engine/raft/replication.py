@@ -121,10 +121,9 @@ def maybe_send_append(s: RaftServer, peer: ServerId, pr: Progress, allow_empty: 
 
 
 def on_append_response(s: RaftServer, msg: AppendResponse) -> None:
-    pr = s.progress.get(msg.src)
+    pr = s.heard_from_follower(msg.src)
     if pr is None:
         return
-    pr.recent_active = True
     if not msg.success:
         _on_append_rejected(s, msg, pr)
         return
@@ -207,10 +206,9 @@ def on_heartbeat(s: RaftServer, msg: Heartbeat) -> None:
 
 
 def on_heartbeat_response(s: RaftServer, msg: HeartbeatResponse) -> None:
-    pr = s.progress.get(msg.src)
+    pr = s.heard_from_follower(msg.src)
     if pr is None:
         return
-    pr.recent_active = True
     if msg.read_seq > pr.read_acked:
         pr.read_acked = msg.read_seq
         read_only.maybe_confirm(s)

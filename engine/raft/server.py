@@ -483,6 +483,14 @@ class RaftServer:
         self.leader_contact_ms = self.now_ms
         self.reset_election_timer()
 
+    def heard_from_follower(self, peer: ServerId) -> Progress | None:
+        """The progress of ``peer``, which answered this leader: marked active (check-quorum
+        counts it). None if ``peer`` is no longer a member (the answer is then ignored)."""
+        pr = self.progress.get(peer)
+        if pr is not None:
+            pr.recent_active = True
+        return pr
+
     # --- apply and compaction ---------------------------------------------------------
 
     def _collect_committed(self, rd: Ready) -> None:

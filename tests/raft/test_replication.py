@@ -9,7 +9,7 @@ from engine.raft.log import Entry, EntryKind
 from engine.raft.messages import AppendRequest, AppendResponse
 from engine.raft.progress import ProgressState
 from engine.raft.server import Fault, Role
-from tests.raft.harness import LIMITS, Cluster, sid
+from tests.raft.harness import LIMITS, Cluster, append_request, sid
 
 
 def _logs_equal(c: Cluster, names: list[str]) -> bool:
@@ -62,13 +62,7 @@ def test_a_follower_rejects_a_mismatched_append_with_a_conflict_hint() -> None:
     c = Cluster(["a", "b", "c"])
     c.elect("a")
     b = c["b"]
-    b.step(
-        Receive(
-            AppendRequest(
-                src=sid("a"), dst=sid("b"), term=1, prev_index=5, prev_term=1, entries=[], commit=1
-            )
-        )
-    )
+    b.step(Receive(append_request("a", "b", 1, prev_index=5, prev_term=1, commit=1)))
     rd = b.ready()
     (resp,) = rd.messages_after_persist
     assert type(resp) is AppendResponse and not resp.success
@@ -80,22 +74,10 @@ def test_a_follower_truncates_conflicting_entries_and_keeps_matching_ones() -> N
     c.elect("a")
     b = c["b"]
     old = [Entry(2, 1, EntryKind.COMMAND, 0, b"old2"), Entry(3, 1, EntryKind.COMMAND, 0, b"old3")]
-    b.step(
-        Receive(
-            AppendRequest(
-                src=sid("a"), dst=sid("b"), term=1, prev_index=1, prev_term=1, entries=old, commit=1
-            )
-        )
-    )
+    b.step(Receive(append_request("a", "b", 1, prev_index=1, prev_term=1, entries=old, commit=1)))
     c.process("b")
     new = [Entry(3, 2, EntryKind.COMMAND, 0, b"new3")]
-    b.step(
-        Receive(
-            AppendRequest(
-                src=sid("c"), dst=sid("b"), term=2, prev_index=2, prev_term=1, entries=new, commit=1
-            )
-        )
-    )
+    b.step(Receive(append_request("c", "b", 2, prev_index=2, prev_term=1, entries=new, commit=1)))
     c.process("b")
     data = [e.data for e in c.nodes["b"].storage.entries(2, 4, 1 << 30)]
     assert data == [b"old2", b"new3"] and b.log.last_index() == 3
