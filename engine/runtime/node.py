@@ -23,7 +23,7 @@ How it runs (one event loop, two kinds of helper threads):
 A client call on a replica that does not lead is forwarded to the leader's node through
 the transport (one hop); while no leader is known it waits up to
 ``Limits.leader_wait_ms`` and then raises ``NoLeader``. Before each proposal the core is
-ticked with the node's clock, because the core stamps entries with the last time it saw.
+ticked with the node's clocks, because the core stamps entries with the last wall time it saw.
 
 Checkpoints: ``CheckpointRequest`` serialises the machine before the next entry applies
 (every replica; also once ``Limits.replay_bytes_max`` of the log has applied since the
@@ -136,6 +136,7 @@ from engine.runtime.api import (
     SettleResult,
     Trigger,
 )
+from engine.runtime.clock import SYSTEM_CLOCK, Clock
 from engine.runtime.meta import (
     CONSUMER_BYTES_MAX,
     QueueMeta,
@@ -195,10 +196,6 @@ STOP_CHECKPOINT_BYTES_MIN = 1 << 20
 checkpoint, so that the next start applies next to nothing again."""
 
 
-def now_ms() -> int:
-    return int(time.time() * 1000)
-
-
 class Node:
     """One Quorra node. ``Node(data_dir)`` alone is a single-node cluster."""
 
@@ -210,8 +207,11 @@ class Node:
         limits: Limits = DEFAULT_LIMITS,
         transport: Transport | None = None,
         receipt_key: bytes | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.data_dir = Path(data_dir)
+        self.clock = clock
+        """Timers count on its monotonic clock; entries are stamped with its wall clock."""
         self._receipt_key = receipt_key
         """Seals receipts; ``None``: derived from the data directory's secret at start."""
         self.name = NodeName(node_name)
@@ -235,6 +235,7 @@ class Node:
         self._create_lock = asyncio.Lock()
         self._inflight_requests = 0
         self._heard_ms: dict[str, int] = {}
+        """Monotonic time of the last Raft message from each node."""
         self._running = False
         self._stopping = False
         self._unreadable: set[str] = set()
@@ -416,7 +417,7 @@ class Node:
             assert args.replicas is not None
             start = nodes.index(self.name)
             members = tuple(sorted((nodes[start:] + nodes[:start])[: args.replicas]))
-            meta = QueueMeta(name, uuid.uuid4().hex, args, now_ms(), members)
+            meta = QueueMeta(name, uuid.uuid4().hex, args, self.clock.wall_ms(), members)
             for node in members:
                 if node == self.name:
                     await self._create_replica(meta)
@@ -554,7 +555,7 @@ class Node:
         bootstrap = EMPTY_CONFIGURATION
         if self.name in meta.members:
             bootstrap = Configuration(tuple(sorted(server_id(n, meta.uid) for n in meta.members)))
-        now = now_ms()
+        now, wall = self.clock.monotonic_ms(), self.clock.wall_ms()
         lone = meta.members == (self.name,)
         # A lone voter campaigns on its first tick instead of after an election timeout.
         start_ms = now - self.limits.election_timeout_ms_max if lone else now
@@ -570,6 +571,7 @@ class Node:
             max(0, start_ms),
             checkpoint_meta,
             repair=rec.repairing,
+            wall_ms=wall,
         )
         assert self._receipt_key is not None, "start() loads the key before hosting"
         seal = ReceiptSeal(self._receipt_key, meta.uid)
@@ -579,7 +581,7 @@ class Node:
             rep.hard_state_written = (hs.term, hs.vote)
         rep.replay_until = rec.log.last_index()
         if lone:
-            raft.step(Tick(now))
+            raft.step(Tick(now, wall))
         self._replicas[meta.name] = rep
         self._by_uid[meta.uid] = rep
         return rep
@@ -743,18 +745,23 @@ class Node:
         rep.base_index = snap.index
         rep.applied_index, rep.applied_term = snap.index, snap.term
         rep.installed_live = installed
-        rep.checkpoint = CheckpointInfo(snap.index, now_ms(), len(encode_checkpoint(cp)))
+        rep.checkpoint = CheckpointInfo(
+            snap.index, self.clock.wall_ms(), len(encode_checkpoint(cp))
+        )
 
     def _send(self, rep: Replica, msg: Message) -> None:
         self.transport.send(NodeName(node_of(msg.dst)), rep.uid, msg)
 
     def on_raft_message(self, uid: str, message: Message) -> None:
         """From the transport: a message for the replica of group ``uid``."""
-        self._heard_ms[node_of(message.src)] = now_ms()
+        self._heard_ms[node_of(message.src)] = self.clock.monotonic_ms()
         rep = self._by_uid.get(uid)
         if rep is None or rep.closed or rep.failed is not None or not self._running:
             return
         try:
+            # The core's clock moves first: a heartbeat restarts the election timer from
+            # now, not from the last tick (a follower ticks only at its deadline).
+            self._tick(rep)
             rep.raft.step(Receive(message))
         except EntryDamaged as e:
             self._damaged(rep, e)
@@ -885,7 +892,7 @@ class Node:
             p = rep.waiting.pop(e.index, None)
             if p is not None and not p.future.done():
                 self._resolve(rep, p, e, reply)
-        rep.sample(now_ms())
+        rep.sample(self.clock.monotonic_ms())
 
     def _resolve(self, rep: Replica, p: Proposal, e: Entry, reply: object) -> None:
         if p.term != e.term or e.kind is not EntryKind.COMMAND:
@@ -950,14 +957,14 @@ class Node:
         if rep.tick_handle is not None:
             rep.tick_handle.cancel()
         rep.tick_due_ms = due
-        rep.tick_handle = self._call_at_ms(due, self._on_tick, rep)
+        rep.tick_handle = self._call_at_ms(due - self.clock.monotonic_ms(), self._on_tick, rep)
 
     def _on_tick(self, rep: Replica) -> None:
         rep.tick_handle = None
         if rep.closed or rep.failed is not None:
             return
         try:
-            rep.raft.step(Tick(now_ms()))
+            self._tick(rep)
         except EntryDamaged as e:
             self._damaged(rep, e)
             return
@@ -995,7 +1002,8 @@ class Node:
         if rep.expire_handle is not None:
             rep.expire_handle.cancel()
         rep.expire_due_ms = due
-        rep.expire_handle = self._call_at_ms(due, self._on_expire, rep)
+        # The machine's deadlines are leader times, stamped from the wall clock.
+        rep.expire_handle = self._call_at_ms(due - self.clock.wall_ms(), self._on_expire, rep)
 
     def _on_expire(self, rep: Replica) -> None:
         rep.expire_handle = None
@@ -1016,11 +1024,16 @@ class Node:
         self._spawn(expire())
 
     def _call_at_ms(
-        self, due_ms: int, fn: Callable[[Replica], None], rep: Replica
+        self, delay_ms: int, fn: Callable[[Replica], None], rep: Replica
     ) -> asyncio.TimerHandle:
         loop = self._need_loop()
-        delay_s = max(0.0, (due_ms - now_ms()) / 1000) + 0.001
+        delay_s = max(0.0, delay_ms / 1000) + 0.001
         return loop.call_at(loop.time() + delay_s, fn, rep)
+
+    def _tick(self, rep: Replica) -> None:
+        """Step the core's clocks; before each proposal too, since the core stamps
+        entries with the last wall time it saw."""
+        rep.raft.step(Tick(self.clock.monotonic_ms(), self.clock.wall_ms()))
 
     # === proposals and routing ==========================================================
 
@@ -1040,7 +1053,7 @@ class Node:
         rep.next_request_id += 1
         future: asyncio.Future[object] = self._need_loop().create_future()
         rep.proposals[request_id] = Proposal(future, on_applied)
-        rep.raft.step(Tick(now_ms()))
+        self._tick(rep)
         rep.raft.step(Propose(request_id, (command,)))
         self._schedule(rep)
         timeout_s = self.limits.proposal_timeout_ms / 1000
@@ -1466,7 +1479,7 @@ class Node:
         """Step a membership change and wait until its entry commits."""
         future: asyncio.Future[object] = self._need_loop().create_future()
         rep.proposals[event.request_id] = Proposal(future, None)
-        rep.raft.step(Tick(now_ms()))
+        self._tick(rep)
         rep.raft.step(event)
         self._schedule(rep)
         try:
@@ -1500,7 +1513,7 @@ class Node:
         rep.next_request_id += 1
         future: asyncio.Future[object] = self._need_loop().create_future()
         rep.proposals[request_id] = Proposal(future, None)
-        rep.raft.step(Tick(now_ms()))
+        self._tick(rep)
         rep.raft.step(TransferLeadership(request_id, server_id(node, rep.uid)))
         self._schedule(rep)
         try:
@@ -1606,7 +1619,7 @@ class Node:
     ) -> CheckpointRecord:
         storage = self._need_storage()
         started = time.perf_counter()
-        taken_at = now_ms()
+        taken_at = self.clock.wall_ms()
         size, live_entries = await asyncio.to_thread(_write_checkpoint, storage, rep.uid, cp)
         if cp.index >= rep.checkpoint.index:
             rep.checkpoint = CheckpointInfo(cp.index, taken_at, size)
@@ -1659,7 +1672,7 @@ class Node:
     ) -> CompactionRecord:
         """One compaction run; the caller holds ``rep.disk_lock``."""
         storage = self._need_storage()
-        started_ms, before = now_ms(), observe.segment_totals(rep)
+        started_ms, before = self.clock.wall_ms(), observe.segment_totals(rep)
         job = storage.prepare_compaction(rep.uid, phase)
         await asyncio.to_thread(job.run)
         result = storage.finish_compaction(job)
@@ -1673,14 +1686,14 @@ class Node:
         failed = self._failed.get(name)
         if failed is not None:
             return observe.failed_stats(failed[1])
-        return observe.queue_stats(self._replica(name), now_ms())
+        return observe.queue_stats(self._replica(name), self.clock.monotonic_ms())
 
     def segments(self, name: str) -> list[SegmentInfo]:
         rep = self._replica(name)
         return observe.segment_infos(rep, observe.live_indexes(rep))
 
     def cluster(self) -> dict[str, object]:
-        now = now_ms()
+        now = self.clock.monotonic_ms()
         alive_ms = 2 * self.limits.election_timeout_ms_max
         nodes = []
         for node in self.transport.nodes():
