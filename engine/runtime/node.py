@@ -14,7 +14,10 @@ How it runs (one event loop, two kinds of helper threads):
   every queue, one write and one fdatasync; the batch comes back to the loop, which
   updates the mem tables, steps ``Persisted`` and releases waiting messages. Nothing is
   acknowledged before the leader's own copy is fsynced and a quorum has it.
-* **Workers** (the default executor): segment flushes after a WAL roll, checkpoint files.
+* **Workers** (the default executor): segment flushes after a WAL roll, checkpoint
+  files, compactions, queue definitions. Each is prepared on the loop, touches only the
+  disk in the worker and is finished on the loop (storage is the loop's alone); a stop
+  waits for every worker before it closes storage.
 * **Timers**, per replica and only when needed: a Raft tick at the core's next deadline
   (heartbeats on a leader with followers, the election timeout on a follower; none for
   a lone leader) and the machine's next deadline on the leader, which proposes
@@ -46,6 +49,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import random
 import shutil
@@ -54,7 +58,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from pyroaring import BitMap64
 
@@ -155,6 +159,7 @@ from engine.runtime.transport import LocalTransport, Transport
 from engine.runtime.wal_writer import WalWriter
 from engine.storage import (
     Checkpoint,
+    Disk,
     HardStateSaved,
     NodeStorage,
     OsDisk,
@@ -166,10 +171,12 @@ from engine.storage import (
     WriteFailed,
 )
 from engine.storage.checkpoint import encode_checkpoint
+from engine.storage.node import CheckpointWrite
 from engine.storage.wal import AppendOp, HardState, HardStateOp
 from engine.storage.wal_stats import WalStats
 
 log = logging.getLogger("quorra.engine")
+T = TypeVar("T")
 
 _CALLS = (
     "create_replica",
@@ -229,6 +236,8 @@ class Node:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._listener: RecordListener | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._jobs: set[asyncio.Future[None]] = set()
+        """Storage work under way (``_job``): a stop waits for it before closing storage."""
         self._flush_task: asyncio.Task[None] | None = None
         self._batches: deque[WalBatch] = deque()
         """Finished WAL batches handed over by the writer thread, in order."""
@@ -250,10 +259,9 @@ class Node:
         self._create_lock = asyncio.Lock()
         if self._receipt_key is None:
             self._receipt_key = await asyncio.to_thread(receipt_key, self.data_dir)
-        storage = await asyncio.to_thread(self._open_storage)
+        storage, metas = await asyncio.to_thread(self._open_storage)
+        storage.take_over()
         self._storage = storage
-        metas = await asyncio.to_thread(self._read_metas)
-        await asyncio.to_thread(self._drop_orphans, storage, {m.uid for m in metas})
         for meta in metas:
             try:
                 self._host(meta)
@@ -288,16 +296,18 @@ class Node:
                 return
             await asyncio.sleep(0.005)
 
-    def _open_storage(self) -> NodeStorage:
+    def _open_storage(self) -> tuple[NodeStorage, list[QueueMeta]]:
+        """In a worker, which owns the storage until ``start`` takes it over: recover it,
+        flush what the WAL holds, read the queue definitions, drop orphans."""
         storage = NodeStorage.open(OsDisk(str(self.data_dir)), self.limits)
         error = storage.flush_segments()
         if error is not None:  # nothing is lost: the WAL files stay until a later flush
             log.error("start: segment flush failed: %s", error.detail)
-        return storage
+        metas = self._read_metas(storage.disk)
+        self._drop_orphans(storage, {m.uid for m in metas})
+        return storage, metas
 
-    def _read_metas(self) -> list[QueueMeta]:
-        assert self._storage is not None
-        disk = self._storage.disk
+    def _read_metas(self, disk: Disk) -> list[QueueMeta]:
         metas = []
         for uid in disk.listdir("queues"):
             meta = read_meta(disk, uid)
@@ -315,7 +325,7 @@ class Node:
         keep = uids | self._unreadable
         for uid in storage.servers():
             if uid not in keep:
-                self._forget_storage(uid)
+                storage.remove_server(uid)  # the WAL writer is not running yet
         for uid in storage.disk.listdir("queues"):
             if uid not in keep:
                 shutil.rmtree(self.data_dir / "queues" / uid, ignore_errors=True)
@@ -343,6 +353,10 @@ class Node:
             task.cancel()
         with contextlib.suppress(BaseException):
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        # A cancelled task waits for its worker (``_in_worker``); a request past the
+        # grace period may still be in a job: storage closes only after every job.
+        while self._jobs:
+            await asyncio.wait(set(self._jobs))
         assert self._writer is not None and self._storage is not None
         await asyncio.to_thread(self._writer.stop, abandon=abandon)
         # Every batch the writer finished reaches the mem tables before a close flushes
@@ -354,7 +368,7 @@ class Node:
         if abandon:
             await asyncio.to_thread(self._close_files, storage)
         else:
-            await asyncio.to_thread(storage.close)
+            await asyncio.to_thread(_close_storage, storage)
 
     async def _checkpoint_before_stop(self) -> None:
         """Checkpoint every queue with ``STOP_CHECKPOINT_BYTES_MIN`` applied since its
@@ -836,7 +850,7 @@ class Node:
         storage = self._need_storage()
         try:
             while (flush := storage.prepare_segment_flush()) is not None:
-                await asyncio.to_thread(flush.write)
+                await self._in_worker(flush.write)
                 storage.finish_segment_flush(flush)
         except StorageFailed as e:
             # Nothing is lost: the entries stay in the mem tables and the WAL file stays;
@@ -1620,7 +1634,13 @@ class Node:
         storage = self._need_storage()
         started = time.perf_counter()
         taken_at = self.clock.wall_ms()
-        size, live_entries = await asyncio.to_thread(_write_checkpoint, storage, rep.uid, cp)
+        async with self._job():
+            job = storage.prepare_checkpoint(rep.uid)
+            try:
+                live_entries = await self._in_worker(_write_checkpoint, job, cp)
+            finally:
+                storage.finish_checkpoint(job)
+        size = job.bytes
         if cp.index >= rep.checkpoint.index:
             rep.checkpoint = CheckpointInfo(cp.index, taken_at, size)
         return CheckpointRecord(
@@ -1673,9 +1693,10 @@ class Node:
         """One compaction run; the caller holds ``rep.disk_lock``."""
         storage = self._need_storage()
         started_ms, before = self.clock.wall_ms(), observe.segment_totals(rep)
-        job = storage.prepare_compaction(rep.uid, phase)
-        await asyncio.to_thread(job.run)
-        result = storage.finish_compaction(job)
+        async with self._job():
+            job = storage.prepare_compaction(rep.uid, phase)
+            await self._in_worker(job.run)
+            result = storage.finish_compaction(job)
         ran = ",".join(str(p) for p in result.phases) or "none"
         duration_ms = result.duration_s * 1000
         return observe.compaction_record(rep, ran, trigger, started_ms, duration_ms, before)
@@ -1720,6 +1741,29 @@ class Node:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    @contextlib.asynccontextmanager
+    async def _job(self) -> Any:
+        """Storage work prepared on the loop, run by a worker and finished on the loop:
+        ``_shutdown`` closes storage only once every job has finished."""
+        done: asyncio.Future[None] = self._need_loop().create_future()
+        self._jobs.add(done)
+        try:
+            yield
+        finally:
+            self._jobs.discard(done)
+            done.set_result(None)
+
+    async def _in_worker(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` in a worker thread. A caller cancelled meanwhile still waits
+        for the worker, so that what it does next on the loop (finish a job, close
+        storage) comes after the worker's I/O."""
+        worker = self._need_loop().run_in_executor(None, functools.partial(fn, *args))
+        try:
+            return await asyncio.shield(worker)
+        except asyncio.CancelledError:
+            await asyncio.wait([worker])
+            raise
+
     def _need_loop(self) -> asyncio.AbstractEventLoop:
         assert self._loop is not None, "Node.start first"
         return self._loop
@@ -1745,11 +1789,17 @@ class Captured:
         return Checkpoint(self.index, self.term, self.machine_version, self.config, live, state)
 
 
-def _write_checkpoint(storage: NodeStorage, uid: str, captured: Captured) -> tuple[int, int]:
-    """On a worker: encode and write; (bytes of the checkpoint file, live entries)."""
+def _write_checkpoint(job: CheckpointWrite, captured: Captured) -> int:
+    """On a worker: encode and write (touches no storage object); the live entries."""
     cp = captured.build()
-    storage.write_checkpoint(uid, cp)
-    return len(encode_checkpoint(cp)), len(cp.live_indexes)
+    job.write(cp)
+    return len(cp.live_indexes)
+
+
+def _close_storage(storage: NodeStorage) -> None:
+    """On a worker, which owns the storage from here on (the loop waits for it)."""
+    storage.take_over()
+    storage.close()
 
 
 def _info(meta: QueueMeta) -> QueueInfo:
