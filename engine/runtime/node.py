@@ -501,6 +501,8 @@ class Node:
         if rep is not None:
             self._replicas.pop(rep.name, None)
             self._close_replica(rep, QueueNotFound(f"queue {rep.name} was deleted"))
+            if rep.meta_task is not None:  # a definition being written: removed after it
+                await asyncio.wait([rep.meta_task])
         for name, (meta, _e) in list(self._failed.items()):
             if meta.uid == uid:
                 del self._failed[name]
@@ -532,7 +534,8 @@ class Node:
     async def update_policy(self, name: str, changes: dict[str, object]) -> QueueInfo:
         rep = self._replica(name)
         args_with(rep.meta.args, changes, self.limits)
-        result = await self._route(name, "update_policy", (name, changes))
+        async with self._admit():
+            result = await self._route(name, "update_policy", (name, changes))
         assert isinstance(result, QueueInfo)
         return result
 
@@ -957,8 +960,29 @@ class Node:
         changes = {name: getattr(policy, name) for name in policy.to_wire()}
         args = dataclasses.replace(rep.meta.args, **changes)
         rep.meta = dataclasses.replace(rep.meta, args=args)
-        # Rare and small: written at once, so a later start lists the new arguments.
-        write_meta(self._need_storage().disk, rep.meta)
+        self._write_meta(rep)
+
+    def _write_meta(self, rep: Replica) -> None:
+        """Write the replica's definition after a change (policy, members), so that a
+        later start lists it: in a worker, one write at a time per replica, the newest
+        definition last. A stop waits for it (a job); a deletion too, before it removes
+        the file."""
+        if rep.meta_task is None:
+            rep.meta_task = self._need_loop().create_task(self._write_metas(rep))
+
+    async def _write_metas(self, rep: Replica) -> None:
+        disk = self._need_storage().disk
+        written: QueueMeta | None = None
+        try:
+            async with self._job():
+                # A deleted replica is no longer in ``_by_uid``: its file stays removed.
+                while rep.meta is not written and self._by_uid.get(rep.uid) is rep:
+                    written = rep.meta
+                    await self._in_worker(write_meta, disk, written)
+        except OSError as e:
+            log.error("queue %s: definition not written: %s", rep.name, e)
+        finally:
+            rep.meta_task = None
 
     # --- timers ----------------------------------------------------------------------
 
@@ -1440,7 +1464,7 @@ class Node:
         if not members or members == rep.meta.members or self.name not in members:
             return
         rep.meta = dataclasses.replace(rep.meta, members=members)
-        write_meta(self._need_storage().disk, rep.meta)
+        self._write_meta(rep)
 
     async def add_member(self, name: str, node: str) -> QueueInfo:
         """Add a replica of the queue on ``node`` (``POST /queues/{name}/members``): it
@@ -1668,9 +1692,10 @@ class Node:
             raise rep.failed
         if rep.applied_index == 0 or rep.applied_term == 0:
             raise NoLeader(f"queue {name}: nothing applied yet, retry")
-        cp = self._capture(rep, rep.applied_index, rep.applied_term)
-        async with rep.disk_lock:
-            record = await self._write_checkpoint(rep, cp, trigger)
+        async with self._admit():
+            cp = self._capture(rep, rep.applied_index, rep.applied_term)
+            async with rep.disk_lock:
+                record = await self._write_checkpoint(rep, cp, trigger)
         if trigger == "auto":
             await self._notify(record)
         return record
@@ -1684,7 +1709,7 @@ class Node:
         rep = self._replica(name)
         if phase not in ("auto", 1, 2, 3):
             raise ValidationFailed("phase is auto, 1, 2 or 3")
-        async with rep.disk_lock:
+        async with self._admit(), rep.disk_lock:
             return await self._compact_locked(rep, phase, trigger)
 
     async def _compact_locked(

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.errors import QuorraError
-from engine.runtime import Node
-from engine.storage import Checkpoint, NodeStorage
+from engine.errors import NoLeader, QuorraError
+from engine.runtime import Node, meta
+from engine.runtime import node as node_module
+from engine.storage import Checkpoint, Disk, NodeStorage
 from engine.storage.checkpoint import CheckpointStore
 from tests.runtime.util import DEFAULT_ARGS, msgs, run, started
 
@@ -57,5 +58,69 @@ def test_storage_closes_only_after_a_checkpoint_write_in_flight_finished(
         assert events == ["written", "closed"]
         with contextlib.suppress(QuorraError):
             await checkpoint
+
+    run(body())
+
+
+def test_a_graceful_stop_waits_for_admin_calls_in_flight_and_refuses_new_ones(
+    tmp_path: Path,
+) -> None:
+    async def body() -> None:
+        node = await started(tmp_path)
+        await node.create_queue("q", DEFAULT_ARGS)
+        await node.publish("q", msgs("a"))
+        update = asyncio.create_task(node.update_policy("q", {"max_length": 7}))
+        checkpoint = asyncio.create_task(node.checkpoint("q"))
+        compact = asyncio.create_task(node.compact("q"))
+        await asyncio.sleep(0)  # each is in flight, waiting for its proposal or its worker
+        stopping = asyncio.create_task(node.stop())
+        await asyncio.sleep(0)  # the stop waits for them
+        with pytest.raises(NoLeader):
+            await node.update_policy("q", {"max_length": 8})
+        with pytest.raises(NoLeader):
+            await node.checkpoint("q")
+        with pytest.raises(NoLeader):
+            await node.compact("q")
+        await stopping
+        assert (await update).args.max_length == 7
+        assert (await checkpoint).index >= 2
+        await compact
+        node = await started(tmp_path)
+        try:
+            assert [q.args.max_length for q in node.queues()] == [7]
+        finally:
+            await node.stop()
+
+    run(body())
+
+
+def test_definitions_are_written_off_the_loop_and_a_deletion_stays(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    threads: list[threading.Thread] = []
+    write = meta.write_meta
+
+    def recorded(disk: Disk, queue: meta.QueueMeta) -> None:
+        threads.append(threading.current_thread())
+        write(disk, queue)
+
+    monkeypatch.setattr(node_module, "write_meta", recorded)
+
+    async def body() -> None:
+        node = await started(tmp_path)
+        try:
+            await node.create_queue("q", DEFAULT_ARGS)
+            await node.create_queue("gone", DEFAULT_ARGS)
+            await node.update_policy("q", {"max_length": 7})
+            await node.update_policy("gone", {"max_length": 7})
+            await node.delete_queue("gone")
+        finally:
+            await node.stop()
+        assert threads and threading.main_thread() not in threads  # the loop's thread
+        node = await started(tmp_path)
+        try:
+            assert [(q.name, q.args.max_length) for q in node.queues()] == [("q", 7)]
+        finally:
+            await node.stop()
 
     run(body())
