@@ -253,6 +253,8 @@ def _append_new_entries(s: RaftServer, entries: list[Entry]) -> None:
     if first <= last:
         s.configs = [(i, c) for i, c in s.configs if i < first]
     log.append(fresh)
+    # A leader stamps in increasing order: the last entry holds the newest stamp.
+    s.stamp_ms = max(s.stamp_ms, fresh[-1].now_ms)
     for e in fresh:
         if e.kind is EntryKind.CONFIG:
             s.configs.append((e.index, Configuration.decode(e.data)))

@@ -110,17 +110,18 @@ class CheckpointStore:
         found = _indexes(self._disk, self.snapshot_dir)
         return found[-1] if found else 0
 
-    def write(self, cp: Checkpoint) -> None:
-        """Write ``cp`` durably, then thin the older ones out."""
-        write_file_atomic(
-            self._disk, self._path(self.checkpoint_dir, cp.index), encode_checkpoint(cp)
-        )
+    def write(self, cp: Checkpoint) -> int:
+        """Write ``cp`` durably, then thin the older ones out; the size of the file.
+        Touches only the disk: it may run in a worker thread."""
+        data = encode_checkpoint(cp)
+        write_file_atomic(self._disk, self._path(self.checkpoint_dir, cp.index), data)
         indexes = self.checkpoint_indexes()
         while len(indexes) > self._kept_max:
             victim = _thinning_victim(indexes)
             self._disk.remove(self._path(self.checkpoint_dir, victim))
             indexes.remove(victim)
         self._disk.sync_dir(self.checkpoint_dir)
+        return len(data)
 
     def install_snapshot(self, cp: Checkpoint) -> None:
         """A snapshot received from the leader: written straight to ``snapshots/``;

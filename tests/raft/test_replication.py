@@ -165,6 +165,31 @@ def test_the_leader_stamps_its_clock_in_entries_and_it_never_decreases() -> None
     assert stamps == sorted(stamps) and stamps[1] == stamps[2] == c.now_ms
 
 
+def test_timers_run_on_the_monotonic_clock_and_stamps_never_go_back() -> None:
+    c = Cluster(["a", "b", "c"])
+    c.elect("a")
+    c.step("a", Tick(c.now_ms + 1, wall_ms=5_000_000))
+    c.step("a", Propose(1, (b"x",)))
+    c.stabilize()
+    # The wall clock of a steps back an hour: its timers and its stamps carry on.
+    c.step("a", Tick(c.now_ms + 2, wall_ms=5_000_000 - 3_600_000))
+    c.step("a", Propose(2, (b"y",)))
+    c.stabilize()
+    assert c["a"].now_ms == c.now_ms + 2
+    # a goes; b takes over with its wall clock (the harness's, ticks only) far behind:
+    # its entries are stamped no lower than those it received.
+    c.cut = {"a"}
+    c.tick(LIMITS.election_timeout_ms_max, names=["b", "c"])
+    c.sent = []
+    c.elect("b")
+    assert c["b"].wall_ms < 5_000_000
+    c.step("b", Propose(3, (b"z",)))
+    c.stabilize()
+    stamps = [e.now_ms for e in c.nodes["b"].storage.entries(1, 6, 1 << 30)]
+    assert len(stamps) == 5 and stamps == sorted(stamps), stamps
+    assert stamps[1:] == [5_000_000] * 4
+
+
 def test_proposals_are_rejected_on_a_follower_and_under_backpressure() -> None:
     limits = dataclasses.replace(LIMITS, uncommitted_bytes_max=10)
     c = Cluster(["a", "b", "c"], limits=limits)
