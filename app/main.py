@@ -128,9 +128,11 @@ def _lifespan(
                 # What start-up built (modules, queues, recovered state) lives as long as
                 # the process: move it out of the collector's sight so that a full
                 # collection does not walk it (about 200 ms with 1,000 queues). No
-                # collection first: at this point it finds no garbage and costs about
-                # 60 ms of the start (quorra bench restart).
+                # collection first: at this point it finds little garbage (a few
+                # thousand objects, once) and costs about 60 ms of the start (quorra
+                # bench restart). `quorra serve` starts with collection off (app/cli.py).
                 gc.freeze()
+                gc.enable()
                 state.ready = True
                 if announce is not None:
                     announce(report)

@@ -22,13 +22,15 @@ import json
 import sys
 from collections.abc import Callable
 from enum import StrEnum
-from typing import Annotated, Any, TypedDict
+from typing import TYPE_CHECKING, Annotated, Any, TypedDict
 from urllib.parse import quote
 
-import httpx
 import typer
 from rich.console import Console
 from rich.table import Table
+
+if TYPE_CHECKING:
+    import httpx
 
 from app.client_cli import (
     DEFAULT_URL,
@@ -86,6 +88,30 @@ def _with_client(url: str, token: str, work: Callable[[httpx.Client], None]) -> 
             work(client)
 
     run_action(action)
+
+
+def _request_and_print(
+    url: str,
+    token: str,
+    as_json: bool,
+    method: str,
+    path: str,
+    human: Callable[[Any], Table | str],
+    body: dict[str, object] | None = None,
+) -> None:
+    """Send a request and print the answer's JSON: as it is with ``--json``, else as
+    ``human`` tells it (a table, or a sentence)."""
+
+    def work(client: httpx.Client) -> None:
+        answer = send(client, method, path, body).json()
+        if as_json:
+            _print_json(answer)
+        elif isinstance(told := human(answer), str):
+            _say(told)
+        else:
+            _stdout().print(told)
+
+    _with_client(url, token, work)
 
 
 # --- human output ------------------------------------------------------------------
@@ -251,6 +277,8 @@ def _ms(seconds: float | None) -> float | None:
 
 def _authorized_status(client: httpx.Client, status: ServerStatus) -> None:
     """Add what needs a token; a part the token may not read is an error, not a crash."""
+    import httpx
+
     try:
         cluster = send(client, "GET", "/api/v1/cluster").json()
         status["node"], status["nodes"] = cluster.get("node"), cluster.get("nodes")
@@ -264,6 +292,8 @@ def _authorized_status(client: httpx.Client, status: ServerStatus) -> None:
 
 
 def read_status(url: str, token: str) -> ServerStatus:
+    import httpx
+
     status: ServerStatus = {
         "url": url,
         "healthy": False,
@@ -334,15 +364,7 @@ queue_app = typer.Typer(help="Queues on a server, over the REST API.", no_args_i
 @queue_app.command("list")
 def queue_list(url: Url = DEFAULT_URL, token: Token = "", as_json: Json = False) -> None:
     """The queues the token may see: depth, rates, memory and leader."""
-
-    def work(client: httpx.Client) -> None:
-        queues = send(client, "GET", "/api/v1/queues").json()
-        if as_json:
-            _print_json(queues)
-        else:
-            _stdout().print(queue_table(queues))
-
-    _with_client(url, token, work)
+    _request_and_print(url, token, as_json, "GET", "/api/v1/queues", queue_table)
 
 
 @queue_app.command("show")
@@ -350,15 +372,7 @@ def queue_show(
     name: QueueName, url: Url = DEFAULT_URL, token: Token = "", as_json: Json = False
 ) -> None:
     """A queue's definition and stats."""
-
-    def work(client: httpx.Client) -> None:
-        queue = send(client, "GET", _queue_path(name)).json()
-        if as_json:
-            _print_json(queue)
-        else:
-            _stdout().print(queue_facts(queue))
-
-    _with_client(url, token, work)
+    _request_and_print(url, token, as_json, "GET", _queue_path(name), queue_facts)
 
 
 @queue_app.command("create")
@@ -433,14 +447,10 @@ def queue_purge(
 ) -> None:
     """Drop all ready messages of a queue (leased ones stay)."""
 
-    def work(client: httpx.Client) -> None:
-        result = send(client, "POST", _queue_path(name, "/purge")).json()
-        if as_json:
-            _print_json(result)
-        else:
-            _say(f"purged {result['purged']:,} messages from {name!r}")
+    def human(result: dict[str, Any]) -> str:
+        return f"purged {result['purged']:,} messages from {name!r}"
 
-    _with_client(url, token, work)
+    _request_and_print(url, token, as_json, "POST", _queue_path(name, "/purge"), human)
 
 
 @queue_app.command("snapshot")
@@ -449,18 +459,14 @@ def queue_snapshot(
 ) -> None:
     """Take a checkpoint of a queue now."""
 
-    def work(client: httpx.Client) -> None:
-        record = send(client, "POST", _queue_path(name, "/snapshots")).json()
-        if as_json:
-            _print_json(record)
-            return
-        _say(
+    def human(record: dict[str, Any]) -> str:
+        return (
             f"checkpoint of {name!r} at index {record['index']} (term {record['term']}): "
             f"{human_bytes(record['bytes'])}, {record['live_entries']:,} live entries, "
             f"{record['duration_ms']:.1f} ms"
         )
 
-    _with_client(url, token, work)
+    _request_and_print(url, token, as_json, "POST", _queue_path(name, "/snapshots"), human)
 
 
 @queue_app.command("compact")
@@ -472,14 +478,10 @@ def queue_compact(
     phase: Annotated[Phase, typer.Option(help="Compaction phase (auto: as needed).")] = Phase.auto,
 ) -> None:
     """Compact a queue's log now."""
-    body = {"phase": phase.value if phase is Phase.auto else int(phase.value)}
+    body: dict[str, object] = {"phase": phase.value if phase is Phase.auto else int(phase.value)}
 
-    def work(client: httpx.Client) -> None:
-        record = send(client, "POST", _queue_path(name, "/compactions"), body).json()
-        if as_json:
-            _print_json(record)
-            return
-        _say(
+    def human(record: dict[str, Any]) -> str:
+        return (
             f"compacted {name!r} (phase {record['phase']}): segments "
             f"{record['segments_before']} → {record['segments_after']}, "
             f"{human_bytes(record['bytes_before'])} → {human_bytes(record['bytes_after'])}, "
@@ -487,7 +489,7 @@ def queue_compact(
             f"{record['dead_entries_after']:,}, {record['duration_ms']:.1f} ms"
         )
 
-    _with_client(url, token, work)
+    _request_and_print(url, token, as_json, "POST", _queue_path(name, "/compactions"), human, body)
 
 
 def status(url: Url = DEFAULT_URL, token: Token = "", as_json: Json = False) -> None:

@@ -2,8 +2,8 @@
 start, fill, stop and restart a real ``quorra serve`` process, timed from the exec.
 
 The server is a subprocess on 127.0.0.1 (a free port) with a temporary data directory.
-It starts on the empty directory; the bench creates a token and a queue and receives
-once. It is then filled with N messages of 1 KiB (8 httpx clients, batches of 100), left
+It starts on an empty directory (``--restarts`` times, emptied in between); the bench
+creates a token and a queue and receives once. It is then filled with N messages of 1 KiB (8 httpx clients, batches of 100), left
 idle ``--rss-wait-s`` seconds, its memory read, and stopped with ``kill -9`` and then
 with SIGTERM, ``--restarts`` times each, every restart timed from the exec to ``/readyz``
 200 and to the first receive that returns a message (``/readyz`` and receive are polled
@@ -15,20 +15,22 @@ The server runs as an installed package does: with bytecode caches (an untimed i
 writes them first, even where ``PYTHONDONTWRITEBYTECODE`` is set, which would have every
 start compile Quorra's modules again, about 150 ms).
 
-Keys (``JSON_KEYS``):
+Keys (``JSON_KEYS``; the headline is ``start_to_first_receive_ms``):
 
 * ``bench``: "restart";
 * ``messages``: N, the messages queued when the server is stopped;
 * ``message_bytes``: the size of each message's body (1,024);
 * ``restarts``: restarts timed per kind of stop;
-* ``empty_start_to_ready_ms``: exec on an empty data directory to ``/readyz`` 200;
+* ``empty_start_to_ready_ms``: exec on an empty data directory to ``/readyz`` 200
+  (median of ``restarts`` first starts, each on a directory emptied again);
 * ``empty_start_ms``: exec on an empty data directory to the first receive answered
-  (the token and the queue are created on the way, as a new user would);
+  (the token and the queue are created on the way, as a new user would; median);
 * ``start_to_ready_ms``: after SIGTERM, exec to ``/readyz`` 200, N messages queued;
 * ``start_to_first_receive_ms``: after SIGTERM, exec to the first receive that returns a
-  message (the headline: how long a consumer waits for a restarted server);
-* ``start_to_ready_ms_kill9``, ``start_to_first_receive_ms_kill9``: the same after
-  ``kill -9`` (the first one right after the fill, nothing flushed by a clean stop);
+  message: how long a consumer waits for a restarted server;
+* ``start_to_ready_ms_kill9``: ``start_to_ready_ms`` after ``kill -9`` (the first one
+  right after the fill, nothing flushed by a clean stop);
+* ``start_to_first_receive_ms_kill9``: ``start_to_first_receive_ms`` after ``kill -9``;
 * ``empty_restart_to_first_receive_ms``: after SIGTERM with the queue empty, exec to the
   first receive answered; ``start_to_first_receive_ms`` minus this is what depth costs;
 * ``rss_empty_bytes``: ``RssAnon`` of the started server before the fill;
@@ -49,6 +51,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -207,20 +210,27 @@ class Server:
         return rss_anon_bytes(self.proc.pid)
 
 
-def first_start(server: Server) -> tuple[str, float, float]:
-    """Start on the empty directory, make a token and the queue, receive once: the
-    token and both timings (to ready, to the receive answered)."""
+def first_start(server: Server, starts: int) -> tuple[str, float, float]:
+    """Start on an empty directory, make a token and the queue, receive once; ``starts``
+    times, each on a directory emptied again. The last token and the medians of both
+    timings (to ready, to the receive answered); the last server is left running."""
     server.compile()
-    server.start()
-    ready_ms = server.wait_ready()
-    made = server.http.post("/api/v1/tokens", auth=("admin", ADMIN_PASSWORD))
-    made.raise_for_status()
-    token: str = made.json()["token"]
-    created = server.http.put(
-        f"/api/v1/queues/{QUEUE}", headers={"Authorization": f"Bearer {token}"}
-    )
-    assert created.status_code in (200, 201), created.text
-    return token, ready_ms, server.wait_receive(token, message=False)
+    ready, receive = [], []
+    for n in range(starts):
+        if n:
+            server.stop(signal.SIGTERM)
+            shutil.rmtree(server.data_dir)
+        server.start()
+        ready.append(server.wait_ready())
+        made = server.http.post("/api/v1/tokens", auth=("admin", ADMIN_PASSWORD))
+        made.raise_for_status()
+        token: str = made.json()["token"]
+        created = server.http.put(
+            f"/api/v1/queues/{QUEUE}", headers={"Authorization": f"Bearer {token}"}
+        )
+        assert created.status_code in (200, 201), created.text
+        receive.append(server.wait_receive(token, message=False))
+    return token, statistics.median(ready), statistics.median(receive)
 
 
 def _batch_body() -> bytes:
@@ -276,7 +286,7 @@ def _per_message(server: Server, empty_bytes: int, messages: int, wait_s: float)
 
 
 def measure(server: Server, args: argparse.Namespace) -> dict[str, Any]:
-    token, empty_ready_ms, empty_ms = first_start(server)
+    token, empty_ready_ms, empty_ms = first_start(server, args.restarts)
     _, empty_restart_ms = timed_restarts(
         server, token, signal.SIGTERM, args.restarts, message=False
     )

@@ -31,7 +31,12 @@ from engine.raft.snapshot import Snapshot
 @dataclass(frozen=True, slots=True)
 class Tick:
     now_ms: int
-    """The runtime's clock; the core ignores a value lower than one it has seen."""
+    """The runtime's monotonic clock, which drives every timer; the core ignores a value
+    not above one it has seen."""
+    wall_ms: int | None = None
+    """The wall clock, only stamped into the entries a leader appends (never below the
+    newest stamp this server knows, see ``RaftServer.stamp_ms``); ``None``: ``now_ms``
+    serves as both (the simulator, tests)."""
 
 
 @dataclass(frozen=True, slots=True)

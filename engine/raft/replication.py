@@ -121,10 +121,9 @@ def maybe_send_append(s: RaftServer, peer: ServerId, pr: Progress, allow_empty: 
 
 
 def on_append_response(s: RaftServer, msg: AppendResponse) -> None:
-    pr = s.progress.get(msg.src)
+    pr = s.heard_from_follower(msg.src)
     if pr is None:
         return
-    pr.recent_active = True
     if not msg.success:
         _on_append_rejected(s, msg, pr)
         return
@@ -207,10 +206,9 @@ def on_heartbeat(s: RaftServer, msg: Heartbeat) -> None:
 
 
 def on_heartbeat_response(s: RaftServer, msg: HeartbeatResponse) -> None:
-    pr = s.progress.get(msg.src)
+    pr = s.heard_from_follower(msg.src)
     if pr is None:
         return
-    pr.recent_active = True
     if msg.read_seq > pr.read_acked:
         pr.read_acked = msg.read_seq
         read_only.maybe_confirm(s)
@@ -255,6 +253,8 @@ def _append_new_entries(s: RaftServer, entries: list[Entry]) -> None:
     if first <= last:
         s.configs = [(i, c) for i, c in s.configs if i < first]
     log.append(fresh)
+    # A leader stamps in increasing order: the last entry holds the newest stamp.
+    s.stamp_ms = max(s.stamp_ms, fresh[-1].now_ms)
     for e in fresh:
         if e.kind is EntryKind.CONFIG:
             s.configs.append((e.index, Configuration.decode(e.data)))

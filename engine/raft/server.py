@@ -10,6 +10,10 @@ Rules kept here:
 
 - No I/O, clock or randomness of its own: time comes from ``Tick``, chance from the
   ``RandomSource`` passed in, durability from ``Persisted``.
+- Two clocks: timers run on ``Tick.now_ms`` (monotonic), entries are stamped with
+  ``Tick.wall_ms``, never below the newest stamp this server appended or received, so
+  the leader time the machine sees does not go backwards when a wall clock is stepped
+  back or a leader with a slower wall clock takes over.
 - A message that depends on unpersisted state goes out only after it is durable
   (``Ready.messages_after_persist``); the leader counts itself toward a quorum only up to
   what its own storage reported durable.
@@ -103,6 +107,7 @@ class RaftServer:
         now_ms: int = 0,
         checkpoint: SnapshotMeta | None = None,
         repair: bool = False,
+        wall_ms: int | None = None,
     ) -> None:
         self.id = options.server_id
         self.options = options
@@ -131,6 +136,11 @@ class RaftServer:
         self.role = Role.FOLLOWER
         self.leader: ServerId | None = None
         self.now_ms = now_ms
+        """The monotonic clock of the last ``Tick``: every timer counts on it."""
+        self.wall_ms = now_ms if wall_ms is None else wall_ms
+        """The wall clock of the last ``Tick``: only stamped into entries."""
+        self.stamp_ms = 0
+        """The newest time stamped into an entry this server appended or received."""
         self.snapshot: Snapshot | None = None
         """The snapshot a leader ships; handed in by ``SnapshotTaken`` (or installed)."""
         self.configs: list[tuple[int, Configuration]] = [
@@ -190,7 +200,7 @@ class RaftServer:
         if type(event) is Receive:
             self._on_message(event.message)
         elif type(event) is Tick:
-            self._on_tick(event.now_ms)
+            self._on_tick(event.now_ms, event.wall_ms)
         elif type(event) is Propose:
             self._on_propose(event)
         elif type(event) is Persisted:
@@ -303,7 +313,8 @@ class RaftServer:
 
     # --- time ------------------------------------------------------------------------
 
-    def _on_tick(self, now_ms: int) -> None:
+    def _on_tick(self, now_ms: int, wall_ms: int | None) -> None:
+        self.wall_ms = now_ms if wall_ms is None else wall_ms
         if now_ms <= self.now_ms:
             return
         self.now_ms = now_ms
@@ -394,7 +405,7 @@ class RaftServer:
         return None
 
     def _append_commands(self, commands: tuple[bytes, ...]) -> int:
-        index, term, now = self.log.last_index(), self.term, self.now_ms
+        index, term, now = self.log.last_index(), self.term, self._stamp()
         command = EntryKind.COMMAND
         entries = []
         for data in commands:
@@ -405,15 +416,22 @@ class RaftServer:
 
     def append_as_leader(self, items: list[tuple[EntryKind, bytes]]) -> int:
         """Append entries of this term; a configuration takes effect at once."""
-        index = self.log.last_index()
+        index, now = self.log.last_index(), self._stamp()
         entries = []
         for kind, data in items:
             index += 1
-            entries.append(Entry(index, self.term, kind, self.now_ms, data))
+            entries.append(Entry(index, self.term, kind, now, data))
             if kind is EntryKind.CONFIG:
                 self.configs.append((index, Configuration.decode(data)))
         self.log.append(entries)
         return index
+
+    def _stamp(self) -> int:
+        """The leader time of the entries appended now: the wall clock, but never below
+        a stamp this server already appended or received."""
+        if self.wall_ms > self.stamp_ms:
+            self.stamp_ms = self.wall_ms
+        return self.stamp_ms
 
     # --- messages --------------------------------------------------------------------
 
@@ -482,6 +500,14 @@ class RaftServer:
         self.leader = leader
         self.leader_contact_ms = self.now_ms
         self.reset_election_timer()
+
+    def heard_from_follower(self, peer: ServerId) -> Progress | None:
+        """The progress of ``peer``, which answered this leader: marked active (check-quorum
+        counts it). None if ``peer`` is no longer a member (the answer is then ignored)."""
+        pr = self.progress.get(peer)
+        if pr is not None:
+            pr.recent_active = True
+        return pr
 
     # --- apply and compaction ---------------------------------------------------------
 

@@ -104,10 +104,9 @@ def missing_entries(store: LogStore, missing: BitMap64, skip: int, limits: Limit
 
 
 def on_response(s: RaftServer, msg: SnapshotResponse) -> None:
-    pr = s.progress.get(msg.src)
+    pr = s.heard_from_follower(msg.src)
     if pr is None:
         return
-    pr.recent_active = True
     if pr.state is not ProgressState.SNAPSHOT or msg.snapshot_index != pr.snapshot_index:
         return
     if msg.next_offset < 0:

@@ -14,7 +14,10 @@ How it runs (one event loop, two kinds of helper threads):
   every queue, one write and one fdatasync; the batch comes back to the loop, which
   updates the mem tables, steps ``Persisted`` and releases waiting messages. Nothing is
   acknowledged before the leader's own copy is fsynced and a quorum has it.
-* **Workers** (the default executor): segment flushes after a WAL roll, checkpoint files.
+* **Workers** (the default executor): segment flushes after a WAL roll, checkpoint
+  files, compactions, queue definitions. Each is prepared on the loop, touches only the
+  disk in the worker and is finished on the loop (storage is the loop's alone); a stop
+  waits for every worker before it closes storage.
 * **Timers**, per replica and only when needed: a Raft tick at the core's next deadline
   (heartbeats on a leader with followers, the election timeout on a follower; none for
   a lone leader) and the machine's next deadline on the leader, which proposes
@@ -23,7 +26,7 @@ How it runs (one event loop, two kinds of helper threads):
 A client call on a replica that does not lead is forwarded to the leader's node through
 the transport (one hop); while no leader is known it waits up to
 ``Limits.leader_wait_ms`` and then raises ``NoLeader``. Before each proposal the core is
-ticked with the node's clock, because the core stamps entries with the last time it saw.
+ticked with the node's clocks, because the core stamps entries with the last wall time it saw.
 
 Checkpoints: ``CheckpointRequest`` serialises the machine before the next entry applies
 (every replica; also once ``Limits.replay_bytes_max`` of the log has applied since the
@@ -46,6 +49,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import random
 import shutil
@@ -54,7 +58,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from pyroaring import BitMap64
 
@@ -136,6 +140,7 @@ from engine.runtime.api import (
     SettleResult,
     Trigger,
 )
+from engine.runtime.clock import SYSTEM_CLOCK, Clock
 from engine.runtime.meta import (
     CONSUMER_BYTES_MAX,
     QueueMeta,
@@ -154,6 +159,7 @@ from engine.runtime.transport import LocalTransport, Transport
 from engine.runtime.wal_writer import WalWriter
 from engine.storage import (
     Checkpoint,
+    Disk,
     HardStateSaved,
     NodeStorage,
     OsDisk,
@@ -164,10 +170,12 @@ from engine.storage import (
     WalBatch,
     WriteFailed,
 )
+from engine.storage.node import CheckpointWrite
 from engine.storage.wal import AppendOp, HardState, HardStateOp
 from engine.storage.wal_stats import WalStats
 
 log = logging.getLogger("quorra.engine")
+T = TypeVar("T")
 
 _CALLS = (
     "create_replica",
@@ -194,10 +202,6 @@ STOP_CHECKPOINT_BYTES_MIN = 1 << 20
 checkpoint, so that the next start applies next to nothing again."""
 
 
-def now_ms() -> int:
-    return int(time.time() * 1000)
-
-
 class Node:
     """One Quorra node. ``Node(data_dir)`` alone is a single-node cluster."""
 
@@ -209,8 +213,11 @@ class Node:
         limits: Limits = DEFAULT_LIMITS,
         transport: Transport | None = None,
         receipt_key: bytes | None = None,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.data_dir = Path(data_dir)
+        self.clock = clock
+        """Timers count on its monotonic clock; entries are stamped with its wall clock."""
         self._receipt_key = receipt_key
         """Seals receipts; ``None``: derived from the data directory's secret at start."""
         self.name = NodeName(node_name)
@@ -228,12 +235,15 @@ class Node:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._listener: RecordListener | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._jobs: set[asyncio.Future[None]] = set()
+        """Storage work under way (``_job``): a stop waits for it before closing storage."""
         self._flush_task: asyncio.Task[None] | None = None
         self._batches: deque[WalBatch] = deque()
         """Finished WAL batches handed over by the writer thread, in order."""
         self._create_lock = asyncio.Lock()
         self._inflight_requests = 0
         self._heard_ms: dict[str, int] = {}
+        """Monotonic time of the last Raft message from each node."""
         self._running = False
         self._stopping = False
         self._unreadable: set[str] = set()
@@ -248,10 +258,9 @@ class Node:
         self._create_lock = asyncio.Lock()
         if self._receipt_key is None:
             self._receipt_key = await asyncio.to_thread(receipt_key, self.data_dir)
-        storage = await asyncio.to_thread(self._open_storage)
+        storage, metas = await asyncio.to_thread(self._open_storage)
+        storage.take_over()
         self._storage = storage
-        metas = await asyncio.to_thread(self._read_metas)
-        await asyncio.to_thread(self._drop_orphans, storage, {m.uid for m in metas})
         for meta in metas:
             try:
                 self._host(meta)
@@ -286,16 +295,18 @@ class Node:
                 return
             await asyncio.sleep(0.005)
 
-    def _open_storage(self) -> NodeStorage:
+    def _open_storage(self) -> tuple[NodeStorage, list[QueueMeta]]:
+        """In a worker, which owns the storage until ``start`` takes it over: recover it,
+        flush what the WAL holds, read the queue definitions, drop orphans."""
         storage = NodeStorage.open(OsDisk(str(self.data_dir)), self.limits)
         error = storage.flush_segments()
         if error is not None:  # nothing is lost: the WAL files stay until a later flush
             log.error("start: segment flush failed: %s", error.detail)
-        return storage
+        metas = self._read_metas(storage.disk)
+        self._drop_orphans(storage, {m.uid for m in metas})
+        return storage, metas
 
-    def _read_metas(self) -> list[QueueMeta]:
-        assert self._storage is not None
-        disk = self._storage.disk
+    def _read_metas(self, disk: Disk) -> list[QueueMeta]:
         metas = []
         for uid in disk.listdir("queues"):
             meta = read_meta(disk, uid)
@@ -313,7 +324,7 @@ class Node:
         keep = uids | self._unreadable
         for uid in storage.servers():
             if uid not in keep:
-                self._forget_storage(uid)
+                storage.remove_server(uid)  # the WAL writer is not running yet
         for uid in storage.disk.listdir("queues"):
             if uid not in keep:
                 shutil.rmtree(self.data_dir / "queues" / uid, ignore_errors=True)
@@ -341,6 +352,10 @@ class Node:
             task.cancel()
         with contextlib.suppress(BaseException):
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        # A cancelled task waits for its worker (``_in_worker``); a request past the
+        # grace period may still be in a job: storage closes only after every job.
+        while self._jobs:
+            await asyncio.wait(set(self._jobs))
         assert self._writer is not None and self._storage is not None
         await asyncio.to_thread(self._writer.stop, abandon=abandon)
         # Every batch the writer finished reaches the mem tables before a close flushes
@@ -352,7 +367,7 @@ class Node:
         if abandon:
             await asyncio.to_thread(self._close_files, storage)
         else:
-            await asyncio.to_thread(storage.close)
+            await asyncio.to_thread(_close_storage, storage)
 
     async def _checkpoint_before_stop(self) -> None:
         """Checkpoint every queue with ``STOP_CHECKPOINT_BYTES_MIN`` applied since its
@@ -415,7 +430,7 @@ class Node:
             assert args.replicas is not None
             start = nodes.index(self.name)
             members = tuple(sorted((nodes[start:] + nodes[:start])[: args.replicas]))
-            meta = QueueMeta(name, uuid.uuid4().hex, args, now_ms(), members)
+            meta = QueueMeta(name, uuid.uuid4().hex, args, self.clock.wall_ms(), members)
             for node in members:
                 if node == self.name:
                     await self._create_replica(meta)
@@ -485,6 +500,8 @@ class Node:
         if rep is not None:
             self._replicas.pop(rep.name, None)
             self._close_replica(rep, QueueNotFound(f"queue {rep.name} was deleted"))
+            if rep.meta_task is not None:  # a definition being written: removed after it
+                await asyncio.wait([rep.meta_task])
         for name, (meta, _e) in list(self._failed.items()):
             if meta.uid == uid:
                 del self._failed[name]
@@ -516,7 +533,8 @@ class Node:
     async def update_policy(self, name: str, changes: dict[str, object]) -> QueueInfo:
         rep = self._replica(name)
         args_with(rep.meta.args, changes, self.limits)
-        result = await self._route(name, "update_policy", (name, changes))
+        async with self._admit():
+            result = await self._route(name, "update_policy", (name, changes))
         assert isinstance(result, QueueInfo)
         return result
 
@@ -553,7 +571,7 @@ class Node:
         bootstrap = EMPTY_CONFIGURATION
         if self.name in meta.members:
             bootstrap = Configuration(tuple(sorted(server_id(n, meta.uid) for n in meta.members)))
-        now = now_ms()
+        now, wall = self.clock.monotonic_ms(), self.clock.wall_ms()
         lone = meta.members == (self.name,)
         # A lone voter campaigns on its first tick instead of after an election timeout.
         start_ms = now - self.limits.election_timeout_ms_max if lone else now
@@ -569,6 +587,7 @@ class Node:
             max(0, start_ms),
             checkpoint_meta,
             repair=rec.repairing,
+            wall_ms=wall,
         )
         assert self._receipt_key is not None, "start() loads the key before hosting"
         seal = ReceiptSeal(self._receipt_key, meta.uid)
@@ -580,7 +599,7 @@ class Node:
             rep.hard_state_written = (hs.term, hs.vote)
         rep.replay_until = rec.log.last_index()
         if lone:
-            raft.step(Tick(now))
+            raft.step(Tick(now, wall))
         self._replicas[meta.name] = rep
         self._by_uid[meta.uid] = rep
         return rep
@@ -744,7 +763,7 @@ class Node:
         rep.base_index = snap.index
         rep.applied_index, rep.applied_term = snap.index, snap.term
         rep.installed_live = installed
-        rep.checkpoint = CheckpointInfo(snap.index, now_ms(), size)
+        rep.checkpoint = CheckpointInfo(snap.index, self.clock.wall_ms(), size)
         observe.seed_live_set(rep, snap.index, snap.live_indexes)
 
     def _send(self, rep: Replica, msg: Message) -> None:
@@ -752,11 +771,14 @@ class Node:
 
     def on_raft_message(self, uid: str, message: Message) -> None:
         """From the transport: a message for the replica of group ``uid``."""
-        self._heard_ms[node_of(message.src)] = now_ms()
+        self._heard_ms[node_of(message.src)] = self.clock.monotonic_ms()
         rep = self._by_uid.get(uid)
         if rep is None or rep.closed or rep.failed is not None or not self._running:
             return
         try:
+            # The core's clock moves first: a heartbeat restarts the election timer from
+            # now, not from the last tick (a follower ticks only at its deadline).
+            self._tick(rep)
             rep.raft.step(Receive(message))
         except EntryDamaged as e:
             self._damaged(rep, e)
@@ -831,7 +853,7 @@ class Node:
         storage = self._need_storage()
         try:
             while (flush := storage.prepare_segment_flush()) is not None:
-                await asyncio.to_thread(flush.write)
+                await self._in_worker(flush.write)
                 storage.finish_segment_flush(flush)
         except StorageFailed as e:
             # Nothing is lost: the entries stay in the mem tables and the WAL file stays;
@@ -887,7 +909,7 @@ class Node:
             p = rep.waiting.pop(e.index, None)
             if p is not None and not p.future.done():
                 self._resolve(rep, p, e, reply)
-        rep.sample(now_ms())
+        rep.sample(self.clock.monotonic_ms())
 
     def _resolve(self, rep: Replica, p: Proposal, e: Entry, reply: object) -> None:
         if p.term != e.term or e.kind is not EntryKind.COMMAND:
@@ -938,8 +960,29 @@ class Node:
         changes = {name: getattr(policy, name) for name in policy.to_wire()}
         args = dataclasses.replace(rep.meta.args, **changes)
         rep.meta = dataclasses.replace(rep.meta, args=args)
-        # Rare and small: written at once, so a later start lists the new arguments.
-        write_meta(self._need_storage().disk, rep.meta)
+        self._write_meta(rep)
+
+    def _write_meta(self, rep: Replica) -> None:
+        """Write the replica's definition after a change (policy, members), so that a
+        later start lists it: in a worker, one write at a time per replica, the newest
+        definition last. A stop waits for it (a job); a deletion too, before it removes
+        the file."""
+        if rep.meta_task is None:
+            rep.meta_task = self._need_loop().create_task(self._write_metas(rep))
+
+    async def _write_metas(self, rep: Replica) -> None:
+        disk = self._need_storage().disk
+        written: QueueMeta | None = None
+        try:
+            async with self._job():
+                # A deleted replica is no longer in ``_by_uid``: its file stays removed.
+                while rep.meta is not written and self._by_uid.get(rep.uid) is rep:
+                    written = rep.meta
+                    await self._in_worker(write_meta, disk, written)
+        except OSError as e:
+            log.error("queue %s: definition not written: %s", rep.name, e)
+        finally:
+            rep.meta_task = None
 
     # --- timers ----------------------------------------------------------------------
 
@@ -952,14 +995,14 @@ class Node:
         if rep.tick_handle is not None:
             rep.tick_handle.cancel()
         rep.tick_due_ms = due
-        rep.tick_handle = self._call_at_ms(due, self._on_tick, rep)
+        rep.tick_handle = self._call_at_ms(due - self.clock.monotonic_ms(), self._on_tick, rep)
 
     def _on_tick(self, rep: Replica) -> None:
         rep.tick_handle = None
         if rep.closed or rep.failed is not None:
             return
         try:
-            rep.raft.step(Tick(now_ms()))
+            self._tick(rep)
         except EntryDamaged as e:
             self._damaged(rep, e)
             return
@@ -997,7 +1040,8 @@ class Node:
         if rep.expire_handle is not None:
             rep.expire_handle.cancel()
         rep.expire_due_ms = due
-        rep.expire_handle = self._call_at_ms(due, self._on_expire, rep)
+        # The machine's deadlines are leader times, stamped from the wall clock.
+        rep.expire_handle = self._call_at_ms(due - self.clock.wall_ms(), self._on_expire, rep)
 
     def _on_expire(self, rep: Replica) -> None:
         rep.expire_handle = None
@@ -1018,11 +1062,16 @@ class Node:
         self._spawn(expire())
 
     def _call_at_ms(
-        self, due_ms: int, fn: Callable[[Replica], None], rep: Replica
+        self, delay_ms: int, fn: Callable[[Replica], None], rep: Replica
     ) -> asyncio.TimerHandle:
         loop = self._need_loop()
-        delay_s = max(0.0, (due_ms - now_ms()) / 1000) + 0.001
+        delay_s = max(0.0, delay_ms / 1000) + 0.001
         return loop.call_at(loop.time() + delay_s, fn, rep)
+
+    def _tick(self, rep: Replica) -> None:
+        """Step the core's clocks; before each proposal too, since the core stamps
+        entries with the last wall time it saw."""
+        rep.raft.step(Tick(self.clock.monotonic_ms(), self.clock.wall_ms()))
 
     # === proposals and routing ==========================================================
 
@@ -1042,7 +1091,7 @@ class Node:
         rep.next_request_id += 1
         future: asyncio.Future[object] = self._need_loop().create_future()
         rep.proposals[request_id] = Proposal(future, on_applied)
-        rep.raft.step(Tick(now_ms()))
+        self._tick(rep)
         rep.raft.step(Propose(request_id, (command,)))
         self._schedule(rep)
         timeout_s = self.limits.proposal_timeout_ms / 1000
@@ -1415,7 +1464,7 @@ class Node:
         if not members or members == rep.meta.members or self.name not in members:
             return
         rep.meta = dataclasses.replace(rep.meta, members=members)
-        write_meta(self._need_storage().disk, rep.meta)
+        self._write_meta(rep)
 
     async def add_member(self, name: str, node: str) -> QueueInfo:
         """Add a replica of the queue on ``node`` (``POST /queues/{name}/members``): it
@@ -1468,7 +1517,7 @@ class Node:
         """Step a membership change and wait until its entry commits."""
         future: asyncio.Future[object] = self._need_loop().create_future()
         rep.proposals[event.request_id] = Proposal(future, None)
-        rep.raft.step(Tick(now_ms()))
+        self._tick(rep)
         rep.raft.step(event)
         self._schedule(rep)
         try:
@@ -1502,7 +1551,7 @@ class Node:
         rep.next_request_id += 1
         future: asyncio.Future[object] = self._need_loop().create_future()
         rep.proposals[request_id] = Proposal(future, None)
-        rep.raft.step(Tick(now_ms()))
+        self._tick(rep)
         rep.raft.step(TransferLeadership(request_id, server_id(node, rep.uid)))
         self._schedule(rep)
         try:
@@ -1608,8 +1657,14 @@ class Node:
     ) -> CheckpointRecord:
         storage = self._need_storage()
         started = time.perf_counter()
-        taken_at = now_ms()
-        size, live_entries = await asyncio.to_thread(_write_checkpoint, storage, rep.uid, cp)
+        taken_at = self.clock.wall_ms()
+        async with self._job():
+            job = storage.prepare_checkpoint(rep.uid)
+            try:
+                live_entries = await self._in_worker(_write_checkpoint, job, cp)
+            finally:
+                storage.finish_checkpoint(job)
+        size = job.bytes
         if cp.index >= rep.checkpoint.index:
             rep.checkpoint = CheckpointInfo(cp.index, taken_at, size)
         return CheckpointRecord(
@@ -1637,9 +1692,10 @@ class Node:
             raise rep.failed
         if rep.applied_index == 0 or rep.applied_term == 0:
             raise NoLeader(f"queue {name}: nothing applied yet, retry")
-        cp = self._capture(rep, rep.applied_index, rep.applied_term)
-        async with rep.disk_lock:
-            record = await self._write_checkpoint(rep, cp, trigger)
+        async with self._admit():
+            cp = self._capture(rep, rep.applied_index, rep.applied_term)
+            async with rep.disk_lock:
+                record = await self._write_checkpoint(rep, cp, trigger)
         if trigger == "auto":
             await self._notify(record)
         return record
@@ -1653,7 +1709,7 @@ class Node:
         rep = self._replica(name)
         if phase not in ("auto", 1, 2, 3):
             raise ValidationFailed("phase is auto, 1, 2 or 3")
-        async with rep.disk_lock:
+        async with self._admit(), rep.disk_lock:
             return await self._compact_locked(rep, phase, trigger)
 
     async def _compact_locked(
@@ -1661,10 +1717,11 @@ class Node:
     ) -> CompactionRecord:
         """One compaction run; the caller holds ``rep.disk_lock``."""
         storage = self._need_storage()
-        started_ms, before = now_ms(), observe.segment_totals(rep)
-        job = storage.prepare_compaction(rep.uid, phase)
-        await asyncio.to_thread(job.run)
-        result = storage.finish_compaction(job)
+        started_ms, before = self.clock.wall_ms(), observe.segment_totals(rep)
+        async with self._job():
+            job = storage.prepare_compaction(rep.uid, phase)
+            await self._in_worker(job.run)
+            result = storage.finish_compaction(job)
         ran = ",".join(str(p) for p in result.phases) or "none"
         duration_ms = result.duration_s * 1000
         return observe.compaction_record(rep, ran, trigger, started_ms, duration_ms, before)
@@ -1675,14 +1732,14 @@ class Node:
         failed = self._failed.get(name)
         if failed is not None:
             return observe.failed_stats(failed[1])
-        return observe.queue_stats(self._replica(name), now_ms())
+        return observe.queue_stats(self._replica(name), self.clock.monotonic_ms())
 
     def segments(self, name: str) -> list[SegmentInfo]:
         rep = self._replica(name)
         return observe.segment_infos(rep, observe.live_indexes(rep))
 
     def cluster(self) -> dict[str, object]:
-        now = now_ms()
+        now = self.clock.monotonic_ms()
         alive_ms = 2 * self.limits.election_timeout_ms_max
         nodes = []
         for node in self.transport.nodes():
@@ -1709,6 +1766,29 @@ class Node:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    @contextlib.asynccontextmanager
+    async def _job(self) -> Any:
+        """Storage work prepared on the loop, run by a worker and finished on the loop:
+        ``_shutdown`` closes storage only once every job has finished."""
+        done: asyncio.Future[None] = self._need_loop().create_future()
+        self._jobs.add(done)
+        try:
+            yield
+        finally:
+            self._jobs.discard(done)
+            done.set_result(None)
+
+    async def _in_worker(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` in a worker thread. A caller cancelled meanwhile still waits
+        for the worker, so that what it does next on the loop (finish a job, close
+        storage) comes after the worker's I/O."""
+        worker = self._need_loop().run_in_executor(None, functools.partial(fn, *args))
+        try:
+            return await asyncio.shield(worker)
+        except asyncio.CancelledError:
+            await asyncio.wait([worker])
+            raise
+
     def _need_loop(self) -> asyncio.AbstractEventLoop:
         assert self._loop is not None, "Node.start first"
         return self._loop
@@ -1734,10 +1814,17 @@ class Captured:
         return Checkpoint(self.index, self.term, self.machine_version, self.config, live, state)
 
 
-def _write_checkpoint(storage: NodeStorage, uid: str, captured: Captured) -> tuple[int, int]:
-    """On a worker: encode and write; (bytes of the checkpoint file, live entries)."""
+def _write_checkpoint(job: CheckpointWrite, captured: Captured) -> int:
+    """On a worker: encode and write (touches no storage object); the live entries."""
     cp = captured.build()
-    return storage.write_checkpoint(uid, cp), len(cp.live_indexes)
+    job.write(cp)
+    return len(cp.live_indexes)
+
+
+def _close_storage(storage: NodeStorage) -> None:
+    """On a worker, which owns the storage from here on (the loop waits for it)."""
+    storage.take_over()
+    storage.close()
 
 
 def _info(meta: QueueMeta) -> QueueInfo:

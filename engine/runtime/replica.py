@@ -87,6 +87,8 @@ class Replica:
     leader_waiters: list[asyncio.Future[None]] = field(default_factory=list)
     inflight_publish_bytes: int = 0
     checkpoint: CheckpointInfo = field(default_factory=CheckpointInfo)
+    meta_task: asyncio.Task[None] | None = None
+    """Writes ``meta`` to its file after a change (``Node._write_meta``)."""
     bytes_since_capture: int = 0
     """Log bytes applied since the machine was last captured for a checkpoint (or
     restored): what a restart would apply again, bounded by

@@ -114,7 +114,8 @@ class CheckpointStore:
         return found[-1] if found else 0
 
     def write(self, cp: Checkpoint) -> int:
-        """Write ``cp`` durably, then thin the older ones out; the bytes of its file."""
+        """Write ``cp`` durably, then thin the older ones out; the size of the file.
+        Touches only the disk: it may run in a worker thread."""
         data = encode_checkpoint(cp)
         write_file_atomic(self._disk, self._path(self.checkpoint_dir, cp.index), data)
         indexes = self.checkpoint_indexes()

@@ -1,9 +1,12 @@
 """The storage of one node: the shared WAL, every server's log, segments and checkpoints.
 
-Rule: ``NodeStorage`` is used from one thread (the runtime's event loop, or the
-simulator). The only work that may run elsewhere is ``Wal.write_batch`` (the WAL writer
-thread) and ``SegmentFlush.write`` (a worker); their results come back through
-``complete`` and ``finish_segment_flush`` on the node's thread.
+Rule: ``NodeStorage`` is used from one thread, its owner (the runtime's event loop, or
+the simulator; ``take_over`` hands it to another thread while the owner waits, as the
+runtime does to open and close it in a worker). Its entry points assert that. The only
+work that may run elsewhere is ``Wal.write_batch`` (the WAL writer thread),
+``SegmentFlush.write``, ``CompactionJob.run`` and ``CheckpointWrite.write`` (workers),
+which touch the disk and nothing of this object; each is prepared and finished on the
+owner's thread (``finish_segment_flush``, ``finish_compaction``, ``finish_checkpoint``).
 
 Recovery (``NodeStorage.open``) reads the WAL files and replays them into mem tables
 (a torn tail of the last file is cut off), reads the header of every segment, and opens
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -87,6 +91,7 @@ from engine.storage.wal import (
 )
 
 QUEUES_DIR = "queues"
+_NOT_OWNER = "NodeStorage is used from its owner thread only (see the module's rule)"
 _DATA = attrgetter("data")
 
 
@@ -194,6 +199,22 @@ class SegmentFlush:
             raise StorageFailed(f"segment flush of WAL file {self.wal_seq} failed: {exc}") from exc
 
 
+@dataclass(eq=False, slots=True)
+class CheckpointWrite:
+    """A checkpoint file of ``uid`` to write: ``write`` does the I/O and may run in a
+    worker thread; it touches the disk only. ``bytes``: the size of the file written."""
+
+    uid: str
+    store: CheckpointStore
+    bytes: int = 0
+
+    def write(self, cp: Checkpoint) -> None:
+        try:
+            self.bytes = self.store.write(cp)
+        except OSError as exc:
+            raise StorageFailed(f"checkpoint of {self.uid} at {cp.index} failed: {exc}") from exc
+
+
 def _lone(uid: str, reason: str) -> str:
     return (
         f"queue {uid}: {reason}; the queue has no other member to repair it from: its "
@@ -262,7 +283,18 @@ class NodeStorage:
         """The server being opened, if its group has no other member to repair it."""
         self._damaged_at: dict[str, tuple[int, int]] = {}
         """At recovery: (last index, commit index) of each server at the corrupt record."""
+        self._checkpoint_writes: set[CheckpointWrite] = set()
+        """Prepared and not finished: their workers may be writing."""
+        self._owner = threading.current_thread()
         self.wal: Wal
+
+    def take_over(self) -> None:
+        """The calling thread owns this storage from now on; the previous owner waits
+        (the runtime opens and closes it in a worker)."""
+        self._owner = threading.current_thread()
+
+    def _owned(self) -> bool:
+        return threading.current_thread() is self._owner
 
     # -- opening --------------------------------------------------------------------------
 
@@ -480,6 +512,7 @@ class NodeStorage:
 
     def repairing(self, uid: str) -> bool:
         """Whether server ``uid`` is in repair (its marker is on disk)."""
+        assert self._owned(), _NOT_OWNER
         return uid in self._repairs
 
     def finish_repair(self, uid: str) -> bool:
@@ -487,6 +520,7 @@ class NodeStorage:
         durable (``Ready.repaired``, then ``HardStateSaved``): the marker is removed once
         no WAL file from before the repair remains (else by the segment flush that
         deletes the last one). Says whether it is gone."""
+        assert self._owned(), _NOT_OWNER
         if uid not in self._repairs:
             return True
         self._repair_done.add(uid)
@@ -508,12 +542,14 @@ class NodeStorage:
         storage applies it and the server starts in repair mode. What the server writes
         meanwhile goes to the WAL file being written, before the one the repair begins
         with: the next open cuts it too (the server is repairing: safe, if wasteful)."""
+        assert self._owned(), _NOT_OWNER
         cp, _ = self.checkpoints(uid).load_newest()
         wal_seq = self.wal.seq + 1
         self._begin_repair(uid, cp, error.index, RepairKind.CUT, error.detail, wal_seq, apply=False)
 
     def servers(self) -> list[str]:
         """Uids of every server with data on this node, sorted."""
+        assert self._owned(), _NOT_OWNER
         return sorted(self._logs)
 
     def open_server(self, uid: str, *, repairable: bool = True) -> Recovered:
@@ -521,6 +557,7 @@ class NodeStorage:
         data is cut or reset and the server marked repairing (see the module's rules).
         Without ``repairable`` (the group has no other member) damage raises
         ``RecoveryRefused`` before any file is changed, for an operator to look at."""
+        assert self._owned(), _NOT_OWNER
         if uid in self._repairs and not repairable:
             raise RecoveryRefused(_lone(uid, self._repairs[uid].reason))
         self._unrepairable = None if repairable else uid
@@ -630,10 +667,12 @@ class NodeStorage:
     def append(self, uid: str, entries: list[Entry]) -> None:
         """Queue ``entries`` for the next group commit; from ``entries[0].index`` they
         replace what is stored. ``Persisted`` follows once durable."""
+        assert self._owned(), _NOT_OWNER
         self._submit(AppendOp(uid, tuple(entries)))
 
     def save_hard_state(self, uid: str, hard_state: HardState) -> None:
         """Queue the hard state for the next group commit; ``HardStateSaved`` follows."""
+        assert self._owned(), _NOT_OWNER
         self._submit(HardStateOp(uid, hard_state))
 
     def _submit(self, op: WalOp) -> None:
@@ -644,10 +683,12 @@ class NodeStorage:
 
     def write_batch(self) -> WalBatch:
         """One group commit, on the caller's thread (the simulator; tests)."""
+        assert self._owned(), _NOT_OWNER
         return self.wal.write_batch()
 
     def complete(self, batch: WalBatch) -> list[StorageEvent]:
         """Apply a finished WAL batch to the mem tables and say what became durable."""
+        assert self._owned(), _NOT_OWNER
         if batch.error is not None:
             failed: list[StorageEvent] = []
             for uid in dict.fromkeys(op.uid for op in batch.ops):
@@ -699,6 +740,7 @@ class NodeStorage:
     def sync(self) -> list[StorageEvent]:
         """Everything pending made durable, and rolled WAL files flushed to segments:
         what the simulator calls where the runtime's threads would run."""
+        assert self._owned(), _NOT_OWNER
         events: list[StorageEvent] = []
         while self.wal.pending():
             events.extend(self.complete(self.wal.write_batch()))
@@ -709,10 +751,12 @@ class NodeStorage:
 
     def rolled_wal_files(self) -> list[int]:
         """WAL files closed and waiting for their entries to reach segments."""
+        assert self._owned(), _NOT_OWNER
         return list(self._rolled)
 
     def prepare_segment_flush(self) -> SegmentFlush | None:
         """The flush of the oldest rolled WAL file, or ``None`` if none is waiting."""
+        assert self._owned(), _NOT_OWNER
         if not self._rolled:
             return None
         seq = self._rolled[0]
@@ -734,6 +778,7 @@ class NodeStorage:
     def finish_segment_flush(self, flush: SegmentFlush) -> None:
         """Put the written segments in the views, drop the flushed entries from the mem
         tables, then delete the WAL file."""
+        assert self._owned(), _NOT_OWNER
         assert self._rolled and self._rolled[0] == flush.wal_seq
         for uid, generation, infos in flush.written:
             log = self._logs.get(uid)
@@ -757,6 +802,7 @@ class NodeStorage:
         """Flush every rolled WAL file, on this thread. A disk error stops it and is
         returned; nothing is lost (the entries stay in mem tables and the WAL) and the
         next call tries again."""
+        assert self._owned(), _NOT_OWNER
         while (flush := self.prepare_segment_flush()) is not None:
             try:
                 flush.write()
@@ -798,6 +844,7 @@ class NodeStorage:
     def pin_reader(self, uid: str, lo: int = 1, hi: int | None = None) -> PinnedReader:
         """Pin the segments of ``uid`` that answer for indexes ``lo .. hi``: they stay
         on disk, unchanged, until ``release`` (see ``engine.storage.compaction``)."""
+        assert self._owned(), _NOT_OWNER
         log = self._log(uid)
         top = log.last_index() if hi is None else hi
         segments = [(i, h) for i, h in log.segment_infos() if i.lo <= top and h >= lo]
@@ -809,12 +856,14 @@ class NodeStorage:
 
     def segment_stats(self, uid: str) -> list[SegmentStat]:
         """Every segment of ``uid`` counted against its snapshot's live set."""
+        assert self._owned(), _NOT_OWNER
         return log_stats(self._log(uid), self.cache)
 
     def prepare_compaction(self, uid: str, phase: Phase = "auto") -> CompactionJob:
         """On the node's thread: promote the newest checkpoint to the snapshot (phases
         ``auto`` and 1), plan the phases and pin what phases 2 and 3 will work on. Then
         ``job.run()`` (a worker may run it) and ``finish_compaction(job)`` here."""
+        assert self._owned(), _NOT_OWNER
         assert phase in ("auto", 1, 2, 3), phase
         log = self._log(uid)
         if log.failed is not None:
@@ -855,6 +904,7 @@ class NodeStorage:
     def finish_compaction(self, job: CompactionJob) -> CompactionResult:
         """Apply what the job did to the view and delete what it freed. Raises
         ``StorageFailed`` after that if the job met a disk error."""
+        assert self._owned(), _NOT_OWNER
         uid = job.uid
         self._compacting.discard(uid)
         log = self._logs.get(uid)
@@ -926,6 +976,7 @@ class NodeStorage:
 
     def compact(self, uid: str, phase: Phase = "auto") -> CompactionResult:
         """Prepare, run and finish a compaction on this thread (simulator, tests, tools)."""
+        assert self._owned(), _NOT_OWNER
         job = self.prepare_compaction(uid, phase)
         job.run()
         return self.finish_compaction(job)
@@ -933,20 +984,36 @@ class NodeStorage:
     # -- checkpoints and snapshots -------------------------------------------------------------
 
     def checkpoints(self, uid: str) -> CheckpointStore:
+        assert self._owned(), _NOT_OWNER
         return CheckpointStore(self.disk, uid, self.limits.checkpoints_kept_max)
 
     def write_checkpoint(self, uid: str, cp: Checkpoint) -> int:
-        """Durably write a checkpoint (``CheckpointRequest``); the log is not truncated.
-        Returns the bytes of its file."""
+        """Durably write a checkpoint (``CheckpointRequest``) on this thread; the log is
+        not truncated. Returns the size of the file."""
+        job = self.prepare_checkpoint(uid)
         try:
-            return self.checkpoints(uid).write(cp)
-        except OSError as exc:
-            raise StorageFailed(f"checkpoint of {uid} at {cp.index} failed: {exc}") from exc
+            job.write(cp)
+        finally:
+            self.finish_checkpoint(job)
+        return job.bytes
+
+    def prepare_checkpoint(self, uid: str) -> CheckpointWrite:
+        """A checkpoint write of ``uid``, to ``write`` in a worker, then finish here."""
+        assert self._owned(), _NOT_OWNER
+        job = CheckpointWrite(uid, self.checkpoints(uid))
+        self._checkpoint_writes.add(job)
+        return job
+
+    def finish_checkpoint(self, job: CheckpointWrite) -> None:
+        """The worker of ``job`` is done (written or failed)."""
+        assert self._owned(), _NOT_OWNER
+        self._checkpoint_writes.discard(job)
 
     def release_cursor(self, uid: str, index: int) -> int | None:
         """``ReleaseCursor``: promote the newest checkpoint at or below ``index`` to the
         snapshot and delete segments holding only dead entries before it. Returns the
         snapshot index, or ``None`` if no checkpoint qualifies."""
+        assert self._owned(), _NOT_OWNER
         store = self.checkpoints(uid)
         try:
             promoted = store.promote(index)
@@ -964,6 +1031,7 @@ class NodeStorage:
         """The indexes of ``live`` (a leader's snapshot) this server already stores as
         committed entries, so a catch-up needs only the others: an entry at or below
         the durable commit index is the leader's entry (Raft's log matching)."""
+        assert self._owned(), _NOT_OWNER
         log = self._log(uid)
         commit = log.hard_state.commit if log.hard_state is not None else 0
         held = BitMap64()
@@ -982,6 +1050,7 @@ class NodeStorage:
         follows; until then the log view is unchanged). ``live_entries`` may hold only
         the live entries this server lacks (see ``held_live``): the others are read from
         its own log before it is replaced. Returns the bytes of the snapshot file."""
+        assert self._owned(), _NOT_OWNER
         log = self._log(uid)
         if log.failed is not None:
             raise log.failed
@@ -1011,6 +1080,7 @@ class NodeStorage:
     def remove_server(self, uid: str) -> None:
         """Delete server ``uid``: a forget record goes through the WAL, then its files
         are deleted (``Removed`` follows). A crash in between finishes it at recovery."""
+        assert self._owned(), _NOT_OWNER
         self.wal.submit(ForgetOp(uid))
 
     def _delete_files(self, uid: str) -> None:
@@ -1025,12 +1095,15 @@ class NodeStorage:
         self.disk.sync_dir(QUEUES_DIR)
 
     def log(self, uid: str) -> ServerLog:
+        assert self._owned(), _NOT_OWNER
         return self._logs[uid]
 
     def close(self, *, flush: bool = True) -> None:
         """Stop cleanly: whatever is pending is made durable; with ``flush`` the WAL is
         rolled and every mem table written to segments, so the next start replays no
         WAL. A crash instead of ``close`` loses nothing that was reported durable."""
+        assert self._owned(), _NOT_OWNER
+        assert not self._checkpoint_writes, "close waits for the checkpoint writes"
         self.sync()
         if flush:
             self._rolled.append(self.wal.roll())
@@ -1040,6 +1113,7 @@ class NodeStorage:
 
 
 __all__ = [
+    "CheckpointWrite",
     "HardStateSaved",
     "NodeStorage",
     "Persisted",

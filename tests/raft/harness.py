@@ -19,9 +19,15 @@ from engine.raft.events import (
     Tick,
 )
 from engine.raft.kv import KvMachine
-from engine.raft.log import EntryKind
+from engine.raft.log import Entry, EntryKind
 from engine.raft.machine import ApplyMeta
-from engine.raft.messages import Message, VoteRequest, VoteResponse
+from engine.raft.messages import (
+    AppendRequest,
+    AppendResponse,
+    Message,
+    VoteRequest,
+    VoteResponse,
+)
 from engine.raft.server import Fault, RaftOptions, RaftServer, Role
 from engine.raft.snapshot import Snapshot
 from engine.sim.storage import MemStorage
@@ -31,6 +37,76 @@ LIMITS = Limits()
 
 def sid(name: str) -> ServerId:
     return ServerId(name)
+
+
+# Messages a test hands to a server itself, between servers named by string. The
+# fields a test does not care about default to an empty log at term 0; the integers
+# stay keywords, as in the message classes.
+
+
+def vote_request(
+    src: str,
+    dst: str,
+    term: int,
+    *,
+    last_index: int = 0,
+    last_term: int = 0,
+    pre: bool = False,
+    transfer: bool = False,
+) -> VoteRequest:
+    return VoteRequest(
+        src=sid(src),
+        dst=sid(dst),
+        term=term,
+        last_index=last_index,
+        last_term=last_term,
+        pre=pre,
+        transfer=transfer,
+    )
+
+
+def append_request(
+    src: str,
+    dst: str,
+    term: int,
+    *,
+    prev_index: int,
+    prev_term: int,
+    entries: list[Entry] | None = None,
+    commit: int,
+) -> AppendRequest:
+    return AppendRequest(
+        src=sid(src),
+        dst=sid(dst),
+        term=term,
+        prev_index=prev_index,
+        prev_term=prev_term,
+        entries=entries or [],
+        commit=commit,
+    )
+
+
+def append_response(
+    src: str,
+    dst: str,
+    term: int,
+    *,
+    success: bool,
+    match_index: int = 0,
+    rejected_prev_index: int = 0,
+    conflict_term: int = 0,
+    conflict_index: int = 0,
+) -> AppendResponse:
+    return AppendResponse(
+        src=sid(src),
+        dst=sid(dst),
+        term=term,
+        success=success,
+        match_index=match_index,
+        rejected_prev_index=rejected_prev_index,
+        conflict_term=conflict_term,
+        conflict_index=conflict_index,
+    )
 
 
 @dataclass

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from engine.raft.events import HardState, Receive, Tick
-from engine.raft.messages import AppendResponse, Heartbeat, VoteRequest, VoteResponse
+from engine.raft.messages import Heartbeat, VoteRequest, VoteResponse
 from engine.raft.server import Role
-from tests.raft.harness import Cluster, sid
+from tests.raft.harness import Cluster, append_response, sid, vote_request
 
 
 def test_follower_times_out_and_pre_votes_without_changing_its_term() -> None:
@@ -44,32 +44,8 @@ def test_candidate_with_majority_becomes_leader_and_appends_a_noop() -> None:
 def test_vote_is_granted_at_most_once_per_term() -> None:
     c = Cluster(["a", "b", "c"], pre_vote=False)
     b = c["b"]
-    b.step(
-        Receive(
-            VoteRequest(
-                src=sid("a"),
-                dst=sid("b"),
-                term=1,
-                last_index=0,
-                last_term=0,
-                pre=False,
-                transfer=False,
-            )
-        )
-    )
-    b.step(
-        Receive(
-            VoteRequest(
-                src=sid("c"),
-                dst=sid("b"),
-                term=1,
-                last_index=0,
-                last_term=0,
-                pre=False,
-                transfer=False,
-            )
-        )
-    )
+    b.step(Receive(vote_request("a", "b", 1)))
+    b.step(Receive(vote_request("c", "b", 1)))
     rd = b.ready()
     grants = [(m.dst, m.granted) for m in rd.messages_after_persist if type(m) is VoteResponse]
     assert grants == [("a", True), ("c", False)]
@@ -80,9 +56,7 @@ def test_vote_is_refused_to_a_candidate_whose_log_is_less_up_to_date() -> None:
     c = Cluster(["a", "b", "c"])
     c.elect("a")
     b = c["b"]
-    stale = VoteRequest(
-        src=sid("c"), dst=sid("b"), term=5, last_index=0, last_term=0, pre=False, transfer=False
-    )
+    stale = vote_request("c", "b", 5)
     c.now_ms += 10 * c.limits.election_timeout_ms_max
     b.step(Tick(c.now_ms))
     b.step(Receive(stale))
@@ -95,20 +69,7 @@ def test_a_higher_term_makes_a_leader_step_down() -> None:
     c = Cluster(["a", "b", "c"])
     c.elect("a")
     a = c["a"]
-    a.step(
-        Receive(
-            AppendResponse(
-                src=sid("b"),
-                dst=sid("a"),
-                term=7,
-                success=False,
-                match_index=0,
-                rejected_prev_index=0,
-                conflict_term=0,
-                conflict_index=0,
-            )
-        )
-    )
+    a.step(Receive(append_response("b", "a", 7, success=False)))
     assert a.role is Role.FOLLOWER and a.term == 7 and a.vote is None
 
 
@@ -147,24 +108,10 @@ def test_a_voter_that_hears_from_its_leader_ignores_a_campaign() -> None:
     c = Cluster(["a", "b", "c"])
     c.elect("a")
     b = c["b"]
-    b.step(
-        Receive(
-            VoteRequest(
-                src=sid("c"),
-                dst=sid("b"),
-                term=2,
-                last_index=9,
-                last_term=1,
-                pre=False,
-                transfer=False,
-            )
-        )
-    )
+    b.step(Receive(vote_request("c", "b", 2, last_index=9, last_term=1)))
     rd = b.ready()
     assert b.term == 1 and not rd.messages_after_persist
-    transfer = VoteRequest(
-        src=sid("c"), dst=sid("b"), term=2, last_index=9, last_term=1, pre=False, transfer=True
-    )
+    transfer = vote_request("c", "b", 2, last_index=9, last_term=1, transfer=True)
     b.step(Receive(transfer))
     rd = b.ready()
     assert b.term == 2 and [m.granted for m in rd.messages_after_persist] == [True]

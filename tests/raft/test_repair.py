@@ -7,7 +7,6 @@ from __future__ import annotations
 from engine.raft.events import HardState, Propose, Receive, Tick
 from engine.raft.log import Entry, EntryKind
 from engine.raft.messages import (
-    AppendRequest,
     AppendResponse,
     Heartbeat,
     TimeoutNow,
@@ -15,7 +14,7 @@ from engine.raft.messages import (
     VoteResponse,
 )
 from engine.raft.server import Role
-from tests.raft.harness import Cluster, sid
+from tests.raft.harness import Cluster, append_request, sid, vote_request
 
 
 def _lose_entries_after(c: Cluster, name: str, index: int) -> None:
@@ -97,28 +96,13 @@ def test_repair_ends_only_with_a_durable_committed_entry_of_the_leaders_term() -
     noop = Entry(3, 2, EntryKind.NOOP, 0, b"")
     # The committed entry 2 is of an older term: not enough.
     c.step(
-        "b",
-        Receive(
-            AppendRequest(
-                src=sid("a"), dst=sid("b"), term=2, prev_index=1, prev_term=1, entries=x, commit=2
-            )
-        ),
+        "b", Receive(append_request("a", "b", 2, prev_index=1, prev_term=1, entries=x, commit=2))
     )
     c.persist("b")
     assert b.commit == 2 and b.repairing
     c.step(
         "b",
-        Receive(
-            AppendRequest(
-                src=sid("a"),
-                dst=sid("b"),
-                term=2,
-                prev_index=2,
-                prev_term=1,
-                entries=[noop],
-                commit=3,
-            )
-        ),
+        Receive(append_request("a", "b", 2, prev_index=2, prev_term=1, entries=[noop], commit=3)),
     )
     assert b.commit == 3 and b.repairing, "held in memory, not yet durable"
     rd = c.persist("b")
@@ -142,20 +126,7 @@ def test_a_repairing_server_never_campaigns_nor_grants_a_vote_or_pre_vote() -> N
     c.step("b", Receive(TimeoutNow(src=sid("a"), dst=sid("b"), term=1)))
     assert b.role is Role.FOLLOWER and not c.take(VoteRequest)
     for pre in (True, False):
-        c.step(
-            "b",
-            Receive(
-                VoteRequest(
-                    src=sid("a"),
-                    dst=sid("b"),
-                    term=9,
-                    last_index=50,
-                    last_term=9,
-                    pre=pre,
-                    transfer=False,
-                )
-            ),
-        )
+        c.step("b", Receive(vote_request("a", "b", 9, last_index=50, last_term=9, pre=pre)))
     c.tick(c.limits.tick_ms, ["b"])
     grants = [m.granted for m in c.take(VoteResponse)]
     assert grants == [False, False] and b.vote is None and b.term == 9
@@ -167,38 +138,12 @@ def test_a_vote_forgotten_with_the_hard_state_is_not_given_twice() -> None:
     it records its vote for c in term 1 again."""
     for repair in (False, True):
         c = Cluster(["a", "b", "c"], pre_vote=False)
-        c.step(
-            "b",
-            Receive(
-                VoteRequest(
-                    src=sid("c"),
-                    dst=sid("b"),
-                    term=1,
-                    last_index=0,
-                    last_term=0,
-                    pre=False,
-                    transfer=False,
-                )
-            ),
-        )
+        c.step("b", Receive(vote_request("c", "b", 1)))
         assert c["b"].vote == "c"
         c.take()
         c.nodes["b"].storage.durable.hard_state = None
         c.restart("b", repair=repair)
-        c.step(
-            "b",
-            Receive(
-                VoteRequest(
-                    src=sid("a"),
-                    dst=sid("b"),
-                    term=1,
-                    last_index=0,
-                    last_term=0,
-                    pre=False,
-                    transfer=False,
-                )
-            ),
-        )
+        c.step("b", Receive(vote_request("a", "b", 1)))
         granted = [m.granted for m in c.take(VoteResponse)]
         assert granted == [not repair]
     b = c["b"]
@@ -219,14 +164,7 @@ def test_a_leader_that_counted_acknowledgements_from_before_the_damage_steps_dow
     c = _commit_x_on_a_and_b_only()
     _lose_entries_after(c, "b", 1)
     c.restart("b", repair=True)
-    c.step(
-        "b",
-        Receive(
-            AppendRequest(
-                src=sid("a"), dst=sid("b"), term=1, prev_index=2, prev_term=1, entries=[], commit=2
-            )
-        ),
-    )
+    c.step("b", Receive(append_request("a", "b", 1, prev_index=2, prev_term=1, commit=2)))
     answers = c.take(AppendResponse)
     assert [(m.term, m.success) for m in answers] == [(2, False)]
     c.deliver(answers)

@@ -9,7 +9,7 @@ from engine.raft.log import Entry, EntryKind
 from engine.raft.messages import AppendRequest, AppendResponse
 from engine.raft.progress import ProgressState
 from engine.raft.server import Fault, Role
-from tests.raft.harness import LIMITS, Cluster, sid
+from tests.raft.harness import LIMITS, Cluster, append_request, sid
 
 
 def _logs_equal(c: Cluster, names: list[str]) -> bool:
@@ -62,13 +62,7 @@ def test_a_follower_rejects_a_mismatched_append_with_a_conflict_hint() -> None:
     c = Cluster(["a", "b", "c"])
     c.elect("a")
     b = c["b"]
-    b.step(
-        Receive(
-            AppendRequest(
-                src=sid("a"), dst=sid("b"), term=1, prev_index=5, prev_term=1, entries=[], commit=1
-            )
-        )
-    )
+    b.step(Receive(append_request("a", "b", 1, prev_index=5, prev_term=1, commit=1)))
     rd = b.ready()
     (resp,) = rd.messages_after_persist
     assert type(resp) is AppendResponse and not resp.success
@@ -80,22 +74,10 @@ def test_a_follower_truncates_conflicting_entries_and_keeps_matching_ones() -> N
     c.elect("a")
     b = c["b"]
     old = [Entry(2, 1, EntryKind.COMMAND, 0, b"old2"), Entry(3, 1, EntryKind.COMMAND, 0, b"old3")]
-    b.step(
-        Receive(
-            AppendRequest(
-                src=sid("a"), dst=sid("b"), term=1, prev_index=1, prev_term=1, entries=old, commit=1
-            )
-        )
-    )
+    b.step(Receive(append_request("a", "b", 1, prev_index=1, prev_term=1, entries=old, commit=1)))
     c.process("b")
     new = [Entry(3, 2, EntryKind.COMMAND, 0, b"new3")]
-    b.step(
-        Receive(
-            AppendRequest(
-                src=sid("c"), dst=sid("b"), term=2, prev_index=2, prev_term=1, entries=new, commit=1
-            )
-        )
-    )
+    b.step(Receive(append_request("c", "b", 2, prev_index=2, prev_term=1, entries=new, commit=1)))
     c.process("b")
     data = [e.data for e in c.nodes["b"].storage.entries(2, 4, 1 << 30)]
     assert data == [b"old2", b"new3"] and b.log.last_index() == 3
@@ -181,6 +163,31 @@ def test_the_leader_stamps_its_clock_in_entries_and_it_never_decreases() -> None
     c.step("a", Propose(2, (b"y",)))
     stamps = [e.now_ms for e in c.nodes["a"].storage.entries(1, 4, 1 << 30)]
     assert stamps == sorted(stamps) and stamps[1] == stamps[2] == c.now_ms
+
+
+def test_timers_run_on_the_monotonic_clock_and_stamps_never_go_back() -> None:
+    c = Cluster(["a", "b", "c"])
+    c.elect("a")
+    c.step("a", Tick(c.now_ms + 1, wall_ms=5_000_000))
+    c.step("a", Propose(1, (b"x",)))
+    c.stabilize()
+    # The wall clock of a steps back an hour: its timers and its stamps carry on.
+    c.step("a", Tick(c.now_ms + 2, wall_ms=5_000_000 - 3_600_000))
+    c.step("a", Propose(2, (b"y",)))
+    c.stabilize()
+    assert c["a"].now_ms == c.now_ms + 2
+    # a goes; b takes over with its wall clock (the harness's, ticks only) far behind:
+    # its entries are stamped no lower than those it received.
+    c.cut = {"a"}
+    c.tick(LIMITS.election_timeout_ms_max, names=["b", "c"])
+    c.sent = []
+    c.elect("b")
+    assert c["b"].wall_ms < 5_000_000
+    c.step("b", Propose(3, (b"z",)))
+    c.stabilize()
+    stamps = [e.now_ms for e in c.nodes["b"].storage.entries(1, 6, 1 << 30)]
+    assert len(stamps) == 5 and stamps == sorted(stamps), stamps
+    assert stamps[1:] == [5_000_000] * 4
 
 
 def test_proposals_are_rejected_on_a_follower_and_under_backpressure() -> None:

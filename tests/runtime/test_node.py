@@ -27,7 +27,16 @@ from engine.runtime.api import (
     QueueArgs,
 )
 from engine.storage import ServerLog
-from tests.runtime.util import FAST, drain, eventually, msgs, rolling, run, started
+from tests.runtime.util import (
+    FAST,
+    drain,
+    eventually,
+    msgs,
+    rolling,
+    run,
+    started,
+    started_recording,
+)
 
 
 def test_publish_receive_ack(tmp_path: Path) -> None:
@@ -336,14 +345,9 @@ def test_restart_keeps_confirmed_messages_and_definitions(tmp_path: Path) -> Non
 
 def test_checkpoints_compaction_and_listener(tmp_path: Path) -> None:
     limits = rolling(checkpoint_bytes_min=4096, segment_entries_max=16)
-    records: list[CheckpointRecord | CompactionRecord] = []
-
-    async def listener(record: CheckpointRecord | CompactionRecord) -> None:
-        records.append(record)
 
     async def body() -> None:
-        node = await started(tmp_path, limits)
-        node.set_record_listener(listener)
+        node, records = await started_recording(tmp_path, limits)
         try:
             await node.create_queue("c", QueueArgs())
             manual = await node.checkpoint("c")
@@ -583,14 +587,9 @@ def test_a_queue_whose_messages_all_stay_checkpoints_so_a_restart_replays_little
     (``Limits.replay_bytes_max``) does, and the restart applies only the log after it."""
     entry_bytes = 10 * 1024
     limits = rolling(replay_bytes_max=8 * entry_bytes)
-    records: list[CheckpointRecord | CompactionRecord] = []
-
-    async def listener(record: CheckpointRecord | CompactionRecord) -> None:
-        records.append(record)
 
     async def body() -> None:
-        node = await started(tmp_path, limits)
-        node.set_record_listener(listener)
+        node, records = await started_recording(tmp_path, limits)
         await node.create_queue("deep", QueueArgs())
         for k in range(40):
             await node.publish("deep", msgs(*[f"{k}-{i}".ljust(1024, "x") for i in range(10)]))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import msgpack
 import pytest
 
@@ -31,6 +33,19 @@ from engine.runtime.api import (
 from engine.runtime.meta import QueueMeta
 
 A, B = ServerId("n1/q"), ServerId("n2/q")
+REFUSAL = AppendResponse(
+    src=A,
+    dst=B,
+    term=3,
+    success=False,
+    match_index=0,
+    rejected_prev_index=9,
+    conflict_term=2,
+    conflict_index=5,
+)
+CHUNK = SnapshotChunk(
+    src=A, dst=B, term=3, snapshot_index=100, snapshot_term=2, offset=0, data=b"chunk", done=False
+)
 VALUES: list[object] = [
     VoteRequest(src=A, dst=B, term=3, last_index=10, last_term=2, pre=True, transfer=False),
     VoteResponse(src=A, dst=B, term=3, granted=True, pre=False),
@@ -46,39 +61,14 @@ VALUES: list[object] = [
         ],
         commit=9,
     ),
-    AppendResponse(
-        src=A,
-        dst=B,
-        term=3,
-        success=False,
-        match_index=0,
-        rejected_prev_index=9,
-        conflict_term=2,
-        conflict_index=5,
-    ),
+    REFUSAL,
     Heartbeat(src=A, dst=B, term=3, commit=9, read_seq=4),
     HeartbeatResponse(src=A, dst=B, term=3, read_seq=4),
-    SnapshotChunk(
-        src=A,
-        dst=B,
-        term=3,
-        snapshot_index=100,
-        snapshot_term=2,
-        offset=0,
-        data=b"chunk",
-        done=False,
-    ),
+    CHUNK,
     SnapshotResponse(src=A, dst=B, term=3, snapshot_index=100, next_offset=-1),
-    SnapshotChunk(
-        src=A,
-        dst=B,
-        term=3,
-        snapshot_index=100,
-        snapshot_term=2,
-        offset=40,
-        data=b"",
-        done=True,
-        entries=[Entry(7, 1, EntryKind.COMMAND, 5, b"p")],
+    # The live entries after the checkpoint's bytes.
+    dataclasses.replace(
+        CHUNK, offset=40, data=b"", done=True, entries=[Entry(7, 1, EntryKind.COMMAND, 5, b"p")]
     ),
     SnapshotResponse(
         src=A, dst=B, term=3, snapshot_index=100, next_offset=40, missing=b"\x01missing"
@@ -116,17 +106,7 @@ def test_only_registered_types_encode() -> None:
 def test_a_message_travels_as_its_field_values_in_order() -> None:
     """The wire format does not depend on how messages are constructed: a positional
     list of field values, as before constructors became keyword-only."""
-    msg = AppendResponse(
-        src=A,
-        dst=B,
-        term=3,
-        success=False,
-        match_index=0,
-        rejected_prev_index=9,
-        conflict_term=2,
-        conflict_index=5,
-    )
-    ext = msgpack.unpackb(wire.encode(msg), raw=False)
+    ext = msgpack.unpackb(wire.encode(REFUSAL), raw=False)
     assert ext.code == wire.DATACLASS
     assert msgpack.unpackb(ext.data, raw=False) == [
         "AppendResponse",

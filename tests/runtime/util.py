@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 from engine.limits import DEFAULT_LIMITS, Limits
 from engine.runtime import Node
-from engine.runtime.api import OutgoingMessage, QueueArgs
+from engine.runtime.api import CheckpointRecord, CompactionRecord, OutgoingMessage, QueueArgs
 
 T = TypeVar("T")
 
@@ -43,6 +43,20 @@ async def started(data_dir: Path, limits: Limits = FAST, **kw: Any) -> Node:
     node = Node(data_dir, limits=limits, **kw)
     await node.start()
     return node
+
+
+async def started_recording(
+    data_dir: Path, limits: Limits = FAST
+) -> tuple[Node, list[CheckpointRecord | CompactionRecord]]:
+    """A started node and the list its checkpoint and compaction records go to."""
+    records: list[CheckpointRecord | CompactionRecord] = []
+
+    async def listener(record: CheckpointRecord | CompactionRecord) -> None:
+        records.append(record)
+
+    node = await started(data_dir, limits)
+    node.set_record_listener(listener)
+    return node, records
 
 
 def msgs(*bodies: bytes | str, **kw: Any) -> list[OutgoingMessage]:

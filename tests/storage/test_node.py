@@ -234,3 +234,49 @@ def test_config_indexes_come_from_kinds_alone_across_segments_and_mem_table(
         for hi in range(lo, 43, 4):
             expected = [e.index for e in written[lo - 1 : hi - 1] if e.kind is EntryKind.CONFIG]
             assert log.config_indexes(lo, hi) == expected, (lo, hi)
+
+
+def _in_thread(fn: object) -> BaseException | None:
+    """Call ``fn`` in another thread; what it raised, if anything."""
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            fn()  # type: ignore[operator]
+        except BaseException as e:
+            raised.append(e)
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    return raised[0] if raised else None
+
+
+def test_storage_is_used_from_its_owner_thread_only() -> None:
+    storage = NodeStorage.open(FakeDisk(), small_limits())
+    storage.open_server("q")
+    assert isinstance(_in_thread(lambda: storage.log("q")), AssertionError)
+    assert isinstance(_in_thread(lambda: storage.write_checkpoint("q", _cp())), AssertionError)
+    assert _in_thread(lambda: (storage.take_over(), storage.log("q"))) is None
+    assert isinstance(_in_thread(storage.servers), AssertionError)  # another thread again
+    storage.take_over()
+    assert storage.servers() == ["q"]
+
+
+def _cp(index: int = 1) -> Checkpoint:
+    return Checkpoint(index, 1, 0, b"", BitMap64(), b"state")
+
+
+def test_a_checkpoint_is_written_off_the_owner_thread_and_finished_on_it() -> None:
+    disk = FakeDisk()
+    storage = NodeStorage.open(disk, small_limits())
+    storage.open_server("q")
+    job = storage.prepare_checkpoint("q")
+    # The worker touches the disk only; closing before the job is finished is a bug.
+    assert _in_thread(lambda: job.write(_cp(1))) is None
+    assert job.bytes == len(disk.read("queues/q/checkpoints/00000000000000000001.chk"))
+    with pytest.raises(AssertionError, match="checkpoint"):
+        storage.close()
+    storage.finish_checkpoint(job)
+    storage.close()
+    assert NodeStorage.open(disk, small_limits()).open_server("q").checkpoint == _cp(1)
