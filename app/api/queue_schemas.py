@@ -123,8 +123,11 @@ class QueueArgsOut(BaseModel):
 LIVE_ENTRIES_NOTE = (
     "live_entries: log entries that may hold a message (ready, delayed, leased or being "
     "dead-lettered). The set is rebuilt at most every 1 s (for a deep queue every 50 times "
-    "its build time, about 5 s at 5 million messages); in between, every entry applied since "
-    "the last build counts as live: it may overcount for that long, never undercount."
+    "its build time, about 5 s at 5 million messages, and in the background: until that "
+    "build is done the previous set is used); in between, every entry applied since the "
+    "last build counts as live: it may overcount for that long, never undercount. "
+    "log.live_set_index is the applied index the set was built at (after a restart, the "
+    "checkpoint's; 0 before any set: every entry counts as live)."
 )
 
 

@@ -1,7 +1,8 @@
 """Engine reads shared by the dashboard's pages and its sampler for a short while.
 
-``node.stats`` and ``node.segments`` of a deep queue cost tens of milliseconds each
-(the engine works out the live entries on every call), and every open tab polls them.
+``node.stats`` and ``node.segments`` count the live entries of every segment of the
+queue (a deep queue's live set itself is built off the event loop, see
+``engine.runtime.observe``), and every open tab polls them.
 So a read is reused while it is younger than the caller's ``max_age_s``: a queue's
 detail takes stats at most ``STATS_AGE_S`` old, the queue list takes the sampler's
 round (``LIST_AGE_S``), segments change only on a WAL flush or a compaction. An action

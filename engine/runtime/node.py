@@ -170,7 +170,6 @@ from engine.storage import (
     WalBatch,
     WriteFailed,
 )
-from engine.storage.checkpoint import encode_checkpoint
 from engine.storage.node import CheckpointWrite
 from engine.storage.wal import AppendOp, HardState, HardStateOp
 from engine.storage.wal_stats import WalStats
@@ -559,7 +558,7 @@ class Node:
             # The state may be a view of a mapped file: msgpack reads it without a copy.
             machine.restore(cast(bytes, rec.checkpoint.state))
             base = rec.checkpoint.index
-            checkpoint = CheckpointInfo(base, 0, len(encode_checkpoint(rec.checkpoint)))
+            checkpoint = CheckpointInfo(base, 0, rec.checkpoint.file_bytes)
         snapshot, checkpoint_meta = self._raft_metas(meta.uid, rec.log, rec.checkpoint)
         hs = rec.hard_state
         hard = None
@@ -593,6 +592,8 @@ class Node:
         assert self._receipt_key is not None, "start() loads the key before hosting"
         seal = ReceiptSeal(self._receipt_key, meta.uid)
         rep = Replica(meta, sid, raft, machine, rec.log, base, seal, checkpoint=checkpoint)
+        if rec.checkpoint is not None:  # stats must not walk a deep queue at start
+            observe.seed_live_set(rep, base, rec.checkpoint.live_indexes)
         rep.applied_index = raft.applied
         if hs is not None:
             rep.hard_state_written = (hs.term, hs.vote)
@@ -757,14 +758,13 @@ class Node:
             snap.live_indexes,
             snap.machine_state,
         )
-        storage.install_snapshot(rep.uid, cp, given)
+        size = storage.install_snapshot(rep.uid, cp, given)
         rep.machine.restore(snap.machine_state)
         rep.base_index = snap.index
         rep.applied_index, rep.applied_term = snap.index, snap.term
         rep.installed_live = installed
-        rep.checkpoint = CheckpointInfo(
-            snap.index, self.clock.wall_ms(), len(encode_checkpoint(cp))
-        )
+        rep.checkpoint = CheckpointInfo(snap.index, self.clock.wall_ms(), size)
+        observe.seed_live_set(rep, snap.index, snap.live_indexes)
 
     def _send(self, rep: Replica, msg: Message) -> None:
         self.transport.send(NodeName(node_of(msg.dst)), rep.uid, msg)

@@ -1,18 +1,23 @@
 """What a node reports about a queue replica: stats, segments, compaction records.
 
 Rule: read-only functions of a ``Replica`` (and its storage log); nothing here changes
-engine state, except the rate sample a stats call may add.
+engine state, except the rate sample a stats call may add and the replica's cached live
+set. Nothing here is proportional to a deep queue's depth on the caller's thread (the
+event loop): the live set of a deep queue is built from a frozen machine on a worker.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from pyroaring import BitMap64
 
 from engine.errors import QuorraError
 from engine.queue import MemoryUse
+from engine.queue.snapshots import FrozenMachine
 from engine.raft.server import Role
 from engine.runtime.api import CompactionRecord, SegmentInfo, Trigger
 from engine.runtime.replica import Replica, node_of
@@ -22,35 +27,120 @@ LIVE_SET_REUSE_S = 1.0
 (see ``live_indexes`` for what a reused set counts)."""
 LIVE_SET_COST_FACTOR = 50
 """A live set that took ``t`` seconds to build is reused for ``LIVE_SET_COST_FACTOR * t``
-when that is longer: building it is linear in the queue's depth and runs on the event
-loop, so a deep queue's stats must not keep the loop busy (about 0.1 s for 5 million
-messages: reused for 5 s, at most 2% of the loop)."""
-
+when that is longer: building it is linear in the queue's depth, so a deep queue's stats
+must not keep a core busy (about 0.1 s for 5 million messages: reused for 5 s, at most 2%
+of a core)."""
+LIVE_SET_INLINE_MAX = 65_536
+"""A queue holding at most this many messages builds its live set on the caller's thread
+(a millisecond or two). A deeper one freezes its machine (``QueueMachine.freeze``, in time
+proportional to its pages, not its messages) and builds the set on a worker thread; until
+that build is done, reads use the previous set (see ``live_indexes``)."""
 
 MEMORY_FIELDS = tuple(f.name for f in dataclasses.fields(MemoryUse))
 """The parts of ``memory_bytes`` in the stats' ``memory`` (see ``engine.queue.MemoryUse``)."""
 
+_worker: ThreadPoolExecutor | None = None
+_worker_lock = threading.Lock()
+
 
 def live_indexes(rep: Replica) -> BitMap64:
     """The entries that may hold a message still in the queue: never fewer than those that
-    do. The machine's set is rebuilt at most every ``LIVE_SET_REUSE_S`` (longer for deep
-    queues, see ``LIVE_SET_COST_FACTOR``); in between, the set of the last build plus every
-    entry applied since. An entry that held no message at the build never holds one again
-    (a message stays in the entry that published it), so the reused set only counts as
-    live, for that long, entries that died since or that never held a message."""
+    do (see ``live_set``)."""
+    return live_set(rep)[0]
+
+
+def live_set(rep: Replica) -> tuple[BitMap64, int]:
+    """``live_indexes`` and the applied index at which its set was built. The set is
+    rebuilt at most every ``LIVE_SET_REUSE_S`` (longer for deep queues, see
+    ``LIVE_SET_COST_FACTOR``), for a deep queue on a worker (``LIVE_SET_INLINE_MAX``);
+    a restarted replica starts from its checkpoint's set (``seed_live_set``). In between,
+    the set of the last build plus every entry applied since; with no set yet, every
+    entry. An entry that held no message at the build never holds one again (a message
+    stays in the entry that published it), so a reused set only counts as live, for that
+    long, entries that died since or that never held a message."""
+    _take_finished_build(rep)
     now = time.monotonic()
     cached = rep.live_cache
     if cached is not None and cached[0] is rep.machine:
         _, applied, built_at, live, cost = cached
         if applied == rep.applied_index:
-            return live
-        if now - built_at < max(LIVE_SET_REUSE_S, LIVE_SET_COST_FACTOR * cost):
-            since = live.copy()
-            since.add_range(applied + 1, rep.applied_index + 1)
-            return since
+            return live, applied
+        reuse_s = max(LIVE_SET_REUSE_S, LIVE_SET_COST_FACTOR * cost)
+        if now - built_at < reuse_s or _built_off_loop(rep):
+            return _with_applied_since(live, applied, rep.applied_index), applied
+    elif _built_off_loop(rep):
+        return _every_entry(rep), 0
     live = rep.machine.live_indexes()
     rep.live_cache = (rep.machine, rep.applied_index, now, live, time.monotonic() - now)
-    return live
+    return live, rep.applied_index
+
+
+def seed_live_set(rep: Replica, index: int, live: BitMap64) -> None:
+    """The live set at ``index`` is ``live`` (a checkpoint's or a snapshot's, which the
+    machine was just restored from): reads start from it instead of walking the queue."""
+    rep.live_cache = (rep.machine, index, time.monotonic(), live, 0.0)
+    rep.live_build = None
+
+
+def _every_entry(rep: Replica) -> BitMap64:
+    """Every entry the log holds up to the applied index: the set until one is built."""
+    firsts = [info.lo for info, _hi in rep.log.segment_infos()]
+    if len(rep.log.mem):
+        firsts.append(rep.log.mem.lo)
+    everything = BitMap64()
+    if firsts and min(firsts) <= rep.applied_index:
+        everything.add_range(min(firsts), rep.applied_index + 1)
+    return everything
+
+
+def _with_applied_since(live: BitMap64, applied: int, now_applied: int) -> BitMap64:
+    since = live.copy()
+    if now_applied > applied:
+        since.add_range(applied + 1, now_applied + 1)
+    return since
+
+
+def _built_off_loop(rep: Replica) -> bool:
+    """True when the set of a deep queue is being built on a worker (started now if no
+    build runs); False for a queue shallow enough to build it here."""
+    if rep.live_build is not None:
+        return True
+    s = rep.machine.stats()
+    held = s.messages_ready + s.messages_unacked + s.messages_delayed
+    if held + s.messages_dead_lettering <= LIVE_SET_INLINE_MAX:
+        return False
+    frozen = rep.machine.freeze()
+    rep.live_build = (rep.machine, rep.applied_index, _workers().submit(_timed_build, frozen))
+    return True
+
+
+def _workers() -> ThreadPoolExecutor:
+    global _worker
+    with _worker_lock:
+        if _worker is None:
+            _worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="quorra-live-set")
+        return _worker
+
+
+def _timed_build(frozen: FrozenMachine) -> tuple[BitMap64, float]:
+    started = time.monotonic()
+    live = frozen.live_indexes()
+    return live, time.monotonic() - started
+
+
+def _take_finished_build(rep: Replica) -> None:
+    """A build finished on the worker becomes the set reads use."""
+    build = rep.live_build
+    if build is None or not build[2].done():
+        return
+    rep.live_build = None
+    machine, applied, future = build
+    live, cost = future.result()
+    cached = rep.live_cache
+    if machine is rep.machine and (
+        cached is None or cached[0] is not machine or cached[1] <= applied
+    ):
+        rep.live_cache = (machine, applied, time.monotonic(), live, cost)
 
 
 def segment_totals(rep: Replica) -> tuple[int, int, int]:
@@ -87,7 +177,7 @@ def compaction_record(
 def queue_stats(rep: Replica, now: int) -> dict[str, object]:
     """The stats of API.md for one replica."""
     s = rep.machine.stats()
-    live = live_indexes(rep)
+    live, live_at = live_set(rep)
     segments = segment_infos(rep, live)
     rep.sample(now)
     publish_rate, deliver_rate, ack_rate = rep.rates(now)
@@ -115,7 +205,7 @@ def queue_stats(rep: Replica, now: int) -> dict[str, object]:
         "memory_per_message_bytes": round(per_message / held, 3) if held else 0.0,
         "memory": {name: getattr(memory, name) for name in MEMORY_FIELDS},
         "raft": raft_stats(rep),
-        "log": log_stats(rep, live, segments),
+        "log": {**log_stats(rep, live, segments), "live_set_index": live_at},
         "checkpoint": {
             "index": rep.checkpoint.index,
             "taken_at": rep.checkpoint.taken_at_ms or None,
@@ -213,6 +303,7 @@ def failed_stats(error: QuorraError) -> dict[str, object]:
             "bytes": 0,
             "live_entries": 0,
             "dead_entries": 0,
+            "live_set_index": 0,
         },
         "checkpoint": {"index": 0, "taken_at": None, "bytes": 0},
         "status": "failed",
@@ -224,9 +315,12 @@ __all__ = [
     "MEMORY_FIELDS",
     "compaction_record",
     "failed_stats",
+    "live_indexes",
+    "live_set",
     "log_stats",
     "queue_stats",
     "raft_stats",
+    "seed_live_set",
     "segment_infos",
     "segment_totals",
 ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from pyroaring import BitMap64
@@ -102,6 +103,9 @@ class Replica:
     """(machine, applied index, monotonic s, live indexes, seconds it took) of the last
     observation: the live set walks every queued reference, too slow for each stats read
     (see ``observe.live_indexes``)."""
+    live_build: tuple[object, int, Future[tuple[BitMap64, float]]] | None = None
+    """(machine, applied index, the build on a worker) of a deep queue's live set being
+    built from a frozen machine (see ``observe.live_set``)."""
 
     @property
     def uid(self) -> str:

@@ -18,7 +18,7 @@ the machine state, and the CRC32C of all that precedes it.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import crc32c
 from pyroaring import BitMap64
@@ -42,6 +42,9 @@ class Checkpoint:
     """``machine.snapshot()`` after applying ``index``. A loaded checkpoint holds a
     read-only view of the mapped file: ``restore`` from it directly (numpy and msgpack
     read buffers) or copy it with ``bytes()``."""
+    file_bytes: int = field(default=0, compare=False)
+    """The size of the file it was read from (0 for one made in memory): its size is
+    known without encoding it again, which copies the whole state."""
 
     def __post_init__(self) -> None:
         assert self.index >= 1 and self.term >= 1
@@ -84,7 +87,7 @@ def decode_checkpoint(data: bytes | memoryview) -> Checkpoint | None:
     config = bytes(view[at : at + config_n])
     live = BitMap64.deserialize(bytes(view[at + config_n : at + config_n + live_n]))
     state = view[at + config_n + live_n : end]
-    return Checkpoint(index, term, mv, config, live, state)
+    return Checkpoint(index, term, mv, config, live, state, len(data))
 
 
 class CheckpointStore:
@@ -123,14 +126,14 @@ class CheckpointStore:
         self._disk.sync_dir(self.checkpoint_dir)
         return len(data)
 
-    def install_snapshot(self, cp: Checkpoint) -> None:
+    def install_snapshot(self, cp: Checkpoint) -> int:
         """A snapshot received from the leader: written straight to ``snapshots/``;
-        every checkpoint and older snapshot is dropped."""
-        write_file_atomic(
-            self._disk, self._path(self.snapshot_dir, cp.index), encode_checkpoint(cp)
-        )
+        every checkpoint and older snapshot is dropped. The bytes of its file."""
+        data = encode_checkpoint(cp)
+        write_file_atomic(self._disk, self._path(self.snapshot_dir, cp.index), data)
         self._drop_below(self.snapshot_dir, cp.index)
         self._drop_below(self.checkpoint_dir, cp.index + 1)
+        return len(data)
 
     def promote(self, release_index: int) -> int | None:
         """Make the newest checkpoint at or below ``release_index`` the snapshot; returns

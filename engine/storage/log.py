@@ -129,6 +129,10 @@ class ServerLog:
         self._segments: list[_Segment] = []
         self._los: list[int] = []
         """``info.lo`` of each segment, for bisection."""
+        self._his_max = 0
+        """No segment's ``hi`` is above it (it may be above them all): a segment that
+        overwrites from above it cuts nothing, so a restart adding hundreds of segments
+        in order does not scan the others for each."""
         self._snapshot_index = 0
         self._snapshot_term = 0
         self.snapshot_live = BitMap64()
@@ -312,7 +316,7 @@ class ServerLog:
     def add_segment(self, info: SegmentInfo) -> list[str]:
         """Put a new segment in the view; returns paths of segments it hides entirely."""
         hidden: list[str] = []
-        if info.flags & OVERWRITES:
+        if info.flags & OVERWRITES and info.lo <= self._his_max:
             kept: list[_Segment] = []
             for seg in self._segments:
                 seg.hi = min(seg.hi, info.lo - 1)
@@ -321,9 +325,14 @@ class ServerLog:
                 else:
                     hidden.append(seg.info.path)
             self._segments = kept
-        self._segments.append(_Segment(info, info.hi))
-        self._segments.sort(key=lambda s: s.info.lo)
-        self._los = [s.info.lo for s in self._segments]
+            self._los = [s.info.lo for s in kept]
+            self._his_max = max((s.hi for s in kept), default=0)
+        # Inserted in place, not appended and sorted: a restart adds every segment of a
+        # deep queue one by one (hundreds), which sorting each time made quadratic.
+        at = bisect.bisect_right(self._los, info.lo)
+        self._segments.insert(at, _Segment(info, info.hi))
+        self._los.insert(at, info.lo)
+        self._his_max = max(self._his_max, info.hi)
         self.next_segment_seq = max(self.next_segment_seq, info.seq + 1)
         return hidden
 
@@ -380,6 +389,7 @@ class ServerLog:
         assert len(kept) == len(self._segments) - len(inputs), "inputs left the view"
         kept.append(_Segment(output, output.hi))
         kept.sort(key=lambda s: s.info.lo)
+        self._his_max = max(self._his_max, output.hi)
         self._segments = kept
         self._los = [s.info.lo for s in self._segments]
 

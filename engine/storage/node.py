@@ -1043,15 +1043,13 @@ class NodeStorage:
             held.add(index)
         return held
 
-    def install_snapshot(
-        self, uid: str, cp: Checkpoint, live_entries: Sequence[Entry] = ()
-    ) -> None:
+    def install_snapshot(self, uid: str, cp: Checkpoint, live_entries: Sequence[Entry] = ()) -> int:
         """A snapshot from the leader replaces the whole log of ``uid``: the snapshot file
         is written durably, every segment deleted, the snapshot's live entries written
         to a new segment, then a reset record goes through the WAL (``SnapshotReset``
         follows; until then the log view is unchanged). ``live_entries`` may hold only
         the live entries this server lacks (see ``held_live``): the others are read from
-        its own log before it is replaced."""
+        its own log before it is replaced. Returns the bytes of the snapshot file."""
         assert self._owned(), _NOT_OWNER
         log = self._log(uid)
         if log.failed is not None:
@@ -1061,7 +1059,7 @@ class NodeStorage:
         held = [log.read(i) for i in cp.live_indexes - given]
         live_entries = sorted([*live_entries, *held], key=lambda e: e.index)
         try:
-            self.checkpoints(uid).install_snapshot(cp)
+            size = self.checkpoints(uid).install_snapshot(cp)
             stale = log.drop_segments()
             pending, _ = self._installed.pop(uid, (None, None))
             for info in [*stale, *([pending] if pending else [])]:
@@ -1077,6 +1075,7 @@ class NodeStorage:
         except OSError as exc:
             raise StorageFailed(f"snapshot install of {uid} failed: {exc}") from exc
         self.wal.submit(ResetOp(uid, cp.index, cp.term))
+        return size
 
     def remove_server(self, uid: str) -> None:
         """Delete server ``uid``: a forget record goes through the WAL, then its files

@@ -4,6 +4,7 @@ applied since it was built as live, so that no entry holding a message shows as 
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,16 +18,54 @@ from tests.runtime.util import msgs, run, started
 
 
 class _Machine:
-    def __init__(self) -> None:
+    def __init__(self, held: int = 0) -> None:
         self.builds = 0
+        self.held = held
+        self.frozen_builds: list[threading.Thread] = []
+        self.release = threading.Event()
+        self.release.set()
 
     def live_indexes(self) -> BitMap64:
         self.builds += 1
         return BitMap64([self.builds])
 
+    def stats(self) -> Any:
+        return SimpleNamespace(
+            messages_ready=self.held,
+            messages_unacked=0,
+            messages_delayed=0,
+            messages_dead_lettering=0,
+        )
+
+    def freeze(self) -> Any:
+        machine = self
+
+        class Frozen:
+            def live_indexes(self) -> BitMap64:
+                machine.release.wait(10)
+                machine.frozen_builds.append(threading.current_thread())
+                return BitMap64([100 + len(machine.frozen_builds)])
+
+        return Frozen()
+
+
+class _Log:
+    """Entries from 1 in segments, none in the mem table."""
+
+    mem: tuple[()] = ()
+
+    def segment_infos(self) -> list[tuple[Any, int]]:
+        return [(SimpleNamespace(lo=1), 100)]
+
 
 def _replica(machine: _Machine, applied: int) -> Any:
-    return SimpleNamespace(machine=machine, applied_index=applied, live_cache=None)
+    return SimpleNamespace(
+        machine=machine, applied_index=applied, live_cache=None, live_build=None, log=_Log()
+    )
+
+
+def _wait_for_build(rep: Any) -> None:
+    rep.live_build[2].result(timeout=10)
 
 
 def test_reused_while_nothing_applied_and_rebuilt_once_stale() -> None:
@@ -83,3 +122,39 @@ def test_leased_messages_in_the_mem_table_count_as_live(tmp_path: Path) -> None:
             await node.stop()
 
     run(body())
+
+
+def test_a_deep_queue_builds_its_live_set_on_a_worker_and_counts_every_entry_meanwhile() -> None:
+    m = _Machine(held=observe.LIVE_SET_INLINE_MAX + 1)
+    m.release.clear()
+    rep = _replica(m, 5)
+    live, at = observe.live_set(rep)
+    assert list(live) == [1, 2, 3, 4, 5] and at == 0  # no set yet: every entry is live
+    assert m.builds == 0 and m.frozen_builds == []  # nothing walked here
+    rep.applied_index = 6
+    assert list(observe.live_indexes(rep)) == [1, 2, 3, 4, 5, 6]
+    m.release.set()
+    _wait_for_build(rep)
+    assert m.frozen_builds[0] is not threading.current_thread()
+    rep.applied_index = 8
+    live, at = observe.live_set(rep)
+    assert set(live) == {101, 6, 7, 8} and at == 5  # the build froze the machine at 5
+    assert len(m.frozen_builds) == 1 and m.builds == 0
+
+
+def test_a_stale_set_of_a_deep_queue_is_used_while_one_build_runs() -> None:
+    m = _Machine(held=observe.LIVE_SET_INLINE_MAX + 1)
+    rep = _replica(m, 5)
+    observe.seed_live_set(rep, 5, BitMap64([3]))  # a restored checkpoint's set
+    rep.applied_index = 6
+    assert list(observe.live_indexes(rep)) == [3, 6] and rep.live_build is None
+    m.release.clear()
+    machine, applied, _, live, cost = rep.live_cache
+    rep.live_cache = (machine, applied, time.monotonic() - 2 * observe.LIVE_SET_REUSE_S, live, cost)
+    assert list(observe.live_indexes(rep)) == [3, 6]
+    build = rep.live_build
+    rep.applied_index = 7
+    assert list(observe.live_indexes(rep)) == [3, 6, 7] and rep.live_build is build  # one build
+    m.release.set()
+    _wait_for_build(rep)
+    assert set(observe.live_indexes(rep)) == {101, 7} and m.builds == 0

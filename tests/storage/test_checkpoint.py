@@ -25,6 +25,18 @@ def test_checkpoint_encoding_round_trips_and_detects_any_flipped_bit() -> None:
     assert decode_checkpoint(data[:-1]) is None
 
 
+def test_the_size_of_a_checkpoint_is_known_from_its_write_and_its_read() -> None:
+    """Nobody encodes a checkpoint again to learn its size (a copy of the whole state)."""
+    store = CheckpointStore(FakeDisk(), "q", kept_max=3)
+    size = store.write(cp(10))
+    assert size == len(encode_checkpoint(cp(10)))
+    found, _ = store.load_newest()
+    assert found is not None and found.file_bytes == size
+    assert store.install_snapshot(cp(20)) == len(encode_checkpoint(cp(20)))
+    snapshot = store.read_snapshot()
+    assert snapshot is not None and snapshot.file_bytes == len(encode_checkpoint(cp(20)))
+
+
 def test_at_most_k_kept_thinned_from_the_middle() -> None:
     store = CheckpointStore(FakeDisk(), "q", kept_max=3)
     for index in (10, 20, 25, 40, 80):
