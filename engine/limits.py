@@ -42,6 +42,10 @@ class Limits:
     rolls and they are flushed to segments (256 MiB held a quarter of a million 1 KiB
     messages in memory), and the WAL replayed after a crash. A batch may carry a file
     past it (one batch is never split), hence no relation to ``wal_batch_bytes_max``."""
+    wal_idle_roll_ms: int = 5_000
+    """A WAL file that holds anything and has had nothing to write for this long rolls, so
+    that its entries are flushed to segments and leave the mem tables: an idle server
+    keeps no message bodies in memory (up to ``wal_file_bytes_max`` of them otherwise)."""
     wal_batch_bytes_max: int = 32 * MIB
     """The WAL writer takes at most this much into one write + fdatasync."""
     segment_file_bytes_max: int = 64 * MIB

@@ -249,6 +249,7 @@ class Wal:
         its writer. A writer checks ``pending()`` under its own lock before it waits, so
         waking it once per idle period is enough (and spares a notify per submit)."""
         self._seq = seq
+        self._size_at_create = 0
         self._file, self._refs, self._size = self._create(seq)
 
     @property
@@ -320,6 +321,25 @@ class Wal:
         old_file.close()
         return old_seq
 
+    def roll_if_written(self) -> WalBatch | None:
+        """An idle writer's roll: close the current file if any operation went into it
+        (a batch with no ops that names it rolled), else None. A file that cannot be made
+        now leaves the current one in use, as ``_maybe_roll`` does."""
+        if self._size <= self._size_at_create or self._broken is not None:
+            return None
+        old_seq, old_file = self._seq, self._file
+        try:
+            self._file, self._refs, self._size = self._create(old_seq + 1)
+        except OSError:
+            self._seq = old_seq
+            return None
+        old_file.close()
+        return WalBatch((), None, old_seq, 0, old_seq)
+
+    @property
+    def idle_roll_s(self) -> float:
+        return self._limits.wal_idle_roll_ms / 1000
+
     def close(self) -> None:
         self._file.close()
 
@@ -378,6 +398,7 @@ class Wal:
         f.append(data)
         f.sync()
         self._disk.sync_dir(WAL_DIR)
+        self._size_at_create = len(data)
         return f, refs, len(data)
 
     def _maybe_roll(self) -> int | None:
@@ -525,7 +546,9 @@ def _add_entries(
 class WalThread:
     """Runs ``wal.write_batch`` in a thread whenever operations are pending and hands
     each batch to ``on_batch`` (called in the writer thread: the runtime forwards it to
-    its event loop with ``loop.call_soon_threadsafe``)."""
+    its event loop with ``loop.call_soon_threadsafe``). After ``wal_idle_roll_ms`` with
+    nothing to write it rolls a file that holds anything (``roll_if_written``) and hands
+    on that batch too."""
 
     def __init__(self, wal: Wal, on_batch: Callable[[WalBatch], None]) -> None:
         self._wal = wal
@@ -556,12 +579,16 @@ class WalThread:
 
     def _run(self) -> None:
         while True:
+            idle = False
             with self._wake:
-                while not self._wal.pending() and not self._stopping:
-                    self._wake.wait()
+                while not self._wal.pending() and not self._stopping and not idle:
+                    idle = not self._wake.wait(self._wal.idle_roll_s)
                 if self._stopping and not self._wal.pending():
                     return
-            self._on_batch(self._wal.write_batch())
+            if not idle or self._wal.pending():
+                self._on_batch(self._wal.write_batch())
+            elif (rolled := self._wal.roll_if_written()) is not None:
+                self._on_batch(rolled)
 
 
 __all__ = [

@@ -3,6 +3,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import threading
+import time
 
 import pytest
 from pyroaring import BitMap64
@@ -280,3 +281,34 @@ def test_a_checkpoint_is_written_off_the_owner_thread_and_finished_on_it() -> No
     storage.finish_checkpoint(job)
     storage.close()
     assert NodeStorage.open(disk, small_limits()).open_server("q").checkpoint == _cp(1)
+
+
+def test_an_idle_wal_rolls_once_so_the_mem_tables_empty() -> None:
+    """The mem tables hold every entry of the current WAL file until it rolls: a server
+    that stops publishing would keep up to ``wal_file_bytes_max`` of bodies in memory.
+    After ``wal_idle_roll_ms`` with nothing to write the file rolls (once: a file that
+    holds only hard states does not roll again), and the flush empties the mem tables."""
+    limits = small_limits(wal_file_bytes_max=1 << 20, wal_idle_roll_ms=100)
+    storage = NodeStorage.open(FakeDisk(), limits)
+    batches: list[WalBatch] = []
+    thread = WalThread(storage.wal, batches.append)
+    thread.start()
+    try:
+        storage.open_server("q")
+        storage.save_hard_state("q", HardState(1, None, 0))
+        storage.append("q", entries(1, 3, size=40))
+        deadline = time.monotonic() + 10
+        while len(batches) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.5)  # five more idle periods: no further roll
+    finally:
+        thread.stop()
+    assert [len(b.ops) > 0 for b in batches[:-1]] == [True] * (len(batches) - 1)
+    idle = batches[-1]
+    assert idle.ops == () and idle.rolled == batches[0].wal_seq
+    for batch in batches:
+        storage.complete(batch)
+    assert storage.rolled_wal_files() == [idle.rolled]
+    storage.flush_segments()
+    assert len(storage.log("q").mem) == 0
+    assert [e.index for e in storage.log("q").entries(1, 4, 1 << 20)] == [1, 2, 3]
