@@ -16,6 +16,8 @@ Nothing is created at import time; two apps in one process share nothing.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import gc
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -37,6 +39,7 @@ from app.db import repo
 from app.db.migrate import upgrade_to_head
 from app.db.session import Database
 from app.hot_paths import HotPaths, HotPathStats
+from app.memory_trim import trim_forever
 from app.metrics import AppMetrics, MetricsMiddleware
 from app.node import NodeFactory, make_node, record_listener
 from app.passwords import PasswordWorkers
@@ -133,10 +136,16 @@ def _lifespan(
                 # bench restart). `quorra serve` starts with collection off (app/cli.py).
                 gc.freeze()
                 gc.enable()
+                trimming = asyncio.get_running_loop().create_task(trim_forever())
                 state.ready = True
                 if announce is not None:
                     announce(report)
-                yield
+                try:
+                    yield
+                finally:
+                    trimming.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await trimming
             finally:
                 gc.unfreeze()  # what stopping releases can be collected again
                 state.ready = False
