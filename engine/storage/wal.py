@@ -327,14 +327,8 @@ class Wal:
         now leaves the current one in use, as ``_maybe_roll`` does."""
         if self._size <= self._size_at_create or self._broken is not None:
             return None
-        old_seq, old_file = self._seq, self._file
-        try:
-            self._file, self._refs, self._size = self._create(old_seq + 1)
-        except OSError:
-            self._seq = old_seq
-            return None
-        old_file.close()
-        return WalBatch((), None, old_seq, 0, old_seq)
+        rolled = self._roll_to_next()
+        return None if rolled is None else WalBatch((), None, rolled, 0, rolled)
 
     @property
     def idle_roll_s(self) -> float:
@@ -404,11 +398,16 @@ class Wal:
     def _maybe_roll(self) -> int | None:
         if self._size < self._limits.wal_file_bytes_max:
             return None
+        return self._roll_to_next()
+
+    def _roll_to_next(self) -> int | None:
+        """Start the next file and close the current one; its seq, or None (and the
+        current file still in use) when the next cannot be made now."""
         old_seq, old_file = self._seq, self._file
         try:
             self._file, self._refs, self._size = self._create(old_seq + 1)
         except OSError:
-            # The batch is durable; keep writing the old file and roll at the next batch.
+            # What was written is durable; keep writing the old file and try again later.
             self._seq = old_seq
             return None
         old_file.close()
