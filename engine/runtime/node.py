@@ -170,7 +170,7 @@ from engine.storage import (
     WalBatch,
     WriteFailed,
 )
-from engine.storage.node import CheckpointWrite
+from engine.storage.flush import CheckpointWrite
 from engine.storage.wal import AppendOp, HardState, HardStateOp
 from engine.storage.wal_stats import WalStats
 

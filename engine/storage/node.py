@@ -29,13 +29,10 @@ a group of one member cannot be repaired and its caller refuses it.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from operator import attrgetter
 
 from pyroaring import BitMap64
 
@@ -57,7 +54,17 @@ from engine.storage.compaction import (
     recover_intents,
     segment_stat,
 )
-from engine.storage.disk import Disk, parent, write_file_atomic
+from engine.storage.disk import Disk, parent
+from engine.storage.events import (
+    HardStateSaved,
+    Persisted,
+    Recovered,
+    Removed,
+    SnapshotReset,
+    StorageEvent,
+    WriteFailed,
+)
+from engine.storage.flush import CheckpointWrite, SegmentFlush, segment_chunks
 from engine.storage.log import ServerLog
 from engine.storage.repair import (
     RepairKind,
@@ -67,10 +74,8 @@ from engine.storage.repair import (
     write_marker,
 )
 from engine.storage.segment import (
-    OVERWRITES,
     ReaderCache,
     SegmentInfo,
-    encode_segment,
     read_segment_info,
     segment_dir,
     segment_path,
@@ -92,127 +97,6 @@ from engine.storage.wal import (
 
 QUEUES_DIR = "queues"
 _NOT_OWNER = "NodeStorage is used from its owner thread only (see the module's rule)"
-_DATA = attrgetter("data")
-
-
-@dataclass(frozen=True, slots=True)
-class Persisted:
-    """Entries of ``uid`` up to ``index`` (of ``term``) are durable: the runtime hands the
-    Raft core ``engine.raft.events.Persisted(index, term)``."""
-
-    uid: str
-    index: int
-    term: int
-
-
-@dataclass(frozen=True, slots=True)
-class HardStateSaved:
-    """The hard state of ``uid`` is durable: messages that depend on it may be sent."""
-
-    uid: str
-    hard_state: HardState
-
-
-@dataclass(frozen=True, slots=True)
-class SnapshotReset:
-    """The log of ``uid`` restarts after the installed snapshot at ``index``."""
-
-    uid: str
-    index: int
-    term: int
-
-
-@dataclass(frozen=True, slots=True)
-class Removed:
-    """Server ``uid`` and all its files are gone."""
-
-    uid: str
-
-
-@dataclass(frozen=True, slots=True)
-class WriteFailed:
-    """The disk refused a write for ``uid``; nothing of it is durable, the server
-    refuses further writes with ``error`` until it is opened again."""
-
-    uid: str
-    error: StorageFailed
-
-
-StorageEvent = Persisted | HardStateSaved | SnapshotReset | Removed | WriteFailed
-
-
-@dataclass(frozen=True, slots=True)
-class Recovered:
-    """What ``open_server`` found for one server."""
-
-    log: ServerLog
-    checkpoint: Checkpoint | None
-    """Restore the machine from it, then apply the committed entries after its index."""
-    hard_state: HardState | None
-    damaged: list[str]
-    """Checkpoint files that failed their check and were passed over."""
-    repairing: bool = False
-    """Durable data was lost: start the Raft core in repair mode (``finish_repair`` once
-    it has left it). Refuse the server if it is the only member of its group."""
-    repair_reason: str | None = None
-
-
-@dataclass(slots=True)
-class SegmentFlush:
-    """The entries of one rolled WAL file, to be written into segments. ``write`` does
-    the I/O and may run in a worker thread; it touches nothing shared."""
-
-    disk: Disk
-    limits: Limits
-    wal_seq: int
-    plans: list[tuple[str, int, int, list[Entry], int]]
-    """(uid, log generation, first segment seq, entries, first index flushed): dead
-    entries are left out, the first segment still answers from the first index."""
-    written: list[tuple[str, int, list[SegmentInfo]]] = field(default_factory=list)
-
-    def write(self) -> None:
-        """Write the segments. On a disk error, remove what this flush wrote and raise
-        ``StorageFailed``: the entries stay in the mem tables and the WAL file stays,
-        so a later flush can try again."""
-        paths: list[str] = []
-        try:
-            for uid, generation, seq, entries, first in self.plans:
-                infos: list[SegmentInfo] = []
-                lo: int | None = first
-                for chunk in _chunks(entries, self.limits):
-                    path = segment_path(uid, seq)
-                    paths.append(path)
-                    self.disk.makedirs(parent(path))
-                    data = encode_segment(seq, chunk, OVERWRITES, lo)
-                    write_file_atomic(self.disk, path, data)
-                    lo = None
-                    info = read_segment_info(self.disk, path)
-                    assert info is not None, f"segment {path} unreadable right after writing"
-                    infos.append(info)
-                    seq += 1
-                self.written.append((uid, generation, infos))
-        except OSError as exc:
-            self.written.clear()
-            for path in paths:
-                with contextlib.suppress(OSError):
-                    self.disk.remove(path)
-            raise StorageFailed(f"segment flush of WAL file {self.wal_seq} failed: {exc}") from exc
-
-
-@dataclass(eq=False, slots=True)
-class CheckpointWrite:
-    """A checkpoint file of ``uid`` to write: ``write`` does the I/O and may run in a
-    worker thread; it touches the disk only. ``bytes``: the size of the file written."""
-
-    uid: str
-    store: CheckpointStore
-    bytes: int = 0
-
-    def write(self, cp: Checkpoint) -> None:
-        try:
-            self.bytes = self.store.write(cp)
-        except OSError as exc:
-            raise StorageFailed(f"checkpoint of {self.uid} at {cp.index} failed: {exc}") from exc
 
 
 def _lone(uid: str, reason: str) -> str:
@@ -220,32 +104,6 @@ def _lone(uid: str, reason: str) -> str:
         f"queue {uid}: {reason}; the queue has no other member to repair it from: its "
         "files are left as they are, restore it from a backup"
     )
-
-
-def _chunks(entries: list[Entry], limits: Limits) -> list[list[Entry]]:
-    """``entries`` cut into segments of at most ``segment_entries_max`` entries and
-    ``segment_file_bytes_max`` bytes of data (an entry alone may be larger)."""
-    if (
-        entries
-        and len(entries) <= limits.segment_entries_max
-        and sum(map(len, map(_DATA, entries))) <= limits.segment_file_bytes_max
-    ):
-        return [entries]  # the common case, without a step per entry on the node's thread
-    out: list[list[Entry]] = []
-    current: list[Entry] = []
-    size = 0
-    for e in entries:
-        if current and (
-            len(current) >= limits.segment_entries_max
-            or size + len(e.data) > limits.segment_file_bytes_max
-        ):
-            out.append(current)
-            current, size = [], 0
-        current.append(e)
-        size += len(e.data)
-    if current:
-        out.append(current)
-    return out
 
 
 class NodeStorage:
@@ -772,7 +630,7 @@ class NodeStorage:
                 entries = [e for e in entries if not log.is_dead(e.index)]
             if entries:
                 plans.append((uid, self._generations[uid], log.next_segment_seq, entries, first))
-                log.next_segment_seq += len(_chunks(entries, self.limits))
+                log.next_segment_seq += len(segment_chunks(entries, self.limits))
         return SegmentFlush(self.disk, self.limits, seq, plans)
 
     def finish_segment_flush(self, flush: SegmentFlush) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.storage.node import _chunks
+from engine.storage.flush import segment_chunks as _chunks
 from tests.storage.conftest import entries, small_limits
 
 

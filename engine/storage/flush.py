@@ -1,0 +1,113 @@
+"""The I/O half of the prepare → write off the loop → finish pattern: a segment flush of
+one rolled WAL file and a checkpoint write. ``NodeStorage`` prepares them on its owner
+thread and finishes them there; ``write`` touches the disk only, so it may run in a
+worker thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from operator import attrgetter
+
+from engine.errors import StorageFailed
+from engine.limits import Limits
+from engine.raft.log import Entry
+from engine.storage.checkpoint import Checkpoint, CheckpointStore
+from engine.storage.disk import Disk, parent, write_file_atomic
+from engine.storage.segment import (
+    OVERWRITES,
+    SegmentInfo,
+    encode_segment,
+    read_segment_info,
+    segment_path,
+)
+
+_DATA = attrgetter("data")
+
+
+@dataclass(slots=True)
+class SegmentFlush:
+    """The entries of one rolled WAL file, to be written into segments. ``write`` does
+    the I/O and may run in a worker thread; it touches nothing shared."""
+
+    disk: Disk
+    limits: Limits
+    wal_seq: int
+    plans: list[tuple[str, int, int, list[Entry], int]]
+    """(uid, log generation, first segment seq, entries, first index flushed): dead
+    entries are left out, the first segment still answers from the first index."""
+    written: list[tuple[str, int, list[SegmentInfo]]] = field(default_factory=list)
+
+    def write(self) -> None:
+        """Write the segments. On a disk error, remove what this flush wrote and raise
+        ``StorageFailed``: the entries stay in the mem tables and the WAL file stays,
+        so a later flush can try again."""
+        paths: list[str] = []
+        try:
+            for uid, generation, seq, entries, first in self.plans:
+                infos: list[SegmentInfo] = []
+                lo: int | None = first
+                for chunk in segment_chunks(entries, self.limits):
+                    path = segment_path(uid, seq)
+                    paths.append(path)
+                    self.disk.makedirs(parent(path))
+                    data = encode_segment(seq, chunk, OVERWRITES, lo)
+                    write_file_atomic(self.disk, path, data)
+                    lo = None
+                    info = read_segment_info(self.disk, path)
+                    assert info is not None, f"segment {path} unreadable right after writing"
+                    infos.append(info)
+                    seq += 1
+                self.written.append((uid, generation, infos))
+        except OSError as exc:
+            self.written.clear()
+            for path in paths:
+                with contextlib.suppress(OSError):
+                    self.disk.remove(path)
+            raise StorageFailed(f"segment flush of WAL file {self.wal_seq} failed: {exc}") from exc
+
+
+@dataclass(eq=False, slots=True)
+class CheckpointWrite:
+    """A checkpoint file of ``uid`` to write: ``write`` does the I/O and may run in a
+    worker thread; it touches the disk only. ``bytes``: the size of the file written."""
+
+    uid: str
+    store: CheckpointStore
+    bytes: int = 0
+
+    def write(self, cp: Checkpoint) -> None:
+        try:
+            self.bytes = self.store.write(cp)
+        except OSError as exc:
+            raise StorageFailed(f"checkpoint of {self.uid} at {cp.index} failed: {exc}") from exc
+
+
+def segment_chunks(entries: list[Entry], limits: Limits) -> list[list[Entry]]:
+    """``entries`` cut into segments of at most ``segment_entries_max`` entries and
+    ``segment_file_bytes_max`` bytes of data (an entry alone may be larger)."""
+    if (
+        entries
+        and len(entries) <= limits.segment_entries_max
+        and sum(map(len, map(_DATA, entries))) <= limits.segment_file_bytes_max
+    ):
+        return [entries]  # the common case, without a step per entry on the node's thread
+    out: list[list[Entry]] = []
+    current: list[Entry] = []
+    size = 0
+    for e in entries:
+        if current and (
+            len(current) >= limits.segment_entries_max
+            or size + len(e.data) > limits.segment_file_bytes_max
+        ):
+            out.append(current)
+            current, size = [], 0
+        current.append(e)
+        size += len(e.data)
+    if current:
+        out.append(current)
+    return out
+
+
+__all__ = ["CheckpointWrite", "SegmentFlush", "segment_chunks"]
