@@ -536,12 +536,12 @@ class QueueMachine:
         return Settled(count, tuple(np.flatnonzero(~ok).tolist()))
 
     def _on_return(self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]) -> object:
-        live, stale, _ = _live_receipts(self._pending, command)
+        live, stale, _ = self._pending.live_receipts(command)
         self._give_back(live, effects)
         return Settled(len(live), stale)
 
     def _on_discard(self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]) -> object:
-        live, stale, _ = _live_receipts(self._pending, command)
+        live, stale, _ = self._pending.live_receipts(command)
         rejected: list[int] = []
         for tag in live:
             ref, _level = self._pending.remove(tag)
@@ -552,7 +552,7 @@ class QueueMachine:
         return Settled(len(rejected), stale)
 
     def _on_extend(self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]) -> object:
-        live, stale, lease_ms = _live_receipts(self._pending, command)
+        live, stale, lease_ms = self._pending.live_receipts(command)
         lease_ms = min(lease_ms or self.policy.lease_ms, self._limits.lease_ms_max)
         for tag in live:
             self._pending.extend(tag, self._now_ms + lease_ms)
@@ -771,19 +771,6 @@ def _check_policy(policy: QueuePolicy, limits: Limits) -> str:
         limits.priorities_max,
         limits.message_bytes_max_ceiling,
     )
-
-
-def _live_receipts(pending: Pending, command: bytes) -> tuple[list[int], tuple[int, ...], int]:
-    """(tags of the receipts that name a live lease, in command order; positions of the
-    stale ones; lease_ms of an extend or 0). A few receipts are read one by one."""
-    few = cmd.decode_receipts_few(command)
-    if few is not None:
-        pairs, lease_ms = few
-        live, stale = pending.matching_few(pairs)
-        return live, stale, lease_ms
-    tags, refs, lease_ms = cmd.decode_receipts(command)
-    ok = pending.matching(tags, refs)
-    return tags[ok].tolist(), tuple(np.flatnonzero(~ok).tolist()), lease_ms
 
 
 _Handler = Callable[[QueueMachine, ApplyMeta, bytes, list[MachineEffect]], object]

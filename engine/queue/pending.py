@@ -24,6 +24,8 @@ from bisect import bisect_right
 import numpy as np
 import numpy.typing as npt
 
+from engine.queue import commands as cmd
+
 U64 = npt.NDArray[np.uint64]
 
 _GROUP_BYTES_ESTIMATE = 200
@@ -139,6 +141,19 @@ class Pending:
 
     def expires_ms(self, tag: int) -> int:
         return self._overrides.get(tag, self.group_of(tag).expires_ms)
+
+    def live_receipts(self, command: bytes) -> tuple[list[int], tuple[int, ...], int]:
+        """(tags of the receipts of a settle, return, discard or extend ``command`` that
+        name a live lease, in command order; positions of the stale ones; lease_ms of an
+        extend or 0). A few receipts are read one by one."""
+        few = cmd.decode_receipts_few(command)
+        if few is not None:
+            pairs, lease_ms = few
+            live, stale = self.matching_few(pairs)
+            return live, stale, lease_ms
+        tags, refs, lease_ms = cmd.decode_receipts(command)
+        ok = self.matching(tags, refs)
+        return tags[ok].tolist(), tuple(np.flatnonzero(~ok).tolist()), lease_ms
 
     def matching(self, tags: U64, refs: U64) -> npt.NDArray[np.bool_]:
         """Which receipts name a live lease; a repeated receipt matches only once (its
