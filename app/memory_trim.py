@@ -21,11 +21,18 @@ import anyio
 TRIM_INTERVAL_S = 10.0
 
 
+def libc() -> ctypes.CDLL | None:
+    """The C library, or None where it cannot be loaded."""
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c"))
+    except (OSError, TypeError):
+        return None
+
+
 def malloc_trim() -> Callable[[], object] | None:
     """glibc's ``malloc_trim(0)``, or None where there is none."""
-    try:
-        trim = ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim
-    except (OSError, AttributeError, TypeError):
+    trim = getattr(libc(), "malloc_trim", None)
+    if trim is None:
         return None
     trim.argtypes = [ctypes.c_size_t]
     trim.restype = ctypes.c_int

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import sys
 from pathlib import Path
 
@@ -11,6 +9,7 @@ import uvicorn
 
 from app.http_protocol import http_protocol
 from app.main import StartupReport, create_app
+from app.memory_trim import libc
 from app.settings import Settings, reachable
 
 
@@ -45,11 +44,8 @@ def tune_malloc() -> bool:
     system by ``free``; two arenas (not eight per core) keep the threads' small
     allocations from holding freed space in arenas of their own. False where the C
     library is not glibc (nothing is changed there)."""
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError, TypeError):
+    mallopt = getattr(libc(), "mallopt", None)
+    if mallopt is None:
         return False
     return bool(
         mallopt(_M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD_BYTES)
