@@ -27,20 +27,11 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    ProgressColumn,
-    Task,
-    TextColumn,
-    TimeElapsedColumn,
-)
-from rich.text import Text
 
 if TYPE_CHECKING:
     import httpx
+    from rich.console import Console
+    from rich.progress import Progress
 
     from app.db.session import Database
 
@@ -54,7 +45,14 @@ PROGRESS_AFTER_MESSAGES = 1000
 DataDir = Annotated[Path, typer.Option(help="The server's data directory.")]
 Url = Annotated[str, typer.Option(envvar="QUORRA_URL", help="Base URL of the server.")]
 Token = Annotated[str, typer.Option(envvar="QUORRA_TOKEN", help="API token (or QUORRA_TOKEN).")]
-stderr = Console(stderr=True)
+
+
+def stderr() -> Console:
+    """The console on stderr. rich loads when a command first writes (``quorra serve``,
+    which imports this module, never does: ~20 ms of its start)."""
+    from app.console import stderr_console
+
+    return stderr_console()
 
 
 class ClientError(Exception):
@@ -294,27 +292,13 @@ def show_progress(stderr_tty: bool, data_tty: bool) -> bool:
     return stderr_tty and not data_tty
 
 
-class RateColumn(ProgressColumn):
-    """Messages per second, over rich's recent window."""
-
-    def render(self, task: Task) -> Text:
-        speed = task.finished_speed or task.speed
-        return Text("" if speed is None else f"{speed:,.0f} msg/s", style="progress.data.speed")
-
-
 def _progress(label: str, show: bool) -> AbstractContextManager[Progress | None]:
     """A progress bar on stderr, or nothing when ``show`` is false."""
     if not show:
         return nullcontext(None)
-    return Progress(
-        TextColumn(label),
-        BarColumn(),
-        MofNCompleteColumn(),
-        RateColumn(),
-        TimeElapsedColumn(),
-        console=stderr,
-        transient=False,
-    )
+    from app.console import progress_bar
+
+    return progress_bar(label)
 
 
 def run_action(action: Callable[[], None]) -> None:
@@ -325,10 +309,12 @@ def run_action(action: Callable[[], None]) -> None:
     try:
         action()
     except ClientError as e:
-        stderr.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
+        stderr().print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
     except httpx.HTTPError as e:
-        stderr.print(f"[red]error:[/red] {type(e).__name__}: {e}", highlight=False, soft_wrap=True)
+        stderr().print(
+            f"[red]error:[/red] {type(e).__name__}: {e}", highlight=False, soft_wrap=True
+        )
         raise typer.Exit(1) from None
 
 
@@ -362,7 +348,7 @@ def register(cli: typer.Typer) -> None:
         if len(password) < 8:
             raise typer.BadParameter("at least 8 characters", param_hint="--password")
         run_action(lambda: add_user(data_dir, name, password, role, configure, write, read))
-        stderr.print(f"added user {name!r} ({role})")
+        stderr().print(f"added user {name!r} ({role})")
 
     @token_cli.command("create")
     def token_create(
@@ -386,7 +372,7 @@ def register(cli: typer.Typer) -> None:
         """Publish each line of stdin (or --file) as one message."""
 
         def action() -> None:
-            show = show_progress(stderr.is_terminal, file is None and sys.stdin.isatty())
+            show = show_progress(stderr().is_terminal, file is None and sys.stdin.isatty())
             source = sys.stdin if file is None else file.open(encoding="utf-8")
             with source, api_client(url, token) as client, _progress("publishing", show) as bar:
                 task = bar.add_task("publish", total=None) if bar else None
@@ -397,7 +383,7 @@ def register(cli: typer.Typer) -> None:
                     batch,
                     lambda n: bar.advance(task, n) if bar and task is not None else None,
                 )
-            stderr.print(f"published {count} messages to {queue!r}")
+            stderr().print(f"published {count} messages to {queue!r}")
 
         run_action(action)
 
@@ -418,7 +404,7 @@ def register(cli: typer.Typer) -> None:
         """Print one message per line on stdout and ack it once written."""
 
         def action() -> None:
-            show = show_progress(stderr.is_terminal, sys.stdout.isatty()) and (
+            show = show_progress(stderr().is_terminal, sys.stdout.isatty()) and (
                 max_messages == 0 or max_messages >= PROGRESS_AFTER_MESSAGES
             )
             with api_client(url, token) as client, _progress("consuming", show) as bar:
@@ -433,6 +419,6 @@ def register(cli: typer.Typer) -> None:
                     follow,
                     lambda n: bar.advance(task, n) if bar and task is not None else None,
                 )
-            stderr.print(f"consumed {count} messages from {queue!r}")
+            stderr().print(f"consumed {count} messages from {queue!r}")
 
         run_action(action)

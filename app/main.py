@@ -44,6 +44,7 @@ from app.metrics import AppMetrics, MetricsMiddleware
 from app.node import NodeFactory, make_node, record_listener
 from app.passwords import PasswordWorkers
 from app.problems import install_problem_handlers, problem_response
+from app.routing import add_routes
 from app.settings import Settings, load_secret_key
 from app.throttle import FailureThrottle
 from app.token_cache import TokenCache
@@ -141,7 +142,8 @@ def _lifespan(
                 if announce is not None:
                     announce(report)
                 try:
-                    yield
+                    async with dashboard.sampler_lifespan(app):
+                        yield
                 finally:
                     trimming.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
@@ -264,13 +266,9 @@ def create_app(
 
     install_problem_handlers(app)
     install_ui_handlers(app)
-    app.include_router(ops.ops_router)
-    app.include_router(ops.api_router)
-    app.include_router(users.router)
-    app.include_router(tokens.router)
+    add_routes(app, ops.ops_router, ops.api_router, users.router, tokens.router)
     queue_api.install(app)
-    app.include_router(dashboard.router)
-    app.include_router(ui_router)
+    add_routes(app, *dashboard.ROUTERS, ui_router)
     app.mount("/static", StaticFiles(directory=settings.static_dir, check_dir=False), name="static")
 
     app.add_middleware(BodyLimitMiddleware, limit_bytes=settings.request_body_bytes_max)

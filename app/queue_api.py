@@ -17,6 +17,7 @@ from app.api.queue_schemas import QUEUE_NAME_PATTERN
 from app.db.session import Database
 from app.problems import problem_response
 from app.queue_metrics import QueueCollector
+from app.routing import add_routes
 from app.state import metrics_of, node_or_none
 from engine.runtime.api import QueueEngine
 
@@ -63,10 +64,7 @@ class QueueNameGuard:
 def install(app: FastAPI) -> None:
     """Add the queue, message, snapshot/compaction and cluster routes and the per-queue
     metrics to ``app`` (no I/O)."""
-    app.include_router(queues.router)
-    app.include_router(messages.router)
-    app.include_router(queue_ops.router)
-    app.include_router(queue_ops.cluster_router)
+    add_routes(app, queues.router, messages.router, queue_ops.router, queue_ops.cluster_router)
     metrics_of(app.state).registry.register(QueueCollector(lambda: node_or_none(app.state)))
     app.add_middleware(QueueNameGuard)
 

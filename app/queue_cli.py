@@ -26,11 +26,11 @@ from typing import TYPE_CHECKING, Annotated, Any, TypedDict
 from urllib.parse import quote
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 if TYPE_CHECKING:
     import httpx
+    from rich.console import Console
+    from rich.table import Table
 
 from app.client_cli import (
     DEFAULT_URL,
@@ -66,6 +66,8 @@ def _queue_path(name: str, tail: str = "") -> str:
 
 
 def _stdout() -> Console:
+    from rich.console import Console  # here: ``quorra serve`` loads this module, not rich
+
     return Console(highlight=False)
 
 
@@ -119,6 +121,8 @@ def _request_and_print(
 
 def queue_table(queues: list[dict[str, Any]]) -> Table:
     """``queue list``: one row per queue."""
+    from rich.table import Table
+
     table = Table(box=None, pad_edge=False)
     table.add_column("Name", overflow="fold")
     for heading in ("Ready", "Unacked", "Publish", "Deliver", "Ack", "Memory"):
@@ -140,6 +144,8 @@ def queue_table(queues: list[dict[str, Any]]) -> Table:
 
 
 def _facts(rows: list[tuple[str, str]]) -> Table:
+    from rich.table import Table
+
     table = Table.grid(padding=(0, 2))
     table.add_column(style="bold", no_wrap=True)
     table.add_column(overflow="fold")
@@ -430,7 +436,7 @@ def queue_delete(
     """Delete a queue with all its messages (asks first unless --yes)."""
     if not yes:
         if not stdin_is_terminal():
-            stderr.print("[red]error:[/red] no terminal to ask on: pass --yes to delete")
+            stderr().print("[red]error:[/red] no terminal to ask on: pass --yes to delete")
             raise typer.Exit(2)
         typer.confirm(f"Delete queue {name!r} and all its messages?", abort=True, err=True)
 
@@ -500,7 +506,7 @@ def status(url: Url = DEFAULT_URL, token: Token = "", as_json: Json = False) -> 
     else:
         _stdout().print(status_facts(result, bool(token)))
     for error in result["errors"]:
-        stderr.print(f"[red]error:[/red] {error}", highlight=False, soft_wrap=True)
+        stderr().print(f"[red]error:[/red] {error}", highlight=False, soft_wrap=True)
     if not status_ok(result):
         raise typer.Exit(1)
 

@@ -1,15 +1,11 @@
-"""The dashboard's routes in one router, with the sampler that feeds its charts
-(``app.ui.series``) as the router's lifespan: it starts once the app's own lifespan
-has started the node, and stops before the node stops."""
+"""The dashboard's routers, and the sampler that feeds its charts (``app.ui.series``):
+the app's lifespan runs it once the node has started and stops it before the node stops."""
 
 from __future__ import annotations
-
-from fastapi import APIRouter
 
 from app.ui import actions, admin, pages
 from app.ui.series import sampler_lifespan
 
-router = APIRouter(include_in_schema=False, lifespan=sampler_lifespan)
-router.include_router(pages.router)
-router.include_router(actions.router)
-router.include_router(admin.router)
+ROUTERS = (pages.router, actions.router, admin.router)
+
+__all__ = ["ROUTERS", "sampler_lifespan"]
