@@ -51,3 +51,11 @@ def test_engine_does_not_import_the_app_frameworks() -> None:
     for path in sorted((ROOT / "engine").rglob("*.py")):
         bad = _imports(path) & FORBIDDEN_IN_ENGINE
         assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
+
+
+def test_the_replica_driver_is_pure() -> None:
+    """The server and the simulator run the same driver: it may hold no event loop,
+    clock or I/O of its own (engine/runtime/driver.py)."""
+    path = ROOT / "engine" / "runtime" / "driver.py"
+    bad = _imports(path) & FORBIDDEN_IN_CORE
+    assert not bad, f"engine/runtime/driver.py imports {sorted(bad)}"

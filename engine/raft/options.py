@@ -26,6 +26,9 @@ class Fault(IntEnum):
     """Count one replica fewer than a majority as a quorum (at least one)."""
     REPAIR_OFF = 3
     """Start as a normal member although storage lost durable data (no repair mode)."""
+    SEND_BEFORE_DURABLE = 4
+    """The replica driver sends the messages that must wait for the disk (votes, append
+    acknowledgements) at once, before the writes they promise are durable."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -106,8 +106,11 @@ from engine.queue import (
 from engine.queue.machine import FrozenMachine
 from engine.raft.config import EMPTY_CONFIGURATION, Configuration
 from engine.raft.events import (
+    Accepted,
     AddServer,
+    Completed,
     Propose,
+    ReadReady,
     Ready,
     Receive,
     RemoveServer,
@@ -120,7 +123,7 @@ from engine.raft.events import HardState as RaftHardState
 from engine.raft.events import Persisted as RaftPersisted
 from engine.raft.events import Rejected as RaftRejected
 from engine.raft.log import Entry, EntryKind
-from engine.raft.machine import ApplyMeta, CheckpointRequest, MachineEffect, ReleaseCursor
+from engine.raft.machine import CheckpointRequest, MachineEffect, ReleaseCursor
 from engine.raft.messages import Message
 from engine.raft.server import RaftOptions, RaftServer, Role
 from engine.raft.snapshot import Snapshot, SnapshotMeta
@@ -141,6 +144,7 @@ from engine.runtime.api import (
     Trigger,
 )
 from engine.runtime.clock import SYSTEM_CLOCK, Clock
+from engine.runtime.driver import ReplicaDriver
 from engine.runtime.meta import (
     CONSUMER_BYTES_MAX,
     QueueMeta,
@@ -591,13 +595,17 @@ class Node:
         )
         assert self._receipt_key is not None, "start() loads the key before hosting"
         seal = ReceiptSeal(self._receipt_key, meta.uid)
-        rep = Replica(meta, sid, raft, machine, rec.log, base, seal, checkpoint=checkpoint)
+        rep = Replica(meta, sid, raft, machine, rec.log, seal, checkpoint=checkpoint)
+        rep.driver = ReplicaDriver(
+            raft,
+            machine,
+            ReplicaIo(self, rep),
+            base_index=base,
+            replay_until=rec.log.last_index(),
+            hard_state_written=(0, None) if hs is None else (hs.term, hs.vote),
+        )
         if rec.checkpoint is not None:  # stats must not walk a deep queue at start
             observe.seed_live_set(rep, base, rec.checkpoint.live_indexes)
-        rep.applied_index = raft.applied
-        if hs is not None:
-            rep.hard_state_written = (hs.term, hs.vote)
-        rep.replay_until = rec.log.last_index()
         if lone:
             raft.step(Tick(now, wall))
         self._replicas[meta.name] = rep
@@ -662,18 +670,15 @@ class Node:
         if rep.closed or isinstance(rep.failed, EntryDamaged):
             return
         raft = rep.raft
-        while True:
-            try:
-                rd = raft.ready()
-                if rd.is_empty():
-                    break
-                self._handle_ready(rep, rd)
-            except EntryDamaged as e:
-                self._damaged(rep, e)
-                return
-            except StorageFailed as e:
-                self._fail(rep, e)
-                return
+        try:
+            rep.driver.process()
+        except EntryDamaged as e:
+            self._damaged(rep, e)
+            return
+        except StorageFailed as e:
+            self._fail(rep, e)
+            return
+        rep.sample(self.clock.monotonic_ms())
         self._maybe_members_changed(rep)
         seen = (int(raft.role), raft.leader, raft.term)
         if seen != rep.seen:
@@ -688,51 +693,6 @@ class Node:
         self._arm_tick(rep)
         if raft.role is Role.LEADER:
             self._arm_expire(rep)
-
-    def _handle_ready(self, rep: Replica, rd: Ready) -> None:
-        ops = 0
-        hs = rd.hard_state
-        if hs is not None and (hs.term, hs.vote) != rep.hard_state_written:
-            # Term and vote must be durable before anything depending on them goes out;
-            # the commit index need not be (Raft re-learns it), so a change of commit
-            # alone costs no WAL write and no fsync.
-            self._submit(rep, HardStateOp(rep.uid, HardState(hs.term, hs.vote, hs.commit)))
-            rep.hard_state_written = (hs.term, hs.vote)
-            ops += 1
-        if rd.snapshot_to_install is not None:
-            self._install(rep, rd.snapshot_to_install, rd.snapshot_entries)
-            ops += 1
-        if rd.entries_to_persist:
-            self._submit(rep, AppendOp(rep.uid, tuple(rd.entries_to_persist)))
-            ops += 1
-        if ops:
-            rep.ops_submitted += ops
-            assert self._writer is not None
-            self._writer.wake()
-        for msg in rd.messages:
-            self._send(rep, msg)
-        for acc in rd.accepted:
-            p = rep.proposals.pop(acc.request_id, None)
-            if p is not None and not p.future.done():
-                p.term, p.index = acc.term, acc.last_index
-                rep.waiting[acc.last_index] = p
-        for rej in rd.rejected:
-            self._on_rejected(rep, rej)
-        for done in rd.completed:
-            p = rep.proposals.pop(done.request_id, None)
-            if p is not None and not p.future.done():
-                p.future.set_result(None)
-        if rd.committed_entries:
-            self._apply(rep, rd.committed_entries)
-        if rd.repaired:
-            assert rep.ops_submitted > rep.ops_done, "the vote of the repaired core is queued"
-            rep.repair_done_at_op = rep.ops_submitted
-        if rd.messages_after_persist:
-            if rep.ops_done >= rep.ops_submitted and not rep.after_persist:
-                for msg in rd.messages_after_persist:
-                    self._send(rep, msg)
-            else:
-                rep.after_persist.append((rep.ops_submitted, rd.messages_after_persist))
 
     def _submit(self, rep: Replica, op: AppendOp | HardStateOp) -> None:
         storage = self._need_storage()
@@ -759,9 +719,6 @@ class Node:
             snap.machine_state,
         )
         size = storage.install_snapshot(rep.uid, cp, given)
-        rep.machine.restore(snap.machine_state)
-        rep.base_index = snap.index
-        rep.applied_index, rep.applied_term = snap.index, snap.term
         rep.installed_live = installed
         rep.checkpoint = CheckpointInfo(snap.index, self.clock.wall_ms(), size)
         observe.seed_live_set(rep, snap.index, snap.live_indexes)
@@ -830,21 +787,14 @@ class Node:
             if isinstance(event, WriteFailed):
                 self._fail(rep, event.error)
                 continue
-            rep.ops_done += 1
             if isinstance(event, Persisted):
-                rep.raft.step(RaftPersisted(event.index, event.term))
+                rep.driver.written(RaftPersisted(event.index, event.term))
             elif isinstance(event, SnapshotReset):
-                rep.raft.step(SnapshotInstalled(event.index, event.term))
+                rep.driver.written(SnapshotInstalled(event.index, event.term))
                 rep.installed_live.clear()  # storage holds them now
             else:
                 assert isinstance(event, HardStateSaved)
-            if rep.repair_done_at_op and rep.ops_done >= rep.repair_done_at_op:
-                rep.repair_done_at_op = 0
-                storage.finish_repair(rep.uid)
-                log.info("queue %s: repaired", rep.name)
-            while rep.after_persist and rep.after_persist[0][0] <= rep.ops_done:
-                for msg in rep.after_persist.popleft()[1]:
-                    self._send(rep, msg)
+                rep.driver.written(None)
             self._schedule(rep)
         if storage.rolled_wal_files() and self._flush_task is None and self._running:
             self._flush_task = self._need_loop().create_task(self._flush_segments())
@@ -889,27 +839,25 @@ class Node:
 
     # --- applying --------------------------------------------------------------------
 
-    def _apply(self, rep: Replica, entries: list[Entry]) -> None:
-        machine = rep.machine
-        leader = rep.raft.role is Role.LEADER
-        for e in entries:
-            rep.applied_index, rep.applied_term = e.index, e.term
-            reply: object = None
-            if e.kind is EntryKind.COMMAND and e.index > rep.base_index:
-                reply, effects = machine.apply(ApplyMeta(e.index, e.term, e.now_ms), e.data)
-                rep.bytes_since_capture += len(e.data)
-                if effects or rep.bytes_since_capture >= self.limits.replay_bytes_max:
-                    # Replay throws leader-only effects away (the machine repeats what
-                    # must happen: unconfirmed dead letters are emitted again).
-                    self._perform(rep, effects, e, leader and e.index > rep.replay_until)
-                if isinstance(reply, PolicyChanged):
-                    self._policy_changed(rep)
-                elif isinstance(reply, Expired):
-                    rep.expire_inflight = False
-            p = rep.waiting.pop(e.index, None)
-            if p is not None and not p.future.done():
-                self._resolve(rep, p, e, reply)
-        rep.sample(self.clock.monotonic_ms())
+    def _applied(self, rep: Replica, e: Entry, reply: object, effects: list[MachineEffect]) -> None:
+        rep.bytes_since_capture += len(e.data)
+        if effects or rep.bytes_since_capture >= self.limits.replay_bytes_max:
+            # Replay throws leader-only effects away (the machine repeats what must
+            # happen: unconfirmed dead letters are emitted again).
+            leader = rep.raft.role is Role.LEADER and e.index > rep.driver.replay_until
+            self._perform(rep, effects, e, leader)
+        if isinstance(reply, PolicyChanged):
+            self._policy_changed(rep)
+        elif isinstance(reply, Expired):
+            rep.expire_inflight = False
+        p = rep.waiting.pop(e.index, None)
+        if p is not None and not p.future.done():
+            self._resolve(rep, p, e, reply)
+
+    def _passed(self, rep: Replica, e: Entry) -> None:
+        p = rep.waiting.pop(e.index, None)
+        if p is not None and not p.future.done():
+            self._resolve(rep, p, e, None)
 
     def _resolve(self, rep: Replica, p: Proposal, e: Entry, reply: object) -> None:
         if p.term != e.term or e.kind is not EntryKind.COMMAND:
@@ -1796,6 +1744,67 @@ class Node:
     def _need_storage(self) -> NodeStorage:
         assert self._storage is not None, "Node.start first"
         return self._storage
+
+
+class ReplicaIo:
+    """The server's side of one replica's driver (``engine.runtime.driver.ReplicaHost``):
+    writes go to the shared WAL, messages to the transport, applied entries resolve
+    proposals and run effects on the node."""
+
+    __slots__ = ("node", "rep")
+
+    def __init__(self, node: Node, rep: Replica) -> None:
+        self.node = node
+        self.rep = rep
+
+    def on_ready(self, rd: Ready) -> None:
+        pass
+
+    def write_hard_state(self, hs: RaftHardState) -> None:
+        rep = self.rep
+        self.node._submit(rep, HardStateOp(rep.uid, HardState(hs.term, hs.vote, hs.commit)))
+
+    def install_snapshot(self, snapshot: Snapshot, given: list[Entry]) -> None:
+        self.node._install(self.rep, snapshot, given)
+
+    def append_entries(self, entries: list[Entry]) -> None:
+        rep = self.rep
+        self.node._submit(rep, AppendOp(rep.uid, tuple(entries)))
+
+    def writes_queued(self) -> None:
+        writer = self.node._writer
+        assert writer is not None
+        writer.wake()
+
+    def send(self, message: Message) -> None:
+        self.node._send(self.rep, message)
+
+    def applied(self, entry: Entry, reply: object, effects: list[MachineEffect]) -> None:
+        self.node._applied(self.rep, entry, reply, effects)
+
+    def passed(self, entry: Entry) -> None:
+        self.node._passed(self.rep, entry)
+
+    def accepted(self, accepted: Accepted) -> None:
+        p = self.rep.proposals.pop(accepted.request_id, None)
+        if p is not None and not p.future.done():
+            p.term, p.index = accepted.term, accepted.last_index
+            self.rep.waiting[accepted.last_index] = p
+
+    def rejected(self, rejected: RaftRejected) -> None:
+        self.node._on_rejected(self.rep, rejected)
+
+    def completed(self, completed: Completed) -> None:
+        p = self.rep.proposals.pop(completed.request_id, None)
+        if p is not None and not p.future.done():
+            p.future.set_result(None)
+
+    def read_ready(self, read: ReadReady) -> None:
+        pass  # the node proposes; it asks for no ReadIndex
+
+    def repaired(self) -> None:
+        self.node._need_storage().finish_repair(self.rep.uid)
+        log.info("queue %s: repaired", self.rep.name)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -19,8 +19,8 @@ from pyroaring import BitMap64
 from engine.ids import ServerId
 from engine.queue import QueueMachine, ReceiptSeal
 from engine.raft.log import Entry
-from engine.raft.messages import Message
-from engine.raft.server import RaftServer, Role
+from engine.raft.server import RaftServer
+from engine.runtime.driver import ReplicaDriver
 from engine.runtime.meta import QueueMeta
 from engine.storage import ServerLog
 
@@ -50,30 +50,17 @@ class Replica:
     raft: RaftServer
     machine: QueueMachine
     log: ServerLog
-    base_index: int
-    """The machine was restored from a checkpoint at this index: entries up to it are in
-    its state already and are not applied again."""
     seal: ReceiptSeal
     """Makes and checks this queue's receipts."""
-    replay_until: int = 0
-    """Entries up to this index were in the log at recovery: applying them is a replay."""
+    driver: ReplicaDriver = field(init=False)
+    """Acts on the core's ``Ready``s in the order durability requires (``Node._host``)."""
     failed: Exception | None = None
     closed: bool = False
     close_error: Exception | None = None
     """Raised to callers once closed: ``QueueNotFound`` (deleted) or ``NoLeader`` (stop)."""
-    applied_index: int = 0
-    applied_term: int = 0
     next_request_id: int = 1
     proposals: dict[int, Proposal] = field(default_factory=dict)
     waiting: dict[int, Proposal] = field(default_factory=dict)
-    hard_state_written: tuple[int, str | None] = (0, None)
-    """(term, vote) last queued for the WAL."""
-    repair_done_at_op: int = 0
-    """The core left repair mode: once this many WAL operations are done (its hard
-    state among them), storage's repair marker may go."""
-    ops_submitted: int = 0
-    ops_done: int = 0
-    after_persist: deque[tuple[int, list[Message]]] = field(default_factory=deque)
     scheduled: bool = False
     tick_handle: asyncio.TimerHandle | None = None
     tick_due_ms: int = 0
@@ -115,8 +102,19 @@ class Replica:
     def name(self) -> str:
         return self.meta.name
 
-    def is_leader(self) -> bool:
-        return self.raft.role is Role.LEADER
+    @property
+    def applied_index(self) -> int:
+        return self.driver.applied_index
+
+    @property
+    def applied_term(self) -> int:
+        return self.driver.applied_term
+
+    @property
+    def base_index(self) -> int:
+        """The machine was restored at this index (a checkpoint's or a snapshot's):
+        entries up to it are in its state and are not applied again."""
+        return self.driver.base_index
 
     def sample(self, now_ms: int) -> None:
         if self.samples and now_ms - self.samples[-1][0] < RATE_SAMPLE_MS:

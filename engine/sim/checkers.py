@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from engine.ids import ServerId
 from engine.raft.events import Ready
 from engine.raft.log import Entry
+from engine.raft.messages import AppendResponse, Message, VoteResponse
 from engine.raft.server import Role
 
 if TYPE_CHECKING:
@@ -28,6 +29,9 @@ class Observer:
     def on_applied(self, world: World, node: SimNode, entry: Entry, reply: object) -> None:
         """Called for every committed entry a server applies (all kinds)."""
 
+    def on_send(self, world: World, node: SimNode, message: Message) -> None:
+        """Called for every message a server sends, as it leaves."""
+
     def on_crash(self, world: World, node: SimNode) -> None:
         pass
 
@@ -36,6 +40,36 @@ class Observer:
 
     def violations(self) -> list[str]:
         return []
+
+
+class DurableBeforePromised(Observer):
+    """Nothing is promised before it is durable: a server grants its vote, or tells the
+    leader of its term that it holds entries up to an index, only once its disk holds
+    that vote and those entries, so a crash cannot take the promise back. (The replica
+    driver's ordering; a response of an older term may have been overtaken since.)"""
+
+    def __init__(self) -> None:
+        self.found: list[str] = []
+
+    def on_send(self, world: World, node: SimNode, message: Message) -> None:
+        if message.term != node.raft.term or len(self.found) >= 10:
+            return
+        hard_state, last = node.storage.durable()
+        if isinstance(message, VoteResponse) and message.granted and not message.pre:
+            vote = None if hard_state is None else (hard_state.term, hard_state.vote)
+            if vote != (message.term, message.dst):
+                self.found.append(
+                    f"t={world.now_ms} {node.id} granted its vote in term {message.term} to "
+                    f"{message.dst} before it was durable (durable: {vote})"
+                )
+        elif isinstance(message, AppendResponse) and message.success and message.match_index > last:
+            self.found.append(
+                f"t={world.now_ms} {node.id} acknowledged entries up to {message.match_index} "
+                f"with {last} durable"
+            )
+
+    def violations(self) -> list[str]:
+        return list(self.found)
 
 
 class RaftSafety(Observer):

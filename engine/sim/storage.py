@@ -59,8 +59,12 @@ class SimStorage(LogStore, Protocol):
         ...
 
     def finish_repair(self) -> None:
-        """The core left repair mode: once the hard state written with it is durable (at
-        the next ``sync``), the repair is over for storage too."""
+        """The repaired core's vote is durable (the driver calls this only then): the
+        repair is over for storage too."""
+        ...
+
+    def durable(self) -> tuple[HardState | None, int]:
+        """What a crash now would keep: the hard state and the last index of the log."""
         ...
 
     def mark_damaged(self, error: EntryDamaged) -> None:
@@ -137,7 +141,7 @@ class MemStorage:
     """``SimStorage`` in memory."""
 
     def __init__(self) -> None:
-        self.durable = _State()
+        self.durable_state = _State()
         self.visible = _State()
         self.entry_reads = 0
         """Single-entry reads (payloads of live entries), counted for tests."""
@@ -199,14 +203,14 @@ class MemStorage:
 
     def sync(self) -> None:
         for hs, snap, entries, given in self.pending:
-            self._apply(self.durable, hs, snap, entries, given)
+            self._apply(self.durable_state, hs, snap, entries, given)
         self.pending = []
 
     def save_snapshot(self, snapshot: Snapshot) -> None:
-        assert not self.pending or snapshot.index <= self.durable.snap_index + len(
-            self.durable.entries
+        assert not self.pending or snapshot.index <= self.durable_state.snap_index + len(
+            self.durable_state.entries
         ), "a snapshot covers durable entries only"
-        self.durable.compact(snapshot)
+        self.durable_state.compact(snapshot)
         self.visible.compact(snapshot)
 
     def crash(self, rng: random.Random, tear: bool) -> None:
@@ -214,15 +218,15 @@ class MemStorage:
             _hs, snap, entries, _given = self.pending[0]
             if snap is None and entries:
                 keep = rng.randint(1, len(entries))
-                self._apply(self.durable, None, None, entries[:keep], ())
+                self._apply(self.durable_state, None, None, entries[:keep], ())
         self.pending = []
-        self.visible = self.durable.copy()
+        self.visible = self.durable_state.copy()
 
     def recover(self) -> tuple[HardState | None, Snapshot | None]:
         return self.visible.hard_state, self.visible.snapshot
 
     def snapshot(self) -> Snapshot | None:
-        return self.durable.snapshot
+        return self.durable_state.snapshot
 
     def entry(self, index: int) -> Entry:
         self.entry_reads += 1
@@ -230,6 +234,10 @@ class MemStorage:
 
     def repairing(self) -> bool:
         return False
+
+    def durable(self) -> tuple[HardState | None, int]:
+        d = self.durable_state
+        return d.hard_state, d.snap_index + len(d.entries)
 
     def finish_repair(self) -> None:
         """Never repairing (``repairing`` is always false): nothing to finish."""

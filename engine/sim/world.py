@@ -34,11 +34,15 @@ from engine.ids import ServerId
 from engine.limits import Limits
 from engine.raft.config import Configuration
 from engine.raft.events import (
+    Accepted,
     AddServer,
+    Completed,
     Event,
+    HardState,
     Persisted,
     Propose,
     ReadIndex,
+    ReadReady,
     Ready,
     Receive,
     Rejected,
@@ -48,12 +52,13 @@ from engine.raft.events import (
     Tick,
     TransferLeadership,
 )
-from engine.raft.log import EntryKind
-from engine.raft.machine import ApplyMeta, CheckpointRequest, Machine
+from engine.raft.log import Entry
+from engine.raft.machine import CheckpointRequest, Machine, MachineEffect
 from engine.raft.messages import Message
 from engine.raft.server import Fault, RaftOptions, RaftServer, Role
 from engine.raft.snapshot import Snapshot
-from engine.sim.checkers import Observer, RaftSafety
+from engine.runtime.driver import ReplicaDriver
+from engine.sim.checkers import DurableBeforePromised, Observer, RaftSafety
 from engine.sim.network import Network, NetworkFaults
 from engine.sim.storage import MemStorage, SimStorage
 from engine.sim.workload import KvWorkload, Workload
@@ -92,10 +97,11 @@ class SimNode:
     alive: bool = True
     epoch: int = 0
     sync_scheduled: bool = False
-    after_persist: list[Message] = field(default_factory=list)
-    persist_events: list[Event] = field(default_factory=list)
+    writing: list[Event | None] = field(default_factory=list)
+    """What the core learns as each queued write becomes durable, in order."""
     snapshot_index: int = 0
     seen_role: tuple[int, int] = (-1, -1)
+    driver: ReplicaDriver = field(init=False)
 
 
 def _sim_limits(rng: random.Random) -> Limits:
@@ -140,7 +146,8 @@ class World:
         self.full_trace: list[str] | None = [] if keep_trace else None
         self.digest = hashlib.sha256()
         self.safety = RaftSafety()
-        self.observers: list[Observer] = [self.safety, *(observers or [])]
+        self.durability = DurableBeforePromised()
+        self.observers: list[Observer] = [self.safety, self.durability, *(observers or [])]
         make_workload = workload_factory or (lambda rng: KvWorkload(rng))
         self.workload = make_workload(self.rng)
         self.storage_factory = storage_factory or (lambda _id: MemStorage())
@@ -297,7 +304,7 @@ class World:
         for delay in self.network.delays_ms(msg.src, msg.dst):
             self.schedule(delay, lambda m=msg: self._deliver(m))  # type: ignore[misc]
 
-    # --- what a runtime does ------------------------------------------------------------
+    # --- the replica driver's host -----------------------------------------------------
 
     def _step(self, node: SimNode, event: Event) -> None:
         if not node.alive:
@@ -317,92 +324,41 @@ class World:
         self.schedule(self.rng.randint(1, 50), lambda: self.restart(node.id))
 
     def _drain(self, node: SimNode) -> None:
+        """The driver acts on every ``Ready``; a size-triggered snapshot may make more."""
         while True:
-            rd = node.raft.ready()
-            if rd.is_empty():
+            node.driver.process()
+            if not self._maybe_snapshot(node):
                 break
-            self._act(node, rd)
-            self._maybe_snapshot(node)
         role = (int(node.raft.role), node.raft.term)
         if role != node.seen_role:
             node.seen_role = role
             self.log(f"{node.id} {node.raft.role.name.lower()} term={node.raft.term}")
 
-    def _act(self, node: SimNode, rd: Ready) -> None:
-        for obs in self.observers:
-            obs.on_ready(self, node, rd)
-        wrote = rd.hard_state is not None or rd.snapshot_to_install is not None
-        if wrote or rd.entries_to_persist:
-            node.storage.write(
-                rd.hard_state, rd.snapshot_to_install, rd.entries_to_persist, rd.snapshot_entries
-            )
-        if rd.entries_to_persist:
-            last = rd.entries_to_persist[-1]
-            node.persist_events.append(Persisted(last.index, last.term))
-        snap = rd.snapshot_to_install
-        if snap is not None:
-            node.machine.restore(snap.machine_state)
-            node.snapshot_index = snap.index
-            node.persist_events.append(SnapshotInstalled(snap.index, snap.term))
-            self.log(f"{node.id} installs snapshot at {snap.index}")
-        node.after_persist.extend(rd.messages_after_persist)
-        if rd.repaired:
-            node.storage.finish_repair()
-            self.log(f"{node.id} repaired term={node.raft.term} vote={node.raft.vote}")
-        if (node.persist_events or node.after_persist or rd.repaired) and not node.sync_scheduled:
-            node.sync_scheduled = True
-            epoch = node.epoch
-            self.schedule(self.rng.randint(0, self.disk_ms_max), lambda: self._sync(node, epoch))
-        for msg in rd.messages:
-            self._send(msg)
-        self._apply(node, rd)
-        for read in rd.reads:
-            self.workload.on_read(self, node, read)
-        for acc in rd.accepted:
-            self.workload.on_accepted(self, node, acc)
-        for rej in rd.rejected:
-            self.workload.on_rejected(self, node, rej)
-        for done in rd.completed:
-            self.log(f"{node.id} completed request {done.request_id} at {done.index}")
-
-    def _apply(self, node: SimNode, rd: Ready) -> None:
-        for entry in rd.committed_entries:
-            reply: object = None
-            if entry.kind is EntryKind.COMMAND:
-                meta = ApplyMeta(entry.index, entry.term, entry.now_ms)
-                reply, effects = node.machine.apply(meta, entry.data)
-                for effect in effects:
-                    # Followers and leaders alike checkpoint; other effects are the runtime's.
-                    if type(effect) is CheckpointRequest and entry.index > node.snapshot_index:
-                        self._take_snapshot(node, entry.index, entry.term)
-            for obs in self.observers:
-                obs.on_applied(self, node, entry, reply)
-            self.workload.on_applied(self, node, entry, reply)
-
     def _sync(self, node: SimNode, epoch: int) -> None:
+        """The disk made every queued write durable: the driver learns of each in turn."""
         if not node.alive or node.epoch != epoch:
             return
         node.sync_scheduled = False
         node.storage.sync()
-        messages, node.after_persist = node.after_persist, []
-        events, node.persist_events = node.persist_events, []
-        for msg in messages:
-            self._send(msg)
+        done, node.writing = node.writing, []
         try:
-            for event in events:
-                node.raft.step(event)
+            for event in done:
+                node.driver.written(event)
             node.raft.check_invariants()
             self._drain(node)
         except EntryDamaged as error:
             self._on_damaged(node, error)
 
-    def _maybe_snapshot(self, node: SimNode) -> None:
-        """Every ``snapshot_every`` applied entries, as a runtime's size trigger would."""
+    def _maybe_snapshot(self, node: SimNode) -> bool:
+        """Every ``snapshot_every`` applied entries, as a runtime's size trigger would;
+        whether one was taken."""
         applied = node.raft.applied
-        if applied - node.snapshot_index >= node.snapshot_every:
-            term = node.raft.log.term(applied)
-            assert term is not None
-            self._take_snapshot(node, applied, term)
+        if applied - node.snapshot_index < node.snapshot_every:
+            return False
+        term = node.raft.log.term(applied)
+        assert term is not None
+        self._take_snapshot(node, applied, term)
+        return True
 
     def _take_snapshot(self, node: SimNode, index: int, term: int) -> None:
         """Checkpoint the machine as of ``index`` (just applied) and its live indexes."""
@@ -449,6 +405,17 @@ class World:
         every = self.rng.randint(5, 60)
         node = SimNode(sid, storage, machine, raft, node_rng, every)
         node.snapshot_index = snapshot.index if snapshot else 0
+        node.driver = ReplicaDriver(
+            raft,
+            machine,
+            _Host(self, node),
+            base_index=node.snapshot_index,
+            replay_until=storage.last_index(),
+            hard_state_written=(0, None)
+            if hard_state is None
+            else (hard_state.term, hard_state.vote),
+            fault=self.config.fault,
+        )
         return node
 
     def crash(self, sid: ServerId) -> None:
@@ -592,6 +559,81 @@ class World:
             target = self.rng.choice(others)
             self.log(f"{leader.id} asked to transfer leadership to {target}")
             self._step(leader, TransferLeadership(self.next_admin_request, target))
+
+
+class _Host:
+    """What the simulator does for one server's driver (``ReplicaHost``): writes go to
+    its simulated storage, durable at the next simulated sync; messages to the network."""
+
+    def __init__(self, world: World, node: SimNode) -> None:
+        self.world = world
+        self.node = node
+
+    def on_ready(self, rd: Ready) -> None:
+        for obs in self.world.observers:
+            obs.on_ready(self.world, self.node, rd)
+
+    def write_hard_state(self, hs: HardState) -> None:
+        self.node.storage.write(hs, None, [])
+        self.node.writing.append(None)
+
+    def install_snapshot(self, snapshot: Snapshot, given: list[Entry]) -> None:
+        node = self.node
+        node.storage.write(None, snapshot, [], given)
+        node.writing.append(SnapshotInstalled(snapshot.index, snapshot.term))
+        node.snapshot_index = snapshot.index
+        self.world.log(f"{node.id} installs snapshot at {snapshot.index}")
+
+    def append_entries(self, entries: list[Entry]) -> None:
+        self.node.storage.write(None, None, entries)
+        last = entries[-1]
+        self.node.writing.append(Persisted(last.index, last.term))
+
+    def writes_queued(self) -> None:
+        node, world = self.node, self.world
+        if not node.sync_scheduled:
+            node.sync_scheduled = True
+            epoch = node.epoch
+            world.schedule(
+                world.rng.randint(0, world.disk_ms_max), lambda: world._sync(node, epoch)
+            )
+
+    def send(self, message: Message) -> None:
+        for obs in self.world.observers:
+            obs.on_send(self.world, self.node, message)
+        self.world._send(message)
+
+    def applied(self, entry: Entry, reply: object, effects: list[MachineEffect]) -> None:
+        world, node = self.world, self.node
+        for effect in effects:
+            # Followers and leaders alike checkpoint; other effects are the runtime's.
+            if type(effect) is CheckpointRequest and entry.index > node.snapshot_index:
+                world._take_snapshot(node, entry.index, entry.term)
+        for obs in world.observers:
+            obs.on_applied(world, node, entry, reply)
+        world.workload.on_applied(world, node, entry, reply)
+
+    def passed(self, entry: Entry) -> None:
+        self.applied(entry, None, [])
+
+    def accepted(self, accepted: Accepted) -> None:
+        self.world.workload.on_accepted(self.world, self.node, accepted)
+
+    def rejected(self, rejected: Rejected) -> None:
+        self.world.workload.on_rejected(self.world, self.node, rejected)
+
+    def completed(self, completed: Completed) -> None:
+        self.world.log(
+            f"{self.node.id} completed request {completed.request_id} at {completed.index}"
+        )
+
+    def read_ready(self, read: ReadReady) -> None:
+        self.world.workload.on_read(self.world, self.node, read)
+
+    def repaired(self) -> None:
+        node = self.node
+        node.storage.finish_repair()
+        self.world.log(f"{node.id} repaired term={node.raft.term} vote={node.raft.vote}")
 
 
 __all__ = ["SimConfig", "SimNode", "StorageFactory", "WorkloadFactory", "World"]

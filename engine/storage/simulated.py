@@ -66,12 +66,14 @@ class SimDiskStorage:
         self.limits = limits
         self.compactions: list[CompactionResult] = []
         """What the compaction after each snapshot did (it survives reopens)."""
-        self._finish_repair = False
         self._open()
 
     def _open(self) -> None:
         self.node = NodeStorage.open(self.disk, self.limits)
         self.recovered = self.node.open_server(UID)
+        hs = self.recovered.hard_state
+        self._written_hs = None if hs is None else RaftHardState(hs.term, _vote(hs.vote), hs.commit)
+        self._durable = (self._written_hs, self._log.last_index())
 
     @property
     def _log(self) -> ServerLog:
@@ -116,19 +118,21 @@ class SimDiskStorage:
         if hard_state is not None:
             hs = HardState(hard_state.term, hard_state.vote, hard_state.commit)
             self.node.save_hard_state(UID, hs)
+            self._written_hs = hard_state
 
     def sync(self) -> None:
         for event in self.node.sync():
             assert not isinstance(event, WriteFailed), event
-        if self._finish_repair:
-            self._finish_repair = False
-            self.node.finish_repair(UID)
+        self._durable = (self._written_hs, self._log.last_index())
+
+    def durable(self) -> tuple[RaftHardState | None, int]:
+        return self._durable
 
     def repairing(self) -> bool:
         return self.node.repairing(UID)
 
     def finish_repair(self) -> None:
-        self._finish_repair = True
+        self.node.finish_repair(UID)
 
     def mark_damaged(self, error: EntryDamaged) -> None:
         self.node.mark_damaged(UID, error)
@@ -143,7 +147,6 @@ class SimDiskStorage:
     def crash(self, rng: random.Random, tear: bool) -> None:
         if tear and self.node.wal.pending():
             self.node.write_batch()  # written, maybe in part, never reported durable
-        self._finish_repair = False
         self.disk.crash(rng if tear else None)
         self._open()
 

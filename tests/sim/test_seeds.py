@@ -60,13 +60,24 @@ def test_a_broken_commit_rule_is_caught_within_the_ci_budget(fault: Fault) -> No
 def test_the_cli_prints_failures_and_a_summary(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--seeds", "2", "--steps", "500"]) == 0
     assert capsys.readouterr().out.splitlines()[-1].startswith("2 passed, 0 failed")
-    argv = ["--seeds", "3", "--first-seed", "2", "--fault", "commit_quorum_off_by_one"]
+    argv = ["--seeds", "3", "--first-seed", "7", "--fault", "commit_quorum_off_by_one"]
     assert main(argv) == 1
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("seed 3 FAILED") and out[1].startswith("    t=")
+    assert out[0].startswith("seed 9 FAILED") and out[1].startswith("    t=")
     assert out[-1].startswith("2 passed, 1 failed")
 
 
 def test_the_cli_runs_seeds_with_damaged_disks(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--seeds", "3", "--damage"]) == 0
     assert capsys.readouterr().out.splitlines()[-1].startswith("3 passed, 0 failed")
+
+
+def test_a_broken_durability_order_in_the_driver_is_caught_within_the_ci_budget() -> None:
+    """The simulator runs the server's replica driver (engine/runtime/driver.py): a driver
+    that sends votes and acknowledgements before their writes are durable is caught."""
+    for seed in range(CI_SEEDS):
+        result = run_seed(seed, fault=Fault.SEND_BEFORE_DURABLE)
+        if not result.passed:
+            assert any("durable" in v for v in result.violations), result.violations
+            return
+    pytest.fail(f"SEND_BEFORE_DURABLE went unnoticed in {CI_SEEDS} seeds")

@@ -1,0 +1,226 @@
+"""The replica driver: what every host of a Raft replica does with each ``Ready``, in
+the order durability requires, with no event loop, clock or I/O of its own.
+
+A host (the server's ``engine.runtime.node``, the simulator's ``engine.sim.world``) owns
+the I/O: it writes what the driver hands it, tells the driver when each write is
+durable, and runs the effects. The driver owns the ordering rules, so the simulator's
+seeds exercise the very code the server runs:
+
+* the term and vote are written before any message that depends on them goes out; the
+  commit index alone is never written (Raft learns it again), so it costs no fsync;
+* each ``Ready`` queues its writes as numbered operations; messages that must wait for
+  the disk (votes, append acknowledgements) go once every operation queued before them
+  is durable, in order;
+* a core that left repair mode has its vote in a write: the storage's repair marker
+  goes only once that write is durable;
+* committed entries apply to the machine once, after a checkpoint's (``base_index``).
+
+The host calls ``process`` after stepping the core and ``written`` once per operation,
+in the order the operations were queued.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Protocol
+
+from engine.raft.events import (
+    Accepted,
+    Completed,
+    Event,
+    HardState,
+    ReadReady,
+    Ready,
+    Rejected,
+)
+from engine.raft.log import Entry, EntryKind
+from engine.raft.machine import ApplyMeta, Machine, MachineEffect
+from engine.raft.messages import Message
+from engine.raft.options import Fault
+from engine.raft.server import RaftServer
+from engine.raft.snapshot import Snapshot
+
+
+class ReplicaHost(Protocol):
+    """The I/O and effects of one replica, as its host performs them."""
+
+    def on_ready(self, rd: Ready) -> None:
+        """Before ``rd`` is acted on (the simulator's checkers look at it)."""
+
+    def write_hard_state(self, hs: HardState) -> None:
+        """Queue a write of the term and vote: one operation."""
+
+    def install_snapshot(self, snapshot: Snapshot, given: list[Entry]) -> None:
+        """Queue the replacement of the log by ``snapshot`` (``given``: the live entries
+        this replica lacked): one operation. The driver restores the machine after."""
+
+    def append_entries(self, entries: list[Entry]) -> None:
+        """Queue a write of ``entries``: one operation."""
+
+    def writes_queued(self) -> None:
+        """The operations of one ``Ready`` are queued: start writing them."""
+
+    def send(self, message: Message) -> None: ...
+
+    def applied(self, entry: Entry, reply: object, effects: list[MachineEffect]) -> None:
+        """The machine applied command ``entry``: its reply and effects."""
+
+    def passed(self, entry: Entry) -> None:
+        """``entry`` is applied without the machine: not a command (a configuration, a
+        leader's first entry), or held by the state the machine was restored from."""
+
+    def accepted(self, accepted: Accepted) -> None: ...
+
+    def rejected(self, rejected: Rejected) -> None: ...
+
+    def completed(self, completed: Completed) -> None: ...
+
+    def read_ready(self, read: ReadReady) -> None: ...
+
+    def repaired(self) -> None:
+        """The repaired core's vote is durable: storage may forget that it was repairing."""
+
+
+class ReplicaDriver:
+    """Drives one replica's Raft core and machine for a host (see the module's rules)."""
+
+    __slots__ = (
+        "_send_at_once",
+        "after_persist",
+        "applied_index",
+        "applied_term",
+        "base_index",
+        "hard_state_written",
+        "host",
+        "machine",
+        "ops_done",
+        "ops_submitted",
+        "raft",
+        "repair_done_at_op",
+        "replay_until",
+    )
+
+    def __init__(
+        self,
+        raft: RaftServer,
+        machine: Machine,
+        host: ReplicaHost,
+        *,
+        base_index: int = 0,
+        replay_until: int = 0,
+        hard_state_written: tuple[int, str | None] = (0, None),
+        fault: Fault = Fault.NONE,
+    ) -> None:
+        self.raft = raft
+        self.machine = machine
+        self.host = host
+        self.base_index = base_index
+        """The machine was restored at this index: entries up to it are in its state and
+        are not applied again."""
+        self.replay_until = replay_until
+        """Entries up to this index were in the log at recovery: applying them is a
+        replay (the host throws leader-only effects of a replay away)."""
+        self.applied_index = raft.applied
+        self.applied_term = 0
+        self.hard_state_written = hard_state_written
+        """(term, vote) last queued for writing."""
+        self.ops_submitted = 0
+        self.ops_done = 0
+        self.after_persist: deque[tuple[int, list[Message]]] = deque()
+        """Messages to send once this many operations are durable, oldest first."""
+        self.repair_done_at_op = 0
+        """The core left repair mode: once this many operations are durable (its hard
+        state among them), storage's repair marker may go."""
+        self._send_at_once = fault is Fault.SEND_BEFORE_DURABLE
+
+    def step(self, event: Event) -> None:
+        self.raft.step(event)
+
+    def process(self) -> None:
+        """Act on every ``Ready`` the core has, until it has none. Storage errors the
+        core meets (``EntryDamaged``, ``StorageFailed``) reach the host."""
+        raft = self.raft
+        while True:
+            rd = raft.ready()
+            if rd.is_empty():
+                return
+            self.host.on_ready(rd)
+            self.handle(rd)
+
+    def handle(self, rd: Ready) -> None:
+        host = self.host
+        ops = 0
+        hs = rd.hard_state
+        if hs is not None and (hs.term, hs.vote) != self.hard_state_written:
+            # Term and vote must be durable before anything depending on them goes out;
+            # the commit index need not be, so a change of commit alone is not written.
+            host.write_hard_state(hs)
+            self.hard_state_written = (hs.term, hs.vote)
+            ops += 1
+        snapshot = rd.snapshot_to_install
+        if snapshot is not None:
+            host.install_snapshot(snapshot, rd.snapshot_entries)
+            self.machine.restore(snapshot.machine_state)
+            self.base_index = snapshot.index
+            self.applied_index, self.applied_term = snapshot.index, snapshot.term
+            ops += 1
+        if rd.entries_to_persist:
+            host.append_entries(rd.entries_to_persist)
+            ops += 1
+        if ops:
+            self.ops_submitted += ops
+            host.writes_queued()
+        for message in rd.messages:
+            host.send(message)
+        for acc in rd.accepted:
+            host.accepted(acc)
+        for rej in rd.rejected:
+            host.rejected(rej)
+        for done in rd.completed:
+            host.completed(done)
+        if rd.committed_entries:
+            self._apply(rd.committed_entries)
+        for read in rd.reads:
+            host.read_ready(read)
+        if rd.repaired:
+            assert self.ops_submitted > self.ops_done, "the vote of the repaired core is queued"
+            self.repair_done_at_op = self.ops_submitted
+        if rd.messages_after_persist:
+            if self._send_at_once or (
+                self.ops_done >= self.ops_submitted and not self.after_persist
+            ):
+                for message in rd.messages_after_persist:
+                    host.send(message)
+            else:
+                self.after_persist.append((self.ops_submitted, rd.messages_after_persist))
+
+    def _apply(self, entries: list[Entry]) -> None:
+        machine, host, base = self.machine, self.host, self.base_index
+        for e in entries:
+            self.applied_index, self.applied_term = e.index, e.term
+            if e.kind is EntryKind.COMMAND and e.index > base:
+                reply, effects = machine.apply(ApplyMeta(e.index, e.term, e.now_ms), e.data)
+                host.applied(e, reply, effects)
+            else:
+                host.passed(e)
+
+    def written(self, event: Event | None) -> None:
+        """The oldest operation not yet durable is: step the core with what it learns
+        (``Persisted``, ``SnapshotInstalled``; None for a hard state), send what waited
+        for it, and end a repair whose vote it held. ``process`` acts on the outcome."""
+        self.ops_done += 1
+        if event is not None:
+            self.raft.step(event)
+        if self.repair_done_at_op and self.ops_done >= self.repair_done_at_op:
+            self.repair_done_at_op = 0
+            self.host.repaired()
+        waiting = self.after_persist
+        while waiting and waiting[0][0] <= self.ops_done:
+            for message in waiting.popleft()[1]:
+                self.host.send(message)
+
+    def writes_pending(self) -> bool:
+        return self.ops_done < self.ops_submitted
+
+
+__all__ = ["ReplicaDriver", "ReplicaHost"]
