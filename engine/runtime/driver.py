@@ -32,12 +32,13 @@ from engine.raft.events import (
     ReadReady,
     Ready,
     Rejected,
+    SnapshotTaken,
 )
 from engine.raft.log import Entry, EntryKind
 from engine.raft.machine import ApplyMeta, Machine, MachineEffect
 from engine.raft.messages import Message
 from engine.raft.options import Fault
-from engine.raft.server import RaftServer
+from engine.raft.server import RaftServer, Role
 from engine.raft.snapshot import Snapshot
 
 
@@ -218,6 +219,22 @@ class ReplicaDriver:
         while waiting and waiting[0][0] <= self.ops_done:
             for message in waiting.popleft()[1]:
                 self.host.send(message)
+
+    def wants_snapshot(self, index: int) -> bool:
+        """Whether the core, leading, needs storage's snapshot at ``index``: a follower
+        lags behind it and the core does not hold it (a restarted leader starts from the
+        snapshot's index, term and configuration only)."""
+        raft = self.raft
+        if raft.role is not Role.LEADER or not raft.progress:
+            return False
+        if index <= (raft.snapshot.index if raft.snapshot is not None else 0):
+            return False
+        return not all(pr.match >= index for pr in raft.progress.values())
+
+    def offer_snapshot(self, snapshot: Snapshot | None) -> None:
+        """Hand the core storage's snapshot (``wants_snapshot``), if it has applied it."""
+        if snapshot is not None and snapshot.index <= self.raft.applied:
+            self.raft.step(SnapshotTaken(snapshot))
 
     def writes_pending(self) -> bool:
         return self.ops_done < self.ops_submitted

@@ -115,7 +115,6 @@ from engine.raft.events import (
     Receive,
     RemoveServer,
     SnapshotInstalled,
-    SnapshotTaken,
     Tick,
     TransferLeadership,
 )
@@ -961,21 +960,15 @@ class Node:
         """Hand the core the storage snapshot once a follower lags behind it (its entries
         are gone from the log). Built only then; it carries no payload: the core reads the
         live entries the follower lacks from the log as it sends them."""
-        raft = rep.raft
-        if raft.role is not Role.LEADER or not raft.progress:
-            return
         index = rep.log.snapshot_index()
-        if index <= (raft.snapshot.index if raft.snapshot is not None else 0):
-            return
-        if all(pr.match >= index for pr in raft.progress.values()):
+        if not rep.driver.wants_snapshot(index):
             return
         try:
             snapshot = self._raft_snapshot(rep.uid, index)
         except (StorageFailed, LookupError) as e:
             log.error("queue %s: snapshot for a lagging follower unavailable: %s", rep.name, e)
             return
-        if snapshot is not None and snapshot.index <= raft.applied:
-            raft.step(SnapshotTaken(snapshot))
+        rep.driver.offer_snapshot(snapshot)
 
     def _arm_expire(self, rep: Replica) -> None:
         if rep.expire_inflight or rep.failed is not None:

@@ -370,17 +370,8 @@ class World:
         raft.step(SnapshotTaken(snap))
 
     def _maybe_offer_snapshot(self, node: SimNode) -> None:
-        """As the runtime does: a restarted leader gets storage's snapshot once a
-        follower lags behind it (the core starts from its meta only)."""
-        raft = node.raft
-        index = node.storage.snapshot_index()
-        if raft.role is not Role.LEADER or index <= (raft.snapshot.index if raft.snapshot else 0):
-            return
-        if all(pr.match >= index for pr in raft.progress.values()):
-            return
-        snap = node.storage.snapshot()
-        if snap is not None and snap.index == index and index <= raft.applied:
-            raft.step(SnapshotTaken(snap))
+        if node.driver.wants_snapshot(node.storage.snapshot_index()):
+            node.driver.offer_snapshot(node.storage.snapshot())
 
     # --- servers ----------------------------------------------------------------------
 
