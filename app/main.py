@@ -104,7 +104,7 @@ def _lifespan(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state = app.state
-        state.ready, state.node, state.engine, state.migrations = False, None, "absent", None
+        state.ready, state.node, state.engine_status, state.migrations = False, None, "absent", None
         secret_key = await anyio.to_thread.run_sync(load_secret_key, settings.data_dir)
         state.session_signer = SessionSigner(secret_key, settings.session_ttl_s)
         state.passwords = PasswordWorkers(
@@ -123,12 +123,12 @@ def _lifespan(
             node, started = node_factory(settings), False
             try:
                 if node is not None:
-                    state.engine = "recovering"
+                    state.engine_status = "recovering"
                     node.set_record_listener(record_listener(db))
                     await node.start()
                     started = True
                     await queue_api.on_node_started(db, node)
-                    state.node, state.engine = node, "recovered"
+                    state.node, state.engine_status = node, "recovered"
                 # What start-up built (modules, queues, recovered state) lives as long as
                 # the process: move it out of the collector's sight so that a full
                 # collection does not walk it (about 200 ms with 1,000 queues). No
@@ -151,7 +151,7 @@ def _lifespan(
             finally:
                 gc.unfreeze()  # what stopping releases can be collected again
                 state.ready = False
-                state.node, state.engine = None, "absent"
+                state.node, state.engine_status = None, "absent"
                 if node is not None and started:
                     await node.stop()
         finally:
@@ -257,7 +257,7 @@ def create_app(
     # Templates are part of the release: checking each file's mtime on every render
     # (Jinja's default) costs a system call per page and per included template.
     app.state.templates.env.auto_reload = False
-    app.state.ready, app.state.node, app.state.engine, app.state.migrations = (
+    app.state.ready, app.state.node, app.state.engine_status, app.state.migrations = (
         False,
         None,
         "absent",

@@ -77,7 +77,7 @@ EngineStatus = Literal["absent", "recovering", "recovered"]
 
 
 def engine_status_of(state: State) -> EngineStatus:
-    status: EngineStatus = state.engine
+    status: EngineStatus = state.engine_status
     return status
 
 

@@ -388,7 +388,3 @@ def register_local_node(session: Session, *, name: str, api_url: str) -> NodeRec
     node.last_seen_at = utcnow()
     session.flush()
     return node
-
-
-def list_nodes(session: Session) -> Sequence[NodeRecord]:
-    return session.scalars(select(NodeRecord).order_by(NodeRecord.name)).all()

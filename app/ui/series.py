@@ -75,19 +75,6 @@ class Totals:
         held = self.ready + self.unacked
         return (self.memory_bytes - self.memory_fixed_bytes) / held if held else 0.0
 
-    def as_sample(self) -> Sample:
-        return Sample(
-            self.at_ms,
-            self.ready,
-            self.unacked,
-            self.publish_rate,
-            self.deliver_rate,
-            self.ack_rate,
-            self.memory_bytes,
-            self.consumers,
-            self.memory_fixed_bytes,
-        )
-
 
 def _int(stats: Mapping[str, object], key: str) -> int:
     value = stats.get(key, 0)

@@ -37,7 +37,7 @@ class RecordingNode:
         assert self.app is not None
         state = self.app.state
         # Migrations ran and admin exists before the engine starts; not ready yet.
-        assert state.migrations == "0001" and not state.ready and state.engine == "recovering"
+        assert state.migrations == "0001" and not state.ready and state.engine_status == "recovering"
         with state.db.transaction() as session:
             assert repo.get_user(session, "admin") is not None
         self.events.append("start")
@@ -68,7 +68,7 @@ def test_lifespan_orders_migrations_engine_ready_and_back(tmp_path: Path) -> Non
 
     async def run() -> None:
         async with app.router.lifespan_context(app):
-            assert app.state.ready and app.state.node is node and app.state.engine == "recovered"
+            assert app.state.ready and app.state.node is node and app.state.engine_status == "recovered"
             node.events.append("serving")
         assert app.state.node is None and not app.state.ready
 
@@ -83,7 +83,7 @@ def test_without_engine_the_app_is_ready_with_engine_absent(tmp_path: Path) -> N
 
     async def run() -> None:
         async with app.router.lifespan_context(app):
-            assert app.state.ready and app.state.node is None and app.state.engine == "absent"
+            assert app.state.ready and app.state.node is None and app.state.engine_status == "absent"
 
     anyio.run(run)
 
