@@ -53,7 +53,7 @@ class Replica:
     seal: ReceiptSeal
     """Makes and checks this queue's receipts."""
     driver: ReplicaDriver = field(init=False)
-    """Acts on the core's ``Ready``s in the order durability requires (``Node._host``)."""
+    """Acts on the core's ``Ready``s in the order durability requires (``Hosting.host``)."""
     failed: Exception | None = None
     closed: bool = False
     close_error: Exception | None = None
@@ -75,7 +75,7 @@ class Replica:
     inflight_publish_bytes: int = 0
     checkpoint: CheckpointInfo = field(default_factory=CheckpointInfo)
     meta_task: asyncio.Task[None] | None = None
-    """Writes ``meta`` to its file after a change (``Node._write_meta``)."""
+    """Writes ``meta`` to its file after a change (``Catalog.write_meta``)."""
     bytes_since_capture: int = 0
     """Log bytes applied since the machine was last captured for a checkpoint (or
     restored): what a restart would apply again, bounded by

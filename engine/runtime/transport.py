@@ -5,16 +5,18 @@ Rule: a node talks to its peers only through a ``Transport``. Two kinds of traff
 * ``send(dst, uid, message)``: one Raft message of the group ``uid``, fire and forget.
   Raft tolerates loss, delay, reordering and repetition, so the transport promises none
   of these away.
-* ``call(dst, method, args)``: a request to the node ``dst`` (create a replica, a client
-  operation forwarded to the queue's leader) that returns the peer's answer or raises
-  its operating error (``engine.errors``).
+* ``call(dst, call)``: a request to the node ``dst`` (create a replica, a client
+  operation forwarded to the queue's leader), one typed call of
+  ``engine.runtime.routing``, that returns the peer's answer or raises its operating
+  error (``engine.errors``).
 
-Every value crossing a transport is a frozen dataclass of ``engine.raft.messages`` or
-``engine.runtime.api``, or plain ints, strings, bytes, lists and dicts: what a TCP
-transport with msgpack frames (a later issue) encodes. ``InMemoryNetwork`` joins several
-``Node`` objects of one process and one event loop; it delivers each message on a later
-turn of the loop (never re-entrantly), by default through the bytes of
-``engine.runtime.wire``, and can cut a node off to simulate a crash or a partition.
+Every value crossing a transport is a frozen dataclass of ``engine.raft.messages``,
+``engine.runtime.api`` or ``engine.runtime.routing``, or plain ints, strings, bytes,
+lists and dicts: what a TCP transport with msgpack frames (a later issue) encodes.
+``InMemoryNetwork`` joins several ``Node`` objects of one process and one event loop; it
+delivers each message on a later turn of the loop (never re-entrantly), by default
+through the bytes of ``engine.runtime.wire``, and can cut a node off to simulate a crash
+or a partition.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from engine.errors import NoLeader, QuorraError
 from engine.ids import NodeName
 from engine.raft.messages import Message
 from engine.runtime import wire
+from engine.runtime.routing import NodeCall
 
 
 class Peer(Protocol):
@@ -33,7 +36,7 @@ class Peer(Protocol):
 
     def on_raft_message(self, uid: str, message: Message) -> None: ...
 
-    async def on_call(self, method: str, args: tuple[object, ...]) -> object: ...
+    async def on_call(self, call: NodeCall) -> object: ...
 
 
 class Transport(Protocol):
@@ -51,7 +54,7 @@ class Transport(Protocol):
 
     def send(self, dst: NodeName, uid: str, message: Message) -> None: ...
 
-    async def call(self, dst: NodeName, method: str, args: tuple[object, ...]) -> object: ...
+    async def call(self, dst: NodeName, call: NodeCall) -> object: ...
 
 
 class InMemoryNetwork:
@@ -108,16 +111,16 @@ class InMemoryTransport:
             message = wire.decode(wire.encode(message))
         asyncio.get_running_loop().call_soon(peer.on_raft_message, uid, message)
 
-    async def call(self, dst: NodeName, method: str, args: tuple[object, ...]) -> object:
+    async def call(self, dst: NodeName, call: NodeCall) -> object:
         peer = self._network._reachable(self._name, dst)
         if peer is None:
             raise NoLeader(f"node {dst} is unreachable")
         await asyncio.sleep(0)
         if not self._network.wire:
-            return await peer.on_call(method, args)
-        decoded_args = tuple(wire.decode(wire.encode(list(args))))
+            return await peer.on_call(call)
+        decoded = wire.decode(wire.encode(call))
         try:
-            answer = await peer.on_call(method, decoded_args)
+            answer = await peer.on_call(decoded)
         except QuorraError as error:
             raise wire.decode(wire.encode(error)) from None
         return wire.decode(wire.encode(answer))
@@ -141,7 +144,7 @@ class LocalTransport:
     def send(self, dst: NodeName, uid: str, message: Message) -> None:
         raise AssertionError(f"a single node sends no Raft message (to {dst})")
 
-    async def call(self, dst: NodeName, method: str, args: tuple[object, ...]) -> object:
+    async def call(self, dst: NodeName, call: NodeCall) -> object:
         raise NoLeader(f"node {dst} is not part of this cluster")
 
 

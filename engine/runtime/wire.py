@@ -1,7 +1,7 @@
 """The bytes of what crosses a transport: msgpack, with frozen dataclasses as extension types.
 
-Rule: every value a ``Transport`` carries (Raft messages, the arguments and answers of
-node-to-node calls, operating errors) encodes to one msgpack document and decodes to an
+Rule: every value a ``Transport`` carries (Raft messages, node-to-node calls
+(``engine.runtime.routing``) and their answers, operating errors) encodes to one msgpack document and decodes to an
 equal value. A dataclass is the extension type ``DATACLASS`` holding ``[type name,
 [field values...]]`` in field order, rebuilt by field name; only the types registered here
 decode, so a peer cannot make this node build anything else. An operating error travels as ``ERROR``: ``[class name,
@@ -40,6 +40,7 @@ from engine.runtime.api import (
     SettleResult,
 )
 from engine.runtime.meta import QueueMeta
+from engine.runtime.routing import CALL_TYPES
 
 DATACLASS = 1
 ERROR = 2
@@ -64,6 +65,7 @@ _TYPES: dict[str, type[Any]] = {
         BrowsedMessage,
         SettleResult,
         QueueInfo,
+        *CALL_TYPES,
     )
 }
 _FIELD_NAMES: dict[str, tuple[str, ...]] = {

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from pyroaring import BitMap64
 
-import engine.runtime.node as node_module
+import engine.runtime.checkpoints as checkpoints_module
 import engine.storage.checkpoint as checkpoint_module
 from app.ui.reads import EngineReads
 from app.ui.series import SeriesStore, sample_round
@@ -38,7 +38,7 @@ def test_a_restart_knows_the_checkpoint_size_without_encoding_it(
             raise AssertionError("a checkpoint was encoded at start")
 
         monkeypatch.setattr(checkpoint_module, "encode_checkpoint", refused)
-        monkeypatch.setattr(node_module, "encode_checkpoint", refused, raising=False)
+        monkeypatch.setattr(checkpoints_module, "encode_checkpoint", refused, raising=False)
         node = await started(tmp_path)
         try:
             stats = node.stats("q")["checkpoint"]

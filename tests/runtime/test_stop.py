@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from engine.errors import NoLeader, QuorraError
-from engine.runtime import Node, meta
+from engine.runtime import catalog, meta
 from engine.runtime import node as node_module
 from engine.storage import Checkpoint, Disk, NodeStorage
 from engine.storage.checkpoint import CheckpointStore
@@ -23,7 +23,7 @@ def test_storage_closes_only_after_a_checkpoint_write_in_flight_finished(
 ) -> None:
     entered, release = threading.Event(), threading.Event()
     events: list[str] = []
-    write, close, close_files = CheckpointStore.write, NodeStorage.close, Node._close_files
+    write, close, close_files = CheckpointStore.write, NodeStorage.close, node_module._close_files
 
     def slow_write(store: CheckpointStore, cp: Checkpoint) -> int:
         entered.set()
@@ -42,7 +42,7 @@ def test_storage_closes_only_after_a_checkpoint_write_in_flight_finished(
 
     monkeypatch.setattr(CheckpointStore, "write", slow_write)
     monkeypatch.setattr(NodeStorage, "close", recorded_close)
-    monkeypatch.setattr(Node, "_close_files", staticmethod(recorded_close_files))
+    monkeypatch.setattr(node_module, "_close_files", recorded_close_files)
 
     async def body() -> None:
         node = await started(tmp_path)
@@ -104,7 +104,7 @@ def test_definitions_are_written_off_the_loop_and_a_deletion_stays(
         threads.append(threading.current_thread())
         write(disk, queue)
 
-    monkeypatch.setattr(node_module, "write_meta", recorded)
+    monkeypatch.setattr(catalog, "write_meta", recorded)
 
     async def body() -> None:
         node = await started(tmp_path)

@@ -1,0 +1,264 @@
+"""The queue catalog of a node: the definitions (``queue.meta``) of the queues it hosts.
+
+Rule: a queue exists on a node while its definition file does. A create writes the
+definition before the replica is hosted; a delete removes it before storage removes
+the replica's files, so that a crash in between leaves an orphan that the next start
+drops (``open_storage``). A definition that changes (policy, members) is written again by
+a worker, one write at a time per replica, the newest last (``write_meta``). A create
+or delete reaches every member through the transport (``CreateReplica``,
+``DeleteReplica``); a create that failed half-way is completed by its retry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import shutil
+import uuid
+from typing import TYPE_CHECKING
+
+from engine.errors import NoLeader, QueueConflict, QueueNotFound, ValidationFailed
+from engine.ids import NodeName
+from engine.queue import PolicyChanged, encode_policy
+from engine.runtime.api import QueueArgs, QueueInfo
+from engine.runtime.meta import (
+    QueueMeta,
+    args_with,
+    check_args,
+    check_name,
+    meta_path,
+    read_meta,
+    write_meta,
+)
+from engine.runtime.replica import Replica
+from engine.runtime.routing import CreateReplica, DeleteReplica, UpdatePolicyCall
+from engine.storage import Disk, NodeStorage, OsDisk
+
+if TYPE_CHECKING:
+    from engine.runtime.node import Node
+
+log = logging.getLogger("quorra.engine")
+
+
+class Catalog:
+    """Creates, lists, changes and deletes the queues of a node."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.unreadable: set[str] = set()
+        """Queue directories whose definition is unreadable: kept, served by nobody."""
+
+    def open_storage(self) -> tuple[NodeStorage, list[QueueMeta]]:
+        """In a worker, which owns the storage until ``start`` takes it over: recover it,
+        flush what the WAL holds, read the queue definitions, drop orphans."""
+        node = self.node
+        storage = NodeStorage.open(OsDisk(str(node.data_dir)), node.limits)
+        error = storage.flush_segments()
+        if error is not None:  # nothing is lost: the WAL files stay until a later flush
+            log.error("start: segment flush failed: %s", error.detail)
+        metas = self.read_metas(storage.disk)
+        self.drop_orphans(storage, {m.uid for m in metas})
+        return storage, metas
+
+    def read_metas(self, disk: Disk) -> list[QueueMeta]:
+        metas = []
+        for uid in disk.listdir("queues"):
+            meta = read_meta(disk, uid)
+            if meta is not None:
+                metas.append(meta)
+            elif disk.exists(meta_path(uid)):
+                # Unreadable, not absent: keep the data for an operator, serve nothing.
+                log.error("queue directory %s: definition unreadable, left alone", uid)
+                self.unreadable.add(uid)
+        return sorted(metas, key=lambda m: m.name)
+
+    def drop_orphans(self, storage: NodeStorage, uids: set[str]) -> None:
+        """Directories and logs without a definition are remains of a deleted queue (the
+        definition is removed first and written first)."""
+        keep = uids | self.unreadable
+        for uid in storage.servers():
+            if uid not in keep:
+                storage.remove_server(uid)  # the WAL writer is not running yet
+        for uid in storage.disk.listdir("queues"):
+            if uid not in keep:
+                shutil.rmtree(self.node.data_dir / "queues" / uid, ignore_errors=True)
+
+    def queues(self) -> list[QueueInfo]:
+        node = self.node
+        metas = [rep.meta for rep in node._replicas.values()]
+        metas += [meta for meta, _e in node._failed.values()]
+        return [queue_info(m) for m in sorted(metas, key=lambda m: m.name)]
+
+    async def create_queue(self, name: str, args: QueueArgs) -> tuple[QueueInfo, bool]:
+        node = self.node
+        check_name(name)
+        nodes = node.transport.nodes()
+        args = check_args(args, node.limits, len(nodes))
+        async with node._admit():
+            existing = self.known(name)
+            if existing is not None:
+                info = self.same_or_conflict(existing, args)
+                await self.ensure_replicas(existing)
+                return info, False
+            assert args.replicas is not None
+            start = nodes.index(node.name)
+            members = tuple(sorted((nodes[start:] + nodes[:start])[: args.replicas]))
+            meta = QueueMeta(name, uuid.uuid4().hex, args, node.clock.wall_ms(), members)
+            for member in members:
+                if member == node.name:
+                    await self.create_replica(meta)
+                else:
+                    await node.transport.call(NodeName(member), CreateReplica(meta))
+            rep = node._replicas.get(name)
+            if rep is not None:
+                with contextlib.suppress(NoLeader):
+                    await node._router.leader_node(rep)
+                # Ready to serve once the first leader's no-op entry applied here.
+                loop = node._need_loop()
+                deadline = loop.time() + node.limits.leader_wait_ms / 1000
+                while rep.applied_index == 0 and loop.time() < deadline and not rep.closed:
+                    await asyncio.sleep(0.005)
+            return queue_info(meta), True
+
+    async def ensure_replicas(self, meta: QueueMeta) -> None:
+        """A create that failed half-way (a member was down) is completed by its retry."""
+        node = self.node
+        for member in meta.members:
+            if member != node.name:
+                with contextlib.suppress(NoLeader):
+                    await node.transport.call(NodeName(member), CreateReplica(meta))
+
+    def known(self, name: str) -> QueueMeta | None:
+        node = self.node
+        rep = node._replicas.get(name)
+        if rep is not None:
+            return rep.meta
+        failed = node._failed.get(name)
+        return failed[0] if failed else None
+
+    @staticmethod
+    def same_or_conflict(meta: QueueMeta, args: QueueArgs) -> QueueInfo:
+        if meta.args != args:
+            raise QueueConflict(f"queue {meta.name} exists with other arguments")
+        return queue_info(meta)
+
+    async def create_replica(self, meta: QueueMeta) -> None:
+        node = self.node
+        async with node._create_lock:
+            known = self.known(meta.name)
+            if known is not None:
+                if known.uid != meta.uid:
+                    raise QueueConflict(f"queue {meta.name} exists on {node.name}")
+                return
+            if len(node._replicas) >= node.limits.queues_per_node_max:
+                raise ValidationFailed(
+                    f"a node hosts at most {node.limits.queues_per_node_max} queues"
+                )
+            storage = node._need_storage()
+            await asyncio.to_thread(write_meta, storage.disk, meta)
+            rep = node._hosting.host(meta)
+            node._hosting.schedule(rep)
+
+    async def delete_queue(self, name: str) -> None:
+        node = self.node
+        async with node._admit():
+            meta = self.known(name)
+            if meta is None:
+                raise QueueNotFound(f"no queue {name}")
+            for member in meta.members:
+                if member == node.name:
+                    await self.delete_replica(meta.uid)
+                else:
+                    with contextlib.suppress(NoLeader, QueueNotFound):
+                        await node.transport.call(NodeName(member), DeleteReplica(meta.uid))
+
+    async def delete_replica(self, uid: str) -> None:
+        node = self.node
+        rep = node._by_uid.pop(uid, None)
+        if rep is not None:
+            node._replicas.pop(rep.name, None)
+            node._hosting.close_replica(rep, QueueNotFound(f"queue {rep.name} was deleted"))
+            if rep.meta_task is not None:  # a definition being written: removed after it
+                await asyncio.wait([rep.meta_task])
+        for name, (meta, _e) in list(node._failed.items()):
+            if meta.uid == uid:
+                del node._failed[name]
+        storage = node._need_storage()
+        # The definition goes first: a crash after it leaves an orphan, removed at start.
+        # Storage then removes the directory itself, which must hold none of our files.
+        for path in (meta_path(uid), meta_path(uid) + ".tmp"):
+            if storage.disk.exists(path):
+                await asyncio.to_thread(storage.disk.remove, path)
+        if storage.disk.exists(f"queues/{uid}"):
+            await asyncio.to_thread(storage.disk.sync_dir, f"queues/{uid}")
+        removed: asyncio.Future[None] = node._need_loop().create_future()
+        node._removed[uid] = removed
+        self.forget_storage(uid)
+        try:
+            await asyncio.wait_for(removed, node.limits.proposal_timeout_ms / 1000)
+        except TimeoutError:
+            log.warning("queue %s: removal not confirmed by storage yet", uid)
+        finally:
+            node._removed.pop(uid, None)
+
+    def forget_storage(self, uid: str) -> None:
+        """Drop server ``uid`` from storage: a forget record goes through the WAL, then
+        storage deletes its files (finished at recovery after a crash)."""
+        node = self.node
+        node._need_storage().remove_server(uid)
+        if node._writer is not None:
+            node._writer.wake()
+
+    async def update_policy(self, name: str, changes: dict[str, object]) -> QueueInfo:
+        node = self.node
+        rep = node._replica(name)
+        args_with(rep.meta.args, changes, node.limits)
+        async with node._admit():
+            result = await node._router.route(UpdatePolicyCall(name, changes))
+        assert isinstance(result, QueueInfo)
+        return result
+
+    async def update_policy_local(self, rep: Replica, changes: dict[str, object]) -> QueueInfo:
+        args_with(rep.meta.args, changes, self.node.limits)
+        reply = await self.node._propose(rep, encode_policy(changes))
+        assert isinstance(reply, PolicyChanged), reply
+        return queue_info(rep.meta)
+
+    def policy_changed(self, rep: Replica) -> None:
+        policy = rep.machine.policy
+        changes = {name: getattr(policy, name) for name in policy.to_wire()}
+        args = dataclasses.replace(rep.meta.args, **changes)
+        rep.meta = dataclasses.replace(rep.meta, args=args)
+        self.write_meta(rep)
+
+    def write_meta(self, rep: Replica) -> None:
+        """Write the replica's definition after a change (policy, members), so that a
+        later start lists it: in a worker, one write at a time per replica, the newest
+        definition last. A stop waits for it (a job); a deletion too, before it removes
+        the file."""
+        if rep.meta_task is None:
+            rep.meta_task = self.node._need_loop().create_task(self.write_metas(rep))
+
+    async def write_metas(self, rep: Replica) -> None:
+        node = self.node
+        disk = node._need_storage().disk
+        written: QueueMeta | None = None
+        try:
+            async with node._job():
+                # A deleted replica is no longer in ``_by_uid``: its file stays removed.
+                while rep.meta is not written and node._by_uid.get(rep.uid) is rep:
+                    written = rep.meta
+                    await node._in_worker(write_meta, disk, written)
+        except OSError as e:
+            log.error("queue %s: definition not written: %s", rep.name, e)
+        finally:
+            rep.meta_task = None
+
+
+def queue_info(meta: QueueMeta) -> QueueInfo:
+    return QueueInfo(meta.name, meta.uid, meta.args, meta.created_at_ms)
+
+
+__all__ = ["Catalog", "queue_info"]

@@ -1,0 +1,196 @@
+"""Checkpoints and compaction of the replicas a node hosts.
+
+Rule: the machine is captured on the loop before the next entry applies (``capture``:
+a frozen view, no copy), encoded and written by a worker, and the file is finished on
+the loop; storage objects are touched only on the loop. Writes, cursor releases and
+compactions of one queue take turns under its ``disk_lock``. A checkpoint is taken when
+the machine asks (``CheckpointRequest``), once ``Limits.replay_bytes_max`` of the log
+has applied since the last one, at a clean stop (``STOP_CHECKPOINT_BYTES_MIN``), and on
+demand; compaction follows each automatic one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from engine.errors import NoLeader, StorageFailed, ValidationFailed
+from engine.queue.machine import FrozenMachine
+from engine.runtime import observe
+from engine.runtime.api import (
+    CheckpointRecord,
+    CompactionPhase,
+    CompactionRecord,
+    RecordListener,
+    Trigger,
+)
+from engine.runtime.replica import CheckpointInfo, Replica
+from engine.storage import Checkpoint
+from engine.storage.flush import CheckpointWrite
+
+if TYPE_CHECKING:
+    from engine.runtime.node import Node
+
+log = logging.getLogger("quorra.engine")
+
+STOP_CHECKPOINT_BYTES_MIN = 1 << 20
+"""A clean stop checkpoints a queue that applied at least this much since its last
+checkpoint, so that the next start applies next to nothing again."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Captured:
+    """A checkpoint taken on the loop but not yet encoded: ``build`` copies the ready
+    refs out of the frozen pages, off the event loop (``QueueMachine.freeze``)."""
+
+    index: int
+    term: int
+    machine_version: int
+    config: bytes
+    frozen: FrozenMachine
+
+    def build(self) -> Checkpoint:
+        live, state = self.frozen.live_indexes(), self.frozen.encode()
+        return Checkpoint(self.index, self.term, self.machine_version, self.config, live, state)
+
+
+class Checkpoints:
+    """The node's checkpoint and compaction runs, and the listener told of each."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.listener: RecordListener | None = None
+
+    def capture(self, rep: Replica, index: int, term: int) -> Captured:
+        """The machine state as of ``index``, taken before the next entry applies: frozen
+        here, encoded by the worker that writes it (``Captured.build``)."""
+        rep.bytes_since_capture = 0
+        config = rep.raft.config_at(index).encode()
+        return Captured(index, term, rep.machine.version, config, rep.machine.freeze())
+
+    async def auto_checkpoint(
+        self, rep: Replica, cp: Captured | None, release_index: int | None
+    ) -> None:
+        try:
+            async with rep.disk_lock:
+                if cp is not None:
+                    record = await self.write(rep, cp, "auto")
+                    await self.notify(record)
+                if cp is not None or release_index is not None:
+                    # Compaction runs after each checkpoint (and when the machine releases
+                    # its prefix): promote the newest checkpoint, then the phases, cheapest
+                    # first, until dead entries are within the configured ratio.
+                    compaction = await self.compact_locked(rep, "auto", "auto")
+                    if compaction.phase != "none":
+                        await self.notify(compaction)
+        except (StorageFailed, OSError) as e:
+            log.error("queue %s: checkpoint failed: %s", rep.name, e)
+
+    async def write(self, rep: Replica, cp: Captured, trigger: Trigger) -> CheckpointRecord:
+        node = self.node
+        storage = node._need_storage()
+        started = time.perf_counter()
+        taken_at = node.clock.wall_ms()
+        async with node._job():
+            job = storage.prepare_checkpoint(rep.uid)
+            try:
+                live_entries = await node._in_worker(_write_checkpoint, job, cp)
+            finally:
+                storage.finish_checkpoint(job)
+        size = job.bytes
+        if cp.index >= rep.checkpoint.index:
+            rep.checkpoint = CheckpointInfo(cp.index, taken_at, size)
+        return CheckpointRecord(
+            queue=rep.name,
+            index=cp.index,
+            term=cp.term,
+            taken_at_ms=taken_at,
+            bytes=size,
+            live_entries=live_entries,
+            trigger=trigger,
+            duration_ms=round((time.perf_counter() - started) * 1000, 3),
+        )
+
+    async def notify(self, record: CheckpointRecord | CompactionRecord) -> None:
+        if self.listener is None:
+            return
+        try:
+            await self.listener(record)
+        except Exception:  # the listener belongs to the app; its failure is not ours
+            log.exception("record listener failed")
+
+    async def checkpoint(self, name: str, trigger: Trigger) -> CheckpointRecord:
+        node = self.node
+        rep = node._replica(name)
+        if rep.failed is not None:
+            raise rep.failed
+        if rep.applied_index == 0 or rep.applied_term == 0:
+            raise NoLeader(f"queue {name}: nothing applied yet, retry")
+        async with node._admit():
+            cp = self.capture(rep, rep.applied_index, rep.applied_term)
+            async with rep.disk_lock:
+                record = await self.write(rep, cp, trigger)
+        if trigger == "auto":
+            await self.notify(record)
+        return record
+
+    async def compact(
+        self, name: str, phase: CompactionPhase, trigger: Trigger
+    ) -> CompactionRecord:
+        """Storage compaction (``engine.storage.compaction``): ``auto`` and 1 first make
+        the newest checkpoint the snapshot. Planned and applied on the loop, its I/O in
+        a worker; ``phase`` of the record lists the phases that ran ("none" if none)."""
+        node = self.node
+        rep = node._replica(name)
+        if phase not in ("auto", 1, 2, 3):
+            raise ValidationFailed("phase is auto, 1, 2 or 3")
+        async with node._admit(), rep.disk_lock:
+            return await self.compact_locked(rep, phase, trigger)
+
+    async def compact_locked(
+        self, rep: Replica, phase: CompactionPhase, trigger: Trigger
+    ) -> CompactionRecord:
+        """One compaction run; the caller holds ``rep.disk_lock``."""
+        node = self.node
+        storage = node._need_storage()
+        started_ms, before = node.clock.wall_ms(), observe.segment_totals(rep)
+        async with node._job():
+            job = storage.prepare_compaction(rep.uid, phase)
+            await node._in_worker(job.run)
+            result = storage.finish_compaction(job)
+        ran = ",".join(str(p) for p in result.phases) or "none"
+        duration_ms = result.duration_s * 1000
+        return observe.compaction_record(rep, ran, trigger, started_ms, duration_ms, before)
+
+    async def before_stop(self) -> None:
+        """Checkpoint every queue with ``STOP_CHECKPOINT_BYTES_MIN`` applied since its
+        last checkpoint: a restart after a clean stop then restores the machine and
+        applies nothing of the log (up to ``Limits.replay_bytes_max`` otherwise)."""
+        for rep in list(self.node._replicas.values()):
+            if (
+                rep.failed is not None
+                or rep.closed
+                or rep.applied_term == 0
+                or rep.bytes_since_capture < STOP_CHECKPOINT_BYTES_MIN
+            ):
+                continue
+            cp = self.capture(rep, rep.applied_index, rep.applied_term)
+            try:
+                async with rep.disk_lock:
+                    record = await self.write(rep, cp, "auto")
+            except (StorageFailed, OSError) as e:
+                log.error("queue %s: checkpoint at stop failed: %s", rep.name, e)
+                continue
+            await self.notify(record)
+
+
+def _write_checkpoint(job: CheckpointWrite, captured: Captured) -> int:
+    """On a worker: encode and write (touches no storage object); the live entries."""
+    cp = captured.build()
+    job.write(cp)
+    return len(cp.live_indexes)
+
+
+__all__ = ["STOP_CHECKPOINT_BYTES_MIN", "Captured", "Checkpoints"]

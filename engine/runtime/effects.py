@@ -1,0 +1,94 @@
+"""Applying: what a node does as each committed entry of a replica applies.
+
+Rule: the driver applies each entry once; here its reply resolves the proposal waiting
+on its index (with the proposal's term it succeeded, with another it was lost: the
+caller gets ``NoLeader`` and retries) and its effects run. Leader-only effects (wake
+long polls, dead-letter) run only on the leader and never during replay, which throws
+them away (the machine repeats what must happen: unconfirmed dead letters are emitted
+again); checkpoint requests and cursor releases run on every replica.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from engine.errors import NoLeader, QuorraError
+from engine.queue import DeadLetter, Expired, MessagesAvailable, PolicyChanged, Rejected
+from engine.raft.log import Entry, EntryKind
+from engine.raft.machine import CheckpointRequest, MachineEffect, ReleaseCursor
+from engine.raft.server import Role
+from engine.runtime.checkpoints import Captured
+from engine.runtime.replica import Proposal, Replica
+
+if TYPE_CHECKING:
+    from engine.runtime.node import Node
+
+
+class Effects:
+    """Resolves a replica's proposals and runs its effects as entries apply."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    def applied(self, rep: Replica, e: Entry, reply: object, effects: list[MachineEffect]) -> None:
+        rep.bytes_since_capture += len(e.data)
+        if effects or rep.bytes_since_capture >= self.node.limits.replay_bytes_max:
+            # Replay throws leader-only effects away (the machine repeats what must
+            # happen: unconfirmed dead letters are emitted again).
+            leader = rep.raft.role is Role.LEADER and e.index > rep.driver.replay_until
+            self.perform(rep, effects, e, leader)
+        if isinstance(reply, PolicyChanged):
+            self.node._catalog.policy_changed(rep)
+        elif isinstance(reply, Expired):
+            rep.expire_inflight = False
+        p = rep.waiting.pop(e.index, None)
+        if p is not None and not p.future.done():
+            self.resolve(rep, p, e, reply)
+
+    def passed(self, rep: Replica, e: Entry) -> None:
+        p = rep.waiting.pop(e.index, None)
+        if p is not None and not p.future.done():
+            self.resolve(rep, p, e, None)
+
+    @staticmethod
+    def resolve(rep: Replica, p: Proposal, e: Entry, reply: object) -> None:
+        if p.term != e.term or e.kind is not EntryKind.COMMAND:
+            p.future.set_exception(NoLeader(f"queue {rep.name}: leadership changed, retry"))
+        elif isinstance(reply, Rejected):
+            p.future.set_exception(reply.to_error())
+        else:
+            try:
+                p.future.set_result(p.on_applied(reply) if p.on_applied else reply)
+            except QuorraError as err:
+                p.future.set_exception(err)
+
+    def perform(self, rep: Replica, effects: list[MachineEffect], e: Entry, leader: bool) -> None:
+        node = self.node
+        checkpoints = node._checkpoints
+        checkpoint: Captured | None = None
+        for effect in effects:
+            if isinstance(effect, MessagesAvailable):
+                if leader:
+                    rep.available_seq += 1
+                    for f in rep.available_waiters:
+                        if not f.done():
+                            f.set_result(None)
+                    rep.available_waiters.clear()
+            elif isinstance(effect, DeadLetter):
+                if leader:
+                    node._spawn(node._dead_letters.dead_letter(rep, effect))
+            elif isinstance(effect, CheckpointRequest):
+                checkpoint = checkpoints.capture(rep, effect.index, e.term)
+            elif isinstance(effect, ReleaseCursor):
+                node._spawn(checkpoints.auto_checkpoint(rep, checkpoint, effect.index))
+                checkpoint = None
+        if checkpoint is None and rep.bytes_since_capture >= node.limits.replay_bytes_max:
+            # The machine asks for checkpoints when dead entries pile up; a queue whose
+            # messages all stay gets one here, so that a restart applies at most this
+            # much of the log again whatever the depth of the queue.
+            checkpoint = checkpoints.capture(rep, e.index, e.term)
+        if checkpoint is not None:
+            node._spawn(checkpoints.auto_checkpoint(rep, checkpoint, None))
+
+
+__all__ = ["Effects"]

@@ -1,0 +1,451 @@
+"""Hosting: a node's replicas on its event loop, their storage and their Raft traffic.
+
+Rule: every replica's core and machine change only on the loop. An event (a proposal,
+a Raft message, a timer, a finished WAL batch) is stepped into the core at once, and
+the replica is scheduled for one ``process`` on the next turn of the loop, so that the
+proposals of one turn become one ``Ready`` and one WAL append. ``process`` hands the
+``Ready`` to the replica's driver (``engine.runtime.driver``), which calls back the
+replica's ``ReplicaIo``: writes go to the shared WAL, messages to the transport,
+applied entries to ``effects``. The WAL writer thread hands finished batches back in
+order (``on_wal_batch_threadsafe``); each tells the driver which write is durable.
+
+A replica whose storage failed refuses further writes (``fail``); one that read damaged
+data stops serving and is repaired from its peers at the next start (``damaged``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections import deque
+from typing import TYPE_CHECKING, cast
+
+from pyroaring import BitMap64
+
+from engine.errors import (
+    Backpressure,
+    EntryDamaged,
+    NoLeader,
+    QueueConflict,
+    QuorraError,
+    StorageFailed,
+)
+from engine.ids import NodeName, ServerId
+from engine.queue import QueueMachine, ReceiptSeal
+from engine.raft.config import EMPTY_CONFIGURATION, Configuration
+from engine.raft.events import (
+    Accepted,
+    Completed,
+    ReadReady,
+    Ready,
+    SnapshotInstalled,
+    Tick,
+)
+from engine.raft.events import HardState as RaftHardState
+from engine.raft.events import Persisted as RaftPersisted
+from engine.raft.events import Rejected as RaftRejected
+from engine.raft.log import Entry
+from engine.raft.machine import MachineEffect
+from engine.raft.messages import Message
+from engine.raft.server import RaftOptions, RaftServer, Role
+from engine.raft.snapshot import Snapshot, SnapshotMeta
+from engine.runtime import observe
+from engine.runtime.driver import ReplicaDriver
+from engine.runtime.meta import QueueMeta, policy_of
+from engine.runtime.replica import CheckpointInfo, Replica, node_of, server_id
+from engine.storage import (
+    Checkpoint,
+    HardStateSaved,
+    Persisted,
+    Removed,
+    ServerLog,
+    SnapshotReset,
+    WalBatch,
+    WriteFailed,
+)
+from engine.storage.wal import AppendOp, HardState, HardStateOp
+
+if TYPE_CHECKING:
+    from engine.runtime.node import Node
+
+log = logging.getLogger("quorra.engine")
+
+
+class Hosting:
+    """Opens, drives and closes the replicas of a node."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.rng = random.Random()
+        """Seeds each replica's core (election timeouts)."""
+        self.batches: deque[WalBatch] = deque()
+        """Finished WAL batches handed over by the writer thread, in order."""
+        self.flush_task: asyncio.Task[None] | None = None
+
+    # --- opening and closing -----------------------------------------------------------
+
+    def host(self, meta: QueueMeta) -> Replica:
+        """Open the replica's storage, restore its machine and start its Raft server."""
+        node = self.node
+        storage = node._need_storage()
+        # A lone member cannot be repaired: damage then refuses it, its files untouched.
+        rec = storage.open_server(meta.uid, repairable=len(meta.members) > 1)
+        machine = QueueMachine(policy_of(meta.args, node.limits), node.limits)
+        base = 0
+        checkpoint = CheckpointInfo()
+        if rec.checkpoint is not None:
+            # The state may be a view of a mapped file: msgpack reads it without a copy.
+            machine.restore(cast(bytes, rec.checkpoint.state))
+            base = rec.checkpoint.index
+            checkpoint = CheckpointInfo(base, 0, rec.checkpoint.file_bytes)
+        snapshot, checkpoint_meta = self.raft_metas(meta.uid, rec.log, rec.checkpoint)
+        hs = rec.hard_state
+        hard = None
+        if hs is not None:
+            vote = None if hs.vote is None else ServerId(hs.vote)
+            hard = RaftHardState(hs.term, vote, hs.commit)
+        sid = server_id(node.name, meta.uid)
+        # A replica created to join an existing group starts with no configuration: it
+        # neither votes nor campaigns until the leader's entries tell it the members.
+        bootstrap = EMPTY_CONFIGURATION
+        if node.name in meta.members:
+            bootstrap = Configuration(tuple(sorted(server_id(n, meta.uid) for n in meta.members)))
+        now, wall = node.clock.monotonic_ms(), node.clock.wall_ms()
+        lone = meta.members == (node.name,)
+        # A lone voter campaigns on its first tick instead of after an election timeout.
+        start_ms = now - node.limits.election_timeout_ms_max if lone else now
+        options = RaftOptions(sid, random.Random(self.rng.getrandbits(64)), node.limits)
+        if rec.repairing:
+            log.warning("queue %s: repairing from its peers: %s", meta.name, rec.repair_reason)
+        raft = RaftServer(
+            options,
+            rec.log,
+            hard,
+            snapshot,
+            bootstrap,
+            max(0, start_ms),
+            checkpoint_meta,
+            repair=rec.repairing,
+            wall_ms=wall,
+        )
+        assert node._receipt_key is not None, "start() loads the key before hosting"
+        seal = ReceiptSeal(node._receipt_key, meta.uid)
+        rep = Replica(meta, sid, raft, machine, rec.log, seal, checkpoint=checkpoint)
+        rep.driver = ReplicaDriver(
+            raft,
+            machine,
+            ReplicaIo(node, rep),
+            base_index=base,
+            replay_until=rec.log.last_index(),
+            hard_state_written=(0, None) if hs is None else (hs.term, hs.vote),
+        )
+        if rec.checkpoint is not None:  # stats must not walk a deep queue at start
+            observe.seed_live_set(rep, base, rec.checkpoint.live_indexes)
+        if lone:
+            raft.step(Tick(now, wall))
+        node._replicas[meta.name] = rep
+        node._by_uid[meta.uid] = rep
+        return rep
+
+    def raft_metas(
+        self, uid: str, server_log: ServerLog, cp: Checkpoint | None
+    ) -> tuple[SnapshotMeta | None, SnapshotMeta | None]:
+        """Where the core starts: the snapshot's and the restored checkpoint's index, term
+        and configuration. No live entry is read: a restart does not grow with depth."""
+        index = server_log.snapshot_index()
+        snapshot = None
+        if index:
+            if cp is not None and cp.index == index:
+                config = Configuration.decode(cp.config)
+            else:
+                snap = self.raft_snapshot(uid, index)
+                assert snap is not None
+                config = snap.config
+            snapshot = SnapshotMeta(index, server_log.snapshot_term(), config)
+        checkpoint = None
+        if cp is not None and cp.index >= index:
+            checkpoint = SnapshotMeta(cp.index, cp.term, Configuration.decode(cp.config))
+        return snapshot, checkpoint
+
+    def raft_snapshot(self, uid: str, index: int) -> Snapshot | None:
+        """The storage snapshot as the core ships it to a follower that lags behind it:
+        the checkpoint only; the core reads the live entries the follower lacks."""
+        if index == 0:
+            return None
+        cp = self.node._need_storage().checkpoints(uid).read_snapshot()
+        if cp is None or cp.index != index:
+            raise StorageFailed(f"queue {uid}: snapshot at {index} unreadable")
+        config = Configuration.decode(cp.config)
+        return Snapshot(cp.index, cp.term, config, bytes(cp.state), cp.live_indexes)
+
+    async def await_recovered(self) -> None:
+        """Wait until every replica has applied what it knows committed, and a lone
+        replica has also led once (its whole log is committed then), up to the limit."""
+        node = self.node
+        loop = node._need_loop()
+        deadline = loop.time() + node.limits.leader_wait_ms / 1000
+
+        def recovered(rep: Replica) -> bool:
+            raft = rep.raft
+            if rep.failed is not None or rep.closed:
+                return True
+            if rep.meta.members == (node.name,):
+                return raft.role is Role.LEADER and rep.applied_index >= raft.log.last_index()
+            return rep.applied_index >= raft.commit
+
+        while not all(recovered(rep) for rep in node._replicas.values()):
+            if loop.time() > deadline:
+                log.warning("start: some queues are still recovering")
+                return
+            await asyncio.sleep(0.005)
+
+    @staticmethod
+    def close_replica(rep: Replica, error: QuorraError) -> None:
+        rep.closed = True
+        rep.close_error = error
+        for handle in (rep.tick_handle, rep.expire_handle):
+            if handle is not None:
+                handle.cancel()
+        for p in [*rep.proposals.values(), *rep.waiting.values()]:
+            if not p.future.done():
+                p.future.set_exception(error)
+        rep.proposals.clear()
+        rep.waiting.clear()
+        for f in [*rep.available_waiters, *rep.leader_waiters]:
+            if not f.done():
+                f.set_result(None)
+
+    # --- the Raft loop -----------------------------------------------------------------
+
+    def schedule(self, rep: Replica) -> None:
+        if not rep.scheduled and not rep.closed:
+            rep.scheduled = True
+            self.node._need_loop().call_soon(self.process, rep)
+
+    def process(self, rep: Replica) -> None:
+        rep.scheduled = False
+        if rep.closed or isinstance(rep.failed, EntryDamaged):
+            return
+        node = self.node
+        raft = rep.raft
+        try:
+            rep.driver.process()
+        except EntryDamaged as e:
+            self.damaged(rep, e)
+            return
+        except StorageFailed as e:
+            self.fail(rep, e)
+            return
+        rep.sample(node.clock.monotonic_ms())
+        node._membership.maybe_members_changed(rep)
+        seen = (int(raft.role), raft.leader, raft.term)
+        if seen != rep.seen:
+            became_leader = raft.role is Role.LEADER and rep.seen[0] != int(Role.LEADER)
+            rep.seen = seen
+            for f in rep.leader_waiters:
+                if not f.done():
+                    f.set_result(None)
+            rep.leader_waiters.clear()
+            if became_leader:
+                rep.expire_inflight = False
+        node._timers.arm_tick(rep)
+        if raft.role is Role.LEADER:
+            node._timers.arm_expire(rep)
+
+    def submit(self, rep: Replica, op: AppendOp | HardStateOp) -> None:
+        storage = self.node._need_storage()
+        failed = storage.log(rep.uid).failed
+        if failed is not None:
+            raise failed
+        storage.wal.submit(op)
+
+    def install(self, rep: Replica, snap: Snapshot, given: list[Entry]) -> None:
+        """A snapshot from the leader replaces this replica's log and state. ``given`` are
+        the live entries this replica lacked; storage keeps the others it holds."""
+        storage = self.node._need_storage()
+        # Until SnapshotReset the log view drops its segments: serve the live entries
+        # from memory meanwhile (storage reads the held ones to write them anyway).
+        installed = {e.index: e for e in given}
+        for index in snap.live_indexes - BitMap64(installed):
+            installed[index] = rep.log.read(index)
+        cp = Checkpoint(
+            snap.index,
+            snap.term,
+            QueueMachine.version,
+            snap.config.encode(),
+            snap.live_indexes,
+            snap.machine_state,
+        )
+        size = storage.install_snapshot(rep.uid, cp, given)
+        rep.installed_live = installed
+        rep.checkpoint = CheckpointInfo(snap.index, self.node.clock.wall_ms(), size)
+        observe.seed_live_set(rep, snap.index, snap.live_indexes)
+
+    def send(self, rep: Replica, msg: Message) -> None:
+        self.node.transport.send(NodeName(node_of(msg.dst)), rep.uid, msg)
+
+    @staticmethod
+    def on_rejected(rep: Replica, rej: RaftRejected) -> None:
+        if rej.request_id == 0:
+            return
+        p = rep.proposals.pop(rej.request_id, None)
+        if p is None or p.future.done():
+            return
+        if rej.reason == "backpressure":
+            p.future.set_exception(Backpressure(f"queue {rep.name}: too many uncommitted bytes"))
+        elif rej.reason == "change_pending":
+            p.future.set_exception(
+                QueueConflict(f"queue {rep.name}: another membership change is in progress")
+            )
+        else:
+            p.future.set_exception(NoLeader(f"queue {rep.name}: {rej.reason}"))
+
+    # --- durability --------------------------------------------------------------------
+
+    def on_wal_batch_threadsafe(self, batch: WalBatch) -> None:
+        """In the writer thread: hand the batch over in order (deque appends are atomic)."""
+        self.batches.append(batch)
+        loop = self.node._loop
+        assert loop is not None
+        with contextlib.suppress(RuntimeError):  # the loop closed after a halt
+            loop.call_soon_threadsafe(self.drain_batches)
+
+    def drain_batches(self) -> None:
+        while self.batches:
+            self.on_wal_batch(self.batches.popleft())
+
+    def on_wal_batch(self, batch: WalBatch) -> None:
+        node = self.node
+        storage = node._storage
+        if storage is None:
+            return
+        for event in storage.complete(batch):
+            if isinstance(event, Removed):
+                waiter = node._removed.get(event.uid)
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(None)
+                continue
+            rep = node._by_uid.get(event.uid)
+            if rep is None or rep.closed:
+                continue
+            if isinstance(event, WriteFailed):
+                self.fail(rep, event.error)
+                continue
+            if isinstance(event, Persisted):
+                rep.driver.written(RaftPersisted(event.index, event.term))
+            elif isinstance(event, SnapshotReset):
+                rep.driver.written(SnapshotInstalled(event.index, event.term))
+                rep.installed_live.clear()  # storage holds them now
+            else:
+                assert isinstance(event, HardStateSaved)
+                rep.driver.written(None)
+            self.schedule(rep)
+        if storage.rolled_wal_files() and self.flush_task is None and node._running:
+            self.flush_task = node._need_loop().create_task(self.flush_segments())
+
+    async def flush_segments(self) -> None:
+        node = self.node
+        storage = node._need_storage()
+        try:
+            while (flush := storage.prepare_segment_flush()) is not None:
+                await node._in_worker(flush.write)
+                storage.finish_segment_flush(flush)
+        except StorageFailed as e:
+            # Nothing is lost: the entries stay in the mem tables and the WAL file stays;
+            # the next finished WAL batch tries again.
+            log.error("segment flush failed: %s", e.detail)
+        finally:
+            self.flush_task = None
+
+    def damaged(self, rep: Replica, error: EntryDamaged) -> None:
+        """A read met damaged data: the repair is recorded and the replica stops serving
+        (a leader so steps down: it no longer sends heartbeats); the next start of the
+        node opens it in repair mode, repaired from its peers."""
+        if rep.failed is not None:
+            return  # recorded already: a second record would reset the replica
+        try:
+            self.node._need_storage().mark_damaged(rep.uid, error)
+        except StorageFailed as e:
+            log.error("queue %s: the repair could not be recorded: %s", rep.name, e.detail)
+        detail = f"{error.detail}; repaired from its peers at the next start"
+        self.fail(rep, EntryDamaged(detail, index=error.index))
+
+    @staticmethod
+    def fail(rep: Replica, error: Exception) -> None:
+        """The disk refused a write of this queue: it refuses further writes."""
+        if rep.failed is not None:
+            return
+        log.error("queue %s: storage failed: %s", rep.name, error)
+        rep.failed = error if isinstance(error, StorageFailed) else StorageFailed(str(error))
+        for p in [*rep.proposals.values(), *rep.waiting.values()]:
+            if not p.future.done():
+                p.future.set_exception(rep.failed)
+        rep.proposals.clear()
+        rep.waiting.clear()
+
+
+class ReplicaIo:
+    """The server's side of one replica's driver (``engine.runtime.driver.ReplicaHost``):
+    writes go to the shared WAL, messages to the transport, applied entries resolve
+    proposals and run effects on the node."""
+
+    __slots__ = ("node", "rep")
+
+    def __init__(self, node: Node, rep: Replica) -> None:
+        self.node = node
+        self.rep = rep
+
+    def on_ready(self, rd: Ready) -> None:
+        pass
+
+    def write_hard_state(self, hs: RaftHardState) -> None:
+        rep = self.rep
+        op = HardStateOp(rep.uid, HardState(hs.term, hs.vote, hs.commit))
+        self.node._hosting.submit(rep, op)
+
+    def install_snapshot(self, snapshot: Snapshot, given: list[Entry]) -> None:
+        self.node._hosting.install(self.rep, snapshot, given)
+
+    def append_entries(self, entries: list[Entry]) -> None:
+        rep = self.rep
+        self.node._hosting.submit(rep, AppendOp(rep.uid, tuple(entries)))
+
+    def writes_queued(self) -> None:
+        writer = self.node._writer
+        assert writer is not None
+        writer.wake()
+
+    def send(self, message: Message) -> None:
+        self.node._hosting.send(self.rep, message)
+
+    def applied(self, entry: Entry, reply: object, effects: list[MachineEffect]) -> None:
+        self.node._effects.applied(self.rep, entry, reply, effects)
+
+    def passed(self, entry: Entry) -> None:
+        self.node._effects.passed(self.rep, entry)
+
+    def accepted(self, accepted: Accepted) -> None:
+        p = self.rep.proposals.pop(accepted.request_id, None)
+        if p is not None and not p.future.done():
+            p.term, p.index = accepted.term, accepted.last_index
+            self.rep.waiting[accepted.last_index] = p
+
+    def rejected(self, rejected: RaftRejected) -> None:
+        self.node._hosting.on_rejected(self.rep, rejected)
+
+    def completed(self, completed: Completed) -> None:
+        p = self.rep.proposals.pop(completed.request_id, None)
+        if p is not None and not p.future.done():
+            p.future.set_result(None)
+
+    def read_ready(self, read: ReadReady) -> None:
+        pass  # the node proposes; it asks for no ReadIndex
+
+    def repaired(self) -> None:
+        self.node._need_storage().finish_repair(self.rep.uid)
+        log.info("queue %s: repaired", self.rep.name)
+
+
+__all__ = ["Hosting", "ReplicaIo"]

@@ -1,0 +1,147 @@
+"""Membership and leadership of a queue's Raft group, as the node changes them.
+
+Rule: one change at a time, run on the leader's node (``routing``). An added member's
+replica is created first (it starts with no configuration: it neither votes nor
+campaigns), joins as a learner, catches up and becomes a voter; a removed member's
+replica is deleted once the change commits. The queue's definition follows the group's
+configuration as its entries reach the log (``maybe_members_changed``), so that a
+restart bootstraps from the right members. A leadership transfer returns once the new
+node leads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from typing import TYPE_CHECKING
+
+from engine.errors import NoLeader, QueueConflict, QueueNotFound, ValidationFailed
+from engine.ids import NodeName
+from engine.raft.events import AddServer, RemoveServer, TransferLeadership
+from engine.runtime.api import QueueInfo
+from engine.runtime.catalog import queue_info
+from engine.runtime.replica import Proposal, Replica, node_of, server_id
+from engine.runtime.routing import (
+    AddMemberCall,
+    CreateReplica,
+    DeleteReplica,
+    RemoveMemberCall,
+    TransferCall,
+)
+
+if TYPE_CHECKING:
+    from engine.runtime.node import Node
+
+
+class Membership:
+    """Adds and removes a queue's replicas and moves its leadership."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    def maybe_members_changed(self, rep: Replica) -> None:
+        """The group's configuration changed (a config entry is in the log): the queue's
+        definition follows it, so a restart bootstraps from the right members."""
+        members = tuple(sorted({node_of(m) for m in rep.raft.config.members}))
+        if not members or members == rep.meta.members or self.node.name not in members:
+            return
+        rep.meta = dataclasses.replace(rep.meta, members=members)
+        self.node._catalog.write_meta(rep)
+
+    async def add_member(self, name: str, node: str) -> QueueInfo:
+        """Add a replica of the queue on ``node`` (``POST /queues/{name}/members``): it
+        joins as a learner, catches up, and becomes a voter; one change at a time."""
+        rep = self.node._replica(name)
+        if node not in self.node.transport.nodes():
+            raise ValidationFailed(f"{node} is not a node of this cluster")
+        if node in rep.meta.members:
+            raise QueueConflict(f"queue {name} already has a replica on {node}")
+        async with self.node._admit():
+            result = await self.node._router.route(AddMemberCall(name, node))
+        assert isinstance(result, QueueInfo)
+        return result
+
+    async def remove_member(self, name: str, node: str) -> QueueInfo:
+        """Remove the queue's replica on ``node`` (``DELETE /queues/{name}/members/{node}``)."""
+        rep = self.node._replica(name)
+        if node not in rep.meta.members:
+            raise QueueNotFound(f"queue {name} has no replica on {node}")
+        if len(rep.meta.members) == 1:
+            raise QueueConflict(f"queue {name} has one replica: delete the queue instead")
+        async with self.node._admit():
+            result = await self.node._router.route(RemoveMemberCall(name, node))
+        assert isinstance(result, QueueInfo)
+        return result
+
+    async def add_member_local(self, rep: Replica, node: str) -> QueueInfo:
+        joining = rep.meta
+        await self.node.transport.call(NodeName(node), CreateReplica(joining))
+        await self.change(rep, AddServer(self.request_id(rep), server_id(node, rep.uid)))
+        return queue_info(rep.meta)
+
+    async def remove_member_local(self, rep: Replica, node: str) -> QueueInfo:
+        await self.change(rep, RemoveServer(self.request_id(rep), server_id(node, rep.uid)))
+        info = queue_info(rep.meta)
+        if node == self.node.name:
+            await self.node._catalog.delete_replica(rep.uid)
+        else:
+            with contextlib.suppress(NoLeader, QueueNotFound):
+                await self.node.transport.call(NodeName(node), DeleteReplica(rep.uid))
+        return info
+
+    @staticmethod
+    def request_id(rep: Replica) -> int:
+        request_id = rep.next_request_id
+        rep.next_request_id += 1
+        return request_id
+
+    async def change(self, rep: Replica, event: AddServer | RemoveServer) -> None:
+        """Step a membership change and wait until its entry commits."""
+        node = self.node
+        future: asyncio.Future[object] = node._need_loop().create_future()
+        rep.proposals[event.request_id] = Proposal(future, None)
+        node._timers.tick(rep)
+        rep.raft.step(event)
+        node._hosting.schedule(rep)
+        try:
+            await asyncio.wait_for(future, node.limits.proposal_timeout_ms / 1000)
+        except TimeoutError:
+            raise NoLeader(f"queue {rep.name}: membership change timed out") from None
+        finally:
+            rep.proposals.pop(event.request_id, None)
+
+    async def transfer_leadership(self, name: str, node: str) -> None:
+        """Hand the queue's leadership to its replica on ``node`` (``POST
+        /queues/{name}/leader``); returns once that node leads, or raises ``NoLeader``."""
+        rep = self.node._replica(name)
+        if node not in rep.meta.members:
+            raise ValidationFailed(f"queue {name} has no replica on {node}")
+        async with self.node._admit():
+            await self.node._router.route(TransferCall(name, node))
+        loop = self.node._need_loop()
+        deadline = loop.time() + self.node.limits.leader_wait_ms / 1000
+        while rep.raft.leader is None or node_of(rep.raft.leader) != node:
+            if loop.time() > deadline or rep.closed:
+                raise NoLeader(f"queue {name}: {node} did not take over in time, retry")
+            await asyncio.sleep(0.01)
+
+    async def transfer_local(self, rep: Replica, node: str) -> None:
+        if node == self.node.name:
+            return
+        request_id = rep.next_request_id
+        rep.next_request_id += 1
+        future: asyncio.Future[object] = self.node._need_loop().create_future()
+        rep.proposals[request_id] = Proposal(future, None)
+        self.node._timers.tick(rep)
+        rep.raft.step(TransferLeadership(request_id, server_id(node, rep.uid)))
+        self.node._hosting.schedule(rep)
+        try:
+            await asyncio.wait_for(future, self.node.limits.leader_wait_ms / 1000)
+        except TimeoutError:
+            raise NoLeader(f"queue {rep.name}: transfer to {node} timed out") from None
+        finally:
+            rep.proposals.pop(request_id, None)
+
+
+__all__ = ["Membership"]

@@ -1,0 +1,327 @@
+"""The client operations on one queue's messages: publish, receive, settle (ack, nack,
+extend), browse and purge.
+
+Rule: each operation is checked against the limits on the node that takes it, admitted
+(``Node._admit``) and routed to the node of the queue's leader (``routing``); the
+``*_local`` half runs there, on a replica that leads, and proposes one command. A
+message is checked once, where its batch is encoded; a receipt's MAC is checked on the
+leader before anything is proposed. Message bodies are read from the log (``entry``),
+never copied into the machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from engine.errors import (
+    Backpressure,
+    EntryDamaged,
+    MessageTooLarge,
+    NoLeader,
+    StorageFailed,
+    ValidationFailed,
+)
+from engine.queue import (
+    CheckedOut,
+    Enqueued,
+    NewMessage,
+    Purged,
+    Settled,
+    check_receipt_text,
+    encode_checkout,
+    encode_discard,
+    encode_enqueue,
+    encode_extend,
+    encode_purge,
+    encode_return,
+    encode_settle,
+    message_id,
+    read_message,
+)
+from engine.raft.log import Entry
+from engine.raft.server import Role
+from engine.runtime.api import BrowsedMessage, OutgoingMessage, ReceivedMessage, SettleResult
+from engine.runtime.meta import CONSUMER_BYTES_MAX, check_message, decode_headers
+from engine.runtime.replica import Replica
+from engine.runtime.routing import (
+    BrowseCall,
+    PublishCall,
+    PurgeCall,
+    ReceiveCall,
+    SettleCall,
+    SettleHow,
+)
+
+if TYPE_CHECKING:
+    from engine.runtime.node import Node
+
+
+class QueueOps:
+    """A node's message operations, both the checking side and the leader's side."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    async def publish(self, name: str, messages: list[OutgoingMessage]) -> list[int]:
+        """Each message is checked once, where the batch is encoded (the leader's node)."""
+        node = self.node
+        node._replica(name)
+        if not messages:
+            raise ValidationFailed("a publish holds at least one message")
+        if len(messages) > node.limits.batch_messages_max:
+            raise MessageTooLarge(f"a batch holds at most {node.limits.batch_messages_max}")
+        async with node._admit():
+            result = await node._router.route(PublishCall(name, messages))
+        assert isinstance(result, list)
+        return result
+
+    async def publish_local(self, rep: Replica, messages: list[OutgoingMessage]) -> list[int]:
+        limits = self.node.limits
+        command = encode_enqueue(self.new_messages(rep, messages))
+        size = len(command)
+        if size > limits.batch_bytes_max:
+            raise MessageTooLarge(f"a batch is at most {limits.batch_bytes_max} bytes")
+        if rep.inflight_publish_bytes + size > limits.inflight_publish_bytes_per_queue_max:
+            raise Backpressure(f"queue {rep.name}: too many publish bytes in flight")
+        rep.inflight_publish_bytes += size
+        try:
+            reply = await self.node._propose(rep, command)
+        finally:
+            rep.inflight_publish_bytes -= size
+        assert isinstance(reply, Enqueued), reply
+        return list(reply.ids)
+
+    def new_messages(self, rep: Replica, messages: list[OutgoingMessage]) -> list[NewMessage]:
+        """The batch to encode, each message checked. A message with a ``bytes`` body and
+        every other field at its default (most of them) needs only its size checked;
+        the others go through ``check_message``."""
+        policy = rep.machine.policy
+        body_bytes_max = policy.max_message_bytes
+        batch: list[NewMessage] = []
+        for m in messages:
+            body = m.body
+            if (
+                type(body) is bytes
+                and m.headers == {}
+                and type(m.priority) is int
+                and m.priority == 0
+                and m.ttl_ms is None
+                and type(m.delay_ms) is int
+                and m.delay_ms == 0
+                and m.dedup_id is None
+            ):
+                if len(body) > body_bytes_max:
+                    raise MessageTooLarge(f"a message is larger than {body_bytes_max} bytes")
+                batch.append(NewMessage(body))
+                continue
+            batch.append(
+                NewMessage(
+                    bytes(body),
+                    check_message(m, policy, self.node.limits),
+                    min(m.priority, 255),
+                    m.ttl_ms,
+                    m.delay_ms,
+                    None if m.dedup_id is None else m.dedup_id.encode(),
+                )
+            )
+        return batch
+
+    async def receive(
+        self, name: str, consumer: str, max_messages: int, wait_ms: int, lease_ms: int | None
+    ) -> list[ReceivedMessage]:
+        node = self.node
+        node._replica(name)
+        limits = node.limits
+        if not 1 <= len(consumer.encode()) <= CONSUMER_BYTES_MAX:
+            raise ValidationFailed(f"consumer is 1..{CONSUMER_BYTES_MAX} bytes")
+        if not 1 <= max_messages <= limits.receive_messages_max:
+            raise ValidationFailed(f"max_messages must be 1..{limits.receive_messages_max}")
+        if not 0 <= wait_ms <= limits.receive_wait_ms_max:
+            raise ValidationFailed(f"wait_ms must be 0..{limits.receive_wait_ms_max}")
+        if lease_ms is not None and not 1 <= lease_ms <= limits.lease_ms_max:
+            raise ValidationFailed(f"lease_ms must be 1..{limits.lease_ms_max}")
+        async with node._admit():
+            call = ReceiveCall(name, consumer, max_messages, wait_ms, lease_ms)
+            result = await node._router.route(call)
+        assert isinstance(result, list)
+        return result
+
+    async def receive_local(
+        self, rep: Replica, consumer: str, max_messages: int, wait_ms: int, lease_ms: int | None
+    ) -> list[ReceivedMessage]:
+        node = self.node
+        loop = node._need_loop()
+        deadline = loop.time() + wait_ms / 1000
+        command = encode_checkout(consumer, max_messages, lease_ms or 0)
+        while True:
+            result = await node._propose(rep, command, lambda r: self.deliveries(rep, r))
+            assert isinstance(result, tuple)
+            messages, seq = result
+            remaining = deadline - loop.time()
+            if messages or remaining <= 0:
+                return list(messages)
+            while rep.available_seq <= seq and not rep.closed and not node._stopping:
+                waiter: asyncio.Future[None] = loop.create_future()
+                rep.available_waiters.append(waiter)
+                try:
+                    await asyncio.wait_for(waiter, max(0.0, deadline - loop.time()))
+                except TimeoutError:
+                    return []
+            if node._stopping:
+                return []
+            if rep.raft.role is not Role.LEADER:
+                raise NoLeader(f"queue {rep.name}: leadership moved, retry")
+
+    def deliveries(self, rep: Replica, reply: object) -> tuple[list[ReceivedMessage], int]:
+        """Runs as the checkout applies: read each leased message from the log."""
+        assert isinstance(reply, CheckedOut), reply
+        out: list[ReceivedMessage] = []
+        entries: dict[int, Entry] = {}
+        machine = rep.machine
+        expires_ms = reply.lease_expires_ms
+        seal = rep.seal.seal
+        for tag, ref, priority, count in zip(
+            reply.tags, reply.refs, reply.priorities, reply.delivery_counts, strict=True
+        ):
+            parts = machine.ref_parts(ref)
+            index, slot = parts.index, parts.slot
+            entry = entries.get(index)
+            if entry is None:
+                entry = entries[index] = self.entry(rep, index)
+            view = read_message(entry.data, slot)
+            out.append(
+                ReceivedMessage(
+                    id=message_id(index, slot),
+                    receipt=seal(tag, ref),
+                    body=bytes(view.body),
+                    headers=decode_headers(view.headers),
+                    priority=priority,
+                    delivery_count=count,
+                    published_at_ms=entry.now_ms,
+                    lease_expires_at_ms=expires_ms,
+                )
+            )
+        return out, rep.available_seq
+
+    def entry(self, rep: Replica, index: int) -> Entry:
+        entry = rep.installed_live.get(index)
+        if entry is not None:
+            return entry
+        try:
+            return rep.log.read(index)
+        except LookupError as e:
+            raise StorageFailed(f"queue {rep.name}: entry {index} is missing") from e
+        except EntryDamaged as e:
+            # With peers, the replica stops (a leader steps down) and is repaired at the
+            # next start; the message, leased to nobody who got it, is delivered again by
+            # the next leader once the lease ends. A lone member only fails this read.
+            if len(rep.meta.members) > 1:
+                self.node._hosting.damaged(rep, e)
+            raise
+
+    async def ack(self, name: str, receipts: list[str]) -> SettleResult:
+        return await self.settle(name, "ack", receipts, 0)
+
+    async def nack(self, name: str, receipts: list[str], requeue: bool) -> SettleResult:
+        return await self.settle(name, "nack" if requeue else "discard", receipts, 0)
+
+    async def extend(self, name: str, receipts: list[str], lease_ms: int) -> SettleResult:
+        lease_ms_max = self.node.limits.lease_ms_max
+        if not 1 <= lease_ms <= lease_ms_max:
+            raise ValidationFailed(f"lease_ms must be 1..{lease_ms_max}")
+        return await self.settle(name, "extend", receipts, lease_ms)
+
+    async def settle(
+        self, name: str, how: SettleHow, receipts: list[str], lease_ms: int
+    ) -> SettleResult:
+        node = self.node
+        node._replica(name)
+        if not receipts:
+            return SettleResult(0, ())
+        if len(receipts) > node.limits.receive_messages_max:
+            raise ValidationFailed(f"at most {node.limits.receive_messages_max} receipts")
+        for r in receipts:
+            check_receipt_text(r)
+        async with node._admit():
+            result = await node._router.route(SettleCall(name, how, receipts, lease_ms))
+        assert isinstance(result, SettleResult)
+        return result
+
+    async def settle_local(
+        self, rep: Replica, how: SettleHow, receipts: list[str], lease_ms: int
+    ) -> SettleResult:
+        """Check each receipt's MAC here, on the leader, before anything is proposed: a
+        receipt this queue did not make (forged, altered, another queue's) is reported
+        stale without reaching the machine, as a receipt whose lease ended. Each node
+        seals with its own key (engine/node_key.py): after leadership moves, the old
+        leader's receipts are stale (their messages are delivered again when the leases
+        end) until the nodes of a cluster share one secret."""
+        open_receipt = rep.seal.open
+        opened = [open_receipt(r) for r in receipts]
+        pairs = [p for p in opened if p is not None]
+        if not pairs:
+            return SettleResult(0, tuple(range(len(receipts))))
+        if how == "ack":
+            command = encode_settle(pairs)
+        elif how == "nack":
+            command = encode_return(pairs)
+        elif how == "discard":
+            command = encode_discard(pairs)
+        else:
+            command = encode_extend(pairs, lease_ms)
+        reply = await self.node._propose(rep, command)
+        assert isinstance(reply, Settled), reply
+        if len(pairs) == len(receipts):
+            return SettleResult(reply.count, reply.stale)
+        sent = [i for i, p in enumerate(opened) if p is not None]
+        refused = [i for i, p in enumerate(opened) if p is None]
+        stale = sorted(refused + [sent[k] for k in reply.stale])
+        return SettleResult(reply.count, tuple(stale))
+
+    async def browse(self, name: str, after: int | None, limit: int) -> list[BrowsedMessage]:
+        node = self.node
+        node._replica(name)
+        if not 1 <= limit <= node.limits.receive_messages_max:
+            raise ValidationFailed(f"limit must be 1..{node.limits.receive_messages_max}")
+        if after is not None and after < 0:
+            raise ValidationFailed("after must be a cursor from an earlier page")
+        async with node._admit():
+            result = await node._router.route(BrowseCall(name, after, limit))
+        assert isinstance(result, list)
+        return result
+
+    def browse_local(self, rep: Replica, after: int | None, limit: int) -> list[BrowsedMessage]:
+        out = []
+        for item in rep.machine.browse(after, limit):
+            parts = rep.machine.ref_parts(item.ref)
+            index, slot = parts.index, parts.slot
+            entry = self.entry(rep, index)
+            view = read_message(entry.data, slot)
+            out.append(
+                BrowsedMessage(
+                    id=message_id(index, slot),
+                    cursor=item.cursor,
+                    body=bytes(view.body),
+                    headers=decode_headers(view.headers),
+                    priority=item.priority,
+                    delivery_count=item.delivery_count,
+                    published_at_ms=entry.now_ms,
+                )
+            )
+        return out
+
+    async def purge(self, name: str) -> int:
+        node = self.node
+        async with node._admit():
+            result = await node._router.route(PurgeCall(name))
+        assert isinstance(result, int)
+        return result
+
+    async def purge_local(self, rep: Replica) -> int:
+        reply = await self.node._propose(rep, encode_purge())
+        assert isinstance(reply, Purged)
+        return reply.count
+
+
+__all__ = ["QueueOps"]

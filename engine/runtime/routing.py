@@ -1,0 +1,285 @@
+"""Where a client call runs, and the calls one node makes to another.
+
+Rule: a client operation runs on the node of its queue's leader. The node that takes
+it checks and admits it, then runs it here when its replica leads, or forwards it to the
+leader's node: one hop, the peer never forwards it again. If the node taken for the
+leader no longer hosts the queue, the caller gets ``NoLeader`` and retries; while no
+leader is known it waits up to ``Limits.leader_wait_ms``.
+
+Every call between nodes is one frozen dataclass below, registered with
+``engine.runtime.wire``. ``check_call`` checks a call's shape (its type and the type of
+each field) before it runs, so that a peer, or a frame from a network transport, cannot
+make this node run anything else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import types
+import typing
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, assert_never
+
+from engine.errors import NoLeader, QueueNotFound, ValidationFailed
+from engine.ids import NodeName
+from engine.raft.server import Role
+from engine.runtime.api import OutgoingMessage
+from engine.runtime.meta import QueueMeta
+from engine.runtime.replica import Replica, node_of
+
+if TYPE_CHECKING:
+    from engine.runtime.node import Node
+
+SettleHow = Literal["ack", "nack", "discard", "extend"]
+
+
+@dataclass(frozen=True, slots=True)
+class CreateReplica:
+    """Host a replica of a queue being created, or of a group this node joins."""
+
+    meta: QueueMeta
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteReplica:
+    uid: str
+
+
+@dataclass(frozen=True, slots=True)
+class PublishRouted:
+    """A dead-letter copy from a node without the target queue: this node hosts it and
+    publishes it as a client would (forwarding it to the leader if need be)."""
+
+    name: str
+    messages: list[OutgoingMessage]
+
+
+@dataclass(frozen=True, slots=True)
+class PublishCall:
+    name: str
+    messages: list[OutgoingMessage]
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiveCall:
+    name: str
+    consumer: str
+    max_messages: int
+    wait_ms: int
+    lease_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class SettleCall:
+    name: str
+    how: SettleHow
+    receipts: list[str]
+    lease_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class BrowseCall:
+    name: str
+    after: int | None
+    limit: int
+
+
+@dataclass(frozen=True, slots=True)
+class PurgeCall:
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class UpdatePolicyCall:
+    name: str
+    changes: dict[str, object]
+
+
+@dataclass(frozen=True, slots=True)
+class TransferCall:
+    name: str
+    node: str
+
+
+@dataclass(frozen=True, slots=True)
+class AddMemberCall:
+    name: str
+    node: str
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveMemberCall:
+    name: str
+    node: str
+
+
+LeaderCall = (
+    PublishCall
+    | ReceiveCall
+    | SettleCall
+    | BrowseCall
+    | PurgeCall
+    | UpdatePolicyCall
+    | TransferCall
+    | AddMemberCall
+    | RemoveMemberCall
+)
+"""A client operation on queue ``name``, run by the node of its leader."""
+NodeCall = CreateReplica | DeleteReplica | PublishRouted | LeaderCall
+"""Every call a node makes to another."""
+
+CALL_TYPES: tuple[type[Any], ...] = (
+    CreateReplica,
+    DeleteReplica,
+    PublishRouted,
+    PublishCall,
+    ReceiveCall,
+    SettleCall,
+    BrowseCall,
+    PurgeCall,
+    UpdatePolicyCall,
+    TransferCall,
+    AddMemberCall,
+    RemoveMemberCall,
+)
+_SHAPES: dict[type[Any], dict[str, Any]] = {cls: typing.get_type_hints(cls) for cls in CALL_TYPES}
+
+
+def check_call(call: object) -> NodeCall:
+    """``call`` as a ``NodeCall``, or ``ValidationFailed`` if it is not one."""
+    shape = _SHAPES.get(type(call))
+    if shape is None:
+        raise ValidationFailed(f"not a call: {type(call).__name__}")
+    for field, hint in shape.items():
+        value = getattr(call, field)
+        if not _conforms(value, hint):
+            what = f"{type(call).__name__}.{field}"
+            raise ValidationFailed(f"call {what}: unexpected {type(value).__name__}")
+    return typing.cast(NodeCall, call)
+
+
+def _conforms(value: object, hint: Any) -> bool:
+    origin = typing.get_origin(hint)
+    if origin is None:
+        return hint is object or isinstance(value, hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_conforms(value, a) for a in args)
+    if origin is Literal:
+        return value in args
+    if origin is list:
+        return isinstance(value, list) and all(_conforms(v, args[0]) for v in value)
+    if origin is dict:
+        return isinstance(value, dict) and all(
+            _conforms(k, args[0]) and _conforms(v, args[1]) for k, v in value.items()
+        )
+    raise AssertionError(f"no shape check for {hint}")
+
+
+class Router:
+    """Runs a node's client operations at their leader, and the calls of its peers."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    async def leader_node(self, rep: Replica) -> NodeName:
+        """The node of the replica's leader; waits for an election up to the limit."""
+        node = self.node
+        loop = node._need_loop()
+        deadline = loop.time() + node.limits.leader_wait_ms / 1000
+        while True:
+            if rep.closed:
+                raise rep.close_error or QueueNotFound(f"queue {rep.name} is gone")
+            raft = rep.raft
+            if raft.role is Role.LEADER:
+                return node.name
+            if raft.leader is not None:
+                return NodeName(node_of(raft.leader))
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise NoLeader(f"queue {rep.name} has no leader yet")
+            waiter: asyncio.Future[None] = loop.create_future()
+            rep.leader_waiters.append(waiter)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(waiter, remaining)
+
+    async def route(self, call: LeaderCall) -> object:
+        node = self.node
+        rep = node._replica(call.name)
+        leader = await self.leader_node(rep)
+        if leader == node.name:
+            return await self.local(call)
+        try:
+            return await node.transport.call(leader, call)
+        except QueueNotFound:
+            # This node hosts the queue: the node it took for the leader no longer does.
+            raise NoLeader(f"queue {call.name}: its leader moved, retry") from None
+
+    async def on_call(self, call: NodeCall) -> object:
+        """From the transport: a peer's request (never forwarded again)."""
+        node = self.node
+        if not node._running:
+            raise NoLeader(f"node {node.name} is stopping")
+        call = check_call(call)
+        if isinstance(call, CreateReplica):
+            await node._catalog.create_replica(call.meta)
+            return None
+        if isinstance(call, DeleteReplica):
+            await node._catalog.delete_replica(call.uid)
+            return None
+        if isinstance(call, PublishRouted):
+            return await node.publish(call.name, call.messages)
+        return await self.local(call)
+
+    async def local(self, call: LeaderCall) -> object:
+        """Run ``call`` on this node, whose replica must lead."""
+        node = self.node
+        rep = node._replica(call.name)
+        if rep.raft.role is not Role.LEADER:
+            raise NoLeader(f"queue {rep.name}: leadership moved, retry")
+        ops, membership = node._ops, node._membership
+        if isinstance(call, PublishCall):
+            return await ops.publish_local(rep, call.messages)
+        if isinstance(call, ReceiveCall):
+            return await ops.receive_local(
+                rep, call.consumer, call.max_messages, call.wait_ms, call.lease_ms
+            )
+        if isinstance(call, SettleCall):
+            return await ops.settle_local(rep, call.how, call.receipts, call.lease_ms)
+        if isinstance(call, BrowseCall):
+            return ops.browse_local(rep, call.after, call.limit)
+        if isinstance(call, PurgeCall):
+            return await ops.purge_local(rep)
+        if isinstance(call, AddMemberCall):
+            return await membership.add_member_local(rep, call.node)
+        if isinstance(call, RemoveMemberCall):
+            return await membership.remove_member_local(rep, call.node)
+        if isinstance(call, TransferCall):
+            await membership.transfer_local(rep, call.node)
+            return None
+        if isinstance(call, UpdatePolicyCall):
+            return await node._catalog.update_policy_local(rep, call.changes)
+        assert_never(call)
+
+
+__all__ = [
+    "CALL_TYPES",
+    "AddMemberCall",
+    "BrowseCall",
+    "CreateReplica",
+    "DeleteReplica",
+    "LeaderCall",
+    "NodeCall",
+    "PublishCall",
+    "PublishRouted",
+    "PurgeCall",
+    "ReceiveCall",
+    "RemoveMemberCall",
+    "Router",
+    "SettleCall",
+    "SettleHow",
+    "TransferCall",
+    "UpdatePolicyCall",
+    "check_call",
+]

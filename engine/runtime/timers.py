@@ -1,0 +1,123 @@
+"""The timers of the replicas a node hosts, on the loop, armed only when needed.
+
+Rule: a replica has at most two timers. The Raft tick fires at the core's next deadline
+(``RaftServer.next_deadline_ms``: heartbeats on a leader with followers, the election
+timeout on a follower; none for a lone leader), on the monotonic clock. The expiry timer
+runs on the leader only, at the machine's next deadline, which is a leader time stamped
+from the wall clock; it proposes ``encode_expire()``, one at a time. An idle
+single-replica queue costs no work at all. The core's clocks are stepped (``tick``)
+before each event stepped into it, since it stamps entries with the last wall time it saw.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from engine.errors import EntryDamaged, QuorraError, StorageFailed
+from engine.queue import encode_expire
+from engine.raft.events import Tick
+from engine.raft.server import Role
+from engine.runtime.replica import Replica
+
+if TYPE_CHECKING:
+    from engine.runtime.node import Node
+
+log = logging.getLogger("quorra.engine")
+
+
+class Timers:
+    """Arms and fires the tick and expiry timers of every replica of a node."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    def arm_tick(self, rep: Replica) -> None:
+        due = rep.raft.next_deadline_ms()
+        if due is None:
+            return
+        if rep.tick_handle is not None and rep.tick_due_ms <= due:
+            return
+        if rep.tick_handle is not None:
+            rep.tick_handle.cancel()
+        rep.tick_due_ms = due
+        rep.tick_handle = self.call_at_ms(due - self.node.clock.monotonic_ms(), self.on_tick, rep)
+
+    def on_tick(self, rep: Replica) -> None:
+        rep.tick_handle = None
+        if rep.closed or rep.failed is not None:
+            return
+        hosting = self.node._hosting
+        try:
+            self.tick(rep)
+        except EntryDamaged as e:
+            hosting.damaged(rep, e)
+            return
+        self.maybe_offer_snapshot(rep)
+        hosting.schedule(rep)
+
+    def maybe_offer_snapshot(self, rep: Replica) -> None:
+        """Hand the core the storage snapshot once a follower lags behind it (its entries
+        are gone from the log). Built only then; it carries no payload: the core reads the
+        live entries the follower lacks from the log as it sends them."""
+        index = rep.log.snapshot_index()
+        if not rep.driver.wants_snapshot(index):
+            return
+        try:
+            snapshot = self.node._hosting.raft_snapshot(rep.uid, index)
+        except (StorageFailed, LookupError) as e:
+            log.error("queue %s: snapshot for a lagging follower unavailable: %s", rep.name, e)
+            return
+        rep.driver.offer_snapshot(snapshot)
+
+    def arm_expire(self, rep: Replica) -> None:
+        if rep.expire_inflight or rep.failed is not None:
+            return
+        due = rep.machine.next_deadline_ms()
+        if due is None:
+            return
+        if rep.expire_handle is not None and rep.expire_due_ms <= due:
+            return
+        if rep.expire_handle is not None:
+            rep.expire_handle.cancel()
+        rep.expire_due_ms = due
+        # The machine's deadlines are leader times, stamped from the wall clock.
+        delay_ms = due - self.node.clock.wall_ms()
+        rep.expire_handle = self.call_at_ms(delay_ms, self.on_expire, rep)
+
+    def on_expire(self, rep: Replica) -> None:
+        rep.expire_handle = None
+        if rep.closed or rep.failed is not None or rep.raft.role is not Role.LEADER:
+            return
+        rep.expire_inflight = True
+        node = self.node
+
+        async def expire() -> None:
+            try:
+                await node._propose(rep, encode_expire())
+            except QuorraError:
+                pass
+            finally:
+                rep.expire_inflight = False
+                if not rep.closed and rep.raft.role is Role.LEADER:
+                    self.arm_expire(rep)
+
+        node._spawn(expire())
+
+    def call_at_ms(
+        self, delay_ms: int, fn: Callable[[Replica], None], rep: Replica
+    ) -> asyncio.TimerHandle:
+        loop = self.node._need_loop()
+        delay_s = max(0.0, delay_ms / 1000) + 0.001
+        return loop.call_at(loop.time() + delay_s, fn, rep)
+
+    def tick(self, rep: Replica) -> None:
+        """Step the core's clocks; before each proposal too, since the core stamps
+        entries with the last wall time it saw."""
+        clock = self.node.clock
+        rep.raft.step(Tick(clock.monotonic_ms(), clock.wall_ms()))
+
+
+__all__ = ["Timers"]
