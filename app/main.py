@@ -6,7 +6,7 @@ Start-up, in order (shutdown undoes it in reverse):
    the password workers (app/passwords.py);
 2. the metadata database: Alembic migrations to head, then the engine and session factory;
 3. bootstrap: user ``admin`` while there is no admin, this node in the node registry;
-4. the queue engine (app/node.py): ``make_node``, its record listener, ``await
+4. the queue engine (app/engine_seam.py): ``make_node``, its record listener, ``await
    node.start()`` (recovery; ``/readyz`` says ``engine: recovering``), then
    ``app.state.node``;
 5. ready: ``app.state.ready``; ``/readyz`` answers 200.
@@ -38,10 +38,10 @@ from app.auth import hash_password, random_password
 from app.db import repo
 from app.db.migrate import upgrade_to_head
 from app.db.session import Database
+from app.engine_seam import NodeFactory, make_node, record_listener
 from app.hot_paths import HotPaths, HotPathStats
 from app.memory_trim import trim_forever
 from app.metrics import AppMetrics, MetricsMiddleware
-from app.node import NodeFactory, make_node, record_listener
 from app.passwords import PasswordWorkers
 from app.problems import install_problem_handlers, problem_response
 from app.routing import add_routes
@@ -118,7 +118,7 @@ def _lifespan(
             state.db = db
             state.token_cache.watch(db.session_factory)
             report = await anyio.to_thread.run_sync(bootstrap, db, settings)
-            # The engine seam (app/node.py): started after the metadata it mirrors
+            # The engine seam (app/engine_seam.py): started after the metadata it mirrors
             # into, stopped before the database closes.
             node, started = node_factory(settings), False
             try:

@@ -53,7 +53,7 @@ from engine.limits import DEFAULT_LIMITS
 from engine.queue import NewMessage, QueuePolicy, encode_checkout, encode_enqueue, encode_settle
 from engine.queue.effects import CheckedOut
 from engine.queue.machine import QueueMachine
-from engine.raft.log import Entry, EntryKind
+from engine.raft.entry import Entry, EntryKind
 from engine.raft.machine import ApplyMeta
 from engine.storage import Checkpoint, NodeStorage, OsDisk
 

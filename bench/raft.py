@@ -41,9 +41,9 @@ import bench
 from engine.ids import ServerId
 from engine.limits import Limits
 from engine.raft.config import Configuration
+from engine.raft.entry import Entry, EntryKind
 from engine.raft.events import Persisted, Propose, Ready, Receive, Tick
 from engine.raft.kv import KvMachine, encode_put
-from engine.raft.log import Entry, EntryKind
 from engine.raft.machine import ApplyMeta
 from engine.raft.messages import AppendRequest, Message
 from engine.raft.server import RaftOptions, RaftServer, Role

@@ -60,7 +60,7 @@ from typing import Any
 
 import bench
 from engine.limits import DEFAULT_LIMITS
-from engine.raft.log import Entry, EntryKind
+from engine.raft.entry import Entry, EntryKind
 from engine.storage import NodeStorage, OsDisk, Persisted, SegmentFlush, WalBatch, WalThread
 from engine.storage.wal import AppendOp
 

@@ -7,6 +7,7 @@ order ``engine.raft.events`` states.
 """
 
 from engine.raft.config import EMPTY_CONFIGURATION, Configuration
+from engine.raft.entry import Entry, EntryKind, LogStore
 from engine.raft.events import (
     Accepted,
     AddServer,
@@ -26,7 +27,6 @@ from engine.raft.events import (
     Tick,
     TransferLeadership,
 )
-from engine.raft.log import Entry, EntryKind, LogStore
 from engine.raft.machine import ApplyMeta, Machine
 from engine.raft.options import Fault, RaftOptions, RandomSource
 from engine.raft.role import Role

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.ids import ServerId
-from engine.raft.log import Entry
+from engine.raft.entry import Entry
 from engine.raft.messages import Message
 from engine.raft.snapshot import Snapshot
 

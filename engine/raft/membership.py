@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING
 
 from engine.ids import ServerId
 from engine.raft import replication
+from engine.raft.entry import EntryKind
 from engine.raft.events import AddServer, Completed, Rejected, RemoveServer, TransferLeadership
-from engine.raft.log import EntryKind
 from engine.raft.messages import TimeoutNow
 from engine.raft.progress import Progress
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.ids import ServerId
-from engine.raft.log import Entry
+from engine.raft.entry import Entry
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -8,7 +8,7 @@ Rules: indexes are contiguous from ``snapshot_index + 1`` to ``last_index()``; e
 
 from __future__ import annotations
 
-from engine.raft.log import Entry, LogStore
+from engine.raft.entry import Entry, LogStore
 
 
 class RaftLog:

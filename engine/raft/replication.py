@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from engine.ids import ServerId
 from engine.raft import membership, quorum, read_only, snapshot_transfer
 from engine.raft.config import Configuration
-from engine.raft.log import Entry, EntryKind
+from engine.raft.entry import Entry, EntryKind
 from engine.raft.messages import (
     AppendRequest,
     AppendResponse,

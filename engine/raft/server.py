@@ -46,6 +46,7 @@ from engine.errors import RecoveryRefused
 from engine.ids import ServerId
 from engine.raft import election, membership, quorum, read_only, replication, snapshot_transfer
 from engine.raft.config import EMPTY_CONFIGURATION, Configuration
+from engine.raft.entry import Entry, EntryKind, LogStore
 from engine.raft.events import (
     Accepted,
     AddServer,
@@ -63,7 +64,6 @@ from engine.raft.events import (
     Tick,
     TransferLeadership,
 )
-from engine.raft.log import Entry, EntryKind, LogStore
 from engine.raft.messages import (
     AppendRequest,
     AppendResponse,

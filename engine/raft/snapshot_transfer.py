@@ -28,7 +28,7 @@ from pyroaring import BitMap64
 from engine.ids import ServerId
 from engine.limits import Limits
 from engine.raft import replication
-from engine.raft.log import Entry, LogStore
+from engine.raft.entry import Entry, LogStore
 from engine.raft.messages import SnapshotChunk, SnapshotResponse
 from engine.raft.progress import Progress, ProgressState
 from engine.raft.snapshot import Snapshot

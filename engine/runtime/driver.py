@@ -1,7 +1,7 @@
 """The replica driver: what every host of a Raft replica does with each ``Ready``, in
 the order durability requires, with no event loop, clock or I/O of its own.
 
-A host (the server's ``engine.runtime.node``, the simulator's ``engine.sim.world``) owns
+A host (the server's ``engine.runtime.hosting``, the simulator's ``engine.sim.world``) owns
 the I/O: it writes what the driver hands it, tells the driver when each write is
 durable, and runs the effects. The driver owns the ordering rules, so the simulator's
 seeds exercise the very code the server runs:
@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Protocol
 
+from engine.raft.entry import Entry, EntryKind
 from engine.raft.events import (
     Accepted,
     Completed,
@@ -34,7 +35,6 @@ from engine.raft.events import (
     Rejected,
     SnapshotTaken,
 )
-from engine.raft.log import Entry, EntryKind
 from engine.raft.machine import ApplyMeta, Machine, MachineEffect
 from engine.raft.messages import Message
 from engine.raft.options import Fault

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from engine.errors import NoLeader, QuorraError
 from engine.queue import DeadLetter, Expired, MessagesAvailable, PolicyChanged, Rejected
-from engine.raft.log import Entry, EntryKind
+from engine.raft.entry import Entry, EntryKind
 from engine.raft.machine import CheckpointRequest, MachineEffect, ReleaseCursor
 from engine.raft.server import Role
 from engine.runtime.checkpoints import Captured

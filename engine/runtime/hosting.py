@@ -35,6 +35,7 @@ from engine.errors import (
 from engine.ids import NodeName, ServerId
 from engine.queue import QueueMachine, ReceiptSeal
 from engine.raft.config import EMPTY_CONFIGURATION, Configuration
+from engine.raft.entry import Entry
 from engine.raft.events import (
     Accepted,
     Completed,
@@ -46,7 +47,6 @@ from engine.raft.events import (
 from engine.raft.events import HardState as RaftHardState
 from engine.raft.events import Persisted as RaftPersisted
 from engine.raft.events import Rejected as RaftRejected
-from engine.raft.log import Entry
 from engine.raft.machine import MachineEffect
 from engine.raft.messages import Message
 from engine.raft.server import RaftOptions, RaftServer, Role

@@ -39,7 +39,7 @@ from engine.queue import (
     message_id,
     read_message,
 )
-from engine.raft.log import Entry
+from engine.raft.entry import Entry
 from engine.raft.server import Role
 from engine.runtime.api import BrowsedMessage, OutgoingMessage, ReceivedMessage, SettleResult
 from engine.runtime.meta import CONSUMER_BYTES_MAX, check_message, decode_headers

@@ -18,7 +18,7 @@ from pyroaring import BitMap64
 
 from engine.ids import ServerId
 from engine.queue import QueueMachine, ReceiptSeal
-from engine.raft.log import Entry
+from engine.raft.entry import Entry
 from engine.raft.server import RaftServer
 from engine.runtime.driver import ReplicaDriver
 from engine.runtime.meta import QueueMeta

@@ -19,7 +19,7 @@ from typing import Any
 import msgpack
 
 from engine import errors
-from engine.raft.log import Entry, EntryKind
+from engine.raft.entry import Entry, EntryKind
 from engine.raft.messages import (
     AppendRequest,
     AppendResponse,

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from engine.ids import ServerId
+from engine.raft.entry import Entry
 from engine.raft.events import Ready
-from engine.raft.log import Entry
 from engine.raft.messages import AppendResponse, Message, VoteResponse
 from engine.raft.server import Role
 

@@ -43,8 +43,8 @@ from engine.queue import (
     message_id,
     read_message,
 )
+from engine.raft.entry import Entry, EntryKind
 from engine.raft.events import Accepted, ReadReady, Rejected
-from engine.raft.log import Entry, EntryKind
 from engine.raft.machine import Machine
 from engine.sim.checkers import Observer
 from engine.sim.run import SeedResult

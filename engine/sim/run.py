@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 from engine.ids import ServerId
 from engine.raft.server import Fault
+from engine.sim.disk_storage import SMALL_FILES, SimDiskStorage
 from engine.sim.storage import SimStorage
 from engine.sim.world import SimConfig, StorageFactory, WorkloadFactory, World
-from engine.storage.simulated import SMALL_FILES, SimDiskStorage
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from engine.errors import EntryDamaged
+from engine.raft.entry import Entry, EntryKind, LogStore
 from engine.raft.events import HardState
-from engine.raft.log import Entry, EntryKind, LogStore
 from engine.raft.snapshot import Snapshot
 
 

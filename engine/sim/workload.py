@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from engine.ids import ServerId
+from engine.raft.entry import Entry, EntryKind
 from engine.raft.events import Accepted, ReadReady, Rejected
 from engine.raft.kv import KvMachine, encode_put
-from engine.raft.log import Entry, EntryKind
 from engine.raft.machine import Machine
 from engine.sim.checkers import Observer, RegisterOp, check_register
 

@@ -33,6 +33,7 @@ from engine.errors import EntryDamaged
 from engine.ids import ServerId
 from engine.limits import Limits
 from engine.raft.config import Configuration
+from engine.raft.entry import Entry
 from engine.raft.events import (
     Accepted,
     AddServer,
@@ -52,7 +53,6 @@ from engine.raft.events import (
     Tick,
     TransferLeadership,
 )
-from engine.raft.log import Entry
 from engine.raft.machine import CheckpointRequest, Machine, MachineEffect
 from engine.raft.messages import Message
 from engine.raft.server import Fault, RaftOptions, RaftServer, Role

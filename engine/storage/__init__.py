@@ -52,7 +52,7 @@ says which live entries it holds; ``install_snapshot`` then needs only the other
 Segment flush: ``flush_segments`` (and ``SegmentFlush.write``) report a disk error as
 ``StorageFailed`` and lose nothing: the entries stay in the mem tables and the WAL file
 stays until a later flush succeeds. A snapshot from the leader: ``install_snapshot(uid,
-checkpoint, live_entries)``. Deleting a queue: ``remove_server(uid)`` (``Removed`` follows). The simulator's plug is ``engine.storage.simulated
+checkpoint, live_entries)``. Deleting a queue: ``remove_server(uid)`` (``Removed`` follows). The simulator's plug is ``engine.sim.disk_storage
 .SimDiskStorage`` (one ``NodeStorage`` on a ``FakeDisk`` per simulated server).
 
 Errors: a refused write (disk full, I/O error) comes back as ``WriteFailed`` and the
@@ -89,8 +89,7 @@ from engine.storage.compaction import (
     SegmentStat,
 )
 from engine.storage.disk import Disk, DiskFile, FakeDisk, OsDisk
-from engine.storage.log import ServerLog
-from engine.storage.node import (
+from engine.storage.node_storage import (
     HardStateSaved,
     NodeStorage,
     Persisted,
@@ -101,6 +100,7 @@ from engine.storage.node import (
     StorageEvent,
     WriteFailed,
 )
+from engine.storage.server_log import ServerLog
 from engine.storage.wal import HardState, Wal, WalBatch, WalThread
 from engine.storage.wal_stats import SYNC_BUCKETS_S, WalStats
 

@@ -67,9 +67,8 @@ from pyroaring import BitMap64
 from engine.errors import EntryDamaged, StorageFailed
 from engine.index_sets import index_set
 from engine.limits import MIB, Limits
-from engine.raft.log import Entry
+from engine.raft.entry import Entry
 from engine.storage.disk import Disk, parent, write_file_atomic
-from engine.storage.log import ServerLog
 from engine.storage.segment import (
     COMPACTED,
     INDEX_DTYPE,
@@ -83,6 +82,7 @@ from engine.storage.segment import (
     segment_path,
     slot_offset,
 )
+from engine.storage.server_log import ServerLog
 
 Phase = Literal["auto", 1, 2, 3]
 

@@ -1,5 +1,5 @@
 """What storage reports to the runtime: a closed set of frozen events, made by
-``NodeStorage`` (engine/storage/node.py) on the loop thread."""
+``NodeStorage`` (engine/storage/node_storage.py) on the loop thread."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from engine.errors import StorageFailed
 from engine.storage.checkpoint import Checkpoint
-from engine.storage.log import ServerLog
+from engine.storage.server_log import ServerLog
 from engine.storage.wal import HardState
 
 

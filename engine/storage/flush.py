@@ -12,7 +12,7 @@ from operator import attrgetter
 
 from engine.errors import StorageFailed
 from engine.limits import Limits
-from engine.raft.log import Entry
+from engine.raft.entry import Entry
 from engine.storage.checkpoint import Checkpoint, CheckpointStore
 from engine.storage.disk import Disk, parent, write_file_atomic
 from engine.storage.segment import (

@@ -38,7 +38,7 @@ import numpy as np
 import numpy.typing as npt
 
 from engine.errors import EntryDamaged
-from engine.raft.log import Entry, EntryKind
+from engine.raft.entry import Entry, EntryKind
 from engine.storage.disk import Disk, DiskFile, parent, write_file_atomic
 
 _KINDS = tuple(EntryKind)

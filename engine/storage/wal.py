@@ -47,7 +47,7 @@ import crc32c
 
 from engine.errors import RecoveryRefused, StorageFailed
 from engine.limits import Limits
-from engine.raft.log import Entry, EntryKind
+from engine.raft.entry import Entry, EntryKind
 from engine.storage.disk import Disk, DiskFile
 from engine.storage.wal_stats import WalStats, WalTimes
 

@@ -15,8 +15,8 @@ from fastapi import FastAPI
 from app.db import repo
 from app.db.models import Base
 from app.db.session import Database
+from app.engine_seam import record_listener, store_record
 from app.main import StartupReport, create_app
-from app.node import record_listener, store_record
 from app.settings import Settings
 from engine.runtime.api import CheckpointRecord, CompactionRecord, RecordListener
 
@@ -37,7 +37,9 @@ class RecordingNode:
         assert self.app is not None
         state = self.app.state
         # Migrations ran and admin exists before the engine starts; not ready yet.
-        assert state.migrations == "0001" and not state.ready and state.engine_status == "recovering"
+        assert (
+            state.migrations == "0001" and not state.ready and state.engine_status == "recovering"
+        )
         with state.db.transaction() as session:
             assert repo.get_user(session, "admin") is not None
         self.events.append("start")
@@ -68,7 +70,11 @@ def test_lifespan_orders_migrations_engine_ready_and_back(tmp_path: Path) -> Non
 
     async def run() -> None:
         async with app.router.lifespan_context(app):
-            assert app.state.ready and app.state.node is node and app.state.engine_status == "recovered"
+            assert (
+                app.state.ready
+                and app.state.node is node
+                and app.state.engine_status == "recovered"
+            )
             node.events.append("serving")
         assert app.state.node is None and not app.state.ready
 
@@ -83,7 +89,9 @@ def test_without_engine_the_app_is_ready_with_engine_absent(tmp_path: Path) -> N
 
     async def run() -> None:
         async with app.router.lifespan_context(app):
-            assert app.state.ready and app.state.node is None and app.state.engine_status == "absent"
+            assert (
+                app.state.ready and app.state.node is None and app.state.engine_status == "absent"
+            )
 
     anyio.run(run)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pyroaring import BitMap64
 
-from engine.raft.log import Entry, EntryKind
+from engine.raft.entry import Entry, EntryKind
 from engine.storage import Checkpoint, FakeDisk, HardState, NodeStorage
 from tests.compaction.conftest import UID, assert_intact, fill, limits, payload, reopen
 

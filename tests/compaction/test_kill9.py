@@ -30,7 +30,7 @@ LIMITS = limits(
 CHILD = textwrap.dedent(
     """
     import sys
-    from engine.raft.log import Entry, EntryKind
+    from engine.raft.entry import Entry, EntryKind
     from engine.storage import NodeStorage, OsDisk
     from tests.compaction.conftest import UID, checkpoint
     from tests.compaction.test_kill9 import LIMITS, N, body, live_of

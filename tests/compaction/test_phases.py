@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pyroaring import BitMap64
 
-from engine.raft.log import Entry, EntryKind
+from engine.raft.entry import Entry, EntryKind
 from engine.storage import FakeDisk
 from engine.storage.segment import COMPACTED
 from tests.compaction.conftest import (

@@ -9,7 +9,7 @@ import threading
 
 from pyroaring import BitMap64
 
-from engine.raft.log import Entry, EntryKind
+from engine.raft.entry import Entry, EntryKind
 from engine.storage import FakeDisk
 from engine.storage.compaction import PinnedReader
 from tests.compaction.conftest import (

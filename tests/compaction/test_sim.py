@@ -9,10 +9,10 @@ import random
 from functools import partial
 
 from engine.ids import ServerId
+from engine.sim.disk_storage import SimDiskStorage
 from engine.sim.queue_workload import QueueWorkload
 from engine.sim.storage import SimStorage
 from engine.sim.world import SimConfig, World
-from engine.storage.simulated import SimDiskStorage
 from tests.storage.conftest import small_limits
 
 LIMITS = small_limits(

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from engine.ids import ServerId
 from engine.limits import Limits
 from engine.raft.config import Configuration
+from engine.raft.entry import Entry, EntryKind
 from engine.raft.events import (
     Event,
     Persisted,
@@ -19,7 +20,6 @@ from engine.raft.events import (
     Tick,
 )
 from engine.raft.kv import KvMachine
-from engine.raft.log import Entry, EntryKind
 from engine.raft.machine import ApplyMeta
 from engine.raft.messages import (
     AppendRequest,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.raft.log import Entry, EntryKind
+from engine.raft.entry import Entry, EntryKind
 from engine.raft.raft_log import RaftLog
 from engine.sim.storage import MemStorage
 

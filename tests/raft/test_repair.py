@@ -4,8 +4,8 @@ vote for that leader before it acts as a voter again."""
 
 from __future__ import annotations
 
+from engine.raft.entry import Entry, EntryKind
 from engine.raft.events import HardState, Propose, Receive, Tick
-from engine.raft.log import Entry, EntryKind
 from engine.raft.messages import (
     AppendResponse,
     Heartbeat,
@@ -20,7 +20,7 @@ from tests.raft.harness import Cluster, append_request, sid, vote_request
 def _lose_entries_after(c: Cluster, name: str, index: int) -> None:
     """The durable log of ``name`` keeps entries up to ``index`` only (the media lost
     the rest); the hard state survives."""
-    durable = c.nodes[name].storage.durable
+    durable = c.nodes[name].storage.durable_state
     del durable.entries[index - durable.snap_index :]
 
 
@@ -141,7 +141,7 @@ def test_a_vote_forgotten_with_the_hard_state_is_not_given_twice() -> None:
         c.step("b", Receive(vote_request("c", "b", 1)))
         assert c["b"].vote == "c"
         c.take()
-        c.nodes["b"].storage.durable.hard_state = None
+        c.nodes["b"].storage.durable_state.hard_state = None
         c.restart("b", repair=repair)
         c.step("b", Receive(vote_request("a", "b", 1)))
         granted = [m.granted for m in c.take(VoteResponse)]
@@ -157,7 +157,7 @@ def test_a_vote_forgotten_with_the_hard_state_is_not_given_twice() -> None:
     c.stabilize()
     c.tick(c.limits.heartbeat_interval_ms, ["c"], deliver=True)
     assert not b.repairing and (b.term, b.vote) == (1, "c")
-    assert c.nodes["b"].storage.durable.hard_state == HardState(1, sid("c"), 1)
+    assert c.nodes["b"].storage.durable_state.hard_state == HardState(1, sid("c"), 1)
 
 
 def test_a_leader_that_counted_acknowledgements_from_before_the_damage_steps_down() -> None:

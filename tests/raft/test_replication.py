@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from engine.raft.entry import Entry, EntryKind
 from engine.raft.events import Propose, Receive, Tick
-from engine.raft.log import Entry, EntryKind
 from engine.raft.messages import AppendRequest, AppendResponse
 from engine.raft.progress import ProgressState
 from engine.raft.server import Fault, Role

@@ -9,8 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from engine.ids import ServerId
+from engine.raft.entry import Entry, EntryKind
 from engine.raft.events import Event, HardState, Persisted, Ready
-from engine.raft.log import Entry, EntryKind
 from engine.raft.machine import ApplyMeta, Machine, MachineEffect
 from engine.raft.messages import Message, VoteResponse
 from engine.raft.options import Fault

@@ -18,7 +18,7 @@ from engine.errors import (
     StorageFailed,
     ValidationFailed,
 )
-from engine.raft.log import Entry
+from engine.raft.entry import Entry
 from engine.runtime import Node
 from engine.runtime.api import (
     CheckpointRecord,

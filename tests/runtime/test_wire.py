@@ -9,7 +9,7 @@ import pytest
 
 from engine.errors import Backpressure, NoLeader, QueueNotFound
 from engine.ids import ServerId
-from engine.raft.log import Entry, EntryKind
+from engine.raft.entry import Entry, EntryKind
 from engine.raft.messages import (
     AppendRequest,
     AppendResponse,

@@ -6,9 +6,9 @@ from __future__ import annotations
 import random
 
 from engine.ids import ServerId
+from engine.raft.entry import Entry, EntryKind
 from engine.raft.events import HardState
 from engine.raft.kv import KvMachine
-from engine.raft.log import Entry, EntryKind
 from engine.raft.machine import ApplyMeta, CheckpointRequest, Machine, MachineEffect
 from engine.sim.checkers import Observer
 from engine.sim.storage import MemStorage, SimStorage

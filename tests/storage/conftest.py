@@ -3,7 +3,7 @@ from __future__ import annotations
 import dataclasses
 
 from engine.limits import DEFAULT_LIMITS, KIB, Limits
-from engine.raft.log import Entry, EntryKind
+from engine.raft.entry import Entry, EntryKind
 from engine.storage import FakeDisk, HardState, NodeStorage
 
 

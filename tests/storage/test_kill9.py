@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CHILD = textwrap.dedent(
     """
     import sys
-    from engine.raft.log import Entry, EntryKind
+    from engine.raft.entry import Entry, EntryKind
     from engine.storage import NodeStorage, OsDisk, Persisted
     from tests.storage.test_kill9 import LIMITS, payload
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-import engine.storage.log as log_module
+import engine.storage.server_log as log_module
 from engine.storage.disk import FakeDisk
-from engine.storage.log import ServerLog
 from engine.storage.segment import COMPACTED, OVERWRITES, ReaderCache, SegmentInfo
+from engine.storage.server_log import ServerLog
 
 PER_SEGMENT = 10
 

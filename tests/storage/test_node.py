@@ -8,7 +8,7 @@ import time
 import pytest
 from pyroaring import BitMap64
 
-from engine.raft.log import EntryKind
+from engine.raft.entry import EntryKind
 from engine.storage import (
     Checkpoint,
     FakeDisk,

@@ -12,10 +12,10 @@ import pytest
 from engine.errors import RecoveryRefused
 from engine.ids import ServerId
 from engine.raft.server import Fault
+from engine.sim.disk_storage import SimDiskStorage
 from engine.sim.run import run_seed
 from engine.sim.storage import SimStorage
 from engine.sim.world import SimConfig, World
-from engine.storage.simulated import SimDiskStorage
 from tests.storage.conftest import small_limits
 
 # Small files, so that WAL rolls, segment flushes and many segments happen in short runs.

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from pyroaring import BitMap64
 
-from engine.raft.log import Entry, EntryKind
+from engine.raft.entry import Entry, EntryKind
 from engine.storage import Checkpoint, FakeDisk, HardState, NodeStorage, Persisted
 from tests.storage.conftest import small_limits
 

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.errors import RecoveryRefused
-from engine.raft.log import Entry, EntryKind
+from engine.raft.entry import Entry, EntryKind
 from engine.storage import FakeDisk, HardState, NodeStorage, Persisted, WalBatch, WalThread
 from engine.storage.wal import (
     AppendOp,

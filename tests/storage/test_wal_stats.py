@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from engine.limits import Limits
-from engine.raft.log import Entry, EntryKind
+from engine.raft.entry import Entry, EntryKind
 from engine.storage import OsDisk, Wal
 from engine.storage.wal import AppendOp
 from engine.storage.wal_stats import RECENT_SYNCS, SYNC_BUCKETS_S, WalTimes

@@ -19,15 +19,15 @@ from engine.errors import EntryDamaged
 from engine.ids import ServerId
 from engine.limits import DEFAULT_LIMITS, KIB, Limits
 from engine.raft.config import Configuration
+from engine.raft.entry import Entry
 from engine.raft.events import HardState as RaftHardState
-from engine.raft.log import Entry
 from engine.raft.snapshot import Snapshot
 from engine.storage.checkpoint import Checkpoint
 from engine.storage.compaction import CompactionResult
 from engine.storage.disk import FakeDisk
-from engine.storage.log import ServerLog
-from engine.storage.node import NodeStorage, WriteFailed
+from engine.storage.node_storage import NodeStorage, WriteFailed
 from engine.storage.segment import read_segment_info, segment_dir
+from engine.storage.server_log import ServerLog
 from engine.storage.wal import FILE_HEADER_BYTES, HardState, read_wal_file, wal_seqs
 
 UID = "server"

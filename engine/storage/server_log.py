@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pyroaring import BitMap64
 
 from engine.errors import EntryDamaged, StorageFailed
-from engine.raft.log import Entry, EntryKind
+from engine.raft.entry import Entry, EntryKind
 from engine.storage.disk import Disk
 from engine.storage.segment import OVERWRITES, ReaderCache, SegmentInfo
 from engine.storage.wal import HardState
@@ -119,7 +119,7 @@ class _Segment:
 
 
 class ServerLog:
-    """The ``LogStore`` of one server (see ``engine.raft.log``), plus payload reads."""
+    """The ``LogStore`` of one server (see ``engine.raft.entry``), plus payload reads."""
 
     def __init__(self, uid: str, disk: Disk, cache: ReaderCache) -> None:
         self.uid = uid

@@ -38,7 +38,7 @@ from pyroaring import BitMap64
 
 from engine.errors import EntryDamaged, RecoveryRefused, StorageFailed
 from engine.limits import DEFAULT_LIMITS, Limits
-from engine.raft.log import Entry
+from engine.raft.entry import Entry
 from engine.storage.checkpoint import Checkpoint, CheckpointStore
 from engine.storage.compaction import (
     CompactionJob,
@@ -65,7 +65,6 @@ from engine.storage.events import (
     WriteFailed,
 )
 from engine.storage.flush import CheckpointWrite, SegmentFlush, segment_chunks
-from engine.storage.log import ServerLog
 from engine.storage.repair import (
     RepairKind,
     RepairMarker,
@@ -81,6 +80,7 @@ from engine.storage.segment import (
     segment_path,
     write_segment,
 )
+from engine.storage.server_log import ServerLog
 from engine.storage.wal import (
     AppendOp,
     ForgetOp,
