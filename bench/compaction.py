@@ -54,7 +54,7 @@ from engine.queue import NewMessage, QueuePolicy, encode_checkout, encode_enqueu
 from engine.queue.effects import CheckedOut
 from engine.queue.machine import QueueMachine
 from engine.raft.entry import Entry, EntryKind
-from engine.raft.machine import ApplyMeta
+from engine.raft.state_machine import ApplyMeta
 from engine.storage import Checkpoint, NodeStorage, OsDisk
 
 JSON_KEYS = (

@@ -56,7 +56,7 @@ from engine.queue import (
     encode_settle,
 )
 from engine.queue.machine import FrozenMachine
-from engine.raft.machine import ApplyMeta
+from engine.raft.state_machine import ApplyMeta
 
 JSON_KEYS = (
     "bench",

@@ -44,9 +44,9 @@ from engine.raft.config import Configuration
 from engine.raft.entry import Entry, EntryKind
 from engine.raft.events import Persisted, Propose, Ready, Receive, Tick
 from engine.raft.kv import KvMachine, encode_put
-from engine.raft.machine import ApplyMeta
 from engine.raft.messages import AppendRequest, Message
 from engine.raft.server import RaftOptions, RaftServer, Role
+from engine.raft.state_machine import ApplyMeta
 
 COMMAND_BYTES = 1024
 

@@ -54,7 +54,7 @@ from pyroaring import BitMap64
 import bench
 from engine.limits import DEFAULT_LIMITS
 from engine.raft.entry import Entry, EntryKind
-from engine.raft.machine import ApplyMeta, Machine, MachineEffect
+from engine.raft.state_machine import ApplyMeta, Machine, MachineEffect
 from engine.storage import Checkpoint, NodeStorage, OsDisk
 
 JSON_KEYS = (

@@ -34,7 +34,7 @@ How the runtime uses it
   ``DeadLetter(target, reason, refs, delivery_counts)``: publish copies to ``target``
   with dedup ids ``dlx:<source uid>:<message id>``, then propose
   ``encode_dead_letter_confirm(refs)`` here (see ``DeadLetter``); ``CheckpointRequest``
-  and ``ReleaseCursor`` from ``engine.raft.machine`` (every replica).
+  and ``ReleaseCursor`` from ``engine.raft.state_machine`` (every replica).
 
 Packed references (``refs``): one uint64 per message, tag bit 63 = 0: index:44 | size:15 |
 slot:4; tag 10: index:37 | slot:10 | size:15; tag 11: handle into the machine's fallback

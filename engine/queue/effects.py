@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from engine.errors import QuorraError
-from engine.raft.machine import MachineEffect
+from engine.raft.state_machine import MachineEffect
 
 REASON_REJECTED = "rejected"
 REASON_EXPIRED = "expired"

@@ -88,7 +88,7 @@ from engine.queue.refs import (
 )
 from engine.queue.snapshots import FrozenMachine, MachineClock, SnapshotState, read_snapshot
 from engine.queue.stats import COUNTERS, BrowseItem, MemoryUse, QueueStats
-from engine.raft.machine import ApplyMeta, CheckpointRequest, MachineEffect, ReleaseCursor
+from engine.raft.state_machine import ApplyMeta, CheckpointRequest, MachineEffect, ReleaseCursor
 
 U64 = npt.NDArray[np.uint64]
 

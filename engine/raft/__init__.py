@@ -27,11 +27,11 @@ from engine.raft.events import (
     Tick,
     TransferLeadership,
 )
-from engine.raft.machine import ApplyMeta, Machine
 from engine.raft.options import Fault, RaftOptions, RandomSource
 from engine.raft.role import Role
 from engine.raft.server import RaftServer
 from engine.raft.snapshot import Snapshot, SnapshotMeta
+from engine.raft.state_machine import ApplyMeta, Machine
 
 __all__ = [
     "EMPTY_CONFIGURATION",

@@ -14,7 +14,7 @@ from typing import ClassVar
 import msgpack
 from pyroaring import BitMap64
 
-from engine.raft.machine import ApplyMeta, MachineEffect
+from engine.raft.state_machine import ApplyMeta, MachineEffect
 
 _unpackb = msgpack.unpackb
 

@@ -35,11 +35,11 @@ from engine.raft.events import (
     Rejected,
     SnapshotTaken,
 )
-from engine.raft.machine import ApplyMeta, Machine, MachineEffect
 from engine.raft.messages import Message
 from engine.raft.options import Fault
 from engine.raft.server import RaftServer, Role
 from engine.raft.snapshot import Snapshot
+from engine.raft.state_machine import ApplyMeta, Machine, MachineEffect
 
 
 class ReplicaHost(Protocol):

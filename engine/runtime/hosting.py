@@ -47,10 +47,10 @@ from engine.raft.events import (
 from engine.raft.events import HardState as RaftHardState
 from engine.raft.events import Persisted as RaftPersisted
 from engine.raft.events import Rejected as RaftRejected
-from engine.raft.machine import MachineEffect
 from engine.raft.messages import Message
 from engine.raft.server import RaftOptions, RaftServer, Role
 from engine.raft.snapshot import Snapshot, SnapshotMeta
+from engine.raft.state_machine import MachineEffect
 from engine.runtime import observe
 from engine.runtime.driver import ReplicaDriver
 from engine.runtime.meta import QueueMeta, policy_of

@@ -84,13 +84,13 @@ from engine.runtime.api import (
     SettleResult,
     Trigger,
 )
+from engine.runtime.applying import Effects
 from engine.runtime.catalog import Catalog
 from engine.runtime.checkpoints import Checkpoints
 from engine.runtime.clock import SYSTEM_CLOCK, Clock
-from engine.runtime.dead_letters import DeadLetters
-from engine.runtime.effects import Effects
+from engine.runtime.dead_letter_routing import DeadLetters
 from engine.runtime.hosting import Hosting
-from engine.runtime.membership import Membership
+from engine.runtime.member_changes import Membership
 from engine.runtime.meta import QueueMeta
 from engine.runtime.queue_ops import QueueOps
 from engine.runtime.replica import Proposal, Replica, node_of

@@ -45,7 +45,7 @@ from engine.queue import (
 )
 from engine.raft.entry import Entry, EntryKind
 from engine.raft.events import Accepted, ReadReady, Rejected
-from engine.raft.machine import Machine
+from engine.raft.state_machine import Machine
 from engine.sim.checkers import Observer
 from engine.sim.run import SeedResult
 

@@ -14,7 +14,7 @@ from engine.ids import ServerId
 from engine.raft.entry import Entry, EntryKind
 from engine.raft.events import Accepted, ReadReady, Rejected
 from engine.raft.kv import KvMachine, encode_put
-from engine.raft.machine import Machine
+from engine.raft.state_machine import Machine
 from engine.sim.checkers import Observer, RegisterOp, check_register
 
 if TYPE_CHECKING:

@@ -53,10 +53,10 @@ from engine.raft.events import (
     Tick,
     TransferLeadership,
 )
-from engine.raft.machine import CheckpointRequest, Machine, MachineEffect
 from engine.raft.messages import Message
 from engine.raft.server import Fault, RaftOptions, RaftServer, Role
 from engine.raft.snapshot import Snapshot
+from engine.raft.state_machine import CheckpointRequest, Machine, MachineEffect
 from engine.runtime.driver import ReplicaDriver
 from engine.sim.checkers import DurableBeforePromised, Observer, RaftSafety
 from engine.sim.network import Network, NetworkFaults

@@ -55,15 +55,6 @@ from engine.storage.compaction import (
     segment_stat,
 )
 from engine.storage.disk import Disk, parent
-from engine.storage.events import (
-    HardStateSaved,
-    Persisted,
-    Recovered,
-    Removed,
-    SnapshotReset,
-    StorageEvent,
-    WriteFailed,
-)
 from engine.storage.flush import CheckpointWrite, SegmentFlush, segment_chunks
 from engine.storage.repair import (
     RepairKind,
@@ -81,6 +72,15 @@ from engine.storage.segment import (
     write_segment,
 )
 from engine.storage.server_log import ServerLog
+from engine.storage.storage_events import (
+    HardStateSaved,
+    Persisted,
+    Recovered,
+    Removed,
+    SnapshotReset,
+    StorageEvent,
+    WriteFailed,
+)
 from engine.storage.wal import (
     AppendOp,
     ForgetOp,

@@ -21,7 +21,7 @@ from engine.queue import (
 from engine.queue.effects import CheckedOut
 from engine.queue.machine import QueueMachine
 from engine.raft.entry import Entry, EntryKind
-from engine.raft.machine import ApplyMeta
+from engine.raft.state_machine import ApplyMeta
 from engine.storage import Checkpoint, Disk, NodeStorage
 from engine.storage.segment import segment_dir
 

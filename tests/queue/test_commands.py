@@ -34,7 +34,7 @@ from engine.queue.commands import (
     decode_receipts,
     enqueue_records,
 )
-from engine.raft.machine import ApplyMeta
+from engine.raft.state_machine import ApplyMeta
 
 new_messages = st.builds(
     NewMessage,

@@ -40,7 +40,7 @@ from engine.queue import (
 from engine.queue import commands as cmd
 from engine.queue import machine as machine_module
 from engine.queue.refs import INDEX_LIMIT_SHORT, SIZE_LIMIT, is_fallback
-from engine.raft.machine import ApplyMeta
+from engine.raft.state_machine import ApplyMeta
 
 
 @contextmanager

@@ -37,7 +37,7 @@ from engine.queue import (
     encode_settle,
     message_id,
 )
-from engine.raft.machine import ApplyMeta, CheckpointRequest, ReleaseCursor
+from engine.raft.state_machine import ApplyMeta, CheckpointRequest, ReleaseCursor
 
 NO_MEMORY = MemoryUse(0, 0, 0, 0, 0)
 """Memory estimates differ after a restore (pages come back unsealed)."""

@@ -42,7 +42,7 @@ from engine.queue import (
     encode_settle,
     message_id,
 )
-from engine.raft.machine import ApplyMeta, CheckpointRequest, ReleaseCursor
+from engine.raft.state_machine import ApplyMeta, CheckpointRequest, ReleaseCursor
 from tests.queue.model import Model, Policy
 
 LIMITS = Limits(

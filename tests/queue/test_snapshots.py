@@ -26,7 +26,7 @@ from engine.queue import (
     encode_settle,
 )
 from engine.queue.snapshots import LANES_AT, read_snapshot
-from engine.raft.machine import ApplyMeta
+from engine.raft.state_machine import ApplyMeta
 
 NO_MEMORY = MemoryUse(0, 0, 0, 0, 0)
 """Memory estimates differ after a restore (pages come back unsealed)."""

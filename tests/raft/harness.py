@@ -20,7 +20,6 @@ from engine.raft.events import (
     Tick,
 )
 from engine.raft.kv import KvMachine
-from engine.raft.machine import ApplyMeta
 from engine.raft.messages import (
     AppendRequest,
     AppendResponse,
@@ -30,6 +29,7 @@ from engine.raft.messages import (
 )
 from engine.raft.server import Fault, RaftOptions, RaftServer, Role
 from engine.raft.snapshot import Snapshot
+from engine.raft.state_machine import ApplyMeta
 from engine.sim.storage import MemStorage
 
 LIMITS = Limits()

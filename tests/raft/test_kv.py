@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.raft.kv import KvMachine, encode_delete, encode_put
-from engine.raft.machine import ApplyMeta
+from engine.raft.state_machine import ApplyMeta
 
 
 def _apply_all(m: KvMachine, commands: list[bytes]) -> dict[int, bytes]:

@@ -11,11 +11,11 @@ from hypothesis import strategies as st
 from engine.ids import ServerId
 from engine.raft.entry import Entry, EntryKind
 from engine.raft.events import Event, HardState, Persisted, Ready
-from engine.raft.machine import ApplyMeta, Machine, MachineEffect
 from engine.raft.messages import Message, VoteResponse
 from engine.raft.options import Fault
 from engine.raft.server import RaftServer
 from engine.raft.snapshot import Snapshot
+from engine.raft.state_machine import ApplyMeta, Machine, MachineEffect
 from engine.runtime.driver import ReplicaDriver
 
 A, B = ServerId("a"), ServerId("b")

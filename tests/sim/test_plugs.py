@@ -9,7 +9,7 @@ from engine.ids import ServerId
 from engine.raft.entry import Entry, EntryKind
 from engine.raft.events import HardState
 from engine.raft.kv import KvMachine
-from engine.raft.machine import ApplyMeta, CheckpointRequest, Machine, MachineEffect
+from engine.raft.state_machine import ApplyMeta, CheckpointRequest, Machine, MachineEffect
 from engine.sim.checkers import Observer
 from engine.sim.storage import MemStorage, SimStorage
 from engine.sim.workload import KvWorkload

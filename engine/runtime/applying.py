@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 from engine.errors import NoLeader, QuorraError
 from engine.queue import DeadLetter, Expired, MessagesAvailable, PolicyChanged, Rejected
 from engine.raft.entry import Entry, EntryKind
-from engine.raft.machine import CheckpointRequest, MachineEffect, ReleaseCursor
 from engine.raft.server import Role
+from engine.raft.state_machine import CheckpointRequest, MachineEffect, ReleaseCursor
 from engine.runtime.checkpoints import Captured
 from engine.runtime.replica import Proposal, Replica
 
