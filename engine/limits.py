@@ -98,6 +98,22 @@ class Limits:
     """A proposal not applied by then raises ``NoLeader`` (its outcome is unknown)."""
     leader_wait_ms: int = 3_000
     """How long a request waits for a queue to elect a leader before ``NoLeader``."""
+    poll_interval_ms: int = 5
+    """How often the runtime looks again at a condition no event announces: recovery
+    done at start, requests drained at stop, a new queue's first entry applied, a
+    leadership transfer taken."""
+    stop_grace_ms: int = 2_000
+    """A stop gives requests in flight this long to finish."""
+    stop_checkpoint_bytes_min: int = 1 * MIB
+    """A clean stop checkpoints every queue that applied at least this much of its log
+    since its last checkpoint (so that the next start applies next to nothing)."""
+    rate_sample_ms: int = 1_000
+    """Rates (published, delivered, acked per second) are sampled at most this often."""
+    rate_window_ms: int = 10_000
+    """and computed over the newest samples this recent."""
+    message_overhead_bytes: int = 256
+    """What a message's headers and framing are counted as beside its body where a batch
+    is cut to size (``dead_letter_batch_bytes_max``)."""
 
     def __post_init__(self) -> None:
         assert 0 < self.tick_ms <= self.heartbeat_interval_ms
@@ -119,6 +135,15 @@ class Limits:
         assert self.leader_wait_ms >= self.election_timeout_ms_max
         assert self.enqueue_time_resolution_ms >= 1
         assert self.proposal_timeout_ms >= self.leader_wait_ms
+        assert 1 <= self.poll_interval_ms <= self.tick_ms
+        assert self.rate_sample_ms * 2 <= self.rate_window_ms
+
+    @property
+    def dead_letter_batch_bytes_max(self) -> int:
+        """Dead-letter copies are published again in batches of at most this many bytes,
+        each copy counted as its body plus ``message_overhead_bytes``: half a publish
+        batch, the rest room for headers and the entry's framing."""
+        return self.batch_bytes_max // 2
 
 
 DEFAULT_LIMITS = Limits()

@@ -349,10 +349,14 @@ def encode_expire() -> bytes:
     return _SIMPLE_HEAD.pack(Kind.EXPIRE[0], FORMAT_VERSION)
 
 
+DEAD_LETTER_CONFIRM_REFS_MAX = (1 << 16) - 1
+"""A dead-letter confirm names at most this many references (its count is 16 bits)."""
+
+
 def encode_dead_letter_confirm(refs: list[int]) -> bytes:
     """The target queue holds these dead-lettered messages; the source may forget them."""
     n = len(refs)
-    assert n < 1 << 16
+    assert n <= DEAD_LETTER_CONFIRM_REFS_MAX
     head = _RECEIPTS_HEAD.pack(Kind.DEAD_LETTER_CONFIRM[0], FORMAT_VERSION, n, 0)
     return head + np.array(refs, dtype="<u8").tobytes()
 

@@ -119,7 +119,7 @@ class Catalog:
                 loop = node._need_loop()
                 deadline = loop.time() + node.limits.leader_wait_ms / 1000
                 while rep.applied_index == 0 and loop.time() < deadline and not rep.closed:
-                    await asyncio.sleep(0.005)
+                    await asyncio.sleep(node.limits.poll_interval_ms / 1000)
             return queue_info(meta), True
 
     async def ensure_replicas(self, meta: QueueMeta) -> None:

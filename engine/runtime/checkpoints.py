@@ -5,7 +5,7 @@ a frozen view, no copy), encoded and written by a worker, and the file is finish
 the loop; storage objects are touched only on the loop. Writes, cursor releases and
 compactions of one queue take turns under its ``disk_lock``. A checkpoint is taken when
 the machine asks (``CheckpointRequest``), once ``Limits.replay_bytes_max`` of the log
-has applied since the last one, at a clean stop (``STOP_CHECKPOINT_BYTES_MIN``), and on
+has applied since the last one, at a clean stop (``Limits.stop_checkpoint_bytes_min``), and on
 demand; compaction follows each automatic one.
 """
 
@@ -34,10 +34,6 @@ if TYPE_CHECKING:
     from engine.runtime.node import Node
 
 log = logging.getLogger("quorra.engine")
-
-STOP_CHECKPOINT_BYTES_MIN = 1 << 20
-"""A clean stop checkpoints a queue that applied at least this much since its last
-checkpoint, so that the next start applies next to nothing again."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -165,7 +161,7 @@ class Checkpoints:
         return observe.compaction_record(rep, ran, trigger, started_ms, duration_ms, before)
 
     async def before_stop(self) -> None:
-        """Checkpoint every queue with ``STOP_CHECKPOINT_BYTES_MIN`` applied since its
+        """Checkpoint every queue with ``Limits.stop_checkpoint_bytes_min`` applied since its
         last checkpoint: a restart after a clean stop then restores the machine and
         applies nothing of the log (up to ``Limits.replay_bytes_max`` otherwise)."""
         for rep in list(self.node._replicas.values()):
@@ -173,7 +169,7 @@ class Checkpoints:
                 rep.failed is not None
                 or rep.closed
                 or rep.applied_term == 0
-                or rep.bytes_since_capture < STOP_CHECKPOINT_BYTES_MIN
+                or rep.bytes_since_capture < self.node.limits.stop_checkpoint_bytes_min
             ):
                 continue
             cp = self.capture(rep, rep.applied_index, rep.applied_term)
@@ -193,4 +189,4 @@ def _write_checkpoint(job: CheckpointWrite, captured: Captured) -> int:
     return len(cp.live_indexes)
 
 
-__all__ = ["STOP_CHECKPOINT_BYTES_MIN", "Captured", "Checkpoints"]
+__all__ = ["Captured", "Checkpoints"]

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from engine.errors import QueueNotFound, QuorraError
 from engine.queue import DeadLetter, encode_dead_letter_confirm, message_id, read_message
+from engine.queue.commands import DEAD_LETTER_CONFIRM_REFS_MAX
 from engine.runtime.api import OutgoingMessage
 from engine.runtime.meta import decode_headers
 from engine.runtime.replica import Replica
@@ -43,8 +44,9 @@ class DeadLetters:
                     if not await self.publish_anywhere(effect.target, batch):
                         break
             refs = list(effect.refs)
-            for k in range(0, len(refs), 60_000):
-                await self.node._propose(rep, encode_dead_letter_confirm(refs[k : k + 60_000]))
+            step = DEAD_LETTER_CONFIRM_REFS_MAX
+            for k in range(0, len(refs), step):
+                await self.node._propose(rep, encode_dead_letter_confirm(refs[k : k + step]))
         except QuorraError as e:
             log.warning("queue %s: dead-lettering to %s postponed: %s", rep.name, effect.target, e)
 
@@ -67,11 +69,11 @@ class DeadLetters:
     def batches_of(self, copies: list[OutgoingMessage]) -> list[list[OutgoingMessage]]:
         """Copies in publish batches within the batch limits (count and bytes)."""
         limits = self.node.limits
-        budget = limits.batch_bytes_max // 2  # room for headers and the entry's framing
+        budget = limits.dead_letter_batch_bytes_max
         out: list[list[OutgoingMessage]] = []
         size = 0
         for m in copies:
-            weight = len(m.body) + 256
+            weight = len(m.body) + limits.message_overhead_bytes
             if not out or len(out[-1]) >= limits.batch_messages_max or size + weight > budget:
                 out.append([])
                 size = 0

@@ -199,7 +199,7 @@ class Hosting:
             if loop.time() > deadline:
                 log.warning("start: some queues are still recovering")
                 return
-            await asyncio.sleep(0.005)
+            await asyncio.sleep(node.limits.poll_interval_ms / 1000)
 
     @staticmethod
     def close_replica(rep: Replica, error: QuorraError) -> None:
@@ -238,7 +238,7 @@ class Hosting:
         except StorageFailed as e:
             self.fail(rep, e)
             return
-        rep.sample(node.clock.monotonic_ms())
+        rep.sample(node.clock.monotonic_ms(), node.limits)
         node._membership.maybe_members_changed(rep)
         seen = (int(raft.role), raft.leader, raft.term)
         if seen != rep.seen:

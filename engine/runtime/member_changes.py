@@ -124,7 +124,7 @@ class Membership:
         while rep.raft.leader is None or node_of(rep.raft.leader) != node:
             if loop.time() > deadline or rep.closed:
                 raise NoLeader(f"queue {name}: {node} did not take over in time, retry")
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(self.node.limits.poll_interval_ms / 1000)
 
     async def transfer_local(self, rep: Replica, node: str) -> None:
         if node == self.node.name:

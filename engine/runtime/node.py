@@ -104,9 +104,6 @@ from engine.storage.wal_stats import WalStats
 log = logging.getLogger("quorra.engine")
 T = TypeVar("T")
 
-STOP_GRACE_MS = 2_000
-"""How long a graceful stop lets requests in flight finish."""
-
 
 class Node:
     """One Quorra node. ``Node(data_dir)`` alone is a single-node cluster."""
@@ -234,9 +231,9 @@ class Node:
                 if not f.done():
                     f.set_result(None)
         loop = self._need_loop()
-        deadline = loop.time() + STOP_GRACE_MS / 1000
+        deadline = loop.time() + self.limits.stop_grace_ms / 1000
         while self._inflight_requests and loop.time() < deadline:
-            await asyncio.sleep(0.005)
+            await asyncio.sleep(self.limits.poll_interval_ms / 1000)
 
     def set_record_listener(self, listener: RecordListener | None) -> None:
         self._checkpoints.listener = listener
@@ -319,7 +316,7 @@ class Node:
         failed = self._failed.get(name)
         if failed is not None:
             return observe.failed_stats(failed[1])
-        return observe.queue_stats(self._replica(name), self.clock.monotonic_ms())
+        return observe.queue_stats(self._replica(name), self.clock.monotonic_ms(), self.limits)
 
     def segments(self, name: str) -> list[SegmentInfo]:
         rep = self._replica(name)

@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pyroaring import BitMap64
 
 from engine.errors import QuorraError
+from engine.limits import Limits
 from engine.queue import MemoryUse
 from engine.queue.snapshots import FrozenMachine
 from engine.raft.server import Role
@@ -174,13 +175,13 @@ def compaction_record(
     )
 
 
-def queue_stats(rep: Replica, now: int) -> dict[str, object]:
+def queue_stats(rep: Replica, now: int, limits: Limits) -> dict[str, object]:
     """The stats of API.md for one replica."""
     s = rep.machine.stats()
     live, live_at = live_set(rep)
     segments = segment_infos(rep, live)
-    rep.sample(now)
-    publish_rate, deliver_rate, ack_rate = rep.rates(now)
+    rep.sample(now, limits)
+    publish_rate, deliver_rate, ack_rate = rep.rates(now, limits)
     held = s.messages_ready + s.messages_unacked + s.messages_delayed
     memory = s.memory
     per_message = memory.total_bytes - memory.fixed_bytes

@@ -17,15 +17,13 @@ from dataclasses import dataclass, field
 from pyroaring import BitMap64
 
 from engine.ids import ServerId
+from engine.limits import Limits
 from engine.queue import QueueMachine, ReceiptSeal
 from engine.raft.entry import Entry
 from engine.raft.server import RaftServer
 from engine.runtime.driver import ReplicaDriver
 from engine.runtime.meta import QueueMeta
 from engine.storage import ServerLog
-
-RATE_WINDOW_MS = 10_000
-RATE_SAMPLE_MS = 1_000
 
 
 @dataclass(slots=True)
@@ -116,18 +114,18 @@ class Replica:
         entries up to it are in its state and are not applied again."""
         return self.driver.base_index
 
-    def sample(self, now_ms: int) -> None:
-        if self.samples and now_ms - self.samples[-1][0] < RATE_SAMPLE_MS:
+    def sample(self, now_ms: int, limits: Limits) -> None:
+        if self.samples and now_ms - self.samples[-1][0] < limits.rate_sample_ms:
             return
         s = self.machine.stats()
         self.samples.append((now_ms, s.published, s.delivered, s.acked))
 
-    def rates(self, now_ms: int) -> tuple[float, float, float]:
+    def rates(self, now_ms: int, limits: Limits) -> tuple[float, float, float]:
         """Messages per second published, delivered and acked over the last seconds."""
         s = self.machine.stats()
         current = (now_ms, s.published, s.delivered, s.acked)
-        old = next((x for x in self.samples if now_ms - x[0] <= RATE_WINDOW_MS), None)
-        if old is None or now_ms - old[0] < RATE_SAMPLE_MS // 2:
+        old = next((x for x in self.samples if now_ms - x[0] <= limits.rate_window_ms), None)
+        if old is None or now_ms - old[0] < limits.rate_sample_ms // 2:
             return 0.0, 0.0, 0.0
         dt = (now_ms - old[0]) / 1000
         rate = [round((current[k] - old[k]) / dt, 3) for k in (1, 2, 3)]
