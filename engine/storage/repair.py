@@ -4,7 +4,7 @@ Rule: the marker is written (atomically, like a checkpoint) before anything is c
 deleted, and removed only once the server's Raft core has left repair mode and the hard
 state recording that is durable (``NodeStorage.finish_repair``), and no WAL file written
 before the repair began remains. While it exists the server opens in repair mode, and
-every open replays the same cut: ``NodeStorage.open`` applies the WAL files before
+every open replays the same cut: recovery (``recovery.py``) applies the WAL files before
 ``wal_seq`` (leaving out the entries and resets of files ``skip_from .. wal_seq - 1``,
 which followed a corrupt WAL record), then keeps the log up to ``keep_to`` only and, if
 ``restart_index`` is set, restarts it after that checkpoint (a reset empties it); then
