@@ -85,7 +85,6 @@ from engine.storage.checkpoint import Checkpoint, CheckpointStore
 from engine.storage.compaction import (
     CompactionJob,
     CompactionResult,
-    PinnedReader,
     SegmentStat,
 )
 from engine.storage.disk import Disk, DiskFile, FakeDisk, OsDisk
@@ -100,6 +99,7 @@ from engine.storage.node_storage import (
     StorageEvent,
     WriteFailed,
 )
+from engine.storage.reaper import PinnedReader
 from engine.storage.server_log import ServerLog
 from engine.storage.wal import HardState, Wal, WalBatch, WalThread
 from engine.storage.wal_stats import SYNC_BUCKETS_S, WalStats

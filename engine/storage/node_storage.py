@@ -34,8 +34,6 @@ from engine.storage.compaction import (
     CompactionJob,
     CompactionResult,
     Phase,
-    PinnedReader,
-    SegmentPins,
     SegmentStat,
     log_stats,
 )
@@ -47,7 +45,7 @@ from engine.storage.flush import (
     plan_segment_flush,
     show_segment_flush,
 )
-from engine.storage.reaper import Reaper
+from engine.storage.reaper import PinnedReader, Reaper, SegmentPins
 from engine.storage.recovery import Recovery
 from engine.storage.repair import RepairKind, Repairs
 from engine.storage.segment import ReaderCache, read_segment_info, segment_path, write_segment
