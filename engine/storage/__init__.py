@@ -61,16 +61,16 @@ servers keep working if the disk accepts their writes. A CRC failure on read rai
 ``EntryDamaged`` (a ``StorageFailed`` with the first index not to trust): the caller
 records the repair with ``mark_damaged(uid, error)`` and opens the storage again.
 
-Repair (``repair.py``, rules at the top of ``node.py``): damaged data is never served
-and never refuses the node. Recovery reads segment headers, checkpoints and the log
-after the checkpoint (CRC32C on every read), not the whole log. A corrupt entry after
-the checkpoint, committed entries missing, or a corrupt WAL record (whose owner is
-unknown: every server keeps only what preceded it) cut the log before the first entry
-not to trust; a damaged segment header, snapshot, or a lost live entry before the
-checkpoint reset the server to an empty log (term and vote kept) for a snapshot from
-the leader. The server is then repairing (``Recovered.repairing``, ``repairing(uid)``)
-until ``finish_repair``; a marker file makes the repair and its cut survive crashes.
-Compaction only deletes segments during a repair.
+Repair (``repair.py`` plans it, ``recovery.py`` applies it; rules at the top of each):
+damaged data is never served and never refuses the node. Recovery reads segment headers,
+checkpoints and the log after the checkpoint (CRC32C on every read), not the whole log.
+A corrupt entry after the checkpoint, committed entries missing, or a corrupt WAL record
+(whose owner is unknown: every server keeps only what preceded it) cut the log before
+the first entry not to trust; a damaged segment header, snapshot, or a lost live entry
+before the checkpoint reset the server to an empty log (term and vote kept) for a
+snapshot from the leader. The server is then repairing (``Recovered.repairing``,
+``repairing(uid)``) until ``finish_repair``; a marker file makes the repair and its cut
+survive crashes. Compaction only deletes segments during a repair.
 
 Layout under the data directory: ``wal/<seq>.wal``,
 ``queues/<uid>/segments/<seq>.seg``, ``queues/<uid>/checkpoints/<index>.chk``,
@@ -85,7 +85,6 @@ from engine.storage.checkpoint import Checkpoint, CheckpointStore
 from engine.storage.compaction import (
     CompactionJob,
     CompactionResult,
-    PinnedReader,
     SegmentStat,
 )
 from engine.storage.disk import Disk, DiskFile, FakeDisk, OsDisk
@@ -100,6 +99,7 @@ from engine.storage.node_storage import (
     StorageEvent,
     WriteFailed,
 )
+from engine.storage.reaper import PinnedReader
 from engine.storage.server_log import ServerLog
 from engine.storage.wal import HardState, Wal, WalBatch, WalThread
 from engine.storage.wal_stats import SYNC_BUCKETS_S, WalStats

@@ -37,11 +37,11 @@ reader that uses segments across steps or from another thread (follower catch-up
 browse, a payload read in a worker) takes a ``PinnedReader``: its segments are
 reference-counted in ``SegmentPins`` and a file leaving the view (phases 1 and 3, an
 overwrite by the segment writer, a snapshot install) is deleted only when the last pin
-is released; until then the reader reads the old file, which nothing changes. Phase 2,
-the only change in place, skips pinned segments. A compaction job pins what it works on,
-one job runs per server at a time, and the segment writer only creates files under
-fresh seqs (reserved on the node's thread, as are the outputs of phase 3): the writer
-and compaction never work on the same file.
+is released (``reaper.py``); until then the reader reads the old file, which nothing
+changes. Phase 2, the only change in place, skips pinned segments. A compaction job pins
+what it works on, one job runs per server at a time, and the segment writer only creates
+files under fresh seqs (reserved on the node's thread, as are the outputs of phase 3):
+the writer and compaction never work on the same file.
 
 The segment writer (``NodeStorage.prepare_segment_flush``) leaves out entries at or
 before the snapshot that are not in its live set: an entry that died before its flush
@@ -90,81 +90,6 @@ SYNC_BYTES = 4 * MIB
 """Phase 3 syncs its output every this many bytes (see ``write_paced``)."""
 _INTENT_MAGIC = b"QCMP"
 _INTENT_HEAD = struct.Struct("<4sIQI")
-
-
-# --- pins -------------------------------------------------------------------------------
-
-
-class SegmentPins:
-    """Reference counts of segment files in use by readers and compaction jobs."""
-
-    def __init__(self) -> None:
-        self._counts: dict[str, int] = {}
-
-    def pin(self, path: str) -> None:
-        self._counts[path] = self._counts.get(path, 0) + 1
-
-    def unpin(self, path: str) -> bool:
-        """Drop one pin; says whether the file is now free."""
-        n = self._counts[path] - 1
-        assert n >= 0
-        if n:
-            self._counts[path] = n
-            return False
-        del self._counts[path]
-        return True
-
-    def pinned(self, path: str) -> bool:
-        return path in self._counts
-
-    def count(self) -> int:
-        return sum(self._counts.values())
-
-
-class PinnedReader:
-    """Reads from a fixed set of segments that stay on disk until ``release``, whatever
-    compaction or the segment writer do meanwhile. Its files are its own (not the
-    node's reader cache), so it may read from a worker thread; ``release`` on the
-    node's thread."""
-
-    def __init__(
-        self,
-        disk: Disk,
-        segments: list[tuple[SegmentInfo, int]],
-        on_release: Callable[[list[str]], None],
-    ) -> None:
-        self.segments = segments
-        self._disk = disk
-        self._readers: dict[str, SegmentReader] = {}
-        self._on_release: Callable[[list[str]], None] | None = on_release
-
-    def read(self, index: int) -> Entry:
-        """The entry at ``index`` from the pinned segments; ``LookupError`` if absent."""
-        assert self._on_release is not None, "read after release"
-        for info, hi in self.segments:
-            if info.lo <= index <= hi:
-                reader = self._readers.get(info.path)
-                if reader is None:
-                    reader = self._readers[info.path] = SegmentReader(self._disk, info)
-                found = reader.read(index)
-                if found is not None:
-                    return found
-        raise LookupError(f"entry {index} is not in the pinned segments")
-
-    def release(self) -> None:
-        if self._on_release is None:
-            return
-        for reader in self._readers.values():
-            reader.close()
-        self._readers.clear()
-        release, self._on_release = self._on_release, None
-        release([info.path for info, _ in self.segments])
-
-    def __enter__(self) -> PinnedReader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
 
 
 # --- what a segment holds ---------------------------------------------------------------
@@ -625,8 +550,6 @@ __all__ = [
     "CompactionJob",
     "CompactionResult",
     "Phase",
-    "PinnedReader",
-    "SegmentPins",
     "SegmentStat",
     "cut_dead_tail",
     "decode_intent",

@@ -1,7 +1,12 @@
-"""The I/O half of the prepare → write off the loop → finish pattern: a segment flush of
-one rolled WAL file and a checkpoint write. ``NodeStorage`` prepares them on its owner
-thread and finishes them there; ``write`` touches the disk only, so it may run in a
-worker thread.
+"""Segment flush and checkpoint write, each prepared → written off the loop → finished.
+
+Rule: ``NodeStorage`` prepares them on its owner thread and finishes them there; ``write``
+touches the disk only, so it may run in a worker thread. A segment flush takes the
+entries of the oldest rolled WAL file from every mem table (``plan_segment_flush``);
+once written, the segments join the views and the entries leave the mem tables
+(``show_segment_flush``), and only then may the WAL file go. A flush planned against an
+older generation of a log (the server was removed or reset meanwhile) wrote stale
+segments: they are deleted instead.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from engine.limits import Limits
 from engine.raft.entry import Entry
 from engine.storage.checkpoint import Checkpoint, CheckpointStore
 from engine.storage.disk import Disk, parent, write_file_atomic
+from engine.storage.reaper import Reaper
 from engine.storage.segment import (
     OVERWRITES,
     SegmentInfo,
@@ -22,6 +28,7 @@ from engine.storage.segment import (
     read_segment_info,
     segment_path,
 )
+from engine.storage.server_log import ServerLogs
 
 _DATA = attrgetter("data")
 
@@ -110,4 +117,45 @@ def segment_chunks(entries: list[Entry], limits: Limits) -> list[list[Entry]]:
     return out
 
 
-__all__ = ["CheckpointWrite", "SegmentFlush", "segment_chunks"]
+def plan_segment_flush(disk: Disk, limits: Limits, logs: ServerLogs, wal_seq: int) -> SegmentFlush:
+    """The flush of WAL file ``wal_seq``: its entries of every log, with segment seqs
+    taken from each log now."""
+    plans = []
+    for uid in logs.uids():
+        log = logs.existing(uid)
+        entries = log.mem.flushable(wal_seq)
+        if not entries:
+            continue
+        first = entries[0].index
+        if first <= log.snapshot_index():
+            # Entries that died before reaching a segment are never written.
+            entries = [e for e in entries if not log.is_dead(e.index)]
+        if entries:
+            plans.append((uid, logs.generation(uid), log.next_segment_seq, entries, first))
+            log.next_segment_seq += len(segment_chunks(entries, limits))
+    return SegmentFlush(disk, limits, wal_seq, plans)
+
+
+def show_segment_flush(flush: SegmentFlush, logs: ServerLogs, reaper: Reaper) -> None:
+    """Put the written segments in the views and drop the flushed entries from the mem
+    tables; segments of a log removed or reset meanwhile are stale and deleted."""
+    for uid, generation, infos in flush.written:
+        log = logs.find(uid)
+        if log is None or generation != logs.generation(uid):
+            for info in infos:
+                reaper.remove(info.path)
+            continue
+        for info in infos:
+            for hidden in log.add_segment(info):
+                reaper.retire(hidden)
+    for _, log in logs.items():
+        log.mem.drop_flushed(flush.wal_seq)
+
+
+__all__ = [
+    "CheckpointWrite",
+    "SegmentFlush",
+    "plan_segment_flush",
+    "segment_chunks",
+    "show_segment_flush",
+]

@@ -23,7 +23,7 @@ from engine.errors import EntryDamaged, StorageFailed
 from engine.raft.entry import Entry, EntryKind
 from engine.storage.disk import Disk
 from engine.storage.segment import OVERWRITES, ReaderCache, SegmentInfo
-from engine.storage.wal import HardState
+from engine.storage.wal import AppendOp, ForgetOp, HardState, HardStateOp, WalOp
 
 _KINDS = tuple(EntryKind)
 """Entry kinds by value, faster than calling the enum."""
@@ -394,4 +394,73 @@ class ServerLog:
         self._los = [s.info.lo for s in self._segments]
 
 
-__all__ = ["MemTable", "ServerLog"]
+class ServerLogs:
+    """The log of every server on one node, by uid. Each log has a generation: a new
+    log (created, or again after a removal) or a reset starts a new one, so a flush or a
+    compaction prepared against an older generation knows its result is stale."""
+
+    def __init__(self, disk: Disk, cache: ReaderCache) -> None:
+        self.disk = disk
+        self.cache = cache
+        self._logs: dict[str, ServerLog] = {}
+        self._generations: dict[str, int] = {}
+        self.forgotten: set[str] = set()
+        """Servers whose removal is in the WAL (their files may remain after a crash)."""
+        self.installed: dict[str, tuple[SegmentInfo | None, BitMap64]] = {}
+        """Segment of live entries written by ``install_snapshot`` and the snapshot's live
+        set, shown at the reset."""
+
+    def get(self, uid: str) -> ServerLog:
+        """The log of ``uid``, created empty if there is none."""
+        log = self._logs.get(uid)
+        if log is None:
+            log = self._logs[uid] = ServerLog(uid, self.disk, self.cache)
+            self.new_generation(uid)
+        return log
+
+    def find(self, uid: str) -> ServerLog | None:
+        return self._logs.get(uid)
+
+    def existing(self, uid: str) -> ServerLog:
+        return self._logs[uid]
+
+    def uids(self) -> list[str]:
+        return sorted(self._logs)
+
+    def items(self) -> list[tuple[str, ServerLog]]:
+        return list(self._logs.items())
+
+    def generation(self, uid: str) -> int:
+        return self._generations[uid]
+
+    def new_generation(self, uid: str) -> None:
+        self._generations[uid] = self._generations.get(uid, 0) + 1
+
+    def apply(self, op: WalOp, wal_seq: int, *, recovering: bool = False) -> None:
+        """Show a durable WAL op of file ``wal_seq`` in the log it names."""
+        if isinstance(op, ForgetOp):
+            self._logs.pop(op.uid, None)
+            self.installed.pop(op.uid, None)
+            self.forgotten.add(op.uid)
+            return
+        self.forgotten.discard(op.uid)
+        log = self.get(op.uid)
+        if isinstance(op, AppendOp):
+            # At recovery a record may follow entries that are gone: superseded by an
+            # overwrite later in the WAL, or before a snapshot whose reset record was in
+            # a deleted WAL file. The mem table then restarts at the record.
+            log.apply_append(op.entries, wal_seq, gap_allowed=recovering)
+        elif isinstance(op, HardStateOp):
+            log.hard_state = op.hard_state
+        else:
+            self.new_generation(op.uid)
+            log.apply_reset(op.index, op.term)
+            installed = self.installed.pop(op.uid, None)
+            if installed is not None:
+                segment, live = installed
+                log.snapshot_live = live
+                if segment is not None:
+                    log.add_segment(segment)
+
+
+__all__ = ["MemTable", "ServerLog", "ServerLogs"]

@@ -11,7 +11,7 @@ from pyroaring import BitMap64
 
 from engine.raft.entry import Entry, EntryKind
 from engine.storage import FakeDisk
-from engine.storage.compaction import PinnedReader
+from engine.storage.reaper import PinnedReader
 from tests.compaction.conftest import (
     UID,
     assert_intact,

@@ -91,6 +91,25 @@ def test_the_marker_stays_while_a_wal_file_from_before_the_repair_remains() -> N
     assert not storage.repairing("q") and not disk.exists("queues/q/repair")
 
 
+def test_a_server_removed_while_its_marker_waits_leaves_the_flush_working() -> None:
+    disk = FakeDisk()
+    storage = one_server(
+        disk, entries(1, 3), HardState(1, None, 3), small_limits(wal_file_bytes_max=BIG_WAL)
+    )
+    reopen(disk, wal_file_bytes_max=BIG_WAL)
+    disk.crash()
+    f = disk.open(wal_path(1))
+    f.truncate(20)
+    f.sync()
+    storage = NodeStorage.open(disk, small_limits(wal_file_bytes_max=BIG_WAL))
+    assert storage.open_server("q").repairing
+    assert not storage.finish_repair("q")  # waits for WAL file 1 to go
+    storage.remove_server("q")
+    storage.sync()
+    assert storage.flush_segments() is None
+    assert storage.rolled_wal_files() == [] and not disk.exists("queues/q")
+
+
 def test_a_damaged_segment_header_resets_the_server_and_old_wal_entries_stay_gone() -> None:
     disk = FakeDisk()
     storage = one_server(disk, entries(1, 30, size=40), HardState(3, "b", 30))
