@@ -48,15 +48,14 @@ from engine.errors import (
 )
 from engine.limits import DEFAULT_LIMITS, Limits
 from engine.queue import commands as cmd
+from engine.queue import leases
 from engine.queue.commands import RECORD_BYTES, Kind, QueuePolicy
 from engine.queue.dead_letters import DeadLetters
 from engine.queue.dedup import DedupWindow
 from engine.queue.delayed import Delayed
 from engine.queue.effects import (
-    REASON_DELIVERY_LIMIT,
     REASON_EXPIRED,
     REASON_MAXLEN,
-    REASON_REJECTED,
     CheckedOut,
     DeadLetterConfirmed,
     Enqueued,
@@ -65,7 +64,6 @@ from engine.queue.effects import (
     PolicyChanged,
     Purged,
     Rejected,
-    Settled,
 )
 from engine.queue.enqueue_times import EnqueueTimes
 from engine.queue.lanes import Lanes
@@ -512,52 +510,6 @@ class QueueMachine:
                 out.append(ref)
         return out
 
-    def _on_settle(self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]) -> object:
-        few = cmd.decode_receipts_few(command)
-        if few is None:
-            return self._settle_many(command)
-        live, stale = self._pending.matching_few(few[0])
-        for tag in live:
-            ref, _level = self._pending.remove(tag)
-            self._bytes_pending -= self._size(ref)
-            self._forget(ref)
-        self._counters["acked"] += len(live)
-        return Settled(len(live), stale)
-
-    def _settle_many(self, command: bytes) -> object:
-        tags, refs, _ = cmd.decode_receipts(command)
-        ok = self._pending.matching(tags, refs)
-        settled = refs[ok]
-        self._pending.remove_many(tags[ok])
-        self._bytes_pending -= int(sizes_of(settled, self._fallback).sum())
-        self._forget_many(settled)
-        count = len(settled)
-        self._counters["acked"] += count
-        return Settled(count, tuple(np.flatnonzero(~ok).tolist()))
-
-    def _on_return(self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]) -> object:
-        live, stale, _ = self._pending.live_receipts(command)
-        self._give_back(live, effects)
-        return Settled(len(live), stale)
-
-    def _on_discard(self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]) -> object:
-        live, stale, _ = self._pending.live_receipts(command)
-        rejected: list[int] = []
-        for tag in live:
-            ref, _level = self._pending.remove(tag)
-            self._bytes_pending -= self._size(ref)
-            self._delivered_before[ref] = self._delivered_before.get(ref, 0) + 1
-            rejected.append(ref)
-        self._dead_letter(rejected, REASON_REJECTED, effects)
-        return Settled(len(rejected), stale)
-
-    def _on_extend(self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]) -> object:
-        live, stale, lease_ms = self._pending.live_receipts(command)
-        lease_ms = min(lease_ms or self.policy.lease_ms, self._limits.lease_ms_max)
-        for tag in live:
-            self._pending.extend(tag, self._now_ms + lease_ms)
-        return Settled(len(live), stale)
-
     def _on_purge(self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]) -> object:
         """Drop every ready and delayed message (not leased ones), without dead-lettering."""
         refs = np.concatenate([self._lanes.clear(), self._delayed.clear()])
@@ -616,7 +568,7 @@ class QueueMachine:
             self._lanes.main[level].push(ref)
             released += 1
         tags = self._pending.take_expired(self._now_ms)
-        self._give_back(tags, effects)
+        leases.give_back(self, tags, effects)
         expired: list[int] = []
         may_expire = self.policy.message_ttl_ms is not None or bool(self._expires_at)
         for lane in self._lanes.fifos if may_expire else ():
@@ -627,27 +579,6 @@ class QueueMachine:
                 expired.append(ref)
         self._dead_letter(expired, REASON_EXPIRED, effects)
         return len(tags), len(expired), released
-
-    def _give_back(self, tags: list[int], effects: list[MachineEffect]) -> None:
-        """Return leased messages to the returns lane of their level, or dead-letter those
-        that reached the delivery limit."""
-        returns = self._lanes.returns
-        limit = self.policy.delivery_limit
-        over: list[int] = []
-        for tag in tags:
-            ref, level = self._pending.remove(tag)
-            size = self._size(ref)
-            self._bytes_pending -= size
-            count = self._delivered_before.get(ref, 0) + 1
-            self._delivered_before[ref] = count
-            if limit is not None and count >= limit:
-                over.append(ref)
-                continue
-            returns[level].push(ref)
-            self._bytes_ready += size
-            self._ready += 1
-        self._counters["returned"] += len(tags) - len(over)
-        self._dead_letter(over, REASON_DELIVERY_LIMIT, effects)
 
     def _expiry_of(self, ref: int) -> int | None:
         expiry = self._expires_at.get(ref)
@@ -781,10 +712,10 @@ _CHECKOUT_FEW_MAX = 16
 _HANDLERS: dict[Kind, _Handler] = {
     Kind.ENQUEUE: QueueMachine._on_enqueue,
     Kind.CHECKOUT: QueueMachine._on_checkout,
-    Kind.SETTLE: QueueMachine._on_settle,
-    Kind.RETURN: QueueMachine._on_return,
-    Kind.DISCARD: QueueMachine._on_discard,
-    Kind.EXTEND: QueueMachine._on_extend,
+    Kind.SETTLE: leases.on_settle,
+    Kind.RETURN: leases.on_return,
+    Kind.DISCARD: leases.on_discard,
+    Kind.EXTEND: leases.on_extend,
     Kind.PURGE: QueueMachine._on_purge,
     Kind.EXPIRE: QueueMachine._on_expire,
     Kind.POLICY: QueueMachine._on_policy,
