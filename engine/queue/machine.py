@@ -48,7 +48,7 @@ from engine.errors import (
 )
 from engine.limits import DEFAULT_LIMITS, Limits
 from engine.queue import commands as cmd
-from engine.queue import leases
+from engine.queue import expiry, leases
 from engine.queue.commands import RECORD_BYTES, Kind, QueuePolicy
 from engine.queue.dead_letters import DeadLetters
 from engine.queue.dedup import DedupWindow
@@ -59,7 +59,6 @@ from engine.queue.effects import (
     CheckedOut,
     DeadLetterConfirmed,
     Enqueued,
-    Expired,
     MessagesAvailable,
     PolicyChanged,
     Purged,
@@ -290,9 +289,9 @@ class QueueMachine:
             candidates.append(lease)
         for lane in self._lanes.fifos:
             if lane:
-                expiry = self._expiry_of(lane.peek())
-                if expiry is not None:
-                    candidates.append(expiry)
+                head_ms = expiry.expiry_of(self, lane.peek())
+                if head_ms is not None:
+                    candidates.append(head_ms)
         retry = self._dead_letters.next_retry_ms()
         if retry is not None:
             candidates.append(retry)
@@ -450,7 +449,7 @@ class QueueMachine:
 
     def _on_checkout(self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]) -> object:
         c = cmd.decode_checkout(command)
-        self._advance_time(effects)
+        expiry.advance_time(self, effects)
         lease_ms = min(c.lease_ms or self.policy.lease_ms, self._limits.lease_ms_max)
         expires_ms = self._now_ms + lease_ms
         wanted = min(c.max_messages, self._limits.receive_messages_max)
@@ -502,7 +501,7 @@ class QueueMachine:
         out: list[int] = []
         while lane and len(out) < n:
             ref = lane.pop()
-            if may_expire and self._is_expired(ref):
+            if may_expire and expiry.is_expired(self, ref):
                 self._bytes_ready -= self._size(ref)
                 self._ready -= 1
                 expired.append(ref)
@@ -517,11 +516,6 @@ class QueueMachine:
         self._forget_many(refs)
         self._counters["dropped"] += len(refs)
         return Purged(len(refs))
-
-    def _on_expire(self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]) -> object:
-        leases, messages, released = self._advance_time(effects)
-        effects += self._dead_letters.retry(self.policy.dead_letter_queue, self._now_ms)
-        return Expired(leases, messages, released)
 
     def _on_policy(self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]) -> object:
         changes = cmd.decode_policy(command)
@@ -554,43 +548,6 @@ class QueueMachine:
         for ref in confirmed:
             self._forget(ref)
         return DeadLetterConfirmed(len(confirmed))
-
-    # === time ======================================================================
-
-    def _advance_time(self, effects: list[MachineEffect]) -> tuple[int, int, int]:
-        """Release due delayed messages, end expired leases, sweep expired heads."""
-        released = 0
-        for ref, level in self._delayed.pop_due(self._now_ms):
-            size = self._size(ref)
-            self._bytes_delayed -= size
-            self._bytes_ready += size
-            self._ready += 1
-            self._lanes.main[level].push(ref)
-            released += 1
-        tags = self._pending.take_expired(self._now_ms)
-        leases.give_back(self, tags, effects)
-        expired: list[int] = []
-        may_expire = self.policy.message_ttl_ms is not None or bool(self._expires_at)
-        for lane in self._lanes.fifos if may_expire else ():
-            while lane and self._is_expired(lane.peek()):
-                ref = lane.pop()
-                self._bytes_ready -= self._size(ref)
-                self._ready -= 1
-                expired.append(ref)
-        self._dead_letter(expired, REASON_EXPIRED, effects)
-        return len(tags), len(expired), released
-
-    def _expiry_of(self, ref: int) -> int | None:
-        expiry = self._expires_at.get(ref)
-        ttl_ms = self.policy.message_ttl_ms
-        if ttl_ms is not None:
-            by_queue = self._times.bound_ms(self._fallback.unpack(ref).index) + ttl_ms
-            expiry = by_queue if expiry is None else min(expiry, by_queue)
-        return expiry
-
-    def _is_expired(self, ref: int) -> bool:
-        expiry = self._expiry_of(ref)
-        return expiry is not None and expiry <= self._now_ms
 
     # === dead-lettering and limits =================================================
 
@@ -717,7 +674,7 @@ _HANDLERS: dict[Kind, _Handler] = {
     Kind.DISCARD: leases.on_discard,
     Kind.EXTEND: leases.on_extend,
     Kind.PURGE: QueueMachine._on_purge,
-    Kind.EXPIRE: QueueMachine._on_expire,
+    Kind.EXPIRE: expiry.on_expire,
     Kind.POLICY: QueueMachine._on_policy,
     Kind.DEAD_LETTER_CONFIRM: QueueMachine._on_dead_letter_confirm,
 }
