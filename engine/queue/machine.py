@@ -47,8 +47,8 @@ from engine.errors import (
     ValidationFailed,
 )
 from engine.limits import DEFAULT_LIMITS, Limits
+from engine.queue import checkout, expiry, leases
 from engine.queue import commands as cmd
-from engine.queue import expiry, leases
 from engine.queue.commands import RECORD_BYTES, Kind, QueuePolicy
 from engine.queue.dead_letters import DeadLetters
 from engine.queue.dedup import DedupWindow
@@ -56,7 +56,6 @@ from engine.queue.delayed import Delayed
 from engine.queue.effects import (
     REASON_EXPIRED,
     REASON_MAXLEN,
-    CheckedOut,
     DeadLetterConfirmed,
     Enqueued,
     MessagesAvailable,
@@ -66,7 +65,6 @@ from engine.queue.effects import (
 )
 from engine.queue.enqueue_times import EnqueueTimes
 from engine.queue.lanes import Lanes
-from engine.queue.pages import RefFifo
 from engine.queue.pending import Pending
 from engine.queue.refs import (
     INDEX_LIMIT_SHORT,
@@ -447,68 +445,6 @@ class QueueMachine:
                 self._bytes_ready += size
                 self._ready += 1
 
-    def _on_checkout(self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]) -> object:
-        c = cmd.decode_checkout(command)
-        expiry.advance_time(self, effects)
-        lease_ms = min(c.lease_ms or self.policy.lease_ms, self._limits.lease_ms_max)
-        expires_ms = self._now_ms + lease_ms
-        wanted = min(c.max_messages, self._limits.receive_messages_max)
-        tags: list[int] = []
-        refs_out: list[int] = []
-        levels_out: list[int] = []
-        counts: list[int] = []
-        expired: list[int] = []
-        for level, returns, main in self._lanes.by_level:
-            if len(tags) >= wanted:
-                break
-            first_lane = self._take(returns, wanted - len(tags), expired)
-            second_lane = self._take(main, wanted - len(tags) - len(first_lane), expired)
-            refs: list[int] | U64
-            if isinstance(first_lane, list) and isinstance(second_lane, list):
-                refs = taken = first_lane + second_lane
-                size = sum(map(self._size, taken))
-            else:
-                refs = np.concatenate(
-                    [np.asarray(first_lane, np.uint64), np.asarray(second_lane, np.uint64)]
-                )
-                size = int(sizes_of(refs, self._fallback).sum())
-                taken = refs.tolist()
-            if not taken:
-                continue
-            self._bytes_ready -= size
-            self._ready -= len(taken)
-            self._bytes_pending += size
-            first = self._pending.add(refs, c.consumer, level, expires_ms)
-            tags += range(first, first + len(taken))
-            refs_out += taken
-            levels_out += [level] * len(taken)
-            before = self._delivered_before
-            counts += [before.get(ref, 0) + 1 for ref in taken] if before else [1] * len(taken)
-        self._dead_letter(expired, REASON_EXPIRED, effects)
-        self._counters["delivered"] += len(tags)
-        return CheckedOut(
-            tuple(tags), tuple(refs_out), tuple(levels_out), tuple(counts), expires_ms
-        )
-
-    def _take(self, lane: RefFifo, n: int, expired: list[int]) -> list[int] | U64:
-        """Pop up to ``n`` deliverable refs from a lane; expired heads go to ``expired``.
-        An array when many are wanted and none can have expired, else a list."""
-        if n <= 0 or not lane:
-            return []
-        may_expire = self.policy.message_ttl_ms is not None or bool(self._expires_at)
-        if not may_expire and n > _CHECKOUT_FEW_MAX:
-            return lane.pop_many(n)
-        out: list[int] = []
-        while lane and len(out) < n:
-            ref = lane.pop()
-            if may_expire and expiry.is_expired(self, ref):
-                self._bytes_ready -= self._size(ref)
-                self._ready -= 1
-                expired.append(ref)
-            else:
-                out.append(ref)
-        return out
-
     def _on_purge(self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]) -> object:
         """Drop every ready and delayed message (not leased ones), without dead-lettering."""
         refs = np.concatenate([self._lanes.clear(), self._delayed.clear()])
@@ -663,12 +599,9 @@ def _check_policy(policy: QueuePolicy, limits: Limits) -> str:
 
 _Handler = Callable[[QueueMachine, ApplyMeta, bytes, list[MachineEffect]], object]
 
-_CHECKOUT_FEW_MAX = 16
-"""A checkout of at most this many messages pops them one by one (no numpy call)."""
-
 _HANDLERS: dict[Kind, _Handler] = {
     Kind.ENQUEUE: QueueMachine._on_enqueue,
-    Kind.CHECKOUT: QueueMachine._on_checkout,
+    Kind.CHECKOUT: checkout.on_checkout,
     Kind.SETTLE: leases.on_settle,
     Kind.RETURN: leases.on_return,
     Kind.DISCARD: leases.on_discard,
