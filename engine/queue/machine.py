@@ -41,13 +41,11 @@ from pyroaring import BitMap64
 
 from engine.errors import (
     InvalidRequest,
-    MessageTooLarge,
     QueueConflict,
-    QueueFull,
     ValidationFailed,
 )
 from engine.limits import DEFAULT_LIMITS, Limits
-from engine.queue import checkout, expiry, leases
+from engine.queue import checkout, enqueue, expiry, leases, overflow
 from engine.queue import commands as cmd
 from engine.queue.commands import RECORD_BYTES, Kind, QueuePolicy
 from engine.queue.dead_letters import DeadLetters
@@ -55,9 +53,7 @@ from engine.queue.dedup import DedupWindow
 from engine.queue.delayed import Delayed
 from engine.queue.effects import (
     REASON_EXPIRED,
-    REASON_MAXLEN,
     DeadLetterConfirmed,
-    Enqueued,
     MessagesAvailable,
     PolicyChanged,
     Purged,
@@ -67,17 +63,10 @@ from engine.queue.enqueue_times import EnqueueTimes
 from engine.queue.lanes import Lanes
 from engine.queue.pending import Pending
 from engine.queue.refs import (
-    INDEX_LIMIT_SHORT,
-    SIZE_BITS,
-    SIZE_LIMIT,
-    SLOT_BITS_SHORT,
-    SLOT_LIMIT_SHORT,
     FallbackTable,
     RefParts,
     indexes_of_parts,
     live_spans,
-    message_id,
-    pack_batch,
     sizes_of,
     total_size,
 )
@@ -318,133 +307,6 @@ class QueueMachine:
 
     # === command handlers ==========================================================
 
-    def _on_enqueue(self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]) -> object:
-        """A publish batch, all or nothing. Batches of up to ``ENQUEUE_FEW_MAX`` messages are
-        read as tuples and placed one by one; larger ones as numpy arrays. Both reach the
-        same state: the stateful test and tests/queue/test_fast_paths.py compare them."""
-        few = cmd.enqueue_records_few(command)
-        recs: npt.NDArray[np.void] | None = None
-        if few is not None and len(few) == 1:  # the most common publish, kept lean
-            body_len, headers_len, offset, dedup_len, *_ = few[0]
-            n = 1
-            size_max = bytes_total = body_len + headers_len
-            sizes: list[int] | U64 = [size_max]
-            keys = [(0, bytes(command[offset : offset + dedup_len]))] if dedup_len else []
-        elif few is not None:
-            sizes = [rec[0] + rec[1] for rec in few]
-            n, size_max, bytes_total = len(few), max(sizes), sum(sizes)
-            keys = [
-                (k, bytes(command[rec[2] : rec[2] + rec[3]])) for k, rec in enumerate(few) if rec[3]
-            ]
-        else:
-            recs = cmd.enqueue_records(command)
-            batch_sizes = recs["body_len"].astype(np.uint64) + recs["headers_len"].astype(np.uint64)
-            n, size_max, bytes_total = len(recs), int(batch_sizes.max()), int(batch_sizes.sum())
-            keys = [
-                (k, cmd.dedup_id_at(command, recs[k]))
-                for k in np.flatnonzero(recs["dedup_len"]).tolist()
-            ]
-            sizes = batch_sizes
-        if n > self._limits.batch_messages_max:
-            return Rejected(
-                MessageTooLarge, f"a batch holds at most {self._limits.batch_messages_max} messages"
-            )
-        if size_max > self.policy.max_message_bytes:
-            return Rejected(
-                MessageTooLarge, f"a message is larger than {self.policy.max_message_bytes} bytes"
-            )
-        index = meta.index
-        ids = [message_id(index, k) for k in range(n)] if n > 1 else [message_id(index, 0)]
-        duplicate = [False] * n
-        if keys:
-            self._dedup.prune(self._now_ms)
-            self._dedup.find_duplicates(keys, ids, duplicate)
-        dup_slots = [k for k, _key in keys if duplicate[k]] if keys else []
-        dup_bytes = sum(int(sizes[k]) for k in dup_slots) if dup_slots else 0
-        count_new = n - len(dup_slots)
-        full = self._over_limits(count_new, bytes_total - dup_bytes)
-        if full and self.policy.overflow == cmd.OVERFLOW_REJECT_PUBLISH:
-            return Rejected(QueueFull, "the queue is at max_length or max_bytes")
-        if keys:
-            self._dedup.remember(keys, ids, duplicate, self._now_ms)
-        if self.policy.message_ttl_ms is not None:
-            self._times.note(index, self._now_ms)
-        if dup_slots:
-            self._dead_bytes += dup_bytes + RECORD_BYTES * len(dup_slots)
-            self._counters["duplicates"] += len(dup_slots)
-        self._counters["published"] += count_new
-        if count_new and few is not None:
-            self._place_few(index, few, duplicate)
-        elif count_new:
-            assert recs is not None and not isinstance(sizes, list)
-            self._place_new(index, recs, sizes, duplicate)
-        if full:
-            self._drop_head(effects)
-        return Enqueued(tuple(ids), tuple(duplicate))
-
-    def _place_few(self, index: int, records: list[cmd.Record], duplicate: list[bool]) -> None:
-        """``_place_new`` for a few records, one by one with scalar arithmetic: the ref is
-        what ``FallbackTable.pack`` gives (the first compact form, or a fallback handle)."""
-        n = len(records)
-        assert n <= SLOT_LIMIT_SHORT
-        top = self.policy.priorities - 1
-        main_lanes = self._lanes.main
-        compact = index < INDEX_LIMIT_SHORT
-        head = index << (SIZE_BITS + SLOT_BITS_SHORT)
-        for k, (body_len, headers_len, _o, _d, priority, _f, ttl_ms, delay_ms) in enumerate(
-            records
-        ):
-            if duplicate[k]:
-                continue
-            size = body_len + headers_len
-            if compact and size < SIZE_LIMIT:
-                ref = head | (size << SLOT_BITS_SHORT) | k
-            else:
-                ref = self._fallback.pack(index, k, size, n)
-            level = min(priority, top)
-            if ttl_ms >= 0:
-                self._expires_at[ref] = self._now_ms + ttl_ms
-            if delay_ms > 0:
-                self._delayed.push(self._now_ms + delay_ms, ref, level)
-                self._bytes_delayed += size
-            else:
-                main_lanes[level].push(ref)
-                self._bytes_ready += size
-                self._ready += 1
-
-    def _place_new(
-        self, index: int, recs: npt.NDArray[np.void], sizes: U64, duplicate: list[bool]
-    ) -> None:
-        top = self.policy.priorities - 1
-        prios = np.minimum(recs["priority"], top)
-        simple = (
-            not any(duplicate)
-            and not recs["delay_ms"].any()
-            and not (recs["ttl_ms"] >= 0).any()
-            and (prios == prios[0]).all()
-        )
-        if simple:
-            refs = pack_batch(index, sizes, self._fallback)
-            self._lanes.main[int(prios[0])].push_many(refs)
-            self._bytes_ready += int(sizes.sum())
-            self._ready += len(refs)
-            return
-        for k in [k for k, dup in enumerate(duplicate) if not dup]:
-            size = int(sizes[k])
-            ref = self._fallback.pack(index, k, size, len(sizes))
-            level = int(prios[k])
-            ttl_ms = int(recs["ttl_ms"][k])
-            if ttl_ms >= 0:
-                self._expires_at[ref] = self._now_ms + ttl_ms
-            delay_ms = int(recs["delay_ms"][k])
-            if delay_ms > 0:
-                self._delayed.push(self._now_ms + delay_ms, ref, level)
-                self._bytes_delayed += size
-            else:
-                self._lanes.main[level].push(ref)
-                self._bytes_ready += size
-                self._ready += 1
-
     def _on_purge(self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]) -> object:
         """Drop every ready and delayed message (not leased ones), without dead-lettering."""
         refs = np.concatenate([self._lanes.clear(), self._delayed.clear()])
@@ -474,7 +336,7 @@ class QueueMachine:
             self._forget_many(dropped)
             self._counters["dropped"] += len(dropped)
         if policy.overflow == cmd.OVERFLOW_DROP_HEAD:
-            self._drop_head(effects)
+            overflow.drop_head(self, effects)
         return PolicyChanged(policy)
 
     def _on_dead_letter_confirm(
@@ -485,7 +347,7 @@ class QueueMachine:
             self._forget(ref)
         return DeadLetterConfirmed(len(confirmed))
 
-    # === dead-lettering and limits =================================================
+    # === dead-lettering ============================================================
 
     def _dead_letter(self, refs: list[int], reason: str, effects: list[MachineEffect]) -> None:
         """Hand messages that left the ready/pending state to the dead-letter target, or
@@ -502,35 +364,6 @@ class QueueMachine:
         counts = tuple(self._delivered_before.get(ref, 0) for ref in refs)
         self._counters["dead_lettered"] += len(refs)
         effects.append(self._dead_letters.hand_over(target, reason, refs, counts, self._now_ms))
-
-    def _over_limits(self, extra_count: int = 0, extra_bytes: int = 0) -> bool:
-        """Whether the messages that count against max_length / max_bytes (ready and
-        delayed), with ``extra_count`` more of ``extra_bytes``, exceed them."""
-        p = self.policy
-        if p.max_length is None and p.max_bytes is None:
-            return False
-        count = self._ready + len(self._delayed)
-        size = self._bytes_ready + self._bytes_delayed
-        return (p.max_length is not None and count + extra_count > p.max_length) or (
-            p.max_bytes is not None and size + extra_bytes > p.max_bytes
-        )
-
-    def _drop_head(self, effects: list[MachineEffect]) -> None:
-        """Overflow ``drop-head``: dead-letter (reason ``maxlen``) from the head of the lowest
-        level (its returns lane first), then delayed messages, until within the limits."""
-        dropped: list[int] = []
-        order = self._lanes.drop_order()
-        while self._over_limits():
-            lane = next((lane for lane in order if lane), None)
-            if lane is not None:
-                ref = lane.pop()
-                self._bytes_ready -= self._size(ref)
-                self._ready -= 1
-            else:
-                ref = self._delayed.pop_first()
-                self._bytes_delayed -= self._size(ref)
-            dropped.append(ref)
-        self._dead_letter(dropped, REASON_MAXLEN, effects)
 
     # === bookkeeping ===============================================================
 
@@ -600,7 +433,7 @@ def _check_policy(policy: QueuePolicy, limits: Limits) -> str:
 _Handler = Callable[[QueueMachine, ApplyMeta, bytes, list[MachineEffect]], object]
 
 _HANDLERS: dict[Kind, _Handler] = {
-    Kind.ENQUEUE: QueueMachine._on_enqueue,
+    Kind.ENQUEUE: enqueue.on_enqueue,
     Kind.CHECKOUT: checkout.on_checkout,
     Kind.SETTLE: leases.on_settle,
     Kind.RETURN: leases.on_return,
@@ -613,6 +446,6 @@ _HANDLERS: dict[Kind, _Handler] = {
 }
 
 _HANDLERS_BY_BYTE = {kind.value[0]: handler for kind, handler in _HANDLERS.items()}
-_ON_ENQUEUE = QueueMachine._on_enqueue
+_ON_ENQUEUE = enqueue.on_enqueue
 
 __all__ = ["FrozenMachine", "QueueMachine"]
