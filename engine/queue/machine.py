@@ -31,7 +31,6 @@ counts as ready.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Iterator
 from typing import ClassVar
 
@@ -41,11 +40,9 @@ from pyroaring import BitMap64
 
 from engine.errors import (
     InvalidRequest,
-    QueueConflict,
-    ValidationFailed,
 )
 from engine.limits import DEFAULT_LIMITS, Limits
-from engine.queue import checkout, enqueue, expiry, leases, overflow
+from engine.queue import checkout, enqueue, expiry, leases, policy_changes
 from engine.queue import commands as cmd
 from engine.queue.commands import RECORD_BYTES, Kind, QueuePolicy
 from engine.queue.dead_letters import DeadLetters
@@ -55,7 +52,6 @@ from engine.queue.effects import (
     REASON_EXPIRED,
     DeadLetterConfirmed,
     MessagesAvailable,
-    PolicyChanged,
     Purged,
     Rejected,
 )
@@ -91,7 +87,7 @@ class QueueMachine:
             lease_ms=limits.lease_ms_default,
             max_message_bytes=limits.message_bytes_max,
         )
-        why = _check_policy(self.policy, limits)
+        why = policy_changes.check_policy(self.policy, limits)
         assert not why, why
         self._checkpoint_dead_bytes_min = (
             limits.dead_bytes_per_live_checkpoint_factor * limits.checkpoint_bytes_min
@@ -315,30 +311,6 @@ class QueueMachine:
         self._counters["dropped"] += len(refs)
         return Purged(len(refs))
 
-    def _on_policy(self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]) -> object:
-        changes = cmd.decode_policy(command)
-        if "priorities" in changes and changes["priorities"] != self.policy.priorities:
-            return Rejected(QueueConflict, "priorities is fixed when the queue is created")
-        try:
-            policy = dataclasses.replace(self.policy, **changes)  # type: ignore[arg-type]
-        except TypeError as e:
-            return Rejected(ValidationFailed, str(e))
-        why = _check_policy(policy, self._limits)
-        if why:
-            return Rejected(ValidationFailed, why)
-        if policy.message_ttl_ms is None:
-            self._times.clear()
-        elif self.policy.message_ttl_ms is None:
-            self._times.restart(self._now_ms)
-        self.policy = policy
-        if policy.dead_letter_queue is None and self._dead_letters:
-            dropped = self._dead_letters.clear()
-            self._forget_many(dropped)
-            self._counters["dropped"] += len(dropped)
-        if policy.overflow == cmd.OVERFLOW_DROP_HEAD:
-            overflow.drop_head(self, effects)
-        return PolicyChanged(policy)
-
     def _on_dead_letter_confirm(
         self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]
     ) -> object:
@@ -422,14 +394,6 @@ class QueueMachine:
         )
 
 
-def _check_policy(policy: QueuePolicy, limits: Limits) -> str:
-    return policy.check(
-        limits.lease_ms_max,
-        limits.priorities_max,
-        limits.message_bytes_max_ceiling,
-    )
-
-
 _Handler = Callable[[QueueMachine, ApplyMeta, bytes, list[MachineEffect]], object]
 
 _HANDLERS: dict[Kind, _Handler] = {
@@ -441,7 +405,7 @@ _HANDLERS: dict[Kind, _Handler] = {
     Kind.EXTEND: leases.on_extend,
     Kind.PURGE: QueueMachine._on_purge,
     Kind.EXPIRE: expiry.on_expire,
-    Kind.POLICY: QueueMachine._on_policy,
+    Kind.POLICY: policy_changes.on_policy,
     Kind.DEAD_LETTER_CONFIRM: QueueMachine._on_dead_letter_confirm,
 }
 
