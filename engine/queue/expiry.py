@@ -6,9 +6,10 @@ quorum queues): a message whose TTL passed is never delivered; it is dead-letter
 (reason ``expired``) when it reaches the head of its lane during a checkout (at the
 checkout's leader time) or an expire sweep, which the leader proposes at the head's
 exact expiry time (``QueueMachine.next_deadline_ms``). Until then it counts as ready.
-Per-message ``ttl_ms`` is exact; queue TTL bounds each message's enqueue time by
-``engine.queue.enqueue_times``, so it is never early. A lease that ends counts as a
-delivery attempt (``engine.queue.leases.give_back``).
+Per-message ``ttl_ms`` is exact; queue TTL bounds each message's enqueue time by a
+sparse series of (Raft index, leader ms) samples (``engine.queue.enqueue_times``), so it
+is never early and at most ``Limits.enqueue_time_resolution_ms - 1`` late. A lease that
+ends counts as a delivery attempt (``engine.queue.leases.give_back``).
 """
 
 from __future__ import annotations

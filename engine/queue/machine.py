@@ -16,17 +16,14 @@ Sparse extras cost memory only for messages that need them: ``_delivered_before`
 number of earlier deliveries, for messages given back at least once), ``_expires_at``
 (per-message TTL), the delayed heap, the dead-letter table and the fallback refs.
 
-Queue-level TTL bounds each message's enqueue time by a sparse series of (Raft index,
-leader ms) samples, kept only while the queue has a ``message_ttl_ms``
-(``engine.queue.enqueue_times``): queue TTL is never early and at most
-``Limits.enqueue_time_resolution_ms - 1`` late; per-message ``ttl_ms`` is exact. Setting
-a queue TTL on a queue without makes the messages already there count from the change.
-
-Expiry is at the head (as in RabbitMQ quorum queues): a message whose TTL passed is
-never delivered; it is dead-lettered (reason ``expired``) when it reaches the head of its
-lane during a checkout (at the checkout's leader time) or an expire sweep, which the
-leader proposes at the head's exact expiry time (``next_deadline_ms``). Until then it
-counts as ready.
+The commands are handled by functions in modules named for them, found by the command's
+kind byte (``_HANDLERS``): ``engine.queue.enqueue``, ``engine.queue.checkout``,
+``engine.queue.leases`` (settle, return, discard, extend), ``engine.queue.expiry``
+(the expire command, time and TTL), ``engine.queue.policy_changes``; purge and
+dead-letter confirmation are here. They read and write the machine's fields as its
+methods would, so dispatching a command costs one function call, like a method.
+This module keeps the state, what every handler shares (dead-lettering, forgetting a
+message that left, the checkpoint trigger), the snapshot and the queries.
 """
 
 from __future__ import annotations
@@ -38,9 +35,7 @@ import numpy as np
 import numpy.typing as npt
 from pyroaring import BitMap64
 
-from engine.errors import (
-    InvalidRequest,
-)
+from engine.errors import InvalidRequest
 from engine.limits import DEFAULT_LIMITS, Limits
 from engine.queue import checkout, enqueue, expiry, leases, policy_changes
 from engine.queue import commands as cmd
