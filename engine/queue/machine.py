@@ -16,22 +16,18 @@ Sparse extras cost memory only for messages that need them: ``_delivered_before`
 number of earlier deliveries, for messages given back at least once), ``_expires_at``
 (per-message TTL), the delayed heap, the dead-letter table and the fallback refs.
 
-Queue-level TTL bounds each message's enqueue time by a sparse series of (Raft index,
-leader ms) samples, kept only while the queue has a ``message_ttl_ms``
-(``engine.queue.enqueue_times``): queue TTL is never early and at most
-``Limits.enqueue_time_resolution_ms - 1`` late; per-message ``ttl_ms`` is exact. Setting
-a queue TTL on a queue without makes the messages already there count from the change.
-
-Expiry is at the head (as in RabbitMQ quorum queues): a message whose TTL passed is
-never delivered; it is dead-lettered (reason ``expired``) when it reaches the head of its
-lane during a checkout (at the checkout's leader time) or an expire sweep, which the
-leader proposes at the head's exact expiry time (``next_deadline_ms``). Until then it
-counts as ready.
+The commands are handled by functions in modules named for them, found by the command's
+kind byte (``_HANDLERS``): ``engine.queue.enqueue``, ``engine.queue.checkout``,
+``engine.queue.leases`` (settle, return, discard, extend), ``engine.queue.expiry``
+(the expire command, time and TTL), ``engine.queue.policy_changes``; purge and
+dead-letter confirmation are here. They read and write the machine's fields as its
+methods would, so dispatching a command costs one function call, like a method.
+This module keeps the state, what every handler shares (dead-lettering, forgetting a
+message that left, the checkpoint trigger), the snapshot and the queries.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Iterator
 from typing import ClassVar
 
@@ -39,50 +35,29 @@ import numpy as np
 import numpy.typing as npt
 from pyroaring import BitMap64
 
-from engine.errors import (
-    InvalidRequest,
-    MessageTooLarge,
-    QueueConflict,
-    QueueFull,
-    ValidationFailed,
-)
+from engine.errors import InvalidRequest
 from engine.limits import DEFAULT_LIMITS, Limits
+from engine.queue import checkout, enqueue, expiry, leases, policy_changes
 from engine.queue import commands as cmd
 from engine.queue.commands import RECORD_BYTES, Kind, QueuePolicy
 from engine.queue.dead_letters import DeadLetters
 from engine.queue.dedup import DedupWindow
 from engine.queue.delayed import Delayed
 from engine.queue.effects import (
-    REASON_DELIVERY_LIMIT,
     REASON_EXPIRED,
-    REASON_MAXLEN,
-    REASON_REJECTED,
-    CheckedOut,
     DeadLetterConfirmed,
-    Enqueued,
-    Expired,
     MessagesAvailable,
-    PolicyChanged,
     Purged,
     Rejected,
-    Settled,
 )
 from engine.queue.enqueue_times import EnqueueTimes
 from engine.queue.lanes import Lanes
-from engine.queue.pages import RefFifo
 from engine.queue.pending import Pending
 from engine.queue.refs import (
-    INDEX_LIMIT_SHORT,
-    SIZE_BITS,
-    SIZE_LIMIT,
-    SLOT_BITS_SHORT,
-    SLOT_LIMIT_SHORT,
     FallbackTable,
     RefParts,
     indexes_of_parts,
     live_spans,
-    message_id,
-    pack_batch,
     sizes_of,
     total_size,
 )
@@ -107,7 +82,7 @@ class QueueMachine:
             lease_ms=limits.lease_ms_default,
             max_message_bytes=limits.message_bytes_max,
         )
-        why = _check_policy(self.policy, limits)
+        why = policy_changes.check_policy(self.policy, limits)
         assert not why, why
         self._checkpoint_dead_bytes_min = (
             limits.dead_bytes_per_live_checkpoint_factor * limits.checkpoint_bytes_min
@@ -292,9 +267,9 @@ class QueueMachine:
             candidates.append(lease)
         for lane in self._lanes.fifos:
             if lane:
-                expiry = self._expiry_of(lane.peek())
-                if expiry is not None:
-                    candidates.append(expiry)
+                head_ms = expiry.expiry_of(self, lane.peek())
+                if head_ms is not None:
+                    candidates.append(head_ms)
         retry = self._dead_letters.next_retry_ms()
         if retry is not None:
             candidates.append(retry)
@@ -323,241 +298,6 @@ class QueueMachine:
 
     # === command handlers ==========================================================
 
-    def _on_enqueue(self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]) -> object:
-        """A publish batch, all or nothing. Batches of up to ``ENQUEUE_FEW_MAX`` messages are
-        read as tuples and placed one by one; larger ones as numpy arrays. Both reach the
-        same state: the stateful test and tests/queue/test_fast_paths.py compare them."""
-        few = cmd.enqueue_records_few(command)
-        recs: npt.NDArray[np.void] | None = None
-        if few is not None and len(few) == 1:  # the most common publish, kept lean
-            body_len, headers_len, offset, dedup_len, *_ = few[0]
-            n = 1
-            size_max = bytes_total = body_len + headers_len
-            sizes: list[int] | U64 = [size_max]
-            keys = [(0, bytes(command[offset : offset + dedup_len]))] if dedup_len else []
-        elif few is not None:
-            sizes = [rec[0] + rec[1] for rec in few]
-            n, size_max, bytes_total = len(few), max(sizes), sum(sizes)
-            keys = [
-                (k, bytes(command[rec[2] : rec[2] + rec[3]])) for k, rec in enumerate(few) if rec[3]
-            ]
-        else:
-            recs = cmd.enqueue_records(command)
-            batch_sizes = recs["body_len"].astype(np.uint64) + recs["headers_len"].astype(np.uint64)
-            n, size_max, bytes_total = len(recs), int(batch_sizes.max()), int(batch_sizes.sum())
-            keys = [
-                (k, cmd.dedup_id_at(command, recs[k]))
-                for k in np.flatnonzero(recs["dedup_len"]).tolist()
-            ]
-            sizes = batch_sizes
-        if n > self._limits.batch_messages_max:
-            return Rejected(
-                MessageTooLarge, f"a batch holds at most {self._limits.batch_messages_max} messages"
-            )
-        if size_max > self.policy.max_message_bytes:
-            return Rejected(
-                MessageTooLarge, f"a message is larger than {self.policy.max_message_bytes} bytes"
-            )
-        index = meta.index
-        ids = [message_id(index, k) for k in range(n)] if n > 1 else [message_id(index, 0)]
-        duplicate = [False] * n
-        if keys:
-            self._dedup.prune(self._now_ms)
-            self._dedup.find_duplicates(keys, ids, duplicate)
-        dup_slots = [k for k, _key in keys if duplicate[k]] if keys else []
-        dup_bytes = sum(int(sizes[k]) for k in dup_slots) if dup_slots else 0
-        count_new = n - len(dup_slots)
-        full = self._over_limits(count_new, bytes_total - dup_bytes)
-        if full and self.policy.overflow == cmd.OVERFLOW_REJECT_PUBLISH:
-            return Rejected(QueueFull, "the queue is at max_length or max_bytes")
-        if keys:
-            self._dedup.remember(keys, ids, duplicate, self._now_ms)
-        if self.policy.message_ttl_ms is not None:
-            self._times.note(index, self._now_ms)
-        if dup_slots:
-            self._dead_bytes += dup_bytes + RECORD_BYTES * len(dup_slots)
-            self._counters["duplicates"] += len(dup_slots)
-        self._counters["published"] += count_new
-        if count_new and few is not None:
-            self._place_few(index, few, duplicate)
-        elif count_new:
-            assert recs is not None and not isinstance(sizes, list)
-            self._place_new(index, recs, sizes, duplicate)
-        if full:
-            self._drop_head(effects)
-        return Enqueued(tuple(ids), tuple(duplicate))
-
-    def _place_few(self, index: int, records: list[cmd.Record], duplicate: list[bool]) -> None:
-        """``_place_new`` for a few records, one by one with scalar arithmetic: the ref is
-        what ``FallbackTable.pack`` gives (the first compact form, or a fallback handle)."""
-        n = len(records)
-        assert n <= SLOT_LIMIT_SHORT
-        top = self.policy.priorities - 1
-        main_lanes = self._lanes.main
-        compact = index < INDEX_LIMIT_SHORT
-        head = index << (SIZE_BITS + SLOT_BITS_SHORT)
-        for k, (body_len, headers_len, _o, _d, priority, _f, ttl_ms, delay_ms) in enumerate(
-            records
-        ):
-            if duplicate[k]:
-                continue
-            size = body_len + headers_len
-            if compact and size < SIZE_LIMIT:
-                ref = head | (size << SLOT_BITS_SHORT) | k
-            else:
-                ref = self._fallback.pack(index, k, size, n)
-            level = min(priority, top)
-            if ttl_ms >= 0:
-                self._expires_at[ref] = self._now_ms + ttl_ms
-            if delay_ms > 0:
-                self._delayed.push(self._now_ms + delay_ms, ref, level)
-                self._bytes_delayed += size
-            else:
-                main_lanes[level].push(ref)
-                self._bytes_ready += size
-                self._ready += 1
-
-    def _place_new(
-        self, index: int, recs: npt.NDArray[np.void], sizes: U64, duplicate: list[bool]
-    ) -> None:
-        top = self.policy.priorities - 1
-        prios = np.minimum(recs["priority"], top)
-        simple = (
-            not any(duplicate)
-            and not recs["delay_ms"].any()
-            and not (recs["ttl_ms"] >= 0).any()
-            and (prios == prios[0]).all()
-        )
-        if simple:
-            refs = pack_batch(index, sizes, self._fallback)
-            self._lanes.main[int(prios[0])].push_many(refs)
-            self._bytes_ready += int(sizes.sum())
-            self._ready += len(refs)
-            return
-        for k in [k for k, dup in enumerate(duplicate) if not dup]:
-            size = int(sizes[k])
-            ref = self._fallback.pack(index, k, size, len(sizes))
-            level = int(prios[k])
-            ttl_ms = int(recs["ttl_ms"][k])
-            if ttl_ms >= 0:
-                self._expires_at[ref] = self._now_ms + ttl_ms
-            delay_ms = int(recs["delay_ms"][k])
-            if delay_ms > 0:
-                self._delayed.push(self._now_ms + delay_ms, ref, level)
-                self._bytes_delayed += size
-            else:
-                self._lanes.main[level].push(ref)
-                self._bytes_ready += size
-                self._ready += 1
-
-    def _on_checkout(self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]) -> object:
-        c = cmd.decode_checkout(command)
-        self._advance_time(effects)
-        lease_ms = min(c.lease_ms or self.policy.lease_ms, self._limits.lease_ms_max)
-        expires_ms = self._now_ms + lease_ms
-        wanted = min(c.max_messages, self._limits.receive_messages_max)
-        tags: list[int] = []
-        refs_out: list[int] = []
-        levels_out: list[int] = []
-        counts: list[int] = []
-        expired: list[int] = []
-        for level, returns, main in self._lanes.by_level:
-            if len(tags) >= wanted:
-                break
-            first_lane = self._take(returns, wanted - len(tags), expired)
-            second_lane = self._take(main, wanted - len(tags) - len(first_lane), expired)
-            refs: list[int] | U64
-            if isinstance(first_lane, list) and isinstance(second_lane, list):
-                refs = taken = first_lane + second_lane
-                size = sum(map(self._size, taken))
-            else:
-                refs = np.concatenate(
-                    [np.asarray(first_lane, np.uint64), np.asarray(second_lane, np.uint64)]
-                )
-                size = int(sizes_of(refs, self._fallback).sum())
-                taken = refs.tolist()
-            if not taken:
-                continue
-            self._bytes_ready -= size
-            self._ready -= len(taken)
-            self._bytes_pending += size
-            first = self._pending.add(refs, c.consumer, level, expires_ms)
-            tags += range(first, first + len(taken))
-            refs_out += taken
-            levels_out += [level] * len(taken)
-            before = self._delivered_before
-            counts += [before.get(ref, 0) + 1 for ref in taken] if before else [1] * len(taken)
-        self._dead_letter(expired, REASON_EXPIRED, effects)
-        self._counters["delivered"] += len(tags)
-        return CheckedOut(
-            tuple(tags), tuple(refs_out), tuple(levels_out), tuple(counts), expires_ms
-        )
-
-    def _take(self, lane: RefFifo, n: int, expired: list[int]) -> list[int] | U64:
-        """Pop up to ``n`` deliverable refs from a lane; expired heads go to ``expired``.
-        An array when many are wanted and none can have expired, else a list."""
-        if n <= 0 or not lane:
-            return []
-        may_expire = self.policy.message_ttl_ms is not None or bool(self._expires_at)
-        if not may_expire and n > _CHECKOUT_FEW_MAX:
-            return lane.pop_many(n)
-        out: list[int] = []
-        while lane and len(out) < n:
-            ref = lane.pop()
-            if may_expire and self._is_expired(ref):
-                self._bytes_ready -= self._size(ref)
-                self._ready -= 1
-                expired.append(ref)
-            else:
-                out.append(ref)
-        return out
-
-    def _on_settle(self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]) -> object:
-        few = cmd.decode_receipts_few(command)
-        if few is None:
-            return self._settle_many(command)
-        live, stale = self._pending.matching_few(few[0])
-        for tag in live:
-            ref, _level = self._pending.remove(tag)
-            self._bytes_pending -= self._size(ref)
-            self._forget(ref)
-        self._counters["acked"] += len(live)
-        return Settled(len(live), stale)
-
-    def _settle_many(self, command: bytes) -> object:
-        tags, refs, _ = cmd.decode_receipts(command)
-        ok = self._pending.matching(tags, refs)
-        settled = refs[ok]
-        self._pending.remove_many(tags[ok])
-        self._bytes_pending -= int(sizes_of(settled, self._fallback).sum())
-        self._forget_many(settled)
-        count = len(settled)
-        self._counters["acked"] += count
-        return Settled(count, tuple(np.flatnonzero(~ok).tolist()))
-
-    def _on_return(self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]) -> object:
-        live, stale, _ = self._pending.live_receipts(command)
-        self._give_back(live, effects)
-        return Settled(len(live), stale)
-
-    def _on_discard(self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]) -> object:
-        live, stale, _ = self._pending.live_receipts(command)
-        rejected: list[int] = []
-        for tag in live:
-            ref, _level = self._pending.remove(tag)
-            self._bytes_pending -= self._size(ref)
-            self._delivered_before[ref] = self._delivered_before.get(ref, 0) + 1
-            rejected.append(ref)
-        self._dead_letter(rejected, REASON_REJECTED, effects)
-        return Settled(len(rejected), stale)
-
-    def _on_extend(self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]) -> object:
-        live, stale, lease_ms = self._pending.live_receipts(command)
-        lease_ms = min(lease_ms or self.policy.lease_ms, self._limits.lease_ms_max)
-        for tag in live:
-            self._pending.extend(tag, self._now_ms + lease_ms)
-        return Settled(len(live), stale)
-
     def _on_purge(self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]) -> object:
         """Drop every ready and delayed message (not leased ones), without dead-lettering."""
         refs = np.concatenate([self._lanes.clear(), self._delayed.clear()])
@@ -565,35 +305,6 @@ class QueueMachine:
         self._forget_many(refs)
         self._counters["dropped"] += len(refs)
         return Purged(len(refs))
-
-    def _on_expire(self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]) -> object:
-        leases, messages, released = self._advance_time(effects)
-        effects += self._dead_letters.retry(self.policy.dead_letter_queue, self._now_ms)
-        return Expired(leases, messages, released)
-
-    def _on_policy(self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]) -> object:
-        changes = cmd.decode_policy(command)
-        if "priorities" in changes and changes["priorities"] != self.policy.priorities:
-            return Rejected(QueueConflict, "priorities is fixed when the queue is created")
-        try:
-            policy = dataclasses.replace(self.policy, **changes)  # type: ignore[arg-type]
-        except TypeError as e:
-            return Rejected(ValidationFailed, str(e))
-        why = _check_policy(policy, self._limits)
-        if why:
-            return Rejected(ValidationFailed, why)
-        if policy.message_ttl_ms is None:
-            self._times.clear()
-        elif self.policy.message_ttl_ms is None:
-            self._times.restart(self._now_ms)
-        self.policy = policy
-        if policy.dead_letter_queue is None and self._dead_letters:
-            dropped = self._dead_letters.clear()
-            self._forget_many(dropped)
-            self._counters["dropped"] += len(dropped)
-        if policy.overflow == cmd.OVERFLOW_DROP_HEAD:
-            self._drop_head(effects)
-        return PolicyChanged(policy)
 
     def _on_dead_letter_confirm(
         self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]
@@ -603,65 +314,7 @@ class QueueMachine:
             self._forget(ref)
         return DeadLetterConfirmed(len(confirmed))
 
-    # === time ======================================================================
-
-    def _advance_time(self, effects: list[MachineEffect]) -> tuple[int, int, int]:
-        """Release due delayed messages, end expired leases, sweep expired heads."""
-        released = 0
-        for ref, level in self._delayed.pop_due(self._now_ms):
-            size = self._size(ref)
-            self._bytes_delayed -= size
-            self._bytes_ready += size
-            self._ready += 1
-            self._lanes.main[level].push(ref)
-            released += 1
-        tags = self._pending.take_expired(self._now_ms)
-        self._give_back(tags, effects)
-        expired: list[int] = []
-        may_expire = self.policy.message_ttl_ms is not None or bool(self._expires_at)
-        for lane in self._lanes.fifos if may_expire else ():
-            while lane and self._is_expired(lane.peek()):
-                ref = lane.pop()
-                self._bytes_ready -= self._size(ref)
-                self._ready -= 1
-                expired.append(ref)
-        self._dead_letter(expired, REASON_EXPIRED, effects)
-        return len(tags), len(expired), released
-
-    def _give_back(self, tags: list[int], effects: list[MachineEffect]) -> None:
-        """Return leased messages to the returns lane of their level, or dead-letter those
-        that reached the delivery limit."""
-        returns = self._lanes.returns
-        limit = self.policy.delivery_limit
-        over: list[int] = []
-        for tag in tags:
-            ref, level = self._pending.remove(tag)
-            size = self._size(ref)
-            self._bytes_pending -= size
-            count = self._delivered_before.get(ref, 0) + 1
-            self._delivered_before[ref] = count
-            if limit is not None and count >= limit:
-                over.append(ref)
-                continue
-            returns[level].push(ref)
-            self._bytes_ready += size
-            self._ready += 1
-        self._counters["returned"] += len(tags) - len(over)
-        self._dead_letter(over, REASON_DELIVERY_LIMIT, effects)
-
-    def _expiry_of(self, ref: int) -> int | None:
-        expiry = self._expires_at.get(ref)
-        ttl_ms = self.policy.message_ttl_ms
-        if ttl_ms is not None:
-            by_queue = self._times.bound_ms(self._fallback.unpack(ref).index) + ttl_ms
-            expiry = by_queue if expiry is None else min(expiry, by_queue)
-        return expiry
-
-    def _is_expired(self, ref: int) -> bool:
-        expiry = self._expiry_of(ref)
-        return expiry is not None and expiry <= self._now_ms
-
-    # === dead-lettering and limits =================================================
+    # === dead-lettering ============================================================
 
     def _dead_letter(self, refs: list[int], reason: str, effects: list[MachineEffect]) -> None:
         """Hand messages that left the ready/pending state to the dead-letter target, or
@@ -678,35 +331,6 @@ class QueueMachine:
         counts = tuple(self._delivered_before.get(ref, 0) for ref in refs)
         self._counters["dead_lettered"] += len(refs)
         effects.append(self._dead_letters.hand_over(target, reason, refs, counts, self._now_ms))
-
-    def _over_limits(self, extra_count: int = 0, extra_bytes: int = 0) -> bool:
-        """Whether the messages that count against max_length / max_bytes (ready and
-        delayed), with ``extra_count`` more of ``extra_bytes``, exceed them."""
-        p = self.policy
-        if p.max_length is None and p.max_bytes is None:
-            return False
-        count = self._ready + len(self._delayed)
-        size = self._bytes_ready + self._bytes_delayed
-        return (p.max_length is not None and count + extra_count > p.max_length) or (
-            p.max_bytes is not None and size + extra_bytes > p.max_bytes
-        )
-
-    def _drop_head(self, effects: list[MachineEffect]) -> None:
-        """Overflow ``drop-head``: dead-letter (reason ``maxlen``) from the head of the lowest
-        level (its returns lane first), then delayed messages, until within the limits."""
-        dropped: list[int] = []
-        order = self._lanes.drop_order()
-        while self._over_limits():
-            lane = next((lane for lane in order if lane), None)
-            if lane is not None:
-                ref = lane.pop()
-                self._bytes_ready -= self._size(ref)
-                self._ready -= 1
-            else:
-                ref = self._delayed.pop_first()
-                self._bytes_delayed -= self._size(ref)
-            dropped.append(ref)
-        self._dead_letter(dropped, REASON_MAXLEN, effects)
 
     # === bookkeeping ===============================================================
 
@@ -765,33 +389,22 @@ class QueueMachine:
         )
 
 
-def _check_policy(policy: QueuePolicy, limits: Limits) -> str:
-    return policy.check(
-        limits.lease_ms_max,
-        limits.priorities_max,
-        limits.message_bytes_max_ceiling,
-    )
-
-
 _Handler = Callable[[QueueMachine, ApplyMeta, bytes, list[MachineEffect]], object]
 
-_CHECKOUT_FEW_MAX = 16
-"""A checkout of at most this many messages pops them one by one (no numpy call)."""
-
 _HANDLERS: dict[Kind, _Handler] = {
-    Kind.ENQUEUE: QueueMachine._on_enqueue,
-    Kind.CHECKOUT: QueueMachine._on_checkout,
-    Kind.SETTLE: QueueMachine._on_settle,
-    Kind.RETURN: QueueMachine._on_return,
-    Kind.DISCARD: QueueMachine._on_discard,
-    Kind.EXTEND: QueueMachine._on_extend,
+    Kind.ENQUEUE: enqueue.on_enqueue,
+    Kind.CHECKOUT: checkout.on_checkout,
+    Kind.SETTLE: leases.on_settle,
+    Kind.RETURN: leases.on_return,
+    Kind.DISCARD: leases.on_discard,
+    Kind.EXTEND: leases.on_extend,
     Kind.PURGE: QueueMachine._on_purge,
-    Kind.EXPIRE: QueueMachine._on_expire,
-    Kind.POLICY: QueueMachine._on_policy,
+    Kind.EXPIRE: expiry.on_expire,
+    Kind.POLICY: policy_changes.on_policy,
     Kind.DEAD_LETTER_CONFIRM: QueueMachine._on_dead_letter_confirm,
 }
 
 _HANDLERS_BY_BYTE = {kind.value[0]: handler for kind, handler in _HANDLERS.items()}
-_ON_ENQUEUE = QueueMachine._on_enqueue
+_ON_ENQUEUE = enqueue.on_enqueue
 
 __all__ = ["FrozenMachine", "QueueMachine"]

@@ -37,20 +37,20 @@ from engine.queue import (
     encode_settle,
     message_id,
 )
+from engine.queue import checkout as checkout_module
 from engine.queue import commands as cmd
-from engine.queue import machine as machine_module
 from engine.queue.refs import INDEX_LIMIT_SHORT, SIZE_LIMIT, is_fallback
 from engine.raft.state_machine import ApplyMeta
 
 
 @contextmanager
 def general_paths_only() -> Iterator[None]:
-    saved = cmd.ENQUEUE_FEW_MAX, cmd.RECEIPTS_FEW_MAX, machine_module._CHECKOUT_FEW_MAX
-    cmd.ENQUEUE_FEW_MAX, cmd.RECEIPTS_FEW_MAX, machine_module._CHECKOUT_FEW_MAX = 0, -1, 0
+    saved = cmd.ENQUEUE_FEW_MAX, cmd.RECEIPTS_FEW_MAX, checkout_module._CHECKOUT_FEW_MAX
+    cmd.ENQUEUE_FEW_MAX, cmd.RECEIPTS_FEW_MAX, checkout_module._CHECKOUT_FEW_MAX = 0, -1, 0
     try:
         yield
     finally:
-        cmd.ENQUEUE_FEW_MAX, cmd.RECEIPTS_FEW_MAX, machine_module._CHECKOUT_FEW_MAX = saved
+        cmd.ENQUEUE_FEW_MAX, cmd.RECEIPTS_FEW_MAX, checkout_module._CHECKOUT_FEW_MAX = saved
 
 
 class Twin:

@@ -1,0 +1,172 @@
+"""The enqueue command: a publish batch, all or nothing.
+
+Rule of this module: a batch is rejected whole (too many messages, a message too large,
+or the queue full under overflow ``reject-publish``), else every message of it is either
+a duplicate (its dedup id was seen within the window, ``engine.queue.dedup``: it is
+acknowledged with the first message's id and not enqueued) or placed: in the delayed
+heap if it has a ``delay_ms``, else at the tail of its level's main lane. Batches of up
+to ``ENQUEUE_FEW_MAX`` messages are read as tuples and placed one by one; larger ones as
+numpy arrays. Both reach the same state: the stateful test and
+tests/queue/test_fast_paths.py compare them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+
+from engine.errors import MessageTooLarge, QueueFull
+from engine.queue import commands as cmd
+from engine.queue.commands import RECORD_BYTES
+from engine.queue.effects import Enqueued, Rejected
+from engine.queue.overflow import drop_head, over_limits
+from engine.queue.refs import (
+    INDEX_LIMIT_SHORT,
+    SIZE_BITS,
+    SIZE_LIMIT,
+    SLOT_BITS_SHORT,
+    SLOT_LIMIT_SHORT,
+    message_id,
+    pack_batch,
+)
+from engine.raft.state_machine import ApplyMeta, MachineEffect
+
+if TYPE_CHECKING:
+    from engine.queue.machine import QueueMachine
+
+U64 = npt.NDArray[np.uint64]
+
+
+def on_enqueue(
+    m: QueueMachine, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]
+) -> object:
+    """Reply ``Enqueued(ids, duplicate)`` for the whole batch, or ``Rejected``."""
+    few = cmd.enqueue_records_few(command)
+    recs: npt.NDArray[np.void] | None = None
+    if few is not None and len(few) == 1:  # the most common publish, kept lean
+        body_len, headers_len, offset, dedup_len, *_ = few[0]
+        n = 1
+        size_max = bytes_total = body_len + headers_len
+        sizes: list[int] | U64 = [size_max]
+        keys = [(0, bytes(command[offset : offset + dedup_len]))] if dedup_len else []
+    elif few is not None:
+        sizes = [rec[0] + rec[1] for rec in few]
+        n, size_max, bytes_total = len(few), max(sizes), sum(sizes)
+        keys = [
+            (k, bytes(command[rec[2] : rec[2] + rec[3]])) for k, rec in enumerate(few) if rec[3]
+        ]
+    else:
+        recs = cmd.enqueue_records(command)
+        batch_sizes = recs["body_len"].astype(np.uint64) + recs["headers_len"].astype(np.uint64)
+        n, size_max, bytes_total = len(recs), int(batch_sizes.max()), int(batch_sizes.sum())
+        keys = [
+            (k, cmd.dedup_id_at(command, recs[k]))
+            for k in np.flatnonzero(recs["dedup_len"]).tolist()
+        ]
+        sizes = batch_sizes
+    if n > m._limits.batch_messages_max:
+        return Rejected(
+            MessageTooLarge, f"a batch holds at most {m._limits.batch_messages_max} messages"
+        )
+    if size_max > m.policy.max_message_bytes:
+        return Rejected(
+            MessageTooLarge, f"a message is larger than {m.policy.max_message_bytes} bytes"
+        )
+    index = meta.index
+    ids = [message_id(index, k) for k in range(n)] if n > 1 else [message_id(index, 0)]
+    duplicate = [False] * n
+    if keys:
+        m._dedup.prune(m._now_ms)
+        m._dedup.find_duplicates(keys, ids, duplicate)
+    dup_slots = [k for k, _key in keys if duplicate[k]] if keys else []
+    dup_bytes = sum(int(sizes[k]) for k in dup_slots) if dup_slots else 0
+    count_new = n - len(dup_slots)
+    full = over_limits(m, count_new, bytes_total - dup_bytes)
+    if full and m.policy.overflow == cmd.OVERFLOW_REJECT_PUBLISH:
+        return Rejected(QueueFull, "the queue is at max_length or max_bytes")
+    if keys:
+        m._dedup.remember(keys, ids, duplicate, m._now_ms)
+    if m.policy.message_ttl_ms is not None:
+        m._times.note(index, m._now_ms)
+    if dup_slots:
+        m._dead_bytes += dup_bytes + RECORD_BYTES * len(dup_slots)
+        m._counters["duplicates"] += len(dup_slots)
+    m._counters["published"] += count_new
+    if count_new and few is not None:
+        _place_few(m, index, few, duplicate)
+    elif count_new:
+        assert recs is not None and not isinstance(sizes, list)
+        _place_new(m, index, recs, sizes, duplicate)
+    if full:
+        drop_head(m, effects)
+    return Enqueued(tuple(ids), tuple(duplicate))
+
+
+def _place_few(
+    m: QueueMachine, index: int, records: list[cmd.Record], duplicate: list[bool]
+) -> None:
+    """``_place_new`` for a few records, one by one with scalar arithmetic: the ref is
+    what ``FallbackTable.pack`` gives (the first compact form, or a fallback handle)."""
+    n = len(records)
+    assert n <= SLOT_LIMIT_SHORT
+    top = m.policy.priorities - 1
+    main_lanes = m._lanes.main
+    compact = index < INDEX_LIMIT_SHORT
+    head = index << (SIZE_BITS + SLOT_BITS_SHORT)
+    for k, (body_len, headers_len, _o, _d, priority, _f, ttl_ms, delay_ms) in enumerate(records):
+        if duplicate[k]:
+            continue
+        size = body_len + headers_len
+        if compact and size < SIZE_LIMIT:
+            ref = head | (size << SLOT_BITS_SHORT) | k
+        else:
+            ref = m._fallback.pack(index, k, size, n)
+        level = min(priority, top)
+        if ttl_ms >= 0:
+            m._expires_at[ref] = m._now_ms + ttl_ms
+        if delay_ms > 0:
+            m._delayed.push(m._now_ms + delay_ms, ref, level)
+            m._bytes_delayed += size
+        else:
+            main_lanes[level].push(ref)
+            m._bytes_ready += size
+            m._ready += 1
+
+
+def _place_new(
+    m: QueueMachine, index: int, recs: npt.NDArray[np.void], sizes: U64, duplicate: list[bool]
+) -> None:
+    top = m.policy.priorities - 1
+    prios = np.minimum(recs["priority"], top)
+    simple = (
+        not any(duplicate)
+        and not recs["delay_ms"].any()
+        and not (recs["ttl_ms"] >= 0).any()
+        and (prios == prios[0]).all()
+    )
+    if simple:
+        refs = pack_batch(index, sizes, m._fallback)
+        m._lanes.main[int(prios[0])].push_many(refs)
+        m._bytes_ready += int(sizes.sum())
+        m._ready += len(refs)
+        return
+    for k in [k for k, dup in enumerate(duplicate) if not dup]:
+        size = int(sizes[k])
+        ref = m._fallback.pack(index, k, size, len(sizes))
+        level = int(prios[k])
+        ttl_ms = int(recs["ttl_ms"][k])
+        if ttl_ms >= 0:
+            m._expires_at[ref] = m._now_ms + ttl_ms
+        delay_ms = int(recs["delay_ms"][k])
+        if delay_ms > 0:
+            m._delayed.push(m._now_ms + delay_ms, ref, level)
+            m._bytes_delayed += size
+        else:
+            m._lanes.main[level].push(ref)
+            m._bytes_ready += size
+            m._ready += 1
+
+
+__all__ = ["on_enqueue"]
