@@ -1,7 +1,7 @@
 """Benchmarks. ``quorra bench NAME [FLAGS]`` runs ``bench/<NAME>.py``; ``quorra bench
 --help`` lists them, ``quorra bench NAME --help`` shows the flags of one.
 
-Every bench module keeps one contract, which ``tests/test_benches.py`` checks for every
+Every bench module keeps one contract, which ``tests/bench/test_benches.py`` checks for every
 name ``available()`` returns (so a new bench is covered as soon as it exists):
 
 * the first line of its docstring says what it measures, in one line (the listing);

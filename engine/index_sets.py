@@ -5,7 +5,7 @@ integers in one call into C; handed a numpy array or a list it adds the values o
 one, and ``np.unique`` before it (a sort in numpy 2.4) costs seconds for millions of
 values. A queue of millions of messages builds such a set whenever its live entries are
 counted, on the event loop: 5 million references took 5.6 s the old way and about a
-tenth of a second this way (see ``tests/queue/test_index_sets.py``).
+tenth of a second this way (see ``tests/engine/queue/test_index_sets.py``).
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ acknowledged with the first message's id and not enqueued again, whether or not 
 was consumed meanwhile. At most ``Limits.dedup_ids_max`` ids are remembered; beyond that
 the oldest are forgotten early (the window shrinks, never grows).
 
-Module rule: nothing here does I/O or reads a clock (tests/test_purity.py).
+Module rule: nothing here does I/O or reads a clock (tests/engine/test_purity.py).
 """
 
 from engine.queue.commands import (

@@ -7,7 +7,7 @@ acknowledged with the first message's id and not enqueued) or placed: in the del
 heap if it has a ``delay_ms``, else at the tail of its level's main lane. Batches of up
 to ``ENQUEUE_FEW_MAX`` messages are read as tuples and placed one by one; larger ones as
 numpy arrays. Both reach the same state: the stateful test and
-tests/queue/test_fast_paths.py compare them.
+tests/engine/queue/test_fast_paths.py compare them.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.api.conftest import new_queue
+from tests.app.api.conftest import new_queue
 from tests.app.conftest import ADMIN_PASSWORD, Server, make_token
 
 pytestmark = pytest.mark.integration

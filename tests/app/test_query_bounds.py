@@ -17,7 +17,7 @@ from fastapi.routing import APIRoute
 
 from app.main import create_app
 from app.settings import Settings
-from tests.api.conftest import assert_problem, new_queue
+from tests.app.api.conftest import assert_problem, new_queue
 from tests.app.conftest import Server
 from tests.app.test_ui import log_in
 

@@ -1,0 +1,214 @@
+"""Log replication and the commit rule (Raft paper sections 5.3, 5.4.2), flow control."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from engine.raft.entry import Entry, EntryKind
+from engine.raft.events import Propose, Receive, Tick
+from engine.raft.messages import AppendRequest, AppendResponse
+from engine.raft.progress import ProgressState
+from engine.raft.server import Fault, Role
+from tests.engine.raft.harness import LIMITS, Cluster, append_request, sid
+
+
+def _logs_equal(c: Cluster, names: list[str]) -> bool:
+    logs = []
+    for n in names:
+        log = c[n].log
+        logs.append([(i, log.term(i)) for i in range(1, log.last_index() + 1)])
+    return all(log == logs[0] for log in logs)
+
+
+def test_a_proposal_is_replicated_committed_and_applied_everywhere() -> None:
+    c = Cluster(["a", "b", "c"])
+    c.elect("a")
+    rd = c.step("a", Propose(7, (b"x", b"y")))
+    assert [(x.request_id, x.first_index, x.last_index, x.term) for x in rd.accepted] == [
+        (7, 2, 3, 1)
+    ]
+    c.stabilize()
+    c.tick(c.limits.heartbeat_interval_ms, deliver=True)
+    for n in "abc":
+        assert c[n].commit == 3 and c[n].applied == 3
+        assert [e.data for e in c.nodes[n].storage.entries(2, 4, 1 << 30)] == [b"x", b"y"]
+
+
+def test_a_follower_answers_an_append_only_after_persisting_it() -> None:
+    c = Cluster(["a", "b", "c"])
+    c.elect("a")
+    c.nodes["b"].auto_persist = False
+    c.step("a", Propose(1, (b"x",)))
+    c.deliver(c.take(AppendRequest, dst="b"))
+    assert c.take(AppendResponse) == []
+    c.persist("b")
+    responses = c.take(AppendResponse)
+    assert [(m.src, m.success, m.match_index) for m in responses] == [("b", True, 2)]
+
+
+def test_the_leader_counts_itself_only_after_its_own_persist() -> None:
+    c = Cluster(["a", "b", "c"])
+    c.elect("a")
+    c.nodes["a"].auto_persist = False
+    c.step("a", Propose(1, (b"x",)))
+    c.deliver(c.take(AppendRequest, dst="b"))
+    c.deliver(c.take(AppendResponse))
+    assert c["a"].commit == 1, "one follower alone is no quorum while the leader has not fsynced"
+    c.persist("a")
+    assert c["a"].commit == 2
+
+
+def test_a_follower_rejects_a_mismatched_append_with_a_conflict_hint() -> None:
+    c = Cluster(["a", "b", "c"])
+    c.elect("a")
+    b = c["b"]
+    b.step(Receive(append_request("a", "b", 1, prev_index=5, prev_term=1, commit=1)))
+    rd = b.ready()
+    (resp,) = rd.messages_after_persist
+    assert type(resp) is AppendResponse and not resp.success
+    assert (resp.rejected_prev_index, resp.conflict_term, resp.conflict_index) == (5, 0, 2)
+
+
+def test_a_follower_truncates_conflicting_entries_and_keeps_matching_ones() -> None:
+    c = Cluster(["a", "b", "c"])
+    c.elect("a")
+    b = c["b"]
+    old = [Entry(2, 1, EntryKind.COMMAND, 0, b"old2"), Entry(3, 1, EntryKind.COMMAND, 0, b"old3")]
+    b.step(Receive(append_request("a", "b", 1, prev_index=1, prev_term=1, entries=old, commit=1)))
+    c.process("b")
+    new = [Entry(3, 2, EntryKind.COMMAND, 0, b"new3")]
+    b.step(Receive(append_request("c", "b", 2, prev_index=2, prev_term=1, entries=new, commit=1)))
+    c.process("b")
+    data = [e.data for e in c.nodes["b"].storage.entries(2, 4, 1 << 30)]
+    assert data == [b"old2", b"new3"] and b.log.last_index() == 3
+
+
+def test_the_leader_repairs_divergent_followers_with_fast_back_off() -> None:
+    limits = dataclasses.replace(LIMITS, append_entries_per_message_max=2)
+    c = Cluster(["a", "b", "c"], limits=limits)
+    c.elect("a")
+    c.cut = {"b", "c"}
+    for n in range(20):
+        c.step("a", Propose(n, (b"lost%d" % n,)))
+    c.cut = {"a"}
+    c.sent = []
+    c.tick(4 * limits.election_timeout_ms_max, ["b", "c"], deliver=True)
+    leader = "b" if c["b"].role is Role.LEADER else "c"
+    assert c[leader].role is Role.LEADER
+    for n in range(5):
+        c.step(leader, Propose(100 + n, (b"kept%d" % n,)))
+    c.stabilize()
+    c.cut = set()
+    c.tick(4 * limits.heartbeat_interval_ms, deliver=True)
+    assert c["a"].role is Role.FOLLOWER
+    assert _logs_equal(c, ["a", "b", "c"]) and c["a"].log.last_index() == 7
+
+
+def test_only_entries_of_the_current_term_are_committed_by_counting_figure_8() -> None:
+    for fault, committed in ((Fault.NONE, False), (Fault.COMMIT_ANY_TERM, True)):
+        limits = dataclasses.replace(LIMITS, append_entries_per_message_max=1)
+        c = Cluster(["a", "b", "c"], limits=limits, fault=fault)
+        c.elect("a")
+        c.cut = {"b", "c"}
+        c.step("a", Propose(1, (b"term1",)))  # index 2 (term 1), only on a
+        c.sent = []
+        # b wins term 2 with c's vote; its no-op at index 2 reaches no one.
+        c.cut = {"a"}
+        c.tick(limits.election_timeout_ms_min, ["c"])
+        c.sent = []
+        c.campaign("b")
+        assert c["b"].role is Role.LEADER and c["b"].term == 2
+        c.sent = []
+        # a loses its lease, then wins term 3 with c's vote (its log is longer).
+        c.cut = {"b"}
+        c.tick(2 * limits.election_timeout_ms_min + limits.tick_ms, ["a"])
+        c.sent = []
+        for _ in range(3):
+            c.campaign("a")
+            if c["a"].role is Role.LEADER:
+                break
+        a = c["a"]
+        assert a.role is Role.LEADER and a.term == 3
+        # c rejects the no-op at index 3, then takes the term-1 entry at index 2 alone.
+        for _ in range(2):
+            c.deliver(c.take(AppendRequest, dst="c")[:1])
+            c.deliver(c.take(AppendResponse))
+        assert c["c"].log.term(2) == 1 and c["c"].log.last_index() == 2
+        assert (a.commit >= 2) is committed, fault
+
+
+def test_flow_control_bounds_messages_in_flight_per_follower() -> None:
+    limits = dataclasses.replace(
+        LIMITS, append_entries_per_message_max=1, inflight_messages_per_follower_max=3
+    )
+    c = Cluster(["a", "b", "c"], limits=limits)
+    c.elect("a")
+    c.tick(limits.heartbeat_interval_ms, deliver=True)
+    assert c["a"].progress[sid("b")].state is ProgressState.REPLICATE
+    for n in range(10):
+        c.step("a", Propose(n, (b"x",)))
+    appends = c.take(AppendRequest, dst="b")
+    assert len(appends) == 3
+    c.deliver(appends[:1])
+    c.deliver(c.take(AppendResponse))
+    assert len(c.take(AppendRequest, dst="b")) == 1
+
+
+def test_the_leader_stamps_its_clock_in_entries_and_it_never_decreases() -> None:
+    c = Cluster(["a", "b", "c"])
+    c.elect("a")
+    c.tick(100, deliver=True)
+    c.step("a", Propose(1, (b"x",)))
+    c.step("a", Tick(5))  # a clock going backwards is ignored
+    c.step("a", Propose(2, (b"y",)))
+    stamps = [e.now_ms for e in c.nodes["a"].storage.entries(1, 4, 1 << 30)]
+    assert stamps == sorted(stamps) and stamps[1] == stamps[2] == c.now_ms
+
+
+def test_timers_run_on_the_monotonic_clock_and_stamps_never_go_back() -> None:
+    c = Cluster(["a", "b", "c"])
+    c.elect("a")
+    c.step("a", Tick(c.now_ms + 1, wall_ms=5_000_000))
+    c.step("a", Propose(1, (b"x",)))
+    c.stabilize()
+    # The wall clock of a steps back an hour: its timers and its stamps carry on.
+    c.step("a", Tick(c.now_ms + 2, wall_ms=5_000_000 - 3_600_000))
+    c.step("a", Propose(2, (b"y",)))
+    c.stabilize()
+    assert c["a"].now_ms == c.now_ms + 2
+    # a goes; b takes over with its wall clock (the harness's, ticks only) far behind:
+    # its entries are stamped no lower than those it received.
+    c.cut = {"a"}
+    c.tick(LIMITS.election_timeout_ms_max, names=["b", "c"])
+    c.sent = []
+    c.elect("b")
+    assert c["b"].wall_ms < 5_000_000
+    c.step("b", Propose(3, (b"z",)))
+    c.stabilize()
+    stamps = [e.now_ms for e in c.nodes["b"].storage.entries(1, 6, 1 << 30)]
+    assert len(stamps) == 5 and stamps == sorted(stamps), stamps
+    assert stamps[1:] == [5_000_000] * 4
+
+
+def test_proposals_are_rejected_on_a_follower_and_under_backpressure() -> None:
+    limits = dataclasses.replace(LIMITS, uncommitted_bytes_max=10)
+    c = Cluster(["a", "b", "c"], limits=limits)
+    c.elect("a")
+    rd = c.step("b", Propose(1, (b"x",)))
+    assert [(r.request_id, r.reason, r.leader) for r in rd.rejected] == [(1, "not_leader", "a")]
+    c.cut = {"b", "c"}
+    assert c.step("a", Propose(2, (b"123456",))).accepted
+    rd = c.step("a", Propose(3, (b"123456",)))
+    assert [r.reason for r in rd.rejected] == ["backpressure"]
+
+
+def test_a_restarted_server_recovers_term_vote_and_log_and_reapplies() -> None:
+    c = Cluster(["a", "b", "c"])
+    c.elect("a")
+    c.step("a", Propose(1, (b"x",)))
+    c.stabilize()
+    c.tick(c.limits.heartbeat_interval_ms, deliver=True)
+    c.restart("b")
+    b = c["b"]
+    assert (b.term, b.log.last_index()) == (1, 2)
+    assert b.commit == 2 and b.applied == 2

@@ -1,0 +1,141 @@
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.errors import EntryDamaged, StorageFailed
+from engine.storage.disk import FakeDisk
+from engine.storage.segment import (
+    HEADER_BYTES,
+    OVERWRITES,
+    SLOT_BYTES,
+    ReaderCache,
+    SegmentReader,
+    encode_header,
+    read_segment_info,
+    segment_path,
+    write_segment,
+)
+from tests.engine.storage.conftest import entries
+
+
+def test_segment_round_trip_reads_any_entry_without_a_scan() -> None:
+    disk = FakeDisk()
+    written = entries(5, 20, term=3)
+    write_segment(disk, "q", 7, written, OVERWRITES)
+    info = read_segment_info(disk, segment_path("q", 7))
+    assert info is not None
+    assert (info.seq, info.lo, info.hi, info.count, info.flags) == (7, 5, 24, 20, OVERWRITES)
+    reader = SegmentReader(disk, info)
+    assert [reader.read(i) for i in range(5, 25)] == written
+    assert reader.read(4) is None and reader.read(25) is None and reader.term(9) == 3
+
+
+def test_sparse_segment_answers_only_for_its_entries() -> None:
+    disk = FakeDisk()
+    kept = [e for e in entries(1, 30) if e.index % 3 == 0]
+    write_segment(disk, "q", 1, kept, 0)
+    info = read_segment_info(disk, segment_path("q", 1))
+    assert info is not None
+    reader = SegmentReader(disk, info)
+    assert [reader.read(i) for i in (3, 15, 30)] == [kept[0], kept[4], kept[9]]
+    assert reader.read(4) is None and reader.term(29) is None
+
+
+def test_damaged_header_index_or_data_is_detected() -> None:
+    disk = FakeDisk()
+    write_segment(disk, "q", 1, entries(1, 4), OVERWRITES)
+    path = segment_path("q", 1)
+    size = len(disk.read(path))
+    disk.flip_bit(path, (size - 3) * 8)  # in the data of the last entry
+    info = read_segment_info(disk, path)
+    assert info is not None
+    reader = SegmentReader(disk, info)
+    assert reader.read(1) == entries(1, 1)[0]
+    with pytest.raises(StorageFailed, match="entry 4 fails its CRC32C"):
+        reader.read(4)
+    disk.flip_bit(path, (HEADER_BYTES + 10) * 8)  # in the index section
+    with pytest.raises(StorageFailed, match="index section"):
+        SegmentReader(disk, info)
+    disk.flip_bit(path, 40 * 8)  # in the header
+    assert read_segment_info(disk, path) is None
+
+
+def test_reader_cache_keeps_a_bounded_number_open() -> None:
+    disk = FakeDisk()
+    infos = []
+    for seq in range(1, 5):
+        write_segment(disk, "q", seq, entries(seq * 10, 2), OVERWRITES)
+        info = read_segment_info(disk, segment_path("q", seq))
+        assert info is not None
+        infos.append(info)
+    cache = ReaderCache(disk, open_max=2)
+    for info in infos:
+        assert cache.get(info).read(info.lo) is not None
+    assert cache.open_count() == 2
+    assert cache.get(infos[-1]) is cache.get(infos[-1])
+
+
+def test_the_second_header_slot_lets_dead_data_be_cut_off_the_end() -> None:
+    """What compaction phase 2 will do: new header in the other slot, sync, truncate."""
+    disk = FakeDisk()
+    written = entries(1, 6)
+    write_segment(disk, "q", 1, written, OVERWRITES)
+    path = segment_path("q", 1)
+    info = read_segment_info(disk, path)
+    assert info is not None and info.generation == 1
+    reader = SegmentReader(disk, info)
+    keep = 4
+    index_bytes = reader.index[:keep].tobytes()
+    end = int(reader.index["offset"][keep - 1] + reader.index["length"][keep - 1])
+    slot = encode_header(1, OVERWRITES, keep, 1, 4, info.data_offset, index_bytes, 2)
+    f = disk.open(path)
+    f.pwrite(SLOT_BYTES, slot)
+    f.sync()
+    f.truncate(end)
+    f.sync()
+    cut = read_segment_info(disk, path)
+    assert cut is not None and (cut.generation, cut.count, cut.hi) == (2, 4, 4)
+    assert [SegmentReader(disk, cut).read(i) for i in range(1, 5)] == written[:4]
+    disk.flip_bit(path, 8 * (SLOT_BYTES + 8))  # the new slot damaged: the old one rules
+    assert read_segment_info(disk, path) == dataclasses.replace(info, bytes=end)
+
+
+@given(
+    st.integers(1, 40),
+    st.sets(st.integers(0, 39)),
+    st.integers(1, 400),
+    st.data(),
+)
+@settings(max_examples=60, deadline=None)
+def test_check_run_agrees_with_reading_the_entries(
+    count: int, dropped: set[int], max_bytes: int, data: st.DataObject
+) -> None:
+    """``check_run`` checks what ``read_run`` would return (same run, same stop at a
+    hole or at ``max_bytes``) without building entries, and stops at the same damage."""
+    disk = FakeDisk()
+    kept = [e for k, e in enumerate(entries(10, count, size=24)) if k == 0 or k not in dropped]
+    write_segment(disk, "q", 1, kept, 0)
+    path = segment_path("q", 1)
+    info = read_segment_info(disk, path)
+    assert info is not None
+    lo = data.draw(st.sampled_from([e.index for e in kept]), label="lo")
+    hi = data.draw(st.integers(lo + 1, 10 + count + 1), label="hi")
+    run = SegmentReader(disk, info).read_run(lo, hi, max_bytes)
+    assert SegmentReader(disk, info).check_run(lo, hi, max_bytes) == lo + len(run)
+    victim = data.draw(st.sampled_from(kept), label="victim")
+    size = len(disk.read(path))
+    body_at = size - sum(len(e.data) for e in kept if e.index >= victim.index)
+    disk.flip_bit(path, (body_at + 3) * 8)
+    reader = SegmentReader(disk, info)
+    try:
+        reader.read_run(lo, hi, max_bytes)
+    except EntryDamaged as e:
+        with pytest.raises(EntryDamaged) as checked:
+            reader.check_run(lo, hi, max_bytes)
+        assert checked.value.index == e.index == victim.index
+    else:
+        assert reader.check_run(lo, hi, max_bytes) == lo + len(run)
