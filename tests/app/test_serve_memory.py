@@ -1,6 +1,7 @@
 """A running server's memory does not grow with the bytes of the messages it queues:
 entries are held in memory only until their WAL file (``wal_file_bytes_max``) is
-flushed to segments, and freed heap goes back to the system (app/memory_trim.py). ``quorra bench restart`` measures the same at a million messages."""
+flushed to segments, and the allocator gives freed buffers back (app/server.py,
+``tune_malloc``). ``quorra bench restart`` measures the same at a million messages."""
 
 from __future__ import annotations
 
