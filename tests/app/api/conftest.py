@@ -49,19 +49,9 @@ def kill_hard(server: Server) -> None:
 
 
 @pytest.fixture(scope="session")
-def api_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = Server(tmp_path_factory.mktemp("quorra-api") / "data").start()
-    try:
-        yield srv
-    finally:
-        srv.stop()
-
-
-@pytest.fixture(scope="session")
-def admin(api_server: Server) -> Iterator[httpx.Client]:
-    token = make_token(api_server, "admin", ADMIN_PASSWORD)
-    with api_server.client(token) as client:
-        yield client
+def api_server(server: Server) -> Server:
+    """The session's server (``tests/app/conftest.py``), shared with every REST test."""
+    return server
 
 
 @pytest.fixture()
