@@ -398,7 +398,7 @@ class ReplicaIo:
         self.rep = rep
 
     def on_ready(self, rd: Ready) -> None:
-        pass
+        """Nothing looks at a ``Ready`` before it is acted on in the server."""
 
     def write_hard_state(self, hs: RaftHardState) -> None:
         rep = self.rep
@@ -441,7 +441,7 @@ class ReplicaIo:
             p.future.set_result(None)
 
     def read_ready(self, read: ReadReady) -> None:
-        pass  # the node proposes; it asks for no ReadIndex
+        """Never called: the node proposes its reads, it asks for no ReadIndex."""
 
     def repaired(self) -> None:
         self.node._need_storage().finish_repair(self.rep.uid)
