@@ -223,6 +223,22 @@ class RaftServer:
         if self.repairing:
             self._maybe_finish_repair()
 
+    def has_ready(self) -> bool:
+        """Whether ``ready`` would hand out anything: answered without building a
+        ``Ready`` (most calls find nothing to do)."""
+        if not self.rd.is_empty() or self.pending_install is not None:
+            return True
+        hs = self.hard_state_out
+        if (hs.term, hs.vote, hs.commit) != (self.term, self.vote, self.commit):
+            return True
+        log = self.log
+        if log.handed_out <= log.last_index():
+            return True
+        if min(self.commit, log.stable_last) > self.applied:
+            return True
+        confirmed = self.reads.confirmed
+        return bool(confirmed) and confirmed[0][1] <= self.applied
+
     def ready(self) -> Ready:
         rd = self.rd
         self.rd = Ready()

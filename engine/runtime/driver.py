@@ -141,10 +141,8 @@ class ReplicaDriver:
         """Act on every ``Ready`` the core has, until it has none. Storage errors the
         core meets (``EntryDamaged``, ``StorageFailed``) reach the host."""
         raft = self.raft
-        while True:
+        while raft.has_ready():
             rd = raft.ready()
-            if rd.is_empty():
-                return
             self.host.on_ready(rd)
             self.handle(rd)
 

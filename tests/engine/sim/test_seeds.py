@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from engine.raft.server import Fault
+from engine.runtime.driver import ReplicaDriver
 from engine.sim.cli import main
 from engine.sim.run import run_seed
 from engine.sim.world import SimConfig, World
@@ -81,3 +82,22 @@ def test_a_broken_durability_order_in_the_driver_is_caught_within_the_ci_budget(
             assert any("durable" in v for v in result.violations), result.violations
             return
     pytest.fail(f"SEND_BEFORE_DURABLE went unnoticed in {CI_SEEDS} seeds")
+
+
+def test_has_ready_misses_nothing_ready_would_hand_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver asks ``has_ready`` before building a ``Ready``: once it says no, a
+    ``ready()`` is empty, at every point of many seeds (with damaged disks too)."""
+    process = ReplicaDriver.process
+    checks = 0
+
+    def checked(self: ReplicaDriver) -> None:
+        nonlocal checks
+        process(self)
+        assert self.raft.ready().is_empty()
+        checks += 1
+
+    monkeypatch.setattr(ReplicaDriver, "process", checked)
+    for seed in range(30):
+        assert run_seed(seed).passed
+        assert run_seed(seed, corrupt_disks=True).passed
+    assert checks > 10_000
