@@ -29,6 +29,9 @@ class ScriptedCore:
         self.applied = 0
         self.stepped: list[Event] = []
 
+    def has_ready(self) -> bool:
+        return bool(self.readies)
+
     def ready(self) -> Ready:
         return self.readies.pop(0) if self.readies else Ready()
 
