@@ -41,14 +41,14 @@ class Effects:
             self.node._catalog.policy_changed(rep)
         elif isinstance(reply, Expired):
             rep.expire_inflight = False
+        self.passed(rep, e, reply)
+
+    def passed(self, rep: Replica, e: Entry, reply: object = None) -> None:
+        """The proposal waiting on ``e``, if any, gets its outcome (``reply``: the
+        machine's, None for an entry the machine did not apply)."""
         p = rep.waiting.pop(e.index, None)
         if p is not None and not p.future.done():
             self.resolve(rep, p, e, reply)
-
-    def passed(self, rep: Replica, e: Entry) -> None:
-        p = rep.waiting.pop(e.index, None)
-        if p is not None and not p.future.done():
-            self.resolve(rep, p, e, None)
 
     @staticmethod
     def resolve(rep: Replica, p: Proposal, e: Entry, reply: object) -> None:
