@@ -276,16 +276,17 @@ class RaftServer:
         )
         assert log.snapshot_index - 1 <= log.stable_last <= last, f"{self.id}: stable_last"
         configs = self.configs
-        for k in range(1, len(configs)):
-            assert configs[k - 1][0] < configs[k][0], f"{self.id}: configurations out of order"
         assert configs[-1][0] <= last, f"{self.id}: a configuration past the log"
-        assert self.uncommitted_bytes == sum(size for _last, size in self.uncommitted)
+        if len(configs) > 1:
+            for k in range(1, len(configs)):
+                assert configs[k - 1][0] < configs[k][0], f"{self.id}: configurations out of order"
         assert not self.repairing or self.role is Role.FOLLOWER, "a repairing server follows"
         if self.role is Role.LEADER:
             self._check_leader_invariants()
             return
         assert self.leader != self.id, f"{self.id}: {self.role.name} names itself leader"
         assert not self.progress and not self.uncommitted, f"{self.id}: leader state kept"
+        assert not self.uncommitted_bytes, f"{self.id}: uncommitted bytes without entries"
         assert self.reads.is_empty(), f"{self.id}: reads held by a non-leader"
         ms = self.membership
         assert ms.catch_up is None and ms.change is None and ms.transfer is None
@@ -308,8 +309,13 @@ class RaftServer:
         pending = self.reads.pending
         # Reads record the commit index, which never decreases: the last is the highest.
         assert not pending or pending[-1][2] <= self.commit, f"{self.id}: read above commit"
-        if self.uncommitted:
-            assert self.uncommitted[-1][0] <= last, f"{self.id}: uncommitted past the log"
+        uncommitted = self.uncommitted
+        if uncommitted:
+            assert uncommitted[-1][0] <= last, f"{self.id}: uncommitted past the log"
+            size = sum(size for _last, size in uncommitted)
+            assert self.uncommitted_bytes == size, f"{self.id}: uncommitted bytes"
+        else:
+            assert not self.uncommitted_bytes, f"{self.id}: uncommitted bytes without entries"
 
     # --- repair ----------------------------------------------------------------------
 

@@ -35,6 +35,9 @@ class Observer:
     def on_crash(self, world: World, node: SimNode) -> None:
         pass
 
+    def on_role(self, world: World, node: SimNode) -> None:
+        """Called when a server's role or term changed, once its ``Ready`` was acted on."""
+
     def after_step(self, world: World) -> None:
         pass
 
@@ -113,17 +116,18 @@ class RaftSafety(Observer):
                 f"{entry.term}, another server applied term {seen[0]} there",
             )
 
-    def after_step(self, world: World) -> None:
-        for node in world.live_nodes():
-            raft = node.raft
-            if raft.role is not Role.LEADER:
-                continue
-            holder = self.leaders.get(raft.term)
-            if holder is None:
-                self.leaders[raft.term] = node.id
-                self._check_completeness(world, node)
-            elif holder != node.id:
-                self._fail(world, f"election safety: {holder} and {node.id} lead term {raft.term}")
+    def on_role(self, world: World, node: SimNode) -> None:
+        """A server becomes leader only in a step that changes its role or term, so
+        checking at each change sees every leader of every term."""
+        raft = node.raft
+        if raft.role is not Role.LEADER:
+            return
+        holder = self.leaders.get(raft.term)
+        if holder is None:
+            self.leaders[raft.term] = node.id
+            self._check_completeness(world, node)
+        elif holder != node.id:
+            self._fail(world, f"election safety: {holder} and {node.id} lead term {raft.term}")
 
     def _check_completeness(self, world: World, node: SimNode) -> None:
         log = node.raft.log

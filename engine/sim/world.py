@@ -219,6 +219,9 @@ class World:
         return found
 
     def _run_until(self, steps_max: int, done: Callable[[], bool]) -> None:
+        stepping = [
+            obs for obs in self.observers if type(obs).after_step is not Observer.after_step
+        ]
         while self.steps < steps_max and not self.errors and not done():
             when, _seq, action = heapq.heappop(self.queue)
             self.now_ms = when
@@ -228,7 +231,7 @@ class World:
             except AssertionError as exc:
                 self.errors.append(f"t={self.now_ms} assertion failed: {exc}")
                 break
-            for obs in self.observers:
+            for obs in stepping:
                 obs.after_step(self)
             if self.safety.found:
                 break
@@ -333,6 +336,8 @@ class World:
         if role != node.seen_role:
             node.seen_role = role
             self.log(f"{node.id} {node.raft.role.name.lower()} term={node.raft.term}")
+            for obs in self.observers:
+                obs.on_role(self, node)
 
     def _sync(self, node: SimNode, epoch: int) -> None:
         """The disk made every queued write durable: the driver learns of each in turn."""

@@ -4,11 +4,14 @@ safety observer on hand-made violations."""
 from __future__ import annotations
 
 import itertools
+from types import SimpleNamespace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.sim.checkers import RegisterOp, check_register
+from engine.raft.entry import Entry, EntryKind
+from engine.raft.server import Role
+from engine.sim.checkers import RaftSafety, RegisterOp, check_register
 
 
 def R(client: int, kind: str, value: bytes | None, call: int, ret: int | None) -> RegisterOp:
@@ -86,3 +89,30 @@ def histories(draw: st.DrawFn) -> list[RegisterOp]:
 @given(histories())
 def test_the_search_agrees_with_brute_force(ops: list[RegisterOp]) -> None:
     assert check_register(list(ops)) == _brute_force(ops)
+
+
+def _server(name: str, role: Role, term: int, log_terms: dict[int, int]) -> SimpleNamespace:
+    log = SimpleNamespace(snapshot_index=0, term=log_terms.get)
+    return SimpleNamespace(id=name, raft=SimpleNamespace(role=role, term=term, log=log))
+
+
+def test_two_leaders_of_one_term_break_election_safety() -> None:
+    world = SimpleNamespace(now_ms=7)
+    safety = RaftSafety()
+    safety.on_role(world, _server("a", Role.LEADER, 3, {}))  # type: ignore[arg-type]
+    safety.on_role(world, _server("b", Role.FOLLOWER, 3, {}))  # type: ignore[arg-type]
+    safety.on_role(world, _server("a", Role.LEADER, 3, {}))  # type: ignore[arg-type]
+    assert not safety.found
+    safety.on_role(world, _server("b", Role.LEADER, 3, {}))  # type: ignore[arg-type]
+    assert safety.found == ["t=7 election safety: a and b lead term 3"]
+
+
+def test_a_leader_without_a_committed_entry_breaks_leader_completeness() -> None:
+    world = SimpleNamespace(now_ms=9)
+    safety = RaftSafety()
+    entry = Entry(index=1, term=2, kind=EntryKind.COMMAND, now_ms=0, data=b"x")
+    safety.on_applied(world, _server("a", Role.FOLLOWER, 2, {1: 2}), entry, None)  # type: ignore[arg-type]
+    safety.on_role(world, _server("b", Role.LEADER, 3, {1: 2}))  # type: ignore[arg-type]
+    assert not safety.found
+    safety.on_role(world, _server("c", Role.LEADER, 4, {1: 1}))  # type: ignore[arg-type]
+    assert safety.found and "leader completeness: c leads term 4" in safety.found[0]
