@@ -39,7 +39,7 @@ def run_seed(
     corrupt_disks: bool = False,
 ) -> SeedResult:
     """With ``corrupt_disks`` (and no ``storage_factory``), every server runs the real
-    storage on a fake disk whose files get damaged (see ``engine.sim.world``)."""
+    storage on a fake disk whose files get damaged (see ``engine.sim.faults``)."""
     started = time.perf_counter()
     if corrupt_disks and storage_factory is None:
         storage_factory = _disk_storage

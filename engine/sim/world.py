@@ -1,23 +1,20 @@
-"""The simulated cluster: servers, a virtual clock, the network, disks, and faults.
+"""The simulated cluster: servers, a virtual clock, the network and disks.
 
 One ``random.Random(seed)`` decides everything, and nothing iterates an unordered
 collection, so the same seed gives the same run byte for byte (``World.trace_digest``).
-The world does what a runtime does with each ``Ready`` (see ``engine.raft.events``): it
-buffers the writes, sends what may go at once, applies committed entries, and sends the
-rest and reports ``Persisted`` when a simulated sync completes.
+Each server runs the runtime's ``ReplicaDriver``; the world is its host (``_Host``):
+writes go to the server's simulated storage and become durable at the next simulated
+sync, messages go through the simulated network. The faults are the ``Nemesis``'s
+(``engine.sim.faults``).
 
 Plug points: ``storage_factory`` (any ``SimStorage``), the ``Workload`` (machine, clients,
 final checks) and extra ``Observer`` checkers.
 
-Damaged disks (``SimConfig.corrupt_disks``, with a storage that has a disk): a crashed
-server's disk gets a flipped bit (WAL, segment data, index or header, checkpoint) before
-it restarts, and a running server's segment data may rot: one server's disk per run,
-while no server is repairing and the group has three voters or more. A read that meets damaged data
-while running (``EntryDamaged``) records the repair and crashes the server, which
-restarts in repair mode. At the end the
-faults stop, the network heals and the run goes on until every member has left repair
-and applied the same state as the leader; a member still repairing, or different, is a
-violation.
+Damaged disks (``SimConfig.corrupt_disks``): a read that meets damaged data while running
+(``EntryDamaged``) records the repair and crashes the server, which restarts in repair
+mode. At the end the faults stop, the network heals and the run goes on until every
+member has left repair and applied the same state as the leader; a member still
+repairing, or different, is a violation.
 """
 
 from __future__ import annotations
@@ -36,7 +33,6 @@ from engine.raft.config import Configuration
 from engine.raft.entry import Entry
 from engine.raft.events import (
     Accepted,
-    AddServer,
     Completed,
     Event,
     HardState,
@@ -47,11 +43,9 @@ from engine.raft.events import (
     Ready,
     Receive,
     Rejected,
-    RemoveServer,
     SnapshotInstalled,
     SnapshotTaken,
     Tick,
-    TransferLeadership,
 )
 from engine.raft.messages import Message
 from engine.raft.server import Fault, RaftOptions, RaftServer, Role
@@ -59,6 +53,7 @@ from engine.raft.snapshot import Snapshot
 from engine.raft.state_machine import CheckpointRequest, Machine, MachineEffect
 from engine.runtime.driver import ReplicaDriver
 from engine.sim.checkers import DurableBeforePromised, Observer, RaftSafety
+from engine.sim.faults import Nemesis
 from engine.sim.network import Network, NetworkFaults
 from engine.sim.storage import MemStorage, SimStorage
 from engine.sim.workload import KvWorkload, Workload
@@ -155,12 +150,9 @@ class World:
         self.bootstrap = Configuration(tuple(self.ids))
         self.nodes: dict[ServerId, SimNode] = {}
         self.errors: list[str] = []
-        self.next_admin_request = 1 << 40
-        self.quiet = False
+        self.nemesis = Nemesis(self)
         self.settle_target = 0
-        """No more faults (the settling at the end of a run with damaged disks)."""
-        self.damaged: dict[ServerId, list[str]] = {}
-        """What was damaged on each server's disk, for the trace and the final check."""
+        """What was committed when the settling began (see ``_settle``)."""
         for sid in self.ids:
             self.nodes[sid] = self._boot(sid, self.storage_factory(sid))
 
@@ -198,7 +190,7 @@ class World:
         """Run ``config.steps`` events; returns the violations found (empty: passed)."""
         self.workload.start(self)
         self.schedule(self.limits.tick_ms, self._tick)
-        self.schedule(self.rng.randint(200, 1000), self._nemesis)
+        self.nemesis.start()
         self._run_until(self.config.steps, lambda: False)
         if self.config.corrupt_disks and not self.errors and not self.safety.found:
             self._settle()
@@ -238,14 +230,14 @@ class World:
 
     def _settle(self) -> None:
         """Stop the faults and run until every member is repaired and caught up."""
-        self.quiet = True
+        self.nemesis.stop()
         self.network.heal()
         self.log("settle")
         self.settle_target = max(n.raft.commit for n in self.nodes.values())
         self._run_until(self.steps + self.config.settle_steps_max, self._settled)
         if self.errors or self.safety.found:
             return
-        leader = self._leader()
+        leader = self.leader()
         if leader is None or not self._caught_up(leader):
             states = [
                 f"{n.id} alive={n.alive} repairing={n.raft.repairing} applied={n.raft.applied}"
@@ -263,7 +255,7 @@ class World:
     def _settled(self) -> bool:
         """Every member repaired and at the leader's commit index (under a steady load
         this may not happen at one instant: ``_caught_up`` then suffices)."""
-        leader = self._leader()
+        leader = self.leader()
         if leader is None or not self._caught_up(leader):
             return False
         members = leader.raft.config.members
@@ -288,7 +280,7 @@ class World:
             except EntryDamaged as error:
                 self._on_damaged(node, error)
                 continue
-            self._step(node, Tick(self.now_ms))
+            self.step(node, Tick(self.now_ms))
         self.schedule(self.limits.tick_ms, self._tick)
 
     def _client_event(self, server: ServerId, event: Event, request_id: int) -> None:
@@ -296,12 +288,12 @@ class World:
         if not node.alive:
             self.workload.on_rejected(self, node, Rejected(request_id, "unavailable", None))
             return
-        self._step(node, event)
+        self.step(node, event)
 
     def _deliver(self, msg: Message) -> None:
         node = self.nodes[msg.dst]
         if node.alive and self.network.connected(msg.src, msg.dst):
-            self._step(node, Receive(msg))
+            self.step(node, Receive(msg))
 
     def _send(self, msg: Message) -> None:
         for delay in self.network.delays_ms(msg.src, msg.dst):
@@ -309,7 +301,8 @@ class World:
 
     # --- the replica driver's host -----------------------------------------------------
 
-    def _step(self, node: SimNode, event: Event) -> None:
+    def step(self, node: SimNode, event: Event) -> None:
+        """The server takes ``event`` and its driver acts on what that made ready."""
         if not node.alive:
             return
         try:
@@ -439,122 +432,10 @@ class World:
         except EntryDamaged as error:
             self._on_damaged(node, error)
 
-    # --- faults -------------------------------------------------------------------------
-
-    def _nemesis(self) -> None:
-        if self.quiet:
-            return
-        self.schedule(self.rng.randint(200, 1200), self._nemesis)
-        choice = self.rng.randrange(6)
-        cfg = self.config
-        if choice <= 1 and cfg.crashes:
-            self._crash_one()
-        elif choice == 2 and cfg.partitions:
-            self._partition()
-        elif choice == 3 and cfg.membership and cfg.servers > 1:
-            self._reconfigure()
-        elif choice == 4 and cfg.transfers and cfg.servers > 1:
-            self._transfer()
-        elif choice == 5 and cfg.corrupt_disks:
-            self._rot()
-
-    def _crash_one(self) -> None:
-        alive = [n.id for n in self.live_nodes()]
-        if len(alive) <= len(self.ids) // 2 + 0 and len(self.ids) > 1:
-            return
-        sid = self.rng.choice(alive)
-        self.crash(sid)
-        if self.config.corrupt_disks:
-            self._corrupt(sid)
-        self.schedule(self.rng.randint(50, 1500), lambda: self.restart(sid))
-
-    def _corrupt(self, sid: ServerId) -> None:
-        """Flip a bit on the crashed server's disk, if no server is repairing."""
-        if self._repairing() or not self._may_damage(sid):
-            return
-        leader = self._leader()
-        if leader is None or len(leader.raft.config.voters) < 3:
-            return  # of two voters, one repairing, neither could be elected
-        hit = self.nodes[sid].storage.corrupt(self.rng)
-        if hit is not None:
-            self.damaged.setdefault(sid, []).append(hit)
-            self.log(f"damage {sid}: {hit}")
-
-    def _partition(self) -> None:
-        ids = list(self.ids)
-        self.rng.shuffle(ids)
-        cut = self.rng.randint(1, len(ids) - 1) if len(ids) > 1 else 1
-        leader = self._leader()
-        if leader is not None and self.rng.randrange(2):
-            # Cut the leader off alone: the classic way to get a deposed leader.
-            ids.remove(leader.id)
-            ids.insert(0, leader.id)
-            cut = 1
-        groups = [sorted(ids[:cut]), sorted(ids[cut:])]
-        self.network.partition(groups)
-        self.log(f"partition {groups[0]} | {groups[1]}")
-        self.schedule(self.rng.randint(100, 2000), self._heal)
-
-    def _heal(self) -> None:
-        self.network.heal()
-        self.log("heal")
-
-    def _rot(self) -> None:
-        """Flip a bit in a segment of a running server, if no server is repairing."""
-        alive = [n.id for n in self.live_nodes()]
-        if self._repairing() or not alive:
-            return
-        sid = self.rng.choice(alive)
-        leader = self._leader()
-        if leader is None or len(leader.raft.config.voters) < 3 or not self._may_damage(sid):
-            return
-        hit = self.nodes[sid].storage.rot(self.rng)
-        if hit is not None:
-            self.damaged.setdefault(sid, []).append(hit)
-            self.log(f"damage {sid}: {hit}")
-
-    def _may_damage(self, sid: ServerId) -> bool:
-        """One server's disk is damaged per run: damage may lie unread (rot in a segment)
-        until another server is damaged too, and then two of three could be repairing."""
-        return not self.damaged or sid in self.damaged
-
-    def _repairing(self) -> bool:
-        """With damaged disks: whether a server is (or will restart) in repair."""
-        if not self.config.corrupt_disks:
-            return False
-        return any(n.raft.repairing or n.storage.repairing() for n in self.nodes.values())
-
-    def _leader(self) -> SimNode | None:
+    def leader(self) -> SimNode | None:
+        """The live leader of the highest term, if any."""
         leaders = [n for n in self.live_nodes() if n.raft.role is Role.LEADER]
         return max(leaders, key=lambda n: n.raft.term) if leaders else None
-
-    def _reconfigure(self) -> None:
-        leader = self._leader()
-        if leader is None:
-            return
-        config = leader.raft.config
-        self.next_admin_request += 1
-        outside = [s for s in self.ids if s not in config.members]
-        event: Event
-        if outside:
-            event = AddServer(self.next_admin_request, outside[0])
-        elif len(config.voters) >= 3 and not self._repairing():
-            event = RemoveServer(self.next_admin_request, self.rng.choice(config.members))
-        else:
-            return
-        self.log(f"{leader.id} asked to {type(event).__name__} {event.server}")
-        self._step(leader, event)
-
-    def _transfer(self) -> None:
-        leader = self._leader()
-        if leader is None:
-            return
-        others = [s for s in leader.raft.config.voters if s != leader.id]
-        if others:
-            self.next_admin_request += 1
-            target = self.rng.choice(others)
-            self.log(f"{leader.id} asked to transfer leadership to {target}")
-            self._step(leader, TransferLeadership(self.next_admin_request, target))
 
 
 class _Host:

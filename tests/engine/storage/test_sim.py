@@ -121,7 +121,7 @@ def test_seeds_with_damaged_disks_stay_safe_and_every_damaged_replica_is_repaire
         violations = world.run()
         if violations:
             failed.append((seed, violations[:2], list(world.trace)[-8:]))
-        for hits in world.damaged.values():
+        for hits in world.nemesis.damaged.values():
             for hit in hits:
                 words = hit.split()
                 kind = " ".join(words[:2]) if words[0] == "segment" else words[0]
