@@ -63,8 +63,8 @@ class Nemesis:
     def _crash_one(self) -> None:
         world = self.world
         alive = [n.id for n in world.live_nodes()]
-        if len(alive) <= len(world.ids) // 2 and len(world.ids) > 1:
-            return
+        if not alive or (len(alive) <= len(world.ids) // 2 and len(world.ids) > 1):
+            return  # a majority must stay up; a lone server may go down, not twice
         sid = world.rng.choice(alive)
         world.crash(sid)
         if world.config.corrupt_disks:
