@@ -6,10 +6,10 @@ current state (segments, the log now, the cluster) comes from the engine.
 
 Membership and leadership: on a single-node cluster there is no other node to add,
 remove or hand leadership to, so those endpoints answer 409
-``/problems/single-node-cluster``. On a cluster, ``POST .../leader`` calls the node's
-``transfer_leadership`` (offered by ``engine.runtime.Node`` beyond the ``QueueEngine``
-protocol); membership changes have no engine call yet and answer 501
-``/problems/not-implemented`` rather than pretend.
+``/problems/single-node-cluster``. On a cluster they call the node's
+``add_member``/``remove_member``/``transfer_leadership`` (offered by
+``engine.runtime.Node`` beyond the ``QueueEngine`` protocol), which answer once the change
+has committed: the queue as it is now, with its members.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Annotated, Protocol, cast
 
 from anyio import from_thread
-from fastapi import APIRouter, Body, Path, Request, Response, status
+from fastapi import APIRouter, Body, Path, Request, status
 
 from app import queue_admin
 from app.api.deps import API_PREFIX, PrincipalDep, QueueName, SessionDep
@@ -29,17 +29,18 @@ from app.api.queue_schemas import (
     LeaderIn,
     LeaderOut,
     MemberIn,
+    QueueOut,
     SegmentOut,
     SnapshotOut,
 )
-from app.api.queues import PROBLEMS, actor, info_of
+from app.api.queues import PROBLEMS, actor, info_of, queue_out
 from app.auth import Principal
 from app.db import repo
 from app.db.models import CompactionEntry, SnapshotEntry
 from app.negotiation import NegotiatedRoute
 from app.problems import AppProblem, problem_responses
 from engine.errors import ValidationFailed
-from engine.runtime.api import CheckpointRecord, CompactionRecord, QueueEngine
+from engine.runtime.api import CheckpointRecord, CompactionRecord, QueueEngine, QueueInfo
 
 router = APIRouter(
     prefix=API_PREFIX, tags=["snapshots and compaction"], route_class=NegotiatedRoute
@@ -49,10 +50,6 @@ cluster_router = APIRouter(prefix=API_PREFIX, tags=["cluster"], route_class=Nego
 
 class SingleNodeCluster(AppProblem):
     status, problem, title = 409, "single-node-cluster", "Single-node cluster"
-
-
-class NotImplementedYet(AppProblem):
-    status, problem, title = 501, "not-implemented", "Not implemented"
 
 
 def snapshot_out(row: SnapshotEntry | CheckpointRecord) -> SnapshotOut:
@@ -185,48 +182,64 @@ async def cluster(who: PrincipalDep, node: NodeDep) -> dict[str, object]:
     return cluster_seen_by(node, who)
 
 
-def _membership_unavailable(node: QueueEngine, name: str) -> AppProblem:
+class ClusterChanges(Protocol):
+    """Offered by ``engine.runtime.Node`` beyond the ``QueueEngine`` protocol."""
+
+    async def add_member(self, name: str, node: str) -> QueueInfo: ...
+
+    async def remove_member(self, name: str, node: str) -> QueueInfo: ...
+
+    async def transfer_leadership(self, name: str, node: str) -> None: ...
+
+
+def _cluster_changes(node: QueueEngine, name: str) -> ClusterChanges:
+    """The node's membership calls, or 409 on a single node (after a 404 for no queue)."""
     info_of(node, name)
     nodes = node.cluster().get("nodes", [])
-    if not isinstance(nodes, list | dict) or len(nodes) <= 1:
-        return SingleNodeCluster(
+    if not isinstance(nodes, list | dict) or len(nodes) <= 1 or not hasattr(node, "add_member"):
+        raise SingleNodeCluster(
             "this cluster has one node: there is no other node to add, remove or lead"
         )
-    return NotImplementedYet("membership changes are not available in this version")
+    return cast(ClusterChanges, node)
 
 
-MEMBER_PROBLEMS = PROBLEMS | problem_responses(409, 501)
+MEMBER_PROBLEMS = PROBLEMS | problem_responses(409)
 
 
-@cluster_router.post(
-    "/queues/{name}/members", status_code=status.HTTP_202_ACCEPTED, responses=MEMBER_PROBLEMS
-)
+@cluster_router.post("/queues/{name}/members", responses=MEMBER_PROBLEMS)
 async def add_member(
-    name: QueueName, body: MemberIn, _who: CanConfigure, node: NodeDep
-) -> Response:
-    """Add a replica on ``node`` (one change at a time)."""
-    raise _membership_unavailable(node, name)
+    name: QueueName,
+    body: MemberIn,
+    request: Request,
+    db: DatabaseDep,
+    who: CanConfigure,
+    node: NodeDep,
+) -> QueueOut:
+    """Add a replica on ``node``: it joins as a learner, catches up and becomes a voter
+    (one change at a time; 409 while another runs). Answers once the change committed."""
+    info = await _cluster_changes(node, name).add_member(name, body.node)
+    await queue_admin.record_action(
+        db, actor(request, who), "queue.member.add", name, node=body.node
+    )
+    return queue_out(node, info)
 
 
-@cluster_router.delete(
-    "/queues/{name}/members/{node_name}",
-    status_code=status.HTTP_202_ACCEPTED,
-    responses=MEMBER_PROBLEMS,
-)
+@cluster_router.delete("/queues/{name}/members/{node_name}", responses=MEMBER_PROBLEMS)
 async def remove_member(
     name: QueueName,
     node_name: Annotated[str, Path(min_length=1, max_length=200)],
-    _who: CanConfigure,
+    request: Request,
+    db: DatabaseDep,
+    who: CanConfigure,
     node: NodeDep,
-) -> Response:
-    """Remove the replica on ``node_name`` (one change at a time)."""
-    raise _membership_unavailable(node, name)
-
-
-class LeadershipTransfer(Protocol):
-    """Offered by ``engine.runtime.Node`` beyond the ``QueueEngine`` protocol."""
-
-    async def transfer_leadership(self, name: str, node: str) -> None: ...
+) -> QueueOut:
+    """Remove the replica on ``node_name`` (one change at a time); its data is deleted
+    once the change committed. Answers with the queue as it is now."""
+    info = await _cluster_changes(node, name).remove_member(name, node_name)
+    await queue_admin.record_action(
+        db, actor(request, who), "queue.member.remove", name, node=node_name
+    )
+    return queue_out(node, info)
 
 
 def _transfer_target(node: QueueEngine, name: str, wanted: str | None) -> str:
@@ -253,10 +266,8 @@ async def transfer_leader(
 ) -> LeaderOut:
     """Hand the queue's leadership to ``node`` (or the most up-to-date follower); answers
     once that node leads (503 ``no-leader`` when it did not take over in time)."""
-    unavailable = _membership_unavailable(node, name)
-    if isinstance(unavailable, SingleNodeCluster) or not hasattr(node, "transfer_leadership"):
-        raise unavailable
+    changes = _cluster_changes(node, name)
     target = _transfer_target(node, name, (body or LeaderIn()).node)
-    await cast(LeadershipTransfer, node).transfer_leadership(name, target)
+    await changes.transfer_leadership(name, target)
     await queue_admin.record_action(db, actor(request, who), "queue.leader", name, node=target)
     return LeaderOut(leader=target)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import anyio
@@ -31,21 +32,32 @@ async def _retry(call: object, timeout_s: float = 10.0) -> httpx.Response:
         await asyncio.sleep(0.05)
 
 
-def test_three_node_cluster_leader_transfer(tmp_path: Path) -> None:
-    network = InMemoryNetwork(NAMES)
+def _run_cluster(
+    tmp_path: Path,
+    names: list[str],
+    body: Callable[[httpx.AsyncClient, list[Node]], Awaitable[None]],
+) -> None:
+    """The app hosts ``names[0]``; the other nodes run beside it. ``body`` gets an admin
+    client of the app and the other nodes, which it may stop."""
+    network = InMemoryNetwork(names)
     settings = Settings(
-        data_dir=tmp_path / "n1", admin_password="admin-password", node_name="n1", limits=FAST
+        data_dir=tmp_path / names[0],
+        admin_password="admin-password",
+        node_name=names[0],
+        limits=FAST,
     )
 
     def node_factory(s: Settings) -> Node:
-        return Node(s.data_dir, node_name="n1", limits=FAST, transport=network.transport("n1"))
+        return Node(
+            s.data_dir, node_name=names[0], limits=FAST, transport=network.transport(names[0])
+        )
 
     app = create_app(settings, node_factory=node_factory)
 
     async def run() -> None:
         others = [
             Node(tmp_path / n, node_name=n, limits=FAST, transport=network.transport(n))
-            for n in NAMES[1:]
+            for n in names[1:]
         ]
         await asyncio.gather(*(n.start() for n in others))
         try:
@@ -59,13 +71,70 @@ def test_three_node_cluster_leader_transfer(tmp_path: Path) -> None:
                 async with httpx.AsyncClient(
                     transport=transport, base_url="http://t", headers=headers, timeout=30
                 ) as client:
-                    await _check(client)
-                    await asyncio.gather(*(n.stop() for n in others))
-                    await _no_quorum(client)
+                    await body(client, others)
         finally:
             await asyncio.gather(*(n.stop() for n in others))
 
     anyio.run(run)
+
+
+def test_three_node_cluster_leader_transfer(tmp_path: Path) -> None:
+    async def body(client: httpx.AsyncClient, others: list[Node]) -> None:
+        await _check(client)
+        await asyncio.gather(*(n.stop() for n in others))
+        await _no_quorum(client)
+
+    _run_cluster(tmp_path, NAMES, body)
+
+
+def _members(queue: httpx.Response) -> list[str]:
+    return sorted(m["node"] for m in queue.json()["stats"]["raft"]["members"])
+
+
+def test_members_are_added_and_removed_one_at_a_time(tmp_path: Path) -> None:
+    """On four nodes a queue of three replicas gains the fourth node (which then holds
+    the messages) and loses another (whose replica is deleted); the audit log has both."""
+    names = ["n1", "n2", "n3", "n4"]
+
+    async def body(client: httpx.AsyncClient, others: list[Node]) -> None:
+        assert (await client.put("/api/v1/queues/mq", json={"replicas": 3})).status_code == 201
+        sent = {"messages": [{"body": f"m{i}"} for i in range(3)]}
+        published = await _retry(lambda: client.post("/api/v1/queues/mq/messages", json=sent))
+        assert published.status_code == 201, published.text
+        before = _members(await client.get("/api/v1/queues/mq"))
+        spare = next(n for n in names if n not in before)
+        added = await _retry(lambda: client.post("/api/v1/queues/mq/members", json={"node": spare}))
+        assert added.status_code == 200, added.text
+        assert _members(added) == sorted([*before, spare])
+        again = await client.post("/api/v1/queues/mq/members", json={"node": spare})
+        assert again.status_code == 409 and again.json()["type"] == "/problems/queue-conflict"
+        unknown = await client.post("/api/v1/queues/mq/members", json={"node": "n9"})
+        assert unknown.status_code == 422, unknown.text
+
+        gone = next(n for n in before if n != "n1")
+        removed = await _retry(lambda: client.delete(f"/api/v1/queues/mq/members/{gone}"))
+        assert removed.status_code == 200, removed.text
+        assert _members(removed) == sorted(n for n in [*before, spare] if n != gone)
+        by_name = {n.name: n for n in others}
+        assert "mq" not in {q.name for q in by_name[gone].queues()}
+        if spare != "n1":
+            assert "mq" in {q.name for q in by_name[spare].queues()}
+        wanted = {"max_messages": 10}
+        received = await _retry(
+            lambda: client.post("/api/v1/queues/mq/messages/receive", json=wanted)
+        )
+        assert sorted(m["body"] for m in received.json()["messages"]) == ["m0", "m1", "m2"]
+
+        audit = (await client.get("/api/v1/audit")).json()
+        actions = [
+            (e["action"], e["detail"]) for e in audit if e["action"].startswith("queue.member")
+        ]
+        assert sorted(actions) == [
+            ("queue.member.add", {"node": spare}),
+            ("queue.member.remove", {"node": gone}),
+        ]
+
+    _run_cluster(tmp_path, names, body)
 
 
 async def _check(client: httpx.AsyncClient) -> None:
@@ -90,10 +159,6 @@ async def _check(client: httpx.AsyncClient) -> None:
     assert [e["detail"] for e in audit if e["action"] == "queue.leader"] == [{"node": target}]
     anyone = await _retry(lambda: client.post("/api/v1/queues/rq/leader"))
     assert anyone.status_code == 200 and anyone.json()["leader"] != target
-
-    members = await client.post("/api/v1/queues/rq/members", json={"node": "n4"})
-    assert members.status_code == 501
-    assert members.json()["type"] == "/problems/not-implemented"
 
 
 async def _no_quorum(client: httpx.AsyncClient) -> None:
