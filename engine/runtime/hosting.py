@@ -132,7 +132,7 @@ class Hosting:
         )
         assert node._receipt_key is not None, "start() loads the key before hosting"
         seal = ReceiptSeal(node._receipt_key, meta.uid)
-        rep = Replica(meta, sid, raft, machine, rec.log, seal, checkpoint=checkpoint)
+        rep = Replica(meta, sid, rec.log, seal, checkpoint=checkpoint)
         rep.driver = ReplicaDriver(
             raft,
             machine,
