@@ -21,24 +21,24 @@ from engine.runtime.checkpoints import Captured
 from engine.runtime.replica import Proposal, Replica
 
 if TYPE_CHECKING:
-    from engine.runtime.node import Node
+    from engine.runtime.context import NodeContext
 
 
 class Effects:
     """Resolves a replica's proposals and runs its effects as entries apply."""
 
-    def __init__(self, node: Node) -> None:
-        self.node = node
+    def __init__(self, ctx: NodeContext) -> None:
+        self.ctx = ctx
 
     def applied(self, rep: Replica, e: Entry, reply: object, effects: list[MachineEffect]) -> None:
         rep.bytes_since_capture += len(e.data)
-        if effects or rep.bytes_since_capture >= self.node.limits.replay_bytes_max:
+        if effects or rep.bytes_since_capture >= self.ctx.limits.replay_bytes_max:
             # Replay throws leader-only effects away (the machine repeats what must
             # happen: unconfirmed dead letters are emitted again).
             leader = rep.raft.role is Role.LEADER and e.index > rep.driver.replay_until
             self.perform(rep, effects, e, leader)
         if isinstance(reply, PolicyChanged):
-            self.node._catalog.policy_changed(rep)
+            self.ctx.catalog.policy_changed(rep)
         elif isinstance(reply, Expired):
             rep.expire_inflight = False
         self.passed(rep, e, reply)
@@ -63,8 +63,8 @@ class Effects:
                 p.future.set_exception(err)
 
     def perform(self, rep: Replica, effects: list[MachineEffect], e: Entry, leader: bool) -> None:
-        node = self.node
-        checkpoints = node._checkpoints
+        ctx = self.ctx
+        checkpoints = ctx.checkpoints
         checkpoint: Captured | None = None
         for effect in effects:
             if isinstance(effect, MessagesAvailable):
@@ -76,19 +76,19 @@ class Effects:
                     rep.available_waiters.clear()
             elif isinstance(effect, DeadLetter):
                 if leader:
-                    node._spawn(node._dead_letters.dead_letter(rep, effect))
+                    ctx.spawn(ctx.dead_letters.dead_letter(rep, effect))
             elif isinstance(effect, CheckpointRequest):
                 checkpoint = checkpoints.capture(rep, effect.index, e.term)
             elif isinstance(effect, ReleaseCursor):
-                node._spawn(checkpoints.auto_checkpoint(rep, checkpoint, effect.index))
+                ctx.spawn(checkpoints.auto_checkpoint(rep, checkpoint, effect.index))
                 checkpoint = None
-        if checkpoint is None and rep.bytes_since_capture >= node.limits.replay_bytes_max:
+        if checkpoint is None and rep.bytes_since_capture >= ctx.limits.replay_bytes_max:
             # The machine asks for checkpoints when dead entries pile up; a queue whose
             # messages all stay gets one here, so that a restart applies at most this
             # much of the log again whatever the depth of the queue.
             checkpoint = checkpoints.capture(rep, e.index, e.term)
         if checkpoint is not None:
-            node._spawn(checkpoints.auto_checkpoint(rep, checkpoint, None))
+            ctx.spawn(checkpoints.auto_checkpoint(rep, checkpoint, None))
 
 
 __all__ = ["Effects"]

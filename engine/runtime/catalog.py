@@ -37,7 +37,7 @@ from engine.runtime.routing import CreateReplica, DeleteReplica, UpdatePolicyCal
 from engine.storage import Disk, NodeStorage, OsDisk
 
 if TYPE_CHECKING:
-    from engine.runtime.node import Node
+    from engine.runtime.context import NodeContext
 
 log = logging.getLogger("quorra.engine")
 
@@ -45,16 +45,16 @@ log = logging.getLogger("quorra.engine")
 class Catalog:
     """Creates, lists, changes and deletes the queues of a node."""
 
-    def __init__(self, node: Node) -> None:
-        self.node = node
+    def __init__(self, ctx: NodeContext) -> None:
+        self.ctx = ctx
         self.unreadable: set[str] = set()
         """Queue directories whose definition is unreadable: kept, served by nobody."""
 
     def open_storage(self) -> tuple[NodeStorage, list[QueueMeta]]:
         """In a worker, which owns the storage until ``start`` takes it over: recover it,
         flush what the WAL holds, read the queue definitions, drop orphans."""
-        node = self.node
-        storage = NodeStorage.open(OsDisk(str(node.data_dir)), node.limits)
+        ctx = self.ctx
+        storage = NodeStorage.open(OsDisk(str(ctx.data_dir)), ctx.limits)
         error = storage.flush_segments()
         if error is not None:  # nothing is lost: the WAL files stay until a later flush
             log.error("start: segment flush failed: %s", error.detail)
@@ -83,59 +83,59 @@ class Catalog:
                 storage.remove_server(uid)  # the WAL writer is not running yet
         for uid in storage.disk.listdir("queues"):
             if uid not in keep:
-                shutil.rmtree(self.node.data_dir / "queues" / uid, ignore_errors=True)
+                shutil.rmtree(self.ctx.data_dir / "queues" / uid, ignore_errors=True)
 
     def queues(self) -> list[QueueInfo]:
-        node = self.node
-        metas = [rep.meta for rep in node._replicas.values()]
-        metas += [meta for meta, _e in node._failed.values()]
+        ctx = self.ctx
+        metas = [rep.meta for rep in ctx.replicas.values()]
+        metas += [meta for meta, _e in ctx.failed.values()]
         return [queue_info(m) for m in sorted(metas, key=lambda m: m.name)]
 
     async def create_queue(self, name: str, args: QueueArgs) -> tuple[QueueInfo, bool]:
-        node = self.node
+        ctx = self.ctx
         check_name(name)
-        nodes = node.transport.nodes()
-        args = check_args(args, node.limits, len(nodes))
-        async with node._admit():
+        nodes = ctx.transport.nodes()
+        args = check_args(args, ctx.limits, len(nodes))
+        async with ctx.admit():
             existing = self.known(name)
             if existing is not None:
                 info = self.same_or_conflict(existing, args)
                 await self.ensure_replicas(existing)
                 return info, False
             assert args.replicas is not None
-            start = nodes.index(node.name)
+            start = nodes.index(ctx.name)
             members = tuple(sorted((nodes[start:] + nodes[:start])[: args.replicas]))
-            meta = QueueMeta(name, uuid.uuid4().hex, args, node.clock.wall_ms(), members)
+            meta = QueueMeta(name, uuid.uuid4().hex, args, ctx.clock.wall_ms(), members)
             for member in members:
-                if member == node.name:
+                if member == ctx.name:
                     await self.create_replica(meta)
                 else:
-                    await node.transport.call(NodeName(member), CreateReplica(meta))
-            rep = node._replicas.get(name)
+                    await ctx.transport.call(NodeName(member), CreateReplica(meta))
+            rep = ctx.replicas.get(name)
             if rep is not None:
                 with contextlib.suppress(NoLeader):
-                    await node._router.leader_node(rep)
+                    await ctx.router.leader_node(rep)
                 # Ready to serve once the first leader's no-op entry applied here.
-                loop = node._need_loop()
-                deadline = loop.time() + node.limits.leader_wait_ms / 1000
+                loop = ctx.loop
+                deadline = loop.time() + ctx.limits.leader_wait_ms / 1000
                 while rep.applied_index == 0 and loop.time() < deadline and not rep.closed:
-                    await asyncio.sleep(node.limits.poll_interval_ms / 1000)
+                    await asyncio.sleep(ctx.limits.poll_interval_ms / 1000)
             return queue_info(meta), True
 
     async def ensure_replicas(self, meta: QueueMeta) -> None:
         """A create that failed half-way (a member was down) is completed by its retry."""
-        node = self.node
+        ctx = self.ctx
         for member in meta.members:
-            if member != node.name:
+            if member != ctx.name:
                 with contextlib.suppress(NoLeader):
-                    await node.transport.call(NodeName(member), CreateReplica(meta))
+                    await ctx.transport.call(NodeName(member), CreateReplica(meta))
 
     def known(self, name: str) -> QueueMeta | None:
-        node = self.node
-        rep = node._replicas.get(name)
+        ctx = self.ctx
+        rep = ctx.replicas.get(name)
         if rep is not None:
             return rep.meta
-        failed = node._failed.get(name)
+        failed = ctx.failed.get(name)
         return failed[0] if failed else None
 
     @staticmethod
@@ -145,47 +145,47 @@ class Catalog:
         return queue_info(meta)
 
     async def create_replica(self, meta: QueueMeta) -> None:
-        node = self.node
-        async with node._create_lock:
+        ctx = self.ctx
+        async with ctx.create_lock:
             known = self.known(meta.name)
             if known is not None:
                 if known.uid != meta.uid:
-                    raise QueueConflict(f"queue {meta.name} exists on {node.name}")
+                    raise QueueConflict(f"queue {meta.name} exists on {ctx.name}")
                 return
-            if len(node._replicas) >= node.limits.queues_per_node_max:
+            if len(ctx.replicas) >= ctx.limits.queues_per_node_max:
                 raise ValidationFailed(
-                    f"a node hosts at most {node.limits.queues_per_node_max} queues"
+                    f"a node hosts at most {ctx.limits.queues_per_node_max} queues"
                 )
-            storage = node._need_storage()
+            storage = ctx.storage
             await asyncio.to_thread(write_meta, storage.disk, meta)
-            rep = node._hosting.host(meta)
-            node._hosting.schedule(rep)
+            rep = ctx.hosting.host(meta)
+            ctx.hosting.schedule(rep)
 
     async def delete_queue(self, name: str) -> None:
-        node = self.node
-        async with node._admit():
+        ctx = self.ctx
+        async with ctx.admit():
             meta = self.known(name)
             if meta is None:
                 raise QueueNotFound(f"no queue {name}")
             for member in meta.members:
-                if member == node.name:
+                if member == ctx.name:
                     await self.delete_replica(meta.uid)
                 else:
                     with contextlib.suppress(NoLeader, QueueNotFound):
-                        await node.transport.call(NodeName(member), DeleteReplica(meta.uid))
+                        await ctx.transport.call(NodeName(member), DeleteReplica(meta.uid))
 
     async def delete_replica(self, uid: str) -> None:
-        node = self.node
-        rep = node._by_uid.pop(uid, None)
+        ctx = self.ctx
+        rep = ctx.by_uid.pop(uid, None)
         if rep is not None:
-            node._replicas.pop(rep.name, None)
-            node._hosting.close_replica(rep, QueueNotFound(f"queue {rep.name} was deleted"))
+            ctx.replicas.pop(rep.name, None)
+            ctx.hosting.close_replica(rep, QueueNotFound(f"queue {rep.name} was deleted"))
             if rep.meta_task is not None:  # a definition being written: removed after it
                 await asyncio.wait([rep.meta_task])
-        for name, (meta, _e) in list(node._failed.items()):
+        for name, (meta, _e) in list(ctx.failed.items()):
             if meta.uid == uid:
-                del node._failed[name]
-        storage = node._need_storage()
+                del ctx.failed[name]
+        storage = ctx.storage
         # The definition goes first: a crash after it leaves an orphan, removed at start.
         # Storage then removes the directory itself, which must hold none of our files.
         for path in (meta_path(uid), meta_path(uid) + ".tmp"):
@@ -193,36 +193,36 @@ class Catalog:
                 await asyncio.to_thread(storage.disk.remove, path)
         if storage.disk.exists(f"queues/{uid}"):
             await asyncio.to_thread(storage.disk.sync_dir, f"queues/{uid}")
-        removed: asyncio.Future[None] = node._need_loop().create_future()
-        node._removed[uid] = removed
+        removed: asyncio.Future[None] = ctx.loop.create_future()
+        ctx.removed[uid] = removed
         self.forget_storage(uid)
         try:
-            await asyncio.wait_for(removed, node.limits.proposal_timeout_ms / 1000)
+            await asyncio.wait_for(removed, ctx.limits.proposal_timeout_ms / 1000)
         except TimeoutError:
             log.warning("queue %s: removal not confirmed by storage yet", uid)
         finally:
-            node._removed.pop(uid, None)
+            ctx.removed.pop(uid, None)
 
     def forget_storage(self, uid: str) -> None:
         """Drop server ``uid`` from storage: a forget record goes through the WAL, then
         storage deletes its files (finished at recovery after a crash)."""
-        node = self.node
-        node._need_storage().remove_server(uid)
-        if node._writer is not None:
-            node._writer.wake()
+        ctx = self.ctx
+        ctx.storage.remove_server(uid)
+        if ctx.writer is not None:
+            ctx.writer.wake()
 
     async def update_policy(self, name: str, changes: dict[str, object]) -> QueueInfo:
-        node = self.node
-        rep = node._replica(name)
-        args_with(rep.meta.args, changes, node.limits)
-        async with node._admit():
-            result = await node._router.route(UpdatePolicyCall(name, changes))
+        ctx = self.ctx
+        rep = ctx.replica(name)
+        args_with(rep.meta.args, changes, ctx.limits)
+        async with ctx.admit():
+            result = await ctx.router.route(UpdatePolicyCall(name, changes))
         assert isinstance(result, QueueInfo)
         return result
 
     async def update_policy_local(self, rep: Replica, changes: dict[str, object]) -> QueueInfo:
-        args_with(rep.meta.args, changes, self.node.limits)
-        reply = await self.node._propose(rep, encode_policy(changes))
+        args_with(rep.meta.args, changes, self.ctx.limits)
+        reply = await self.ctx.propose(rep, encode_policy(changes))
         assert isinstance(reply, PolicyChanged), reply
         return queue_info(rep.meta)
 
@@ -239,18 +239,18 @@ class Catalog:
         definition last. A stop waits for it (a job); a deletion too, before it removes
         the file."""
         if rep.meta_task is None:
-            rep.meta_task = self.node._need_loop().create_task(self.write_metas(rep))
+            rep.meta_task = self.ctx.loop.create_task(self.write_metas(rep))
 
     async def write_metas(self, rep: Replica) -> None:
-        node = self.node
-        disk = node._need_storage().disk
+        ctx = self.ctx
+        disk = ctx.storage.disk
         written: QueueMeta | None = None
         try:
-            async with node._job():
-                # A deleted replica is no longer in ``_by_uid``: its file stays removed.
-                while rep.meta is not written and node._by_uid.get(rep.uid) is rep:
+            async with ctx.job():
+                # A deleted replica is no longer in ``by_uid``: its file stays removed.
+                while rep.meta is not written and ctx.by_uid.get(rep.uid) is rep:
                     written = rep.meta
-                    await node._in_worker(write_meta, disk, written)
+                    await ctx.in_worker(write_meta, disk, written)
         except OSError as e:
             log.error("queue %s: definition not written: %s", rep.name, e)
         finally:

@@ -31,7 +31,7 @@ from engine.storage import Checkpoint
 from engine.storage.flush import CheckpointWrite
 
 if TYPE_CHECKING:
-    from engine.runtime.node import Node
+    from engine.runtime.context import NodeContext
 
 log = logging.getLogger("quorra.engine")
 
@@ -55,8 +55,8 @@ class Captured:
 class Checkpoints:
     """The node's checkpoint and compaction runs, and the listener told of each."""
 
-    def __init__(self, node: Node) -> None:
-        self.node = node
+    def __init__(self, ctx: NodeContext) -> None:
+        self.ctx = ctx
         self.listener: RecordListener | None = None
 
     def capture(self, rep: Replica, index: int, term: int) -> Captured:
@@ -85,14 +85,14 @@ class Checkpoints:
             log.error("queue %s: checkpoint failed: %s", rep.name, e)
 
     async def write(self, rep: Replica, cp: Captured, trigger: Trigger) -> CheckpointRecord:
-        node = self.node
-        storage = node._need_storage()
+        ctx = self.ctx
+        storage = ctx.storage
         started = time.perf_counter()
-        taken_at = node.clock.wall_ms()
-        async with node._job():
+        taken_at = ctx.clock.wall_ms()
+        async with ctx.job():
             job = storage.prepare_checkpoint(rep.uid)
             try:
-                live_entries = await node._in_worker(_write_checkpoint, job, cp)
+                live_entries = await ctx.in_worker(_write_checkpoint, job, cp)
             finally:
                 storage.finish_checkpoint(job)
         size = job.bytes
@@ -118,13 +118,13 @@ class Checkpoints:
             log.exception("record listener failed")
 
     async def checkpoint(self, name: str, trigger: Trigger) -> CheckpointRecord:
-        node = self.node
-        rep = node._replica(name)
+        ctx = self.ctx
+        rep = ctx.replica(name)
         if rep.failed is not None:
             raise rep.failed
         if rep.applied_index == 0 or rep.applied_term == 0:
             raise NoLeader(f"queue {name}: nothing applied yet, retry")
-        async with node._admit():
+        async with ctx.admit():
             cp = self.capture(rep, rep.applied_index, rep.applied_term)
             async with rep.disk_lock:
                 record = await self.write(rep, cp, trigger)
@@ -138,23 +138,23 @@ class Checkpoints:
         """Storage compaction (``engine.storage.compaction``): ``auto`` and 1 first make
         the newest checkpoint the snapshot. Planned and applied on the loop, its I/O in
         a worker; ``phase`` of the record lists the phases that ran ("none" if none)."""
-        node = self.node
-        rep = node._replica(name)
+        ctx = self.ctx
+        rep = ctx.replica(name)
         if phase not in ("auto", 1, 2, 3):
             raise ValidationFailed("phase is auto, 1, 2 or 3")
-        async with node._admit(), rep.disk_lock:
+        async with ctx.admit(), rep.disk_lock:
             return await self.compact_locked(rep, phase, trigger)
 
     async def compact_locked(
         self, rep: Replica, phase: CompactionPhase, trigger: Trigger
     ) -> CompactionRecord:
         """One compaction run; the caller holds ``rep.disk_lock``."""
-        node = self.node
-        storage = node._need_storage()
-        started_ms, before = node.clock.wall_ms(), observe.segment_totals(rep)
-        async with node._job():
+        ctx = self.ctx
+        storage = ctx.storage
+        started_ms, before = ctx.clock.wall_ms(), observe.segment_totals(rep)
+        async with ctx.job():
             job = storage.prepare_compaction(rep.uid, phase)
-            await node._in_worker(job.run)
+            await ctx.in_worker(job.run)
             result = storage.finish_compaction(job)
         ran = ",".join(str(p) for p in result.phases) or "none"
         duration_ms = result.duration_s * 1000
@@ -164,12 +164,12 @@ class Checkpoints:
         """Checkpoint every queue with ``Limits.stop_checkpoint_bytes_min`` applied since its
         last checkpoint: a restart after a clean stop then restores the machine and
         applies nothing of the log (up to ``Limits.replay_bytes_max`` otherwise)."""
-        for rep in list(self.node._replicas.values()):
+        for rep in list(self.ctx.replicas.values()):
             if (
                 rep.failed is not None
                 or rep.closed
                 or rep.applied_term == 0
-                or rep.bytes_since_capture < self.node.limits.stop_checkpoint_bytes_min
+                or rep.bytes_since_capture < self.ctx.limits.stop_checkpoint_bytes_min
             ):
                 continue
             cp = self.capture(rep, rep.applied_index, rep.applied_term)

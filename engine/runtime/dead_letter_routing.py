@@ -23,7 +23,7 @@ from engine.runtime.replica import Replica
 from engine.runtime.routing import PublishRouted
 
 if TYPE_CHECKING:
-    from engine.runtime.node import Node
+    from engine.runtime.context import NodeContext
 
 log = logging.getLogger("quorra.engine")
 
@@ -31,8 +31,8 @@ log = logging.getLogger("quorra.engine")
 class DeadLetters:
     """Performs a leader's ``DeadLetter`` effects."""
 
-    def __init__(self, node: Node) -> None:
-        self.node = node
+    def __init__(self, ctx: NodeContext) -> None:
+        self.ctx = ctx
 
     async def dead_letter(self, rep: Replica, effect: DeadLetter) -> None:
         """Publish copies to the target (dedup ids make a repeat harmless), then confirm.
@@ -46,21 +46,21 @@ class DeadLetters:
             refs = list(effect.refs)
             step = DEAD_LETTER_CONFIRM_REFS_MAX
             for k in range(0, len(refs), step):
-                await self.node._propose(rep, encode_dead_letter_confirm(refs[k : k + step]))
+                await self.ctx.propose(rep, encode_dead_letter_confirm(refs[k : k + step]))
         except QuorraError as e:
             log.warning("queue %s: dead-lettering to %s postponed: %s", rep.name, effect.target, e)
 
     async def publish_anywhere(self, name: str, batch: list[OutgoingMessage]) -> bool:
         """Publish to ``name`` here, or through a peer that hosts it; False if no node
         has such a queue."""
-        node = self.node
-        if name in node._replicas:
-            await node.publish(name, batch)
+        ctx = self.ctx
+        if name in ctx.replicas:
+            await ctx.ops.publish(name, batch)
             return True
-        for peer in node.transport.nodes():
-            if peer != node.name:
+        for peer in ctx.transport.nodes():
+            if peer != ctx.name:
                 try:
-                    await node.transport.call(peer, PublishRouted(name, batch))
+                    await ctx.transport.call(peer, PublishRouted(name, batch))
                     return True
                 except QueueNotFound:
                     continue
@@ -68,7 +68,7 @@ class DeadLetters:
 
     def batches_of(self, copies: list[OutgoingMessage]) -> list[list[OutgoingMessage]]:
         """Copies in publish batches within the batch limits (count and bytes)."""
-        limits = self.node.limits
+        limits = self.ctx.limits
         budget = limits.dead_letter_batch_bytes_max
         out: list[list[OutgoingMessage]] = []
         size = 0
@@ -83,7 +83,7 @@ class DeadLetters:
 
     def copies(self, rep: Replica, effect: DeadLetter) -> list[OutgoingMessage]:
         copies = []
-        entry_at = self.node._ops.entry
+        entry_at = self.ctx.ops.entry
         for ref, count in zip(effect.refs, effect.delivery_counts, strict=True):
             parts = rep.machine.ref_parts(ref)
             index, slot = parts.index, parts.slot

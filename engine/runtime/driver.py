@@ -22,7 +22,7 @@ in the order the operations were queued.
 from __future__ import annotations
 
 from collections import deque
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 from engine.raft.entry import Entry, EntryKind
 from engine.raft.events import (
@@ -40,6 +40,8 @@ from engine.raft.options import Fault
 from engine.raft.server import RaftServer, Role
 from engine.raft.snapshot import Snapshot
 from engine.raft.state_machine import ApplyMeta, Machine, MachineEffect
+
+M = TypeVar("M", bound=Machine)
 
 
 class ReplicaHost(Protocol):
@@ -82,8 +84,9 @@ class ReplicaHost(Protocol):
         """The repaired core's vote is durable: storage may forget that it was repairing."""
 
 
-class ReplicaDriver:
-    """Drives one replica's Raft core and machine for a host (see the module's rules)."""
+class ReplicaDriver(Generic[M]):
+    """Drives one replica's Raft core and machine for a host (see the module's rules).
+    It holds the only references its replica keeps to them (``raft``, ``machine``)."""
 
     __slots__ = (
         "_send_at_once",
@@ -104,7 +107,7 @@ class ReplicaDriver:
     def __init__(
         self,
         raft: RaftServer,
-        machine: Machine,
+        machine: M,
         host: ReplicaHost,
         *,
         base_index: int = 0,

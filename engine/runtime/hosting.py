@@ -68,7 +68,7 @@ from engine.storage import (
 from engine.storage.wal import AppendOp, HardState, HardStateOp
 
 if TYPE_CHECKING:
-    from engine.runtime.node import Node
+    from engine.runtime.context import NodeContext
 
 log = logging.getLogger("quorra.engine")
 
@@ -76,8 +76,8 @@ log = logging.getLogger("quorra.engine")
 class Hosting:
     """Opens, drives and closes the replicas of a node."""
 
-    def __init__(self, node: Node) -> None:
-        self.node = node
+    def __init__(self, ctx: NodeContext) -> None:
+        self.ctx = ctx
         self.rng = random.Random()
         """Seeds each replica's core (election timeouts)."""
         self.batches: deque[WalBatch] = deque()
@@ -88,11 +88,11 @@ class Hosting:
 
     def host(self, meta: QueueMeta) -> Replica:
         """Open the replica's storage, restore its machine and start its Raft server."""
-        node = self.node
-        storage = node._need_storage()
+        ctx = self.ctx
+        storage = ctx.storage
         # A lone member cannot be repaired: damage then refuses it, its files untouched.
         rec = storage.open_server(meta.uid, repairable=len(meta.members) > 1)
-        machine = QueueMachine(policy_of(meta.args, node.limits), node.limits)
+        machine = QueueMachine(policy_of(meta.args, ctx.limits), ctx.limits)
         base = 0
         checkpoint = CheckpointInfo()
         if rec.checkpoint is not None:
@@ -106,17 +106,17 @@ class Hosting:
         if hs is not None:
             vote = None if hs.vote is None else ServerId(hs.vote)
             hard = RaftHardState(hs.term, vote, hs.commit)
-        sid = server_id(node.name, meta.uid)
+        sid = server_id(ctx.name, meta.uid)
         # A replica created to join an existing group starts with no configuration: it
         # neither votes nor campaigns until the leader's entries tell it the members.
         bootstrap = EMPTY_CONFIGURATION
-        if node.name in meta.members:
+        if ctx.name in meta.members:
             bootstrap = Configuration(tuple(sorted(server_id(n, meta.uid) for n in meta.members)))
-        now, wall = node.clock.monotonic_ms(), node.clock.wall_ms()
-        lone = meta.members == (node.name,)
+        now, wall = ctx.clock.monotonic_ms(), ctx.clock.wall_ms()
+        lone = meta.members == (ctx.name,)
         # A lone voter campaigns on its first tick instead of after an election timeout.
-        start_ms = now - node.limits.election_timeout_ms_max if lone else now
-        options = RaftOptions(sid, random.Random(self.rng.getrandbits(64)), node.limits)
+        start_ms = now - ctx.limits.election_timeout_ms_max if lone else now
+        options = RaftOptions(sid, random.Random(self.rng.getrandbits(64)), ctx.limits)
         if rec.repairing:
             log.warning("queue %s: repairing from its peers: %s", meta.name, rec.repair_reason)
         raft = RaftServer(
@@ -130,13 +130,13 @@ class Hosting:
             repair=rec.repairing,
             wall_ms=wall,
         )
-        assert node._receipt_key is not None, "start() loads the key before hosting"
-        seal = ReceiptSeal(node._receipt_key, meta.uid)
-        rep = Replica(meta, sid, raft, machine, rec.log, seal, checkpoint=checkpoint)
+        assert ctx.receipt_key is not None, "start() loads the key before hosting"
+        seal = ReceiptSeal(ctx.receipt_key, meta.uid)
+        rep = Replica(meta, sid, rec.log, seal, checkpoint=checkpoint)
         rep.driver = ReplicaDriver(
             raft,
             machine,
-            ReplicaIo(node, rep),
+            ReplicaIo(ctx, rep),
             base_index=base,
             replay_until=rec.log.last_index(),
             hard_state_written=(0, None) if hs is None else (hs.term, hs.vote),
@@ -145,8 +145,8 @@ class Hosting:
             observe.seed_live_set(rep, base, rec.checkpoint.live_indexes)
         if lone:
             raft.step(Tick(now, wall))
-        node._replicas[meta.name] = rep
-        node._by_uid[meta.uid] = rep
+        ctx.replicas[meta.name] = rep
+        ctx.by_uid[meta.uid] = rep
         return rep
 
     def raft_metas(
@@ -174,7 +174,7 @@ class Hosting:
         the checkpoint only; the core reads the live entries the follower lacks."""
         if index == 0:
             return None
-        cp = self.node._need_storage().checkpoints(uid).read_snapshot()
+        cp = self.ctx.storage.checkpoints(uid).read_snapshot()
         if cp is None or cp.index != index:
             raise StorageFailed(f"queue {uid}: snapshot at {index} unreadable")
         config = Configuration.decode(cp.config)
@@ -183,23 +183,23 @@ class Hosting:
     async def await_recovered(self) -> None:
         """Wait until every replica has applied what it knows committed, and a lone
         replica has also led once (its whole log is committed then), up to the limit."""
-        node = self.node
-        loop = node._need_loop()
-        deadline = loop.time() + node.limits.leader_wait_ms / 1000
+        ctx = self.ctx
+        loop = ctx.loop
+        deadline = loop.time() + ctx.limits.leader_wait_ms / 1000
 
         def recovered(rep: Replica) -> bool:
             raft = rep.raft
             if rep.failed is not None or rep.closed:
                 return True
-            if rep.meta.members == (node.name,):
+            if rep.meta.members == (ctx.name,):
                 return raft.role is Role.LEADER and rep.applied_index >= raft.log.last_index()
             return rep.applied_index >= raft.commit
 
-        while not all(recovered(rep) for rep in node._replicas.values()):
+        while not all(recovered(rep) for rep in ctx.replicas.values()):
             if loop.time() > deadline:
                 log.warning("start: some queues are still recovering")
                 return
-            await asyncio.sleep(node.limits.poll_interval_ms / 1000)
+            await asyncio.sleep(ctx.limits.poll_interval_ms / 1000)
 
     @staticmethod
     def close_replica(rep: Replica, error: QuorraError) -> None:
@@ -222,13 +222,13 @@ class Hosting:
     def schedule(self, rep: Replica) -> None:
         if not rep.scheduled and not rep.closed:
             rep.scheduled = True
-            self.node._need_loop().call_soon(self.process, rep)
+            self.ctx.loop.call_soon(self.process, rep)
 
     def process(self, rep: Replica) -> None:
         rep.scheduled = False
         if rep.closed or isinstance(rep.failed, EntryDamaged):
             return
-        node = self.node
+        ctx = self.ctx
         raft = rep.raft
         try:
             rep.driver.process()
@@ -238,8 +238,8 @@ class Hosting:
         except StorageFailed as e:
             self.fail(rep, e)
             return
-        rep.sample(node.clock.monotonic_ms(), node.limits)
-        node._membership.maybe_members_changed(rep)
+        rep.sample(ctx.clock.monotonic_ms(), ctx.limits)
+        ctx.membership.maybe_members_changed(rep)
         seen = (int(raft.role), raft.leader, raft.term)
         if seen != rep.seen:
             became_leader = raft.role is Role.LEADER and rep.seen[0] != int(Role.LEADER)
@@ -250,12 +250,12 @@ class Hosting:
             rep.leader_waiters.clear()
             if became_leader:
                 rep.expire_inflight = False
-        node._timers.arm_tick(rep)
+        ctx.timers.arm_tick(rep)
         if raft.role is Role.LEADER:
-            node._timers.arm_expire(rep)
+            ctx.timers.arm_expire(rep)
 
     def submit(self, rep: Replica, op: AppendOp | HardStateOp) -> None:
-        storage = self.node._need_storage()
+        storage = self.ctx.storage
         failed = storage.log(rep.uid).failed
         if failed is not None:
             raise failed
@@ -264,7 +264,7 @@ class Hosting:
     def install(self, rep: Replica, snap: Snapshot, given: list[Entry]) -> None:
         """A snapshot from the leader replaces this replica's log and state. ``given`` are
         the live entries this replica lacked; storage keeps the others it holds."""
-        storage = self.node._need_storage()
+        storage = self.ctx.storage
         # Until SnapshotReset the log view drops its segments: serve the live entries
         # from memory meanwhile (storage reads the held ones to write them anyway).
         installed = {e.index: e for e in given}
@@ -280,11 +280,11 @@ class Hosting:
         )
         size = storage.install_snapshot(rep.uid, cp, given)
         rep.installed_live = installed
-        rep.checkpoint = CheckpointInfo(snap.index, self.node.clock.wall_ms(), size)
+        rep.checkpoint = CheckpointInfo(snap.index, self.ctx.clock.wall_ms(), size)
         observe.seed_live_set(rep, snap.index, snap.live_indexes)
 
     def send(self, rep: Replica, msg: Message) -> None:
-        self.node.transport.send(NodeName(node_of(msg.dst)), rep.uid, msg)
+        self.ctx.transport.send(NodeName(node_of(msg.dst)), rep.uid, msg)
 
     @staticmethod
     def on_rejected(rep: Replica, rej: RaftRejected) -> None:
@@ -307,8 +307,7 @@ class Hosting:
     def on_wal_batch_threadsafe(self, batch: WalBatch) -> None:
         """In the writer thread: hand the batch over in order (deque appends are atomic)."""
         self.batches.append(batch)
-        loop = self.node._loop
-        assert loop is not None
+        loop = self.ctx.loop
         with contextlib.suppress(RuntimeError):  # the loop closed after a halt
             loop.call_soon_threadsafe(self.drain_batches)
 
@@ -317,17 +316,15 @@ class Hosting:
             self.on_wal_batch(self.batches.popleft())
 
     def on_wal_batch(self, batch: WalBatch) -> None:
-        node = self.node
-        storage = node._storage
-        if storage is None:
-            return
+        ctx = self.ctx
+        storage = ctx.storage
         for event in storage.complete(batch):
             if isinstance(event, Removed):
-                waiter = node._removed.get(event.uid)
+                waiter = ctx.removed.get(event.uid)
                 if waiter is not None and not waiter.done():
                     waiter.set_result(None)
                 continue
-            rep = node._by_uid.get(event.uid)
+            rep = ctx.by_uid.get(event.uid)
             if rep is None or rep.closed:
                 continue
             if isinstance(event, WriteFailed):
@@ -342,15 +339,15 @@ class Hosting:
                 assert isinstance(event, HardStateSaved)
                 rep.driver.written(None)
             self.schedule(rep)
-        if storage.rolled_wal_files() and self.flush_task is None and node._running:
-            self.flush_task = node._need_loop().create_task(self.flush_segments())
+        if storage.rolled_wal_files() and self.flush_task is None and ctx.running:
+            self.flush_task = ctx.loop.create_task(self.flush_segments())
 
     async def flush_segments(self) -> None:
-        node = self.node
-        storage = node._need_storage()
+        ctx = self.ctx
+        storage = ctx.storage
         try:
             while (flush := storage.prepare_segment_flush()) is not None:
-                await node._in_worker(flush.write)
+                await ctx.in_worker(flush.write)
                 storage.finish_segment_flush(flush)
         except StorageFailed as e:
             # Nothing is lost: the entries stay in the mem tables and the WAL file stays;
@@ -366,7 +363,7 @@ class Hosting:
         if rep.failed is not None:
             return  # recorded already: a second record would reset the replica
         try:
-            self.node._need_storage().mark_damaged(rep.uid, error)
+            self.ctx.storage.mark_damaged(rep.uid, error)
         except StorageFailed as e:
             log.error("queue %s: the repair could not be recorded: %s", rep.name, e.detail)
         detail = f"{error.detail}; repaired from its peers at the next start"
@@ -391,10 +388,10 @@ class ReplicaIo:
     writes go to the shared WAL, messages to the transport, applied entries resolve
     proposals and run effects on the node."""
 
-    __slots__ = ("node", "rep")
+    __slots__ = ("ctx", "rep")
 
-    def __init__(self, node: Node, rep: Replica) -> None:
-        self.node = node
+    def __init__(self, ctx: NodeContext, rep: Replica) -> None:
+        self.ctx = ctx
         self.rep = rep
 
     def on_ready(self, rd: Ready) -> None:
@@ -403,28 +400,28 @@ class ReplicaIo:
     def write_hard_state(self, hs: RaftHardState) -> None:
         rep = self.rep
         op = HardStateOp(rep.uid, HardState(hs.term, hs.vote, hs.commit))
-        self.node._hosting.submit(rep, op)
+        self.ctx.hosting.submit(rep, op)
 
     def install_snapshot(self, snapshot: Snapshot, given: list[Entry]) -> None:
-        self.node._hosting.install(self.rep, snapshot, given)
+        self.ctx.hosting.install(self.rep, snapshot, given)
 
     def append_entries(self, entries: list[Entry]) -> None:
         rep = self.rep
-        self.node._hosting.submit(rep, AppendOp(rep.uid, tuple(entries)))
+        self.ctx.hosting.submit(rep, AppendOp(rep.uid, tuple(entries)))
 
     def writes_queued(self) -> None:
-        writer = self.node._writer
+        writer = self.ctx.writer
         assert writer is not None
         writer.wake()
 
     def send(self, message: Message) -> None:
-        self.node._hosting.send(self.rep, message)
+        self.ctx.hosting.send(self.rep, message)
 
     def applied(self, entry: Entry, reply: object, effects: list[MachineEffect]) -> None:
-        self.node._effects.applied(self.rep, entry, reply, effects)
+        self.ctx.effects.applied(self.rep, entry, reply, effects)
 
     def passed(self, entry: Entry) -> None:
-        self.node._effects.passed(self.rep, entry)
+        self.ctx.effects.passed(self.rep, entry)
 
     def accepted(self, accepted: Accepted) -> None:
         p = self.rep.proposals.pop(accepted.request_id, None)
@@ -433,7 +430,7 @@ class ReplicaIo:
             self.rep.waiting[accepted.last_index] = p
 
     def rejected(self, rejected: RaftRejected) -> None:
-        self.node._hosting.on_rejected(self.rep, rejected)
+        self.ctx.hosting.on_rejected(self.rep, rejected)
 
     def completed(self, completed: Completed) -> None:
         p = self.rep.proposals.pop(completed.request_id, None)
@@ -444,7 +441,7 @@ class ReplicaIo:
         """Never called: the node proposes its reads, it asks for no ReadIndex."""
 
     def repaired(self) -> None:
-        self.node._need_storage().finish_repair(self.rep.uid)
+        self.ctx.storage.finish_repair(self.rep.uid)
         log.info("queue %s: repaired", self.rep.name)
 
 

@@ -31,63 +31,63 @@ from engine.runtime.routing import (
 )
 
 if TYPE_CHECKING:
-    from engine.runtime.node import Node
+    from engine.runtime.context import NodeContext
 
 
 class Membership:
     """Adds and removes a queue's replicas and moves its leadership."""
 
-    def __init__(self, node: Node) -> None:
-        self.node = node
+    def __init__(self, ctx: NodeContext) -> None:
+        self.ctx = ctx
 
     def maybe_members_changed(self, rep: Replica) -> None:
         """The group's configuration changed (a config entry is in the log): the queue's
         definition follows it, so a restart bootstraps from the right members."""
         members = tuple(sorted({node_of(m) for m in rep.raft.config.members}))
-        if not members or members == rep.meta.members or self.node.name not in members:
+        if not members or members == rep.meta.members or self.ctx.name not in members:
             return
         rep.meta = dataclasses.replace(rep.meta, members=members)
-        self.node._catalog.write_meta(rep)
+        self.ctx.catalog.write_meta(rep)
 
     async def add_member(self, name: str, node: str) -> QueueInfo:
         """Add a replica of the queue on ``node`` (``POST /queues/{name}/members``): it
         joins as a learner, catches up, and becomes a voter; one change at a time."""
-        rep = self.node._replica(name)
-        if node not in self.node.transport.nodes():
+        rep = self.ctx.replica(name)
+        if node not in self.ctx.transport.nodes():
             raise ValidationFailed(f"{node} is not a node of this cluster")
         if node in rep.meta.members:
             raise QueueConflict(f"queue {name} already has a replica on {node}")
-        async with self.node._admit():
-            result = await self.node._router.route(AddMemberCall(name, node))
+        async with self.ctx.admit():
+            result = await self.ctx.router.route(AddMemberCall(name, node))
         assert isinstance(result, QueueInfo)
         return result
 
     async def remove_member(self, name: str, node: str) -> QueueInfo:
         """Remove the queue's replica on ``node`` (``DELETE /queues/{name}/members/{node}``)."""
-        rep = self.node._replica(name)
+        rep = self.ctx.replica(name)
         if node not in rep.meta.members:
             raise QueueNotFound(f"queue {name} has no replica on {node}")
         if len(rep.meta.members) == 1:
             raise QueueConflict(f"queue {name} has one replica: delete the queue instead")
-        async with self.node._admit():
-            result = await self.node._router.route(RemoveMemberCall(name, node))
+        async with self.ctx.admit():
+            result = await self.ctx.router.route(RemoveMemberCall(name, node))
         assert isinstance(result, QueueInfo)
         return result
 
     async def add_member_local(self, rep: Replica, node: str) -> QueueInfo:
         joining = rep.meta
-        await self.node.transport.call(NodeName(node), CreateReplica(joining))
+        await self.ctx.transport.call(NodeName(node), CreateReplica(joining))
         await self.change(rep, AddServer(self.request_id(rep), server_id(node, rep.uid)))
         return queue_info(rep.meta)
 
     async def remove_member_local(self, rep: Replica, node: str) -> QueueInfo:
         await self.change(rep, RemoveServer(self.request_id(rep), server_id(node, rep.uid)))
         info = queue_info(rep.meta)
-        if node == self.node.name:
-            await self.node._catalog.delete_replica(rep.uid)
+        if node == self.ctx.name:
+            await self.ctx.catalog.delete_replica(rep.uid)
         else:
             with contextlib.suppress(NoLeader, QueueNotFound):
-                await self.node.transport.call(NodeName(node), DeleteReplica(rep.uid))
+                await self.ctx.transport.call(NodeName(node), DeleteReplica(rep.uid))
         return info
 
     @staticmethod
@@ -98,14 +98,14 @@ class Membership:
 
     async def change(self, rep: Replica, event: AddServer | RemoveServer) -> None:
         """Step a membership change and wait until its entry commits."""
-        node = self.node
-        future: asyncio.Future[object] = node._need_loop().create_future()
+        ctx = self.ctx
+        future: asyncio.Future[object] = ctx.loop.create_future()
         rep.proposals[event.request_id] = Proposal(future, None)
-        node._timers.tick(rep)
+        ctx.timers.tick(rep)
         rep.raft.step(event)
-        node._hosting.schedule(rep)
+        ctx.hosting.schedule(rep)
         try:
-            await asyncio.wait_for(future, node.limits.proposal_timeout_ms / 1000)
+            await asyncio.wait_for(future, ctx.limits.proposal_timeout_ms / 1000)
         except TimeoutError:
             raise NoLeader(f"queue {rep.name}: membership change timed out") from None
         finally:
@@ -114,30 +114,30 @@ class Membership:
     async def transfer_leadership(self, name: str, node: str) -> None:
         """Hand the queue's leadership to its replica on ``node`` (``POST
         /queues/{name}/leader``); returns once that node leads, or raises ``NoLeader``."""
-        rep = self.node._replica(name)
+        rep = self.ctx.replica(name)
         if node not in rep.meta.members:
             raise ValidationFailed(f"queue {name} has no replica on {node}")
-        async with self.node._admit():
-            await self.node._router.route(TransferCall(name, node))
-        loop = self.node._need_loop()
-        deadline = loop.time() + self.node.limits.leader_wait_ms / 1000
+        async with self.ctx.admit():
+            await self.ctx.router.route(TransferCall(name, node))
+        loop = self.ctx.loop
+        deadline = loop.time() + self.ctx.limits.leader_wait_ms / 1000
         while rep.raft.leader is None or node_of(rep.raft.leader) != node:
             if loop.time() > deadline or rep.closed:
                 raise NoLeader(f"queue {name}: {node} did not take over in time, retry")
-            await asyncio.sleep(self.node.limits.poll_interval_ms / 1000)
+            await asyncio.sleep(self.ctx.limits.poll_interval_ms / 1000)
 
     async def transfer_local(self, rep: Replica, node: str) -> None:
-        if node == self.node.name:
+        if node == self.ctx.name:
             return
         request_id = rep.next_request_id
         rep.next_request_id += 1
-        future: asyncio.Future[object] = self.node._need_loop().create_future()
+        future: asyncio.Future[object] = self.ctx.loop.create_future()
         rep.proposals[request_id] = Proposal(future, None)
-        self.node._timers.tick(rep)
+        self.ctx.timers.tick(rep)
         rep.raft.step(TransferLeadership(request_id, server_id(node, rep.uid)))
-        self.node._hosting.schedule(rep)
+        self.ctx.hosting.schedule(rep)
         try:
-            await asyncio.wait_for(future, self.node.limits.leader_wait_ms / 1000)
+            await asyncio.wait_for(future, self.ctx.limits.leader_wait_ms / 1000)
         except TimeoutError:
             raise NoLeader(f"queue {rep.name}: transfer to {node} timed out") from None
         finally:

@@ -4,7 +4,7 @@ How it runs (one event loop, two kinds of helper threads):
 
 * **Loop.** Every replica's ``RaftServer`` and ``QueueMachine`` change only here. An
   event (a proposal, a Raft message, a timer, a finished WAL batch) is stepped into the
-  core at once, and the replica is scheduled for one ``_process`` on the next turn of the
+  core at once, and the replica is scheduled for one ``process`` on the next turn of the
   loop, so the proposals of one turn become one ``Ready`` and one WAL append.
 * **Ready**, in the order of ``engine.raft.events``: hard state and entries are queued
   in the shared WAL; ``messages`` go out; committed entries apply to the machine, which
@@ -44,30 +44,27 @@ the snapshot's and the checkpoint's index, term and configuration only: no live 
 is read, so a restart does not grow with the depth of the queue.
 
 Where each part lives: ``hosting`` (opening replicas, the Raft loop, WAL batches),
-``effects`` (applying), ``timers``, ``routing`` (the leader's node; the typed calls
+``applying`` (effects), ``timers``, ``routing`` (the leader's node; the typed calls
 between nodes), ``queue_ops`` (publish, receive, settle, browse, purge), ``catalog``
-(queue definitions), ``membership`` (members and leadership), ``dead_letters``,
-``checkpoints`` (checkpoints and compaction), ``observe`` (stats). ``Node`` holds the
-state they share and implements ``QueueEngine`` by delegating to them.
+(queue definitions), ``member_changes`` (members and leadership),
+``dead_letter_routing``, ``checkpoints`` (checkpoints and compaction), ``observe``
+(stats). They share the node's ``NodeContext`` (``context``: its state and the
+operations every part uses); ``Node`` runs the lifecycle and implements ``QueueEngine``
+by delegating to them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import functools
 import logging
-from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any, TypeVar
 
-from engine.errors import Backpressure, EntryDamaged, NoLeader, QueueNotFound, QuorraError
+from engine.errors import EntryDamaged, NoLeader, QuorraError
 from engine.ids import NodeName
 from engine.limits import DEFAULT_LIMITS, Limits
 from engine.node_key import receipt_key
-from engine.raft.events import Propose, Receive
+from engine.raft.events import Receive
 from engine.raft.messages import Message
-from engine.raft.server import Role
 from engine.runtime import observe
 from engine.runtime.api import (
     BrowsedMessage,
@@ -84,25 +81,16 @@ from engine.runtime.api import (
     SettleResult,
     Trigger,
 )
-from engine.runtime.applying import Effects
-from engine.runtime.catalog import Catalog
-from engine.runtime.checkpoints import Checkpoints
 from engine.runtime.clock import SYSTEM_CLOCK, Clock
-from engine.runtime.dead_letter_routing import DeadLetters
-from engine.runtime.hosting import Hosting
-from engine.runtime.member_changes import Membership
-from engine.runtime.meta import QueueMeta
-from engine.runtime.queue_ops import QueueOps
-from engine.runtime.replica import Proposal, Replica, node_of
-from engine.runtime.routing import NodeCall, Router
-from engine.runtime.timers import Timers
+from engine.runtime.context import NodeContext
+from engine.runtime.replica import node_of
+from engine.runtime.routing import NodeCall
 from engine.runtime.transport import LocalTransport, Transport
 from engine.runtime.wal_writer import WalWriter
 from engine.storage import NodeStorage
 from engine.storage.wal_stats import WalStats
 
 log = logging.getLogger("quorra.engine")
-T = TypeVar("T")
 
 
 class Node:
@@ -121,64 +109,41 @@ class Node:
         self.data_dir = Path(data_dir)
         self.clock = clock
         """Timers count on its monotonic clock; entries are stamped with its wall clock."""
-        self._receipt_key = receipt_key
-        """Seals receipts; ``None``: derived from the data directory's secret at start."""
         self.name = NodeName(node_name)
         self.limits = limits
         self.transport: Transport = transport or LocalTransport(node_name)
         assert self.name in self.transport.nodes(), "the transport knows this node"
-        self._replicas: dict[str, Replica] = {}
-        """By queue name."""
-        self._by_uid: dict[str, Replica] = {}
-        self._failed: dict[str, tuple[QueueMeta, QuorraError]] = {}
-        """Queues whose recovery was refused: listed, every call raises the error."""
-        self._storage: NodeStorage | None = None
-        self._writer: WalWriter | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._jobs: set[asyncio.Future[None]] = set()
-        """Storage work under way (``_job``): a stop waits for it before closing storage."""
-        self._create_lock = asyncio.Lock()
-        self._inflight_requests = 0
+        self.context = NodeContext(
+            self.data_dir, self.name, limits, clock, self.transport, receipt_key
+        )
+        """The node's state and parts (``engine.runtime.context``)."""
         self._heard_ms: dict[str, int] = {}
         """Monotonic time of the last Raft message from each node."""
-        self._running = False
-        self._stopping = False
-        self._removed: dict[str, asyncio.Future[None]] = {}
-        """Deletions waiting for storage's ``Removed``."""
-        self._hosting = Hosting(self)
-        self._effects = Effects(self)
-        self._timers = Timers(self)
-        self._router = Router(self)
-        self._ops = QueueOps(self)
-        self._catalog = Catalog(self)
-        self._membership = Membership(self)
-        self._dead_letters = DeadLetters(self)
-        self._checkpoints = Checkpoints(self)
 
     # === lifecycle ===================================================================
 
     async def start(self) -> None:
-        assert self._storage is None, "a Node starts once; make a new one to restart"
-        self._loop = asyncio.get_running_loop()
-        self._create_lock = asyncio.Lock()
-        if self._receipt_key is None:
-            self._receipt_key = await asyncio.to_thread(receipt_key, self.data_dir)
-        storage, metas = await asyncio.to_thread(self._catalog.open_storage)
+        ctx = self.context
+        assert not ctx.has_storage, "a Node starts once; make a new one to restart"
+        ctx.loop = asyncio.get_running_loop()
+        ctx.create_lock = asyncio.Lock()
+        if ctx.receipt_key is None:
+            ctx.receipt_key = await asyncio.to_thread(receipt_key, self.data_dir)
+        storage, metas = await asyncio.to_thread(ctx.catalog.open_storage)
         storage.take_over()
-        self._storage = storage
-        hosting = self._hosting
+        ctx.storage = storage
+        hosting = ctx.hosting
         for meta in metas:
             try:
                 hosting.host(meta)
             except QuorraError as e:
                 log.error("queue %s (%s) not recovered: %s", meta.name, meta.uid, e.detail)
-                self._failed[meta.name] = (meta, e)
-        self._writer = WalWriter(storage.wal, hosting.on_wal_batch_threadsafe)
-        self._writer.start()
-        self._running = True
+                ctx.failed[meta.name] = (meta, e)
+        ctx.writer = WalWriter(storage.wal, hosting.on_wal_batch_threadsafe)
+        ctx.writer.start()
+        ctx.running = True
         self.transport.attach(self.name, self)
-        for rep in self._replicas.values():
+        for rep in ctx.replicas.values():
             hosting.schedule(rep)
         await hosting.await_recovered()
 
@@ -192,32 +157,26 @@ class Node:
         await self._shutdown(abandon=True)
 
     async def _shutdown(self, *, abandon: bool) -> None:
-        if not self._running:
+        ctx = self.context
+        if not ctx.running:
             return
         if not abandon:
             await self._drain_requests()
-            await self._checkpoints.before_stop()
-        self._running = False
+            await ctx.checkpoints.before_stop()
+        ctx.running = False
         self.transport.detach(self.name)
-        hosting = self._hosting
-        for rep in self._replicas.values():
+        hosting = ctx.hosting
+        for rep in ctx.replicas.values():
             hosting.close_replica(rep, NoLeader("the node is stopping"))
-        for task in list(self._tasks):
-            task.cancel()
-        with contextlib.suppress(BaseException):
-            await asyncio.gather(*self._tasks, return_exceptions=True)
-        # A cancelled task waits for its worker (``_in_worker``); a request past the
-        # grace period may still be in a job: storage closes only after every job.
-        while self._jobs:
-            await asyncio.wait(set(self._jobs))
-        assert self._writer is not None and self._storage is not None
-        await asyncio.to_thread(self._writer.stop, abandon=abandon)
+        await ctx.end_work()
+        assert ctx.writer is not None
+        await asyncio.to_thread(ctx.writer.stop, abandon=abandon)
         # Every batch the writer finished reaches the mem tables before a close flushes
         # them (a segment flush deletes the WAL file it came from).
         hosting.drain_batches()
         if hosting.flush_task is not None:
             await asyncio.gather(hosting.flush_task, return_exceptions=True)
-        storage = self._storage
+        storage = ctx.storage
         if abandon:
             await asyncio.to_thread(_close_files, storage)
         else:
@@ -225,37 +184,38 @@ class Node:
 
     async def _drain_requests(self) -> None:
         """Refuse new requests, end long polls, and give those in flight a moment."""
-        self._stopping = True
-        for rep in self._replicas.values():
+        ctx = self.context
+        ctx.stopping = True
+        for rep in ctx.replicas.values():
             for f in rep.available_waiters:
                 if not f.done():
                     f.set_result(None)
-        loop = self._need_loop()
+        loop = ctx.loop
         deadline = loop.time() + self.limits.stop_grace_ms / 1000
-        while self._inflight_requests and loop.time() < deadline:
+        while ctx.inflight_requests and loop.time() < deadline:
             await asyncio.sleep(self.limits.poll_interval_ms / 1000)
 
     def set_record_listener(self, listener: RecordListener | None) -> None:
-        self._checkpoints.listener = listener
+        self.context.checkpoints.listener = listener
 
     # === queues ======================================================================
 
     def queues(self) -> list[QueueInfo]:
-        return self._catalog.queues()
+        return self.context.catalog.queues()
 
     async def create_queue(self, name: str, args: QueueArgs) -> tuple[QueueInfo, bool]:
-        return await self._catalog.create_queue(name, args)
+        return await self.context.catalog.create_queue(name, args)
 
     async def delete_queue(self, name: str) -> None:
-        await self._catalog.delete_queue(name)
+        await self.context.catalog.delete_queue(name)
 
     async def update_policy(self, name: str, changes: dict[str, object]) -> QueueInfo:
-        return await self._catalog.update_policy(name, changes)
+        return await self.context.catalog.update_policy(name, changes)
 
     # === messages ====================================================================
 
     async def publish(self, name: str, messages: list[OutgoingMessage]) -> list[int]:
-        return await self._ops.publish(name, messages)
+        return await self.context.ops.publish(name, messages)
 
     async def receive(
         self,
@@ -266,60 +226,61 @@ class Node:
         wait_ms: int,
         lease_ms: int | None,
     ) -> list[ReceivedMessage]:
-        return await self._ops.receive(name, consumer, max_messages, wait_ms, lease_ms)
+        return await self.context.ops.receive(name, consumer, max_messages, wait_ms, lease_ms)
 
     async def ack(self, name: str, receipts: list[str]) -> SettleResult:
-        return await self._ops.ack(name, receipts)
+        return await self.context.ops.ack(name, receipts)
 
     async def nack(self, name: str, receipts: list[str], *, requeue: bool) -> SettleResult:
-        return await self._ops.nack(name, receipts, requeue)
+        return await self.context.ops.nack(name, receipts, requeue)
 
     async def extend(self, name: str, receipts: list[str], lease_ms: int) -> SettleResult:
-        return await self._ops.extend(name, receipts, lease_ms)
+        return await self.context.ops.extend(name, receipts, lease_ms)
 
     async def browse(self, name: str, *, after: int | None, limit: int) -> list[BrowsedMessage]:
-        return await self._ops.browse(name, after, limit)
+        return await self.context.ops.browse(name, after, limit)
 
     async def purge(self, name: str) -> int:
-        return await self._ops.purge(name)
+        return await self.context.ops.purge(name)
 
     # === membership and leadership ===================================================
 
     async def add_member(self, name: str, node: str) -> QueueInfo:
         """Add a replica of the queue on ``node`` (``POST /queues/{name}/members``): it
         joins as a learner, catches up, and becomes a voter; one change at a time."""
-        return await self._membership.add_member(name, node)
+        return await self.context.membership.add_member(name, node)
 
     async def remove_member(self, name: str, node: str) -> QueueInfo:
         """Remove the queue's replica on ``node`` (``DELETE /queues/{name}/members/{node}``)."""
-        return await self._membership.remove_member(name, node)
+        return await self.context.membership.remove_member(name, node)
 
     async def transfer_leadership(self, name: str, node: str) -> None:
         """Hand the queue's leadership to its replica on ``node`` (``POST
         /queues/{name}/leader``); returns once that node leads, or raises ``NoLeader``."""
-        await self._membership.transfer_leadership(name, node)
+        await self.context.membership.transfer_leadership(name, node)
 
     # === checkpoints and compaction ==================================================
 
     async def checkpoint(self, name: str, *, trigger: Trigger = "manual") -> CheckpointRecord:
-        return await self._checkpoints.checkpoint(name, trigger)
+        return await self.context.checkpoints.checkpoint(name, trigger)
 
     async def compact(
         self, name: str, *, phase: CompactionPhase = "auto", trigger: Trigger = "manual"
     ) -> CompactionRecord:
         """Storage compaction (``engine.storage.compaction``); see ``Checkpoints.compact``."""
-        return await self._checkpoints.compact(name, phase, trigger)
+        return await self.context.checkpoints.compact(name, phase, trigger)
 
     # === observation =================================================================
 
     def stats(self, name: str) -> dict[str, object]:
-        failed = self._failed.get(name)
+        ctx = self.context
+        failed = ctx.failed.get(name)
         if failed is not None:
             return observe.failed_stats(failed[1])
-        return observe.queue_stats(self._replica(name), self.clock.monotonic_ms(), self.limits)
+        return observe.queue_stats(ctx.replica(name), self.clock.monotonic_ms(), self.limits)
 
     def segments(self, name: str) -> list[SegmentInfo]:
-        rep = self._replica(name)
+        rep = self.context.replica(name)
         return observe.segment_infos(rep, observe.live_indexes(rep))
 
     def cluster(self) -> dict[str, object]:
@@ -329,11 +290,11 @@ class Node:
         for node in self.transport.nodes():
             led = sorted(
                 rep.name
-                for rep in self._replicas.values()
+                for rep in self.context.replicas.values()
                 if rep.raft.leader is not None and node_of(rep.raft.leader) == node
             )
             if node == self.name:
-                health = "up" if self._running else "down"
+                health = "up" if self.context.running else "down"
             else:
                 heard = self._heard_ms.get(node)
                 health = "up" if heard is not None and now - heard <= alive_ms else "unknown"
@@ -341,115 +302,31 @@ class Node:
         return {"node": self.name, "nodes": nodes}
 
     def wal_stats(self) -> WalStats | None:
-        return self._storage.wal.stats() if self._storage is not None else None
+        ctx = self.context
+        return ctx.storage.wal.stats() if ctx.has_storage else None
 
     # === from the transport ==========================================================
 
     def on_raft_message(self, uid: str, message: Message) -> None:
         """From the transport: a message for the replica of group ``uid``."""
         self._heard_ms[node_of(message.src)] = self.clock.monotonic_ms()
-        rep = self._by_uid.get(uid)
-        if rep is None or rep.closed or rep.failed is not None or not self._running:
+        ctx = self.context
+        rep = ctx.by_uid.get(uid)
+        if rep is None or rep.closed or rep.failed is not None or not ctx.running:
             return
         try:
             # The core's clock moves first: a heartbeat restarts the election timer from
             # now, not from the last tick (a follower ticks only at its deadline).
-            self._timers.tick(rep)
+            ctx.timers.tick(rep)
             rep.raft.step(Receive(message))
         except EntryDamaged as e:
-            self._hosting.damaged(rep, e)
+            ctx.hosting.damaged(rep, e)
             return
-        self._hosting.schedule(rep)
+        ctx.hosting.schedule(rep)
 
     async def on_call(self, call: NodeCall) -> object:
         """From the transport: a peer's request (never forwarded again)."""
-        return await self._router.on_call(call)
-
-    # === shared by the parts =========================================================
-
-    def _replica(self, name: str) -> Replica:
-        rep = self._replicas.get(name)
-        if rep is None:
-            failed = self._failed.get(name)
-            if failed is not None:
-                raise failed[1]
-            raise QueueNotFound(f"no queue {name}")
-        return rep
-
-    @contextlib.asynccontextmanager
-    async def _admit(self) -> Any:
-        if not self._running or self._stopping:
-            raise NoLeader(f"node {self.name} is not running")
-        if self._inflight_requests >= self.limits.inflight_requests_per_node_max:
-            raise Backpressure(f"node {self.name}: too many requests in flight")
-        self._inflight_requests += 1
-        try:
-            yield
-        finally:
-            self._inflight_requests -= 1
-
-    async def _propose(
-        self,
-        rep: Replica,
-        command: bytes,
-        on_applied: Callable[[object], object] | None = None,
-    ) -> object:
-        if rep.closed:
-            raise rep.close_error or QueueNotFound(f"queue {rep.name} is gone")
-        if rep.failed is not None:
-            raise rep.failed
-        if rep.raft.role is not Role.LEADER:
-            raise NoLeader(f"queue {rep.name}: this replica does not lead")
-        request_id = rep.next_request_id
-        rep.next_request_id += 1
-        future: asyncio.Future[object] = self._need_loop().create_future()
-        rep.proposals[request_id] = Proposal(future, on_applied)
-        self._timers.tick(rep)
-        rep.raft.step(Propose(request_id, (command,)))
-        self._hosting.schedule(rep)
-        timeout_s = self.limits.proposal_timeout_ms / 1000
-        try:
-            return await asyncio.wait_for(future, timeout_s)
-        except TimeoutError:
-            raise NoLeader(f"queue {rep.name}: no quorum in time; the outcome is unknown") from None
-        finally:
-            rep.proposals.pop(request_id, None)
-
-    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
-        task = self._need_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    @contextlib.asynccontextmanager
-    async def _job(self) -> Any:
-        """Storage work prepared on the loop, run by a worker and finished on the loop:
-        ``_shutdown`` closes storage only once every job has finished."""
-        done: asyncio.Future[None] = self._need_loop().create_future()
-        self._jobs.add(done)
-        try:
-            yield
-        finally:
-            self._jobs.discard(done)
-            done.set_result(None)
-
-    async def _in_worker(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` in a worker thread. A caller cancelled meanwhile still waits
-        for the worker, so that what it does next on the loop (finish a job, close
-        storage) comes after the worker's I/O."""
-        worker = self._need_loop().run_in_executor(None, functools.partial(fn, *args))
-        try:
-            return await asyncio.shield(worker)
-        except asyncio.CancelledError:
-            await asyncio.wait([worker])
-            raise
-
-    def _need_loop(self) -> asyncio.AbstractEventLoop:
-        assert self._loop is not None, "Node.start first"
-        return self._loop
-
-    def _need_storage(self) -> NodeStorage:
-        assert self._storage is not None, "Node.start first"
-        return self._storage
+        return await self.context.router.on_call(call)
 
 
 def _close_files(storage: NodeStorage) -> None:

@@ -2,7 +2,7 @@
 extend), browse and purge.
 
 Rule: each operation is checked against the limits on the node that takes it, admitted
-(``Node._admit``) and routed to the node of the queue's leader (``routing``); the
+(``NodeContext.admit``) and routed to the node of the queue's leader (``routing``); the
 ``*_local`` half runs there, on a replica that leads, and proposes one command. A
 message is checked once, where its batch is encoded; a receipt's MAC is checked on the
 leader before anything is proposed. Message bodies are read from the log (``entry``),
@@ -54,30 +54,30 @@ from engine.runtime.routing import (
 )
 
 if TYPE_CHECKING:
-    from engine.runtime.node import Node
+    from engine.runtime.context import NodeContext
 
 
 class QueueOps:
     """A node's message operations, both the checking side and the leader's side."""
 
-    def __init__(self, node: Node) -> None:
-        self.node = node
+    def __init__(self, ctx: NodeContext) -> None:
+        self.ctx = ctx
 
     async def publish(self, name: str, messages: list[OutgoingMessage]) -> list[int]:
         """Each message is checked once, where the batch is encoded (the leader's node)."""
-        node = self.node
-        node._replica(name)
+        ctx = self.ctx
+        ctx.replica(name)
         if not messages:
             raise ValidationFailed("a publish holds at least one message")
-        if len(messages) > node.limits.batch_messages_max:
-            raise MessageTooLarge(f"a batch holds at most {node.limits.batch_messages_max}")
-        async with node._admit():
-            result = await node._router.route(PublishCall(name, messages))
+        if len(messages) > ctx.limits.batch_messages_max:
+            raise MessageTooLarge(f"a batch holds at most {ctx.limits.batch_messages_max}")
+        async with ctx.admit():
+            result = await ctx.router.route(PublishCall(name, messages))
         assert isinstance(result, list)
         return result
 
     async def publish_local(self, rep: Replica, messages: list[OutgoingMessage]) -> list[int]:
-        limits = self.node.limits
+        limits = self.ctx.limits
         command = encode_enqueue(self.new_messages(rep, messages))
         size = len(command)
         if size > limits.batch_bytes_max:
@@ -86,7 +86,7 @@ class QueueOps:
             raise Backpressure(f"queue {rep.name}: too many publish bytes in flight")
         rep.inflight_publish_bytes += size
         try:
-            reply = await self.node._propose(rep, command)
+            reply = await self.ctx.propose(rep, command)
         finally:
             rep.inflight_publish_bytes -= size
         assert isinstance(reply, Enqueued), reply
@@ -118,7 +118,7 @@ class QueueOps:
             batch.append(
                 NewMessage(
                     bytes(body),
-                    check_message(m, policy, self.node.limits),
+                    check_message(m, policy, self.ctx.limits),
                     min(m.priority, 255),
                     m.ttl_ms,
                     m.delay_ms,
@@ -130,9 +130,9 @@ class QueueOps:
     async def receive(
         self, name: str, consumer: str, max_messages: int, wait_ms: int, lease_ms: int | None
     ) -> list[ReceivedMessage]:
-        node = self.node
-        node._replica(name)
-        limits = node.limits
+        ctx = self.ctx
+        ctx.replica(name)
+        limits = ctx.limits
         if not 1 <= len(consumer.encode()) <= CONSUMER_BYTES_MAX:
             raise ValidationFailed(f"consumer is 1..{CONSUMER_BYTES_MAX} bytes")
         if not 1 <= max_messages <= limits.receive_messages_max:
@@ -141,34 +141,34 @@ class QueueOps:
             raise ValidationFailed(f"wait_ms must be 0..{limits.receive_wait_ms_max}")
         if lease_ms is not None and not 1 <= lease_ms <= limits.lease_ms_max:
             raise ValidationFailed(f"lease_ms must be 1..{limits.lease_ms_max}")
-        async with node._admit():
+        async with ctx.admit():
             call = ReceiveCall(name, consumer, max_messages, wait_ms, lease_ms)
-            result = await node._router.route(call)
+            result = await ctx.router.route(call)
         assert isinstance(result, list)
         return result
 
     async def receive_local(
         self, rep: Replica, consumer: str, max_messages: int, wait_ms: int, lease_ms: int | None
     ) -> list[ReceivedMessage]:
-        node = self.node
-        loop = node._need_loop()
+        ctx = self.ctx
+        loop = ctx.loop
         deadline = loop.time() + wait_ms / 1000
         command = encode_checkout(consumer, max_messages, lease_ms or 0)
         while True:
-            result = await node._propose(rep, command, lambda r: self.deliveries(rep, r))
+            result = await ctx.propose(rep, command, lambda r: self.deliveries(rep, r))
             assert isinstance(result, tuple)
             messages, seq = result
             remaining = deadline - loop.time()
             if messages or remaining <= 0:
                 return list(messages)
-            while rep.available_seq <= seq and not rep.closed and not node._stopping:
+            while rep.available_seq <= seq and not rep.closed and not ctx.stopping:
                 waiter: asyncio.Future[None] = loop.create_future()
                 rep.available_waiters.append(waiter)
                 try:
                     await asyncio.wait_for(waiter, max(0.0, deadline - loop.time()))
                 except TimeoutError:
                     return []
-            if node._stopping:
+            if ctx.stopping:
                 return []
             if rep.raft.role is not Role.LEADER:
                 raise NoLeader(f"queue {rep.name}: leadership moved, retry")
@@ -217,7 +217,7 @@ class QueueOps:
             # next start; the message, leased to nobody who got it, is delivered again by
             # the next leader once the lease ends. A lone member only fails this read.
             if len(rep.meta.members) > 1:
-                self.node._hosting.damaged(rep, e)
+                self.ctx.hosting.damaged(rep, e)
             raise
 
     async def ack(self, name: str, receipts: list[str]) -> SettleResult:
@@ -227,7 +227,7 @@ class QueueOps:
         return await self.settle(name, "nack" if requeue else "discard", receipts, 0)
 
     async def extend(self, name: str, receipts: list[str], lease_ms: int) -> SettleResult:
-        lease_ms_max = self.node.limits.lease_ms_max
+        lease_ms_max = self.ctx.limits.lease_ms_max
         if not 1 <= lease_ms <= lease_ms_max:
             raise ValidationFailed(f"lease_ms must be 1..{lease_ms_max}")
         return await self.settle(name, "extend", receipts, lease_ms)
@@ -235,16 +235,16 @@ class QueueOps:
     async def settle(
         self, name: str, how: SettleHow, receipts: list[str], lease_ms: int
     ) -> SettleResult:
-        node = self.node
-        node._replica(name)
+        ctx = self.ctx
+        ctx.replica(name)
         if not receipts:
             return SettleResult(0, ())
-        if len(receipts) > node.limits.receive_messages_max:
-            raise ValidationFailed(f"at most {node.limits.receive_messages_max} receipts")
+        if len(receipts) > ctx.limits.receive_messages_max:
+            raise ValidationFailed(f"at most {ctx.limits.receive_messages_max} receipts")
         for r in receipts:
             check_receipt_text(r)
-        async with node._admit():
-            result = await node._router.route(SettleCall(name, how, receipts, lease_ms))
+        async with ctx.admit():
+            result = await ctx.router.route(SettleCall(name, how, receipts, lease_ms))
         assert isinstance(result, SettleResult)
         return result
 
@@ -270,7 +270,7 @@ class QueueOps:
             command = encode_discard(pairs)
         else:
             command = encode_extend(pairs, lease_ms)
-        reply = await self.node._propose(rep, command)
+        reply = await self.ctx.propose(rep, command)
         assert isinstance(reply, Settled), reply
         if len(pairs) == len(receipts):
             return SettleResult(reply.count, reply.stale)
@@ -280,14 +280,14 @@ class QueueOps:
         return SettleResult(reply.count, tuple(stale))
 
     async def browse(self, name: str, after: int | None, limit: int) -> list[BrowsedMessage]:
-        node = self.node
-        node._replica(name)
-        if not 1 <= limit <= node.limits.receive_messages_max:
-            raise ValidationFailed(f"limit must be 1..{node.limits.receive_messages_max}")
+        ctx = self.ctx
+        ctx.replica(name)
+        if not 1 <= limit <= ctx.limits.receive_messages_max:
+            raise ValidationFailed(f"limit must be 1..{ctx.limits.receive_messages_max}")
         if after is not None and after < 0:
             raise ValidationFailed("after must be a cursor from an earlier page")
-        async with node._admit():
-            result = await node._router.route(BrowseCall(name, after, limit))
+        async with ctx.admit():
+            result = await ctx.router.route(BrowseCall(name, after, limit))
         assert isinstance(result, list)
         return result
 
@@ -312,14 +312,14 @@ class QueueOps:
         return out
 
     async def purge(self, name: str) -> int:
-        node = self.node
-        async with node._admit():
-            result = await node._router.route(PurgeCall(name))
+        ctx = self.ctx
+        async with ctx.admit():
+            result = await ctx.router.route(PurgeCall(name))
         assert isinstance(result, int)
         return result
 
     async def purge_local(self, rep: Replica) -> int:
-        reply = await self.node._propose(rep, encode_purge())
+        reply = await self.ctx.propose(rep, encode_purge())
         assert isinstance(reply, Purged)
         return reply.count
 

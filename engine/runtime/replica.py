@@ -45,13 +45,12 @@ class CheckpointInfo:
 class Replica:
     meta: QueueMeta
     server_id: ServerId
-    raft: RaftServer
-    machine: QueueMachine
     log: ServerLog
     seal: ReceiptSeal
     """Makes and checks this queue's receipts."""
-    driver: ReplicaDriver = field(init=False)
-    """Acts on the core's ``Ready``s in the order durability requires (``Hosting.host``)."""
+    driver: ReplicaDriver[QueueMachine] = field(init=False)
+    """Owns the Raft core and the machine, and acts on the core's ``Ready``s in the
+    order durability requires (``Hosting.host`` sets it, right after construction)."""
     failed: Exception | None = None
     closed: bool = False
     close_error: Exception | None = None
@@ -91,6 +90,16 @@ class Replica:
     live_build: tuple[object, int, Future[tuple[BitMap64, float]]] | None = None
     """(machine, applied index, the build on a worker) of a deep queue's live set being
     built from a frozen machine (see ``observe.live_set``)."""
+
+    @property
+    def raft(self) -> RaftServer:
+        """The replica's Raft core (the driver's)."""
+        return self.driver.raft
+
+    @property
+    def machine(self) -> QueueMachine:
+        """The replica's queue machine (the driver's)."""
+        return self.driver.machine
 
     @property
     def uid(self) -> str:

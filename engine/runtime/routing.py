@@ -29,7 +29,7 @@ from engine.runtime.meta import QueueMeta
 from engine.runtime.replica import Replica, node_of
 
 if TYPE_CHECKING:
-    from engine.runtime.node import Node
+    from engine.runtime.context import NodeContext
 
 SettleHow = Literal["ack", "nack", "discard", "extend"]
 
@@ -180,20 +180,20 @@ def _conforms(value: object, hint: Any) -> bool:
 class Router:
     """Runs a node's client operations at their leader, and the calls of its peers."""
 
-    def __init__(self, node: Node) -> None:
-        self.node = node
+    def __init__(self, ctx: NodeContext) -> None:
+        self.ctx = ctx
 
     async def leader_node(self, rep: Replica) -> NodeName:
         """The node of the replica's leader; waits for an election up to the limit."""
-        node = self.node
-        loop = node._need_loop()
-        deadline = loop.time() + node.limits.leader_wait_ms / 1000
+        ctx = self.ctx
+        loop = ctx.loop
+        deadline = loop.time() + ctx.limits.leader_wait_ms / 1000
         while True:
             if rep.closed:
                 raise rep.close_error or QueueNotFound(f"queue {rep.name} is gone")
             raft = rep.raft
             if raft.role is Role.LEADER:
-                return node.name
+                return ctx.name
             if raft.leader is not None:
                 return NodeName(node_of(raft.leader))
             remaining = deadline - loop.time()
@@ -205,40 +205,40 @@ class Router:
                 await asyncio.wait_for(waiter, remaining)
 
     async def route(self, call: LeaderCall) -> object:
-        node = self.node
-        rep = node._replica(call.name)
+        ctx = self.ctx
+        rep = ctx.replica(call.name)
         leader = await self.leader_node(rep)
-        if leader == node.name:
+        if leader == ctx.name:
             return await self.local(call)
         try:
-            return await node.transport.call(leader, call)
+            return await ctx.transport.call(leader, call)
         except QueueNotFound:
             # This node hosts the queue: the node it took for the leader no longer does.
             raise NoLeader(f"queue {call.name}: its leader moved, retry") from None
 
     async def on_call(self, call: NodeCall) -> object:
         """From the transport: a peer's request (never forwarded again)."""
-        node = self.node
-        if not node._running:
-            raise NoLeader(f"node {node.name} is stopping")
+        ctx = self.ctx
+        if not ctx.running:
+            raise NoLeader(f"node {ctx.name} is stopping")
         call = check_call(call)
         if isinstance(call, CreateReplica):
-            await node._catalog.create_replica(call.meta)
+            await ctx.catalog.create_replica(call.meta)
             return None
         if isinstance(call, DeleteReplica):
-            await node._catalog.delete_replica(call.uid)
+            await ctx.catalog.delete_replica(call.uid)
             return None
         if isinstance(call, PublishRouted):
-            return await node.publish(call.name, call.messages)
+            return await ctx.ops.publish(call.name, call.messages)
         return await self.local(call)
 
     async def local(self, call: LeaderCall) -> object:
         """Run ``call`` on this node, whose replica must lead."""
-        node = self.node
-        rep = node._replica(call.name)
+        ctx = self.ctx
+        rep = ctx.replica(call.name)
         if rep.raft.role is not Role.LEADER:
             raise NoLeader(f"queue {rep.name}: leadership moved, retry")
-        ops, membership = node._ops, node._membership
+        ops, membership = ctx.ops, ctx.membership
         if isinstance(call, PublishCall):
             return await ops.publish_local(rep, call.messages)
         if isinstance(call, ReceiveCall):
@@ -259,7 +259,7 @@ class Router:
             await membership.transfer_local(rep, call.node)
             return None
         if isinstance(call, UpdatePolicyCall):
-            return await node._catalog.update_policy_local(rep, call.changes)
+            return await ctx.catalog.update_policy_local(rep, call.changes)
         assert_never(call)
 
 

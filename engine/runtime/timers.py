@@ -23,7 +23,7 @@ from engine.raft.server import Role
 from engine.runtime.replica import Replica
 
 if TYPE_CHECKING:
-    from engine.runtime.node import Node
+    from engine.runtime.context import NodeContext
 
 log = logging.getLogger("quorra.engine")
 
@@ -31,8 +31,8 @@ log = logging.getLogger("quorra.engine")
 class Timers:
     """Arms and fires the tick and expiry timers of every replica of a node."""
 
-    def __init__(self, node: Node) -> None:
-        self.node = node
+    def __init__(self, ctx: NodeContext) -> None:
+        self.ctx = ctx
 
     def arm_tick(self, rep: Replica) -> None:
         due = rep.raft.next_deadline_ms()
@@ -43,13 +43,13 @@ class Timers:
         if rep.tick_handle is not None:
             rep.tick_handle.cancel()
         rep.tick_due_ms = due
-        rep.tick_handle = self.call_at_ms(due - self.node.clock.monotonic_ms(), self.on_tick, rep)
+        rep.tick_handle = self.call_at_ms(due - self.ctx.clock.monotonic_ms(), self.on_tick, rep)
 
     def on_tick(self, rep: Replica) -> None:
         rep.tick_handle = None
         if rep.closed or rep.failed is not None:
             return
-        hosting = self.node._hosting
+        hosting = self.ctx.hosting
         try:
             self.tick(rep)
         except EntryDamaged as e:
@@ -66,7 +66,7 @@ class Timers:
         if not rep.driver.wants_snapshot(index):
             return
         try:
-            snapshot = self.node._hosting.raft_snapshot(rep.uid, index)
+            snapshot = self.ctx.hosting.raft_snapshot(rep.uid, index)
         except (StorageFailed, LookupError) as e:
             log.error("queue %s: snapshot for a lagging follower unavailable: %s", rep.name, e)
             return
@@ -84,7 +84,7 @@ class Timers:
             rep.expire_handle.cancel()
         rep.expire_due_ms = due
         # The machine's deadlines are leader times, stamped from the wall clock.
-        delay_ms = due - self.node.clock.wall_ms()
+        delay_ms = due - self.ctx.clock.wall_ms()
         rep.expire_handle = self.call_at_ms(delay_ms, self.on_expire, rep)
 
     def on_expire(self, rep: Replica) -> None:
@@ -92,11 +92,11 @@ class Timers:
         if rep.closed or rep.failed is not None or rep.raft.role is not Role.LEADER:
             return
         rep.expire_inflight = True
-        node = self.node
+        ctx = self.ctx
 
         async def expire() -> None:
             try:
-                await node._propose(rep, encode_expire())
+                await ctx.propose(rep, encode_expire())
             except QuorraError:
                 pass
             finally:
@@ -104,19 +104,19 @@ class Timers:
                 if not rep.closed and rep.raft.role is Role.LEADER:
                     self.arm_expire(rep)
 
-        node._spawn(expire())
+        ctx.spawn(expire())
 
     def call_at_ms(
         self, delay_ms: int, fn: Callable[[Replica], None], rep: Replica
     ) -> asyncio.TimerHandle:
-        loop = self.node._need_loop()
+        loop = self.ctx.loop
         delay_s = max(0.0, delay_ms / 1000) + 0.001
         return loop.call_at(loop.time() + delay_s, fn, rep)
 
     def tick(self, rep: Replica) -> None:
         """Step the core's clocks; before each proposal too, since the core stamps
         entries with the last wall time it saw."""
-        clock = self.node.clock
+        clock = self.ctx.clock
         rep.raft.step(Tick(clock.monotonic_ms(), clock.wall_ms()))
 
 

@@ -96,7 +96,7 @@ class SimNode:
     """What the core learns as each queued write becomes durable, in order."""
     snapshot_index: int = 0
     seen_role: tuple[int, int] = (-1, -1)
-    driver: ReplicaDriver = field(init=False)
+    driver: ReplicaDriver[Machine] = field(init=False)
 
 
 def _sim_limits(rng: random.Random) -> Limits:

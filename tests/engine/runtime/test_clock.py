@@ -144,7 +144,7 @@ def test_leader_time_never_goes_back_when_a_slower_clock_takes_over(tmp_path: Pa
             times = [m.published_at_ms for m in browsed]
             assert times == sorted(times), times
             # Every entry applied by the machine carries a leader time, in log order.
-            rep = nodes[slow]._replicas[QUEUE]
+            rep = nodes[slow].context.replicas[QUEUE]
             stamps = [rep.log.read(i).now_ms for i in range(1, rep.raft.log.last_index() + 1)]
             assert stamps == sorted(stamps), stamps
         finally:

@@ -204,9 +204,9 @@ def test_follower_behind_compaction_catches_up_by_snapshot(tmp_path: Path) -> No
                 what="the lagging follower caught up",
             )
             # The leader's log no longer held what the follower lacked: it sent a snapshot.
-            assert nodes[leader]._replicas["lag"].raft.snapshot is not None
-            rep = nodes[behind]._replicas["lag"]
-            bodies = [m.body for m in nodes[behind]._ops.browse_local(rep, None, 10)]
+            assert nodes[leader].context.replicas["lag"].raft.snapshot is not None
+            rep = nodes[behind].context.replicas["lag"]
+            bodies = [m.body for m in nodes[behind].context.ops.browse_local(rep, None, 10)]
             assert bodies == [b"keep-1", b"keep-2"]
         finally:
             await asyncio.gather(*(n.stop() for n in nodes.values()))

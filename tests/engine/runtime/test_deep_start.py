@@ -113,7 +113,7 @@ def test_a_restarted_deep_queue_answers_a_receive_and_stats_without_walking_it(
             assert builds == [], "no live set was built before the first receive"
             log = node.stats("deep")["log"]
             assert isinstance(log, dict) and log["live_set_index"] > 0
-            assert got[0].id >> 10 in observe.live_indexes(node._replica("deep"))
+            assert got[0].id >> 10 in observe.live_indexes(node.context.replica("deep"))
             _live_entries_bounded(log, DEEP // 1000 + 1)
             assert stats["messages_ready"] == DEEP + 1
         finally:
@@ -138,7 +138,7 @@ def test_the_stats_of_a_deep_queue_never_build_its_live_set_on_the_loop(
             await sample_round(node, store, EngineReads())
             last = node.stats("deep")["log"]
             assert isinstance(last, dict) and last["live_entries"] == last["last_index"]
-            build = node._replica("deep").live_build
+            build = node.context.replica("deep").live_build
             assert build is not None, "a build runs on a worker"
             await eventually(build[2].done)
             await node.publish("deep", msgs("late"))
@@ -146,7 +146,7 @@ def test_the_stats_of_a_deep_queue_never_build_its_live_set_on_the_loop(
             log = node.stats("deep")["log"]
             assert isinstance(log, dict) and log["live_set_index"] > 0
             _live_entries_bounded(log, DEEP // 1000 + 1)
-            assert got[0].id >> 10 in observe.live_indexes(node._replica("deep"))
+            assert got[0].id >> 10 in observe.live_indexes(node.context.replica("deep"))
             assert builds == [False], "one build, on a worker"
         finally:
             await node.stop()

@@ -409,7 +409,7 @@ def test_disk_error_fails_that_queue_and_the_node_stays_up(tmp_path: Path) -> No
             await node.create_queue("bad", QueueArgs())
             await node.create_queue("good", QueueArgs())
             await node.publish("bad", msgs("kept"))
-            wal_file = node._storage.wal._file  # type: ignore[union-attr]
+            wal_file = node.context.storage.wal._file
             real_sync = wal_file.sync
 
             failures = [OSError(28, "No space left on device")]
@@ -569,7 +569,7 @@ def test_restart_after_a_promoted_snapshot_reads_no_live_payload(
         node = await started(tmp_path)
         try:
             assert [i for i in reads if i <= snapshot_index] == [], "no live entry was read"
-            rep = node._replicas["deep"]
+            rep = node.context.replicas["deep"]
             assert rep.raft.snapshot is None and rep.raft.log.snapshot_index == snapshot_index
             assert node.stats("deep")["messages_ready"] == 2002
             bodies = await drain(node, "deep")
@@ -599,7 +599,7 @@ def test_a_queue_whose_messages_all_stay_checkpoints_so_a_restart_replays_little
         await node.stop()
         node = await started(tmp_path, limits)
         try:
-            rep = node._replicas["deep"]
+            rep = node.context.replicas["deep"]
             assert last - rep.base_index <= 8 + 1  # at most the bound's worth applied again
             assert node.stats("deep")["messages_ready"] == 400
         finally:
@@ -624,7 +624,7 @@ def test_a_clean_stop_checkpoints_so_the_next_start_applies_nothing_again(
         await node.stop()
         node = await started(tmp_path, limits)
         try:
-            assert node._replicas["deep"].base_index == last
+            assert node.context.replicas["deep"].base_index == last
             bodies = await drain(node, "deep")
             assert len(bodies) == 2001 and bodies[-1] == b"last"
         finally:

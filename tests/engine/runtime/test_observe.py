@@ -116,7 +116,7 @@ def test_leased_messages_in_the_mem_table_count_as_live(tmp_path: Path) -> None:
             log = stats["log"]
             assert isinstance(log, dict)
             assert log["live_entries"] >= 1 and stats["messages_unacked"] == 2
-            live = observe.live_indexes(node._replica("q"))
+            live = observe.live_indexes(node.context.replica("q"))
             assert got[0].id >> 10 in live
         finally:
             await node.stop()

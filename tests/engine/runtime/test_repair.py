@@ -35,9 +35,8 @@ def _damage_live_entries(node: Node, queue: str, data_dir: Path, *, count: int =
     segments, where they are stored now (a compaction may have rewritten the first
     segment file): a lagging follower's catch-up needs the oldest, a consumer's receive
     meets one of them. Returns how many (none while a segment flush is unfinished)."""
-    rep = node._replicas[queue]
-    assert node._storage is not None
-    log = node._storage.log(rep.uid)
+    rep = node.context.replicas[queue]
+    log = node.context.storage.log(rep.uid)
     damaged = 0
     for index in rep.machine.live_indexes():
         seg = log._segment_for(index)
@@ -77,8 +76,7 @@ def test_a_replica_with_damaged_segment_data_is_repaired_and_nothing_is_lost(
             await nodes[victim].stop()
             _damage_segment_data(tmp_path / victim, info.uid)
             await restart(nodes, victim, tmp_path, network)
-            assert nodes[victim]._storage is not None
-            assert nodes[victim]._storage.repairing(info.uid), "the damage was found"
+            assert nodes[victim].context.storage.repairing(info.uid), "the damage was found"
             await retrying(lambda: nodes[leader].publish("rep", msgs("after")))
             confirmed.append(b"after")
             await eventually(
@@ -86,7 +84,7 @@ def test_a_replica_with_damaged_segment_data_is_repaired_and_nothing_is_lost(
                 timeout_s=20,
                 what="the damaged replica repaired",
             )
-            storage = nodes[victim]._storage
+            storage = nodes[victim].context.storage
             await eventually(lambda: not storage.repairing(info.uid), what="the marker gone")
             # Served by the repaired replica once it leads.
             await retrying(lambda: nodes[leader].transfer_leadership("rep", victim))
@@ -118,9 +116,9 @@ def test_a_leader_that_reads_a_damaged_entry_stops_and_is_repaired_after_a_resta
             # Bit rot in the leader's segments: the lagging follower needs the entry.
             await eventually(lambda: _damage_live_entries(via, "rot", tmp_path / leader) > 0)
             network.heal(behind)
-            rep = via._replicas["rot"]
+            rep = via.context.replicas["rot"]
             await eventually(lambda: rep.failed is not None, what="the read found the damage")
-            assert via._storage is not None and via._storage.repairing(info.uid)
+            assert via.context.storage.repairing(info.uid)
             others = {k: v for k, v in nodes.items() if k != leader}
             await eventually(lambda: leader_of(others, "rot") is not None)
             await via.stop()
@@ -178,7 +176,7 @@ def test_a_leader_that_reads_a_damaged_message_body_stops_and_the_message_is_del
             await eventually(
                 lambda: _damage_live_entries(via, "body", tmp_path / leader, count=1000) > 0
             )
-            rep = via._replicas["body"]
+            rep = via.context.replicas["body"]
             got: list[bytes] = []
             # The damage is met by a receive, or first by a compaction that copies the
             # entry (acks make entries dead, which starts one): either stops the replica.
@@ -194,8 +192,8 @@ def test_a_leader_that_reads_a_damaged_message_body_stops_and_the_message_is_del
                 got += [m.body for m in batch_got]  # settled: not delivered again
                 if not batch_got:
                     await asyncio.sleep(0.02)
-            assert rep.failed is not None and via._storage is not None
-            assert via._storage.repairing(info.uid), "the repair is recorded"
+            assert rep.failed is not None
+            assert via.context.storage.repairing(info.uid), "the repair is recorded"
             others = {k: v for k, v in nodes.items() if k != leader}
             new_leader = await retrying(lambda: leader_name(others, "body"))
             rest = await retrying(lambda: drain(nodes[new_leader], "body"))

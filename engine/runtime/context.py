@@ -1,0 +1,221 @@
+"""What the parts of a node share: its state, the operations they all use, and each other.
+
+Rule: a node is split by concept into parts (``hosting``, ``applying``, ``timers``,
+``routing``, ``queue_ops``, ``catalog``, ``member_changes``, ``dead_letter_routing``,
+``checkpoints``). Each part is given the node's one ``NodeContext`` and reaches the node's
+state and the other parts only through the public members below; ``Node`` owns the
+context, runs the lifecycle (it opens ``storage`` and sets ``running``) and implements
+``QueueEngine`` over the parts. Everything here is touched only on the node's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+from collections.abc import AsyncIterator, Callable, Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+from engine.errors import Backpressure, NoLeader, QueueNotFound, QuorraError
+from engine.ids import NodeName
+from engine.limits import Limits
+from engine.raft.events import Propose
+from engine.raft.server import Role
+from engine.runtime.applying import Effects
+from engine.runtime.catalog import Catalog
+from engine.runtime.checkpoints import Checkpoints
+from engine.runtime.clock import Clock
+from engine.runtime.dead_letter_routing import DeadLetters
+from engine.runtime.hosting import Hosting
+from engine.runtime.member_changes import Membership
+from engine.runtime.meta import QueueMeta
+from engine.runtime.queue_ops import QueueOps
+from engine.runtime.replica import Proposal, Replica
+from engine.runtime.routing import Router
+from engine.runtime.timers import Timers
+from engine.runtime.transport import Transport
+from engine.runtime.wal_writer import WalWriter
+from engine.storage import NodeStorage
+
+T = TypeVar("T")
+
+
+class NodeContext:
+    """The state of one node and its parts, shared by the parts (see the module's rule)."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        name: NodeName,
+        limits: Limits,
+        clock: Clock,
+        transport: Transport,
+        receipt_key: bytes | None,
+    ) -> None:
+        self.data_dir = data_dir
+        self.name = name
+        self.limits = limits
+        self.clock = clock
+        """Timers count on its monotonic clock; entries are stamped with its wall clock."""
+        self.transport = transport
+        self.receipt_key = receipt_key
+        """Seals receipts; ``None``: derived from the data directory's secret at start."""
+        self.replicas: dict[str, Replica] = {}
+        """The replicas this node serves, by queue name."""
+        self.by_uid: dict[str, Replica] = {}
+        """The same replicas, by queue uid (the Raft group's)."""
+        self.failed: dict[str, tuple[QueueMeta, QuorraError]] = {}
+        """Queues whose recovery was refused: listed, every call raises the error."""
+        self.removed: dict[str, asyncio.Future[None]] = {}
+        """Deletions waiting for storage's ``Removed``, by uid."""
+        self.writer: WalWriter | None = None
+        """The WAL writer thread, from ``Node.start`` on."""
+        self.running = False
+        """Started and not yet stopping: serves peers and Raft traffic."""
+        self.stopping = False
+        """A graceful stop began: new requests are refused, long polls end."""
+        self.create_lock = asyncio.Lock()
+        """Serialises the creation of replicas (the check for a name, then the host)."""
+        self.inflight_requests = 0
+        """Client requests admitted and not yet finished (``admit``)."""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._storage: NodeStorage | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._jobs: set[asyncio.Future[None]] = set()
+        # The parts, last: each may read the members above as it is made.
+        self.hosting = Hosting(self)
+        self.effects = Effects(self)
+        self.timers = Timers(self)
+        self.router = Router(self)
+        self.ops = QueueOps(self)
+        self.catalog = Catalog(self)
+        self.membership = Membership(self)
+        self.dead_letters = DeadLetters(self)
+        self.checkpoints = Checkpoints(self)
+
+    # --- what the lifecycle sets ---------------------------------------------------------
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The node's event loop, from ``Node.start`` on."""
+        assert self._loop is not None, "Node.start first"
+        return self._loop
+
+    @loop.setter
+    def loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+
+    @property
+    def storage(self) -> NodeStorage:
+        """The node's storage, from ``Node.start`` on: the loop's alone (a worker touches
+        only the disk, in a ``job`` prepared and finished on the loop)."""
+        assert self._storage is not None, "Node.start first"
+        return self._storage
+
+    @storage.setter
+    def storage(self, storage: NodeStorage) -> None:
+        self._storage = storage
+
+    @property
+    def has_storage(self) -> bool:
+        return self._storage is not None
+
+    # --- what every part uses ------------------------------------------------------------
+
+    def replica(self, name: str) -> Replica:
+        """The replica of queue ``name``, or the operating error a call on it raises."""
+        rep = self.replicas.get(name)
+        if rep is None:
+            failed = self.failed.get(name)
+            if failed is not None:
+                raise failed[1]
+            raise QueueNotFound(f"no queue {name}")
+        return rep
+
+    @contextlib.asynccontextmanager
+    async def admit(self) -> AsyncIterator[None]:
+        """Count a client request in flight, within the node's limit; a graceful stop
+        waits a moment for the requests counted here."""
+        if not self.running or self.stopping:
+            raise NoLeader(f"node {self.name} is not running")
+        if self.inflight_requests >= self.limits.inflight_requests_per_node_max:
+            raise Backpressure(f"node {self.name}: too many requests in flight")
+        self.inflight_requests += 1
+        try:
+            yield
+        finally:
+            self.inflight_requests -= 1
+
+    async def propose(
+        self,
+        rep: Replica,
+        command: bytes,
+        on_applied: Callable[[object], object] | None = None,
+    ) -> object:
+        """Propose ``command`` on the replica, which must lead, and wait until its entry
+        applies: the machine's reply (``on_applied(reply)`` if given, as it applies), or
+        the operating error it was rejected or lost with."""
+        if rep.closed:
+            raise rep.close_error or QueueNotFound(f"queue {rep.name} is gone")
+        if rep.failed is not None:
+            raise rep.failed
+        if rep.raft.role is not Role.LEADER:
+            raise NoLeader(f"queue {rep.name}: this replica does not lead")
+        request_id = rep.next_request_id
+        rep.next_request_id += 1
+        future: asyncio.Future[object] = self.loop.create_future()
+        rep.proposals[request_id] = Proposal(future, on_applied)
+        self.timers.tick(rep)
+        rep.raft.step(Propose(request_id, (command,)))
+        self.hosting.schedule(rep)
+        timeout_s = self.limits.proposal_timeout_ms / 1000
+        try:
+            return await asyncio.wait_for(future, timeout_s)
+        except TimeoutError:
+            raise NoLeader(f"queue {rep.name}: no quorum in time; the outcome is unknown") from None
+        finally:
+            rep.proposals.pop(request_id, None)
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        """Run ``coro`` as a task of the node: a stop cancels it and waits for it."""
+        task = self.loop.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    @contextlib.asynccontextmanager
+    async def job(self) -> AsyncIterator[None]:
+        """Storage work prepared on the loop, run by a worker and finished on the loop:
+        a stop closes storage only once every job has finished."""
+        done: asyncio.Future[None] = self.loop.create_future()
+        self._jobs.add(done)
+        try:
+            yield
+        finally:
+            self._jobs.discard(done)
+            done.set_result(None)
+
+    async def in_worker(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` in a worker thread. A caller cancelled meanwhile still waits
+        for the worker, so that what it does next on the loop (finish a job, close
+        storage) comes after the worker's I/O."""
+        worker = self.loop.run_in_executor(None, functools.partial(fn, *args))
+        try:
+            return await asyncio.shield(worker)
+        except asyncio.CancelledError:
+            await asyncio.wait([worker])
+            raise
+
+    async def end_work(self) -> None:
+        """At a stop: cancel every task (``spawn``) and wait for it, then wait for every
+        job. A cancelled task waits for its worker (``in_worker``), and a request past
+        the stop's grace period may still be in a job: storage may close after this."""
+        for task in list(self._tasks):
+            task.cancel()
+        with contextlib.suppress(BaseException):
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        while self._jobs:
+            await asyncio.wait(set(self._jobs))
+
+
+__all__ = ["NodeContext"]
