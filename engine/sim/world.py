@@ -85,8 +85,6 @@ class SimConfig:
 class SimNode:
     id: ServerId
     storage: SimStorage
-    machine: Machine
-    raft: RaftServer
     rng: random.Random
     snapshot_every: int
     alive: bool = True
@@ -97,6 +95,14 @@ class SimNode:
     snapshot_index: int = 0
     seen_role: tuple[int, int] = (-1, -1)
     driver: ReplicaDriver[Machine] = field(init=False)
+
+    @property
+    def raft(self) -> RaftServer:
+        return self.driver.raft
+
+    @property
+    def machine(self) -> Machine:
+        return self.driver.machine
 
 
 def _sim_limits(rng: random.Random) -> Limits:
@@ -392,7 +398,7 @@ class World:
             repair=storage.repairing(),
         )
         every = self.rng.randint(5, 60)
-        node = SimNode(sid, storage, machine, raft, node_rng, every)
+        node = SimNode(sid, storage, node_rng, every)
         node.snapshot_index = snapshot.index if snapshot else 0
         node.driver = ReplicaDriver(
             raft,
