@@ -16,8 +16,8 @@ import contextlib
 import dataclasses
 from typing import TYPE_CHECKING
 
-from engine.errors import NoLeader, QueueConflict, QueueNotFound, ValidationFailed
-from engine.ids import NodeName
+from engine.errors import NoLeader, QueueConflict, QueueNotFound, QuorraError, ValidationFailed
+from engine.ids import NodeName, ServerId
 from engine.raft.events import AddServer, RemoveServer, TransferLeadership
 from engine.runtime.api import QueueInfo
 from engine.runtime.catalog import queue_info
@@ -75,10 +75,27 @@ class Membership:
         return result
 
     async def add_member_local(self, rep: Replica, node: str) -> QueueInfo:
-        joining = rep.meta
-        await self.ctx.transport.call(NodeName(node), CreateReplica(joining))
-        await self.change(rep, AddServer(self.request_id(rep), server_id(node, rep.uid)))
+        sid = server_id(node, rep.uid)
+        await self.ctx.transport.call(NodeName(node), CreateReplica(rep.meta))
+        try:
+            await self.change(rep, AddServer(self.request_id(rep), sid))
+        except QuorraError:
+            await self._undo_add(rep, node, sid)
+            raise
         return queue_info(rep.meta)
+
+    async def _undo_add(self, rep: Replica, node: str, sid: ServerId) -> None:
+        """An addition that failed leaves no replica behind: a learner it left in the
+        group is removed first, then the new replica deleted. If the server became a
+        voter after all, or the learner cannot be removed now (another change pending,
+        no leader), the replica stays: the group still names it."""
+        config = rep.raft.config
+        if sid in config.voters:
+            return
+        with contextlib.suppress(QuorraError):
+            if sid in config.members:
+                await self.change(rep, RemoveServer(self.request_id(rep), sid))
+            await self.ctx.transport.call(NodeName(node), DeleteReplica(rep.uid))
 
     async def remove_member_local(self, rep: Replica, node: str) -> QueueInfo:
         await self.change(rep, RemoveServer(self.request_id(rep), server_id(node, rep.uid)))
@@ -95,21 +112,6 @@ class Membership:
         request_id = rep.next_request_id
         rep.next_request_id += 1
         return request_id
-
-    async def change(self, rep: Replica, event: AddServer | RemoveServer) -> None:
-        """Step a membership change and wait until its entry commits."""
-        ctx = self.ctx
-        future: asyncio.Future[object] = ctx.loop.create_future()
-        rep.proposals[event.request_id] = Proposal(future, None)
-        ctx.timers.tick(rep)
-        rep.raft.step(event)
-        ctx.hosting.schedule(rep)
-        try:
-            await asyncio.wait_for(future, ctx.limits.proposal_timeout_ms / 1000)
-        except TimeoutError:
-            raise NoLeader(f"queue {rep.name}: membership change timed out") from None
-        finally:
-            rep.proposals.pop(event.request_id, None)
 
     async def transfer_leadership(self, name: str, node: str) -> None:
         """Hand the queue's leadership to its replica on ``node`` (``POST
@@ -129,19 +131,35 @@ class Membership:
     async def transfer_local(self, rep: Replica, node: str) -> None:
         if node == self.ctx.name:
             return
-        request_id = rep.next_request_id
-        rep.next_request_id += 1
-        future: asyncio.Future[object] = self.ctx.loop.create_future()
-        rep.proposals[request_id] = Proposal(future, None)
-        self.ctx.timers.tick(rep)
-        rep.raft.step(TransferLeadership(request_id, server_id(node, rep.uid)))
-        self.ctx.hosting.schedule(rep)
+        event = TransferLeadership(self.request_id(rep), server_id(node, rep.uid))
+        await self._step_and_wait(rep, event, self.ctx.limits.leader_wait_ms, f"transfer to {node}")
+
+    async def change(self, rep: Replica, event: AddServer | RemoveServer) -> None:
+        """Step a membership change and wait until its entry commits."""
+        timeout_ms = self.ctx.limits.proposal_timeout_ms
+        await self._step_and_wait(rep, event, timeout_ms, "membership change")
+
+    async def _step_and_wait(
+        self,
+        rep: Replica,
+        event: AddServer | RemoveServer | TransferLeadership,
+        timeout_ms: int,
+        what: str,
+    ) -> None:
+        """Step ``event`` on the leader's core and wait for its completion (or its
+        refusal, raised as the operating error it maps to)."""
+        ctx = self.ctx
+        future: asyncio.Future[object] = ctx.loop.create_future()
+        rep.proposals[event.request_id] = Proposal(future, None)
+        ctx.timers.tick(rep)
+        rep.raft.step(event)
+        ctx.hosting.schedule(rep)
         try:
-            await asyncio.wait_for(future, self.ctx.limits.leader_wait_ms / 1000)
+            await asyncio.wait_for(future, timeout_ms / 1000)
         except TimeoutError:
-            raise NoLeader(f"queue {rep.name}: transfer to {node} timed out") from None
+            raise NoLeader(f"queue {rep.name}: {what} timed out") from None
         finally:
-            rep.proposals.pop(request_id, None)
+            rep.proposals.pop(event.request_id, None)
 
 
 __all__ = ["Membership"]

@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
-from engine.errors import NoLeader
+from engine.errors import NoLeader, QueueConflict
 from engine.limits import Limits
 from engine.runtime import InMemoryNetwork, Node
 from engine.runtime.api import QueueArgs
@@ -288,6 +288,36 @@ def test_dead_letter_target_on_another_node(tmp_path: Path) -> None:
             )
             assert [m.body for m in dead] == [b"bounce"]
             assert dead[0].headers["x-death-queue"] == "near"
+        finally:
+            await asyncio.gather(*(n.stop() for n in nodes.values()))
+
+    run(body())
+
+
+def test_a_refused_addition_leaves_no_replica_behind(tmp_path: Path) -> None:
+    """Two additions at once: one change at a time, so one is refused; the node it was
+    for hosts nothing afterwards (its replica was created first, then deleted)."""
+
+    async def body() -> None:
+        names = ["n1", "n2", "n3", "n4", "n5"]
+        network = InMemoryNetwork(names)
+        nodes = {n: node_on(tmp_path, n, network) for n in names}
+        await asyncio.gather(*(n.start() for n in nodes.values()))
+        try:
+            info, _ = await nodes["n1"].create_queue("mq", QueueArgs(replicas=3))
+            await retrying(lambda: nodes["n1"].publish("mq", msgs("a")))
+            spares = [n for n in names if not nodes[n].queues()]
+            assert len(spares) == 2
+            results = await asyncio.gather(
+                *(nodes["n1"].add_member("mq", spare) for spare in spares), return_exceptions=True
+            )
+            refused = [s for s, r in zip(spares, results, strict=True) if isinstance(r, Exception)]
+            assert len(refused) == 1, results
+            assert isinstance(results[spares.index(refused[0])], QueueConflict)
+            added = next(s for s in spares if s not in refused)
+            assert [q.uid for q in nodes[added].queues()] == [info.uid]
+            await eventually(lambda: nodes[refused[0]].queues() == [], what="the orphan went")
+            assert not (tmp_path / refused[0] / "queues" / info.uid).exists()
         finally:
             await asyncio.gather(*(n.stop() for n in nodes.values()))
 
