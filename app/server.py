@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
 import uvicorn
 
+from app.cluster_identity import settle_identity
+from app.cluster_settings import ClusterFlags
 from app.http_protocol import http_protocol
 from app.main import StartupReport, create_app
 from app.memory_trim import libc
@@ -22,6 +25,12 @@ def announce(report: StartupReport) -> None:
         lines.append("  (shown only now; change it with PATCH /api/v1/users/admin)")
     elif report.admin_created:
         lines.append("First start: log in as 'admin' with the password in QUORRA_ADMIN_PASSWORD")
+    if report.cluster is not None:
+        c = report.cluster
+        lines.append(
+            f"Cluster {c.cluster_id}: node {c.node_id}, peers connect to {c.listen}"
+            f" (members {', '.join(c.members)})"
+        )
     print("\n".join(lines), file=sys.stdout, flush=True)
 
 
@@ -57,10 +66,31 @@ def tune_malloc() -> bool:
     )
 
 
-def run_server(data_dir: Path, host: str, port: int) -> None:
-    tune_malloc()
-    settings = Settings.from_env(data_dir=data_dir, host=host, port=port)
+def start_settings(
+    data_dir: Path, host: str, port: int, cluster_flags: ClusterFlags | None = None
+) -> Settings:
+    """The settings, checked, with a cluster node's identity settled against its data
+    directory (app/cluster_identity.py); ``StartRefused`` when they are wrong or do not
+    match, before anything binds a port."""
+    settings = Settings.from_env(
+        data_dir=data_dir, host=host, port=port, cluster_flags=cluster_flags
+    )
     settings.data_dir.mkdir(parents=True, exist_ok=True)
+    identity = settle_identity(settings.data_dir, settings.cluster)
+    if identity is None:
+        return settings
+    assert settings.cluster is not None
+    cluster = dataclasses.replace(settings.cluster, cluster_id=identity.cluster_id)
+    return dataclasses.replace(settings, cluster=cluster)
+
+
+def run_server(
+    data_dir: Path, host: str, port: int, cluster_flags: ClusterFlags | None = None
+) -> None:
+    """Serve until interrupted; ``StartRefused`` (app/cluster_settings.py) before binding
+    anything when the settings are wrong."""
+    settings = start_settings(data_dir, host, port, cluster_flags)
+    tune_malloc()
     app = create_app(settings, announce=announce)
     config = uvicorn.Config(
         app,
