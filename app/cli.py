@@ -90,8 +90,6 @@ def serve(
     import gc
     import os
 
-    from app.cluster_settings import ClusterFlags, StartRefused
-
     # The engine uses numpy for packed arrays, never its linear algebra: OpenBLAS's thread
     # pool (one per core, started when numpy loads) would cost ~50 ms of the start and
     # idle threads for the life of the server.
@@ -102,7 +100,9 @@ def serve(
     # made costs ~130 ms of a ~900 ms start. The app's lifespan freezes what start-up
     # built and turns collection back on once the server is ready.
     gc.disable()
-    from app.server import run_server
+    from app.cluster_identity import settled_settings
+    from app.cluster_settings import ClusterFlags, StartRefused
+    from app.settings import Settings
 
     flags = ClusterFlags(
         node_id=node_id,
@@ -115,10 +115,14 @@ def serve(
         tls_ca=cluster_tls_ca,
     )
     try:
-        run_server(data_dir=data_dir, host=host, port=port, cluster_flags=flags)
+        # Checked before the server's modules load, and before anything binds a port.
+        settings = settled_settings(Settings.from_env(data_dir, host, port, cluster_flags=flags))
     except StartRefused as e:
         typer.echo(f"quorra serve: {e}", err=True)
         raise typer.Exit(e.exit_status) from None
+    from app.server import run_server
+
+    run_server(settings)
 
 
 @cli.command(context_settings=_PASSTHROUGH)

@@ -29,6 +29,7 @@ before the first start do not count as use.
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 import json
 import os
@@ -42,6 +43,7 @@ from app.cluster_settings import (
     format_address,
     parse_address,
 )
+from app.settings import Settings
 
 CLUSTER_FILE = "cluster.json"
 CLUSTER_FILE_VERSION = 1
@@ -72,6 +74,19 @@ def derive_cluster_id(secret: bytes, members: list[str]) -> str:
     return "qc-" + digest.hexdigest()[:CLUSTER_ID_HEX_DIGITS]
 
 
+def settled_settings(settings: Settings) -> Settings:
+    """The settings with a cluster node's identity settled against its data directory
+    (which is created if need be) and its cluster id filled in; ``IdentityRefused``
+    when they do not match it."""
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    identity = settle_identity(settings.data_dir, settings.cluster)
+    if identity is None:
+        return settings
+    assert settings.cluster is not None
+    cluster = dataclasses.replace(settings.cluster, cluster_id=identity.cluster_id)
+    return dataclasses.replace(settings, cluster=cluster)
+
+
 def settle_identity(data_dir: Path, cluster: ClusterSettings | None) -> ClusterIdentity | None:
     """The identity this start runs with: the data directory's, after checking that the
     settings agree with it; formed and written on a cluster node's first start; ``None``
@@ -94,9 +109,9 @@ def settle_identity(data_dir: Path, cluster: ClusterSettings | None) -> ClusterI
         )
     if cluster.cluster_id is not None and cluster.cluster_id != recorded.cluster_id:
         raise IdentityRefused(
-            f"{data_dir} belongs to cluster {recorded.cluster_id}, not to cluster"
-            f" {cluster.cluster_id} (QUORRA_CLUSTER_ID): use a data directory of that"
-            " cluster, or an empty one to form a new cluster"
+            f"{data_dir} belongs to cluster {recorded.cluster_id}, not to the cluster id"
+            f" given, {cluster.cluster_id}: use a data directory of that cluster, or an"
+            " empty one to form a new cluster"
         )
     return recorded
 

@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
 import sys
-from pathlib import Path
 
 import uvicorn
 
-from app.cluster_identity import settle_identity
-from app.cluster_settings import ClusterFlags
 from app.http_protocol import http_protocol
 from app.main import StartupReport, create_app
 from app.memory_trim import libc
@@ -66,36 +62,15 @@ def tune_malloc() -> bool:
     )
 
 
-def start_settings(
-    data_dir: Path, host: str, port: int, cluster_flags: ClusterFlags | None = None
-) -> Settings:
-    """The settings, checked, with a cluster node's identity settled against its data
-    directory (app/cluster_identity.py); ``StartRefused`` when they are wrong or do not
-    match, before anything binds a port."""
-    settings = Settings.from_env(
-        data_dir=data_dir, host=host, port=port, cluster_flags=cluster_flags
-    )
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
-    identity = settle_identity(settings.data_dir, settings.cluster)
-    if identity is None:
-        return settings
-    assert settings.cluster is not None
-    cluster = dataclasses.replace(settings.cluster, cluster_id=identity.cluster_id)
-    return dataclasses.replace(settings, cluster=cluster)
-
-
-def run_server(
-    data_dir: Path, host: str, port: int, cluster_flags: ClusterFlags | None = None
-) -> None:
-    """Serve until interrupted; ``StartRefused`` (app/cluster_settings.py) before binding
-    anything when the settings are wrong."""
-    settings = start_settings(data_dir, host, port, cluster_flags)
+def run_server(settings: Settings) -> None:
+    """Serve until interrupted, with settings checked and settled (``settled_settings``,
+    app/cluster_identity.py)."""
     tune_malloc()
     app = create_app(settings, announce=announce)
     config = uvicorn.Config(
         app,
-        host=host,
-        port=port,
+        host=settings.host,
+        port=settings.port,
         lifespan="on",
         log_level="info",
         access_log=False,
