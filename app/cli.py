@@ -24,13 +24,69 @@ cli = typer.Typer(
 _PASSTHROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
 
 
+_CLUSTER = "Cluster (see README, Running a cluster)"
+
+
 @cli.command()
 def serve(
     data_dir: Annotated[Path, typer.Option(help="Directory for all node data.")] = Path("./data"),
     host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to bind.")] = 8000,
+    node_id: Annotated[
+        str | None,
+        typer.Option(help="This node's id (env QUORRA_NODE_ID).", rich_help_panel=_CLUSTER),
+    ] = None,
+    cluster_listen: Annotated[
+        str | None,
+        typer.Option(
+            help="host:port for the peers (env QUORRA_CLUSTER_LISTEN).", rich_help_panel=_CLUSTER
+        ),
+    ] = None,
+    peers: Annotated[
+        str | None,
+        typer.Option(
+            help="The other nodes: n2@host:port,n3@host:port (env QUORRA_PEERS).",
+            rich_help_panel=_CLUSTER,
+        ),
+    ] = None,
+    cluster_id: Annotated[
+        str | None,
+        typer.Option(
+            help="A new cluster's id; derived from the secret and the node ids when not"
+            " given (env QUORRA_CLUSTER_ID).",
+            rich_help_panel=_CLUSTER,
+        ),
+    ] = None,
+    cluster_secret_file: Annotated[
+        str | None,
+        typer.Option(
+            help="File holding the cluster secret (env QUORRA_CLUSTER_SECRET_FILE; or the"
+            " secret itself in QUORRA_CLUSTER_SECRET, never on the command line).",
+            rich_help_panel=_CLUSTER,
+        ),
+    ] = None,
+    cluster_tls_cert: Annotated[
+        str | None,
+        typer.Option(
+            help="PEM certificate (env QUORRA_CLUSTER_TLS_CERT).", rich_help_panel=_CLUSTER
+        ),
+    ] = None,
+    cluster_tls_key: Annotated[
+        str | None,
+        typer.Option(
+            help="PEM private key (env QUORRA_CLUSTER_TLS_KEY).", rich_help_panel=_CLUSTER
+        ),
+    ] = None,
+    cluster_tls_ca: Annotated[
+        str | None,
+        typer.Option(
+            help="PEM CA the peers' certificates must chain to (mutual TLS)"
+            " (env QUORRA_CLUSTER_TLS_CA).",
+            rich_help_panel=_CLUSTER,
+        ),
+    ] = None,
 ) -> None:
-    """Start a single-node server."""
+    """Start a server: a single node, or with --peers a node of a cluster."""
     import gc
     import os
 
@@ -44,9 +100,29 @@ def serve(
     # made costs ~130 ms of a ~900 ms start. The app's lifespan freezes what start-up
     # built and turns collection back on once the server is ready.
     gc.disable()
+    from app.cluster_identity import settled_settings
+    from app.cluster_settings import ClusterFlags, StartRefused
+    from app.settings import Settings
+
+    flags = ClusterFlags(
+        node_id=node_id,
+        listen=cluster_listen,
+        peers=peers,
+        cluster_id=cluster_id,
+        secret_file=cluster_secret_file,
+        tls_cert=cluster_tls_cert,
+        tls_key=cluster_tls_key,
+        tls_ca=cluster_tls_ca,
+    )
+    try:
+        # Checked before the server's modules load, and before anything binds a port.
+        settings = settled_settings(Settings.from_env(data_dir, host, port, cluster_flags=flags))
+    except StartRefused as e:
+        typer.echo(f"quorra serve: {e}", err=True)
+        raise typer.Exit(e.exit_status) from None
     from app.server import run_server
 
-    run_server(data_dir=data_dir, host=host, port=port)
+    run_server(settings)
 
 
 @cli.command(context_settings=_PASSTHROUGH)

@@ -13,31 +13,114 @@ The node is an ``engine.runtime.api.QueueEngine``. The lifespan (app/main.py):
    only then closes the database.
 
 Routers reach the node through ``NodeDep`` (app/api/deps.py), 503 while there is none.
-``make_node`` builds ``engine.runtime.Node`` (a single-node cluster named after
-``settings.node_name``); tests pass another factory, or one returning ``None``.
+``make_node`` builds ``engine.runtime.Node``: a single-node cluster named after
+``settings.node_name``, or, with ``settings.cluster``, a node of that cluster on a
+``TcpTransport``. Such a transport is the node's network: the lifespan starts it (binds
+the cluster port, dials the peers) before ``node.start()`` and closes it after
+``node.stop()`` (``running_network``). Tests pass another factory, or one returning
+``None``.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Protocol, cast
 
 import anyio
 
+from app.cluster_settings import ClusterSettings
 from app.db import repo
 from app.db.session import Database
 from app.settings import Settings
+from engine.ids import NodeName
+from engine.node_key import RECEIPT_KEY_LABEL, derive_key
 from engine.runtime.api import CheckpointRecord, CompactionRecord, QueueEngine, RecordListener
+from engine.runtime.transport import Transport
 
 NodeFactory = Callable[[Settings], QueueEngine | None]
 log = logging.getLogger("quorra.app")
+
+
+class NodeNetwork(Transport, Protocol):
+    """A transport with a life of its own around the node's (``TcpTransport``)."""
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    @property
+    def listen_port(self) -> int: ...
 
 
 def make_node(settings: Settings) -> QueueEngine | None:
     """The engine node for this data directory (construction only, no I/O)."""
     from engine.runtime.node import Node  # imported here: `quorra user add` needs no engine
 
-    return Node(settings.data_dir, node_name=settings.node_name, limits=settings.limits)
+    cluster = settings.cluster
+    if cluster is None:
+        return Node(settings.data_dir, node_name=settings.node_name, limits=settings.limits)
+    return Node(
+        settings.data_dir,
+        node_name=cluster.node_id,
+        limits=settings.limits,
+        transport=tcp_transport(cluster, settings),
+        # Any member may lead a queue after a failover, and the new leader settles the
+        # receipts the old one sealed: the key comes from the secret the cluster shares,
+        # not from this node's own secret.key.
+        receipt_key=derive_key(cluster.secret, RECEIPT_KEY_LABEL),
+    )
+
+
+def tcp_transport(cluster: ClusterSettings, settings: Settings) -> NodeNetwork:
+    """The cluster's ``TcpTransport`` for this node (construction only, no I/O)."""
+    assert cluster.cluster_id is not None, "start-up settles the cluster id first"
+    # Imported by name: the transport loads only on a cluster node, and this module
+    # type-checks against the ``NodeNetwork`` shape rather than the class.
+    module = importlib.import_module("engine.runtime.tcp_transport")
+    tls = cluster.tls
+    return cast(
+        NodeNetwork,
+        module.TcpTransport(
+            NodeName(cluster.node_id),
+            listen=cluster.listen,
+            peers={NodeName(name): address for name, address in cluster.peers.items()},
+            cluster_id=cluster.cluster_id,
+            secret=cluster.secret,
+            limits=settings.limits,
+            tls=None
+            if tls is None
+            else module.TlsConfig(
+                cert_file=tls.cert_file, key_file=tls.key_file, ca_file=tls.ca_file
+            ),
+        ),
+    )
+
+
+def node_network(node: QueueEngine) -> NodeNetwork | None:
+    """The node's transport when it is a network to start and close around the node."""
+    transport = getattr(node, "transport", None)
+    if callable(getattr(transport, "start", None)) and callable(getattr(transport, "close", None)):
+        return cast(NodeNetwork, transport)
+    return None
+
+
+@asynccontextmanager
+async def running_network(node: QueueEngine | None) -> AsyncIterator[NodeNetwork | None]:
+    """The node's network started for the body (which starts and stops the node), closed
+    after it: closing fails the calls still waiting on peers, which a stopping node no
+    longer makes."""
+    network = None if node is None else node_network(node)
+    if network is None:
+        yield None
+        return
+    await network.start()
+    try:
+        yield network
+    finally:
+        await network.close()
 
 
 def store_record(db: Database, record: CheckpointRecord | CompactionRecord) -> bool:

@@ -6,9 +6,9 @@ Start-up, in order (shutdown undoes it in reverse):
    the password workers (app/passwords.py);
 2. the metadata database: Alembic migrations to head, then the engine and session factory;
 3. bootstrap: user ``admin`` while there is no admin, this node in the node registry;
-4. the queue engine (app/engine_seam.py): ``make_node``, its record listener, ``await
-   node.start()`` (recovery; ``/readyz`` says ``engine: recovering``), then
-   ``app.state.node``;
+4. the queue engine (app/engine_seam.py): ``make_node``, a cluster node's network
+   started (``running_network``), its record listener, ``await node.start()``
+   (recovery; ``/readyz`` says ``engine: recovering``), then ``app.state.node``;
 5. ready: ``app.state.ready``; ``/readyz`` answers 200.
 
 Nothing is created at import time; two apps in one process share nothing.
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -28,17 +29,18 @@ import anyio
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
-from starlette.datastructures import Headers
+from starlette.datastructures import Headers, State
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import queue_api
 from app.api import ops, tokens, users
 from app.auth import hash_password, random_password
+from app.cluster_settings import format_address
 from app.db import repo
 from app.db.migrate import upgrade_to_head
 from app.db.session import Database
-from app.engine_seam import NodeFactory, make_node, record_listener
+from app.engine_seam import NodeFactory, NodeNetwork, make_node, record_listener, running_network
 from app.hot_paths import HotPaths, HotPathStats
 from app.memory_trim import trim_forever
 from app.metrics import AppMetrics, MetricsMiddleware
@@ -52,6 +54,7 @@ from app.ui import dashboard
 from app.ui.sessions import SessionSigner
 from app.ui.views import install_ui_handlers
 from app.ui.views import router as ui_router
+from engine.runtime.api import QueueEngine
 
 ADMIN_USER = "admin"
 log = logging.getLogger("quorra.app")
@@ -65,6 +68,17 @@ class StartupReport:
     admin_created: bool
     admin_password: str | None
     """Only when generated at this start; shown once, never stored in clear."""
+    cluster: ClusterReport | None = None
+    """A cluster node's place in its cluster; ``None`` on a single-node server."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterReport:
+    node_id: str
+    cluster_id: str
+    listen: str
+    """Where this node listens for its peers (``host:port``, the port bound)."""
+    members: list[str]
 
 
 Announce = Callable[[StartupReport], None]
@@ -98,6 +112,42 @@ def bootstrap(db: Database, settings: Settings) -> StartupReport:
     return StartupReport(settings.base_url, created, shown)
 
 
+def with_cluster(
+    report: StartupReport, settings: Settings, network: NodeNetwork | None
+) -> StartupReport:
+    """The report with this node's place in its cluster, once its network listens."""
+    cluster = settings.cluster
+    if cluster is None or network is None:
+        return report
+    assert cluster.cluster_id is not None
+    listen = format_address((cluster.listen[0], network.listen_port))
+    return dataclasses.replace(
+        report, cluster=ClusterReport(cluster.node_id, cluster.cluster_id, listen, cluster.members)
+    )
+
+
+@asynccontextmanager
+async def engine_serving(
+    state: State, db: Database, node: QueueEngine | None
+) -> AsyncIterator[None]:
+    """The node recovered and in ``state.node`` for the body (``/readyz`` says
+    ``engine: recovering`` meanwhile), taken out and stopped after it."""
+    started = False
+    try:
+        if node is not None:
+            state.engine_status = "recovering"
+            node.set_record_listener(record_listener(db))
+            await node.start()
+            started = True
+            await queue_api.on_node_started(db, node)
+            state.node, state.engine_status = node, "recovered"
+        yield
+    finally:
+        state.node, state.engine_status = None, "absent"
+        if node is not None and started:
+            await node.stop()
+
+
 def _lifespan(
     settings: Settings, node_factory: NodeFactory, announce: Announce | None
 ) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
@@ -119,16 +169,9 @@ def _lifespan(
             state.token_cache.watch(db.session_factory)
             report = await anyio.to_thread.run_sync(bootstrap, db, settings)
             # The engine seam (app/engine_seam.py): started after the metadata it mirrors
-            # into, stopped before the database closes.
-            node, started = node_factory(settings), False
-            try:
-                if node is not None:
-                    state.engine_status = "recovering"
-                    node.set_record_listener(record_listener(db))
-                    await node.start()
-                    started = True
-                    await queue_api.on_node_started(db, node)
-                    state.node, state.engine_status = node, "recovered"
+            # into, stopped before the database closes; a cluster node's network around it.
+            node = node_factory(settings)
+            async with running_network(node) as network, engine_serving(state, db, node):
                 # What start-up built (modules, queues, recovered state) lives as long as
                 # the process: move it out of the collector's sight so that a full
                 # collection does not walk it (about 200 ms with 1,000 queues). No
@@ -140,7 +183,7 @@ def _lifespan(
                 trimming = asyncio.get_running_loop().create_task(trim_forever())
                 state.ready = True
                 if announce is not None:
-                    announce(report)
+                    announce(with_cluster(report, settings, network))
                 try:
                     async with dashboard.sampler_lifespan(app):
                         yield
@@ -148,12 +191,8 @@ def _lifespan(
                     trimming.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await trimming
-            finally:
-                gc.unfreeze()  # what stopping releases can be collected again
-                state.ready = False
-                state.node, state.engine_status = None, "absent"
-                if node is not None and started:
-                    await node.stop()
+                    gc.unfreeze()  # what stopping releases can be collected again
+                    state.ready = False
         finally:
             db.dispose()
             state.passwords.close()

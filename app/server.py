@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import uvicorn
 
@@ -22,6 +21,12 @@ def announce(report: StartupReport) -> None:
         lines.append("  (shown only now; change it with PATCH /api/v1/users/admin)")
     elif report.admin_created:
         lines.append("First start: log in as 'admin' with the password in QUORRA_ADMIN_PASSWORD")
+    if report.cluster is not None:
+        c = report.cluster
+        lines.append(
+            f"Cluster {c.cluster_id}: node {c.node_id}, peers connect to {c.listen}"
+            f" (members {', '.join(c.members)})"
+        )
     print("\n".join(lines), file=sys.stdout, flush=True)
 
 
@@ -57,15 +62,15 @@ def tune_malloc() -> bool:
     )
 
 
-def run_server(data_dir: Path, host: str, port: int) -> None:
+def run_server(settings: Settings) -> None:
+    """Serve until interrupted, with settings checked and settled (``settled_settings``,
+    app/cluster_identity.py)."""
     tune_malloc()
-    settings = Settings.from_env(data_dir=data_dir, host=host, port=port)
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
     app = create_app(settings, announce=announce)
     config = uvicorn.Config(
         app,
-        host=host,
-        port=port,
+        host=settings.host,
+        port=settings.port,
         lifespan="on",
         log_level="info",
         access_log=False,

@@ -3,7 +3,8 @@
 Settings are a frozen value built once (``Settings.from_env``) and handed to
 ``create_app``; nothing reads the environment after that. The only file they touch is
 the secret key, which ``load_secret_key`` creates in the data directory on first start
-so that session cookies survive a restart.
+so that session cookies survive a restart. The cluster settings (``--node-id``,
+``--peers`` and the rest) are parsed and checked in app/cluster_settings.py.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from app.cluster_settings import ClusterFlags, ClusterSettings, cluster_settings, given_node_id
 from engine.limits import DEFAULT_LIMITS, MIB, Limits
 from engine.node_key import load_node_secret
 
@@ -30,7 +32,11 @@ class Settings:
     admin_password: str | None = None
     """``QUORRA_ADMIN_PASSWORD``: the bootstrap admin's password; random when unset."""
     node_name: str = field(default_factory=socket.gethostname)
-    """``QUORRA_NODE_NAME``: this process's name in the node registry (and, later, a cluster)."""
+    """This process's name in the node registry and, in a cluster, its node id
+    (``--node-id``/``QUORRA_NODE_ID``; ``QUORRA_NODE_NAME`` or the host name for a
+    single node)."""
+    cluster: ClusterSettings | None = None
+    """``None``: a single-node server (no ``--peers``)."""
     session_ttl_s: int = 12 * 3600
     """How long a dashboard login lasts."""
     request_body_bytes_max: int = DEFAULT_LIMITS.batch_bytes_max * 4 // 3 + 1 * MIB
@@ -63,6 +69,7 @@ class Settings:
         assert self.password_workers >= 1 and self.password_waiting_max >= 0
         assert self.password_wait_ms_max > 0
         assert self.request_body_bytes_max >= self.limits.batch_bytes_max
+        assert self.cluster is None or self.cluster.node_id == self.node_name
 
     @property
     def database_path(self) -> Path:
@@ -89,14 +96,20 @@ class Settings:
         host: str = "127.0.0.1",
         port: int = 8000,
         environ: Mapping[str, str] | None = None,
+        cluster_flags: ClusterFlags | None = None,
     ) -> Settings:
+        """Raises ``SettingsError`` (app/cluster_settings.py) for a bad cluster setting."""
         env = os.environ if environ is None else environ
+        flags = cluster_flags or ClusterFlags()
+        node_name = env.get("QUORRA_NODE_NAME") or None
+        node_id = given_node_id(flags, env, node_name)
         return cls(
             data_dir=data_dir.resolve(),
             host=host,
             port=port,
             admin_password=env.get("QUORRA_ADMIN_PASSWORD") or None,
-            node_name=env.get("QUORRA_NODE_NAME") or socket.gethostname(),
+            node_name=node_id or node_name or socket.gethostname(),
+            cluster=cluster_settings(flags, env, node_name),
             public_url=env.get("QUORRA_PUBLIC_URL", ""),
             header_read_timeout_s=float(
                 env.get("QUORRA_HEADER_READ_TIMEOUT_S") or HEADER_READ_TIMEOUT_S_DEFAULT

@@ -4,9 +4,9 @@ Rule of this module: a node has one secret, ``secret.key`` in its data directory
 digits, mode 0600, written to a temporary file and renamed into place on first start).
 Every key is derived from it with a label of its own (HMAC-SHA256), so that no key
 serves two purposes: the app signs dashboard sessions with the secret under its own
-salts (app/ui/sessions.py); the engine seals receipts with ``receipt_key``. A cluster
-whose nodes must accept each other's receipts will share one secret: ``receipt_key`` is
-the one place to change.
+salts (app/ui/sessions.py); the engine seals receipts with ``receipt_key``. The nodes
+of a cluster must accept each other's receipts: there the app derives the receipt key
+from the cluster secret they share, under the same label (app/engine_seam.py).
 
 Imports nothing heavy: ``quorra user add`` reads the secret without the engine.
 """
