@@ -125,6 +125,23 @@ def serve(
     run_server(settings)
 
 
+@cli.command("dev-cluster")
+def dev_cluster(
+    count: Annotated[int, typer.Argument(min=1, max=9, help="How many nodes.")] = 3,
+    data_dir: Annotated[
+        Path, typer.Option(help="Directory for the nodes' data, logs and secrets.")
+    ] = Path("./data/dev-cluster"),
+    port: Annotated[int, typer.Option(help="HTTP port of n1; nK uses port+K-1.")] = 8001,
+    cluster_port: Annotated[
+        int, typer.Option(help="Cluster port of n1; nK uses cluster-port+K-1.")
+    ] = 7001,
+) -> None:
+    """Start COUNT local nodes of one cluster on 127.0.0.1; Ctrl-C stops them all."""
+    from app.dev_cluster import run
+
+    raise typer.Exit(run(count, data_dir, port, cluster_port))
+
+
 @cli.command(context_settings=_PASSTHROUGH)
 def sim(ctx: typer.Context) -> None:
     """Run the deterministic simulator (see `quorra sim --help`)."""
