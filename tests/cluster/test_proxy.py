@@ -1,0 +1,260 @@
+"""The fault-injecting proxy (``bench/_proxy.py``) between a blocking client and an echo
+server that speaks the cluster's framing: what each fault does to whole frames."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from bench._proxy import FaultProxy, ProxyLoop
+
+QUIET_S = 0.3
+"""How long a test waits to see that nothing more arrives."""
+
+
+def frame(body: bytes) -> bytes:
+    return len(body).to_bytes(4, "big") + body
+
+
+def recv_exactly(sock: socket.socket, n: int) -> bytes | None:
+    data = b""
+    while len(data) < n:
+        try:
+            chunk = sock.recv(n - len(data))
+        except (TimeoutError, ConnectionResetError):
+            return None
+        if not chunk:
+            return None
+        data += chunk
+    return data
+
+
+def recv_frame(sock: socket.socket, timeout_s: float = 2.0) -> bytes | None:
+    """The next frame's body, or None when the connection ends or nothing comes in time."""
+    sock.settimeout(timeout_s)
+    header = recv_exactly(sock, 4)
+    if header is None:
+        return None
+    return recv_exactly(sock, int.from_bytes(header, "big"))
+
+
+def closed(sock: socket.socket, timeout_s: float = 2.0) -> bool:
+    """Whether the peer closed ``sock`` (read end of stream or a reset) in time."""
+    sock.settimeout(timeout_s)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+class EchoServer:
+    """Answers each frame with the same frame, and records what it received."""
+
+    def __init__(self, loop: ProxyLoop) -> None:
+        self.loop = loop
+        self.received: list[bytes] = []
+        self.server: asyncio.Server | None = None
+        self.port = 0
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                header = await reader.readexactly(4)
+                body = await reader.readexactly(int.from_bytes(header, "big"))
+                self.received.append(body)
+                writer.write(header + body)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, OSError):
+            pass
+        finally:
+            writer.close()
+
+    async def _start(self) -> int:
+        self.server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def _close(self) -> None:
+        assert self.server is not None
+        self.server.close()
+        await self.server.wait_closed()
+
+    def start(self) -> EchoServer:
+        self.port = self.loop.call(self._start())
+        return self
+
+    def close(self) -> None:
+        self.loop.call(self._close())
+
+
+@pytest.fixture(scope="module")
+def loop() -> Iterator[ProxyLoop]:
+    proxy_loop = ProxyLoop()
+    yield proxy_loop
+    proxy_loop.close()
+
+
+@pytest.fixture()
+def echo(loop: ProxyLoop) -> Iterator[EchoServer]:
+    server = EchoServer(loop).start()
+    yield server
+    server.close()
+
+
+@pytest.fixture()
+def proxy(loop: ProxyLoop, echo: EchoServer) -> Iterator[FaultProxy]:
+    p = FaultProxy(("127.0.0.1", echo.port), loop).start()
+    yield p
+    p.close()
+
+
+def dial(proxy: FaultProxy) -> socket.socket:
+    return socket.create_connection(proxy.address, timeout=2.0)
+
+
+def handshake(sock: socket.socket) -> None:
+    """Three frames, counted over both directions as the proxy does: up, down, up."""
+    sock.sendall(frame(b"hello"))
+    assert recv_frame(sock) == b"hello"
+    sock.sendall(frame(b"auth"))
+
+
+def test_forwards_every_frame_both_ways_in_order(proxy: FaultProxy, echo: EchoServer) -> None:
+    bodies = [f"m{i}".encode() * (i + 1) for i in range(50)] + [b""]
+    with dial(proxy) as sock:
+        sock.sendall(b"".join(frame(b) for b in bodies))
+        assert [recv_frame(sock) for _ in bodies] == bodies
+    assert echo.received == bodies
+    counters = proxy.counters()
+    assert counters.connections == 1
+    assert counters.frames_forwarded == {"up": 51, "down": 51}
+    assert counters.frames_dropped == counters.frames_blocked == {"up": 0, "down": 0}
+
+
+def test_cut_closes_every_connection_and_refuses_new_ones_until_heal(proxy: FaultProxy) -> None:
+    with dial(proxy) as first, dial(proxy) as second:
+        for sock in (first, second):
+            sock.sendall(frame(b"x"))
+            assert recv_frame(sock) == b"x"
+        proxy.cut()
+        assert closed(first) and closed(second)
+    with dial(proxy) as refused:
+        assert closed(refused)
+    assert proxy.counters().refused == 1
+    proxy.heal()
+    with dial(proxy) as again:
+        again.sendall(frame(b"y"))
+        assert recv_frame(again) == b"y"
+    assert proxy.counters().connections == 3
+
+
+def test_delay_holds_each_frame_and_keeps_their_order(proxy: FaultProxy) -> None:
+    with dial(proxy) as sock:
+        sock.sendall(frame(b"warm"))  # the connection to the target is made
+        assert recv_frame(sock) == b"warm"
+        proxy.delay_ms(100)
+        bodies = [str(i).encode() for i in range(20)]
+        started = time.monotonic()
+        sock.sendall(b"".join(frame(b) for b in bodies))
+        assert recv_frame(sock) == b"0"
+        first_s = time.monotonic() - started
+        assert [recv_frame(sock) for _ in bodies[1:]] == bodies[1:]
+        all_s = time.monotonic() - started
+    # Each frame waits 100 ms on the way up and again on the way back; the waits of
+    # frames sent together overlap instead of adding up.
+    assert 0.2 <= first_s < 0.6 and all_s < 0.8
+
+
+def test_drop_loses_whole_frames_but_never_the_handshake(
+    proxy: FaultProxy, echo: EchoServer
+) -> None:
+    proxy.drop(1.0)
+    with dial(proxy) as sock:
+        handshake(sock)  # frames 1 to 3 pass even at p = 1
+        assert recv_frame(sock, QUIET_S) is None  # the echo of "auth", frame 4, is dropped
+        sock.sendall(frame(b"lost"))
+        assert recv_frame(sock, QUIET_S) is None
+    assert echo.received == [b"hello", b"auth"]
+
+    proxy.drop(0.3, seed=7)
+    bodies = [str(i).encode() for i in range(200)]
+    with dial(proxy) as sock:
+        handshake(sock)
+        assert recv_frame(sock) == b"auth"  # the 4th frame: p = 0.3 spared it, seed 7
+        sock.sendall(b"".join(frame(b) for b in bodies))
+        echoed = []
+        while (body := recv_frame(sock, QUIET_S)) is not None:
+            echoed.append(body)
+    arrived = echo.received[4:]
+    # What got through, each way, is in order and whole; about 30% was lost each way.
+    assert arrived == sorted(arrived, key=int) and set(arrived) <= set(bodies)
+    assert echoed == sorted(echoed, key=int) and set(echoed) <= set(arrived)
+    assert 200 * 0.5 < len(arrived) < 200 * 0.9 and len(arrived) * 0.5 < len(echoed)
+    counters = proxy.counters()
+    assert counters.frames_dropped["up"] == 1 + 200 - len(arrived)
+    assert counters.frames_dropped["down"] == 1 + len(arrived) - len(echoed)
+
+
+@pytest.mark.parametrize("direction", ["up", "down"])
+def test_block_discards_one_direction_after_the_handshake(
+    proxy: FaultProxy, echo: EchoServer, direction: str
+) -> None:
+    proxy.block("up" if direction == "up" else "down")
+    with dial(proxy) as sock:
+        handshake(sock)
+        # The echo of "auth" is the fourth frame: past the handshake, down.
+        assert recv_frame(sock, QUIET_S) == (b"auth" if direction == "up" else None)
+        sock.sendall(frame(b"one-way"))
+        assert recv_frame(sock, QUIET_S) is None  # either way, no echo comes back
+        expected = [b"hello", b"auth"] + ([b"one-way"] if direction == "down" else [])
+        assert echo.received == expected
+        proxy.heal()
+        sock.sendall(frame(b"healed"))  # the same connection flows again
+        assert recv_frame(sock) == b"healed"
+    counters = proxy.counters()
+    assert counters.frames_blocked == {"up": 1 if direction == "up" else 0,
+                                       "down": 2 if direction == "down" else 0}  # fmt: skip
+
+
+def test_handshake_frames_is_a_parameter(loop: ProxyLoop, echo: EchoServer) -> None:
+    proxy = FaultProxy(("127.0.0.1", echo.port), loop, handshake_frames=0).start()
+    try:
+        proxy.drop(1.0)
+        with dial(proxy) as sock:
+            sock.sendall(frame(b"first"))
+            assert recv_frame(sock, QUIET_S) is None
+        assert echo.received == []
+    finally:
+        proxy.close()
+
+
+def test_unreachable_target_closes_the_dialer(loop: ProxyLoop) -> None:
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]  # bound, never listening: connections are refused
+        proxy = FaultProxy(("127.0.0.1", port), loop).start()
+        try:
+            with dial(proxy) as sock:
+                assert closed(sock)
+            assert proxy.counters().connect_failures == 1
+        finally:
+            proxy.close()
+
+
+def test_a_frame_longer_than_the_cap_closes_the_connection(
+    loop: ProxyLoop, echo: EchoServer
+) -> None:
+    proxy = FaultProxy(("127.0.0.1", echo.port), loop, frame_bytes_max=1024).start()
+    try:
+        with dial(proxy) as sock:
+            sock.sendall(frame(b"a" * 1024))
+            assert recv_frame(sock) == b"a" * 1024
+            sock.sendall((1025).to_bytes(4, "big"))
+            assert closed(sock)
+    finally:
+        proxy.close()
