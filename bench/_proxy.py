@@ -107,7 +107,7 @@ class _Link:
     def __init__(self, dialer: asyncio.StreamWriter, target: asyncio.StreamWriter) -> None:
         self.writers = (dialer, target)
         self.frames_read = 0
-        self.task = asyncio.current_task()
+        self.task: asyncio.Task[None] | None = None
 
     def close(self) -> None:
         for writer in self.writers:
@@ -233,12 +233,20 @@ class FaultProxy:
             target_writer.transport.abort()
             return
         link = _Link(writer, target_writer)
+        # A task of the proxy's own serves the link, so that ``cut`` can cancel it (the
+        # streams module logs the cancellation of its connection callback as an error).
+        link.task = asyncio.create_task(self._serve(link, reader, target_reader))
         self._links.add(link)
         self._counters.connections += 1
+
+    async def _serve(
+        self, link: _Link, reader: asyncio.StreamReader, target_reader: asyncio.StreamReader
+    ) -> None:
+        dialer_writer, target_writer = link.writers
         try:
             async with asyncio.TaskGroup() as group:
                 group.create_task(self._pump(link, "up", reader, target_writer))
-                group.create_task(self._pump(link, "down", target_reader, writer))
+                group.create_task(self._pump(link, "down", target_reader, dialer_writer))
         finally:
             link.abort()
             self._links.discard(link)
