@@ -18,12 +18,16 @@ The faults, each set by a call that returns once it took effect:
 * ``heal()``: clears every fault.
 
 ``drop`` and ``block`` never touch the first ``handshake_frames`` frames of a connection
-(default 3), counted over both directions in the order the proxy reads them: they are
+(default 4), counted over both directions in the order the proxy reads them: they are
 the authenticated handshake, which is a strict exchange (no other frame moves before it
 ends), and a lost handshake frame would stall the connection instead of losing a
 message. The partition is thus of messages, not of the link: a connection made during a
-one-way partition behaves like one made before it. A protocol whose handshake takes more
-frames passes its count. ``cut`` closes handshakes too.
+one-way partition behaves like one made before it. The default is the cluster's
+handshake (``engine/runtime/tcp_handshake.py``: hello up, challenge down, proof up,
+welcome down); keep the two in step. ``cut`` closes handshakes too.
+
+The frames must be readable: with TLS between the nodes the proxy sees records, not
+frames, and cannot act on them; run the nodes without TLS behind it.
 
 Threading: a ``ProxyLoop`` runs one asyncio loop in a thread of its own; a test drives a
 ``FaultProxy`` synchronously from its own thread, each call running on that loop. Many
@@ -47,7 +51,7 @@ from typing import Any, Literal, Self, TypeVar
 
 Direction = Literal["up", "down"]
 DIRECTIONS: tuple[Direction, Direction] = ("up", "down")
-HANDSHAKE_FRAMES_DEFAULT = 3
+HANDSHAKE_FRAMES_DEFAULT = 4
 FRAME_BYTES_MAX_DEFAULT = 64 << 20
 """A frame announced longer than this closes the connection (it would sit in memory)."""
 HEADER_BYTES = 4

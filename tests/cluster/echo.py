@@ -51,10 +51,11 @@ def closed(sock: socket.socket, timeout_s: float = 2.0) -> bool:
 
 
 def handshake(sock: socket.socket) -> None:
-    """Three frames, counted over both directions as the proxy does: up, down, up."""
-    sock.sendall(frame(b"hello"))
-    assert recv_frame(sock) == b"hello"
-    sock.sendall(frame(b"auth"))
+    """Two exchanges with the echo server: four frames (up, down, up, down), as many as
+    the proxy spares by default (``HANDSHAKE_FRAMES_DEFAULT``), like the cluster's own."""
+    for body in (b"hello", b"auth"):
+        sock.sendall(frame(body))
+        assert recv_frame(sock) == body
 
 
 class EchoServer:

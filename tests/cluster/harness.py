@@ -36,7 +36,7 @@ from typing import Any, Self
 
 import httpx
 
-from bench._proxy import FaultProxy, ProxyLoop
+from bench._proxy import HANDSHAKE_FRAMES_DEFAULT, FaultProxy, ProxyLoop
 from tests.app.conftest import ADMIN_PASSWORD, Server, free_port, make_token
 from tests.cluster.checker import Endpoint
 
@@ -125,6 +125,9 @@ class ProxyMesh:
             proxy.heal()
 
     def close(self) -> None:
+        """Close every proxy and their loop; again does nothing."""
+        if self.loop.loop.is_closed():
+            return
         for proxy in self.proxies.values():
             proxy.close()
         self.loop.close()
@@ -134,7 +137,9 @@ class Cluster:
     """``size`` nodes named ``n1``... under ``root``; the proxies run from construction,
     the servers from ``start()``. ``stop()`` ends everything."""
 
-    def __init__(self, root: Path, size: int, *, handshake_frames: int = 3) -> None:
+    def __init__(
+        self, root: Path, size: int, *, handshake_frames: int = HANDSHAKE_FRAMES_DEFAULT
+    ) -> None:
         assert size >= 1
         root.mkdir(parents=True, exist_ok=True)
         self.names = [f"n{i}" for i in range(1, size + 1)]
@@ -172,6 +177,7 @@ class Cluster:
         self.nodes[name].start()
 
     def stop(self) -> None:
+        """Stop every node (SIGINT) and the proxies; again does nothing."""
         for client in self._clients.values():
             client.close()
         self._clients.clear()
@@ -250,9 +256,14 @@ class Cluster:
     # --- queues ------------------------------------------------------------------
 
     def create_queue(self, name: str, via: str = "n1", **arguments: Any) -> str:
-        response = self.client(via).put(f"/api/v1/queues/{name}", json=arguments)
-        assert response.status_code == 201, response.text
-        return name
+        """Create the queue through ``via``, sending again while it answers 503 (a node
+        just started may not have reached its peers yet; the create is idempotent)."""
+        for _ in self._polls(f"queue {name} created"):
+            response = self.client(via).put(f"/api/v1/queues/{name}", json=arguments)
+            if response.status_code != 503:
+                assert response.status_code in (200, 201), response.text
+                return name
+        raise AssertionError("_polls ends by raising")
 
     def raft_stats(self, queue: str, via: str) -> dict[str, Any] | None:
         """The queue's ``stats.raft`` as ``via`` answers it, or None if it cannot now."""
