@@ -35,12 +35,15 @@ class Server:
         data_dir: Path,
         admin_password: str | None = ADMIN_PASSWORD,
         env: Mapping[str, str] | None = None,
+        port: int = 0,
     ) -> None:
         self.data_dir = data_dir
         self.admin_password = admin_password
         self.env = dict(env or {})
         """More environment for the server (``QUORRA_...`` settings)."""
-        self.port = 0
+        self.fixed_port = port
+        """The HTTP port of every start; 0: a free one at each start."""
+        self.port = port
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = data_dir.parent / f"{data_dir.name}-server.log"
 
@@ -55,7 +58,7 @@ class Server:
 
     def start(self) -> Self:
         assert self.proc is None
-        self.port = free_port()
+        self.port = self.fixed_port or free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith("QUORRA_")}
         if self.admin_password is not None:
             env["QUORRA_ADMIN_PASSWORD"] = self.admin_password
@@ -89,6 +92,13 @@ class Server:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        self.proc = None
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown code runs."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(STOP_TIMEOUT_S)
         self.proc = None
 
     def output(self) -> str:

@@ -4,7 +4,6 @@ real SQLite and the real engine; helpers shared by the queue and message API tes
 from __future__ import annotations
 
 import secrets
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -42,10 +41,7 @@ def new_queue(client: httpx.Client, prefix: str = "q", **arguments: Any) -> str:
 
 def kill_hard(server: Server) -> None:
     """SIGKILL: no shutdown code runs."""
-    assert server.proc is not None
-    server.proc.send_signal(signal.SIGKILL)
-    server.proc.wait(10)
-    server.proc = None
+    server.kill()
 
 
 @pytest.fixture(scope="session")
