@@ -398,7 +398,9 @@ class TcpTransport:
         if e.peer is None:
             self.strangers_refused += 1
         else:
-            self._links[e.peer].last_error = e.reason
+            link = self._links[e.peer]
+            link.last_error = e.reason
+            link.down = True
         self.rate_log.warning("refused", "%s: handshake with %s: %s", self.name, where, e.reason)
 
     # === what arrives =================================================================
