@@ -127,6 +127,8 @@ class TcpTransport:
         self._accepting: dict[asyncio.Task[Any], asyncio.StreamWriter] = {}
         """The tasks of accepted connections, handshake and reading: ended by aborting
         their connections at close."""
+        self._handshakes = 0
+        """Accepted connections not authenticated yet."""
         self._next_call_id = 1
         self._closing = False
         self._random = random.Random()
@@ -321,7 +323,7 @@ class TcpTransport:
     async def _on_accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         # asyncio runs this in a task of its own, which must end, not be cancelled (it
         # would log the cancellation as an error): ``close`` aborts the connection instead.
-        if self._closing or len(self._accepting) >= self.limits.cluster_handshakes_inflight_max:
+        if self._closing or self._handshakes >= self.limits.cluster_handshakes_inflight_max:
             self.strangers_refused += 1
             writer.close()
             return
@@ -341,6 +343,7 @@ class TcpTransport:
         where = _address(writer)
         decoder = FrameDecoder(HANDSHAKE_FRAME_BYTES_MAX)
         conn: Conn | None = None
+        self._handshakes += 1
         try:
             async with asyncio.timeout(self._handshake_s()):
                 peer, lane = await handshake.accept(
@@ -355,6 +358,7 @@ class TcpTransport:
         except Exception:
             self.rate_log.log(logging.ERROR, "accept-bug", "accepting %s", where, exc_info=True)
         finally:
+            self._handshakes -= 1
             if conn is None:
                 writer.close()
         return conn
@@ -379,7 +383,14 @@ class TcpTransport:
         link.last_error = None
         if lane is Lane.BULK:
             link.bulk_up.set()
-        log.info("%s: connected to %s (%s lane)", self.name, link.name, lane.name.lower())
+        self.rate_log.log(
+            logging.INFO,
+            "connected",
+            "%s: connected to %s (%s lane)",
+            self.name,
+            link.name,
+            lane.name,
+        )
         return conn
 
     def on_closed(self, conn: Conn, reason: str) -> None:
@@ -392,7 +403,10 @@ class TcpTransport:
         if not self._closing:
             link.down = True
             link.last_error = reason
-            log.info("%s: %s lane to %s closed: %s", self.name, conn.lane.name, link.name, reason)
+            self.rate_log.log(
+                logging.INFO, "closed", "%s: %s lane to %s closed: %s", self.name, conn.lane.name.lower(),
+                link.name, reason,
+            )  # fmt: skip
 
     def _refused(self, e: HandshakeRefused, where: str) -> None:
         if e.peer is None:

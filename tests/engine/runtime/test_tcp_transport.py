@@ -549,6 +549,24 @@ def test_heartbeats_overtake_a_backlog_of_snapshot_chunks() -> None:
     run(body(), 30)
 
 
+def test_unauthenticated_connections_are_capped() -> None:
+    capped = dataclasses.replace(LIMITS, cluster_handshakes_inflight_max=2)
+
+    async def body() -> None:
+        async with cluster(["n1", "n2"], limits=capped) as c:
+            await c.all_connected()
+            idle = [await asyncio.open_connection(LOCAL, c.ports["n2"]) for _ in range(2)]
+            await asyncio.sleep(0.05)
+            started = asyncio.get_running_loop().time()
+            assert await _cut_off(c.ports["n2"], b"") == b""  # the third: closed at once
+            assert asyncio.get_running_loop().time() - started < 0.5
+            for _reader, writer in idle:
+                writer.close()
+            assert await c.transports["n1"].call(NodeName("n2"), DeleteReplica("u")) == "n1:u"
+
+    run(body(), 30)
+
+
 # --- TLS --------------------------------------------------------------------------------
 
 
@@ -592,13 +610,23 @@ def test_mutual_tls_carries_the_cluster_and_refuses_another_ca(certificates: Pat
             await c.all_connected()
             assert await a.call(NodeName("n2"), DeleteReplica("u")) == "n1:u"
             assert await c.transports["n2"].call(NodeName("n1"), DeleteReplica("v")) == "n2:v"
-            # A node with the secret but a certificate of another CA does not get in.
             await a.close()
             del c.transports["n1"]
-            outsider = await c.start("n1", ["n2"], tls=_tls(certificates, "stranger", "other-ca"))
+            # With the secret, trusting the cluster's CA, but with a certificate of
+            # another CA: the listener, which requires one of its CA, refuses it.
+            outsider = await c.start("n1", ["n2"], tls=_tls(certificates, "stranger"))
             await eventually(lambda: bool(outsider.health()[NodeName("n2")].last_error), 5)
+            assert not c.connected("n1", "n2") and not c.connected("n2", "n1")
+            await outsider.close()
+            del c.transports["n1"]
+            # And a listener with a certificate of another CA is not trusted.
+            await c.transports["n2"].close()
+            del c.transports["n2"]
+            await c.start("n2", ["n1"], tls=_tls(certificates, "stranger", "other-ca"))
+            a = await c.start("n1", ["n2"], tls=_tls(certificates, "n1"))
+            await eventually(lambda: bool(a.health()[NodeName("n2")].last_error), 5)
+            assert "certificate verify failed" in (a.health()[NodeName("n2")].last_error or "")
             assert not c.connected("n1", "n2")
-            assert "SSL" in (outsider.health()[NodeName("n2")].last_error or "")
         finally:
             await c.close()
 
