@@ -348,8 +348,12 @@ def test_a_peer_sending_bad_frames_is_cut_off_and_the_others_served() -> None:
     ]
 
     async def body() -> None:
-        async with cluster(["n1", "n2", "n0"]) as c:
-            await c.all_connected()
+        # n2 knows a peer n0 (which dials it) that only the test speaks for.
+        c = Cluster()
+        try:
+            await c.start("n2", ["n0", "n1"])
+            await c.start("n1", ["n2"])
+            await eventually(lambda: c.connected("n1", "n2") and c.connected("n2", "n1"))
             for data in bad_frames:
                 reader, writer = await _fake_dialer(c, "n0", "n2", Lane.CONTROL)
                 writer.write(data)
@@ -358,11 +362,13 @@ def test_a_peer_sending_bad_frames_is_cut_off_and_the_others_served() -> None:
                 writer.close()
                 error = c.transports["n2"].health()[NodeName("n0")].last_error or ""
                 assert "bad frame" in error
-            # The first frame of the last one was fine, but it came with a bad one.
+            # The last frame held a good item, and a bad one: nothing of it was delivered.
             assert c.receivers["n2"].messages == []
             assert await c.transports["n1"].call(NodeName("n2"), DeleteReplica("u")) == "n1:u"
             c.transports["n1"].send(NodeName("n2"), "g", heartbeat("n1", "n2"))
             await eventually(lambda: len(c.receivers["n2"].messages) == 1)
+        finally:
+            await c.close()
 
     run(body(), 30)
 
