@@ -373,6 +373,43 @@ def test_a_peer_sending_bad_frames_is_cut_off_and_the_others_served() -> None:
     run(body(), 30)
 
 
+class Raising(Recorder):
+    def on_raft_message(self, src: NodeName, uid: str, message: Message) -> None:
+        if isinstance(message, Heartbeat) and message.commit == 13:
+            raise AssertionError("a bug of the receiving node")
+        super().on_raft_message(src, uid, message)
+
+
+def test_a_receiver_raising_loses_one_message_not_the_connection() -> None:
+    async def body() -> None:
+        async with cluster(["n1", "n2"]) as c:
+            await c.all_connected()
+            c.receivers["n2"] = Raising()
+            c.transports["n2"].attach(NodeName("n2"), c.receivers["n2"])
+            for commit in (12, 13, 14):
+                c.transports["n1"].send(NodeName("n2"), "g", heartbeat("n1", "n2", commit))
+            await eventually(lambda: len(c.receivers["n2"].messages) == 2)
+            got = [m.commit for _s, _u, m in c.receivers["n2"].messages if isinstance(m, Heartbeat)]
+            assert got == [12, 14]
+            assert c.connected("n1", "n2")
+
+    run(body(), 30)
+
+
+def test_a_call_at_start_up_waits_for_the_first_connection() -> None:
+    async def body() -> None:
+        c = Cluster()
+        try:
+            await c.start("n2", ["n1"])
+            a = await c.start("n1", ["n2"])
+            assert not c.connected("n1", "n2")
+            assert await a.call(NodeName("n2"), DeleteReplica("u")) == "n1:u"
+        finally:
+            await c.close()
+
+    run(body(), 30)
+
+
 def test_a_call_past_its_deadline_raises_outcome_unknown() -> None:
     async def body() -> None:
         async with cluster(["n1", "n2"]) as c:
