@@ -81,6 +81,16 @@ class NoLeader(QuorraError):
     retry_after_s = 1
 
 
+class OutcomeUnknown(NoLeader):
+    """A call to another node was sent but no answer came: the connection dropped or the
+    call's deadline passed. It may or may not have taken effect; the client retries (a
+    publish with its dedup id). A kind of ``NoLeader``: code that tolerates an
+    unreachable node (deleting a replica on a node that is down) tolerates this too."""
+
+    status, problem, title = 503, "outcome-unknown", "Outcome unknown"
+    retry_after_s = 1
+
+
 class StorageFailed(QuorraError):
     """The disk refused a write (full, I/O error). The queue refuses writes; data is intact."""
 
@@ -111,6 +121,7 @@ __all__ = [
     "MessageTooLarge",
     "NoLeader",
     "NotFound",
+    "OutcomeUnknown",
     "QueueConflict",
     "QueueFull",
     "QueueNotFound",

@@ -115,6 +115,31 @@ class Limits:
     """What a message's headers and framing are counted as beside its body where a batch
     is cut to size (``dead_letter_batch_bytes_max``)."""
 
+    # --- cluster transport (TCP between nodes, engine.runtime.tcp_transport) ---------
+    cluster_frame_bytes_max: int = 64 * MIB
+    """A frame announcing a longer payload closes its connection. Room for the largest
+    single item (an append of one entry of ``entry_bytes_max``, a publish batch) twice."""
+    cluster_send_buffer_bytes_max: int = 64 * MIB
+    """Bytes waiting to be written to one peer on one lane (two lanes per peer); Raft
+    messages beyond it are dropped and counted, a call is refused (``Backpressure``)."""
+    cluster_call_deadline_ms: int = 30_000
+    """A call to another node unanswered by then raises ``OutcomeUnknown``. It covers
+    the longest remote work: a membership change (a nested create, then up to
+    ``proposal_timeout_ms``). A long-poll receive adds its wait to it."""
+    cluster_calls_inflight_per_peer_max: int = 1_000
+    """Calls this node awaits from one peer, and calls of one peer it runs, at once."""
+    cluster_handshake_timeout_ms: int = 2_000
+    """Connect, TLS and the authenticated handshake together, or the attempt is dropped."""
+    cluster_handshakes_inflight_max: int = 64
+    """Unauthenticated connections held at once; more are closed on accept."""
+    cluster_reconnect_ms_min: int = 50
+    cluster_reconnect_ms_max: int = 2_000
+    """Back-off between dial attempts: doubles from min to max, each jittered."""
+    cluster_ping_interval_ms: int = 250
+    """A lane that sent nothing for this long sends a ping (liveness and round trip)."""
+    cluster_idle_timeout_ms: int = 3_000
+    """A lane that received nothing for this long is closed (a peer gone silently)."""
+
     def __post_init__(self) -> None:
         assert 0 < self.tick_ms <= self.heartbeat_interval_ms
         assert self.heartbeat_interval_ms * 2 < self.election_timeout_ms_min
@@ -137,6 +162,14 @@ class Limits:
         assert self.proposal_timeout_ms >= self.leader_wait_ms
         assert 1 <= self.poll_interval_ms <= self.tick_ms
         assert self.rate_sample_ms * 2 <= self.rate_window_ms
+        # cluster transport
+        assert 2 * self.entry_bytes_max <= self.cluster_frame_bytes_max
+        assert self.cluster_frame_bytes_max <= self.cluster_send_buffer_bytes_max
+        assert self.cluster_call_deadline_ms >= 2 * self.proposal_timeout_ms
+        assert self.cluster_calls_inflight_per_peer_max >= 1
+        assert self.cluster_handshakes_inflight_max >= 1
+        assert 1 <= self.cluster_reconnect_ms_min <= self.cluster_reconnect_ms_max
+        assert 4 * self.cluster_ping_interval_ms <= self.cluster_idle_timeout_ms
 
     @property
     def dead_letter_batch_bytes_max(self) -> int:

@@ -6,10 +6,13 @@ from pathlib import Path
 
 import anyio
 import httpx
+import orjson
 from fastapi import APIRouter
 
 from app.main import create_app
+from app.problems import typed_problem
 from app.settings import Settings, load_secret_key
+from engine.errors import OutcomeUnknown
 
 
 def test_settings_from_env(tmp_path: Path) -> None:
@@ -64,3 +67,16 @@ def test_an_unexpected_error_is_a_500_problem_without_trace(tmp_path: Path) -> N
         "detail": "the server failed; see its log",
     }
     assert "secret internals" not in response.text and "Traceback" not in response.text
+
+
+def test_an_outcome_unknown_is_a_503_problem_to_retry() -> None:
+    """A call to another node that never answered: the client retries (with its dedup id)."""
+    response = typed_problem(OutcomeUnknown("node n2: connection lost"))
+    assert response.status_code == 503
+    assert response.headers["Retry-After"] == "1"
+    assert orjson.loads(response.body) == {
+        "type": "/problems/outcome-unknown",
+        "title": "Outcome unknown",
+        "status": 503,
+        "detail": "node n2: connection lost",
+    }

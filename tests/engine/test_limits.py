@@ -18,6 +18,8 @@ def test_default_limits_hold_their_relations() -> None:
         {"page_refs": 1000},
         {"message_bytes_max": 64 * 1024 * 1024},
         {"checkpoints_kept_max": 1},
+        {"cluster_send_buffer_bytes_max": 32 * 1024 * 1024},
+        {"cluster_call_deadline_ms": 5_000},
     ],
 )
 def test_limits_reject_broken_relations(change: dict[str, int]) -> None:

@@ -1,0 +1,188 @@
+"""One authenticated connection between two nodes: what it writes, what it reads.
+
+Rule: a ``Conn`` carries one lane to one peer (``engine.runtime.tcp_transport`` owns
+them). Its writes are items queued in one turn of the loop and flushed as frames by a
+``call_soon``, refused once the bytes not yet written reach the buffer cap; its reads
+cut frames, check their items and hand them to the owner; a bad frame, an error or the
+end of the stream closes it, and closing fails the calls awaiting answers on it with
+``OutcomeUnknown``. Nothing it reads from the peer raises out of ``run``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from engine.errors import OutcomeUnknown
+from engine.ids import NodeName
+from engine.limits import Limits
+from engine.runtime.rate_log import RateLimitedLog
+from engine.runtime.tcp_frames import FrameDecoder, FrameError, Item, Lane, decode_items, frames_of
+from engine.runtime.tcp_handshake import READ_BYTES
+
+
+class ConnOwner(Protocol):
+    name: NodeName
+    limits: Limits
+    rate_log: RateLimitedLog
+    frames_sent: int
+    frames_received: int
+
+    def on_item(self, conn: Conn, item: Item) -> None: ...
+
+    def on_closed(self, conn: Conn, reason: str) -> None: ...
+
+
+@dataclass(eq=False)
+class Link:
+    """What this node knows of one peer."""
+
+    name: NodeName
+    address: tuple[str, int]
+    conns: dict[Lane, Conn] = field(default_factory=dict)
+    drops: int = 0
+    last_heard_s: float | None = None
+    rtt_ms: float | None = None
+    last_error: str | None = None
+    down: bool = False
+    """The last connection or dial failed: calls fail at once instead of waiting."""
+    bulk_up: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class Conn:
+    """One authenticated connection to a peer: its lane's writes and reads."""
+
+    def __init__(
+        self,
+        owner: ConnOwner,
+        link: Link,
+        lane: Lane,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        decoder: FrameDecoder,
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
+        self.owner = owner
+        self.link = link
+        self.lane = lane
+        self.reader = reader
+        self.writer = writer
+        self.decoder = decoder
+        self.loop = loop
+        self.cap_bytes = owner.limits.cluster_send_buffer_bytes_max
+        self.pending: list[bytes] = []
+        self.pending_bytes = 0
+        self.flush_scheduled = False
+        self.calls: dict[int, asyncio.Future[object]] = {}
+        """Calls sent on this connection, by id, awaiting their answers."""
+        self.serving: set[asyncio.Task[None]] = set()
+        """The peer's calls running here."""
+        self.last_received_s = self.last_sent_s = self.loop.time()
+        self.frames_sent = 0
+        self.closed = False
+
+    def buffered_bytes(self) -> int:
+        if self.closed:
+            return 0
+        return self.pending_bytes + self.writer.transport.get_write_buffer_size()
+
+    def enqueue(self, item: bytes) -> bool:
+        """Queue ``item`` for this turn's frame; False if the buffer has no room."""
+        if self.closed or self.buffered_bytes() + len(item) > self.cap_bytes:
+            return False
+        self.pending.append(item)
+        self.pending_bytes += len(item)
+        if not self.flush_scheduled:
+            self.flush_scheduled = True
+            self.loop.call_soon(self.flush)
+        return True
+
+    def answer(self, item: bytes) -> None:
+        if not self.enqueue(item):
+            self.link.drops += 1
+
+    def flush(self) -> None:
+        self.flush_scheduled = False
+        items, self.pending, self.pending_bytes = self.pending, [], 0
+        if self.closed or not items:
+            return
+        if self.writer.transport.is_closing():
+            self.close("the connection is closing")
+            return
+        frames = frames_of(items, self.owner.limits.cluster_frame_bytes_max)
+        for data in frames:
+            self.writer.write(data)
+        self.frames_sent += len(frames)
+        self.owner.frames_sent += len(frames)
+        self.last_sent_s = self.loop.time()
+
+    async def run(self) -> None:
+        """Read and dispatch until the connection ends; then close it."""
+        reason = "cancelled"
+        try:
+            await self._read()
+            reason = "closed by the peer"
+        except FrameError as e:
+            reason = f"bad frame: {e}"
+            self.owner.rate_log.warning(
+                "bad-frame",
+                "%s: closing the connection to %s: %s",
+                self.owner.name,
+                self.link.name,
+                reason,
+            )
+        except OSError as e:
+            reason = describe(e)
+        except Exception:
+            reason = "internal error"
+            self.owner.rate_log.log(
+                logging.ERROR, "read-bug", "reading from %s", self.link.name, exc_info=True
+            )
+        finally:
+            self.close(reason)
+
+    async def _read(self) -> None:
+        owner, decoder = self.owner, self.decoder
+        while not self.closed:
+            while (payload := decoder.next_frame()) is not None:
+                owner.frames_received += 1
+                for item in decode_items(payload):
+                    owner.on_item(self, item)
+                if self.closed:
+                    return
+            data = await self.reader.read(READ_BYTES)
+            if not data:
+                return
+            self.last_received_s = self.link.last_heard_s = self.loop.time()
+            decoder.feed(data)
+
+    def close(self, reason: str, *, abort: bool = False) -> None:
+        """Close the connection (``abort``: at once, dropping what is not written); its
+        outstanding calls raise ``OutcomeUnknown``."""
+        if self.closed:
+            return
+        self.closed = True
+        if abort:
+            self.writer.transport.abort()
+        else:
+            self.writer.close()
+        self.pending, self.pending_bytes = [], 0
+        calls, self.calls = self.calls, {}
+        for future in calls.values():
+            if not future.done():
+                future.set_exception(
+                    OutcomeUnknown(f"node {self.link.name}: connection lost ({reason})")
+                )
+        for task in self.serving:
+            task.cancel()
+        self.owner.on_closed(self, reason)
+
+
+def describe(error: BaseException) -> str:
+    text = str(error)
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+__all__ = ["Conn", "ConnOwner", "Link", "describe"]

@@ -1,0 +1,203 @@
+"""Who may talk to this node: the authenticated handshake, and TLS under it.
+
+Rule: a connection carries nothing but handshake frames until both sides have proven
+that they know the cluster secret (``engine.runtime.tcp_frames`` describes the frames
+and the MACs). The dialer says which cluster, node and lane it means and with which
+limits; the acceptor checks all of it and who may dial it (a peer of the cluster with a
+lower name: ``engine.runtime.tcp_transport``), proves itself first over the dialer's
+nonce, then checks the dialer's proof over its own. Any mismatch is a ``refused`` frame
+with the reason, then ``HandshakeRefused`` on the side that found it (and on the other,
+which reads the refusal), so that both nodes can log and show why.
+
+TLS, when configured, is under the handshake, never instead of it: certificates must
+chain to the cluster's CA, and with ``mutual`` the listener requires one from the
+dialer too. Host names are not checked (peers are often addressed by IP); the node's
+name is proven by the handshake.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import ssl
+from collections.abc import Collection
+from dataclasses import dataclass, field
+
+from engine.ids import NodeName
+from engine.runtime.tcp_frames import (
+    NONCE_BYTES,
+    PROTOCOL_VERSION,
+    FrameDecoder,
+    FrameError,
+    Hello,
+    Lane,
+    decode_handshake,
+    encode_handshake,
+    encode_hello,
+    hello_of,
+    mac,
+    mac_ok,
+    printable,
+    transcript,
+)
+
+READ_BYTES = 256 * 1024
+"""Bytes asked of the socket per read, during and after the handshake."""
+
+
+@dataclass(frozen=True, slots=True)
+class TlsConfig:
+    """Paths of this node's certificate and key and of the cluster's CA (PEM files)."""
+
+    cert_file: str
+    key_file: str
+    ca_file: str
+    mutual: bool = True
+    """The listener requires a client certificate signed by the CA."""
+
+    def server_context(self) -> ssl.SSLContext:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.load_cert_chain(self.cert_file, self.key_file)
+        if self.mutual:
+            context.load_verify_locations(self.ca_file)
+            context.verify_mode = ssl.CERT_REQUIRED
+        return context
+
+    def client_context(self) -> ssl.SSLContext:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_REQUIRED
+        context.load_verify_locations(self.ca_file)
+        context.load_cert_chain(self.cert_file, self.key_file)
+        return context
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """What this node claims and proves in a handshake."""
+
+    name: NodeName
+    cluster_id: str
+    secret: bytes = field(repr=False)
+    fingerprint: str
+    """Of its limits (``limits_fingerprint``)."""
+
+
+class HandshakeRefused(Exception):
+    """The handshake failed for a reason worth telling: ``peer`` is the known peer it
+    concerns, if any (a stranger's attempt concerns none)."""
+
+    def __init__(self, reason: str, peer: NodeName | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.peer = peer
+
+
+async def read_frame(reader: asyncio.StreamReader, decoder: FrameDecoder) -> bytes:
+    while (payload := decoder.next_frame()) is None:
+        data = await reader.read(READ_BYTES)
+        if not data:
+            raise ConnectionResetError("the connection closed during the handshake")
+        decoder.feed(data)
+    return payload
+
+
+async def dial(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    decoder: FrameDecoder,
+    me: Identity,
+    peer: NodeName,
+    lane: Lane,
+) -> None:
+    """Prove ``me`` to ``peer`` and check its proof; returns once it welcomed us."""
+    hello = Hello(
+        PROTOCOL_VERSION, me.cluster_id, me.name, peer, int(lane), me.fingerprint, _nonce()
+    )
+    writer.write(encode_hello(hello))
+    tag, fields = decode_handshake(await read_frame(reader, decoder))
+    if tag == "refused":
+        raise HandshakeRefused(f"refused by {peer}: {printable(fields['reason'])}", peer)
+    if tag != "challenge" or len(fields["nonce"]) != NONCE_BYTES:
+        raise FrameError(f"{peer}: expected a challenge, got {tag}")
+    text = transcript(hello, fields["nonce"])
+    if not mac_ok(me.secret, "accept", text, fields["mac"]):
+        _refuse(writer, "bad MAC: the cluster secret differs")
+        raise HandshakeRefused(f"{peer} failed to prove the cluster secret (bad MAC)", peer)
+    writer.write(encode_handshake("proof", mac=mac(me.secret, "dial", text)))
+    tag, fields = decode_handshake(await read_frame(reader, decoder))
+    if tag == "refused":
+        raise HandshakeRefused(f"refused by {peer}: {printable(fields['reason'])}", peer)
+    if tag != "welcome":
+        raise FrameError(f"{peer}: expected a welcome, got {tag}")
+
+
+async def accept(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    decoder: FrameDecoder,
+    me: Identity,
+    dialers: Collection[str],
+) -> tuple[NodeName, Lane]:
+    """Check a dialer, one of ``dialers``, prove ``me`` and check its proof: the peer
+    and the lane of the connection."""
+    tag, fields = decode_handshake(await read_frame(reader, decoder))
+    if tag != "hello":
+        raise FrameError(f"expected a hello, got {tag}")
+    if fields["version"] != PROTOCOL_VERSION:
+        version = fields["version"]
+        reason = f"protocol version {version}, this node speaks {PROTOCOL_VERSION}"
+        _refuse(writer, reason)
+        raise HandshakeRefused(reason)
+    hello = hello_of(fields)
+    peer = NodeName(hello.src) if hello.src in dialers else None
+    why = _check_hello(hello, me, dialers)
+    if why is not None:
+        _refuse(writer, why)
+        raise HandshakeRefused(f"refused {printable(hello.src)!r}: {why}", peer)
+    nonce = _nonce()
+    text = transcript(hello, nonce)
+    writer.write(encode_handshake("challenge", nonce=nonce, mac=mac(me.secret, "accept", text)))
+    tag, fields = decode_handshake(await read_frame(reader, decoder))
+    if tag == "refused":
+        raise HandshakeRefused(f"refused by {hello.src}: {printable(fields['reason'])}", peer)
+    if tag != "proof":
+        raise FrameError(f"expected a proof, got {tag}")
+    if not mac_ok(me.secret, "dial", text, fields["mac"]):
+        reason = "bad MAC: the cluster secret differs"
+        _refuse(writer, reason)
+        raise HandshakeRefused(f"refused {hello.src}: {reason}", peer)
+    writer.write(encode_handshake("welcome"))
+    assert peer is not None
+    return peer, Lane(hello.lane)
+
+
+def _check_hello(hello: Hello, me: Identity, dialers: Collection[str]) -> str | None:
+    """Why this hello is refused, or None. Says nothing of this node's own cluster id or
+    limits beyond their fingerprint: the dialer is not authenticated yet."""
+    if hello.cluster_id != me.cluster_id:
+        return f"cluster id {printable(hello.cluster_id)!r} is not this node's cluster"
+    if hello.dst != me.name:
+        return f"this is node {me.name}, not {printable(hello.dst)!r}"
+    if hello.src not in dialers:
+        return f"{printable(hello.src)!r} is not a peer that dials {me.name}"
+    if hello.lane not in Lane._value2member_map_:
+        return f"no lane {hello.lane}"
+    if len(hello.nonce) != NONCE_BYTES:
+        return f"a nonce of {len(hello.nonce)} bytes"
+    if hello.limits != me.fingerprint:
+        return f"engine limits differ (fingerprint {printable(hello.limits)!r}, here {me.fingerprint!r})"
+    return None
+
+
+def _refuse(writer: asyncio.StreamWriter, reason: str) -> None:
+    writer.write(encode_handshake("refused", reason=reason))
+
+
+def _nonce() -> bytes:
+    return os.urandom(NONCE_BYTES)
+
+
+__all__ = ["READ_BYTES", "HandshakeRefused", "Identity", "TlsConfig", "accept", "dial"]

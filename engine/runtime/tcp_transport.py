@@ -1,0 +1,531 @@
+"""The transport between Quorra processes: TCP, authenticated, every Raft group on it.
+
+Rule: between two nodes there are exactly two connections, one per ``Lane``, opened by
+the node with the lower name (the other only accepts, from lower names): no race
+between two dialers, no tie-break, and a dialer that reconnects replaces its old
+connection. Each starts with the handshake of ``engine.runtime.tcp_handshake`` (over TLS
+if configured); after it, frames of items (``engine.runtime.tcp_frames``).
+
+* **Lanes.** Heartbeats, votes and every small answer go on the control connection;
+  appends, snapshot chunks and calls on the bulk one. Two TCP connections rather than
+  one with a priority writer: once bytes are in a socket's buffers (megabytes on a fast
+  link) nothing can overtake them, so a heartbeat would wait behind whatever bulk bytes
+  were written before it, longer than an election timeout on a slow link. With two, the
+  kernel interleaves them and a heartbeat waits behind other small messages only.
+* **Batching.** What is sent in one turn of the loop goes out in one frame per lane
+  (split at ``Limits.cluster_frame_bytes_max``), flushed by a ``call_soon``.
+* **Bounded buffers.** Per connection, the bytes not yet written to the socket (pending
+  items and the asyncio transport's buffer) stay under
+  ``Limits.cluster_send_buffer_bytes_max``: a Raft message beyond it, or to a peer not
+  connected, is dropped and counted (Raft sends again); a call beyond it is refused
+  with ``Backpressure``. A slow or dead peer costs a bounded amount of memory.
+* **Calls** are multiplexed by id on the bulk lane; each has a deadline
+  (``call_deadline_ms``: the default, plus its wait for a long-poll receive). A passed
+  deadline or a dropped connection raises ``OutcomeUnknown``: the call may have run.
+  A call to a peer known to be down raises ``NoLeader`` at once (it was never sent).
+* **Liveness.** Each connection pings when it sent nothing for a ping interval (the
+  control one always, for the round trip) and is closed after an idle timeout with
+  nothing received. The dialer redials with jittered exponential back-off.
+* **Peer bytes** never raise out of the receive path: a bad frame closes its
+  connection, with a warning at a bounded rate, and the peer redials.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from dataclasses import dataclass
+from typing import Any, Protocol, cast
+
+from engine.errors import Backpressure, MessageTooLarge, NoLeader, OutcomeUnknown, QuorraError
+from engine.ids import NodeName
+from engine.limits import Limits
+from engine.raft.messages import Message
+from engine.runtime import tcp_handshake as handshake
+from engine.runtime.rate_log import RateLimitedLog
+from engine.runtime.routing import NodeCall, ReceiveCall
+from engine.runtime.tcp_conn import Conn, Link, describe
+from engine.runtime.tcp_frames import (
+    HANDSHAKE_FRAME_BYTES_MAX,
+    FrameDecoder,
+    FrameError,
+    Item,
+    Kind,
+    Lane,
+    encode_item,
+    item_fits,
+    lane_of,
+    limits_fingerprint,
+)
+from engine.runtime.tcp_handshake import READ_BYTES, HandshakeRefused, Identity, TlsConfig
+
+log = logging.getLogger("quorra.engine")
+
+
+class Receiver(Protocol):
+    """The receiving side of a node: ``engine.runtime.transport.Peer``, whose methods
+    learn the authenticated node that sent each message or call."""
+
+    def on_raft_message(self, src: NodeName, uid: str, message: Message) -> None: ...
+
+    async def on_call(self, src: NodeName, call: NodeCall) -> object: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PeerHealth:
+    connected: bool
+    """Both lanes are up."""
+    last_heard_ms: int | None
+    """How long ago anything arrived from the peer (monotonic); None if never."""
+    drops: int
+    """Raft messages and answers dropped: buffer full, or the peer not connected."""
+    buffered_bytes: int
+    """Bytes waiting to be written to the peer, both lanes."""
+    rtt_ms: float | None
+    """Round trip of the last ping on the control lane."""
+    last_error: str | None
+    """Why the last connection or attempt failed (a refused handshake says why), until
+    the next one succeeds."""
+
+
+def call_deadline_ms(call: NodeCall, limits: Limits) -> int:
+    """How long a call may take: the default, plus the wait of a long-poll receive."""
+    wait_ms = call.wait_ms if isinstance(call, ReceiveCall) else 0
+    return limits.cluster_call_deadline_ms + wait_ms
+
+
+class TcpTransport:
+    """Implements ``Transport`` over TCP (see the module's rule)."""
+
+    def __init__(
+        self,
+        name: NodeName,
+        *,
+        listen: tuple[str, int],
+        peers: dict[NodeName, tuple[str, int]],
+        cluster_id: str,
+        secret: bytes,
+        limits: Limits,
+        tls: TlsConfig | None = None,
+    ) -> None:
+        assert name not in peers, "a node is not its own peer"
+        assert secret, "the cluster secret is not empty"
+        self.name = NodeName(name)
+        self.limits = limits
+        self.identity = Identity(self.name, cluster_id, secret, limits_fingerprint(limits))
+        self._listen = listen
+        self._tls = tls
+        self._links = {NodeName(p): Link(NodeName(p), addr) for p, addr in peers.items()}
+        self._dialers = frozenset(p for p in self._links if p < self.name)
+        """The peers that dial this node: those with lower names."""
+        self._receiver: Receiver | None = None
+        self._server: asyncio.Server | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        """Dial loops and the keepalive: cancelled at close."""
+        self._accepting: dict[asyncio.Task[Any], asyncio.StreamWriter] = {}
+        """The tasks of accepted connections, handshake and reading: ended by aborting
+        their connections at close."""
+        self._handshakes = 0
+        """Accepted connections not authenticated yet."""
+        self._next_call_id = 1
+        self._closing = False
+        self._random = random.Random()
+        self.rate_log = RateLimitedLog(log)
+        self.frames_sent = 0
+        self.frames_received = 0
+        self.strangers_refused = 0
+        """Connections closed before or during their handshake that named no peer."""
+
+    # === Transport ====================================================================
+
+    def nodes(self) -> list[NodeName]:
+        return sorted([self.name, *self._links])
+
+    def attach(self, name: NodeName, peer: Receiver) -> None:
+        assert name == self.name, name
+        self._receiver = peer
+
+    def detach(self, name: NodeName) -> None:
+        self._receiver = None
+
+    def send(self, dst: NodeName, uid: str, message: Message) -> None:
+        link = self._links.get(dst)
+        if link is None:
+            return  # not a node of this cluster (a stale member): nothing to reach
+        conn = link.conns.get(lane_of(message))
+        if conn is None or conn.buffered_bytes() >= self.limits.cluster_send_buffer_bytes_max:
+            link.drops += 1
+            return
+        item = encode_item(Kind.RAFT, uid, message)
+        if not item_fits(item, self.limits.cluster_frame_bytes_max):
+            link.drops += 1
+            self.rate_log.warning(
+                "too-large", "a Raft message of %d bytes to %s fits no frame", len(item), dst
+            )
+            return
+        if not conn.enqueue(item):
+            link.drops += 1
+
+    async def call(
+        self, dst: NodeName, call: NodeCall, *, deadline_ms: int | None = None
+    ) -> object:
+        """``call`` run on ``dst``: its answer, or its operating error; ``OutcomeUnknown``
+        past the deadline (``call_deadline_ms`` unless given) or if the connection drops."""
+        loop = self._need_loop()
+        if deadline_ms is None:
+            deadline_ms = call_deadline_ms(call, self.limits)
+        deadline = loop.time() + deadline_ms / 1000
+        conn = await self._call_conn(dst, deadline)
+        if len(conn.calls) >= self.limits.cluster_calls_inflight_per_peer_max:
+            raise Backpressure(f"node {dst}: too many calls in flight")
+        call_id = self._next_call_id
+        self._next_call_id += 1
+        item = encode_item(Kind.CALL, call_id, call)
+        if not item_fits(item, self.limits.cluster_frame_bytes_max):
+            raise MessageTooLarge(f"a call of {len(item)} bytes fits no frame")
+        if not conn.enqueue(item):
+            raise Backpressure(f"node {dst}: too many bytes waiting to be sent")
+        future: asyncio.Future[object] = loop.create_future()
+        conn.calls[call_id] = future
+        try:
+            async with asyncio.timeout_at(deadline):
+                return await future
+        except TimeoutError:
+            what = type(call).__name__
+            raise OutcomeUnknown(f"node {dst}: no answer to {what} in {deadline_ms} ms") from None
+        finally:
+            conn.calls.pop(call_id, None)
+
+    async def _call_conn(self, dst: NodeName, deadline: float) -> Conn:
+        link = self._links.get(dst)
+        if link is None or self._closing:
+            raise NoLeader(f"node {dst} is not reachable from {self.name}")
+        conn = link.conns.get(Lane.BULK)
+        if conn is not None:
+            return conn
+        if link.down:
+            raise NoLeader(f"node {dst} is unreachable ({link.last_error or 'disconnected'})")
+        # Never connected yet (this node is starting): wait for the first connection.
+        wait_until = min(deadline, self._need_loop().time() + self._handshake_s())
+        try:
+            async with asyncio.timeout_at(wait_until):
+                await link.bulk_up.wait()
+        except TimeoutError:
+            raise NoLeader(f"node {dst} is not connected yet") from None
+        conn = link.conns.get(Lane.BULK)
+        if conn is None:
+            raise NoLeader(f"node {dst} is unreachable")
+        return conn
+
+    # === life cycle ===================================================================
+
+    async def start(self) -> None:
+        """Listen, and dial the peers with higher names."""
+        assert self._server is None, "started once"
+        self._loop = asyncio.get_running_loop()
+        host, port = self._listen
+        tls: dict[str, Any] = {}
+        if self._tls is not None:
+            tls = {"ssl": self._tls.server_context(), "ssl_handshake_timeout": self._handshake_s()}
+        self._server = await asyncio.start_server(
+            self._on_accept, host, port, limit=READ_BYTES, **tls
+        )
+        for link in self._links.values():
+            if self.name < link.name:
+                for lane in Lane:
+                    self._spawn(self._dial_loop(link, lane))
+        self._spawn(self._keepalive())
+        log.info("cluster transport of %s listening on %s:%d", self.name, host, self.listen_port)
+
+    async def close(self) -> None:
+        """Close every connection and task; outstanding calls raise ``OutcomeUnknown``."""
+        if self._closing:
+            return
+        self._closing = True
+        if self._server is not None:
+            self._server.close()
+        tasks = set(self._tasks)
+        for link in self._links.values():
+            for conn in list(link.conns.values()):
+                tasks |= conn.serving
+                conn.close(f"node {self.name} closed its transport", abort=True)
+        for task in tasks:
+            task.cancel()
+        for writer in self._accepting.values():
+            writer.transport.abort()
+        await asyncio.gather(*tasks, *self._accepting, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+
+    @property
+    def listen_port(self) -> int:
+        assert self._server is not None, "started"
+        port: int = self._server.sockets[0].getsockname()[1]
+        return port
+
+    def health(self) -> dict[NodeName, PeerHealth]:
+        now = self._loop.time() if self._loop is not None else 0.0
+        out: dict[NodeName, PeerHealth] = {}
+        for name, link in sorted(self._links.items()):
+            heard = link.last_heard_s
+            out[name] = PeerHealth(
+                connected=len(link.conns) == len(Lane),
+                last_heard_ms=None if heard is None else int((now - heard) * 1000),
+                drops=link.drops,
+                buffered_bytes=sum(c.buffered_bytes() for c in link.conns.values()),
+                rtt_ms=link.rtt_ms,
+                last_error=link.last_error,
+            )
+        return out
+
+    # === connections ==================================================================
+
+    async def _dial_loop(self, link: Link, lane: Lane) -> None:
+        attempt = 0
+        while not self._closing:
+            conn = await self._dial_once(link, lane)
+            if conn is None:
+                attempt += 1
+            else:
+                attempt = 0
+                await conn.run()
+            await asyncio.sleep(self._backoff_s(attempt))
+
+    async def _dial_once(self, link: Link, lane: Lane) -> Conn | None:
+        host, port = link.address
+        decoder = FrameDecoder(HANDSHAKE_FRAME_BYTES_MAX)
+        tls = self._tls.client_context() if self._tls is not None else None
+        writer: asyncio.StreamWriter | None = None
+        conn: Conn | None = None
+        try:
+            async with asyncio.timeout(self._handshake_s()):
+                reader, writer = await asyncio.open_connection(
+                    host, port, ssl=tls, limit=READ_BYTES
+                )
+                await handshake.dial(reader, writer, decoder, self.identity, link.name, lane)
+            conn = self._register(link, lane, reader, writer, decoder)
+        except HandshakeRefused as e:
+            self._refused(e, f"{host}:{port}")
+        except (OSError, TimeoutError, FrameError) as e:
+            link.down = True
+            link.last_error = f"dialing {host}:{port}: {describe(e)}"
+            self.rate_log.warning("dial", "%s: %s", self.name, link.last_error)
+        except Exception:
+            link.down = True
+            self.rate_log.log(logging.ERROR, "dial-bug", "dialing %s", link.name, exc_info=True)
+        finally:
+            if conn is None and writer is not None:
+                writer.close()
+        return conn
+
+    async def _on_accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # asyncio runs this in a task of its own, which must end, not be cancelled (it
+        # would log the cancellation as an error): ``close`` aborts the connection instead.
+        if self._closing or self._handshakes >= self.limits.cluster_handshakes_inflight_max:
+            self.strangers_refused += 1
+            writer.close()
+            return
+        task = asyncio.current_task()
+        assert task is not None
+        self._accepting[task] = writer
+        try:
+            conn = await self._accept_handshake(reader, writer)
+            if conn is not None:
+                await conn.run()
+        finally:
+            del self._accepting[task]
+
+    async def _accept_handshake(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> Conn | None:
+        where = _address(writer)
+        decoder = FrameDecoder(HANDSHAKE_FRAME_BYTES_MAX)
+        conn: Conn | None = None
+        self._handshakes += 1
+        try:
+            async with asyncio.timeout(self._handshake_s()):
+                peer, lane = await handshake.accept(
+                    reader, writer, decoder, self.identity, self._dialers
+                )
+            conn = self._register(self._links[peer], lane, reader, writer, decoder)
+        except HandshakeRefused as e:
+            self._refused(e, where)
+        except (OSError, TimeoutError, FrameError) as e:
+            self.strangers_refused += 1
+            self.rate_log.warning("accept", "%s: dropped %s: %s", self.name, where, describe(e))
+        except Exception:
+            self.rate_log.log(logging.ERROR, "accept-bug", "accepting %s", where, exc_info=True)
+        finally:
+            self._handshakes -= 1
+            if conn is None:
+                writer.close()
+        return conn
+
+    def _register(
+        self,
+        link: Link,
+        lane: Lane,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        decoder: FrameDecoder,
+    ) -> Conn:
+        """An authenticated connection carries ``lane`` to ``link`` from now on."""
+        decoder.frame_bytes_max = self.limits.cluster_frame_bytes_max
+        old = link.conns.get(lane)
+        if old is not None:
+            old.close("replaced by a newer connection")
+        conn = Conn(self, link, lane, reader, writer, decoder, self._need_loop())
+        link.conns[lane] = conn
+        link.last_heard_s = conn.last_received_s
+        link.down = False
+        link.last_error = None
+        if lane is Lane.BULK:
+            link.bulk_up.set()
+        self.rate_log.log(
+            logging.INFO,
+            "connected",
+            "%s: connected to %s (%s lane)",
+            self.name,
+            link.name,
+            lane.name,
+        )
+        return conn
+
+    def on_closed(self, conn: Conn, reason: str) -> None:
+        link = conn.link
+        if link.conns.get(conn.lane) is not conn:
+            return
+        del link.conns[conn.lane]
+        if conn.lane is Lane.BULK:
+            link.bulk_up.clear()
+        if not self._closing:
+            link.down = True
+            link.last_error = reason
+            self.rate_log.log(
+                logging.INFO, "closed", "%s: %s lane to %s closed: %s", self.name, conn.lane.name.lower(),
+                link.name, reason,
+            )  # fmt: skip
+
+    def _refused(self, e: HandshakeRefused, where: str) -> None:
+        if e.peer is None:
+            self.strangers_refused += 1
+        else:
+            link = self._links[e.peer]
+            link.last_error = e.reason
+            link.down = True
+        self.rate_log.warning("refused", "%s: handshake with %s: %s", self.name, where, e.reason)
+
+    # === what arrives =================================================================
+
+    def on_item(self, conn: Conn, item: Item) -> None:
+        kind, key, value = item
+        if kind is Kind.RAFT:
+            self._deliver(conn.link.name, cast(str, key), cast(Message, value))
+        elif kind is Kind.CALL:
+            self._serve(conn, cast(int, key), cast(NodeCall, value))
+        elif kind is Kind.ANSWER or kind is Kind.FAILURE:
+            future = conn.calls.pop(cast(int, key), None)
+            if future is not None and not future.done():
+                if kind is Kind.ANSWER:
+                    future.set_result(value)
+                else:
+                    future.set_exception(cast(QuorraError, value))
+        elif kind is Kind.PING:
+            conn.enqueue(encode_item(Kind.PONG, key, None))
+        elif kind is Kind.PONG and conn.lane is Lane.CONTROL:
+            rtt_ms = (self._now_us() - cast(int, key)) / 1000
+            if rtt_ms >= 0:
+                conn.link.rtt_ms = rtt_ms
+
+    def _deliver(self, src: NodeName, uid: str, message: Message) -> None:
+        receiver = self._receiver
+        if receiver is None:
+            return
+        try:
+            receiver.on_raft_message(src, uid, message)
+        except Exception:
+            # The node's contract is not to raise here; if it does, one message is lost
+            # and the connection serves on.
+            self.rate_log.log(logging.ERROR, "deliver", "a message from %s", src, exc_info=True)
+
+    def _serve(self, conn: Conn, call_id: int, call: NodeCall) -> None:
+        if len(conn.serving) >= self.limits.cluster_calls_inflight_per_peer_max:
+            busy = Backpressure(f"node {self.name}: too many calls from {conn.link.name}")
+            conn.answer(encode_item(Kind.FAILURE, call_id, busy))
+            return
+        task = self._need_loop().create_task(self._run_call(conn, call_id, call))
+        conn.serving.add(task)
+        task.add_done_callback(conn.serving.discard)
+
+    async def _run_call(self, conn: Conn, call_id: int, call: NodeCall) -> None:
+        what = type(call).__name__
+        receiver = self._receiver
+        try:
+            if receiver is None:
+                raise NoLeader(f"node {self.name} is not serving")
+            answer = await receiver.on_call(conn.link.name, call)
+            item = encode_item(Kind.ANSWER, call_id, answer)
+        except QuorraError as e:
+            item = encode_item(Kind.FAILURE, call_id, e)
+        except Exception:
+            self.rate_log.log(logging.ERROR, "call-bug", "serving %s", what, exc_info=True)
+            failed = QuorraError(f"node {self.name} failed on {what}; see its log")
+            item = encode_item(Kind.FAILURE, call_id, failed)
+        if not item_fits(item, self.limits.cluster_frame_bytes_max):
+            large = MessageTooLarge(f"the answer to {what} is {len(item)} bytes: too large")
+            item = encode_item(Kind.FAILURE, call_id, large)
+        conn.answer(item)
+
+    # === timers =======================================================================
+
+    async def _keepalive(self) -> None:
+        loop = self._need_loop()
+        interval_s = self.limits.cluster_ping_interval_ms / 1000
+        idle_s = self.limits.cluster_idle_timeout_ms / 1000
+        while True:
+            await asyncio.sleep(interval_s)
+            now = loop.time()
+            for link in self._links.values():
+                for conn in list(link.conns.values()):
+                    if now - conn.last_received_s > idle_s:
+                        conn.close(f"nothing heard for {self.limits.cluster_idle_timeout_ms} ms")
+                    elif conn.lane is Lane.CONTROL or now - conn.last_sent_s >= interval_s:
+                        conn.enqueue(encode_item(Kind.PING, self._now_us(), None))
+
+    def _backoff_s(self, attempt: int) -> float:
+        """Doubles with each failed attempt from the min to the max, jittered down by up
+        to half so that nodes restarted together do not dial in step."""
+        low, high = self.limits.cluster_reconnect_ms_min, self.limits.cluster_reconnect_ms_max
+        ceiling = min(high, low * 2 ** min(attempt, 30))
+        return self._random.uniform(ceiling / 2, ceiling) / 1000
+
+    def _handshake_s(self) -> float:
+        return self.limits.cluster_handshake_timeout_ms / 1000
+
+    def _now_us(self) -> int:
+        return int(self._need_loop().time() * 1_000_000)
+
+    def _need_loop(self) -> asyncio.AbstractEventLoop:
+        assert self._loop is not None, "the transport is started"
+        return self._loop
+
+    def _spawn(self, coro: Any) -> None:
+        task = self._need_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _conn(self, peer: NodeName, lane: Lane) -> Conn | None:
+        """The connection carrying ``lane`` to ``peer``, if up (for tests)."""
+        return self._links[peer].conns.get(lane)
+
+
+def _address(writer: asyncio.StreamWriter) -> str:
+    peer = writer.get_extra_info("peername")
+    if isinstance(peer, tuple) and len(peer) >= 2:
+        return f"{peer[0]}:{peer[1]}"
+    return str(peer)
+
+
+__all__ = ["PeerHealth", "Receiver", "TcpTransport", "TlsConfig", "call_deadline_ms"]
