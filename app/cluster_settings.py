@@ -68,8 +68,8 @@ class TlsFiles:
 
     cert_file: Path
     key_file: Path
-    ca_file: Path | None = None
-    """With it, a peer must present a certificate it signed (mutual TLS)."""
+    ca_file: Path
+    """Every peer's certificate must chain to it, both ways (mutual TLS)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,9 +296,9 @@ def _tls(sources: _Sources) -> TlsFiles | None:
             files[attribute] = Path(value)
     if not files:
         return None
-    if "tls_cert" not in files or "tls_key" not in files:
+    if len(files) != len(_TLS_SETTINGS):
         raise SettingsError(
-            "cluster TLS needs both --cluster-tls-cert and --cluster-tls-key"
-            " (or QUORRA_CLUSTER_TLS_CERT and QUORRA_CLUSTER_TLS_KEY)"
+            "cluster TLS needs --cluster-tls-cert, --cluster-tls-key and --cluster-tls-ca"
+            " (or QUORRA_CLUSTER_TLS_CERT, _KEY and _CA): peers verify each other"
         )
-    return TlsFiles(files["tls_cert"], files["tls_key"], files.get("tls_ca"))
+    return TlsFiles(files["tls_cert"], files["tls_key"], files["tls_ca"])

@@ -23,11 +23,10 @@ the cluster port, dials the peers) before ``node.start()`` and closes it after
 
 from __future__ import annotations
 
-import importlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Protocol, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
 import anyio
 
@@ -39,6 +38,9 @@ from engine.ids import NodeName
 from engine.node_key import RECEIPT_KEY_LABEL, derive_key
 from engine.runtime.api import CheckpointRecord, CompactionRecord, QueueEngine, RecordListener
 from engine.runtime.transport import Transport
+
+if TYPE_CHECKING:
+    from engine.runtime.tcp_transport import TcpTransport
 
 NodeFactory = Callable[[Settings], QueueEngine | None]
 log = logging.getLogger("quorra.app")
@@ -74,27 +76,23 @@ def make_node(settings: Settings) -> QueueEngine | None:
     )
 
 
-def tcp_transport(cluster: ClusterSettings, settings: Settings) -> NodeNetwork:
+def tcp_transport(cluster: ClusterSettings, settings: Settings) -> TcpTransport:
     """The cluster's ``TcpTransport`` for this node (construction only, no I/O)."""
+    from engine.runtime.tcp_transport import TcpTransport, TlsConfig  # a cluster node only
+
     assert cluster.cluster_id is not None, "start-up settles the cluster id first"
-    # Imported by name: the transport loads only on a cluster node, and this module
-    # type-checks against the ``NodeNetwork`` shape rather than the class.
-    module = importlib.import_module("engine.runtime.tcp_transport")
     tls = cluster.tls
-    return cast(
-        NodeNetwork,
-        module.TcpTransport(
-            NodeName(cluster.node_id),
-            listen=cluster.listen,
-            peers={NodeName(name): address for name, address in cluster.peers.items()},
-            cluster_id=cluster.cluster_id,
-            secret=cluster.secret,
-            limits=settings.limits,
-            tls=None
-            if tls is None
-            else module.TlsConfig(
-                cert_file=tls.cert_file, key_file=tls.key_file, ca_file=tls.ca_file
-            ),
+    return TcpTransport(
+        NodeName(cluster.node_id),
+        listen=cluster.listen,
+        peers={NodeName(name): address for name, address in cluster.peers.items()},
+        cluster_id=cluster.cluster_id,
+        secret=cluster.secret,
+        limits=settings.limits,
+        tls=None
+        if tls is None
+        else TlsConfig(
+            cert_file=str(tls.cert_file), key_file=str(tls.key_file), ca_file=str(tls.ca_file)
         ),
     )
 

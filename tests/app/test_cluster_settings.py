@@ -147,13 +147,13 @@ def test_tls_files(tmp_path: Path) -> None:
     cert, key, ca = (tmp_path / name for name in ("cert.pem", "key.pem", "ca.pem"))
     for path in (cert, key, ca):
         path.write_text("PEM")
-    s = settings(tmp_path, with_flags(tls_cert=str(cert), tls_key=str(key)))
-    assert s.cluster is not None and s.cluster.tls == TlsFiles(cert, key, None)
     env = {"QUORRA_CLUSTER_SECRET": SECRET, "QUORRA_CLUSTER_TLS_CA": str(ca)}
     s = settings(tmp_path, with_flags(tls_cert=str(cert), tls_key=str(key)), env)
     assert s.cluster is not None and s.cluster.tls == TlsFiles(cert, key, ca)
-    assert "needs both" in refusal(tmp_path, with_flags(tls_cert=str(cert)))
-    assert "needs both" in refusal(tmp_path, with_flags(tls_key=str(key)), env)
+    needs = "needs --cluster-tls-cert, --cluster-tls-key and --cluster-tls-ca"
+    assert needs in refusal(tmp_path, with_flags(tls_cert=str(cert), tls_key=str(key)))
+    assert needs in refusal(tmp_path, with_flags(tls_cert=str(cert)))
+    assert needs in refusal(tmp_path, with_flags(tls_key=str(key)), env)
 
 
 @pytest.mark.parametrize(
