@@ -115,6 +115,24 @@ class Limits:
     """What a message's headers and framing are counted as beside its body where a batch
     is cut to size (``dead_letter_batch_bytes_max``)."""
 
+    # --- cluster metadata -----------------------------------------------------------
+    cluster_nodes_max: int = 64
+    """Nodes the cluster metadata holds (forgotten ones included, until their name is
+    reused)."""
+    cluster_queues_max: int = 100_000
+    """Queues the cluster metadata holds, tombstones not counted."""
+    cluster_tombstones_max: int = 10_000
+    """Deleted queues remembered; beyond it the oldest tombstone is forgotten (a replica
+    of it left on some node is then an orphan, which reconciling removes all the same)."""
+    cluster_users_max: int = 10_000
+    cluster_tokens_max: int = 100_000
+    meta_checkpoint_bytes_min: int = 64 * KIB
+    """The metadata machine keeps nothing in its log: it checkpoints once the commands it
+    applied since its last checkpoint weigh ``dead_bytes_per_live_checkpoint_factor``
+    times its estimated size, with this floor."""
+    meta_record_bytes_estimate: int = 256
+    """What one node, queue, user or token weighs in a metadata checkpoint, roughly."""
+
     def __post_init__(self) -> None:
         assert 0 < self.tick_ms <= self.heartbeat_interval_ms
         assert self.heartbeat_interval_ms * 2 < self.election_timeout_ms_min
@@ -137,6 +155,8 @@ class Limits:
         assert self.proposal_timeout_ms >= self.leader_wait_ms
         assert 1 <= self.poll_interval_ms <= self.tick_ms
         assert self.rate_sample_ms * 2 <= self.rate_window_ms
+        assert self.cluster_nodes_max >= 1 and self.cluster_tombstones_max >= 0
+        assert self.meta_checkpoint_bytes_min >= 1 and self.meta_record_bytes_estimate >= 1
 
     @property
     def dead_letter_batch_bytes_max(self) -> int:
