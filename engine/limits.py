@@ -117,8 +117,8 @@ class Limits:
 
     # --- cluster metadata -----------------------------------------------------------
     cluster_nodes_max: int = 64
-    """Nodes the cluster metadata holds (forgotten ones included, until their name is
-    reused)."""
+    """Nodes the cluster metadata holds, forgotten ones included; at the limit a new node
+    takes the place of the node forgotten longest ago."""
     cluster_queues_max: int = 100_000
     """Queues the cluster metadata holds, tombstones not counted."""
     cluster_tombstones_max: int = 10_000

@@ -1,7 +1,8 @@
 """A cluster metadata workload for the simulator: ``MetaMachine`` on every server, clients
-creating and deleting the same few queue names through different servers, and each
-server's reconcile loop creating and dropping its replicas, under the world's crashes,
-partitions and membership changes.
+creating and deleting the same few queue names through different servers and now and
+then moving a replica (adding or removing a member), and each server's reconcile loop
+creating and dropping its replicas, under the world's crashes, partitions and membership
+changes.
 
 Every server is also a node of the metadata (its id is its name); the replicas a node
 holds are kept apart from the server's simulated storage, as files on its disk would be:
@@ -69,7 +70,7 @@ STATE_DIGEST_EVERY = 5
 @dataclass(slots=True)
 class _Request:
     kind: str
-    """``setup``, ``create``, ``delete`` or ``report``."""
+    """``setup``, ``create``, ``delete``, ``member`` (add or remove one) or ``report``."""
     client: int
     name: str
     commands: tuple[bytes, ...]
@@ -140,14 +141,33 @@ class MetaWorkload:
 
     def _issue(self, world: World, client: int) -> None:
         name = self.rng.choice(NAMES)
-        if self.rng.randrange(3):
+        roll = self.rng.randrange(6)
+        command: mc.MetaCommand | None = None
+        kind = "member"
+        if roll == 5:
+            command = self._member_change(world, client, name)
+        if command is None and roll >= 2:
             replicas = self.rng.randint(1, len(self.nodes))
-            command: mc.MetaCommand = mc.CreateQueue(name, replicas, self.rng.choice(POLICIES))
+            command = mc.CreateQueue(name, replicas, self.rng.choice(POLICIES))
             kind = "create"
-        else:
+        elif command is None:
             command, kind = mc.DeleteQueue(name), "delete"
         deadline = world.now_ms + 4 * self.timeout_ms
         self._send(world, _Request(kind, client, name, (encode_command(command),), deadline))
+
+    def _member_change(self, world: World, client: int, name: str) -> mc.MetaCommand | None:
+        """Add or remove a member of ``name`` as some server sees it (perhaps stale: the
+        generation refuses a change computed from an old view)."""
+        sid = self.leader_hint[client] or self.rng.choice(world.server_ids())
+        machine = world.nodes[sid].machine
+        assert isinstance(machine, MetaMachine)
+        q = machine.queues.get(name)
+        if q is None or q.state not in ("creating", "live"):
+            return None
+        others = [n for n in sorted(self.nodes) if n not in q.members]
+        if others and (len(q.members) == 1 or self.rng.randrange(2)):
+            return mc.AddMember(q.uid, self.rng.choice(others), q.generation)
+        return mc.RemoveMember(q.uid, self.rng.choice(q.members), q.generation)
 
     def _send(self, world: World, req: _Request) -> None:
         if world.now_ms >= req.deadline_ms:
@@ -171,13 +191,13 @@ class MetaWorkload:
             self._retry(world, req)
 
     def _retry(self, world: World, req: _Request) -> None:
-        """Creates and deletes are idempotent: an unknown outcome is retried; a report
-        is made again by the next reconcile pass."""
+        """Creates and deletes are idempotent and a member change names its generation:
+        an unknown outcome is retried; a report is made again by the next reconcile pass."""
         if req.kind != "report":
             world.schedule(self.rng.randint(5, 40), lambda: self._send(world, req))
 
     def _next(self, world: World, req: _Request) -> None:
-        if req.kind in ("create", "delete"):
+        if req.kind in ("create", "delete", "member"):
             self._later(world, partial(self._issue, world, req.client))
         elif req.kind == "setup":
             self._setup(world)
@@ -225,7 +245,7 @@ class MetaWorkload:
             self._done(world, req, entry, reply)
 
     def _done(self, world: World, req: _Request, entry: Entry, reply: object) -> None:
-        if req.kind in ("create", "delete"):
+        if req.kind in ("create", "delete", "member"):
             self.completed += 1
         if isinstance(reply, QueueCreated | QueueExists) and req.kind == "create":
             self.acked.append((req.name, reply.uid, entry.index))
