@@ -158,11 +158,8 @@ class MetaMachine:
     def hosted_by(self, node: str) -> dict[str, QueueRecord]:
         """Uid -> record of every queue, not a tombstone, that places a replica on
         ``node``: what its reconcile loop compares with the replicas it holds."""
-        return {
-            q.uid: q
-            for name, q in sorted(self.queues.items())
-            if q.state != "tombstone" and node in q.members
-        }
+        held = [q for q in self.queues.values() if q.state != "tombstone" and node in q.members]
+        return {q.uid: q for q in sorted(held, key=lambda q: q.uid)}
 
     def token_by_digest(self, digest: str) -> TokenRecord | None:
         token_id = self.digests.get(digest)

@@ -81,10 +81,8 @@ class MetaMachineVsModel(RuleBasedStateMachine):
         reply, effects = self.a.apply(meta, data)
         assert self.b.apply(meta, data) == (reply, effects)
         self._check_effects(effects, before, self._records(self.a))
-        kind = outcome(reply)
-        event(
-            f"{type(command).__name__}: {kind[0]} {getattr(kind[1], '__name__', '') if len(kind) > 1 else ''}"
-        )
+        error = reply.error.__name__ if isinstance(reply, Rejected) else ""
+        event(f"{type(command).__name__}: {outcome(reply)[0]} {error}")
         return reply
 
     def _check_effects(self, effects: list[Any], before: Any, after: Any) -> None:
