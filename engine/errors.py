@@ -52,6 +52,13 @@ class QueueConflict(QuorraError):
     status, problem, title = 409, "queue-conflict", "Conflicting queue definition"
 
 
+class Conflict(QuorraError):
+    """A change conflicts with the cluster's metadata: a node, user or token that exists
+    otherwise, or a change made against a generation that has moved on."""
+
+    status, problem, title = 409, "conflict", "Conflicting change"
+
+
 class StaleReceipt(QuorraError):
     status, problem, title = 409, "stale-receipt", "Stale receipt"
 
@@ -116,6 +123,7 @@ class RecoveryRefused(QuorraError):
 
 __all__ = [
     "Backpressure",
+    "Conflict",
     "EntryDamaged",
     "InvalidRequest",
     "MessageTooLarge",

@@ -140,6 +140,24 @@ class Limits:
     cluster_idle_timeout_ms: int = 3_000
     """A lane that received nothing for this long is closed (a peer gone silently)."""
 
+    # --- cluster metadata -----------------------------------------------------------
+    cluster_nodes_max: int = 64
+    """Nodes the cluster metadata holds, forgotten ones included; at the limit a new node
+    takes the place of the node forgotten longest ago."""
+    cluster_queues_max: int = 100_000
+    """Queues the cluster metadata holds, tombstones not counted."""
+    cluster_tombstones_max: int = 10_000
+    """Deleted queues remembered; beyond it the oldest tombstone is forgotten (a replica
+    of it left on some node is then an orphan, which reconciling removes all the same)."""
+    cluster_users_max: int = 10_000
+    cluster_tokens_max: int = 100_000
+    meta_checkpoint_bytes_min: int = 64 * KIB
+    """The metadata machine keeps nothing in its log: it checkpoints once the commands it
+    applied since its last checkpoint weigh ``dead_bytes_per_live_checkpoint_factor``
+    times its estimated size, with this floor."""
+    meta_record_bytes_estimate: int = 256
+    """What one node, queue, user or token weighs in a metadata checkpoint, roughly."""
+
     def __post_init__(self) -> None:
         assert 0 < self.tick_ms <= self.heartbeat_interval_ms
         assert self.heartbeat_interval_ms * 2 < self.election_timeout_ms_min
@@ -170,6 +188,9 @@ class Limits:
         assert self.cluster_handshakes_inflight_max >= 1
         assert 1 <= self.cluster_reconnect_ms_min <= self.cluster_reconnect_ms_max
         assert 4 * self.cluster_ping_interval_ms <= self.cluster_idle_timeout_ms
+        # cluster metadata
+        assert self.cluster_nodes_max >= 1 and self.cluster_tombstones_max >= 0
+        assert self.meta_checkpoint_bytes_min >= 1 and self.meta_record_bytes_estimate >= 1
 
     @property
     def dead_letter_batch_bytes_max(self) -> int:

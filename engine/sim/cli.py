@@ -1,8 +1,12 @@
-"""``quorra sim --seeds N [--first-seed S] [--steps M] [--servers 3|5] [--damage]``.
+"""``quorra sim --seeds N [--first-seed S] [--steps M] [--servers 3|5] [--damage] [--workload W]``.
 
-With ``--damage`` every server runs the real storage on a fake disk, and bits are flipped
-in one replica's files at a time (WAL, segments, checkpoints): the run also checks that
-the damaged replica is repaired from the others.
+The workload ``W`` is the key-value register (``kv``, checked for linearizability), the
+queue machine (``queue``: ``engine.sim.queue_workload``) or the cluster metadata with
+every node's reconcile loop (``meta``: ``engine.sim.meta_workload``).
+
+With ``--damage`` (kv only) every server runs the real storage on a fake disk, and bits
+are flipped in one replica's files at a time (WAL, segments, checkpoints): the run also
+checks that the damaged replica is repaired from the others.
 
 Prints one line per failing seed with the last lines of its trace, then ``N passed, N
 failed``; exits 1 on any failure. Re-run one seed with ``--seeds 1 --first-seed S``.
@@ -15,7 +19,9 @@ import sys
 import time
 
 from engine.raft.server import Fault
-from engine.sim.run import run_seed
+from engine.sim.meta_workload import run_meta_seed
+from engine.sim.queue_workload import run_queue_seed
+from engine.sim.run import SeedResult, run_seed
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -32,18 +38,35 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--trace-lines", type=int, default=12, help="trace lines per failure")
     p.add_argument("--damage", action="store_true", help="damage disks (real storage)")
+    p.add_argument(
+        "--workload",
+        choices=("kv", "queue", "meta"),
+        default="kv",
+        help="what the clients drive (--fault and --damage: kv only)",
+    )
     return p
 
 
+def _run(args: argparse.Namespace, seed: int, fault: Fault) -> SeedResult:
+    if args.workload == "queue":
+        return run_queue_seed(seed, steps=args.steps, servers=args.servers)
+    if args.workload == "meta":
+        return run_meta_seed(seed, steps=args.steps, servers=args.servers)
+    return run_seed(
+        seed, steps=args.steps, servers=args.servers, fault=fault, corrupt_disks=args.damage
+    )
+
+
 def main(argv: list[str]) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
     fault = Fault[args.fault.upper()]
+    if args.workload != "kv" and (args.damage or fault is not Fault.NONE):
+        parser.error("--fault and --damage run with the kv workload")
     passed = failed = 0
     started = time.perf_counter()
     for seed in range(args.first_seed, args.first_seed + args.seeds):
-        result = run_seed(
-            seed, steps=args.steps, servers=args.servers, fault=fault, corrupt_disks=args.damage
-        )
+        result = _run(args, seed, fault)
         if result.passed:
             passed += 1
             continue

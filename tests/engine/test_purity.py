@@ -38,7 +38,7 @@ def _imports(path: Path) -> set[str]:
     return found
 
 
-@pytest.mark.parametrize("package", ["raft", "queue"])
+@pytest.mark.parametrize("package", ["raft", "queue", "cluster"])
 def test_core_packages_are_pure(package: str) -> None:
     files = sorted((ROOT / "engine" / package).rglob("*.py"))
     assert files, f"engine/{package} has no modules"
