@@ -7,23 +7,23 @@ leader no longer hosts the queue, the caller gets ``NoLeader`` and retries; whil
 leader is known it waits up to ``Limits.leader_wait_ms``.
 
 Every call between nodes is one frozen dataclass below, registered with
-``engine.runtime.wire``. ``check_call`` checks a call's shape (its type and the type of
-each field) before it runs, so that a peer, or a frame from a network transport, cannot
-make this node run anything else.
+``engine.runtime.wire``, which checks each field of a call it decodes against its
+annotation. ``check_call`` checks a call that did not cross the wire the same way before
+it runs, so that a peer cannot make this node run anything else.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import types
 import typing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, assert_never
 
-from engine.errors import NoLeader, QueueNotFound, ValidationFailed
+from engine.errors import NoLeader, QueueNotFound, WireError
 from engine.ids import NodeName
 from engine.raft.server import Role
+from engine.runtime import wire
 from engine.runtime.api import OutgoingMessage
 from engine.runtime.meta import QueueMeta
 from engine.runtime.replica import Replica, node_of
@@ -143,38 +143,17 @@ CALL_TYPES: tuple[type[Any], ...] = (
     AddMemberCall,
     RemoveMemberCall,
 )
-_SHAPES: dict[type[Any], dict[str, Any]] = {cls: typing.get_type_hints(cls) for cls in CALL_TYPES}
+_SHAPES = wire.register(CALL_TYPES)
 
 
 def check_call(call: object) -> NodeCall:
-    """``call`` as a ``NodeCall``, or ``ValidationFailed`` if it is not one."""
+    """``call`` as a ``NodeCall``, or ``WireError`` (a ``ValidationFailed``) if it is not
+    one: a call that did not cross the wire is checked by the shapes decoding uses."""
     shape = _SHAPES.get(type(call))
     if shape is None:
-        raise ValidationFailed(f"not a call: {type(call).__name__}")
-    for field, hint in shape.items():
-        value = getattr(call, field)
-        if not _conforms(value, hint):
-            what = f"{type(call).__name__}.{field}"
-            raise ValidationFailed(f"call {what}: unexpected {type(value).__name__}")
+        raise WireError(f"not a call: {type(call).__name__}")
+    shape.check(call)
     return typing.cast(NodeCall, call)
-
-
-def _conforms(value: object, hint: Any) -> bool:
-    origin = typing.get_origin(hint)
-    if origin is None:
-        return hint is object or isinstance(value, hint)
-    args = typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        return any(_conforms(value, a) for a in args)
-    if origin is Literal:
-        return value in args
-    if origin is list:
-        return isinstance(value, list) and all(_conforms(v, args[0]) for v in value)
-    if origin is dict:
-        return isinstance(value, dict) and all(
-            _conforms(k, args[0]) and _conforms(v, args[1]) for k, v in value.items()
-        )
-    raise AssertionError(f"no shape check for {hint}")
 
 
 class Router:
