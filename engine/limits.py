@@ -115,7 +115,7 @@ class Limits:
     """What a message's headers and framing are counted as beside its body where a batch
     is cut to size (``dead_letter_batch_bytes_max``)."""
 
-    # --- wire: what a node decodes from a peer (engine.runtime.wire) -----------------
+    # --- from peers: what a node decodes and takes (runtime wire, receiving) --------
     wire_document_bytes_max: int = 64 * MIB
     """A msgpack document (a frame's payload) larger than this does not decode. It holds
     an append or a snapshot chunk with one entry of any size, or a publish batch."""

@@ -47,7 +47,8 @@ Where each part lives: ``hosting`` (opening replicas, the Raft loop, WAL batches
 ``effects`` (applying), ``timers``, ``routing`` (the leader's node; the typed calls
 between nodes), ``queue_ops`` (publish, receive, settle, browse, purge), ``catalog``
 (queue definitions), ``membership`` (members and leadership), ``dead_letters``,
-``checkpoints`` (checkpoints and compaction), ``observe`` (stats). ``Node`` holds the
+``checkpoints`` (checkpoints and compaction), ``observe`` (stats), ``receiving`` (the
+checks on peers' Raft messages). ``Node`` holds the
 state they share and implements ``QueueEngine`` by delegating to them.
 """
 
@@ -65,7 +66,7 @@ from engine.errors import Backpressure, EntryDamaged, NoLeader, QueueNotFound, Q
 from engine.ids import NodeName
 from engine.limits import DEFAULT_LIMITS, Limits
 from engine.node_key import receipt_key
-from engine.raft.events import Propose, Receive
+from engine.raft.events import Propose
 from engine.raft.messages import Message
 from engine.raft.server import Role
 from engine.runtime import observe
@@ -93,6 +94,7 @@ from engine.runtime.hosting import Hosting
 from engine.runtime.member_changes import Membership
 from engine.runtime.meta import QueueMeta
 from engine.runtime.queue_ops import QueueOps
+from engine.runtime.receiving import Receiving
 from engine.runtime.replica import Proposal, Replica, node_of
 from engine.runtime.routing import NodeCall, Router
 from engine.runtime.timers import Timers
@@ -155,6 +157,7 @@ class Node:
         self._membership = Membership(self)
         self._dead_letters = DeadLetters(self)
         self._checkpoints = Checkpoints(self)
+        self._receiving = Receiving(self)
 
     # === lifecycle ===================================================================
 
@@ -338,32 +341,34 @@ class Node:
                 heard = self._heard_ms.get(node)
                 health = "up" if heard is not None and now - heard <= alive_ms else "unknown"
             nodes.append({"name": node, "health": health, "leads": led, "self": node == self.name})
-        return {"node": self.name, "nodes": nodes}
+        refused = dict(sorted(self._receiving.refused.items()))
+        return {"node": self.name, "nodes": nodes, "refused_from_peers": refused}
 
     def wal_stats(self) -> WalStats | None:
         return self._storage.wal.stats() if self._storage is not None else None
 
     # === from the transport ==========================================================
 
-    def on_raft_message(self, uid: str, message: Message) -> None:
-        """From the transport: a message for the replica of group ``uid``."""
-        self._heard_ms[node_of(message.src)] = self.clock.monotonic_ms()
-        rep = self._by_uid.get(uid)
+    def on_raft_message(self, src: NodeName, uid: str, message: Message) -> None:
+        """From the transport: a message from node ``src`` for the replica of group
+        ``uid``, checked (``receiving``) before and by the replica's core."""
+        self._heard_ms[src] = self.clock.monotonic_ms()
+        rep = self._receiving.replica_for(src, uid, message)
         if rep is None or rep.closed or rep.failed is not None or not self._running:
             return
         try:
             # The core's clock moves first: a heartbeat restarts the election timer from
             # now, not from the last tick (a follower ticks only at its deadline).
             self._timers.tick(rep)
-            rep.raft.step(Receive(message))
+            self._receiving.step(rep, src, message)
         except EntryDamaged as e:
             self._hosting.damaged(rep, e)
             return
         self._hosting.schedule(rep)
 
-    async def on_call(self, call: NodeCall) -> object:
-        """From the transport: a peer's request (never forwarded again)."""
-        return await self._router.on_call(call)
+    async def on_call(self, src: NodeName, call: NodeCall) -> object:
+        """From the transport: a request of node ``src`` (never forwarded again)."""
+        return await self._router.on_call(src, call)
 
     # === shared by the parts =========================================================
 

@@ -2,7 +2,8 @@
 
 Rule: a client operation runs on the node of its queue's leader. The node that takes
 it checks and admits it, then runs it here when its replica leads, or forwards it to the
-leader's node: one hop, the peer never forwards it again. If the node taken for the
+leader's node: one hop, the peer never forwards it again, and checks and admits it as
+its own (``Node._admit``: a peer cannot bypass the limits of this node). If the node taken for the
 leader no longer hosts the queue, the caller gets ``NoLeader`` and retries; while no
 leader is known it waits up to ``Limits.leader_wait_ms``.
 
@@ -25,7 +26,7 @@ from engine.ids import NodeName
 from engine.raft.server import Role
 from engine.runtime import wire
 from engine.runtime.api import OutgoingMessage
-from engine.runtime.meta import QueueMeta
+from engine.runtime.meta import QueueMeta, check_meta, check_uid
 from engine.runtime.replica import Replica, node_of
 
 if TYPE_CHECKING:
@@ -195,21 +196,27 @@ class Router:
             # This node hosts the queue: the node it took for the leader no longer does.
             raise NoLeader(f"queue {call.name}: its leader moved, retry") from None
 
-    async def on_call(self, call: NodeCall) -> object:
-        """From the transport: a peer's request (never forwarded again)."""
+    async def on_call(self, src: NodeName, call: NodeCall) -> object:
+        """From the transport: a request of node ``src`` (never forwarded again)."""
         node = self.node
         if not node._running:
             raise NoLeader(f"node {node.name} is stopping")
         call = check_call(call)
         if isinstance(call, CreateReplica):
+            check_meta(call.meta, node.limits)
             await node._catalog.create_replica(call.meta)
             return None
         if isinstance(call, DeleteReplica):
+            check_uid(call.uid)
             await node._catalog.delete_replica(call.uid)
             return None
         if isinstance(call, PublishRouted):
             return await node.publish(call.name, call.messages)
-        return await self.local(call)
+        # A client operation another node took: checked and admitted here too, as the
+        # node that took it did (its checks are not this node's to trust).
+        node._ops.check(call)
+        async with node._admit():
+            return await self.local(call)
 
     async def local(self, call: LeaderCall) -> object:
         """Run ``call`` on this node, whose replica must lead."""
