@@ -92,46 +92,42 @@ def refusal_in_term(s: RaftServer, msg: Message) -> str | None:
 def _append_refusal(s: RaftServer, msg: AppendRequest) -> str | None:
     if msg.prev_term > msg.term:
         return "append_prev_past_term"
-    size_max = s.limits.entry_bytes_max
-    expected, term = msg.prev_index + 1, msg.prev_term
-    for e in msg.entries:
-        if e.index != expected:
-            return "append_entries_not_in_sequence"
-        if e.term < term:
-            return "append_terms_decrease"
-        if len(e.data) > size_max or e.kind is EntryKind.CONFIG:
-            reason = _entry_refusal(e, size_max)
-            if reason is not None:
-                return reason
-        expected += 1
-        term = e.term
-    if term > msg.term:
+    entries = msg.entries
+    if not entries:
+        return None
+    # A comprehension per field (faster than one loop of tests): appends are the bulk
+    # of the traffic.
+    first = msg.prev_index + 1
+    if [e.index for e in entries] != list(range(first, first + len(entries))):
+        return "append_entries_not_in_sequence"
+    terms = [e.term for e in entries]
+    if terms[0] < msg.prev_term or terms != sorted(terms):
+        return "append_terms_decrease"
+    if terms[-1] > msg.term:
         return "append_entries_past_term"
-    return None
+    return _entries_refusal(s, entries)
 
 
 def _chunk_refusal(s: RaftServer, msg: SnapshotChunk) -> str | None:
     if msg.snapshot_index < 1 or not 1 <= msg.snapshot_term <= msg.term:
         return "snapshot_past_term"
-    size_max = s.limits.entry_bytes_max
     index = 0
     for e in msg.entries:
         if not index < e.index <= msg.snapshot_index or e.term > msg.snapshot_term:
             return "snapshot_entries_out_of_place"
         if e.kind is not EntryKind.COMMAND:
             return "snapshot_entries_not_commands"
-        if len(e.data) > size_max:
-            return "entry_too_large"
         index = e.index
-    return None
+    return _entries_refusal(s, msg.entries) if msg.entries else None
 
 
-def _entry_refusal(e: Entry, size_max: int) -> str | None:
-    if len(e.data) > size_max:
+def _entries_refusal(s: RaftServer, entries: list[Entry]) -> str | None:
+    if max([len(e.data) for e in entries]) > s.limits.entry_bytes_max:
         return "entry_too_large"
-    if e.kind is EntryKind.CONFIG:
-        config = Configuration.parse(e.data)
-        if config is None or not config.voters:
+    config = EntryKind.CONFIG
+    for e in [e for e in entries if e.kind is config]:
+        parsed = Configuration.parse(e.data)
+        if parsed is None or not parsed.voters:
             return "configuration_undecodable"
     return None
 
