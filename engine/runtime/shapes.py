@@ -5,7 +5,9 @@ when its ``Shape`` is made (at import), into one converter per field. A converte
 the field's value as msgpack gives it back, or as typed code built it, and returns the
 field's value, or raises ``WireError``. ``engine.runtime.wire`` rebuilds every dataclass
 it decodes through its shape, by keyword; ``engine.runtime.routing.check_call`` checks a
-call that did not cross the wire with the same shapes.
+call that did not cross the wire with the same shapes. ``Shape.build`` is generated per
+type (as ``dataclasses`` generates ``__init__``) with the simple tests written inline:
+decoding with every check costs no more than decoding without them did.
 
 What an annotation admits:
 
