@@ -38,6 +38,11 @@ class ValidationFailed(QuorraError):
     status, problem, title = 422, "validation-failed", "Validation failed"
 
 
+class WireError(ValidationFailed):
+    """Bytes from a peer that do not decode to what the node protocol allows, or a call
+    whose fields are not of their declared types (``engine.runtime.wire``)."""
+
+
 class QueueNotFound(QuorraError):
     status, problem, title = 404, "queue-not-found", "Queue not found"
 
@@ -138,4 +143,5 @@ __all__ = [
     "StaleReceipt",
     "StorageFailed",
     "ValidationFailed",
+    "WireError",
 ]

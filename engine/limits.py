@@ -158,6 +158,21 @@ class Limits:
     meta_record_bytes_estimate: int = 256
     """What one node, queue, user or token weighs in a metadata checkpoint, roughly."""
 
+    # --- from peers: what a node decodes and takes (runtime wire, receiving) --------
+    wire_document_bytes_max: int = 64 * MIB
+    """A msgpack document (a frame's payload) larger than this does not decode. It holds
+    an append or a snapshot chunk with one entry of any size, or a publish batch."""
+    wire_depth_max: int = 8
+    """Dataclasses nested deeper than this in one document do not decode (each is
+    decoded by a recursive call: a deep nest would exhaust the stack)."""
+    wire_items_max: int = 65_536
+    """A list or map with more items than this does not decode."""
+    wire_str_bytes_max: int = 64 * KIB
+    """A string longer than this does not decode (bodies and entries are bytes)."""
+    peer_refusal_log_interval_ms: int = 10_000
+    """A node logs the messages it refuses from peers at most once per interval (and
+    counts each in ``Node.cluster()``), so a peer sending junk cannot flood the log."""
+
     def __post_init__(self) -> None:
         assert 0 < self.tick_ms <= self.heartbeat_interval_ms
         assert self.heartbeat_interval_ms * 2 < self.election_timeout_ms_min
@@ -191,6 +206,16 @@ class Limits:
         # cluster metadata
         assert self.cluster_nodes_max >= 1 and self.cluster_tombstones_max >= 0
         assert self.meta_checkpoint_bytes_min >= 1 and self.meta_record_bytes_estimate >= 1
+        # from peers
+        assert self.wire_document_bytes_max >= self.entry_bytes_max + MIB
+        assert self.wire_document_bytes_max >= self.batch_bytes_max + MIB
+        assert self.wire_depth_max >= 4
+        assert self.wire_items_max >= max(
+            self.batch_messages_max,
+            self.receive_messages_max,
+            self.append_entries_per_message_max,
+        )
+        assert self.wire_str_bytes_max >= self.headers_bytes_max
 
     @property
     def dead_letter_batch_bytes_max(self) -> int:

@@ -7,6 +7,7 @@ at a time, so any two consecutive configurations share a majority.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import msgpack
@@ -47,10 +48,28 @@ class Configuration:
 
     @staticmethod
     def decode(data: bytes) -> Configuration:
-        voters, learners = msgpack.unpackb(data)
-        return Configuration(
-            tuple(ServerId(s) for s in voters), tuple(ServerId(s) for s in learners)
-        )
+        """The configuration this node encoded (in its log or a checkpoint)."""
+        config = Configuration.parse(data)
+        assert config is not None, "a configuration this node encoded"
+        return config
+
+    @staticmethod
+    def parse(data: bytes) -> Configuration | None:
+        """The configuration ``data`` encodes, or ``None`` if it encodes none (bytes
+        from a peer): two lists of server ids, each sorted and unique, disjoint."""
+        try:
+            voters, learners = msgpack.unpackb(data)
+        except (ValueError, TypeError, msgpack.UnpackException):
+            return None
+        if not (_sorted_ids(voters) and _sorted_ids(learners)) or set(voters) & set(learners):
+            return None
+        return Configuration(tuple(voters), tuple(learners))
+
+
+def _sorted_ids(ids: object) -> bool:
+    if type(ids) is not list or not all(type(s) is str for s in ids):
+        return False
+    return all(a < b for a, b in itertools.pairwise(ids))
 
 
 EMPTY_CONFIGURATION = Configuration(())

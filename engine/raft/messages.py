@@ -14,6 +14,10 @@ from dataclasses import dataclass, field
 from engine.ids import ServerId
 from engine.raft.entry import Entry
 
+INT_MAX = (1 << 62) - 1
+"""Terms, indexes, offsets and times in a message are at most this: storage keeps them
+as unsigned 64-bit numbers, with room for what the core adds to them (the next term)."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class VoteRequest:
@@ -139,6 +143,7 @@ Message = (
 )
 
 __all__ = [
+    "INT_MAX",
     "AppendRequest",
     "AppendResponse",
     "Heartbeat",

@@ -44,7 +44,15 @@ from collections import deque
 
 from engine.errors import RecoveryRefused
 from engine.ids import ServerId
-from engine.raft import election, membership, quorum, read_only, replication, snapshot_transfer
+from engine.raft import (
+    election,
+    membership,
+    quorum,
+    read_only,
+    refusals,
+    replication,
+    snapshot_transfer,
+)
 from engine.raft.config import EMPTY_CONFIGURATION, Configuration
 from engine.raft.entry import Entry, EntryKind, LogStore
 from engine.raft.events import (
@@ -172,6 +180,10 @@ class RaftServer:
         self.hard_state_out = HardState(self.term, self.vote, self.commit)
         self.rd = Ready()
         """What the next ``ready()`` returns, filled as events are stepped."""
+        self.refused = 0
+        """Messages refused as impossible from a correct peer (``refusals``)."""
+        self.refusal: str | None = None
+        """Why the last of them was refused."""
         if repair:
             self.term, self.vote = self.term + 1, None
         self.reset_election_timer()
@@ -457,11 +469,24 @@ class RaftServer:
 
     # --- messages --------------------------------------------------------------------
 
+    def refuse(self, reason: str) -> None:
+        """Drop a message no correct peer sends (see ``refusals``), counting it."""
+        self.refused += 1
+        self.refusal = reason
+
     def _on_message(self, msg: Message) -> None:
+        reason = refusals.refusal(self, msg)
+        if reason is not None:
+            self.refuse(reason)
+            return
         if msg.term > self.term and not self._on_higher_term(msg):
             return
         if msg.term < self.term:
             self._on_lower_term(msg)
+            return
+        reason = refusals.refusal_in_term(self, msg)
+        if reason is not None:
+            self.refuse(reason)
             return
         kind = type(msg)
         leading = self.role is Role.LEADER

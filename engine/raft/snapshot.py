@@ -65,15 +65,22 @@ class Snapshot:
         return bytes(msgpack.packb(body, use_bin_type=True))
 
     @staticmethod
-    def decode(data: bytes) -> Snapshot:
-        index, term, config, state, live = msgpack.unpackb(data, raw=False)
-        return Snapshot(
-            index=index,
-            term=term,
-            config=Configuration.decode(config),
-            machine_state=state,
-            live_indexes=BitMap64.deserialize(live),
-        )
+    def parse(data: bytes) -> Snapshot | None:
+        """The snapshot ``data`` encodes, or ``None`` if it encodes none (the bytes a
+        follower assembled from a leader's chunks)."""
+        try:
+            index, term, config_data, state, live = msgpack.unpackb(data, raw=False)
+            live_indexes = BitMap64.deserialize(live) if type(live) is bytes else None
+        except (ValueError, TypeError, IndexError, msgpack.UnpackException):
+            return None
+        if type(index) is not int or type(term) is not int or index < 1 or term < 1:
+            return None
+        config = Configuration.parse(config_data) if type(config_data) is bytes else None
+        if config is None or live_indexes is None or type(state) is not bytes:
+            return None
+        if live_indexes and live_indexes.max() > index:
+            return None
+        return Snapshot(index, term, config, state, live_indexes)
 
 
 __all__ = ["Snapshot", "SnapshotMeta"]

@@ -116,7 +116,11 @@ def on_response(s: RaftServer, msg: SnapshotResponse) -> None:
         return
     if msg.missing:
         # The follower's latest word (it may have restarted and lost some entries).
-        pr.snapshot_missing = BitMap64.deserialize(msg.missing)
+        try:
+            pr.snapshot_missing = BitMap64.deserialize(msg.missing)
+        except (ValueError, IndexError):
+            s.refuse("missing_set_undecodable")
+            return
     if msg.next_offset > len(pr.snapshot_data) and pr.snapshot_missing is None:
         return  # the stall timer asks again with a piece of the checkpoint
     pr.snapshot_offset = msg.next_offset
@@ -155,6 +159,9 @@ class Receipt:
     next_offset: int
     missing: BitMap64 | None = None
     installed: tuple[Snapshot, list[Entry]] | None = None
+    refused: str | None = None
+    """The checkpoint's bytes decode to no snapshot, or to another one: the transfer
+    starts over (``next_offset`` 0)."""
 
 
 def receive(inc: Incoming | None, msg: SnapshotChunk, held_lo: int, held_hi: int) -> Receipt:
@@ -180,8 +187,11 @@ def _receive_checkpoint_piece(
     inc.data.extend(msg.data)
     if not msg.done:
         return Receipt(len(inc.data))
-    snap = Snapshot.decode(bytes(inc.data))
-    assert (snap.index, snap.term) == (inc.index, inc.term)
+    snap = Snapshot.parse(bytes(inc.data))
+    if snap is None:
+        return Receipt(0, refused="snapshot_undecodable")
+    if (snap.index, snap.term) != (inc.index, inc.term):
+        return Receipt(0, refused="snapshot_not_as_announced")
     inc.snapshot = snap
     inc.missing = snap.live_indexes - held_live(snap.live_indexes, held_lo, held_hi)
     return _maybe_complete(inc, msg)
@@ -222,6 +232,9 @@ def on_chunk(s: RaftServer, msg: SnapshotChunk) -> None:
     if msg.offset == 0 and not msg.entries and not resumes:
         inc = s.incoming_snapshot = Incoming(*key, bytearray())
     receipt = receive(inc, msg, s.log.snapshot_index, min(s.commit, s.log.stable_last))
+    if receipt.refused is not None:
+        s.refuse(receipt.refused)
+        s.incoming_snapshot = None
     if receipt.installed is not None:
         s.incoming_snapshot = None
         _install(s, *receipt.installed)

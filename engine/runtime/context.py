@@ -31,6 +31,7 @@ from engine.runtime.hosting import Hosting
 from engine.runtime.member_changes import Membership
 from engine.runtime.meta import QueueMeta
 from engine.runtime.queue_ops import QueueOps
+from engine.runtime.receiving import Receiving
 from engine.runtime.replica import Proposal, Replica
 from engine.runtime.routing import Router
 from engine.runtime.timers import Timers
@@ -93,6 +94,7 @@ class NodeContext:
         self.membership = Membership(self)
         self.dead_letters = DeadLetters(self)
         self.checkpoints = Checkpoints(self)
+        self.receiving = Receiving(self)
 
     # --- what the lifecycle sets ---------------------------------------------------------
 

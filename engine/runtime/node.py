@@ -48,7 +48,7 @@ Where each part lives: ``hosting`` (opening replicas, the Raft loop, WAL batches
 between nodes), ``queue_ops`` (publish, receive, settle, browse, purge), ``catalog``
 (queue definitions), ``member_changes`` (members and leadership),
 ``dead_letter_routing``, ``checkpoints`` (checkpoints and compaction), ``observe``
-(stats). They share the node's ``NodeContext`` (``context``: its state and the
+(stats), ``receiving`` (the checks on peers' Raft messages). They share the node's ``NodeContext`` (``context``: its state and the
 operations every part uses); ``Node`` runs the lifecycle and implements ``QueueEngine``
 by delegating to them.
 """
@@ -63,7 +63,6 @@ from engine.errors import EntryDamaged, NoLeader, QuorraError
 from engine.ids import NodeName
 from engine.limits import DEFAULT_LIMITS, Limits
 from engine.node_key import receipt_key
-from engine.raft.events import Receive
 from engine.raft.messages import Message
 from engine.runtime import observe
 from engine.runtime.api import (
@@ -299,7 +298,8 @@ class Node:
                 heard = self._heard_ms.get(node)
                 health = "up" if heard is not None and now - heard <= alive_ms else "unknown"
             nodes.append({"name": node, "health": health, "leads": led, "self": node == self.name})
-        return {"node": self.name, "nodes": nodes}
+        refused = dict(sorted(self.context.receiving.refused.items()))
+        return {"node": self.name, "nodes": nodes, "refused_from_peers": refused}
 
     def wal_stats(self) -> WalStats | None:
         ctx = self.context
@@ -307,26 +307,27 @@ class Node:
 
     # === from the transport ==========================================================
 
-    def on_raft_message(self, uid: str, message: Message) -> None:
-        """From the transport: a message for the replica of group ``uid``."""
-        self._heard_ms[node_of(message.src)] = self.clock.monotonic_ms()
+    def on_raft_message(self, src: NodeName, uid: str, message: Message) -> None:
+        """From the transport: a message from node ``src`` for the replica of group
+        ``uid``, checked (``receiving``) before and by the replica's core."""
+        self._heard_ms[src] = self.clock.monotonic_ms()
         ctx = self.context
-        rep = ctx.by_uid.get(uid)
+        rep = ctx.receiving.replica_for(src, uid, message)
         if rep is None or rep.closed or rep.failed is not None or not ctx.running:
             return
         try:
             # The core's clock moves first: a heartbeat restarts the election timer from
             # now, not from the last tick (a follower ticks only at its deadline).
             ctx.timers.tick(rep)
-            rep.raft.step(Receive(message))
+            ctx.receiving.step(rep, src, message)
         except EntryDamaged as e:
             ctx.hosting.damaged(rep, e)
             return
         ctx.hosting.schedule(rep)
 
-    async def on_call(self, call: NodeCall) -> object:
-        """From the transport: a peer's request (never forwarded again)."""
-        return await self.context.router.on_call(call)
+    async def on_call(self, src: NodeName, call: NodeCall) -> object:
+        """From the transport: a request of node ``src`` (never forwarded again)."""
+        return await self.context.router.on_call(src, call)
 
 
 def _close_files(storage: NodeStorage) -> None:

@@ -22,6 +22,7 @@ from engine.errors import (
     StorageFailed,
     ValidationFailed,
 )
+from engine.limits import Limits
 from engine.queue import (
     CheckedOut,
     Enqueued,
@@ -46,6 +47,7 @@ from engine.runtime.meta import CONSUMER_BYTES_MAX, check_message, decode_header
 from engine.runtime.replica import Replica
 from engine.runtime.routing import (
     BrowseCall,
+    LeaderCall,
     PublishCall,
     PurgeCall,
     ReceiveCall,
@@ -63,16 +65,33 @@ class QueueOps:
     def __init__(self, ctx: NodeContext) -> None:
         self.ctx = ctx
 
+    def check(self, call: LeaderCall) -> None:
+        """A client operation's arguments checked against the limits: by the node that
+        takes it, and again by the leader's node when a peer forwarded it (the leader's
+        half trusts them). Each message is checked once, where the batch is encoded."""
+        limits = self.ctx.limits
+        if isinstance(call, PublishCall):
+            if not call.messages:
+                raise ValidationFailed("a publish holds at least one message")
+            if len(call.messages) > limits.batch_messages_max:
+                raise MessageTooLarge(f"a batch holds at most {limits.batch_messages_max}")
+        elif isinstance(call, ReceiveCall):
+            _check_receive(call, limits)
+        elif isinstance(call, SettleCall):
+            _check_settle(call, limits)
+        elif isinstance(call, BrowseCall):
+            if not 1 <= call.limit <= limits.receive_messages_max:
+                raise ValidationFailed(f"limit must be 1..{limits.receive_messages_max}")
+            if call.after is not None and call.after < 0:
+                raise ValidationFailed("after must be a cursor from an earlier page")
+
     async def publish(self, name: str, messages: list[OutgoingMessage]) -> list[int]:
-        """Each message is checked once, where the batch is encoded (the leader's node)."""
         ctx = self.ctx
         ctx.replica(name)
-        if not messages:
-            raise ValidationFailed("a publish holds at least one message")
-        if len(messages) > ctx.limits.batch_messages_max:
-            raise MessageTooLarge(f"a batch holds at most {ctx.limits.batch_messages_max}")
+        call = PublishCall(name, messages)
+        self.check(call)
         async with ctx.admit():
-            result = await ctx.router.route(PublishCall(name, messages))
+            result = await ctx.router.route(call)
         assert isinstance(result, list)
         return result
 
@@ -132,17 +151,9 @@ class QueueOps:
     ) -> list[ReceivedMessage]:
         ctx = self.ctx
         ctx.replica(name)
-        limits = ctx.limits
-        if not 1 <= len(consumer.encode()) <= CONSUMER_BYTES_MAX:
-            raise ValidationFailed(f"consumer is 1..{CONSUMER_BYTES_MAX} bytes")
-        if not 1 <= max_messages <= limits.receive_messages_max:
-            raise ValidationFailed(f"max_messages must be 1..{limits.receive_messages_max}")
-        if not 0 <= wait_ms <= limits.receive_wait_ms_max:
-            raise ValidationFailed(f"wait_ms must be 0..{limits.receive_wait_ms_max}")
-        if lease_ms is not None and not 1 <= lease_ms <= limits.lease_ms_max:
-            raise ValidationFailed(f"lease_ms must be 1..{limits.lease_ms_max}")
+        call = ReceiveCall(name, consumer, max_messages, wait_ms, lease_ms)
+        self.check(call)
         async with ctx.admit():
-            call = ReceiveCall(name, consumer, max_messages, wait_ms, lease_ms)
             result = await ctx.router.route(call)
         assert isinstance(result, list)
         return result
@@ -227,9 +238,6 @@ class QueueOps:
         return await self.settle(name, "nack" if requeue else "discard", receipts, 0)
 
     async def extend(self, name: str, receipts: list[str], lease_ms: int) -> SettleResult:
-        lease_ms_max = self.ctx.limits.lease_ms_max
-        if not 1 <= lease_ms <= lease_ms_max:
-            raise ValidationFailed(f"lease_ms must be 1..{lease_ms_max}")
         return await self.settle(name, "extend", receipts, lease_ms)
 
     async def settle(
@@ -237,14 +245,12 @@ class QueueOps:
     ) -> SettleResult:
         ctx = self.ctx
         ctx.replica(name)
+        call = SettleCall(name, how, receipts, lease_ms)
+        self.check(call)
         if not receipts:
             return SettleResult(0, ())
-        if len(receipts) > ctx.limits.receive_messages_max:
-            raise ValidationFailed(f"at most {ctx.limits.receive_messages_max} receipts")
-        for r in receipts:
-            check_receipt_text(r)
         async with ctx.admit():
-            result = await ctx.router.route(SettleCall(name, how, receipts, lease_ms))
+            result = await ctx.router.route(call)
         assert isinstance(result, SettleResult)
         return result
 
@@ -282,12 +288,10 @@ class QueueOps:
     async def browse(self, name: str, after: int | None, limit: int) -> list[BrowsedMessage]:
         ctx = self.ctx
         ctx.replica(name)
-        if not 1 <= limit <= ctx.limits.receive_messages_max:
-            raise ValidationFailed(f"limit must be 1..{ctx.limits.receive_messages_max}")
-        if after is not None and after < 0:
-            raise ValidationFailed("after must be a cursor from an earlier page")
+        call = BrowseCall(name, after, limit)
+        self.check(call)
         async with ctx.admit():
-            result = await ctx.router.route(BrowseCall(name, after, limit))
+            result = await ctx.router.route(call)
         assert isinstance(result, list)
         return result
 
@@ -322,6 +326,26 @@ class QueueOps:
         reply = await self.ctx.propose(rep, encode_purge())
         assert isinstance(reply, Purged)
         return reply.count
+
+
+def _check_receive(call: ReceiveCall, limits: Limits) -> None:
+    if not 1 <= len(call.consumer.encode()) <= CONSUMER_BYTES_MAX:
+        raise ValidationFailed(f"consumer is 1..{CONSUMER_BYTES_MAX} bytes")
+    if not 1 <= call.max_messages <= limits.receive_messages_max:
+        raise ValidationFailed(f"max_messages must be 1..{limits.receive_messages_max}")
+    if not 0 <= call.wait_ms <= limits.receive_wait_ms_max:
+        raise ValidationFailed(f"wait_ms must be 0..{limits.receive_wait_ms_max}")
+    if call.lease_ms is not None and not 1 <= call.lease_ms <= limits.lease_ms_max:
+        raise ValidationFailed(f"lease_ms must be 1..{limits.lease_ms_max}")
+
+
+def _check_settle(call: SettleCall, limits: Limits) -> None:
+    if call.how == "extend" and not 1 <= call.lease_ms <= limits.lease_ms_max:
+        raise ValidationFailed(f"lease_ms must be 1..{limits.lease_ms_max}")
+    if len(call.receipts) > limits.receive_messages_max:
+        raise ValidationFailed(f"at most {limits.receive_messages_max} receipts")
+    for r in call.receipts:
+        check_receipt_text(r)
 
 
 __all__ = ["QueueOps"]

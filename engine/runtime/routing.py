@@ -2,30 +2,31 @@
 
 Rule: a client operation runs on the node of its queue's leader. The node that takes
 it checks and admits it, then runs it here when its replica leads, or forwards it to the
-leader's node: one hop, the peer never forwards it again. If the node taken for the
+leader's node: one hop, the peer never forwards it again, and checks and admits it as
+its own (``Node._admit``: a peer cannot bypass the limits of this node). If the node taken for the
 leader no longer hosts the queue, the caller gets ``NoLeader`` and retries; while no
 leader is known it waits up to ``Limits.leader_wait_ms``.
 
 Every call between nodes is one frozen dataclass below, registered with
-``engine.runtime.wire``. ``check_call`` checks a call's shape (its type and the type of
-each field) before it runs, so that a peer, or a frame from a network transport, cannot
-make this node run anything else.
+``engine.runtime.wire``, which checks each field of a call it decodes against its
+annotation. ``check_call`` checks a call that did not cross the wire the same way before
+it runs, so that a peer cannot make this node run anything else.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import types
 import typing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, assert_never
 
-from engine.errors import NoLeader, QueueNotFound, ValidationFailed
+from engine.errors import NoLeader, QueueNotFound, WireError
 from engine.ids import NodeName
 from engine.raft.server import Role
+from engine.runtime import wire
 from engine.runtime.api import OutgoingMessage
-from engine.runtime.meta import QueueMeta
+from engine.runtime.meta import QueueMeta, check_meta, check_uid
 from engine.runtime.replica import Replica, node_of
 
 if TYPE_CHECKING:
@@ -143,38 +144,17 @@ CALL_TYPES: tuple[type[Any], ...] = (
     AddMemberCall,
     RemoveMemberCall,
 )
-_SHAPES: dict[type[Any], dict[str, Any]] = {cls: typing.get_type_hints(cls) for cls in CALL_TYPES}
+_SHAPES = wire.register(CALL_TYPES)
 
 
 def check_call(call: object) -> NodeCall:
-    """``call`` as a ``NodeCall``, or ``ValidationFailed`` if it is not one."""
+    """``call`` as a ``NodeCall``, or ``WireError`` (a ``ValidationFailed``) if it is not
+    one: a call that did not cross the wire is checked by the shapes decoding uses."""
     shape = _SHAPES.get(type(call))
     if shape is None:
-        raise ValidationFailed(f"not a call: {type(call).__name__}")
-    for field, hint in shape.items():
-        value = getattr(call, field)
-        if not _conforms(value, hint):
-            what = f"{type(call).__name__}.{field}"
-            raise ValidationFailed(f"call {what}: unexpected {type(value).__name__}")
+        raise WireError(f"not a call: {type(call).__name__}")
+    shape.check(call)
     return typing.cast(NodeCall, call)
-
-
-def _conforms(value: object, hint: Any) -> bool:
-    origin = typing.get_origin(hint)
-    if origin is None:
-        return hint is object or isinstance(value, hint)
-    args = typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        return any(_conforms(value, a) for a in args)
-    if origin is Literal:
-        return value in args
-    if origin is list:
-        return isinstance(value, list) and all(_conforms(v, args[0]) for v in value)
-    if origin is dict:
-        return isinstance(value, dict) and all(
-            _conforms(k, args[0]) and _conforms(v, args[1]) for k, v in value.items()
-        )
-    raise AssertionError(f"no shape check for {hint}")
 
 
 class Router:
@@ -216,21 +196,27 @@ class Router:
             # This node hosts the queue: the node it took for the leader no longer does.
             raise NoLeader(f"queue {call.name}: its leader moved, retry") from None
 
-    async def on_call(self, call: NodeCall) -> object:
-        """From the transport: a peer's request (never forwarded again)."""
+    async def on_call(self, src: NodeName, call: NodeCall) -> object:
+        """From the transport: a request of node ``src`` (never forwarded again)."""
         ctx = self.ctx
         if not ctx.running:
             raise NoLeader(f"node {ctx.name} is stopping")
         call = check_call(call)
         if isinstance(call, CreateReplica):
+            check_meta(call.meta, ctx.limits)
             await ctx.catalog.create_replica(call.meta)
             return None
         if isinstance(call, DeleteReplica):
+            check_uid(call.uid)
             await ctx.catalog.delete_replica(call.uid)
             return None
         if isinstance(call, PublishRouted):
             return await ctx.ops.publish(call.name, call.messages)
-        return await self.local(call)
+        # A client operation another node took: checked and admitted here too, as the
+        # node that took it did (its checks are not this node's to trust).
+        ctx.ops.check(call)
+        async with ctx.admit():
+            return await self.local(call)
 
     async def local(self, call: LeaderCall) -> object:
         """Run ``call`` on this node, whose replica must lead."""

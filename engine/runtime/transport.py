@@ -32,11 +32,15 @@ from engine.runtime.routing import NodeCall
 
 
 class Peer(Protocol):
-    """What a transport delivers to: the receiving side of a ``Node``."""
+    """What a transport delivers to: the receiving side of a ``Node``. ``src`` is the
+    node that sent the message or call: the peer a network transport authenticated, or
+    the sending node in memory. The receiver checks everything else (what the message
+    says of its sender and receiver, its content): nothing a peer sends may raise out of
+    ``on_raft_message``."""
 
-    def on_raft_message(self, uid: str, message: Message) -> None: ...
+    def on_raft_message(self, src: NodeName, uid: str, message: Message) -> None: ...
 
-    async def on_call(self, call: NodeCall) -> object: ...
+    async def on_call(self, src: NodeName, call: NodeCall) -> object: ...
 
 
 class Transport(Protocol):
@@ -109,7 +113,7 @@ class InMemoryTransport:
         self._network.messages_sent += 1
         if self._network.wire:
             message = wire.decode(wire.encode(message))
-        asyncio.get_running_loop().call_soon(peer.on_raft_message, uid, message)
+        asyncio.get_running_loop().call_soon(peer.on_raft_message, self._name, uid, message)
 
     async def call(self, dst: NodeName, call: NodeCall) -> object:
         peer = self._network._reachable(self._name, dst)
@@ -117,10 +121,10 @@ class InMemoryTransport:
             raise NoLeader(f"node {dst} is unreachable")
         await asyncio.sleep(0)
         if not self._network.wire:
-            return await peer.on_call(call)
+            return await peer.on_call(self._name, call)
         decoded = wire.decode(wire.encode(call))
         try:
-            answer = await peer.on_call(decoded)
+            answer = await peer.on_call(self._name, decoded)
         except QuorraError as error:
             raise wire.decode(wire.encode(error)) from None
         return wire.decode(wire.encode(answer))

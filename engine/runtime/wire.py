@@ -1,26 +1,38 @@
 """The bytes of what crosses a transport: msgpack, with frozen dataclasses as extension types.
 
 Rule: every value a ``Transport`` carries (Raft messages, node-to-node calls
-(``engine.runtime.routing``) and their answers, operating errors) encodes to one msgpack document and decodes to an
-equal value. A dataclass is the extension type ``DATACLASS`` holding ``[type name,
-[field values...]]`` in field order, rebuilt by field name; only the types registered here
-decode, so a peer cannot make this node build anything else. An operating error travels as ``ERROR``: ``[class name,
-detail]``. The in-memory transport can round-trip everything through this module
-(``InMemoryNetwork(wire=True)``), so the tests prove what a TCP transport with msgpack
-frames (a later issue) will carry.
+(``engine.runtime.routing``) and their answers, operating errors) encodes to one msgpack
+document and decodes to an equal value. A dataclass is the extension type ``DATACLASS``
+holding ``[type name, [field values...]]`` in field order; an operating error travels as
+``ERROR``: ``[class name, detail]``.
+
+Decoding trusts nothing: the bytes may come from any peer. Only registered dataclasses
+decode (here, and the calls ``routing`` registers), so a peer cannot make this node build
+anything else; each is rebuilt by keyword through its ``Shape`` (``engine.runtime.shapes``),
+every field checked against its annotation: the integers of Raft messages are
+non-negative and below ``INT_MAX`` (an entry's index and term at least 1; a snapshot
+answer's ``next_offset`` may be -1). A document is bounded in size, strings, items and
+depth of nested dataclasses (``Limits.wire_*``). Whatever the bytes, ``decode`` returns
+a value or raises ``WireError``, nothing else.
+
+The in-memory transport can round-trip everything through this module
+(``InMemoryNetwork(wire=True)``), so the tests prove what a network transport carries.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import msgpack
 
 from engine import errors
-from engine.raft.entry import Entry, EntryKind
+from engine.errors import WireError
+from engine.limits import DEFAULT_LIMITS, Limits
+from engine.raft.entry import Entry
 from engine.raft.messages import (
+    INT_MAX,
     AppendRequest,
     AppendResponse,
     Heartbeat,
@@ -31,6 +43,7 @@ from engine.raft.messages import (
     VoteRequest,
     VoteResponse,
 )
+from engine.runtime import shapes
 from engine.runtime.api import (
     BrowsedMessage,
     OutgoingMessage,
@@ -40,14 +53,34 @@ from engine.runtime.api import (
     SettleResult,
 )
 from engine.runtime.meta import QueueMeta
-from engine.runtime.routing import CALL_TYPES
 
 DATACLASS = 1
 ERROR = 2
 
-_TYPES: dict[str, type[Any]] = {
-    cls.__name__: cls
-    for cls in (
+_SHAPES: dict[str, shapes.Shape] = {}
+"""Every type that decodes, by name."""
+_BY_CLASS: dict[type[Any], shapes.Shape] = {}
+
+
+def register(
+    classes: Iterable[type[Any]],
+    *,
+    ints: shapes.Bounds | None = None,
+    bounds: Mapping[type[Any], Mapping[str, shapes.Bounds]] | None = None,
+) -> dict[type[Any], shapes.Shape]:
+    """Let ``classes`` cross the wire (in order: each may hold earlier registered ones);
+    returns their shapes. ``ints`` bounds their int fields, ``bounds`` some by name."""
+    new = shapes.shapes_of(classes, ints=ints, bounds=bounds, known=_BY_CLASS)
+    for cls, shape in new.items():
+        assert shape.name not in _SHAPES, f"two wire types named {shape.name}"
+        _SHAPES[shape.name] = _BY_CLASS[cls] = shape
+    return new
+
+
+_RAFT_INTS = (0, INT_MAX)
+register(
+    (
+        Entry,
         AppendRequest,
         AppendResponse,
         Heartbeat,
@@ -57,69 +90,122 @@ _TYPES: dict[str, type[Any]] = {
         TimeoutNow,
         VoteRequest,
         VoteResponse,
-        Entry,
-        QueueMeta,
+    ),
+    ints=_RAFT_INTS,
+    bounds={
+        Entry: {"index": (1, INT_MAX), "term": (1, INT_MAX)},
+        SnapshotResponse: {"next_offset": (-1, INT_MAX)},
+    },
+)
+register(
+    (
         QueueArgs,
+        QueueMeta,
+        QueueInfo,
         OutgoingMessage,
         ReceivedMessage,
         BrowsedMessage,
         SettleResult,
-        QueueInfo,
-        *CALL_TYPES,
     )
-}
-_FIELD_NAMES: dict[str, tuple[str, ...]] = {
-    name: tuple(f.name for f in dataclasses.fields(cls)) for name, cls in _TYPES.items()
-}
-"""Values travel in field order and are rebuilt by name (some types take keywords only)."""
+)
 _ERRORS: dict[str, type[errors.QuorraError]] = {
     name: cls
     for name, cls in vars(errors).items()
     if isinstance(cls, type) and issubclass(cls, errors.QuorraError)
 }
-_FIXUPS: dict[str, Callable[[list[Any]], list[Any]]] = {
-    "Entry": lambda f: [f[0], f[1], EntryKind(f[2]), f[3], f[4]],
-    "QueueMeta": lambda f: [*f[:4], tuple(f[4])],
-    "SettleResult": lambda f: [f[0], tuple(f[1])],
-}
-"""msgpack gives lists and ints back: restore tuples and enums where fields hold them."""
 
 
 def _default(value: object) -> msgpack.ExtType:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        name = type(value).__name__
-        assert _TYPES.get(name) is type(value), f"{name} is not a wire type"
-        fields = [getattr(value, f.name) for f in dataclasses.fields(value)]
-        return msgpack.ExtType(DATACLASS, encode([name, fields]))
+        shape = _BY_CLASS.get(type(value))
+        assert shape is not None, f"{type(value).__name__} is not a wire type"
+        fields = [getattr(value, name) for name, _convert in shape.fields]
+        return msgpack.ExtType(DATACLASS, encode([shape.name, fields]))
     if isinstance(value, errors.QuorraError):
         return msgpack.ExtType(ERROR, encode([type(value).__name__, value.detail]))
     raise TypeError(f"cannot encode {type(value).__name__}")
-
-
-def _ext_hook(code: int, data: bytes) -> object:
-    if code == DATACLASS:
-        name, fields = decode(data)
-        cls = _TYPES.get(name)
-        if cls is None:
-            raise ValueError(f"not a wire type: {name!r}")
-        fixup = _FIXUPS.get(name)
-        values = fixup(fields) if fixup else fields
-        names = _FIELD_NAMES[name]
-        if len(values) != len(names):
-            raise ValueError(f"{name}: {len(values)} fields, expected {len(names)}")
-        return cls(**dict(zip(names, values, strict=True)))
-    if code == ERROR:
-        name, detail = decode(data)
-        return _ERRORS.get(name, errors.QuorraError)(detail)
-    raise ValueError(f"unknown extension type {code}")
 
 
 def encode(value: object) -> bytes:
     return bytes(msgpack.packb(value, default=_default, use_bin_type=True))
 
 
+class Codec:
+    """Decodes documents within ``limits`` (``decode`` uses the default limits)."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.document_bytes_max = limits.wire_document_bytes_max
+        self.depth_max = limits.wire_depth_max
+        self._bounds: dict[str, int] = {
+            "max_str_len": limits.wire_str_bytes_max,
+            "max_array_len": limits.wire_items_max,
+            "max_map_len": limits.wire_items_max,
+        }
+        self._small = min(self._bounds.values())
+        """msgpack bounds a string, list or map by the bytes that hold it: a document no
+        longer than this needs no bound of ours (each costs time on every call)."""
+        self._hooks = [self._hook(depth) for depth in range(self.depth_max + 1)]
+        """The extension hook of each depth of nesting: it decodes the payload with the
+        next one; the last refuses. No state changes while a document decodes."""
+
+    def decode(self, data: bytes) -> Any:
+        """The value ``data`` encodes, or ``WireError``."""
+        if len(data) > self.document_bytes_max:
+            raise WireError(f"a document of {len(data)} bytes (at most {self.document_bytes_max})")
+        try:
+            return self._unpack(data, self._hooks[0])
+        except WireError:
+            raise
+        except (ValueError, TypeError, msgpack.UnpackException) as e:
+            raise WireError(f"undecodable: {type(e).__name__}: {e}") from None
+
+    def _unpack(self, data: bytes, hook: Callable[[int, bytes], object]) -> Any:
+        if len(data) <= self._small:
+            return msgpack.unpackb(data, ext_hook=hook)
+        return msgpack.unpackb(data, ext_hook=hook, **self._bounds)
+
+    def _hook(self, depth: int) -> Callable[[int, bytes], object]:
+        if depth == self.depth_max:
+
+            def too_deep(code: int, payload: bytes) -> object:
+                raise WireError(f"dataclasses nested more than {self.depth_max} deep")
+
+            return too_deep
+
+        def ext_hook(code: int, payload: bytes) -> object:
+            # msgpack decodes the payload of an extension by this recursive call: the
+            # innermost dataclasses are built (and checked) first.
+            if code != DATACLASS and code != ERROR:
+                raise WireError(f"unknown extension type {code}")
+            value = self._unpack(payload, self._hooks[depth + 1])
+            if type(value) is not list or len(value) != 2 or type(value[0]) is not str:
+                raise WireError("an extension is not [name, value]")
+            if code == DATACLASS:
+                return _build(value[0], value[1])
+            return _error(value[0], value[1])
+
+        return ext_hook
+
+
+def _build(name: str, fields: object) -> object:
+    shape = _SHAPES.get(name)
+    if shape is None:
+        raise WireError(f"not a wire type: {name!r}")
+    return shape.build(fields)
+
+
+def _error(name: str, detail: object) -> errors.QuorraError:
+    if type(detail) is not str:
+        raise WireError("an error's detail is not a string")
+    return _ERRORS.get(name, errors.QuorraError)(detail)
+
+
+_DEFAULT = Codec(DEFAULT_LIMITS)
+
+
 def decode(data: bytes) -> Any:
-    return msgpack.unpackb(data, ext_hook=_ext_hook, raw=False, strict_map_key=False)
+    """The value ``data`` encodes, within the default limits, or ``WireError``."""
+    return _DEFAULT.decode(data)
 
 
-__all__ = ["decode", "encode"]
+__all__ = ["DATACLASS", "ERROR", "Codec", "WireError", "decode", "encode", "register"]

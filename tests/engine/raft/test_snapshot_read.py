@@ -44,7 +44,7 @@ def test_a_snapshot_value_round_trips_through_bytes() -> None:
     c.tick(c.limits.election_timeout_ms_max)
     c.step("a", Propose(1, (encode_put("k", b"v"),)))
     snap = c.take_snapshot("a")
-    back = Snapshot.decode(snap.encode())
+    back = Snapshot.parse(snap.encode())
     assert back == snap
 
 

@@ -6,11 +6,15 @@ import dataclasses
 
 import msgpack
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine.errors import Backpressure, NoLeader, QueueNotFound
 from engine.ids import ServerId
+from engine.limits import DEFAULT_LIMITS
 from engine.raft.entry import Entry, EntryKind
 from engine.raft.messages import (
+    INT_MAX,
     AppendRequest,
     AppendResponse,
     Heartbeat,
@@ -31,6 +35,8 @@ from engine.runtime.api import (
     SettleResult,
 )
 from engine.runtime.meta import QueueMeta
+from engine.runtime.routing import PurgeCall
+from tests.engine.runtime.test_routing import CALLS
 
 A, B = ServerId("n1/q"), ServerId("n2/q")
 REFUSAL = AppendResponse(
@@ -116,5 +122,198 @@ def test_a_message_travels_as_its_field_values_in_order() -> None:
 
 def test_a_dataclass_with_the_wrong_field_count_is_refused() -> None:
     short = msgpack.ExtType(wire.DATACLASS, wire.encode(["TimeoutNow", ["n1/q", "n2/q"]]))
-    with pytest.raises(ValueError, match="TimeoutNow: 2 fields, expected 3"):
+    with pytest.raises(wire.WireError, match="TimeoutNow: 2 fields, expected 3"):
         wire.decode(msgpack.packb(short))
+
+
+# --- decoding trusts nothing ------------------------------------------------------------
+
+SAMPLES: list[object] = [
+    *VALUES,
+    *CALLS,
+    Entry(1, 1, EntryKind.CONFIG, 0, b"\x92\x90\x90"),
+    QueueArgs(),
+    NoLeader("no leader"),
+]
+"""A value of every wire type (and an error): what the fuzz tests mutate."""
+
+
+def _wire_types(value: object) -> set[type]:
+    if isinstance(value, list | tuple):
+        return set().union(*(_wire_types(v) for v in value)) if value else set()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        inner = [_wire_types(getattr(value, f.name)) for f in dataclasses.fields(value)]
+        return {type(value)}.union(*inner)
+    return set()
+
+
+def test_every_wire_type_has_a_sample() -> None:
+    assert set().union(*(_wire_types(v) for v in SAMPLES)) == set(wire._BY_CLASS)
+
+
+def assert_valid(value: object) -> None:
+    """Every dataclass in ``value`` passes its shape's check (types and bounds)."""
+    if isinstance(value, list | tuple):
+        for v in value:
+            assert_valid(v)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            assert_valid(k)
+            assert_valid(v)
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        wire._BY_CLASS[type(value)].check(value)
+        for f in dataclasses.fields(value):
+            assert_valid(getattr(value, f.name))
+
+
+def decodes_or_refuses(data: bytes) -> None:
+    try:
+        value = wire.decode(data)
+    except wire.WireError:
+        return
+    assert_valid(value)
+
+
+PLAIN = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(1 << 63), max_value=(1 << 64) - 1)
+    | st.floats()
+    | st.text(max_size=8)
+    | st.binary(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner),
+    max_leaves=8,
+)
+"""Any msgpack value."""
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200))
+def test_any_bytes_decode_to_a_value_or_wire_error(data: bytes) -> None:
+    decodes_or_refuses(data)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.sampled_from(SAMPLES),
+    st.lists(st.tuples(st.integers(0, 1 << 20), st.integers(0, 255), st.integers(0, 2))),
+)
+def test_mutated_bytes_decode_to_a_value_or_wire_error(
+    value: object, edits: list[tuple[int, int, int]]
+) -> None:
+    data = bytearray(wire.encode(value))
+    for at, byte, how in edits:
+        at %= len(data) + 1
+        if how == 0:
+            data[at : at + 1] = bytes([byte])
+        elif how == 1:
+            data[at:at] = bytes([byte])
+        else:
+            del data[at : at + 1]
+        if not data:
+            break
+    decodes_or_refuses(bytes(data))
+
+
+def _raw(data: bytes) -> object:
+    """The document with extensions left as ``ExtType`` values, their payloads too."""
+
+    def hook(code: int, payload: bytes) -> object:
+        return msgpack.ExtType(code, msgpack.packb(_raw(payload), use_bin_type=True))
+
+    return msgpack.unpackb(data, ext_hook=hook, raw=False)
+
+
+def _replace(tree: object, path: list[int], new: object) -> object:
+    """``tree`` with the node ``path`` leads to (indexes taken modulo) replaced."""
+    if not path:
+        return new
+    if isinstance(tree, msgpack.ExtType):
+        inner = _replace(msgpack.unpackb(tree.data, raw=False, ext_hook=msgpack.ExtType), path, new)
+        return msgpack.ExtType(tree.code, msgpack.packb(inner, use_bin_type=True))
+    if isinstance(tree, list) and tree:
+        k = path[0] % len(tree)
+        return [*tree[:k], _replace(tree[k], path[1:], new), *tree[k + 1 :]]
+    return new
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.sampled_from(SAMPLES),
+    st.lists(st.integers(0, 1000), max_size=6),
+    PLAIN
+    | st.builds(msgpack.ExtType, st.sampled_from([0, 1, 2, 3]), st.binary(max_size=12))
+    | st.just(msgpack.Timestamp(1, 0)),
+)
+def test_a_field_of_any_value_decodes_to_a_value_or_wire_error(
+    value: object, path: list[int], new: object
+) -> None:
+    """Structure-aware mutation: a field (or an item, a name, a whole extension) of a
+    valid encoding is replaced by any msgpack value."""
+    tree = _replace(_raw(wire.encode(value)), path, new)
+    decodes_or_refuses(msgpack.packb(tree, use_bin_type=True))
+
+
+def _dataclass(name: str, fields: list[object]) -> bytes:
+    return msgpack.packb(msgpack.ExtType(wire.DATACLASS, wire.encode([name, fields])))
+
+
+@pytest.mark.parametrize(
+    ("name", "fields", "why"),
+    [
+        ("Heartbeat", ["n1/q", "n2/q", True, 0, 0], r"Heartbeat\.term: bool"),
+        ("Heartbeat", ["n1/q", "n2/q", -1, 0, 0], r"Heartbeat\.term: -1 is not in"),
+        ("Heartbeat", ["n1/q", "n2/q", 1 << 62, 0, 0], r"Heartbeat\.term"),
+        ("Heartbeat", ["n1/q", 7, 1, 0, 0], r"Heartbeat\.dst: int"),
+        ("Entry", [0, 1, 0, 0, b""], r"Entry\.index: 0 is not in 1\.\."),
+        ("Entry", [1, 1, 7, 0, b""], r"Entry\.kind: 7 is not a EntryKind"),
+        ("SnapshotResponse", ["a", "b", 1, 1, -2, b""], r"next_offset: -2"),
+        ("AppendRequest", ["a", "b", 1, 0, 0, [[1, 1, 0, 0, b""]], 0], r"entries: list"),
+        ("SettleCall", ["q", "eat", ["r"], 0], r"SettleCall\.how"),
+        ("PublishCall", ["q", (b"x",)], r"PublishCall\.messages"),
+        ("QueueMeta", ["q", "u", {"replicas": 1}, 0, ["n1"]], r"QueueMeta\.args: dict"),
+        ("UpdatePolicyCall", ["q", {"max_length": [1]}], r"UpdatePolicyCall\.changes"),
+        ("Nothing", [], "not a wire type"),
+        ("TimeoutNow", ["n1/q", "n2/q"], "TimeoutNow: 2 fields, expected 3"),
+    ],
+)
+def test_a_field_not_of_its_type_is_refused(name: str, fields: list[object], why: str) -> None:
+    with pytest.raises(wire.WireError, match=why):
+        wire.decode(_dataclass(name, fields))
+
+
+def test_the_bounds_admit_what_messages_carry() -> None:
+    """The edges of the bounds decode: -1 for an installed snapshot, the largest term."""
+    last = SnapshotResponse(src=A, dst=B, term=INT_MAX, snapshot_index=1, next_offset=-1)
+    assert wire.decode(wire.encode(last)) == last
+
+
+def test_nesting_deeper_than_the_limit_is_refused_without_recursion() -> None:
+    for depth in (DEFAULT_LIMITS.wire_depth_max + 1, 3_000):
+        inner: object = None
+        for _ in range(depth):
+            inner = msgpack.ExtType(wire.DATACLASS, msgpack.packb(["X", [inner]]))
+        with pytest.raises(wire.WireError, match="nested more than"):
+            wire.decode(msgpack.packb(inner))
+
+
+def test_a_document_or_a_string_past_its_limit_is_refused() -> None:
+    with pytest.raises(wire.WireError, match="a document of"):
+        wire.decode(bytes(DEFAULT_LIMITS.wire_document_bytes_max + 1))
+    long_name = PurgeCall("x" * (DEFAULT_LIMITS.wire_str_bytes_max + 1))
+    with pytest.raises(wire.WireError, match="max_str_len"):
+        wire.decode(wire.encode(long_name))
+    many = ["x"] * (DEFAULT_LIMITS.wire_items_max + 1)
+    with pytest.raises(wire.WireError, match="max_array_len"):
+        wire.decode(wire.encode(many))
+
+
+def test_other_extensions_and_error_shapes_are_refused() -> None:
+    for ext in (
+        msgpack.ExtType(9, b"\x90"),
+        msgpack.ExtType(wire.ERROR, msgpack.packb(["NoLeader", 3])),
+        msgpack.ExtType(wire.ERROR, msgpack.packb(["NoLeader"])),
+        msgpack.ExtType(wire.DATACLASS, msgpack.packb({"Heartbeat": []})),
+    ):
+        with pytest.raises(wire.WireError):
+            wire.decode(msgpack.packb(ext))
