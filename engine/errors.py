@@ -94,9 +94,10 @@ class NoLeader(QuorraError):
 
 
 class OutcomeUnknown(NoLeader):
-    """A call to another node was sent but no answer came: the connection dropped or the
-    call's deadline passed. It may or may not have taken effect; the client retries (a
-    publish with its dedup id). A kind of ``NoLeader``: code that tolerates an
+    """An operation was sent but no answer can come: a call to another node whose
+    connection dropped or whose deadline passed, or a proposal whose leader stepped down
+    before it committed. It may or may not take effect; the client retries (a publish
+    with its dedup id). A kind of ``NoLeader``: code that tolerates an
     unreachable node (deleting a replica on a node that is down) tolerates this too."""
 
     status, problem, title = 503, "outcome-unknown", "Outcome unknown"

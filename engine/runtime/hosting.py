@@ -28,6 +28,7 @@ from engine.errors import (
     Backpressure,
     EntryDamaged,
     NoLeader,
+    OutcomeUnknown,
     QueueConflict,
     QuorraError,
     StorageFailed,
@@ -243,6 +244,8 @@ class Hosting:
         seen = (int(raft.role), raft.leader, raft.term)
         if seen != rep.seen:
             became_leader = raft.role is Role.LEADER and rep.seen[0] != int(Role.LEADER)
+            if rep.seen[0] == int(Role.LEADER) and raft.role is not Role.LEADER:
+                self.leadership_lost(rep)
             rep.seen = seen
             for f in rep.leader_waiters:
                 if not f.done():
@@ -253,6 +256,25 @@ class Hosting:
         ctx.timers.arm_tick(rep)
         if raft.role is Role.LEADER:
             ctx.timers.arm_expire(rep)
+
+    def leadership_lost(self, rep: Replica) -> None:
+        """This replica stopped leading. What it proposed may still commit under the next
+        leader (then the caller gets its answer as the entry applies here) or be lost;
+        after an election timeout without an answer this node cannot tell, and each
+        caller learns so (``OutcomeUnknown``: 503, retry with the same dedup id) rather
+        than at its proposal timeout, as when the leader was cut off in a minority."""
+        pending = [*rep.proposals.values(), *rep.waiting.values()]
+        if not pending:
+            return
+
+        def give_up() -> None:
+            for p in pending:
+                if not p.future.done():
+                    p.future.set_exception(
+                        OutcomeUnknown(f"queue {rep.name}: its leader stepped down; retry")
+                    )
+
+        self.ctx.loop.call_later(self.ctx.limits.election_timeout_ms_max / 1000, give_up)
 
     def submit(self, rep: Replica, op: AppendOp | HardStateOp) -> None:
         storage = self.ctx.storage

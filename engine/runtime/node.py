@@ -56,6 +56,7 @@ by delegating to them.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from pathlib import Path
 
@@ -286,18 +287,29 @@ class Node:
         now = self.clock.monotonic_ms()
         alive_ms = 2 * self.limits.election_timeout_ms_max
         nodes = []
+        links = self.transport.health()
         for node in self.transport.nodes():
             led = sorted(
                 rep.name
                 for rep in self.context.replicas.values()
                 if rep.raft.leader is not None and node_of(rep.raft.leader) == node
             )
+            entry: dict[str, object] = {"name": node, "leads": led, "self": node == self.name}
             if node == self.name:
-                health = "up" if self.context.running else "down"
+                entry["health"] = "up" if self.context.running else "down"
             else:
                 heard = self._heard_ms.get(node)
-                health = "up" if heard is not None and now - heard <= alive_ms else "unknown"
-            nodes.append({"name": node, "health": health, "leads": led, "self": node == self.name})
+                link = links.get(node)
+                if heard is not None and now - heard <= alive_ms:
+                    entry["health"] = "up"
+                else:
+                    entry["health"] = (
+                        "down" if link is not None and not link.connected else "unknown"
+                    )
+                if link is not None:
+                    entry.update(dataclasses.asdict(link))
+                    entry["raft_heard_ms"] = None if heard is None else now - heard
+            nodes.append(entry)
         refused = dict(sorted(self.context.receiving.refused.items()))
         return {"node": self.name, "nodes": nodes, "refused_from_peers": refused}
 

@@ -35,8 +35,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from dataclasses import dataclass
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 from engine.errors import Backpressure, MessageTooLarge, NoLeader, OutcomeUnknown, QuorraError
 from engine.ids import NodeName
@@ -59,34 +58,9 @@ from engine.runtime.tcp_frames import (
     limits_fingerprint,
 )
 from engine.runtime.tcp_handshake import READ_BYTES, HandshakeRefused, Identity, TlsConfig
+from engine.runtime.transport import Peer, PeerHealth
 
 log = logging.getLogger("quorra.engine")
-
-
-class Receiver(Protocol):
-    """The receiving side of a node: ``engine.runtime.transport.Peer``, whose methods
-    learn the authenticated node that sent each message or call."""
-
-    def on_raft_message(self, src: NodeName, uid: str, message: Message) -> None: ...
-
-    async def on_call(self, src: NodeName, call: NodeCall) -> object: ...
-
-
-@dataclass(frozen=True, slots=True)
-class PeerHealth:
-    connected: bool
-    """Both lanes are up."""
-    last_heard_ms: int | None
-    """How long ago anything arrived from the peer (monotonic); None if never."""
-    drops: int
-    """Raft messages and answers dropped: buffer full, or the peer not connected."""
-    buffered_bytes: int
-    """Bytes waiting to be written to the peer, both lanes."""
-    rtt_ms: float | None
-    """Round trip of the last ping on the control lane."""
-    last_error: str | None
-    """Why the last connection or attempt failed (a refused handshake says why), until
-    the next one succeeds."""
 
 
 def call_deadline_ms(call: NodeCall, limits: Limits) -> int:
@@ -119,7 +93,7 @@ class TcpTransport:
         self._links = {NodeName(p): Link(NodeName(p), addr) for p, addr in peers.items()}
         self._dialers = frozenset(p for p in self._links if p < self.name)
         """The peers that dial this node: those with lower names."""
-        self._receiver: Receiver | None = None
+        self._receiver: Peer | None = None
         self._server: asyncio.Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -143,7 +117,7 @@ class TcpTransport:
     def nodes(self) -> list[NodeName]:
         return sorted([self.name, *self._links])
 
-    def attach(self, name: NodeName, peer: Receiver) -> None:
+    def attach(self, name: NodeName, peer: Peer) -> None:
         assert name == self.name, name
         self._receiver = peer
 
@@ -528,4 +502,4 @@ def _address(writer: asyncio.StreamWriter) -> str:
     return str(peer)
 
 
-__all__ = ["PeerHealth", "Receiver", "TcpTransport", "TlsConfig", "call_deadline_ms"]
+__all__ = ["TcpTransport", "TlsConfig", "call_deadline_ms"]

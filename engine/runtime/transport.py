@@ -22,6 +22,7 @@ or a partition.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import Protocol
 
 from engine.errors import NoLeader, QuorraError
@@ -43,6 +44,25 @@ class Peer(Protocol):
     async def on_call(self, src: NodeName, call: NodeCall) -> object: ...
 
 
+@dataclass(frozen=True, slots=True)
+class PeerHealth:
+    """What a transport knows of its link to one peer (``GET /cluster``)."""
+
+    connected: bool
+    """Messages can flow both ways now."""
+    last_heard_ms: int | None
+    """How long ago anything arrived from the peer (monotonic); None if never."""
+    drops: int = 0
+    """Raft messages and answers dropped: buffer full, or the peer not connected."""
+    buffered_bytes: int = 0
+    """Bytes waiting to be written to the peer."""
+    rtt_ms: float | None = None
+    """Round trip of the last ping."""
+    last_error: str | None = None
+    """Why the last connection or attempt failed (a refused handshake says why), until
+    the next one succeeds."""
+
+
 class Transport(Protocol):
     def nodes(self) -> list[NodeName]:
         """Every node of the cluster, this one included, sorted."""
@@ -59,6 +79,10 @@ class Transport(Protocol):
     def send(self, dst: NodeName, uid: str, message: Message) -> None: ...
 
     async def call(self, dst: NodeName, call: NodeCall) -> object: ...
+
+    def health(self) -> dict[NodeName, PeerHealth]:
+        """Each peer's link, this node left out."""
+        ...
 
 
 class InMemoryNetwork:
@@ -129,6 +153,16 @@ class InMemoryTransport:
             raise wire.decode(wire.encode(error)) from None
         return wire.decode(wire.encode(answer))
 
+    def health(self) -> dict[NodeName, PeerHealth]:
+        """A peer is connected while neither side is cut off and it is attached; the
+        in-memory network keeps no timings."""
+        net = self._network
+        return {
+            n: PeerHealth(connected=net._reachable(self._name, n) is not None, last_heard_ms=None)
+            for n in net.names
+            if n != self._name
+        }
+
 
 class LocalTransport:
     """The transport of a node alone: no peers."""
@@ -151,5 +185,15 @@ class LocalTransport:
     async def call(self, dst: NodeName, call: NodeCall) -> object:
         raise NoLeader(f"node {dst} is not part of this cluster")
 
+    def health(self) -> dict[NodeName, PeerHealth]:
+        return {}
 
-__all__ = ["InMemoryNetwork", "InMemoryTransport", "LocalTransport", "Peer", "Transport"]
+
+__all__ = [
+    "InMemoryNetwork",
+    "InMemoryTransport",
+    "LocalTransport",
+    "Peer",
+    "PeerHealth",
+    "Transport",
+]

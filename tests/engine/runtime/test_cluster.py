@@ -7,7 +7,9 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
-from engine.errors import NoLeader, QueueConflict
+import pytest
+
+from engine.errors import NoLeader, OutcomeUnknown, QueueConflict
 from engine.limits import Limits
 from engine.runtime import InMemoryNetwork, Node
 from engine.runtime.api import QueueArgs
@@ -318,6 +320,30 @@ def test_a_refused_addition_leaves_no_replica_behind(tmp_path: Path) -> None:
             assert [q.uid for q in nodes[added].queues()] == [info.uid]
             await eventually(lambda: nodes[refused[0]].queues() == [], what="the orphan went")
             assert not (tmp_path / refused[0] / "queues" / info.uid).exists()
+        finally:
+            await asyncio.gather(*(n.stop() for n in nodes.values()))
+
+    run(body())
+
+
+def test_a_leader_cut_off_fails_its_waiting_proposals_when_it_steps_down(tmp_path: Path) -> None:
+    """The proposals of a leader that loses its majority cannot be confirmed by it: they
+    fail as ``OutcomeUnknown`` once it steps down (an election timeout, check-quorum),
+    not at the proposal timeout (10 s)."""
+
+    async def body() -> None:
+        network = InMemoryNetwork(NAMES)
+        nodes = await cluster(tmp_path, network)
+        try:
+            await nodes["n1"].create_queue("cut", QueueArgs(replicas=3))
+            await retrying(lambda: nodes["n1"].publish("cut", msgs("a")))
+            leader = await retrying(lambda: leader_name(nodes, "cut"))
+            network.isolate(leader)
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            with pytest.raises(OutcomeUnknown):
+                await nodes[leader].publish("cut", msgs("b"))
+            assert loop.time() - started < FAST.proposal_timeout_ms / 1000 / 2
         finally:
             await asyncio.gather(*(n.stop() for n in nodes.values()))
 
