@@ -35,6 +35,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import queue_api
 from app.api import ops, tokens, users
+from app.api.deps import API_PREFIX
 from app.auth import hash_password, random_password
 from app.cluster_settings import format_address
 from app.db import repo
@@ -48,6 +49,7 @@ from app.passwords import PasswordWorkers
 from app.problems import install_problem_handlers, problem_response
 from app.routing import add_routes
 from app.settings import Settings, load_secret_key
+from app.state import node_or_none
 from app.throttle import FailureThrottle
 from app.token_cache import TokenCache
 from app.ui import dashboard
@@ -230,6 +232,37 @@ class SecurityHeadersMiddleware:
         await self.app(scope, receive, send_wrapper)
 
 
+class LeaderHeaderMiddleware:
+    """Every answer about a queue (``/api/v1/queues/{name}...``) names the node that
+    leads it, as this node knows it, in ``Quorra-Leader``: a client may send its next
+    requests there directly and save the forwarding hop."""
+
+    PREFIX = f"{API_PREFIX}/queues/"
+
+    def __init__(self, app: ASGIApp, state: State) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path: str = scope.get("path", "")
+        if scope["type"] != "http" or not path.startswith(self.PREFIX):
+            await self.app(scope, receive, send)
+            return
+        name = path[len(self.PREFIX) :].partition("/")[0]
+
+        async def send_wrapper(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                node = node_or_none(self.state)
+                leader = None if node is None or not name else node.leader_of(name)
+                if leader is not None:
+                    headers = list(message.get("headers", []))
+                    headers.append((b"quorra-leader", leader.encode()))
+                    message["headers"] = headers
+            await send(message)
+
+        await self.app(scope, receive, send_wrapper)
+
+
 class BodyLimitMiddleware:
     """Refuse request bodies over ``limit_bytes`` with a 413 problem, before parsing.
 
@@ -322,4 +355,5 @@ def create_app(
         body_bytes_max=settings.request_body_bytes_max,
         extra_headers=SecurityHeadersMiddleware.HEADERS,
     )
+    app.add_middleware(LeaderHeaderMiddleware, state=app.state)
     return app

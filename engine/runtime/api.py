@@ -153,6 +153,11 @@ class QueueEngine(Protocol):
 
     def set_record_listener(self, listener: RecordListener | None) -> None: ...
 
+    def leader_of(self, name: str) -> str | None:
+        """The node that leads queue ``name`` as this node knows it; None when unknown
+        (no such queue here, an election running)."""
+        ...
+
     def queues(self) -> list[QueueInfo]: ...
 
     async def create_queue(self, name: str, args: QueueArgs) -> tuple[QueueInfo, bool]:

@@ -313,6 +313,11 @@ class Node:
         refused = dict(sorted(self.context.receiving.refused.items()))
         return {"node": self.name, "nodes": nodes, "refused_from_peers": refused}
 
+    def leader_of(self, name: str) -> str | None:
+        rep = self.context.replicas.get(name)
+        leader = None if rep is None else rep.raft.leader
+        return None if leader is None else node_of(leader)
+
     def wal_stats(self) -> WalStats | None:
         ctx = self.context
         return ctx.storage.wal.stats() if ctx.has_storage else None
