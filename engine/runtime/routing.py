@@ -130,6 +130,19 @@ LeaderCall = (
 NodeCall = CreateReplica | DeleteReplica | PublishRouted | LeaderCall
 """Every call a node makes to another."""
 
+PROPOSING_CALL_TYPES = (
+    PublishRouted,
+    PublishCall,
+    ReceiveCall,
+    SettleCall,
+    BrowseCall,
+    PurgeCall,
+    UpdatePolicyCall,
+)
+"""The calls whose work on the leader's node is at most one proposal (or a read): they
+take no longer than ``Limits.leader_wait_ms + proposal_timeout_ms`` (plus a receive's
+wait); the others (replicas, members, leadership) may take several steps."""
+
 CALL_TYPES: tuple[type[Any], ...] = (
     CreateReplica,
     DeleteReplica,
@@ -251,6 +264,7 @@ class Router:
 
 __all__ = [
     "CALL_TYPES",
+    "PROPOSING_CALL_TYPES",
     "AddMemberCall",
     "BrowseCall",
     "CreateReplica",

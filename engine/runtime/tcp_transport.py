@@ -43,7 +43,7 @@ from engine.limits import Limits
 from engine.raft.messages import Message
 from engine.runtime import tcp_handshake as handshake
 from engine.runtime.rate_log import RateLimitedLog
-from engine.runtime.routing import NodeCall, ReceiveCall
+from engine.runtime.routing import PROPOSING_CALL_TYPES, NodeCall, ReceiveCall
 from engine.runtime.tcp_conn import Conn, Link, describe
 from engine.runtime.tcp_frames import (
     HANDSHAKE_FRAME_BYTES_MAX,
@@ -64,9 +64,15 @@ log = logging.getLogger("quorra.engine")
 
 
 def call_deadline_ms(call: NodeCall, limits: Limits) -> int:
-    """How long a call may take: the default, plus the wait of a long-poll receive."""
-    wait_ms = call.wait_ms if isinstance(call, ReceiveCall) else 0
-    return limits.cluster_call_deadline_ms + wait_ms
+    """How long a call may take, by method. A client operation forwarded to the leader's
+    node is bounded by what the leader itself allows it (a leader to appear, then its
+    proposal), plus a long-poll receive's wait: past that the answer is lost (a frame
+    dropped), and the client hears so then rather than at the default deadline, which
+    covers the administrative calls (a membership change creates a replica first)."""
+    if isinstance(call, PROPOSING_CALL_TYPES):
+        wait_ms = call.wait_ms if isinstance(call, ReceiveCall) else 0
+        return limits.leader_wait_ms + limits.proposal_timeout_ms + wait_ms
+    return limits.cluster_call_deadline_ms
 
 
 class TcpTransport:

@@ -22,7 +22,13 @@ from engine.limits import DEFAULT_LIMITS, MIB, Limits
 from engine.raft.entry import Entry, EntryKind
 from engine.raft.messages import AppendRequest, Heartbeat, Message, SnapshotChunk
 from engine.runtime import tcp_handshake as handshake
-from engine.runtime.routing import DeleteReplica, NodeCall, ReceiveCall
+from engine.runtime.routing import (
+    AddMemberCall,
+    DeleteReplica,
+    NodeCall,
+    PublishCall,
+    ReceiveCall,
+)
 from engine.runtime.tcp_frames import (
     HANDSHAKE_FRAME_BYTES_MAX,
     FrameDecoder,
@@ -425,12 +431,19 @@ def test_a_call_past_its_deadline_raises_outcome_unknown() -> None:
     run(body(), 30)
 
 
-def test_a_long_poll_receive_has_its_wait_added_to_the_deadline() -> None:
+def test_each_method_has_its_deadline_and_a_long_poll_adds_its_wait() -> None:
+    """A forwarded client operation is bounded by the leader's own bounds (a leader to
+    appear, one proposal), a long-poll receive by that plus its wait; the calls of
+    several steps (replicas, members) by the default deadline."""
+    proposal_ms = LIMITS.leader_wait_ms + LIMITS.proposal_timeout_ms
     short = ReceiveCall("q", "c", 10, 0, None)
     long_poll = ReceiveCall("q", "c", 10, 20_000, None)
-    assert call_deadline_ms(short, LIMITS) == LIMITS.cluster_call_deadline_ms
-    assert call_deadline_ms(long_poll, LIMITS) == LIMITS.cluster_call_deadline_ms + 20_000
+    assert call_deadline_ms(short, LIMITS) == proposal_ms
+    assert call_deadline_ms(long_poll, LIMITS) == proposal_ms + 20_000
+    assert call_deadline_ms(PublishCall("q", []), LIMITS) == proposal_ms
+    assert proposal_ms < LIMITS.cluster_call_deadline_ms
     assert call_deadline_ms(DeleteReplica("u"), LIMITS) == LIMITS.cluster_call_deadline_ms
+    assert call_deadline_ms(AddMemberCall("q", "n2"), LIMITS) == LIMITS.cluster_call_deadline_ms
 
 
 def test_a_call_raises_outcome_unknown_when_the_peer_dies_mid_call() -> None:
