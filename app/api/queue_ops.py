@@ -4,22 +4,19 @@ History (``GET .../snapshots``, ``GET .../compactions``) comes from SQLite, wher
 runs are stored by these endpoints and automatic ones by the node's record listener;
 current state (segments, the log now, the cluster) comes from the engine.
 
-Membership and leadership: on a single-node cluster there is no other node to add,
-remove or hand leadership to, so those endpoints answer 409
-``/problems/single-node-cluster``. On a cluster they call the node's
-``add_member``/``remove_member``/``transfer_leadership`` (offered by
-``engine.runtime.Node`` beyond the ``QueueEngine`` protocol), which answer once the change
-has committed: the queue as it is now, with its members.
+Membership and leadership go through ``app.cluster_admin`` (shared with the dashboard),
+which answers once the change has committed, or 409 ``/problems/single-node-cluster``
+on a single node.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Protocol, cast
+from typing import Annotated
 
 from anyio import from_thread
 from fastapi import APIRouter, Body, Path, Request, status
 
-from app import queue_admin
+from app import cluster_admin, queue_admin
 from app.api.deps import API_PREFIX, PrincipalDep, QueueName, SessionDep
 from app.api.queue_deps import CanConfigure, CanSee, DatabaseDep, NodeDep
 from app.api.queue_schemas import (
@@ -38,18 +35,13 @@ from app.auth import Principal
 from app.db import repo
 from app.db.models import CompactionEntry, SnapshotEntry
 from app.negotiation import NegotiatedRoute
-from app.problems import AppProblem, problem_responses
-from engine.errors import ValidationFailed
-from engine.runtime.api import CheckpointRecord, CompactionRecord, QueueEngine, QueueInfo
+from app.problems import problem_responses
+from engine.runtime.api import CheckpointRecord, CompactionRecord, QueueEngine
 
 router = APIRouter(
     prefix=API_PREFIX, tags=["snapshots and compaction"], route_class=NegotiatedRoute
 )
 cluster_router = APIRouter(prefix=API_PREFIX, tags=["cluster"], route_class=NegotiatedRoute)
-
-
-class SingleNodeCluster(AppProblem):
-    status, problem, title = 409, "single-node-cluster", "Single-node cluster"
 
 
 def snapshot_out(row: SnapshotEntry | CheckpointRecord) -> SnapshotOut:
@@ -182,27 +174,6 @@ async def cluster(who: PrincipalDep, node: NodeDep) -> dict[str, object]:
     return cluster_seen_by(node, who)
 
 
-class ClusterChanges(Protocol):
-    """Offered by ``engine.runtime.Node`` beyond the ``QueueEngine`` protocol."""
-
-    async def add_member(self, name: str, node: str) -> QueueInfo: ...
-
-    async def remove_member(self, name: str, node: str) -> QueueInfo: ...
-
-    async def transfer_leadership(self, name: str, node: str) -> None: ...
-
-
-def _cluster_changes(node: QueueEngine, name: str) -> ClusterChanges:
-    """The node's membership calls, or 409 on a single node (after a 404 for no queue)."""
-    info_of(node, name)
-    nodes = node.cluster().get("nodes", [])
-    if not isinstance(nodes, list | dict) or len(nodes) <= 1 or not hasattr(node, "add_member"):
-        raise SingleNodeCluster(
-            "this cluster has one node: there is no other node to add, remove or lead"
-        )
-    return cast(ClusterChanges, node)
-
-
 MEMBER_PROBLEMS = PROBLEMS | problem_responses(409)
 
 
@@ -217,10 +188,7 @@ async def add_member(
 ) -> QueueOut:
     """Add a replica on ``node``: it joins as a learner, catches up and becomes a voter
     (one change at a time; 409 while another runs). Answers once the change committed."""
-    info = await _cluster_changes(node, name).add_member(name, body.node)
-    await queue_admin.record_action(
-        db, actor(request, who), "queue.member.add", name, node=body.node
-    )
+    info = await cluster_admin.add_member(node, db, actor(request, who), name, body.node)
     return queue_out(node, info)
 
 
@@ -235,24 +203,8 @@ async def remove_member(
 ) -> QueueOut:
     """Remove the replica on ``node_name`` (one change at a time); its data is deleted
     once the change committed. Answers with the queue as it is now."""
-    info = await _cluster_changes(node, name).remove_member(name, node_name)
-    await queue_admin.record_action(
-        db, actor(request, who), "queue.member.remove", name, node=node_name
-    )
+    info = await cluster_admin.remove_member(node, db, actor(request, who), name, node_name)
     return queue_out(node, info)
-
-
-def _transfer_target(node: QueueEngine, name: str, wanted: str | None) -> str:
-    """``wanted``, or the most up-to-date follower of the queue's group."""
-    if wanted is not None:
-        return wanted
-    raft = node.stats(name).get("raft", {})
-    members = raft.get("members", []) if isinstance(raft, dict) else []
-    followers = [m for m in members if isinstance(m, dict) and m.get("role") == "follower"]
-    if not followers:
-        raise ValidationFailed(f"queue {name} has no follower to hand leadership to")
-    followers.sort(key=lambda m: (m.get("lag") is None, m.get("lag") or 0, str(m.get("node"))))
-    return str(followers[0]["node"])
 
 
 @cluster_router.post("/queues/{name}/leader", response_model=LeaderOut, responses=MEMBER_PROBLEMS)
@@ -266,8 +218,6 @@ async def transfer_leader(
 ) -> LeaderOut:
     """Hand the queue's leadership to ``node`` (or the most up-to-date follower); answers
     once that node leads (503 ``no-leader`` when it did not take over in time)."""
-    changes = _cluster_changes(node, name)
-    target = _transfer_target(node, name, (body or LeaderIn()).node)
-    await changes.transfer_leadership(name, target)
-    await queue_admin.record_action(db, actor(request, who), "queue.leader", name, node=target)
+    wanted = (body or LeaderIn()).node
+    target = await cluster_admin.transfer_leadership(node, db, actor(request, who), name, wanted)
     return LeaderOut(leader=target)
