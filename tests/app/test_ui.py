@@ -165,3 +165,18 @@ def test_the_page_with_a_new_token_is_not_cached(server: Server) -> None:
         )
         assert created.status_code == 200 and "qra_" in created.text
         assert created.headers["cache-control"] == "no-store"
+
+
+def test_the_cluster_page_on_a_single_node(server: Server) -> None:
+    with browser(server) as client:
+        log_in(client)
+        page = client.get("/cluster")
+        assert page.status_code == 200
+        assert 'aria-current="page">Cluster</a>' in page.text
+        assert "this node</span>" in page.text
+        refused = client.post(
+            "/cluster/leader",
+            data={"queue": "nope", "node": ""},
+            headers={"X-CSRF-Token": csrf_of(page)},
+        )
+        assert refused.status_code == 404, refused.text

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -173,3 +174,50 @@ async def _no_quorum(client: httpx.AsyncClient) -> None:
     # Refused at once, or appended and then lost with the leadership: both say retry.
     assert response.json()["type"] in ("/problems/no-leader", "/problems/outcome-unknown")
     assert response.headers["retry-after"] == "1"
+
+
+CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
+
+
+def test_the_cluster_page_shows_links_and_leaders_and_moves_a_leadership(tmp_path: Path) -> None:
+    async def body(client: httpx.AsyncClient, others: list[Node]) -> None:
+        assert (await client.put("/api/v1/queues/pq")).status_code == 201
+        leader = await _leader(client, "pq")
+        page = await client.get("/login")
+        token = CSRF.search(page.text)
+        assert token is not None
+        form = {"username": "admin", "password": "admin-password", "csrf_token": token[1]}
+        assert (await client.post("/login", data=form)).status_code in (200, 303)
+        shown = await client.get("/cluster")
+        assert shown.status_code == 200
+        for name in NAMES:
+            assert f'<tr data-node="{name}">' in shown.text
+        assert shown.text.count("connected</span>") >= 2, "both peers' links are up"
+        assert '<tr data-queue="pq">' in shown.text
+        csrf = CSRF.search(shown.text)
+        assert csrf is not None
+        target = next(n for n in NAMES if n != leader)
+        moved = await client.post(
+            "/cluster/leader",
+            data={"queue": "pq", "node": target},
+            headers={"X-CSRF-Token": csrf[1]},
+        )
+        assert moved.status_code == 200 and f"{target} leads pq now" in moved.text, moved.text
+        assert await _leader(client, "pq") == target
+        refused = await client.post(
+            "/cluster/leader",
+            data={"queue": "nope", "node": target},
+            headers={"X-CSRF-Token": csrf[1]},
+        )
+        assert refused.status_code == 404
+
+    _run_cluster(tmp_path, NAMES, body)
+
+
+async def _leader(client: httpx.AsyncClient, name: str) -> str:
+    for _ in range(200):
+        leader = (await client.get(f"/api/v1/queues/{name}")).json()["stats"]["raft"]["leader"]
+        if leader is not None:
+            return str(leader)
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"no leader of {name}")
