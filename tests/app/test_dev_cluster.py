@@ -3,12 +3,18 @@ secret and password; and (with the TCP transport) a real three-node run."""
 
 from __future__ import annotations
 
+import os
+import signal
 import stat
+import subprocess
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from app.dev_cluster import _kept, command, environment, plan
+from tests.app.conftest import QUORRA, ROOT, free_port
 
 
 def test_nodes_get_consecutive_ports_and_their_own_directories(tmp_path: Path) -> None:
@@ -44,3 +50,69 @@ def test_the_secret_and_password_are_made_once_private_and_reused(
     assert "QUORRA_CLUSTER_SECRET" not in env, "a stray secret would be refused as two secrets"
     assert env["QUORRA_CLUSTER_SECRET_FILE"] == str(tmp_path / "cluster.secret")
     assert env["QUORRA_ADMIN_PASSWORD"] == "pw"
+
+
+@pytest.mark.integration
+def test_three_local_nodes_form_a_cluster_and_stop_together(tmp_path: Path) -> None:
+    """``quorra dev-cluster 3``: every node ready and connected to the others, a queue
+    replicated on all three served through any node, and Ctrl-C stops every node."""
+    port, cluster_port = free_port(), free_port()
+    while abs(cluster_port - port) < 3:
+        cluster_port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QUORRA_")}
+    root = tmp_path / "dc"
+    proc = subprocess.Popen(
+        [
+            QUORRA,
+            "dev-cluster",
+            "3",
+            "--data-dir",
+            str(root),
+            "--port",
+            str(port),
+            "--cluster-port",
+            str(cluster_port),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+        cwd=ROOT,
+    )
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline().decode() for _ in range(5)]
+        assert lines[0].startswith("n1  dashboard http://127.0.0.1:"), lines
+        password = (root / "admin.password").read_text().strip()
+        assert f"password: {password}" in lines[3]
+        urls = [f"http://127.0.0.1:{port + k}" for k in range(3)]
+        # Until users live in the cluster's metadata, each node makes its own tokens.
+        tokens = [
+            httpx.post(f"{url}/api/v1/tokens", auth=("admin", password)).json()["token"]
+            for url in urls
+        ]
+        bearer = [{"Authorization": f"Bearer {t}"} for t in tokens]
+        created = httpx.put(f"{urls[0]}/api/v1/queues/dc", json={"replicas": 3}, headers=bearer[0])
+        assert created.status_code == 201, created.text
+        deadline = time.monotonic() + 30
+        while True:
+            published = httpx.post(
+                f"{urls[2]}/api/v1/queues/dc/messages",
+                json={"messages": [{"body": "x"}]},
+                headers=bearer[2],
+            )
+            if published.status_code == 201 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert published.status_code == 201, published.text
+        nodes = httpx.get(f"{urls[1]}/api/v1/cluster", headers=bearer[1]).json()["nodes"]
+        assert sorted(n["name"] for n in nodes) == ["n1", "n2", "n3"]
+        assert all(n["connected"] for n in nodes if not n["self"]), nodes
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(30)
+        if proc.stdout is not None:
+            proc.stdout.close()
+    assert proc.returncode == 0
+    for k in range(3):
+        with pytest.raises(httpx.TransportError):
+            httpx.get(f"http://127.0.0.1:{port + k}/healthz", timeout=1)
