@@ -313,9 +313,7 @@ class RefFifo:
 
     def nbytes(self) -> int:
         """Resident bytes of the pages (array headers included)."""
-        return sum(
-            p.nbytes() if isinstance(p, SpilledPage) else _nbytes(p) for p in self._pages
-        )
+        return sum(p.nbytes() if isinstance(p, SpilledPage) else _nbytes(p) for p in self._pages)
 
     def _new_tail_page(self) -> U64:
         """Append an empty page; seal the one before it unless it is the head."""
@@ -527,10 +525,10 @@ class RefFifo:
 
     def spill_farthest(self) -> None:
         """Spill ``farthest_warm``: drop the resident copy of a page already stored, or
-        store the page."""
+        store the page (if the store refuses it, ``StorageFailed``, the page stays)."""
         pager = self._pager
         assert pager is not None
-        n = self._warm.pop()
+        n = self._warm[-1]
         i = n - self._first_no
         assert 0 < i < len(self._pages) - 1
         page = self._pages[i]
@@ -539,7 +537,8 @@ class RefFifo:
             page.resident = None
             page.prefetched = False
         else:
-            self._pages[i] = pager.write(page)
+            self._pages[i] = pager.write(page)  # may raise StorageFailed: nothing changed
+        self._warm.pop()
         self._cold += 1
         pager.note(resident=-1, warm=-1)
 
@@ -648,9 +647,7 @@ class RefFifo:
         if self._pager is None:
             assert not spilled and not self._warm
             return
-        held = [
-            self._first_no + i for i in range(1, len(pages) - 1) if i not in set(out)
-        ]
+        held = [self._first_no + i for i in range(1, len(pages) - 1) if i not in set(out)]
         assert self._warm == held, (self._warm, held)
 
 

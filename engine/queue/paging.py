@@ -26,7 +26,9 @@ Messages published later never reorder the pages already held (a push to a highe
 lane delays every page behind it alike). "Oldest loaded" would instead spill the page
 read ahead first, the one about to be needed. Across the queues of a node, distances
 in messages cannot be compared (their consumers run at unknown rates), so the node's
-budget takes a page from the queue that holds the most pages it could spill.
+budget shares the pages out: the queue that needs room gives up its own farthest page
+if it holds at least an even share of the pages the node could spill, else the queue
+that holds the most gives up its farthest.
 
 Read-ahead. The head page and the next ``read_ahead_pages`` pages in delivery order
 (``Limits.page_read_ahead``) are loaded before consumption reaches them, so a steady
@@ -55,7 +57,7 @@ import crc32c
 import numpy as np
 import numpy.typing as npt
 
-from engine.errors import PageDamaged
+from engine.errors import PageDamaged, StorageFailed
 from engine.index_sets import index_set
 from engine.limits import Limits
 from engine.queue.pages import RefFifo, SealedPage, SpilledPage, decode_page, encode_page, hot
@@ -169,6 +171,8 @@ class PagingStats:
     """Pages the head reached while they were out: loaded then and there."""
     pages_rebuilt: int = 0
     """Damaged or lost pages rebuilt from the log."""
+    page_write_failures: int = 0
+    """Pages the store refused (they stayed in memory, over the budget)."""
 
 
 NOT_PAGED = PagingStats()
@@ -214,12 +218,17 @@ class NodePages:
     def queues(self) -> int:
         return len(self._pagers)
 
-    def spill_elsewhere(self, pager: QueuePager) -> bool:
-        """Spill one page of the queue other than ``pager``'s that holds the most pages it
-        could spill (see the module's rule); whether there was one."""
-        if self.warm - pager.warm <= 0:
+    def spill_one(self, pager: QueuePager) -> bool:
+        """Spill one page for the node's budget, asked by ``pager``'s queue: its own
+        farthest if it holds at least its share of the node's spillable pages, else the
+        farthest of the queue that holds the most (see the module's rule; the scan over
+        the queues happens only then). Whether a page was spilled."""
+        if self.warm <= 0:
             return False
-        victim = max((p for p in self._pagers.values() if p is not pager), key=lambda p: p.warm)
+        if pager.warm * len(self._pagers) >= self.warm:
+            victim = pager
+        else:
+            victim = max(self._pagers.values(), key=lambda p: p.warm)
         return victim.spill_farthest()
 
 
@@ -257,7 +266,7 @@ class QueuePager:
         self.warm = 0
         self.wants_read_ahead = False
         self.page_writes = self.page_loads = self.read_ahead_hits = 0
-        self.page_waits = self.pages_rebuilt = 0
+        self.page_waits = self.pages_rebuilt = self.page_write_failures = 0
         self._key = node.join(self)
 
     @classmethod
@@ -289,18 +298,25 @@ class QueuePager:
         while self.resident > self.pages_max and self.spill_farthest():
             pass
         node = self.node
-        while node.resident > node.pages_max and (
-            self.spill_farthest() or node.spill_elsewhere(self)
-        ):
+        while node.resident > node.pages_max and node.spill_one(self):
             pass
 
     def spill_farthest(self) -> bool:
-        """Spill this queue's resident page farthest from delivery; whether there was one."""
+        """Spill this queue's resident page farthest from delivery; whether it did."""
         for lane in reversed(self.lanes):
             if lane.farthest_warm() is not None:
-                lane.spill_farthest()
-                return True
+                return self._spill(lane)
         return False
+
+    def _spill(self, lane: RefFifo) -> bool:
+        """A store that refuses a page (disk full, I/O error) leaves it resident, over
+        the budget, rather than fail the command being applied."""
+        try:
+            lane.spill_farthest()
+        except StorageFailed:
+            self.page_write_failures += 1
+            return False
+        return True
 
     def write(self, page: U64 | SealedPage) -> SpilledPage:
         """Store a page; what stands for it in its lane from then on."""
@@ -418,8 +434,7 @@ class QueuePager:
             lane = self.lanes[n]
             far = lane.farthest_warm()
             if far is not None and (n > lane_no or far > number):
-                lane.spill_farthest()
-                return True
+                return self._spill(lane)
         return False
 
     # --- what it reports ----------------------------------------------------------------
@@ -433,6 +448,7 @@ class QueuePager:
             read_ahead_hits=self.read_ahead_hits,
             page_waits=self.page_waits,
             pages_rebuilt=self.pages_rebuilt,
+            page_write_failures=self.page_write_failures,
         )
 
     def check(self) -> None:

@@ -163,8 +163,7 @@ def read_snapshot(data: bytes) -> SnapshotState:
         lanes = state[LANES_AT]
         assert isinstance(lanes, list)
         state[LANES_AT] = [
-            [lane[0], np.frombuffer(lane[1], dtype=np.uint64), _spilled(lane[2:])]
-            for lane in lanes
+            [lane[0], np.frombuffer(lane[1], dtype=np.uint64), _spilled(lane[2:])] for lane in lanes
         ]
         return SnapshotState(*state)
 
@@ -198,9 +197,7 @@ def inline_snapshot(data: bytes, load: Callable[[int], bytes]) -> bytes:
             done = at + page.count
         parts.append(refs[taken:])
         lanes.append([head_pos, b"".join(part.tobytes() for part in parts)])
-    return bytes(
-        msgpack.packb(state._replace(version=2, lanes=lanes), use_bin_type=True)
-    )
+    return bytes(msgpack.packb(state._replace(version=2, lanes=lanes), use_bin_type=True))
 
 
 def _read_with_views(data: bytes) -> list[Any]:
