@@ -117,16 +117,20 @@ def index_set_of(
     lanes: Iterable[FrozenRefs], others: Iterable[U64], table: FallbackTable
 ) -> BitMap64:
     """The Raft indexes of the refs of ``lanes`` and ``others``: spilled pages give the
-    set they keep, nothing is read from the page store."""
-    chunks: list[U64] = []
+    set they keep, nothing is read from the page store. A page at a time, each expanded
+    page dropped before the next (they stay in the CPU cache)."""
     spilled: list[SpilledPage] = []
-    for lane in lanes:
-        for part in lane.parts():
-            if isinstance(part, SpilledPage):
-                spilled.append(part)
-            else:
-                chunks.append(part)
-    live = indexes_of_parts([*chunks, *others], table)
+
+    def chunks() -> Iterator[U64]:
+        for lane in lanes:
+            for part in lane.parts():
+                if isinstance(part, SpilledPage):
+                    spilled.append(part)
+                else:
+                    yield part
+        yield from others
+
+    live = indexes_of_parts(chunks(), table)
     for page in spilled:
         live |= page.index_set()
     return live

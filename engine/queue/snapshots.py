@@ -24,7 +24,7 @@ msgpack as usual. Anything unexpected falls back to ``msgpack.unpackb`` of the w
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import crc32c
@@ -106,23 +106,7 @@ class FrozenMachine:
         with a stored copy are named, not copied (format 3; ``page_handles`` lists them,
         the store must keep them while the checkpoint exists). Without such pages, the
         same bytes as ``encode_inline``. Reads nothing from the page store."""
-        lanes: list[list[object]] = []
-        for lane in self._lanes:
-            inline: list[U64] = []
-            spilled: list[list[object]] = []
-            at = 0
-            for part in lane.parts():
-                if isinstance(part, SpilledPage):
-                    spilled.append([at, *part.to_wire()])
-                    at += part.count
-                else:
-                    inline.append(part)
-                    at += len(part)
-            refs = b"".join(chunk.tobytes() for chunk in inline)
-            if spilled:
-                lanes.append([lane.head_pos, refs, msgpack.packb(spilled, use_bin_type=True)])
-            else:
-                lanes.append([lane.head_pos, refs])
+        lanes = [_lane_wire(lane) for lane in self._lanes]
         state = self._state._replace(lanes=lanes)
         if any(len(lane) == 3 for lane in lanes):
             state = state._replace(version=PAGED_VERSION)
@@ -147,6 +131,31 @@ class FrozenMachine:
         """``QueueMachine.live_indexes`` as of the freeze (nothing read from the store)."""
         table = FallbackTable.from_wire(self._state.fallback)
         return index_set_of(self._lanes, self._others, table)
+
+
+def _lane_wire(lane: FrozenRefs) -> list[object]:
+    """A lane as ``FrozenMachine.encode`` writes it: its refs held only in memory, and its
+    stored pages by name if it has any."""
+    spilled: list[list[object]] = []
+    at = 0
+
+    def inline() -> Iterator[U64]:
+        nonlocal at
+        for part in lane.parts():
+            if isinstance(part, SpilledPage):
+                spilled.append([at, *part.to_wire()])
+                at += part.count
+            else:
+                at += len(part)
+                yield part
+
+    # The expanded pages are let go before the copy to bytes (peak memory, and time).
+    array = np.concatenate(list(inline()) or [np.empty(0, dtype=np.uint64)])
+    refs = array.tobytes()
+    del array
+    if spilled:
+        return [lane.head_pos, refs, msgpack.packb(spilled, use_bin_type=True)]
+    return [lane.head_pos, refs]
 
 
 class _Unexpected(Exception):
@@ -174,6 +183,13 @@ def _spilled(wire: list[Any]) -> list[tuple[int, SpilledPage]]:
         return []
     rows = msgpack.unpackb(wire[0], **_UNPACK)
     return [(int(row[0]), SpilledPage.from_wire(row[1:])) for row in rows]
+
+
+def page_handles_of(data: bytes) -> list[int]:
+    """The stored pages a snapshot names (none unless it is format 3): what the page
+    store keeps for the machine restored from it (``PageFiles(..., live=...)``)."""
+    state = read_snapshot(data)
+    return [page.handle for _head, _refs, spilled in state.lanes for _at, page in spilled]
 
 
 def inline_snapshot(data: bytes, load: Callable[[int], bytes]) -> bytes:
@@ -270,5 +286,6 @@ __all__ = [
     "MachineClock",
     "SnapshotState",
     "inline_snapshot",
+    "page_handles_of",
     "read_snapshot",
 ]

@@ -43,13 +43,15 @@ from __future__ import annotations
 import logging
 import struct
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import crc32c
 
 from engine.errors import PageDamaged, StorageFailed
+from engine.raft.entry import EntryKind
 from engine.storage.disk import Disk, write_file_atomic
 from engine.storage.reaper import server_root
+from engine.storage.server_log import ServerLog
 
 log = logging.getLogger("quorra.engine")
 
@@ -234,4 +236,23 @@ class PageFiles:
         return frozenset(h for (h,) in struct.iter_unpack("<Q", raw[_PIN_HEAD.size : end]))
 
 
-__all__ = ["HEADER_BYTES", "PageFiles", "pages_dir"]
+def log_reader(log: ServerLog) -> Callable[[list[int]], list[tuple[int, bytes]]]:
+    """``Paging.read_log`` over a server's stored log, to rebuild a damaged page: the
+    command entries at the indexes asked that are still stored and sound (one that is
+    not is left out, and the rebuild then fails its check). On the node's loop."""
+
+    def read(indexes: list[int]) -> list[tuple[int, bytes]]:
+        out: list[tuple[int, bytes]] = []
+        for index in indexes:
+            try:
+                entry = log.read(index)
+            except (LookupError, StorageFailed):
+                continue
+            if entry.kind is EntryKind.COMMAND:
+                out.append((index, entry.data))
+        return out
+
+    return read
+
+
+__all__ = ["HEADER_BYTES", "PageFiles", "log_reader", "pages_dir"]

@@ -23,7 +23,7 @@ from engine.queue import (
 )
 from engine.queue.pages import RefFifo, SpilledPage
 from engine.queue.paging import MemorySpill, NodePages, Paging, QueuePager
-from engine.queue.snapshots import PAGED_VERSION, inline_snapshot, read_snapshot
+from engine.queue.snapshots import PAGED_VERSION, inline_snapshot, page_handles_of, read_snapshot
 from engine.raft.state_machine import ApplyMeta
 from tests.engine.queue.test_paging_stateful import PAGE, refs_from
 
@@ -267,6 +267,9 @@ def test_a_checkpoint_names_stored_pages_instead_of_copying_them() -> None:
     assert read_snapshot(checkpoint).version == PAGED_VERSION
     assert len(checkpoint) * 5 < len(full)
     assert inline_snapshot(checkpoint, q.spill.load) == full == q.plain.snapshot()
+    assert inline_snapshot(full, q.spill.load) is full
+    assert page_handles_of(checkpoint) == frozen.page_handles() != []
+    assert page_handles_of(full) == []
     for _ in range(10):  # the live machine moves on and drops pages the checkpoint names
         q.take(1000)
     restored = QueueMachine(q.paged.policy, BIG_PAGES, Paging(q.spill, q.node))

@@ -12,9 +12,12 @@ from engine.errors import PageDamaged, StorageFailed
 from engine.limits import Limits
 from engine.queue import CheckedOut, NewMessage, QueueMachine, encode_checkout, encode_enqueue
 from engine.queue.paging import NodePages, Paging
+from engine.queue.snapshots import page_handles_of
+from engine.raft.entry import Entry, EntryKind
 from engine.raft.state_machine import ApplyMeta
-from engine.storage import FakeDisk, OsDisk
-from engine.storage.page_files import HEADER_BYTES, PageFiles, pages_dir
+from engine.storage import FakeDisk, HardState, NodeStorage, OsDisk
+from engine.storage.page_files import HEADER_BYTES, PageFiles, log_reader, pages_dir
+from tests.engine.storage.conftest import small_limits
 
 UID = "q1"
 
@@ -160,7 +163,7 @@ def test_a_paged_machine_on_page_files_restarts_from_a_checkpoint() -> None:
     checkpoint = frozen.encode()
     disk.crash()
 
-    files = PageFiles(disk, UID, live=frozen.page_handles())
+    files = PageFiles(disk, UID, live=page_handles_of(checkpoint))
     restored = QueueMachine(None, limits, Paging(files, NodePages.from_limits(limits)))
     restored.restore(checkpoint)
     got: list[int] = []
@@ -176,3 +179,46 @@ def test_a_paged_machine_on_page_files_restarts_from_a_checkpoint() -> None:
     assert restored.snapshot() == plain.snapshot()
     files.retain([])
     assert files.files() == 0
+
+
+def test_a_damaged_page_file_is_rebuilt_from_the_stored_log() -> None:
+    """The log entries of the messages of a damaged page are live: the machine reads
+    them back through ``log_reader`` and goes on as if nothing happened."""
+    limits = Limits(
+        page_refs=64,
+        paged_index_bytes_per_queue_max=64 * 8,
+        paged_index_bytes_per_node_max=64 * 8,
+        page_read_ahead=0,
+    )
+    disk = FakeDisk()
+    storage = NodeStorage.open(disk, small_limits())
+    storage.open_server(UID)
+    commands = [
+        encode_enqueue([NewMessage(b"m" * (k % 5), priority=k % 2) for k in range(1 + i % 9)])
+        for i in range(120)
+    ]
+    written = [Entry(i, 1, EntryKind.COMMAND, i, c) for i, c in enumerate(commands, 1)]
+    storage.append(UID, written)
+    storage.save_hard_state(UID, HardState(1, None, len(written)))
+    storage.sync()
+    storage.flush_segments()
+    files = PageFiles(disk, UID)
+    node = NodePages.from_limits(limits)
+    machine = QueueMachine(None, limits, Paging(files, node, log_reader(storage.log(UID))))
+    plain = QueueMachine(None, limits)
+    for m in (machine, plain):
+        for e in written:
+            m.apply(ApplyMeta(e.index, 1, e.now_ms), e.data)
+    on_disk = sorted(disk.listdir(pages_dir(UID)))
+    assert len(on_disk) >= 4
+    for name in on_disk[::2]:
+        disk.flip_bit(f"{pages_dir(UID)}/{name}", 8 * (HEADER_BYTES + 3))
+    index = len(written)
+    while plain.stats().messages_ready:
+        index += 1
+        checkout = encode_checkout("c", 37, 60_000)
+        assert machine.apply(ApplyMeta(index, 1, index), checkout) == plain.apply(
+            ApplyMeta(index, 1, index), checkout
+        )
+    assert machine.stats().paging.pages_rebuilt == len(on_disk[::2])
+    assert machine.snapshot() == plain.snapshot()
