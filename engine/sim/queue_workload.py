@@ -389,7 +389,12 @@ class QueueWorkload(Observer):
 
 
 def run_queue_seed(
-    seed: int, steps: int = 3000, servers: int = 3, page_budget: int | None = None
+    seed: int,
+    steps: int = 3000,
+    servers: int = 3,
+    page_budget: int | None = None,
+    publishers: int = 2,
+    consumers: int = 2,
 ) -> SeedResult:
     """Run one seed of the queue workload on a simulated cluster (``page_budget``: see
     the module's docstring).
@@ -403,7 +408,7 @@ def run_queue_seed(
     made: list[QueueWorkload] = []
 
     def factory(rng: random.Random) -> QueueWorkload:
-        made.append(QueueWorkload(rng, page_budget=page_budget))
+        made.append(QueueWorkload(rng, publishers, consumers, page_budget=page_budget))
         return made[-1]
 
     world = World(SimConfig(seed=seed, servers=servers, steps=steps), workload_factory=factory)
