@@ -140,9 +140,15 @@ class MemorySpill:
 
 def summarize(page: U64, table: FallbackTable) -> PageSummary:
     indexes = indexes_of(page, table)
-    found = index_set(indexes)
+    # Neighbours share an entry (a batch) or follow each other: drop the repeats before
+    # the set is built, which costs per value handed to it.
+    step = np.empty(len(indexes), dtype=bool)
+    step[0] = True
+    np.not_equal(indexes[1:], indexes[:-1], out=step[1:])
+    distinct = indexes[step]
+    found = index_set(distinct)
     found.run_optimize()
-    return total_size(page, table), int(indexes.min()), int(indexes.max()), found.serialize()
+    return total_size(page, table), int(distinct.min()), int(distinct.max()), found.serialize()
 
 
 def summarize_compact(page: U64) -> PageSummary:
