@@ -41,7 +41,7 @@ How the runtime uses it
   page in memory, within ``Limits.paged_index_bytes_per_queue_max`` and the node's
   ``NodePages`` (one per node, ``NodePages.from_limits``); the others go to ``spill`` (a
   ``PageFiles`` per queue). When ``machine.pager.wants_read_ahead``: ``plan =
-  pager.plan_read_ahead()`` on the loop, ``spill.load(load.page.handle)`` for each in a
+  pager.plan_read_ahead()`` on the loop, ``loaded = paging.load_plan(spill, plan)`` in a
   worker, ``pager.finish_read_ahead(plan, loaded)`` on the loop. A checkpoint names the
   stored pages (``frozen.page_handles()``: pin them at capture and ``sync`` them before
   writing it); a follower is sent ``snapshots.inline_snapshot(state, spill.load)``.

@@ -33,8 +33,8 @@ that holds the most gives up its farthest.
 Read-ahead. The head page and the next ``read_ahead_pages`` pages in delivery order
 (``Limits.page_read_ahead``) are loaded before consumption reaches them, so a steady
 consumer does not wait on a load: the runtime prepares the loads on its loop
-(``plan_read_ahead``), performs them in a worker (``PageSpill.load``, nothing else is
-touched) and installs them back on the loop (``finish_read_ahead``), which drops those
+(``plan_read_ahead``), performs them in a worker (``load_plan``: ``PageSpill.load``,
+nothing else is touched) and installs them back on the loop (``finish_read_ahead``), which drops those
 no longer needed (the head passed them meanwhile). ``wants_read_ahead`` says when a
 plan may find something (the head moved to a new page). A load the head meets before
 read-ahead did it is a *wait*, done at once (``page_waits`` counts them).
@@ -247,6 +247,18 @@ class PageLoad:
     page: SpilledPage
 
 
+def load_plan(spill: PageSpill, plan: Sequence[PageLoad]) -> list[bytes | BaseException]:
+    """The loads of a read-ahead plan, in a worker: touches the store and nothing else
+    (``PageDamaged`` is handed back in place of the page, for ``finish_read_ahead``)."""
+    loaded: list[bytes | BaseException] = []
+    for load in plan:
+        try:
+            loaded.append(spill.load(load.page.handle))
+        except PageDamaged as e:
+            loaded.append(e)
+    return loaded
+
+
 class QueuePager:
     """The residency of one queue's lanes (see the module's rule)."""
 
@@ -414,16 +426,10 @@ class QueuePager:
         return installed
 
     def read_ahead(self) -> int:
-        """``plan_read_ahead``, the loads and ``finish_read_ahead`` at once (the tests and
-        the simulator, whose stores are in memory)."""
+        """``plan_read_ahead``, ``load_plan`` and ``finish_read_ahead`` at once (the tests
+        and the simulator, whose stores are in memory)."""
         plan = self.plan_read_ahead()
-        loaded: list[bytes | BaseException] = []
-        for load in plan:
-            try:
-                loaded.append(self.spill.load(load.page.handle))
-            except PageDamaged as e:
-                loaded.append(e)
-        return self.finish_read_ahead(plan, loaded)
+        return self.finish_read_ahead(plan, load_plan(self.spill, plan))
 
     def _room_before(self, load: PageLoad) -> bool:
         """Make room for one more resident page by spilling pages farther than ``load``'s;
@@ -475,6 +481,7 @@ __all__ = [
     "PagingStats",
     "QueuePager",
     "Rebuild",
+    "load_plan",
     "page_bytes",
     "summarize",
     "summarize_compact",

@@ -25,7 +25,7 @@ from engine.errors import PageDamaged
 from engine.queue import QueueMachine, QueuePolicy
 from engine.queue.page_rebuild import rebuild_refs
 from engine.queue.pages import FrozenRefs, RefFifo, SpilledPage
-from engine.queue.paging import MemorySpill, NodePages, Paging, QueuePager
+from engine.queue.paging import MemorySpill, NodePages, Paging, QueuePager, load_plan
 from engine.raft.state_machine import ApplyMeta
 from tests.engine.queue.test_machine_stateful import LIMITS, START, QueueMachineVsModel
 
@@ -105,20 +105,11 @@ class PagedLanesVsLists(RuleBasedStateMachine):
     ) -> None:
         """The worker's loads race the loop: the head may take a planned page first."""
         plan = self.pager.plan_read_ahead()
-        loaded: list[bytes | BaseException] = []
-
-        def load_all() -> None:
-            for load in plan:
-                try:
-                    loaded.append(self.spill.load(load.page.handle))
-                except PageDamaged as e:
-                    loaded.append(e)
-
         if load_first:
-            load_all()
+            loaded = load_plan(self.spill, plan)
         self.pop(data, n)
         if not load_first:
-            load_all()
+            loaded = load_plan(self.spill, plan)
         self.pager.finish_read_ahead(plan, loaded)
 
     @rule(data=st.data())
