@@ -34,8 +34,8 @@ Read-ahead. The head page and the next ``read_ahead_pages`` pages in delivery or
 (``Limits.page_read_ahead``) are loaded before consumption reaches them, so a steady
 consumer does not wait on a load: the runtime prepares the loads on its loop
 (``plan_read_ahead``), performs them in a worker (``load_plan``: ``PageSpill.load``,
-nothing else is touched) and installs them back on the loop (``finish_read_ahead``), which drops those
-no longer needed (the head passed them meanwhile). ``wants_read_ahead`` says when a
+nothing else is touched) and installs them back on the loop (``finish_read_ahead``),
+which drops those no longer needed (the head passed them meanwhile). ``wants_read_ahead`` says when a
 plan may find something (the head moved to a new page). A load the head meets before
 read-ahead did it is a *wait*, done at once (``page_waits`` counts them).
 
@@ -79,8 +79,10 @@ still holds)."""
 
 class PageSpill(Protocol):
     """Where spilled pages go. ``store`` returns a handle of the store's choosing (an int
-    that names the page from then on); ``load`` returns exactly the bytes stored or raises
-    ``PageDamaged``; ``drop`` says the machine will never load the page again."""
+    that names the page from then on: only the store knows which names are free, those
+    of pages older checkpoints keep included); ``load`` returns exactly the bytes stored
+    or raises ``PageDamaged``; ``drop`` says the machine will never load the page again.
+    ``store`` may raise ``StorageFailed`` (the page then stays in memory)."""
 
     def store(self, data: bytes) -> int: ...
 
