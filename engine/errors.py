@@ -121,6 +121,17 @@ class EntryDamaged(StorageFailed):
         self.index = index
 
 
+class PageDamaged(StorageFailed):
+    """A spilled page of a queue's ready index (``engine.queue.paging``) fails its CRC32C
+    check or is missing from the page store. ``handle`` names it. The machine rebuilds
+    it from the log where it can; where it cannot, the replica is repaired from its
+    peers, as for a damaged entry."""
+
+    def __init__(self, detail: str, *, handle: int = 0, retry_after_s: int | None = None) -> None:
+        super().__init__(detail, retry_after_s=retry_after_s)
+        self.handle = handle
+
+
 class RecoveryRefused(QuorraError):
     """The data on disk cannot be recovered safely; the server refuses to serve it."""
 
@@ -136,6 +147,7 @@ __all__ = [
     "NoLeader",
     "NotFound",
     "OutcomeUnknown",
+    "PageDamaged",
     "QueueConflict",
     "QueueFull",
     "QueueNotFound",

@@ -87,6 +87,17 @@ class Limits:
     dead_letter_retry_ms: int = 10_000
     """A dead-letter effect not confirmed by then is emitted again by the expire command."""
 
+    # --- paging of the ready index (engine.queue.paging, engine.storage.page_files) ---
+    paged_index_bytes_per_queue_max: int = 1 * MIB
+    """A queue keeps at most this much of its ready index resident (pages counted at
+    ``page_refs * 8`` bytes): the pages farthest from delivery go to page files. Its head
+    and tail pages stay whatever the budget."""
+    paged_index_bytes_per_node_max: int = 64 * MIB
+    """The same over every queue of the node."""
+    page_read_ahead: int = 4
+    """Pages loaded ahead of the head of a queue, so that a steady consumer never waits
+    on a load (within the budgets)."""
+
     # --- compaction -----------------------------------------------------------------
     compaction_dead_per_100_live_max: int = 30
 
@@ -189,6 +200,9 @@ class Limits:
         assert 1 <= self.priorities_max <= 255
         assert self.page_refs >= 16 and self.page_refs & (self.page_refs - 1) == 0
         assert self.compaction_dead_per_100_live_max >= 0
+        assert self.page_refs * 8 <= self.paged_index_bytes_per_queue_max
+        assert self.paged_index_bytes_per_queue_max <= self.paged_index_bytes_per_node_max
+        assert self.page_read_ahead >= 0
         assert self.checkpoints_kept_max >= 2
         assert self.leader_wait_ms >= self.election_timeout_ms_max
         assert self.enqueue_time_resolution_ms >= 1

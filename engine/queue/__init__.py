@@ -36,6 +36,17 @@ How the runtime uses it
   ``encode_dead_letter_confirm(refs)`` here (see ``DeadLetter``); ``CheckpointRequest``
   and ``ReleaseCursor`` from ``engine.raft.state_machine`` (every replica).
 
+* **Paging** (``engine.queue.paging``): ``QueueMachine(policy, limits, Paging(spill,
+  node_pages, read_log))`` keeps only the ready pages near each lane's head and its tail
+  page in memory, within ``Limits.paged_index_bytes_per_queue_max`` and the node's
+  ``NodePages`` (one per node, ``NodePages.from_limits``); the others go to ``spill`` (a
+  ``PageFiles`` per queue). When ``machine.pager.wants_read_ahead``: ``plan =
+  pager.plan_read_ahead()`` on the loop, ``loaded = paging.load_plan(spill, plan)`` in a
+  worker, ``pager.finish_read_ahead(plan, loaded)`` on the loop. A checkpoint names the
+  stored pages (``frozen.page_handles()``: pin them at capture and ``sync`` them before
+  writing it); a follower is sent ``snapshots.inline_snapshot(state, spill.load)``.
+  ``machine.close()`` when the replica goes. ``stats().paging`` counts the pages.
+
 Packed references (``refs``): one uint64 per message, tag bit 63 = 0: index:44 | size:15 |
 slot:4; tag 10: index:37 | slot:10 | size:15; tag 11: handle into the machine's fallback
 table. Receipts (``receipts``): 64 hex digits, delivery tag, ref, then a MAC binding
@@ -91,6 +102,7 @@ from engine.queue.effects import (
     Settled,
 )
 from engine.queue.machine import QueueMachine
+from engine.queue.paging import MemorySpill, NodePages, PageSpill, Paging, PagingStats
 from engine.queue.receipts import ReceiptSeal, check_receipt_text
 from engine.queue.refs import RefParts, message_id, message_id_parts
 from engine.queue.stats import BrowseItem, MemoryUse, QueueStats
@@ -112,10 +124,15 @@ __all__ = [
     "Enqueued",
     "Expired",
     "Kind",
+    "MemorySpill",
     "MemoryUse",
     "MessageView",
     "MessagesAvailable",
     "NewMessage",
+    "NodePages",
+    "PageSpill",
+    "Paging",
+    "PagingStats",
     "PolicyChanged",
     "Purged",
     "QueueMachine",

@@ -10,13 +10,18 @@ list them in that order and browse cursors name a lane by its number.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
+from pyroaring import BitMap64
 
-from engine.queue.pages import FrozenRefs, RefFifo
+from engine.queue.pages import FrozenRefs, RefFifo, SpilledPage
+from engine.queue.refs import FallbackTable, indexes_of, indexes_of_parts
+
+if TYPE_CHECKING:
+    from engine.queue.paging import QueuePager
 
 U64 = npt.NDArray[np.uint64]
 
@@ -29,10 +34,12 @@ class Lanes:
 
     __slots__ = ("by_level", "fifos", "main", "returns")
 
-    def __init__(self, levels: int, page_refs: int) -> None:
+    def __init__(self, levels: int, page_refs: int, pager: QueuePager | None = None) -> None:
         top = levels - 1
-        self.fifos = tuple(RefFifo(page_refs) for _ in range(2 * levels))
+        self.fifos = tuple(RefFifo(page_refs, pager) for _ in range(2 * levels))
         """Every lane, in delivery order."""
+        if pager is not None:
+            pager.lanes = self.fifos
         self.returns = tuple(self.fifos[2 * (top - level)] for level in range(levels))
         """The returns lane of each level, indexed by level."""
         self.main = tuple(self.fifos[2 * (top - level) + 1] for level in range(levels))
@@ -59,17 +66,31 @@ class Lanes:
     def nbytes(self) -> int:
         return sum(lane.nbytes() for lane in self.fifos)
 
-    def clear(self) -> U64:
-        """Remove every ready ref; returns them in delivery order."""
-        return np.concatenate([lane.clear() for lane in self.fifos])
+    def drain(self, read: bool) -> tuple[list[U64], int, int]:
+        """Remove every ready ref: ``RefFifo.drain`` over the lanes, in delivery order."""
+        chunks: list[U64] = []
+        unread = unread_bytes = 0
+        for lane in self.fifos:
+            got, count, size = lane.drain(read)
+            chunks += got
+            unread += count
+            unread_bytes += size
+        return chunks, unread, unread_bytes
 
     def freeze(self) -> tuple[FrozenRefs, ...]:
         return tuple(lane.freeze() for lane in self.fifos)
 
     def adopt(self, wire: list[Any]) -> None:
-        """Fill empty lanes from a snapshot's ``[head_pos, refs]`` pairs (no copy)."""
-        for lane, (head_pos, refs) in zip(self.fifos, wire, strict=True):
-            lane.adopt(refs, head_pos)
+        """Fill empty lanes from a snapshot's ``[head_pos, refs, spilled]`` lanes (as
+        ``engine.queue.snapshots.read_snapshot`` gives them; no copy)."""
+        for lane, (head_pos, refs, spilled) in zip(self.fifos, wire, strict=True):
+            lane.adopt(refs, head_pos, spilled)
+
+    def live_indexes(self, others: Iterable[U64], table: FallbackTable) -> BitMap64:
+        return index_set_of(self.freeze(), others, table)
+
+    def spans(self, table: FallbackTable) -> list[tuple[int, int]]:
+        return spans_of(self.freeze(), table)
 
     def browse(self, after: int | None, limit: int) -> list[tuple[int, int, int]]:
         """Up to ``limit`` (cursor, ref, level) of ready messages in delivery order, after
@@ -92,8 +113,44 @@ class Lanes:
             lane.check()
 
 
+def index_set_of(
+    lanes: Iterable[FrozenRefs], others: Iterable[U64], table: FallbackTable
+) -> BitMap64:
+    """The Raft indexes of the refs of ``lanes`` and ``others``: spilled pages give the
+    set they keep, nothing is read from the page store. A page at a time, each expanded
+    page dropped before the next (they stay in the CPU cache)."""
+    spilled: list[SpilledPage] = []
+
+    def chunks() -> Iterator[U64]:
+        for lane in lanes:
+            for part in lane.parts():
+                if isinstance(part, SpilledPage):
+                    spilled.append(part)
+                else:
+                    yield part
+        yield from others
+
+    live = indexes_of_parts(chunks(), table)
+    for page in spilled:
+        live |= page.index_set()
+    return live
+
+
+def spans_of(lanes: Iterable[FrozenRefs], table: FallbackTable) -> list[tuple[int, int]]:
+    """(lowest, highest) Raft index of each page of ready refs (see ``live_spans``)."""
+    out: list[tuple[int, int]] = []
+    for lane in lanes:
+        for part in lane.parts():
+            if isinstance(part, SpilledPage):
+                out.append((part.index_lo, part.index_hi))
+            else:
+                indexes = indexes_of(part, table)
+                out.append((int(indexes.min()), int(indexes.max())))
+    return out
+
+
 def _split_cursor(cursor: int) -> tuple[int, int]:
     return cursor >> _CURSOR_POS_BITS, cursor & ((1 << _CURSOR_POS_BITS) - 1)
 
 
-__all__ = ["Lanes"]
+__all__ = ["Lanes", "index_set_of", "spans_of"]

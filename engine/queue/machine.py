@@ -35,7 +35,7 @@ import numpy as np
 import numpy.typing as npt
 from pyroaring import BitMap64
 
-from engine.errors import InvalidRequest
+from engine.errors import InvalidRequest, PageDamaged
 from engine.limits import DEFAULT_LIMITS, Limits
 from engine.queue import checkout, enqueue, expiry, leases, policy_changes
 from engine.queue import commands as cmd
@@ -52,16 +52,24 @@ from engine.queue.effects import (
 )
 from engine.queue.enqueue_times import EnqueueTimes
 from engine.queue.lanes import Lanes
+from engine.queue.page_rebuild import rebuild_refs
+from engine.queue.pages import SpilledPage
+from engine.queue.paging import NOT_PAGED, Paging, QueuePager, summarize
 from engine.queue.pending import Pending
 from engine.queue.refs import (
     FallbackTable,
     RefParts,
-    indexes_of_parts,
     live_spans,
     sizes_of,
     total_size,
 )
-from engine.queue.snapshots import FrozenMachine, MachineClock, SnapshotState, read_snapshot
+from engine.queue.snapshots import (
+    PAGED_VERSION,
+    FrozenMachine,
+    MachineClock,
+    SnapshotState,
+    read_snapshot,
+)
 from engine.queue.stats import COUNTERS, BrowseItem, MemoryUse, QueueStats
 from engine.raft.state_machine import ApplyMeta, CheckpointRequest, MachineEffect, ReleaseCursor
 
@@ -73,10 +81,22 @@ class QueueMachine:
 
     version: ClassVar[int] = 2
     """Snapshot format: 2 keeps enqueue times as ``EnqueueTimes.to_wire``; 1 (still read)
-    kept 1-second samples."""
+    kept 1-second samples; a checkpoint of a paged machine may be ``PAGED_VERSION`` (3),
+    format 2 whose lanes name stored pages (``engine.queue.snapshots``)."""
 
-    def __init__(self, policy: QueuePolicy | None = None, limits: Limits = DEFAULT_LIMITS) -> None:
+    def __init__(
+        self,
+        policy: QueuePolicy | None = None,
+        limits: Limits = DEFAULT_LIMITS,
+        paging: Paging | None = None,
+    ) -> None:
+        """``paging``: page the ready index (``engine.queue.paging``); None keeps every
+        page in memory."""
         self._limits = limits
+        self._paging = paging
+        self.pager: QueuePager | None = None
+        """The residency of the ready pages, with ``paging``: the runtime runs its
+        read-ahead (``plan_read_ahead`` / ``finish_read_ahead``)."""
         self.policy = policy or QueuePolicy(
             delivery_limit=limits.delivery_limit_default,
             lease_ms=limits.lease_ms_default,
@@ -92,7 +112,13 @@ class QueueMachine:
         self._reset()
 
     def _reset(self) -> None:
-        self._lanes = Lanes(self.policy.priorities, self._limits.page_refs)
+        if self.pager is not None:
+            self.pager.close()
+        paging = self._paging
+        if paging is not None:
+            rebuild = self._rebuild_page if paging.read_log is not None else None
+            self.pager = QueuePager.from_limits(paging, self._limits, self._summarize, rebuild)
+        self._lanes = Lanes(self.policy.priorities, self._limits.page_refs, self.pager)
         self._fallback = FallbackTable()
         self._pending = Pending(self._limits.page_refs)
         self._delivered_before: dict[int, int] = {}
@@ -139,10 +165,18 @@ class QueueMachine:
 
     def live_indexes(self) -> BitMap64:
         """The Raft indexes holding a message still in the queue."""
-        return indexes_of_parts(self._ref_parts(), self._fallback)
+        return self._lanes.live_indexes(self._unready_refs(), self._fallback)
 
     def snapshot(self) -> bytes:
-        return self.freeze().encode()
+        """The whole state, every ref in it (format 2): the same bytes on every replica
+        that applied the same entries, whatever pages each holds in memory."""
+        return self.freeze().encode_inline()
+
+    def close(self) -> None:
+        """The replica is gone: its resident pages stop counting against the node."""
+        if self.pager is not None:
+            self.pager.close()
+            self.pager = None
 
     def freeze(self) -> FrozenMachine:
         """The state now, for a checkpoint: the ready lanes are taken a page at a time
@@ -169,7 +203,10 @@ class QueueMachine:
         """The ready lanes' pages become read-only views into ``data`` (no copy; see
         ``engine.queue.snapshots``), so ``data`` must not change afterwards."""
         state = read_snapshot(data)
-        assert state.version in (1, self.version), state.version
+        assert state.version in (1, self.version, PAGED_VERSION), state.version
+        assert state.version != PAGED_VERSION or self._paging is not None, (
+            "a snapshot that names stored pages needs their page store"
+        )
         self.policy = QueuePolicy(**state.policy)
         self._reset()
         clock = MachineClock(*state.clock)
@@ -191,7 +228,13 @@ class QueueMachine:
             queue_ttl=self.policy.message_ttl_ms is not None,
         )
         self._ready = self._lanes.count()
-        self._bytes_ready = sum(total_size(refs, self._fallback) for _head, refs in state.lanes)
+        self._bytes_ready = sum(
+            total_size(refs, self._fallback) + sum(page.size_bytes for _at, page in spilled)
+            for _head, refs, spilled in state.lanes
+        )
+        if self.pager is not None:
+            self.pager.make_room()
+            self.pager.head_moved()
         self._bytes_delayed = total_size(self._delayed.refs(), self._fallback)
         self._bytes_pending = int(sizes_of(self._pending.refs(), self._fallback).sum())
 
@@ -224,6 +267,7 @@ class QueueMachine:
             memory=memory,
             last_applied=self._last_index,
             dead_bytes=self._dead_bytes,
+            paging=NOT_PAGED if self.pager is None else self.pager.stats(),
         )
 
     def memory_use(self) -> MemoryUse:
@@ -282,6 +326,8 @@ class QueueMachine:
     def check_invariants(self) -> None:
         """Counts equal contents; the tests and the simulator call it after every step."""
         self._lanes.check()
+        if self.pager is not None:
+            self.pager.check()
         self._pending.check()
         assert self._ready == self._lanes.count()
         assert self._bytes_ready == sum(
@@ -299,12 +345,18 @@ class QueueMachine:
     # === command handlers ==========================================================
 
     def _on_purge(self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]) -> object:
-        """Drop every ready and delayed message (not leased ones), without dead-lettering."""
-        refs = np.concatenate([self._lanes.clear(), self._delayed.clear()])
+        """Drop every ready and delayed message (not leased ones), without dead-lettering.
+        Pages that are out are not read unless a message may have extras to forget."""
+        extras = bool(self._delivered_before or self._expires_at or len(self._fallback))
+        chunks, unread, unread_bytes = self._lanes.drain(read=extras)
+        chunks.append(self._delayed.clear())
         self._bytes_ready = self._bytes_delayed = self._ready = 0
-        self._forget_many(refs)
-        self._counters["dropped"] += len(refs)
-        return Purged(len(refs))
+        for chunk in chunks:
+            self._forget_many(chunk)
+        self._dead_bytes += unread_bytes + RECORD_BYTES * unread
+        count = sum(len(chunk) for chunk in chunks) + unread
+        self._counters["dropped"] += count
+        return Purged(count)
 
     def _on_dead_letter_confirm(
         self, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]
@@ -345,7 +397,7 @@ class QueueMachine:
         if self._dead_bytes < self._limits.dead_bytes_per_live_checkpoint_factor * estimate:
             return
         self._dead_bytes = 0
-        spans = live_spans(self._lanes.chunks(), self._unready_refs(), self._fallback)
+        spans = live_spans(self._lanes.spans(self._fallback), self._unready_refs(), self._fallback)
         first_live = int(spans[0].min()) if len(spans[0]) else index + 1
         self._times.prune(first_live, spans)
         effects.append(CheckpointRequest(index))
@@ -372,6 +424,23 @@ class QueueMachine:
 
     def _size(self, ref: int) -> int:
         return self._fallback.size(ref)
+
+    # === paging ====================================================================
+
+    def _summarize(self, page: U64) -> tuple[int, int, int, bytes]:
+        return summarize(page, self._fallback)
+
+    def _rebuild_page(self, lane_no: int, page: SpilledPage) -> U64:
+        """A damaged page of lane ``lane_no``, from its entries in the log
+        (``engine.queue.page_rebuild``): possible for main lanes only."""
+        assert self._paging is not None and self._paging.read_log is not None
+        if lane_no % 2 == 0:
+            raise PageDamaged(
+                f"page {page.handle} of a returns lane cannot be rebuilt", handle=page.handle
+            )
+        top = self.policy.priorities - 1
+        entries = self._paging.read_log(list(page.index_set()))
+        return rebuild_refs(page, top - lane_no // 2, top, entries, self._fallback)
 
     def _ref_parts(self) -> Iterator[U64]:
         """Every ref the machine holds, in parts: ready pages, leased, delayed, and those

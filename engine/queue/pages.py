@@ -4,9 +4,9 @@ Rule of this module: no Python object per message. A page is a numpy ``uint64`` 
 ``page_refs`` slots; the FIFO is a deque of pages, with a read offset in the first page
 and a fill count in the last. Only the head page is read and only the tail page is
 written, so every page in between is immutable while it sits there: such a *cold* page
-could be spilled to disk as one contiguous block (``page.tobytes()``) and loaded back
-when it reaches the head, without touching the others (the Qpid paged-queue design,
-restricted to what a FIFO needs).
+can be spilled to a page store as one contiguous block and loaded back when it reaches
+the head, without touching the others (the Qpid paged-queue design, restricted to what
+a FIFO needs; the policy is ``engine.queue.paging``).
 
 A page that is full and no longer the head is *sealed*: if every step between
 neighbouring refs fits in a signed 32-bit integer (refs of consecutive slots and entries
@@ -14,8 +14,19 @@ differ by small multiples of 2^15..2^25), it is kept as its first ref plus int32
 4 bytes per message instead of 8, and expanded back when it reaches the head. Deltas
 are taken modulo 2^64, so the round trip is exact for every form of ref.
 
+A *spilled* page (``SpilledPage``, only with a pager) stands in the deque for a full page
+whose refs are in the pager's store: it keeps what the machine needs without the refs
+(count, bytes, the Raft indexes they name) and, while it is loaded again (read-ahead),
+the page itself. Only pages strictly between the head page and the tail page are
+spilled; ``_warm`` lists the resident ones by absolute page number, so that the pager
+finds the farthest one at once. Every read goes through ``_head_page`` or ``_hot``,
+which load a spilled page as they meet it: what is ready, and in which order, never
+depends on what is resident.
+
 A FIFO restored from a snapshot *adopts* the snapshot's array (``adopt``): its pages
-but the tail one are read-only views into it, unsealed, so that a restore copies nothing.
+but the tail one (and a head page it must pad) are read-only views into it, unsealed,
+so that a restore copies nothing; a snapshot may also name spilled pages instead of
+holding their refs (``engine.queue.snapshots``).
 
 Positions are absolute: ``head_pos`` counts every ref ever popped, so a browse cursor
 stays valid while the head moves.
@@ -29,16 +40,29 @@ FIFO moves on: a checkpoint of a deep queue does not hold up the event loop.
 
 from __future__ import annotations
 
+import bisect
+import struct
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import numpy.typing as npt
+from pyroaring import BitMap64
+
+if TYPE_CHECKING:
+    from engine.queue.paging import QueuePager
 
 U64 = npt.NDArray[np.uint64]
 _ARRAY_HEADER_BYTES = 112
+_SPILLED_PAGE_BYTES = 240
+"""What a ``SpilledPage`` costs besides its index set: the object, its ints and bytes."""
 _I32_MIN = -(1 << 31)
 _I32_MAX = (1 << 31) - 1
+_PAGE_HEAD = struct.Struct("<BxxxIQ")
+"""Stored page: form (0 raw u64 refs, 1 sealed: int32 deltas), ref count, first ref."""
+_FORM_RAW = 0
+_FORM_SEALED = 1
 
 
 class SealedPage:
@@ -68,31 +92,180 @@ class SealedPage:
         return int(self.deltas.nbytes) + _ARRAY_HEADER_BYTES + 56
 
 
-Page = U64 | SealedPage
+class SpilledPage:
+    """A full page whose refs are in a page store under ``handle`` (see the module's
+    rule). Everything but ``resident`` and ``prefetched`` is fixed when it is made."""
+
+    __slots__ = (
+        "count",
+        "crc",
+        "first",
+        "handle",
+        "index_hi",
+        "index_lo",
+        "indexes",
+        "last",
+        "prefetched",
+        "resident",
+        "size_bytes",
+    )
+
+    def __init__(
+        self,
+        handle: int,
+        count: int,
+        crc: int,
+        first: int,
+        last: int,
+        size_bytes: int,
+        index_lo: int,
+        index_hi: int,
+        indexes: bytes,
+    ) -> None:
+        self.handle = handle
+        self.count = count
+        self.crc = crc
+        """CRC32C of the stored form (``encode_page``): checked on every load, and what a
+        page rebuilt from the log must match."""
+        self.first = first
+        self.last = last
+        self.size_bytes = size_bytes
+        """Sum of the sizes of its messages (the machine's ``bytes_ready`` share)."""
+        self.index_lo = index_lo
+        self.index_hi = index_hi
+        self.indexes = indexes
+        """The Raft indexes its refs name, a serialized ``BitMap64`` (run containers: tens
+        of bytes for a page of consecutive entries)."""
+        self.resident: U64 | SealedPage | None = None
+        """The page itself while it is loaded."""
+        self.prefetched = False
+        """Loaded by read-ahead and not yet reached by the head."""
+
+    def index_set(self) -> BitMap64:
+        return BitMap64.deserialize(self.indexes)
+
+    def nbytes(self) -> int:
+        held = self.resident
+        page = 0 if held is None else _nbytes(held)
+        return _SPILLED_PAGE_BYTES + len(self.indexes) + page
+
+    def to_wire(self) -> list[object]:
+        return [
+            self.handle,
+            self.count,
+            self.crc,
+            self.first,
+            self.last,
+            self.size_bytes,
+            self.index_lo,
+            self.index_hi,
+            self.indexes,
+        ]
+
+    @classmethod
+    def from_wire(cls, wire: Sequence[object]) -> SpilledPage:
+        *fields, indexes = wire
+        assert len(fields) == 8 and all(isinstance(v, int) for v in fields), wire
+        assert isinstance(indexes, bytes)
+        handle, count, crc, first, last, size_bytes, lo, hi = cast(list[int], fields)
+        return cls(handle, count, crc, first, last, size_bytes, lo, hi, indexes)
+
+
+Page = U64 | SealedPage | SpilledPage
+PageReader = Callable[[SpilledPage], U64]
+"""Loads the refs of a spilled page for one read, without making it resident."""
+
+
+def encode_page(page: U64 | SealedPage) -> bytes:
+    """The stored form of a full page: sealed (4 bytes a ref) when its steps allow."""
+    if not isinstance(page, SealedPage):
+        page = SealedPage.maybe_seal(page) or page
+    if isinstance(page, SealedPage):
+        head = _PAGE_HEAD.pack(_FORM_SEALED, len(page.deltas) + 1, page.first)
+        return head + page.deltas.tobytes()
+    return _PAGE_HEAD.pack(_FORM_RAW, len(page), 0) + page.tobytes()
+
+
+def decode_page(data: bytes) -> U64 | SealedPage:
+    """The page ``encode_page`` stored (read-only views into ``data``); ``ValueError`` if
+    ``data`` is not one."""
+    if len(data) < _PAGE_HEAD.size:
+        raise ValueError("page too short")
+    form, count, first = _PAGE_HEAD.unpack_from(data)
+    body = len(data) - _PAGE_HEAD.size
+    if form == _FORM_SEALED and count >= 1 and body == 4 * (count - 1):
+        return SealedPage(first, np.frombuffer(data, np.int32, count - 1, _PAGE_HEAD.size))
+    if form == _FORM_RAW and body == 8 * count:
+        return np.frombuffer(data, np.uint64, count, _PAGE_HEAD.size)
+    raise ValueError("not a stored page")
+
+
+def hot(page: U64 | SealedPage) -> U64:
+    return page.expand() if isinstance(page, SealedPage) else page
+
+
+def _nbytes(page: U64 | SealedPage) -> int:
+    if isinstance(page, SealedPage):
+        return page.nbytes()
+    return int(page.nbytes) + _ARRAY_HEADER_BYTES
+
+
+def _refs_of(page: Page, read: PageReader | None) -> U64:
+    if isinstance(page, np.ndarray):
+        return page
+    if isinstance(page, SealedPage):
+        return page.expand()
+    held = page.resident
+    if held is not None:
+        return hot(held)
+    assert read is not None, "a spilled page needs a pager to be read"
+    return read(page)
 
 
 class FrozenRefs:
     """The refs a ``RefFifo`` held when ``freeze`` was called."""
 
-    __slots__ = ("_head", "_page_refs", "_pages", "_tail", "head_pos")
+    __slots__ = ("_head", "_page_refs", "_pages", "_read", "_tail", "head_pos")
 
     def __init__(
-        self, pages: tuple[Page, ...], head: int, tail: int, page_refs: int, head_pos: int
+        self,
+        pages: tuple[Page, ...],
+        head: int,
+        tail: int,
+        page_refs: int,
+        head_pos: int,
+        read: PageReader | None = None,
     ) -> None:
         self._pages = pages
         self._head = head
         self._tail = tail
         self._page_refs = page_refs
+        self._read = read
         self.head_pos = head_pos
 
-    def chunks(self) -> Iterator[U64]:
+    def _pieces(self) -> Iterator[tuple[Page, int, int]]:
         last = len(self._pages) - 1
         for i, page in enumerate(self._pages):
             lo = self._head if i == 0 else 0
             hi = self._tail if i == last else self._page_refs
             if hi > lo:
-                hot = page.expand() if isinstance(page, SealedPage) else page
-                yield hot[lo:hi]
+                yield page, lo, hi
+
+    def chunks(self) -> Iterator[U64]:
+        """Every ref, a page at a time; spilled pages are read (``to_array`` too)."""
+        for page, lo, hi in self._pieces():
+            yield _refs_of(page, self._read)[lo:hi]
+
+    def parts(self) -> Iterator[U64 | SpilledPage]:
+        """The refs in order, a page at a time: the refs of a page held only in memory,
+        the ``SpilledPage`` of one that has a stored copy (whole: such a page is full
+        and none of it has been taken). Nothing is read from the page store."""
+        for page, lo, hi in self._pieces():
+            if isinstance(page, SpilledPage):
+                assert lo == 0 and hi == page.count
+                yield page
+            else:
+                yield _refs_of(page, None)[lo:hi]
 
     def to_array(self) -> U64:
         parts = list(self.chunks())
@@ -100,11 +273,23 @@ class FrozenRefs:
 
 
 class RefFifo:
-    __slots__ = ("_head", "_len", "_page_refs", "_pages", "_tail", "head_pos")
+    __slots__ = (
+        "_cold",
+        "_first_no",
+        "_head",
+        "_len",
+        "_page_refs",
+        "_pager",
+        "_pages",
+        "_tail",
+        "_warm",
+        "head_pos",
+    )
 
-    def __init__(self, page_refs: int) -> None:
+    def __init__(self, page_refs: int, pager: QueuePager | None = None) -> None:
         assert page_refs >= 16 and page_refs & (page_refs - 1) == 0
         self._page_refs = page_refs
+        self._pager = pager
         self._pages: deque[Page] = deque()
         self._head = 0
         """Read offset in ``_pages[0]``."""
@@ -112,6 +297,13 @@ class RefFifo:
         """Fill count of ``_pages[-1]``."""
         self._len = 0
         self.head_pos = 0
+        self._first_no = 0
+        """Absolute number of ``_pages[0]``: pages are numbered in the order made."""
+        self._warm: list[int] = []
+        """With a pager: the numbers of the resident pages strictly between the head page
+        and the tail page, ascending: the pages the pager may spill."""
+        self._cold = 0
+        """Spilled pages not resident."""
 
     def __len__(self) -> int:
         return self._len
@@ -121,39 +313,63 @@ class RefFifo:
 
     def nbytes(self) -> int:
         """Resident bytes of the pages (array headers included)."""
-        return sum(
-            p.nbytes() if isinstance(p, SealedPage) else int(p.nbytes) + _ARRAY_HEADER_BYTES
-            for p in self._pages
-        )
+        return sum(p.nbytes() if isinstance(p, SpilledPage) else _nbytes(p) for p in self._pages)
 
     def _new_tail_page(self) -> U64:
         """Append an empty page; seal the one before it unless it is the head."""
         if len(self._pages) >= 2:
             prev = self._pages[-1]
-            assert not isinstance(prev, SealedPage)
+            assert isinstance(prev, np.ndarray)
             sealed = SealedPage.maybe_seal(prev)
             if sealed is not None:
                 self._pages[-1] = sealed
         page = np.empty(self._page_refs, dtype=np.uint64)
         self._pages.append(page)
         self._tail = 0
+        if self._pager is not None:
+            if len(self._pages) >= 3:
+                self._warm.append(self._first_no + len(self._pages) - 2)
+                self._pager.note(resident=1, warm=1)
+            else:
+                self._pager.note(resident=1)
+            self._pager.make_room()
         return page
-
-    def _hot(self, i: int) -> U64:
-        page = self._pages[i]
-        return page.expand() if isinstance(page, SealedPage) else page
 
     def _head_page(self) -> U64:
         page = self._pages[0]
-        if isinstance(page, SealedPage):
-            page = self._pages[0] = page.expand()
-        return page
+        if isinstance(page, np.ndarray):
+            return page
+        out = self._pages[0] = self._heat(page)
+        return out
+
+    def _heat(self, page: SealedPage | SpilledPage) -> U64:
+        """The head page made hot: expanded, and loaded first if it is spilled (its
+        stored copy is then dropped: the head page is never spilled again)."""
+        if isinstance(page, SpilledPage):
+            pager = self._pager
+            assert pager is not None and self._head == 0
+            held = page.resident
+            if held is None:
+                held = pager.load(page)
+                page.resident = held
+                self._cold -= 1
+                pager.note(resident=1)
+                pager.make_room()
+            pager.release(page, reached=True)
+            return hot(held)
+        return page.expand()
+
+    def _hot(self, i: int) -> U64:
+        page = self._pages[i]
+        if isinstance(page, np.ndarray):
+            return page
+        return _refs_of(page, None if self._pager is None else self._pager.read)
 
     def push(self, ref: int) -> None:
         if not self._pages or self._tail == self._page_refs:
             self._new_tail_page()
         tail = self._pages[-1]
-        assert not isinstance(tail, SealedPage)
+        assert isinstance(tail, np.ndarray)
         tail[self._tail] = ref
         self._tail += 1
         self._len += 1
@@ -165,29 +381,68 @@ class RefFifo:
             if not self._pages or self._tail == self._page_refs:
                 self._new_tail_page()
             tail = self._pages[-1]
-            assert not isinstance(tail, SealedPage)
+            assert isinstance(tail, np.ndarray)
             k = min(n - done, self._page_refs - self._tail)
             tail[self._tail : self._tail + k] = refs[done : done + k]
             self._tail += k
             done += k
         self._len += n
 
-    def adopt(self, refs: U64, head_pos: int) -> None:
-        """Fill an empty FIFO with ``refs`` (a restored snapshot) without copying them: every
-        page but the tail one is a read-only view into ``refs``, which must never change.
-        Such pages are read, never written (only the tail page is), and are not sealed."""
+    def adopt(
+        self, refs: U64, head_pos: int, spilled: Sequence[tuple[int, SpilledPage]] = ()
+    ) -> None:
+        """Fill an empty FIFO from a snapshot without copying ``refs``, which must never
+        change: the lane's refs, but for the full pages it names in ``spilled`` as
+        ``(position among the lane's refs, page)``, in order and never last. Pages are
+        read-only views into ``refs`` (read, never written: only the tail page is), not
+        sealed; the tail page is copied, and so is a partly taken head page that comes
+        before a spilled page (it is padded so that the spilled pages stay whole)."""
         assert not self._pages and refs.dtype == np.uint64
-        n = len(refs)
-        cut = (n - 1) // self._page_refs * self._page_refs if n else 0
-        for lo in range(0, cut, self._page_refs):
-            self._pages.append(refs[lo : lo + self._page_refs])
-        if n:
-            tail = np.empty(self._page_refs, dtype=np.uint64)
-            tail[: n - cut] = refs[cut:]
+        taken = done = 0
+        for at, page in spilled:
+            run = refs[taken : taken + at - done]
+            assert len(run) == at - done and page.count == self._page_refs
+            self._adopt_run(run, last=False)
+            self._pages.append(page)
+            if page.resident is None:
+                self._cold += 1
+            taken += len(run)
+            done = at + page.count
+        self._adopt_run(refs[taken:], last=True)
+        assert not spilled or isinstance(self._pages[-1], np.ndarray), "the tail is held"
+        self._len = len(refs) + sum(page.count for _at, page in spilled)
+        self.head_pos = head_pos
+        if self._pager is not None:
+            pages = len(self._pages)
+            self._warm = [
+                n
+                for n in range(1, pages - 1)
+                if not isinstance(p := self._pages[n], SpilledPage) or p.resident is not None
+            ]
+            self._pager.note(resident=pages - self._cold, warm=len(self._warm))
+
+    def _adopt_run(self, run: U64, last: bool) -> None:
+        size = self._page_refs
+        n = len(run)
+        at = 0
+        if not self._pages and not last and n % size:
+            pad = size - n % size
+            head = np.empty(size, dtype=np.uint64)
+            head[pad:] = run[: size - pad]
+            self._pages.append(head)
+            self._head = pad
+            at = size - pad
+        cut = at + (n - at - 1) // size * size if last and n > at else n
+        assert last or (n - at) % size == 0, "spilled pages are whole"
+        for lo in range(at, cut, size):
+            self._pages.append(run[lo : lo + size])
+        if last and n > cut:
+            tail = np.empty(size, dtype=np.uint64)
+            tail[: n - cut] = run[cut:]
             self._pages.append(tail)
             self._tail = n - cut
-        self._len = n
-        self.head_pos = head_pos
+        elif last and not self._pages:
+            self._tail = 0
 
     def peek(self) -> int:
         assert self._len > 0
@@ -230,22 +485,127 @@ class RefFifo:
         if self._head == self._page_end(0):
             self._pages.popleft()
             self._head = 0
+            self._first_no += 1
             if not self._pages:
                 self._tail = 0
+            if self._pager is not None:
+                self._page_taken(self._pager)
         assert self._len >= 0
+
+    def _page_taken(self, pager: QueuePager) -> None:
+        """The head page was used up and left (it was resident: the head read it)."""
+        warm = 0
+        if self._warm and self._warm[0] == self._first_no:
+            del self._warm[0]  # the new head page is no longer between head and tail
+            warm = -1
+        pager.note(resident=-1, warm=warm)
+        pager.head_moved()
+
+    # --- paging (the pager calls these) -------------------------------------------------
+
+    def resident_pages(self) -> int:
+        return len(self._pages) - self._cold
+
+    def out_pages(self) -> int:
+        return self._cold
+
+    def warm_pages(self) -> int:
+        return len(self._warm)
+
+    def holds(self, page: SpilledPage, number: int | None = None) -> bool:
+        """Whether ``page`` is in this lane (at ``number``, when given: O(1))."""
+        if number is None:
+            return any(p is page for p in self._pages)
+        i = number - self._first_no
+        return 0 <= i < len(self._pages) and self._pages[i] is page
+
+    def farthest_warm(self) -> int | None:
+        """The number of the resident page farthest from the head that may be spilled."""
+        return self._warm[-1] if self._warm else None
+
+    def spill_farthest(self) -> None:
+        """Spill ``farthest_warm``: drop the resident copy of a page already stored, or
+        store the page (if the store refuses it, ``StorageFailed``, the page stays)."""
+        pager = self._pager
+        assert pager is not None
+        n = self._warm[-1]
+        i = n - self._first_no
+        assert 0 < i < len(self._pages) - 1
+        page = self._pages[i]
+        if isinstance(page, SpilledPage):
+            assert page.resident is not None
+            page.resident = None
+            page.prefetched = False
+        else:
+            self._pages[i] = pager.write(page)  # may raise StorageFailed: nothing changed
+        self._warm.pop()
+        self._cold += 1
+        pager.note(resident=-1, warm=-1)
+
+    def window(self, pages: int) -> Iterator[tuple[int, Page]]:
+        """(number, page) of the first ``pages`` pages, from the head."""
+        for i in range(min(pages, len(self._pages))):
+            yield self._first_no + i, self._pages[i]
+
+    def install(self, n: int, page: SpilledPage, loaded: U64 | SealedPage) -> bool:
+        """Make spilled page number ``n`` resident with ``loaded`` (read-ahead), if it is
+        still here and out; whether it was."""
+        pager = self._pager
+        assert pager is not None
+        if not self.holds(page, n) or page.resident is not None:
+            return False
+        i = n - self._first_no
+        page.resident = loaded
+        page.prefetched = True
+        self._cold -= 1
+        warm = 0
+        if 0 < i < len(self._pages) - 1:
+            bisect.insort(self._warm, n)
+            warm = 1
+        pager.note(resident=1, warm=warm)
+        return True
+
+    # --- whole-FIFO operations ------------------------------------------------------------
+
+    def drain(self, read: bool) -> tuple[list[U64], int, int]:
+        """Remove everything. Returns the refs read, in order (all of them when ``read``,
+        else all but those of spilled pages that are out), and the count and byte total
+        of the refs left unread."""
+        chunks: list[U64] = []
+        unread = unread_bytes = 0
+        pager = self._pager
+        for page, lo, hi in self.freeze()._pieces():
+            if isinstance(page, SpilledPage) and page.resident is None and not read:
+                unread += page.count
+                unread_bytes += page.size_bytes
+            else:
+                chunks.append(self._refs(page)[lo:hi])
+            if isinstance(page, SpilledPage):
+                assert pager is not None
+                pager.release(page, reached=False)
+        self.head_pos += self._len
+        if pager is not None:
+            pager.note(resident=-self.resident_pages(), warm=-len(self._warm))
+        self._first_no += len(self._pages)
+        self._pages.clear()
+        self._warm.clear()
+        self._head = self._tail = self._len = self._cold = 0
+        return chunks, unread, unread_bytes
+
+    def _refs(self, page: Page) -> U64:
+        return _refs_of(page, None if self._pager is None else self._pager.read)
 
     def clear(self) -> U64:
         """Remove everything; returns the refs that were there, in order."""
-        out = self.to_array()
-        self.head_pos += self._len
-        self._pages.clear()
-        self._head = self._tail = self._len = 0
-        return out
+        chunks, unread, _ = self.drain(read=True)
+        assert unread == 0
+        return np.concatenate(chunks) if chunks else np.empty(0, dtype=np.uint64)
 
     def freeze(self) -> FrozenRefs:
         """The refs now, in time proportional to the pages (see the module's rule)."""
+        read = None if self._pager is None else self._pager.read
         return FrozenRefs(
-            tuple(self._pages), self._head, self._tail, self._page_refs, self.head_pos
+            tuple(self._pages), self._head, self._tail, self._page_refs, self.head_pos, read
         )
 
     def chunks(self) -> Iterator[U64]:
@@ -278,6 +638,27 @@ class RefFifo:
         total = sum(len(c) for c in self.chunks())
         assert total == self._len, (total, self._len)
         assert (self._len == 0) == (not self._pages)
+        pages = list(self._pages)
+        spilled = [i for i, p in enumerate(pages) if isinstance(p, SpilledPage)]
+        out = [i for i in spilled if pages[i].resident is None]  # type: ignore[union-attr]
+        assert self._cold == len(out), (self._cold, out)
+        assert not spilled or spilled[-1] < len(pages) - 1, "the tail page is held"
+        assert not spilled or spilled[0] > 0 or self._head == 0
+        if self._pager is None:
+            assert not spilled and not self._warm
+            return
+        held = [self._first_no + i for i in range(1, len(pages) - 1) if i not in set(out)]
+        assert self._warm == held, (self._warm, held)
 
 
-__all__ = ["RefFifo", "SealedPage"]
+__all__ = [
+    "FrozenRefs",
+    "Page",
+    "PageReader",
+    "RefFifo",
+    "SealedPage",
+    "SpilledPage",
+    "decode_page",
+    "encode_page",
+    "hot",
+]

@@ -162,6 +162,14 @@ class FallbackTable:
             return ref & _SIZE_MASK
         return self._entries[ref & _HANDLE_MASK][2]
 
+    def find(self, index: int, slot: int) -> int | None:
+        """The fallback ref of message ``slot`` of entry ``index``, if the table holds
+        one (a scan: for rebuilding a damaged page only)."""
+        for handle, (i, k, _size) in self._entries.items():
+            if i == index and k == slot:
+                return fallback_ref(handle)
+        return None
+
     def release(self, ref: int) -> None:
         """Forget a fallback ref whose message left the queue (no-op for compact refs)."""
         if is_fallback(ref):
@@ -230,16 +238,16 @@ def indexes_of_parts(parts: Iterable[U64], table: FallbackTable) -> BitMap64:
 
 
 def live_spans(
-    ready_pages: Iterable[U64], others: Iterable[U64], table: FallbackTable
+    ready_spans: Iterable[tuple[int, int]], others: Iterable[U64], table: FallbackTable
 ) -> tuple[I64, I64]:
     """(first, last) Raft indexes of ranges that hold every live message: one range per
-    page of ready refs, and one per entry of the refs in ``others``."""
+    page of ready refs (``ready_spans``, ``engine.queue.lanes.spans_of``), and one per
+    entry of the refs in ``others``."""
     lo: list[int] = []
     hi: list[int] = []
-    for page in ready_pages:
-        indexes = indexes_of(page, table)
-        lo.append(int(indexes.min()))
-        hi.append(int(indexes.max()))
+    for first, last in ready_spans:
+        lo.append(first)
+        hi.append(last)
     parts = [indexes_of(part, table) for part in others if len(part)]
     points = np.unique(np.concatenate(parts)).astype(np.int64) if parts else _NO_INDEXES
     return (

@@ -7,7 +7,14 @@ changes no byte); checkpoints on disk are read back, so a change of it is a new
 ``QueueMachine.version`` that still reads the old ones.
 
 Almost all of a deep queue's snapshot is the ready lanes, one msgpack ``bin`` of packed
-refs each (8 bytes per message). ``msgpack.unpackb`` copies each ``bin`` into a new
+refs each (8 bytes per message), unless the pages are in a page store
+(``engine.queue.paging``): a checkpoint (``FrozenMachine.encode``) then names each page
+that has a stored copy instead of copying it, as a third element of its lane, a ``bin``
+holding the msgpack list of ``[position among the lane's refs, *SpilledPage.to_wire()]``;
+such a snapshot is format 3 (``PAGED_VERSION``), read back only by a machine given the
+same page store. ``QueueMachine.snapshot`` and ``FrozenMachine.encode_inline`` always
+hold every ref (format 2, what replicas compare and a follower is sent);
+``inline_snapshot`` turns a format 3 snapshot into that. ``msgpack.unpackb`` copies each ``bin`` into a new
 ``bytes`` object, and at millions of messages the fresh memory costs more than the rest
 of recovery. So the lanes are found by hand and returned as read-only numpy views into
 the snapshot; the small elements before them and everything after them go through
@@ -17,18 +24,23 @@ msgpack as usual. Anything unexpected falls back to ``msgpack.unpackb`` of the w
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
+import crc32c
 import msgpack
 import numpy as np
 import numpy.typing as npt
 from pyroaring import BitMap64
 
-from engine.queue.pages import FrozenRefs
-from engine.queue.refs import FallbackTable, indexes_of_parts
+from engine.errors import PageDamaged
+from engine.queue.lanes import index_set_of
+from engine.queue.pages import FrozenRefs, SpilledPage, decode_page, hot
+from engine.queue.refs import FallbackTable
 
 U64 = npt.NDArray[np.uint64]
+PAGED_VERSION = 3
+"""The format of a snapshot whose lanes name pages in a page store."""
 
 
 class MachineClock(NamedTuple):
@@ -48,8 +60,9 @@ class SnapshotState(NamedTuple):
     counters: list[int]
     """In the order of ``engine.queue.stats.COUNTERS``."""
     lanes: list[Any]
-    """``[head_pos, refs]`` per lane, in delivery order (``engine.queue.lanes``): refs are
-    bytes when written, a read-only uint64 array when read."""
+    """``[head_pos, refs]`` or ``[head_pos, refs, spilled]`` per lane, in delivery order
+    (``engine.queue.lanes``): refs are bytes when written, a read-only uint64 array when
+    read; read back, a lane is always ``[head_pos, refs, [(position, SpilledPage)...]]``."""
     fallback: list[Any]
     pending: list[Any]
     delivered_before: list[Any]
@@ -89,15 +102,60 @@ class FrozenMachine:
         self._others = others
 
     def encode(self) -> bytes:
-        """The snapshot bytes (``QueueMachine.restore`` reads them)."""
+        """The snapshot bytes for a checkpoint (``QueueMachine.restore`` reads them): pages
+        with a stored copy are named, not copied (format 3; ``page_handles`` lists them,
+        the store must keep them while the checkpoint exists). Without such pages, the
+        same bytes as ``encode_inline``. Reads nothing from the page store."""
+        lanes = [_lane_wire(lane) for lane in self._lanes]
+        state = self._state._replace(lanes=lanes)
+        if any(len(lane) == 3 for lane in lanes):
+            state = state._replace(version=PAGED_VERSION)
+        return bytes(msgpack.packb(state, use_bin_type=True))
+
+    def encode_inline(self) -> bytes:
+        """The snapshot with every ref in it (format 2): what replicas compare and a
+        follower is sent. Reads the pages that are out from the page store."""
         lanes = [[lane.head_pos, lane.to_array().tobytes()] for lane in self._lanes]
         return bytes(msgpack.packb(self._state._replace(lanes=lanes), use_bin_type=True))
 
+    def page_handles(self) -> list[int]:
+        """The stored pages ``encode`` names."""
+        return [
+            part.handle
+            for lane in self._lanes
+            for part in lane.parts()
+            if isinstance(part, SpilledPage)
+        ]
+
     def live_indexes(self) -> BitMap64:
-        """``QueueMachine.live_indexes`` as of the freeze."""
+        """``QueueMachine.live_indexes`` as of the freeze (nothing read from the store)."""
         table = FallbackTable.from_wire(self._state.fallback)
-        parts = [part for lane in self._lanes for part in lane.chunks()]
-        return indexes_of_parts([*parts, *self._others], table)
+        return index_set_of(self._lanes, self._others, table)
+
+
+def _lane_wire(lane: FrozenRefs) -> list[object]:
+    """A lane as ``FrozenMachine.encode`` writes it: its refs held only in memory, and its
+    stored pages by name if it has any."""
+    spilled: list[list[object]] = []
+    at = 0
+
+    def inline() -> Iterator[U64]:
+        nonlocal at
+        for part in lane.parts():
+            if isinstance(part, SpilledPage):
+                spilled.append([at, *part.to_wire()])
+                at += part.count
+            else:
+                at += len(part)
+                yield part
+
+    # The expanded pages are let go before the copy to bytes (peak memory, and time).
+    array = np.concatenate(list(inline()) or [np.empty(0, dtype=np.uint64)])
+    refs = array.tobytes()
+    del array
+    if spilled:
+        return [lane.head_pos, refs, msgpack.packb(spilled, use_bin_type=True)]
+    return [lane.head_pos, refs]
 
 
 class _Unexpected(Exception):
@@ -113,8 +171,49 @@ def read_snapshot(data: bytes) -> SnapshotState:
         state: list[Any] = msgpack.unpackb(data, **_UNPACK)
         lanes = state[LANES_AT]
         assert isinstance(lanes, list)
-        state[LANES_AT] = [[head, np.frombuffer(raw, dtype=np.uint64)] for head, raw in lanes]
+        state[LANES_AT] = [
+            [lane[0], np.frombuffer(lane[1], dtype=np.uint64), _spilled(lane[2:])] for lane in lanes
+        ]
         return SnapshotState(*state)
+
+
+def _spilled(wire: list[Any]) -> list[tuple[int, SpilledPage]]:
+    """The third element of a lane, if any, as (position, page) pairs."""
+    if not wire:
+        return []
+    rows = msgpack.unpackb(wire[0], **_UNPACK)
+    return [(int(row[0]), SpilledPage.from_wire(row[1:])) for row in rows]
+
+
+def page_handles_of(data: bytes) -> list[int]:
+    """The stored pages a snapshot names (none unless it is format 3): what the page
+    store keeps for the machine restored from it (``PageFiles(..., live=...)``)."""
+    state = read_snapshot(data)
+    return [page.handle for _head, _refs, spilled in state.lanes for _at, page in spilled]
+
+
+def inline_snapshot(data: bytes, load: Callable[[int], bytes]) -> bytes:
+    """A format 3 snapshot (``FrozenMachine.encode``) as a format 2 one: every named page
+    read with ``load`` (checked against its CRC32C: ``PageDamaged``) and put in its lane.
+    Another snapshot is returned as it is. What a follower is sent from a checkpoint."""
+    state = read_snapshot(data)
+    if state.version != PAGED_VERSION:
+        return data
+    lanes: list[list[object]] = []
+    for head_pos, refs, spilled in state.lanes:
+        parts: list[U64] = []
+        taken = done = 0
+        for at, page in spilled:
+            parts.append(refs[taken : taken + at - done])
+            taken += at - done
+            stored = load(page.handle)
+            if crc32c.crc32c(stored) != page.crc:
+                raise PageDamaged(f"page {page.handle} fails its CRC32C check", handle=page.handle)
+            parts.append(hot(decode_page(stored)))
+            done = at + page.count
+        parts.append(refs[taken:])
+        lanes.append([head_pos, b"".join(part.tobytes() for part in parts)])
+    return bytes(msgpack.packb(state._replace(version=2, lanes=lanes), use_bin_type=True))
 
 
 def _read_with_views(data: bytes) -> list[Any]:
@@ -128,17 +227,23 @@ def _read_with_views(data: bytes) -> list[Any]:
     count, pos = _array_header(data, pos)
     lanes: list[list[object]] = []
     for _ in range(count):
-        pair, pos = _array_header(data, pos)
-        if pair != 2:
+        size, pos = _array_header(data, pos)
+        if size not in (2, 3):
             raise _Unexpected
         head_pos, pos = _uint(data, pos)
         length, pos = _bin_header(data, pos)
         if length % 8 or pos + length > len(data):
             raise _Unexpected
-        lanes.append(
-            [head_pos, np.frombuffer(data, dtype=np.uint64, count=length // 8, offset=pos)]
-        )
+        refs = np.frombuffer(data, dtype=np.uint64, count=length // 8, offset=pos)
         pos += length
+        spilled: list[Any] = []
+        if size == 3:
+            length, pos = _bin_header(data, pos)
+            if pos + length > len(data):
+                raise _Unexpected
+            spilled.append(bytes(memoryview(data)[pos : pos + length]))
+            pos += length
+        lanes.append([head_pos, refs, _spilled(spilled)])
     state.append(lanes)
     tail = msgpack.Unpacker(**_UNPACK, max_buffer_size=max(1, len(data) - pos))
     tail.feed(memoryview(data)[pos:])
@@ -174,4 +279,13 @@ def _bin_header(data: bytes, pos: int) -> tuple[int, int]:
     return form.unpack_from(data, pos + 1)[0], pos + 1 + form.size
 
 
-__all__ = ["LANES_AT", "FrozenMachine", "MachineClock", "SnapshotState", "read_snapshot"]
+__all__ = [
+    "LANES_AT",
+    "PAGED_VERSION",
+    "FrozenMachine",
+    "MachineClock",
+    "SnapshotState",
+    "inline_snapshot",
+    "page_handles_of",
+    "read_snapshot",
+]

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from engine.queue.paging import NOT_PAGED, PagingStats
+
 COUNTERS = (
     "published",
     "duplicates",
@@ -32,7 +34,8 @@ class MemoryUse:
     """Estimated engine memory of one queue, by what holds it."""
 
     index_bytes: int
-    """Ready messages: pages of packed refs, 8 bytes per message, 4 in sealed pages."""
+    """Ready messages: pages of packed refs, 8 bytes per message, 4 in sealed pages; a
+    page that is out (``engine.queue.paging``) costs only its descriptor."""
     enqueue_times_bytes: int
     """Enqueue times for queue TTL, kept only while the queue has one: 8 bytes per 10 ms
     interval in which something was published and that a held message still needs
@@ -98,6 +101,8 @@ class QueueStats:
     last_applied: int
     dead_bytes: int
     """Log bytes no longer needed since the last checkpoint request."""
+    paging: PagingStats = NOT_PAGED
+    """Pages of the ready index in memory and out (all zero for a machine not paged)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

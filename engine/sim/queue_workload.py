@@ -13,10 +13,16 @@ held by the queue at the end; one whose settle had an unknown outcome may be gon
 deliveries in publish order; the body delivered is the body published; counts equal
 contents on every server (``check_invariants``) and every replica's state is the same
 at the same index.
+
+With ``page_budget`` every machine pages its ready index (``engine.queue.paging``) to a
+page store in memory, keeping that many pages resident besides its heads and tails,
+and runs its read-ahead after every step: replicas with other pages in memory must still
+agree byte for byte, through crashes and restores.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import random
 import time
@@ -31,7 +37,10 @@ from engine.queue import (
     CheckedOut,
     Delivery,
     Enqueued,
+    MemorySpill,
     NewMessage,
+    NodePages,
+    Paging,
     QueueMachine,
     QueuePolicy,
     Settled,
@@ -84,8 +93,10 @@ class QueueWorkload(Observer):
         consumers: int = 2,
         timeout_ms: int = 800,
         priorities: int = 2,
+        page_budget: int | None = None,
     ) -> None:
         self.rng = rng
+        self.page_budget = page_budget
         self.publishers = publishers
         self.consumers = consumers
         self.timeout_ms = timeout_ms
@@ -112,7 +123,17 @@ class QueueWorkload(Observer):
 
     def make_machine(self) -> Machine:
         policy = QueuePolicy(priorities=self.priorities, lease_ms=LEASE_MS, delivery_limit=None)
-        return QueueMachine(policy, QUEUE_LIMITS)
+        if self.page_budget is None:
+            return QueueMachine(policy, QUEUE_LIMITS)
+        budget_bytes = self.page_budget * QUEUE_LIMITS.page_refs * 8
+        limits = dataclasses.replace(
+            QUEUE_LIMITS,
+            paged_index_bytes_per_queue_max=budget_bytes,
+            paged_index_bytes_per_node_max=budget_bytes,
+            page_read_ahead=1,
+        )
+        paging = Paging(MemorySpill(), NodePages.from_limits(limits))
+        return QueueMachine(policy, limits, paging)
 
     def start(self, world: World) -> None:
         for client in range(self.publishers):
@@ -301,6 +322,12 @@ class QueueWorkload(Observer):
 
     def after_step(self, world: World) -> None:
         self.steps_seen += 1
+        if self.page_budget is not None:
+            for node in world.live_nodes():
+                assert isinstance(node.machine, QueueMachine)
+                pager = node.machine.pager
+                if pager is not None and pager.wants_read_ahead:
+                    pager.read_ahead()
         if self.steps_seen % 10:
             return
         for node in world.live_nodes():
@@ -361,8 +388,16 @@ class QueueWorkload(Observer):
         return message_id(parts.index, parts.slot)
 
 
-def run_queue_seed(seed: int, steps: int = 3000, servers: int = 3) -> SeedResult:
-    """Run one seed of the queue workload on a simulated cluster.
+def run_queue_seed(
+    seed: int,
+    steps: int = 3000,
+    servers: int = 3,
+    page_budget: int | None = None,
+    publishers: int = 2,
+    consumers: int = 2,
+) -> SeedResult:
+    """Run one seed of the queue workload on a simulated cluster (``page_budget``: see
+    the module's docstring).
 
     The workload is also registered as an observer, for ``after_step`` and (with worlds
     that do not hand applied entries to the workload) ``on_applied``.
@@ -373,7 +408,7 @@ def run_queue_seed(seed: int, steps: int = 3000, servers: int = 3) -> SeedResult
     made: list[QueueWorkload] = []
 
     def factory(rng: random.Random) -> QueueWorkload:
-        made.append(QueueWorkload(rng))
+        made.append(QueueWorkload(rng, publishers, consumers, page_budget=page_budget))
         return made[-1]
 
     world = World(SimConfig(seed=seed, servers=servers, steps=steps), workload_factory=factory)
@@ -392,17 +427,19 @@ def run_queue_seed(seed: int, steps: int = 3000, servers: int = 3) -> SeedResult
 
 
 def main(argv: list[str]) -> int:
-    """``python -m engine.sim.queue_workload --seeds N [--first-seed S] [--steps M]``."""
+    """``python -m engine.sim.queue_workload --seeds N [--first-seed S] [--steps M]
+    [--page-budget P]``."""
     import argparse
 
     p = argparse.ArgumentParser(prog="python -m engine.sim.queue_workload")
     p.add_argument("--seeds", type=int, default=20)
     p.add_argument("--first-seed", type=int, default=0)
     p.add_argument("--steps", type=int, default=4000)
+    p.add_argument("--page-budget", type=int, default=None, help="resident pages per queue")
     args = p.parse_args(argv)
     failed = 0
     for seed in range(args.first_seed, args.first_seed + args.seeds):
-        result = run_queue_seed(seed, steps=args.steps)
+        result = run_queue_seed(seed, steps=args.steps, page_budget=args.page_budget)
         if not result.passed:
             failed += 1
             print(f"seed {seed} FAILED: {result.violations[0]}")

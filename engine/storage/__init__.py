@@ -75,8 +75,11 @@ survive crashes. Compaction only deletes segments during a repair.
 Layout under the data directory: ``wal/<seq>.wal``,
 ``queues/<uid>/segments/<seq>.seg``, ``queues/<uid>/checkpoints/<index>.chk``,
 ``queues/<uid>/snapshots/<index>.chk`` (the promoted checkpoint), ``queues/<uid>/repair``
-(while repairing). File formats are described at the top of ``wal.py``, ``segment.py``,
-``checkpoint.py`` and ``repair.py``.
+(while repairing), ``queues/<uid>/pages/<handle>.page`` and ``<index>.pin`` (the spilled
+pages of a paged machine's ready index and the pages each checkpoint names: a
+``PageFiles`` per queue, outside ``NodeStorage``, ``page_files.py``). File formats are
+described at the top of ``wal.py``, ``segment.py``, ``checkpoint.py``, ``repair.py`` and
+``page_files.py``.
 """
 
 from __future__ import annotations

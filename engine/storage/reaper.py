@@ -26,10 +26,11 @@ def server_root(uid: str) -> str:
     return f"{QUEUES_DIR}/{uid}"
 
 
-def server_dirs(uid: str) -> tuple[str, str, str]:
-    """The directories of a server's segments, checkpoints and snapshot."""
+def server_dirs(uid: str) -> tuple[str, ...]:
+    """The directories of a server's segments, checkpoints, snapshot and page files
+    (``engine.storage.page_files``)."""
     root = server_root(uid)
-    return segment_dir(uid), f"{root}/checkpoints", f"{root}/snapshots"
+    return segment_dir(uid), f"{root}/checkpoints", f"{root}/snapshots", f"{root}/pages"
 
 
 class SegmentPins:
@@ -156,7 +157,7 @@ class Reaper:
                 self._settle_intents(path)
 
     def empty_dirs(self, uid: str) -> None:
-        """Delete every segment, checkpoint and snapshot file of ``uid``."""
+        """Delete every segment, checkpoint, snapshot and page file of ``uid``."""
         for directory in server_dirs(uid):
             for name in self.disk.listdir(directory):
                 self.remove(f"{directory}/{name}")

@@ -57,7 +57,7 @@ def as_plain(state: list[object]) -> list[object]:
     assert isinstance(lanes, list)
     return [
         *state[:LANES_AT],
-        [[head, bytes(np.asarray(refs).tobytes())] for head, refs in lanes],
+        [[head, bytes(np.asarray(refs).tobytes())] for head, refs, _spilled in lanes],
         *state[LANES_AT + 1 :],
     ]
 
@@ -78,8 +78,9 @@ def test_read_snapshot_equals_msgpack(counts: list[int], priorities: int, taken:
     data = filled(counts, priorities, taken).snapshot()
     state = read_snapshot(data)
     assert as_plain(state) == msgpack.unpackb(data, raw=False, strict_map_key=False)
-    for _head, refs in state[LANES_AT]:
+    for _head, refs, spilled in state[LANES_AT]:
         assert refs.dtype == np.uint64 and not refs.flags.writeable
+        assert spilled == []
 
 
 def test_restored_machine_keeps_working_and_snapshots_alike() -> None:

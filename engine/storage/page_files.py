@@ -1,0 +1,258 @@
+"""Page files of one queue: the pages of its ready index that are out of memory
+(``engine.queue.paging``), a ``PageSpill`` on a ``Disk``.
+
+Rule: one immutable file per page, ``queues/<uid>/pages/<handle:020>.page``, checked by
+CRC32C whenever it is read; a page file is deleted only once the machine has dropped it
+and no checkpoint names it.
+
+File format: a 24-byte header (magic ``QPAG``, version u16, flags u16, handle u64, data
+length u32, CRC32C u32 of the header's first 20 bytes and the data), then the data (the
+page as ``engine.queue.pages.encode_page`` stores it). A file that is short, torn,
+rotten, or names another handle fails the check: ``load`` raises ``PageDamaged``, as it
+does for a missing file, and the machine rebuilds the page from the log.
+
+Why a file per page, written without fsync or rename, and made durable later:
+
+* A page is written once and never changed, and pages die out of order (several lanes,
+  checkpoints keeping some). A file per page makes dropping a page an unlink; pages
+  appended to shared files would need a compaction of their own to reclaim the space.
+* The live machine needs nothing durable from its page store: after a crash it is
+  restored from a checkpoint and the log, never from pages written since. So ``store``
+  writes the file and nothing more (no reader sees a handle before ``store`` returns it,
+  so there is no half-written page to hide behind a rename), and what a crash tears is
+  garbage, deleted at the next open. Durability is paid once per page, and only for
+  pages a checkpoint names: ``sync(tag)`` fsyncs them and the directory, then writes the
+  checkpoint's pin file atomically (temporary name, fsync, rename, directory fsync),
+  before the checkpoint itself is written (the durability order: pages, pins,
+  checkpoint). A temp + fsync + rename per page would cost two fsyncs per 4096
+  messages spilled, most of them for pages consumed before any checkpoint names them.
+
+Checkpoints: ``pin(tag, handles)`` on the loop when a checkpoint is captured (its pages
+then outlive their ``drop``), ``sync(tag)`` in the checkpoint's worker before it is
+written, ``retain(tags)`` with the checkpoints still on disk (after each write, promotion
+or installed snapshot), ``unpin(tag)`` if the write failed. Pin files,
+``<tag:020>.pin``: magic ``QPIN``, count u32, the handles as u64, CRC32C u32 of all that.
+At open, every page no pin file names and the restored machine does not hold is deleted.
+
+Threads: ``store``, ``drop``, ``pin``, ``retain`` on the loop; ``load`` (read-ahead) and
+``sync`` (checkpoints) may run in workers; a lock guards the bookkeeping.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import threading
+from collections.abc import Callable, Iterable
+
+import crc32c
+
+from engine.errors import PageDamaged, StorageFailed
+from engine.raft.entry import EntryKind
+from engine.storage.disk import Disk, write_file_atomic
+from engine.storage.reaper import server_root
+from engine.storage.server_log import ServerLog
+
+log = logging.getLogger("quorra.engine")
+
+_MAGIC = b"QPAG"
+_VERSION = 1
+_HEADER = struct.Struct("<4sHHQI")
+_CRC = struct.Struct("<I")
+HEADER_BYTES = _HEADER.size + _CRC.size
+_PIN_MAGIC = b"QPIN"
+_PIN_HEAD = struct.Struct("<4sI")
+_PAGE_SUFFIX = ".page"
+_PIN_SUFFIX = ".pin"
+
+
+def pages_dir(uid: str) -> str:
+    return f"{server_root(uid)}/pages"
+
+
+class PageFiles:
+    """The page files of queue ``uid`` (see the module's rule). ``live``: the handles the
+    machine restored from its checkpoint holds."""
+
+    def __init__(self, disk: Disk, uid: str, live: Iterable[int] = ()) -> None:
+        self._disk = disk
+        self.dir = pages_dir(uid)
+        self._lock = threading.Lock()
+        disk.makedirs(self.dir)
+        names = disk.listdir(self.dir)
+        self._pins: dict[int, frozenset[int]] = {}
+        for name in names:
+            if name.endswith(_PIN_SUFFIX):
+                pinned = self._read_pins(name)
+                if pinned is None:  # torn: its checkpoint was never written
+                    disk.remove(f"{self.dir}/{name}")
+                else:
+                    self._pins[int(name[: -len(_PIN_SUFFIX)])] = pinned
+            elif not name.endswith(_PAGE_SUFFIX):
+                disk.remove(f"{self.dir}/{name}")  # a pin file's temporary name
+        on_disk = {int(n[: -len(_PAGE_SUFFIX)]) for n in names if n.endswith(_PAGE_SUFFIX)}
+        self._next_handle = max(on_disk, default=0) + 1
+        live = set(live)
+        keep = self._pinned() | live
+        for handle in sorted(on_disk - keep):
+            self._unlink(handle)
+        self._dropped = (on_disk & keep) - live
+        """Pages the machine no longer holds that a checkpoint still names."""
+        self._synced = on_disk & self._pinned()
+        """Pages fsynced (those a pin file names were synced before it was written)."""
+
+    # --- the PageSpill protocol -----------------------------------------------------------
+
+    def store(self, data: bytes) -> int:
+        with self._lock:
+            handle = self._next_handle
+            self._next_handle += 1
+        head = _HEADER.pack(_MAGIC, _VERSION, 0, handle, len(data))
+        crc = crc32c.crc32c(data, crc32c.crc32c(head))
+        try:
+            f = self._disk.open(self._path(handle), create=True)
+            try:
+                f.append(b"".join([head, _CRC.pack(crc), data]))
+            finally:
+                f.close()
+        except OSError as e:
+            raise StorageFailed(f"page file {handle} not written: {e}") from e
+        return handle
+
+    def load(self, handle: int) -> bytes:
+        try:
+            raw = self._disk.read(self._path(handle))
+        except OSError as e:
+            raise PageDamaged(f"page file {handle} unreadable: {e}", handle=handle) from e
+        if len(raw) >= HEADER_BYTES:
+            magic, version, _flags, named, length = _HEADER.unpack_from(raw)
+            (crc,) = _CRC.unpack_from(raw, _HEADER.size)
+            data = raw[HEADER_BYTES:]
+            if (
+                magic == _MAGIC
+                and version == _VERSION
+                and named == handle
+                and length == len(data)
+                and crc == crc32c.crc32c(data, crc32c.crc32c(raw[: _HEADER.size]))
+            ):
+                return data
+        raise PageDamaged(f"page file {handle} fails its check", handle=handle)
+
+    def drop(self, handle: int) -> None:
+        with self._lock:
+            if handle in self._pinned():
+                self._dropped.add(handle)
+                return
+            self._synced.discard(handle)
+        self._unlink(handle)
+
+    # --- checkpoints ----------------------------------------------------------------------
+
+    def pin(self, tag: int, handles: Iterable[int]) -> None:
+        """Checkpoint ``tag`` names ``handles``: they stay until it is unpinned."""
+        with self._lock:
+            self._pins[tag] = frozenset(handles)
+
+    def sync(self, tag: int) -> None:
+        """Make checkpoint ``tag``'s pages durable, then its pin file: before the
+        checkpoint is written (may run in a worker)."""
+        with self._lock:
+            handles = self._pins[tag]
+            todo = sorted(handles - self._synced)
+        for handle in todo:
+            f = self._disk.open(self._path(handle))
+            try:
+                f.sync()
+            finally:
+                f.close()
+        if todo:
+            self._disk.sync_dir(self.dir)
+        body = _PIN_HEAD.pack(_PIN_MAGIC, len(handles)) + b"".join(
+            struct.pack("<Q", h) for h in sorted(handles)
+        )
+        write_file_atomic(self._disk, self._pin_path(tag), body + _CRC.pack(crc32c.crc32c(body)))
+        with self._lock:
+            self._synced.update(todo)
+
+    def unpin(self, tag: int) -> None:
+        self.retain(t for t in list(self._pins) if t != tag)
+
+    def retain(self, tags: Iterable[int]) -> None:
+        """Only the checkpoints ``tags`` still exist: the pins of the others go, and the
+        pages only they kept are deleted."""
+        keep = set(tags)
+        with self._lock:
+            gone = sorted(set(self._pins) - keep)
+            for tag in gone:
+                del self._pins[tag]
+            pinned = self._pinned()
+            free = sorted(self._dropped - pinned)
+            self._dropped -= set(free)
+            self._synced -= set(free)
+        for tag in gone:
+            if self._disk.exists(self._pin_path(tag)):
+                self._disk.remove(self._pin_path(tag))
+        for handle in free:
+            self._unlink(handle)
+
+    def pinned(self) -> frozenset[int]:
+        with self._lock:
+            return self._pinned()
+
+    def files(self) -> int:
+        """Page files on disk (those of the live machine and those checkpoints keep)."""
+        return sum(1 for n in self._disk.listdir(self.dir) if n.endswith(_PAGE_SUFFIX))
+
+    # --- helpers --------------------------------------------------------------------------
+
+    def _pinned(self) -> frozenset[int]:
+        return frozenset().union(*self._pins.values())
+
+    def _path(self, handle: int) -> str:
+        return f"{self.dir}/{handle:020d}{_PAGE_SUFFIX}"
+
+    def _pin_path(self, tag: int) -> str:
+        return f"{self.dir}/{tag:020d}{_PIN_SUFFIX}"
+
+    def _unlink(self, handle: int) -> None:
+        """Delete a page file. Not synced: a file a crash brings back is deleted at open."""
+        try:
+            self._disk.remove(self._path(handle))
+        except FileNotFoundError:
+            pass
+        except OSError as e:  # stays as garbage until the next open
+            log.warning("page file %s not deleted: %s", handle, e)
+
+    def _read_pins(self, name: str) -> frozenset[int] | None:
+        raw = self._disk.read(f"{self.dir}/{name}")
+        if len(raw) < _PIN_HEAD.size + _CRC.size:
+            return None
+        magic, count = _PIN_HEAD.unpack_from(raw)
+        end = _PIN_HEAD.size + 8 * count
+        if magic != _PIN_MAGIC or len(raw) != end + _CRC.size:
+            return None
+        if crc32c.crc32c(raw[:end]) != _CRC.unpack_from(raw, end)[0]:
+            return None
+        return frozenset(h for (h,) in struct.iter_unpack("<Q", raw[_PIN_HEAD.size : end]))
+
+
+def log_reader(log: ServerLog) -> Callable[[list[int]], list[tuple[int, bytes]]]:
+    """``Paging.read_log`` over a server's stored log, to rebuild a damaged page: the
+    command entries at the indexes asked that are still stored and sound (one that is
+    not is left out, and the rebuild then fails its check). On the node's loop."""
+
+    def read(indexes: list[int]) -> list[tuple[int, bytes]]:
+        out: list[tuple[int, bytes]] = []
+        for index in indexes:
+            try:
+                entry = log.read(index)
+            except (LookupError, StorageFailed):
+                continue
+            if entry.kind is EntryKind.COMMAND:
+                out.append((index, entry.data))
+        return out
+
+    return read
+
+
+__all__ = ["HEADER_BYTES", "PageFiles", "log_reader", "pages_dir"]
