@@ -383,16 +383,7 @@ def run_meta_seed(seed: int, steps: int = 3000, servers: int = 3) -> SeedResult:
 
     world = World(SimConfig(seed=seed, servers=servers, steps=steps), workload_factory=factory)
     violations = world.run()
-    return SeedResult(
-        seed=seed,
-        violations=tuple(dict.fromkeys(violations)),
-        trace=tuple(world.trace),
-        digest=world.trace_digest(),
-        steps=world.steps,
-        sim_ms=world.now_ms,
-        ops_completed=made[0].completed,
-        wall_s=time.perf_counter() - started,
-    )
+    return SeedResult.of(seed, world, violations, made[0].completed, started)
 
 
 __all__ = ["MetaWorkload", "run_meta_seed"]

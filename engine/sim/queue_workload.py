@@ -414,16 +414,7 @@ def run_queue_seed(
     world = World(SimConfig(seed=seed, servers=servers, steps=steps), workload_factory=factory)
     world.observers.append(made[0])
     violations = world.run()
-    return SeedResult(
-        seed=seed,
-        violations=tuple(dict.fromkeys(violations)),
-        trace=tuple(world.trace),
-        digest=world.trace_digest(),
-        steps=world.steps,
-        sim_ms=world.now_ms,
-        ops_completed=made[0].completed,
-        wall_s=time.perf_counter() - started,
-    )
+    return SeedResult.of(seed, world, violations, made[0].completed, started)
 
 
 def main(argv: list[str]) -> int:

@@ -28,6 +28,23 @@ class SeedResult:
     def passed(self) -> bool:
         return not self.violations
 
+    @classmethod
+    def of(
+        cls, seed: int, world: World, violations: list[str], ops_completed: int, started: float
+    ) -> SeedResult:
+        """What ``world`` did once it ran (``started``: ``perf_counter`` before it was
+        built); a violation that several steps found is listed once."""
+        return cls(
+            seed=seed,
+            violations=tuple(dict.fromkeys(violations)),
+            trace=tuple(world.trace),
+            digest=world.trace_digest(),
+            steps=world.steps,
+            sim_ms=world.now_ms,
+            ops_completed=ops_completed,
+            wall_s=time.perf_counter() - started,
+        )
+
 
 def run_seed(
     seed: int,
@@ -52,16 +69,7 @@ def run_seed(
     )
     violations = world.run()
     completed = getattr(world.workload, "completed", 0)
-    return SeedResult(
-        seed=seed,
-        violations=tuple(violations),
-        trace=tuple(world.trace),
-        digest=world.trace_digest(),
-        steps=world.steps,
-        sim_ms=world.now_ms,
-        ops_completed=int(completed),
-        wall_s=time.perf_counter() - started,
-    )
+    return SeedResult.of(seed, world, violations, int(completed), started)
 
 
 def _disk_storage(_sid: ServerId) -> SimStorage:
