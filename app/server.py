@@ -81,5 +81,12 @@ def run_server(settings: Settings) -> None:
         # than asyncio's loop and h11 (quorra bench rest); "auto" keeps asyncio where
         # uvloop is missing.
         loop="auto",
+        # The stream endpoint (app/api/stream.py): websockets' sans-I/O protocol, which
+        # reads no further frame until the app asks for one (the stream's back-pressure);
+        # a frame as large as a request body; no compression (CPU for every frame, and
+        # message bodies are usually compressed already or small).
+        ws="websockets-sansio",
+        ws_max_size=settings.request_body_bytes_max,
+        ws_per_message_deflate=False,
     )
     uvicorn.Server(config).run()
