@@ -66,6 +66,7 @@ class Stream:
                 open_timeout=open_timeout_s,
                 max_size=FRAME_BYTES_MAX,
                 compression=None,
+                legacy=True,  # a connection to keep, not a context of its own
             )
         except InvalidStatus as e:
             raise _denied(e) from None
