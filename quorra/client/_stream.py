@@ -81,7 +81,7 @@ class Stream:
     def close(self) -> None:
         self._ws.close()
 
-    def _read(self, timeout_s: float | None) -> bool:
+    def read(self, timeout_s: float | None) -> bool:
         """Read one frame into the ledger; False when none came in ``timeout_s``."""
         try:
             data = self._ws.recv(timeout_s)
@@ -104,7 +104,7 @@ class Stream:
         """Send one publish frame (1..1000 messages, all or nothing) once the window has
         room; its seq. Durable once confirmed: see ``wait`` and ``flush``."""
         while not self.ledger.room_for(len(messages)):
-            self._read(None)
+            self.read(None)
         seq, frame = self.ledger.publish_frame(messages)
         self._send(frame)
         return seq
@@ -112,7 +112,7 @@ class Stream:
     def wait(self, seq: int, timeout_s: float | None = None) -> None:
         """Until publish ``seq`` is confirmed; ``PublishFailed`` if it was refused."""
         while not self.ledger.done(seq):
-            if not self._read(timeout_s):
+            if not self.read(timeout_s):
                 raise TimeoutError(f"publish {seq} not confirmed in {timeout_s} s")
         if seq in self.ledger.failures:
             self.ledger.take_failures()
@@ -120,7 +120,7 @@ class Stream:
     def flush(self, timeout_s: float | None = None) -> None:
         """Until every publish is answered; ``PublishFailed`` for those refused."""
         while self.ledger.outstanding:
-            if not self._read(timeout_s):
+            if not self.read(timeout_s):
                 raise TimeoutError(f"publishes not confirmed in {timeout_s} s")
         self.ledger.take_failures()
 
@@ -136,8 +136,8 @@ class Stream:
         """The deliveries read so far, waiting up to ``timeout_s`` for the first."""
         ledger = self.ledger
         if not ledger.deliveries:
-            self._read(timeout_s)
-        while ledger.deliveries and self._read(0):  # whatever else has arrived
+            self.read(timeout_s)
+        while ledger.deliveries and self.read(0):  # whatever else has arrived
             pass
         out = list(ledger.deliveries)
         ledger.deliveries.clear()
