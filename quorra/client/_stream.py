@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator
 from types import TracebackType
 from typing import Any, Self
@@ -135,8 +136,11 @@ class Stream:
     def receive(self, timeout_s: float | None = None) -> list[Delivery]:
         """The deliveries read so far, waiting up to ``timeout_s`` for the first."""
         ledger = self.ledger
-        if not ledger.deliveries:
-            self.read(timeout_s)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while not ledger.deliveries:  # other frames (confirms, settles) may come first
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not self.read(left):
+                break
         while ledger.deliveries and self.read(0):  # whatever else has arrived
             pass
         out = list(ledger.deliveries)

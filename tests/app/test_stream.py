@@ -4,6 +4,7 @@ of at most 4, a publish gate) for most tests, ``quorra serve`` for the crash tes
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 import threading
@@ -18,6 +19,15 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
+from quorra.client import (
+    AsyncClient,
+    Client,
+    Message,
+    Problem,
+    PublishFailed,
+    Settled,
+    Stream,
+)
 from tests.app.conftest import ADMIN_PASSWORD, Server, make_token
 from tests.app.stream_server import gate_path
 
@@ -432,3 +442,65 @@ def test_kill_9_mid_stream_loses_no_confirmed_message(tmp_path: Path) -> None:
         assert not lost, f"{len(lost)} confirmed messages lost, e.g. {lost[:5]}"
     finally:
         server.stop()
+
+
+# --- quorra.client ---------------------------------------------------------------------
+
+
+def test_client_rest_and_stream_round_trip(srv: StreamServer, token: str, queue: str) -> None:
+    with Client(srv.url, token) as client:
+        ids = client.publish(queue, [b"a", "b", Message(b"c", headers={"k": "v"}, priority=1)])
+        assert len(ids) == 3
+        got = client.receive(queue, max_messages=10, wait_ms=1000)
+        assert [d.body for d in got] == [b"a", b"b", b"c"]
+        assert got[2].headers == {"k": "v"} and got[2].lease_expires_at_ms > 0
+        assert client.extend(queue, [got[2].receipt], 60_000) == Settled(1, [])
+        assert client.nack(queue, [got[0].receipt]) == Settled(1, [])
+        assert client.ack(queue, [got[1].receipt, got[2].receipt]) == Settled(2, [])
+        assert client.ack(queue, [got[2].receipt]) == Settled(0, [got[2].receipt])  # a 409
+        with pytest.raises(Problem) as missing:
+            client.publish("missing", [b"x"])
+        assert missing.value.status == 404 and missing.value.type == "/problems/queue-not-found"
+
+        with client.stream(queue) as stream:
+            seqs = [stream.publish([f"s{i}".encode()] * 2) for i in range(10)]
+            stream.wait(seqs[0])
+            stream.flush()
+            assert stream.ledger.confirmed_seq == seqs[-1]
+            stream.publish([b"y", Message(b"z", priority=99)])
+            with pytest.raises(PublishFailed) as refused:
+                stream.flush()
+            assert refused.value.failures[11].status == 422
+            stream.consume(5)
+            seen: list[bytes] = []
+            while len(seen) < 21:
+                batch = stream.receive(5.0)
+                assert batch and len(batch) <= 5
+                seen += [d.body for d in batch]
+                stream.ack([d.receipt for d in batch])
+            assert seen[0] == b"a" and sorted(seen[1:]) == sorted(
+                f"s{i}".encode() for i in range(10) for _ in range(2)
+            )
+        with pytest.raises(Problem) as denied:
+            Stream(srv.url, "qra_wrong", queue)
+        assert denied.value.status == 401
+
+
+def test_async_client_and_stream(srv: StreamServer, token: str, queue: str) -> None:
+    async def run() -> list[bytes]:
+        async with AsyncClient(srv.url, token) as client:
+            assert len(await client.publish(queue, [b"r0"])) == 1
+            async with await client.stream(queue) as stream:
+                for i in range(1, 20):
+                    await stream.publish([f"r{i}".encode()])
+                await stream.flush()
+                await stream.consume(7)
+                seen: list[bytes] = []
+                async for d in stream.deliveries():
+                    seen.append(d.body)
+                    await stream.ack([d.receipt])
+                    if len(seen) == 20:
+                        break
+            return seen
+
+    assert asyncio.run(run()) == [f"r{i}".encode() for i in range(20)]
