@@ -9,6 +9,7 @@ messages of outstanding publishes. Nothing here blocks or reads a clock.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from collections.abc import Sequence
 from typing import Any
 
 import msgpack
@@ -76,7 +77,7 @@ class Ledger:
         nothing is outstanding)."""
         return not self.outstanding or self.outstanding_messages + count <= self.window
 
-    def publish_frame(self, messages: list[Publishable]) -> tuple[int, bytes]:
+    def publish_frame(self, messages: Sequence[Publishable]) -> tuple[int, bytes]:
         if not 1 <= len(messages) <= self.batch_messages_max:
             raise ValueError(f"a publish holds 1..{self.batch_messages_max} messages")
         self.seq += 1

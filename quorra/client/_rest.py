@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self
 
@@ -133,7 +133,7 @@ class Client:
             self.sleep(_retry_after_s(response))
         return self.http.post(path, content=content)
 
-    def publish(self, queue: str, messages: list[Publishable]) -> list[int]:
+    def publish(self, queue: str, messages: Sequence[Publishable]) -> list[int]:
         """Publish a batch, all or nothing; the ids, once durable on a quorum."""
         body = {"messages": [message_map(m) for m in messages]}
         ids: list[int] = _answer(self.post(_messages_path(queue), body))["ids"]
@@ -206,7 +206,7 @@ class AsyncClient:
             await asyncio.sleep(_retry_after_s(response))
         return await self.http.post(path, content=content)
 
-    async def publish(self, queue: str, messages: list[Publishable]) -> list[int]:
+    async def publish(self, queue: str, messages: Sequence[Publishable]) -> list[int]:
         body = {"messages": [message_map(m) for m in messages]}
         ids: list[int] = _answer(await self.post(_messages_path(queue), body))["ids"]
         return ids

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from types import TracebackType
 from typing import Any, Self
 
@@ -101,7 +101,7 @@ class Stream:
 
     # --- publishing -----------------------------------------------------------------
 
-    def publish(self, messages: list[Publishable]) -> int:
+    def publish(self, messages: Sequence[Publishable]) -> int:
         """Send one publish frame (1..1000 messages, all or nothing) once the window has
         room; its seq. Durable once confirmed: see ``wait`` and ``flush``."""
         while not self.ledger.room_for(len(messages)):
@@ -229,7 +229,7 @@ class AsyncStream:
         except ConnectionClosed as e:
             raise _closed(e) from None
 
-    async def publish(self, messages: list[Publishable]) -> int:
+    async def publish(self, messages: Sequence[Publishable]) -> int:
         """As ``Stream.publish``."""
         await self._until(lambda: self.ledger.room_for(len(messages)))
         seq, frame = self.ledger.publish_frame(messages)
