@@ -80,6 +80,33 @@ RETRY_S_DEFAULT = 1.0
 """How long a consumer waits after an engine error without a ``Retry-After``."""
 
 
+OPENAPI_DESCRIPTION = """\
+Publish and consume over REST (the paths below) or over a **stream**: one WebSocket per
+client and queue, `GET /api/v1/queues/{name}/stream`, which OpenAPI cannot describe.
+
+The handshake carries `Authorization: Bearer <token>`; a refused one gets the problem
+as HTTP instead of the upgrade (401; 403 without `write` or `read` on the queue; 404;
+422 for a bad name). Each WebSocket message is then one binary MessagePack map whose
+`op` names it:
+
+| from | frame |
+|---|---|
+| server | `ready`: `window_messages`, `window_bytes`, `prefetch_max`, `batch_messages_max` (first) |
+| client | `publish`: `seq` (above the last), `messages` (as a publish body, bodies as bytes); needs `write` |
+| server | `confirm`: `seq`; every publish up to it without its own `error` is durable on a quorum |
+| client | `consume`: `prefetch` (0 pauses), `lease_ms`, `consumer`; needs `read` |
+| server | `deliver`: `messages` (`id`, `receipt`, `body`, `headers`, `priority`, `delivery_count`, `published_at_ms`, `lease_expires_at_ms`) |
+| client | `ack`, `nack` (`requeue`), `extend` (`lease_ms`): `receipts`, `ref`; ack and nack give credit back |
+| server | `settled`: `of`, `settled`, `stale`, `ref` |
+| server | `error`: `type`, `title`, `status`, `detail` (RFC 9457), `of`, `seq` or `ref` |
+
+At most `window_messages` publishes unconfirmed: the server then stops reading the
+socket until confirms free room. At most `prefetch` deliveries unsettled. A bad frame
+gets an `error` frame and changes nothing. A closed socket's leases return at once
+(delivered again with `delivery_count` + 1). The Python client is `quorra.client`.
+"""
+
+
 class FrameError(Exception):
     """A frame refused before it changed anything: answered with an error frame."""
 

@@ -162,7 +162,8 @@ def test_a_full_window_stops_the_server_reading_and_loses_nothing(
     reads no more (its memory does not grow with what the client sends, the client's
     sends block); once publishes go through, every frame is confirmed in order."""
     assert srv.proc is not None
-    frames, body = 24_000, b"x" * 1024  # 24 MiB, more than loopback's socket buffers
+    frames, body = 1_600, b"x" * 4096  # 4 messages a frame: 25 MiB, more than loopback's
+    # socket buffers hold
     gate = gate_path(srv.data_dir)
     gate.touch()
     try:
@@ -173,7 +174,7 @@ def test_a_full_window_stops_the_server_reading_and_loses_nothing(
             def sender() -> None:
                 nonlocal sent
                 for seq in range(1, frames + 1):
-                    publish(ws, seq, body)
+                    publish(ws, seq, body, body, body, body)
                     sent = seq
 
             thread = threading.Thread(target=sender, daemon=True)
@@ -193,7 +194,7 @@ def test_a_full_window_stops_the_server_reading_and_loses_nothing(
             thread.join(10)
     finally:
         gate.unlink(missing_ok=True)
-    assert depth(api, queue) == frames
+    assert depth(api, queue) == 4 * frames
 
 
 def test_bad_frames_get_error_frames_and_change_nothing(
@@ -442,6 +443,12 @@ def test_kill_9_mid_stream_loses_no_confirmed_message(tmp_path: Path) -> None:
         assert not lost, f"{len(lost)} confirmed messages lost, e.g. {lost[:5]}"
     finally:
         server.stop()
+
+
+def test_the_openapi_description_documents_the_stream(srv: StreamServer) -> None:
+    info = httpx.get(f"{srv.url}/openapi.json", timeout=10.0).json()["info"]
+    for word in ("/api/v1/queues/{name}/stream", "`publish`", "`confirm`", "`deliver`", "`error`"):
+        assert word in info["description"], word
 
 
 # --- quorra.client ---------------------------------------------------------------------
