@@ -357,6 +357,7 @@ def run_action(action: Callable[[], None]) -> None:
     """Run a command's body; a ``ClientError`` or a transport error is one line on stderr
     and exit status 1."""
     import httpx
+    from websockets.exceptions import WebSocketException
 
     from quorra.client import Problem, PublishFailed
 
@@ -372,7 +373,7 @@ def run_action(action: Callable[[], None]) -> None:
     except ClientError as e:
         stderr().print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
-    except httpx.HTTPError as e:
+    except (httpx.HTTPError, OSError, WebSocketException) as e:  # refused, reset, timed out
         stderr().print(
             f"[red]error:[/red] {type(e).__name__}: {e}", highlight=False, soft_wrap=True
         )
