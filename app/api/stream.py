@@ -39,6 +39,7 @@ import contextlib
 import logging
 import re
 from collections import deque
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -231,8 +232,8 @@ class StreamConnection:
             }
         )
         loop = asyncio.get_running_loop()
-        publisher = loop.create_task(self.publish_loop())
-        consumer = loop.create_task(self.consume_loop())
+        publisher = loop.create_task(self.guarded(self.publish_loop()))
+        consumer = loop.create_task(self.guarded(self.consume_loop()))
         try:
             await self.read_loop()
         finally:
@@ -244,6 +245,21 @@ class StreamConnection:
             # applied, and what it did must be answered (or its leases returned).
             await asyncio.gather(publisher, consumer, *self.settles, return_exceptions=True)
             await self.return_leases()
+
+    async def guarded(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run a loop of the connection; should it fail unexpectedly (a bug), close the
+        connection (1011) rather than leave the reader waiting for room that no confirm
+        will free."""
+        try:
+            await work
+        except Exception:
+            log.exception("stream on %s failed; closing it", self.name)
+            self.closed = True
+            self.work.set()
+            self.credit.set()
+            self.room.set()
+            with contextlib.suppress(RuntimeError, OSError, WebSocketDisconnect):
+                await self.ws.close(1011)
 
     async def send(self, frame: dict[str, object]) -> None:
         """Send one frame; a connection gone meanwhile only marks it closed."""
@@ -562,7 +578,7 @@ async def stream(websocket: WebSocket) -> None:
     await websocket.accept()
     limits = settings_of(state).limits
     await StreamConnection(websocket, node, name, who, limits).run()
-    with contextlib.suppress(RuntimeError):
+    with contextlib.suppress(RuntimeError, WebSocketDisconnect):  # gone already
         await websocket.close()
 
 

@@ -18,6 +18,7 @@ from typing import Any, cast
 import uvicorn
 
 from app.engine_seam import make_node
+from app.http_protocol import http_protocol
 from app.main import create_app
 from app.server import tune_malloc, websocket_options
 from app.settings import Settings
@@ -73,6 +74,7 @@ def main(argv: list[str]) -> None:
         port=port,
         log_level="warning",
         access_log=False,
+        http=http_protocol(settings.header_read_timeout_s),
         **websocket_options(settings),
     )
 

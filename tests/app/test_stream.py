@@ -34,6 +34,8 @@ from tests.app.stream_server import gate_path
 pytestmark = pytest.mark.integration
 
 WINDOW = 8
+HEADER_READ_TIMEOUT_S = 1.0
+"""The test server's: a stream outlives it (the upgrade stops that clock)."""
 RECEIPT_LIKE = "0" * 64
 
 
@@ -47,7 +49,8 @@ class StreamServer(Server):
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StreamServer]:
-    server = StreamServer(tmp_path_factory.mktemp("quorra-stream") / "data").start()
+    env = {"QUORRA_HEADER_READ_TIMEOUT_S": str(HEADER_READ_TIMEOUT_S)}
+    server = StreamServer(tmp_path_factory.mktemp("quorra-stream") / "data", env=env).start()
     try:
         yield server
     finally:
@@ -443,6 +446,17 @@ def test_kill_9_mid_stream_loses_no_confirmed_message(tmp_path: Path) -> None:
         assert not lost, f"{len(lost)} confirmed messages lost, e.g. {lost[:5]}"
     finally:
         server.stop()
+
+
+def test_a_stream_outlives_the_header_read_timeout(
+    srv: StreamServer, token: str, api: httpx.Client, queue: str
+) -> None:
+    with open_stream(srv, token, queue) as ws:
+        for seq in range(1, 4):
+            time.sleep(HEADER_READ_TIMEOUT_S)
+            publish(ws, seq, b"late")
+            assert frame_of(ws) == {"op": "confirm", "seq": seq}
+    assert depth(api, queue) == 3
 
 
 def test_the_openapi_description_documents_the_stream(srv: StreamServer) -> None:
