@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import os
 import resource
+import sys
 import time
 from typing import Any
 
@@ -117,7 +118,8 @@ def generator(spec: dict[str, Any], results: Any) -> None:
             out["timed_out"] += 1
         elif work.exception() is not None:
             out["errors"] += 1
-            print(f"stream generator: {work.exception()!r}", flush=True)
+            # stderr: the bench's stdout is its JSON
+            print(f"stream generator: {work.exception()!r}", file=sys.stderr, flush=True)
         out["wall_s"] = out["wall_s"] or time.time() - spec["start_at"]
         out["cpu_s"] = _cpu_self_s() - out.pop("cpu0")
         results.put(out)
