@@ -3,8 +3,10 @@
 ``user`` and ``token`` work on the local data directory's metadata database directly
 (as ``rabbitmqctl`` does), so they work before the first ``quorra serve`` and while it
 runs (SQLite in WAL mode); they are audited with source ``cli``. ``publish`` and
-``consume`` are HTTP clients of the message endpoints of the REST API (API.md), with a
-bearer token from ``--token`` or ``QUORRA_TOKEN``:
+``consume`` are clients of the server through ``quorra.client``, with a bearer token from
+``--token`` or ``QUORRA_TOKEN``: ``publish`` streams (one WebSocket, frames of
+``--batch`` lines, as many unconfirmed as the server's window takes), ``consume``
+receives and acks over REST (its ``--wait-ms`` is the receive's long-poll):
 
     TOKEN=$(quorra token create --user admin)
     seq 1 1000 | quorra publish orders --token "$TOKEN"
@@ -17,7 +19,6 @@ commands of ``app.queue_cli`` too.
 
 from __future__ import annotations
 
-import base64
 import secrets
 import sys
 import time
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from rich.progress import Progress
 
     from app.db.session import Database
+    from quorra.client import Client, Message, Problem, Stream
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 RETRY_STATUSES = frozenset({429, 503})
@@ -201,42 +203,89 @@ def _batches(lines: Iterable[str], size: int) -> Iterator[list[str]]:
         yield batch
 
 
+def problem_text(problem: Problem) -> str:
+    detail = f": {problem.detail}" if problem.detail else ""
+    return f"{problem.title} (HTTP {problem.status}){detail}"
+
+
+def _retry_after(problem: Problem) -> float:
+    value = problem.extra.get("retry_after_s")
+    return min(float(value), RETRY_AFTER_S_MAX) if isinstance(value, int | float) else 1.0
+
+
+def _answered(
+    stream: Stream,
+    sent: dict[int, list[Message]],
+    sleep: Callable[[float], None],
+    retries: dict[int, int],
+) -> int:
+    """Messages of ``sent`` confirmed since the last call (forgotten then); a publish
+    refused with 429/503 is sent again after its ``Retry-After``, any other refusal is a
+    ``ClientError``."""
+    confirmed = 0
+    for seq in [seq for seq in sent if stream.ledger.done(seq)]:
+        messages = sent.pop(seq)
+        problem = stream.ledger.failures.pop(seq, None)
+        if problem is None:
+            confirmed += len(messages)
+            continue
+        tries = retries.pop(seq, 0) + 1
+        if problem.status not in RETRY_STATUSES:
+            raise ClientError(problem_text(problem))
+        if tries >= RETRIES_MAX:
+            raise ClientError(f"gave up after {RETRIES_MAX} retries: {problem_text(problem)}")
+        sleep(_retry_after(problem))
+        again = stream.publish(list(messages))
+        sent[again], retries[again] = messages, tries
+    return confirmed
+
+
 def publish_lines(
-    client: httpx.Client,
-    queue: str,
+    stream: Stream,
     lines: Iterable[str],
     batch_size: int,
     on_progress: Callable[[int], None] = lambda n: None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> int:
-    """Publish one message per line, ``batch_size`` per request; returns the count.
+    """Publish one message per line over a stream, ``batch_size`` per frame, as many
+    frames unconfirmed as the stream's window takes; returns the count once every one
+    is confirmed (durable). Progress counts confirmed messages.
 
-    Each message carries a ``dedup_id`` unique to this run, so a batch retried after a
-    lost answer is not published twice (within the server's dedup window).
+    Each message carries a ``dedup_id`` unique to this run, so a frame sent again after
+    a 503 (whose outcome the server could not know) is not published twice (within the
+    server's dedup window).
     """
+    from quorra.client import Message
+
     run = secrets.token_hex(6)
+    numbered = 0
     published = 0
+    sent: dict[int, list[Message]] = {}
+    retries: dict[int, int] = {}
     for batch in _batches(lines, batch_size):
         messages = [
-            {"body": body, "dedup_id": f"{run}-{published + i}"} for i, body in enumerate(batch)
+            Message(body.encode("utf-8"), dedup_id=f"{run}-{numbered + i}")
+            for i, body in enumerate(batch)
         ]
-        result = call(client, f"/api/v1/queues/{queue}/messages", {"messages": messages}, sleep)
-        if len(result.get("ids", [])) != len(batch):
-            raise ClientError("the server confirmed fewer messages than were sent")
-        published += len(batch)
-        on_progress(len(batch))
+        numbered += len(batch)
+        sent[stream.publish(list(messages))] = messages
+        done = _answered(stream, sent, sleep, retries)
+        published += done
+        if done:
+            on_progress(done)
+    while sent:
+        if not any(stream.ledger.done(seq) for seq in sent):
+            stream.read(None)
+            continue
+        done = _answered(stream, sent, sleep, retries)
+        published += done
+        if done:
+            on_progress(done)
     return published
 
 
-def _body_bytes(message: dict[str, Any]) -> bytes:
-    body = message.get("body", "")
-    if message.get("encoding") == "base64":
-        return base64.b64decode(body)
-    return str(body).encode("utf-8")
-
-
 def consume_lines(
-    client: httpx.Client,
+    client: Client,
     queue: str,
     out: IO[bytes],
     max_messages: int,
@@ -244,7 +293,6 @@ def consume_lines(
     wait_ms: int,
     follow: bool,
     on_progress: Callable[[int], None] = lambda n: None,
-    sleep: Callable[[float], None] = time.sleep,
 ) -> int:
     """Receive, write one line per message, then ack (at-least-once); returns the count.
 
@@ -254,22 +302,26 @@ def consume_lines(
     consumed = 0
     while max_messages == 0 or consumed < max_messages:
         want = batch_size if max_messages == 0 else min(batch_size, max_messages - consumed)
-        body = {"max_messages": want, "wait_ms": wait_ms}
-        messages = call(client, f"/api/v1/queues/{queue}/messages/receive", body, sleep).get(
-            "messages", []
-        )
+        messages = client.receive(queue, max_messages=want, wait_ms=wait_ms)
         if not messages:
             if follow:
                 continue
             break
         for message in messages:
-            out.write(_body_bytes(message) + b"\n")
+            out.write(message.body + b"\n")
         out.flush()
-        receipts = [m["receipt"] for m in messages]
-        call(client, f"/api/v1/queues/{queue}/messages/ack", {"receipts": receipts}, sleep)
+        client.ack(queue, [m.receipt for m in messages])
         consumed += len(messages)
         on_progress(len(messages))
     return consumed
+
+
+def _token(token: str) -> str:
+    if not token:
+        raise ClientError(
+            "no token: pass --token or set QUORRA_TOKEN (quorra token create makes one)"
+        )
+    return token
 
 
 def api_client(url: str, token: str) -> httpx.Client:
@@ -305,13 +357,23 @@ def run_action(action: Callable[[], None]) -> None:
     """Run a command's body; a ``ClientError`` or a transport error is one line on stderr
     and exit status 1."""
     import httpx
+    from websockets.exceptions import WebSocketException
+
+    from quorra.client import Problem, PublishFailed
 
     try:
         action()
+    except Problem as e:
+        stderr().print(f"[red]error:[/red] {problem_text(e)}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
+    except PublishFailed as e:
+        text = problem_text(next(iter(e.failures.values())))
+        stderr().print(f"[red]error:[/red] {text}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
     except ClientError as e:
         stderr().print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
-    except httpx.HTTPError as e:
+    except (httpx.HTTPError, OSError, WebSocketException) as e:  # refused, reset, timed out
         stderr().print(
             f"[red]error:[/red] {type(e).__name__}: {e}", highlight=False, soft_wrap=True
         )
@@ -374,11 +436,13 @@ def register(cli: typer.Typer) -> None:
         def action() -> None:
             show = show_progress(stderr().is_terminal, file is None and sys.stdin.isatty())
             source = sys.stdin if file is None else file.open(encoding="utf-8")
-            with source, api_client(url, token) as client, _progress("publishing", show) as bar:
+            from quorra.client import Stream
+
+            stream = Stream(url, _token(token), queue)
+            with source, stream, _progress("publishing", show) as bar:
                 task = bar.add_task("publish", total=None) if bar else None
                 count = publish_lines(
-                    client,
-                    queue,
+                    stream,
                     source,
                     batch,
                     lambda n: bar.advance(task, n) if bar and task is not None else None,
@@ -407,7 +471,10 @@ def register(cli: typer.Typer) -> None:
             show = show_progress(stderr().is_terminal, sys.stdout.isatty()) and (
                 max_messages == 0 or max_messages >= PROGRESS_AFTER_MESSAGES
             )
-            with api_client(url, token) as client, _progress("consuming", show) as bar:
+            from quorra.client import Client
+
+            client = Client(url, _token(token), retries=RETRIES_MAX)
+            with client, _progress("consuming", show) as bar:
                 task = bar.add_task("consume", total=max_messages or None) if bar else None
                 count = consume_lines(
                     client,

@@ -14,8 +14,8 @@ connection that sends no bytes, or only part of a request line or of its headers
 otherwise stay open for ever (a few thousand such sockets exhaust the process's file
 descriptors). The clock starts when the connection opens and again when a response
 ends; when it runs out and no request with complete headers is being answered, the
-connection is closed. An idle keep-alive connection is closed sooner, by uvicorn's
-``timeout_keep_alive``. Bodies and the handling of a request have no such bound here
+connection is closed (not once it is upgraded to a WebSocket). An idle keep-alive
+connection is closed sooner, by uvicorn's ``timeout_keep_alive``. Bodies and the handling of a request have no such bound here
 (long polls wait by design; bodies are bounded in size).
 """
 
@@ -82,6 +82,12 @@ class CoalescingProtocol(_Base):
         super().on_response_complete()
         if not self.transport.is_closing():
             self._start_header_timer()  # the next request's headers
+
+    def handle_websocket_upgrade(self, *args: Any) -> None:
+        """The connection becomes a WebSocket (a stream, app/api/stream.py), which lives
+        as long as its peers want: no request headers are due on it any more."""
+        self._stop_header_timer()
+        super().handle_websocket_upgrade(*args)
 
     def _start_header_timer(self) -> None:
         self._stop_header_timer()

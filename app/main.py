@@ -36,6 +36,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from app import queue_api
 from app.api import ops, tokens, users
 from app.api.deps import API_PREFIX
+from app.api.stream import OPENAPI_DESCRIPTION
 from app.auth import hash_password, random_password
 from app.cluster_settings import format_address
 from app.db import repo
@@ -314,6 +315,7 @@ def create_app(
         title="Quorra",
         version="0.1.0",
         summary="A Raft-replicated queue platform.",
+        description=OPENAPI_DESCRIPTION,
         lifespan=_lifespan(settings, node_factory, announce),
         docs_url=None,  # Swagger UI and ReDoc load from a CDN; /openapi.json is the contract
         redoc_url=None,

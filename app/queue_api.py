@@ -12,7 +12,7 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app import queue_admin
-from app.api import messages, queue_ops, queues
+from app.api import messages, queue_ops, queues, stream
 from app.api.queue_schemas import QUEUE_NAME_PATTERN
 from app.db.session import Database
 from app.problems import problem_response
@@ -65,6 +65,7 @@ def install(app: FastAPI) -> None:
     """Add the queue, message, snapshot/compaction and cluster routes and the per-queue
     metrics to ``app`` (no I/O)."""
     add_routes(app, queues.router, messages.router, queue_ops.router, queue_ops.cluster_router)
+    app.router.routes.append(stream.ROUTE)
     metrics_of(app.state).registry.register(QueueCollector(lambda: node_or_none(app.state)))
     app.add_middleware(QueueNameGuard)
 

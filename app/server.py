@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import uvicorn
 
@@ -62,6 +63,18 @@ def tune_malloc() -> bool:
     )
 
 
+def websocket_options(settings: Settings) -> dict[str, Any]:
+    """uvicorn's WebSocket settings for the stream endpoint (app/api/stream.py):
+    websockets' sans-I/O protocol, which reads no further frame until the app asks for
+    one (the stream's back-pressure); a frame as large as a request body; no compression
+    (CPU for every frame, and message bodies are usually compressed already or small)."""
+    return {
+        "ws": "websockets-sansio",
+        "ws_max_size": settings.request_body_bytes_max,
+        "ws_per_message_deflate": False,
+    }
+
+
 def run_server(settings: Settings) -> None:
     """Serve until interrupted, with settings checked and settled (``settled_settings``,
     app/cluster_identity.py)."""
@@ -81,5 +94,6 @@ def run_server(settings: Settings) -> None:
         # than asyncio's loop and h11 (quorra bench rest); "auto" keeps asyncio where
         # uvloop is missing.
         loop="auto",
+        **websocket_options(settings),
     )
     uvicorn.Server(config).run()

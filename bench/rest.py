@@ -22,6 +22,16 @@ The phases, and the keys below they give:
   ``paced_send_late_ms`` and ``low_rate_send_late_ms`` say how late the generators sent
   (their event loop's timers are of millisecond grain, and its wake-ups are counted
   too): that part of the latency is the client's own, and is not subtracted;
+* streams (one WebSocket per connection, ``GET /api/v1/queues/{name}/stream``, through
+  ``quorra.client.AsyncStream``; bench/_stream_load.py): publish
+  (``stream_publish_msgs_per_s``: ``--stream-connections`` connections over all the
+  generators, frames of ``--stream-frame-messages`` messages, up to ``--stream-window``
+  messages unconfirmed per connection; a message counts once confirmed, i.e. durable),
+  consume (``stream_consume_msgs_per_s``: the same connections draining what that
+  filled, a prefetch of ``--stream-prefetch``, one ack frame per delivery frame), and
+  window 1 (``publish_window1_p50_ms``, ``publish_window1_p99_ms``: one connection, one
+  message outstanding at a time, ``--window1-count`` of them, each timed from the send
+  to its confirm: the shape of a RabbitMQ publisher with a confirm window of 1);
 * the disk alone (``disk_fdatasync_ms``), after the phases: 1 KiB appends, each
   fdatasynced, one every 1/``--rate`` s, in the server's data directory (a paced
   publish waits for one such sync);
@@ -37,7 +47,8 @@ value near ``cpus`` would mean the generators, not the server, were the limit) a
 server's (``server_cpu_per_wall``; above 1.0 only through the WAL writer thread).
 ``--profile FILE`` runs the server under cProfile (main thread: the event loop) and
 writes its stats there, plus the top functions by cumulative time to stderr.
-``--quick``: 1 s phases, one generator process, generators started 1.5 s ahead.
+``--quick``: 1 s phases, one generator process, generators started 1.5 s ahead, 200
+window-1 publishes.
 
 JSON keys (``JSON_KEYS``), the headline being ``publish_msgs_per_s``; a phase left out
 with ``--phases`` gives ``null`` figures:
@@ -61,6 +72,10 @@ with ``--phases`` gives ``null`` figures:
 * ``publish_p99_ms_at_low_rate``: its 99th percentile;
 * ``low_rate_msgs_per_s``: the rate asked for (``--low-rate``);
 * ``low_rate_send_late_ms``: how late the generators sent at that rate;
+* ``stream_publish_msgs_per_s``: messages per second published and confirmed on streams;
+* ``stream_consume_msgs_per_s``: messages per second delivered and acked on streams;
+* ``publish_window1_p50_ms``: median latency of a stream publish with one outstanding;
+* ``publish_window1_p99_ms``: its 99th percentile;
 * ``load_procs``: load-generator processes (``--procs``);
 * ``batch_clients_per_proc``: concurrent batch-of-100 requests per process;
 * ``single_clients_per_proc``: concurrent batch-of-1 requests per process;
@@ -90,6 +105,7 @@ import sys
 import tempfile
 import time
 import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -118,6 +134,10 @@ JSON_KEYS = (
     "publish_p99_ms_at_low_rate",
     "low_rate_msgs_per_s",
     "low_rate_send_late_ms",
+    "stream_publish_msgs_per_s",
+    "stream_consume_msgs_per_s",
+    "publish_window1_p50_ms",
+    "publish_window1_p99_ms",
     "load_procs",
     "batch_clients_per_proc",
     "single_clients_per_proc",
@@ -471,10 +491,15 @@ def server_spec(url: str, token: str, seconds: float) -> dict[str, Any]:
 
 
 def run_phase(
-    server: CpuClock, base: dict[str, Any], procs: int, start_delay_s: float = START_DELAY_S
+    server: CpuClock,
+    base: dict[str, Any],
+    procs: int,
+    start_delay_s: float = START_DELAY_S,
+    target: Callable[[dict[str, Any], Any], None] = _generator,
 ) -> dict[str, Any]:
-    """Run ``procs`` generators with ``base`` (``server_spec`` and the phase's own keys);
-    the merged counts and CPU figures, and what the server's WAL did meanwhile."""
+    """Run ``procs`` generators (``target``) with ``base`` (``server_spec`` and the
+    phase's own keys); the merged counts and CPU figures, and what the server's WAL did
+    meanwhile."""
     url = f"http://{base['host']}:{base['port']}"
     wal_before = wal_sync_buckets(url, base["token"])
     ctx = mp.get_context("spawn")
@@ -485,7 +510,7 @@ def run_phase(
         for spec in specs:
             spec["rate"] = base["rate"] / procs
             spec["start_at"] = start_at + random.random() / spec["rate"]
-    workers = [ctx.Process(target=_generator, args=(spec, results), daemon=True) for spec in specs]
+    workers = [ctx.Process(target=target, args=(spec, results), daemon=True) for spec in specs]
     for w in workers:
         w.start()
     time.sleep(max(0.0, start_at - time.time()))
@@ -601,15 +626,27 @@ def _setup(url: str) -> str:
     made.raise_for_status()
     token: str = made.json()["token"]
     headers = {"Authorization": f"Bearer {token}"}
-    for name in ("bench-batch", "bench-single", "bench-paced"):
+    for name in ("bench-batch", "bench-single", "bench-paced", "bench-stream", "bench-window1"):
         created = httpx.put(f"{url}/api/v1/queues/{name}", headers=headers, timeout=30.0)
         assert created.status_code in (200, 201), created.text
     return token
 
 
-PHASES = ("publish_batch_100", "publish_batch_1", "consume_batch_100", "publish_paced")
-"""In this order (consume drains what publish_batch_100 filled); ``publish_paced`` runs
-at ``--rate`` and then at ``--low-rate``."""
+PHASES = (
+    "publish_batch_100",
+    "publish_batch_1",
+    "consume_batch_100",
+    "publish_paced",
+    "stream_publish",
+    "stream_consume",
+    "stream_window1",
+)
+"""In this order (consume drains what publish_batch_100 filled, stream_consume what
+stream_publish did); ``publish_paced`` runs at ``--rate`` and then at ``--low-rate``."""
+STREAM_PHASES = frozenset({"stream_publish", "stream_consume", "stream_window1"})
+QUICK_WINDOW1_COUNT = 200
+WINDOW1_SECONDS_MAX = 120.0
+"""The window-1 phase ends at ``--window1-count`` publishes, or after this long."""
 
 
 def _phase_specs(args: argparse.Namespace, base: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -623,17 +660,56 @@ def _phase_specs(args: argparse.Namespace, base: dict[str, Any]) -> dict[str, di
         "consume_batch_100": dict(batch, kind="consume"),
         "publish_paced": dict(paced, rate=args.rate),
         "publish_paced_low": dict(paced, rate=args.low_rate),
+        **_stream_specs(args, base),
     }
+
+
+def _stream_specs(args: argparse.Namespace, base: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    stream = dict(
+        base,
+        queue="bench-stream",
+        clients=max(1, args.stream_connections // args.procs),
+        window=args.stream_window,
+        frame_messages=args.stream_frame_messages,
+        prefetch=args.stream_prefetch,
+    )
+    window1_s = args.seconds if args.quick else WINDOW1_SECONDS_MAX
+    return {
+        "stream_publish": dict(stream, kind="stream_publish"),
+        "stream_consume": dict(stream, kind="stream_consume"),
+        "stream_window1": dict(
+            stream,
+            kind="stream_window1",
+            queue="bench-window1",
+            window=1,
+            count=args.window1_count,
+            seconds=window1_s,
+        ),
+    }
+
+
+def _run_phase(
+    args: argparse.Namespace, server: ServerProcess, name: str, spec: dict[str, Any]
+) -> dict[str, Any]:
+    delay_s = QUICK_START_DELAY_S if args.quick else START_DELAY_S
+    if name not in STREAM_PHASES:
+        return run_phase(server, spec, args.procs, delay_s)
+    from bench._stream_load import generator  # the client and its WebSocket library
+
+    procs = 1 if name == "stream_window1" else args.procs
+    phase = run_phase(server, spec, procs, delay_s, target=generator)
+    phase["connections"] = 1 if name == "stream_window1" else spec["clients"] * procs
+    return phase
 
 
 def measure(args: argparse.Namespace, server: ServerProcess, token: str) -> dict[str, Any]:
     specs = _phase_specs(args, server_spec(server.url, token, args.seconds))
     chosen = [p for p in specs if p.removesuffix("_low") in args.phases]
-    delay_s = QUICK_START_DELAY_S if args.quick else START_DELAY_S
-    phases = {name: run_phase(server, specs[name], args.procs, delay_s) for name in chosen}
+    phases = {name: _run_phase(args, server, name, specs[name]) for name in chosen}
     none: dict[str, Any] = {"msgs_per_s": None, "timed_out": None, "not_sent": None}
     paced = phases.get("publish_paced", {}).get("latencies_ms", [])
     low = phases.get("publish_paced_low", {}).get("latencies_ms", [])
+    window1 = phases.get("stream_window1", {}).get("latencies_ms", [])
     for phase in phases.values():
         phase.pop("latencies_ms")
     for name in specs:
@@ -656,13 +732,24 @@ def measure(args: argparse.Namespace, server: ServerProcess, token: str) -> dict
         "publish_p99_ms_at_low_rate": _percentile(low, 0.99),
         "low_rate_msgs_per_s": args.low_rate,
         "low_rate_send_late_ms": phases["publish_paced_low"].get("send_late_ms"),
+        "stream_publish_msgs_per_s": phases["stream_publish"]["msgs_per_s"],
+        "stream_consume_msgs_per_s": phases["stream_consume"]["msgs_per_s"],
+        "publish_window1_p50_ms": _percentile(window1, 0.50),
+        "publish_window1_p99_ms": _percentile(window1, 0.99),
         "load_procs": args.procs,
         "batch_clients_per_proc": args.batch_clients,
         "single_clients_per_proc": args.single_clients,
         "seconds_per_phase": args.seconds,
         "disk_fdatasync_ms": disk_fdatasync_ms(server.data_dir, 1 / args.rate),
         "phases": {name: phase for name, phase in phases.items() if phase is not none},
-        "targets": {"publish_msgs_per_s": 50_000, "publish_p99_ms": 10.0},
+        "targets": {
+            "publish_msgs_per_s": 50_000,
+            "publish_p99_ms": 10.0,
+            "stream_publish_msgs_per_s": 70_000,
+            "stream_consume_msgs_per_s": 80_000,
+            "publish_window1_p50_ms": 0.8,
+            "publish_window1_p99_ms": 2.0,
+        },
     }
 
 
@@ -682,6 +769,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--low-rate", type=float, default=100.0, help="a second paced phase, for comparison"
     )
+    parser.add_argument(
+        "--stream-connections", type=int, default=4, help="stream connections, all generators"
+    )
+    parser.add_argument("--stream-window", type=int, default=1000, help="unconfirmed, per conn")
+    parser.add_argument("--stream-prefetch", type=int, default=1000, help="credit, per conn")
+    parser.add_argument("--stream-frame-messages", type=int, default=100, help="per publish frame")
+    parser.add_argument("--window1-count", type=int, default=10_000, help="window-1 publishes")
     parser.add_argument("--profile", type=Path, default=None, help="cProfile the server to FILE")
     parser.add_argument(
         "--phases",
@@ -692,6 +786,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.seconds, args.procs = QUICK_SECONDS, 1
+        args.window1_count = min(args.window1_count, QUICK_WINDOW1_COUNT)
     header = bench.header("rest")
     with tempfile.TemporaryDirectory(prefix="quorra-bench-rest-") as tmp:
         server = ServerProcess(Path(tmp) / "data", args.profile)

@@ -126,6 +126,24 @@ class Limits:
     """What a message's headers and framing are counted as beside its body where a batch
     is cut to size (``dead_letter_batch_bytes_max``)."""
 
+    # --- streams (one WebSocket per client and queue, app/api/stream.py) --------------
+    stream_unconfirmed_messages_max: int = 4_096
+    """Messages a stream connection has published and not yet had confirmed (or
+    refused): at this many the server reads no more frames from it until confirms free
+    room (back-pressure), so a connection holds at most this many plus one frame."""
+    stream_unconfirmed_bytes_max: int = 32 * MIB
+    """The same, in body bytes."""
+    stream_prefetch_max: int = 10_000
+    """The largest prefetch credit a stream consumer may ask for: messages delivered on
+    the connection and not yet acked or nacked."""
+    stream_settles_inflight_max: int = 16
+    """Ack, nack and extend frames of one connection being settled at once; the next
+    waits (and the connection is not read meanwhile)."""
+    stream_receive_wait_ms: int = 5_000
+    """A stream consumer's receive waits this long for a message before it is asked
+    again (one checkout command per wait while the queue is empty). It bounds how long a
+    closed connection's last receive may run: what it leases then is returned at once."""
+
     # --- cluster transport (TCP between nodes, engine.runtime.tcp_transport) ---------
     cluster_frame_bytes_max: int = 64 * MIB
     """A frame announcing a longer payload closes its connection. Room for the largest
@@ -209,6 +227,11 @@ class Limits:
         assert self.proposal_timeout_ms >= self.leader_wait_ms
         assert 1 <= self.poll_interval_ms <= self.tick_ms
         assert self.rate_sample_ms * 2 <= self.rate_window_ms
+        # streams
+        assert self.stream_unconfirmed_messages_max >= self.batch_messages_max
+        assert self.stream_unconfirmed_bytes_max >= self.batch_bytes_max
+        assert self.stream_prefetch_max >= 1 and self.stream_settles_inflight_max >= 1
+        assert 1 <= self.stream_receive_wait_ms <= self.receive_wait_ms_max
         # cluster transport
         assert 2 * self.entry_bytes_max <= self.cluster_frame_bytes_max
         assert self.cluster_frame_bytes_max <= self.cluster_send_buffer_bytes_max

@@ -1,0 +1,1 @@
+"""Quorra's Python client: ``quorra.client`` (REST and streams, sync and async)."""

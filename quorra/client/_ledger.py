@@ -1,0 +1,148 @@
+"""The client side of a stream's frames, without I/O: what is unconfirmed, what failed,
+what was delivered. ``Stream`` and ``AsyncStream`` feed it every frame they read.
+
+Rule: a publish is outstanding from the frame sent until its ``confirm`` (cumulative:
+every outstanding seq up to it) or its own ``error`` frame; the window counts the
+messages of outstanding publishes. Nothing here blocks or reads a clock.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+from typing import Any
+
+import msgpack
+
+from quorra.client._types import Delivery, Problem, Publishable, delivery_of, message_map
+
+PROBLEMS_KEPT = 100
+"""Errors of consume and settle frames kept for ``problems`` (the oldest are dropped)."""
+
+
+def stream_url(base_url: str, queue: str) -> str:
+    """``ws://`` (or ``wss://``) address of ``queue``'s stream on the server at ``base_url``."""
+    base = base_url.rstrip("/")
+    if base.startswith("https://"):
+        base = "wss://" + base[len("https://") :]
+    elif base.startswith("http://"):
+        base = "ws://" + base[len("http://") :]
+    return f"{base}/api/v1/queues/{queue}/stream"
+
+
+def pack(frame: dict[str, object]) -> bytes:
+    packed: bytes = msgpack.packb(frame, use_bin_type=True)
+    return packed
+
+
+def unpack(data: bytes | str) -> dict[str, Any]:
+    if isinstance(data, str):
+        raise Problem(400, "about:blank", "The server sent a text frame")
+    frame = msgpack.unpackb(data, raw=False)
+    if not isinstance(frame, dict):
+        raise Problem(400, "about:blank", "The server sent a frame that is no map")
+    return frame
+
+
+class PublishFailed(Exception):
+    """Publishes the server refused: ``failures`` maps their seq to the problem."""
+
+    def __init__(self, failures: dict[int, Problem]) -> None:
+        first = next(iter(failures.items()))
+        super().__init__(f"{len(failures)} publish(es) refused; seq {first[0]}: {first[1]}")
+        self.failures = failures
+
+
+class Ledger:
+    def __init__(self, ready: dict[str, Any], window_messages: int | None) -> None:
+        if ready.get("op") != "ready":
+            raise Problem.of(ready, int(ready.get("status", 500)))
+        server_window = int(ready["window_messages"])
+        self.window = min(window_messages or server_window, server_window)
+        self.batch_messages_max = int(ready["batch_messages_max"])
+        self.prefetch_max = int(ready["prefetch_max"])
+        self.seq = 0
+        self.outstanding: OrderedDict[int, int] = OrderedDict()
+        """seq -> messages, oldest first."""
+        self.outstanding_messages = 0
+        self.confirmed_seq = 0
+        self.failures: dict[int, Problem] = {}
+        self.deliveries: deque[Delivery] = deque()
+        self.problems: deque[Problem] = deque(maxlen=PROBLEMS_KEPT)
+        self.settled = 0
+        self.stale: deque[str] = deque(maxlen=PROBLEMS_KEPT)
+
+    def room_for(self, count: int) -> bool:
+        """Whether ``count`` more messages fit the window (one frame always does when
+        nothing is outstanding)."""
+        return not self.outstanding or self.outstanding_messages + count <= self.window
+
+    def publish_frame(self, messages: Sequence[Publishable]) -> tuple[int, bytes]:
+        if not 1 <= len(messages) <= self.batch_messages_max:
+            raise ValueError(f"a publish holds 1..{self.batch_messages_max} messages")
+        self.seq += 1
+        self.outstanding[self.seq] = len(messages)
+        self.outstanding_messages += len(messages)
+        frame = pack(
+            {"op": "publish", "seq": self.seq, "messages": [message_map(m) for m in messages]}
+        )
+        return self.seq, frame
+
+    def on_frame(self, frame: dict[str, Any]) -> None:
+        op = frame.get("op")
+        if op == "deliver":
+            self.deliveries.extend(delivery_of(m) for m in frame["messages"])
+        elif op == "confirm":
+            self._confirm(int(frame["seq"]))
+        elif op == "settled":
+            self.settled += int(frame["settled"])
+            self.stale.extend(frame["stale"])
+        elif op == "error":
+            self._error(frame)
+
+    def _confirm(self, upto: int) -> None:
+        while self.outstanding:
+            seq, count = next(iter(self.outstanding.items()))
+            if seq > upto:
+                break
+            del self.outstanding[seq]
+            self.outstanding_messages -= count
+        self.confirmed_seq = max(self.confirmed_seq, upto)
+
+    def _error(self, frame: dict[str, Any]) -> None:
+        problem = Problem.of(frame, int(frame.get("status", 500)))
+        seq = frame.get("seq")
+        if frame.get("of") == "publish" and isinstance(seq, int) and seq in self.outstanding:
+            self.outstanding_messages -= self.outstanding.pop(seq)
+            self.failures[seq] = problem
+            return
+        self.problems.append(problem)
+
+    def done(self, seq: int) -> bool:
+        """Whether publish ``seq`` has its answer (confirmed or failed)."""
+        return seq not in self.outstanding
+
+    def take_failures(self) -> None:
+        """Raise ``PublishFailed`` for the publishes refused so far (then forgotten)."""
+        if self.failures:
+            failures, self.failures = self.failures, {}
+            raise PublishFailed(failures)
+
+    def settle_frame(
+        self, how: str, receipts: list[str], *, requeue: bool = True, lease_ms: int = 0
+    ) -> bytes:
+        frame: dict[str, object] = {"op": how, "receipts": receipts}
+        if how == "nack":
+            frame["requeue"] = requeue
+        elif how == "extend":
+            frame["lease_ms"] = lease_ms
+        return pack(frame)
+
+
+def consume_frame(prefetch: int, lease_ms: int | None, consumer: str | None) -> bytes:
+    frame: dict[str, object] = {"op": "consume", "prefetch": prefetch}
+    if lease_ms is not None:
+        frame["lease_ms"] = lease_ms
+    if consumer is not None:
+        frame["consumer"] = consumer
+    return pack(frame)

@@ -1,0 +1,527 @@
+"""The stream endpoint (``GET /api/v1/queues/{name}/stream``) against real servers on
+127.0.0.1: ``tests.app.stream_server`` (the real engine, a window of 8 messages, batches
+of at most 4, a publish gate) for most tests, ``quorra serve`` for the crash test."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgpack
+import pytest
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.sync.client import ClientConnection, connect
+
+from quorra.client import (
+    AsyncClient,
+    Client,
+    Message,
+    Problem,
+    PublishFailed,
+    Settled,
+    Stream,
+)
+from tests.app.conftest import ADMIN_PASSWORD, Server, make_token
+from tests.app.stream_server import gate_path
+
+pytestmark = pytest.mark.integration
+
+WINDOW = 8
+HEADER_READ_TIMEOUT_S = 1.0
+"""The test server's: a stream outlives it (the upgrade stops that clock)."""
+RECEIPT_LIKE = "0" * 64
+
+
+class StreamServer(Server):
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "tests.app.stream_server", str(self.data_dir), str(self.port)]
+
+    def ws_url(self, queue: str) -> str:
+        return f"ws://127.0.0.1:{self.port}/api/v1/queues/{queue}/stream"
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StreamServer]:
+    env = {"QUORRA_HEADER_READ_TIMEOUT_S": str(HEADER_READ_TIMEOUT_S)}
+    server = StreamServer(tmp_path_factory.mktemp("quorra-stream") / "data", env=env).start()
+    try:
+        yield server
+    finally:
+        gate_path(server.data_dir).unlink(missing_ok=True)
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def token(srv: StreamServer) -> str:
+    return make_token(srv, "admin", ADMIN_PASSWORD)
+
+
+@pytest.fixture(scope="module")
+def api(srv: StreamServer, token: str) -> Iterator[httpx.Client]:
+    with srv.client(token) as client:
+        yield client
+
+
+_queues = iter(range(1_000_000))
+
+
+@pytest.fixture
+def queue(api: httpx.Client) -> str:
+    name = f"s{next(_queues)}"
+    assert api.put(f"/api/v1/queues/{name}", json={}).status_code == 201
+    return name
+
+
+def open_stream(srv: StreamServer, token: str, queue: str) -> ClientConnection:
+    ws = connect(
+        srv.ws_url(queue),
+        additional_headers={"Authorization": f"Bearer {token}"},
+        compression=None,
+        legacy=True,
+        open_timeout=10,
+    )
+    ready = frame_of(ws)
+    assert ready["op"] == "ready" and ready["window_messages"] == WINDOW, ready
+    return ws
+
+
+def frame_of(ws: ClientConnection, timeout_s: float = 10.0) -> dict[str, Any]:
+    frame = msgpack.unpackb(ws.recv(timeout_s), raw=False)
+    assert isinstance(frame, dict)
+    return frame
+
+
+def send(ws: ClientConnection, frame: dict[str, object]) -> None:
+    ws.send(msgpack.packb(frame, use_bin_type=True))
+
+
+def publish(ws: ClientConnection, seq: int, *bodies: bytes) -> None:
+    send(ws, {"op": "publish", "seq": seq, "messages": [{"body": b} for b in bodies]})
+
+
+def depth(api: httpx.Client, queue: str) -> int:
+    stats = api.get(f"/api/v1/queues/{queue}").json()["stats"]
+    return int(stats["messages_ready"]) + int(stats["messages_unacked"])
+
+
+def no_frame(ws: ClientConnection, timeout_s: float) -> bool:
+    try:
+        ws.recv(timeout_s)
+    except TimeoutError:
+        return True
+    return False
+
+
+# --- publishing ----------------------------------------------------------------------
+
+
+def test_confirms_come_only_once_the_publish_is_durable_and_cover_every_seq(
+    srv: StreamServer, token: str, api: httpx.Client, queue: str
+) -> None:
+    gate = gate_path(srv.data_dir)
+    with open_stream(srv, token, queue) as ws:
+        gate.touch()
+        try:
+            publish(ws, 5, b"held")
+            # held before the engine: nothing durable, so nothing confirmed
+            assert no_frame(ws, 0.5)
+            assert depth(api, queue) == 0
+        finally:
+            gate.unlink()
+        assert frame_of(ws) == {"op": "confirm", "seq": 5}
+        assert depth(api, queue) == 1
+        # frames queued behind a publish in flight go to the engine together; the confirms
+        # are cumulative and reach the last seq
+        for seq in range(6, 26):
+            publish(ws, seq, f"m{seq}".encode())
+        last = 0
+        while last < 25:
+            frame = frame_of(ws)
+            assert frame["op"] == "confirm" and frame["seq"] > last, frame
+            last = frame["seq"]
+    assert depth(api, queue) == 21
+    bodies = [m["body"] for m in api.get(f"/api/v1/queues/{queue}/messages").json()["messages"]]
+    assert bodies == ["held"] + [f"m{seq}" for seq in range(6, 26)]
+
+
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def test_a_full_window_stops_the_server_reading_and_loses_nothing(
+    srv: StreamServer, token: str, api: httpx.Client, queue: str
+) -> None:
+    """With publishes held, a client that keeps sending fills the window; the server then
+    reads no more (its memory does not grow with what the client sends, the client's
+    sends block); once publishes go through, every frame is confirmed in order."""
+    assert srv.proc is not None
+    frames, body = 1_600, b"x" * 4096  # 4 messages a frame: 25 MiB, more than loopback's
+    # socket buffers hold
+    gate = gate_path(srv.data_dir)
+    gate.touch()
+    try:
+        with open_stream(srv, token, queue) as ws:
+            rss_before = _rss_kib(srv.proc.pid)
+            sent = 0
+
+            def sender() -> None:
+                nonlocal sent
+                for seq in range(1, frames + 1):
+                    publish(ws, seq, body, body, body, body)
+                    sent = seq
+
+            thread = threading.Thread(target=sender, daemon=True)
+            thread.start()
+            time.sleep(2.0)
+            assert thread.is_alive(), "every send went through: the server kept reading"
+            assert sent < frames
+            grown_kib = _rss_kib(srv.proc.pid) - rss_before
+            assert grown_kib < 8 * 1024, f"the server grew {grown_kib} KiB"
+            assert depth(api, queue) == 0
+            gate.unlink()
+            last = 0
+            while last < frames:
+                frame = frame_of(ws, 60.0)
+                assert frame["op"] == "confirm" and frame["seq"] > last, frame
+                last = frame["seq"]
+            thread.join(10)
+    finally:
+        gate.unlink(missing_ok=True)
+    assert depth(api, queue) == 4 * frames
+
+
+def test_bad_frames_get_error_frames_and_change_nothing(
+    srv: StreamServer, token: str, api: httpx.Client, queue: str
+) -> None:
+    with open_stream(srv, token, queue) as ws:
+        publish(ws, 1, b"good")
+        assert frame_of(ws) == {"op": "confirm", "seq": 1}
+
+        def refused(data: bytes | str, status: int, problem: str, **about: object) -> None:
+            ws.send(data)
+            frame = frame_of(ws)
+            assert frame["op"] == "error", frame
+            assert (frame["status"], frame["type"]) == (status, f"/problems/{problem}"), frame
+            assert frame["title"] and frame["detail"]
+            for key, value in about.items():
+                assert frame.get(key) == value, frame
+
+        def pack(frame: object) -> bytes:
+            return bytes(msgpack.packb(frame, use_bin_type=True))
+
+        refused("text frame", 400, "invalid-request")
+        refused(b"\xc1 not msgpack", 400, "invalid-request")
+        refused(pack([1, 2]), 400, "invalid-request")
+        refused(pack({"seq": 2}), 400, "invalid-request")
+        refused(pack({"op": "launch"}), 400, "invalid-request")
+        refused(pack({"op": "publish", "seq": 1, "messages": [{"body": b"x"}]}), 422,
+                "validation-failed")  # fmt: skip  # not above the last seq
+        refused(pack({"op": "publish", "seq": "2", "messages": []}), 422, "validation-failed")
+        refused(pack({"op": "publish", "seq": 2, "messages": [{"body": 5}]}), 422,
+                "validation-failed", of="publish", seq=2)  # fmt: skip
+        refused(pack({"op": "publish", "seq": 3, "messages": []}), 422, "validation-failed",
+                seq=3)  # fmt: skip
+        refused(pack({"op": "publish", "seq": 4, "messages": [{"body": b"x"}] * 5}), 413,
+                "message-too-large", seq=4)  # fmt: skip  # over batch_messages_max (4)
+        refused(pack({"op": "publish", "seq": 5, "messages": [{"body": b"x", "priority": 99}]}),
+                422, "validation-failed", seq=5)  # fmt: skip
+        refused(pack({"op": "publish", "seq": 6, "messages": [{"body": b"x"}], "x": 1}), 422,
+                "validation-failed", seq=6)  # fmt: skip
+        refused(pack({"op": "consume", "prefetch": 10**6}), 422, "validation-failed",
+                of="consume")  # fmt: skip
+        refused(pack({"op": "consume", "prefetch": 1, "lease_ms": 0}), 422, "validation-failed")
+        refused(pack({"op": "ack", "receipts": ["nope"], "ref": 9}), 422, "validation-failed",
+                of="ack", ref=9)  # fmt: skip
+        refused(pack({"op": "extend", "receipts": [RECEIPT_LIKE]}), 422, "validation-failed")
+        # the connection goes on: a good publish after all that is confirmed
+        publish(ws, 7, b"after")
+        assert frame_of(ws) == {"op": "confirm", "seq": 7}
+    bodies = [m["body"] for m in api.get(f"/api/v1/queues/{queue}/messages").json()["messages"]]
+    assert bodies == ["good", "after"]
+
+
+def test_a_merged_batch_refused_whole_is_published_frame_by_frame(
+    srv: StreamServer, token: str, api: httpx.Client
+) -> None:
+    """One frame's message over the queue's max_message_bytes fails that frame alone."""
+    name = f"s{next(_queues)}"
+    assert api.put(f"/api/v1/queues/{name}", json={"max_message_bytes": 100}).status_code == 201
+    gate = gate_path(srv.data_dir)
+    with open_stream(srv, token, name) as ws:
+        gate.touch()
+        try:
+            publish(ws, 1, b"a")  # taken by the publisher, held at the gate
+            time.sleep(0.2)
+            publish(ws, 2, b"b")  # these three queue up and go to the engine together
+            publish(ws, 3, b"x" * 101)
+            publish(ws, 4, b"d")
+            time.sleep(0.2)
+        finally:
+            gate.unlink()
+        answers = [frame_of(ws) for _ in range(4)]
+    assert answers[0] == {"op": "confirm", "seq": 1}
+    assert answers[1] == {"op": "confirm", "seq": 2}
+    assert answers[2]["op"] == "error" and answers[2]["seq"] == 3 and answers[2]["status"] == 413
+    assert answers[3] == {"op": "confirm", "seq": 4}
+    bodies = [m["body"] for m in api.get(f"/api/v1/queues/{name}/messages").json()["messages"]]
+    assert bodies == ["a", "b", "d"]
+
+
+# --- consuming -----------------------------------------------------------------------
+
+
+def _deliveries(ws: ClientConnection, count: int) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    while len(out) < count:
+        frame = frame_of(ws)
+        assert frame["op"] == "deliver", frame
+        out += frame["messages"]
+    return out
+
+
+def test_prefetch_credit_bounds_unsettled_deliveries(
+    srv: StreamServer, token: str, api: httpx.Client, queue: str
+) -> None:
+    api.post(
+        f"/api/v1/queues/{queue}/messages", json={"messages": [{"body": str(i)} for i in range(4)]}
+    )
+    api.post(
+        f"/api/v1/queues/{queue}/messages",
+        json={"messages": [{"body": str(i)} for i in range(4, 8)]},
+    )
+    with open_stream(srv, token, queue) as ws:
+        send(ws, {"op": "consume", "prefetch": 3})
+        first = _deliveries(ws, 3)
+        assert [m["body"] for m in first] == [b"0", b"1", b"2"]
+        assert all(m["delivery_count"] == 1 and len(m["receipt"]) == 64 for m in first)
+        assert no_frame(ws, 0.7)  # credit spent: nothing more, though 5 are ready
+        send(ws, {"op": "ack", "receipts": [first[0]["receipt"], first[1]["receipt"]], "ref": 1})
+        frames = [frame_of(ws), frame_of(ws)]
+        settled = next(f for f in frames if f["op"] == "settled")
+        assert settled == {"op": "settled", "of": "ack", "settled": 2, "stale": [], "ref": 1}
+        more = next(f for f in frames if f["op"] == "deliver")["messages"]
+        more += _deliveries(ws, 2 - len(more))
+        assert [m["body"] for m in more] == [b"3", b"4"]
+        assert no_frame(ws, 0.5)
+        # a published message is pushed as soon as there is credit for it
+        send(ws, {"op": "nack", "receipts": [m["receipt"] for m in more], "requeue": True})
+        assert frame_of(ws)["op"] in ("settled", "deliver")
+    assert depth(api, queue) == 6
+
+
+def test_a_closed_socket_returns_its_leases_at_once(
+    srv: StreamServer, token: str, api: httpx.Client, queue: str
+) -> None:
+    api.post(f"/api/v1/queues/{queue}/messages", json={"messages": [{"body": "a"}, {"body": "b"}]})
+    with open_stream(srv, token, queue) as ws:
+        send(ws, {"op": "consume", "prefetch": 10, "lease_ms": 600_000})
+        got = _deliveries(ws, 2)
+        assert [m["delivery_count"] for m in got] == [1, 1]
+    started = time.monotonic()
+    again = api.post(
+        f"/api/v1/queues/{queue}/messages/receive", json={"max_messages": 10, "wait_ms": 5000}
+    ).json()["messages"]
+    assert time.monotonic() - started < 5.0  # not at the end of a 10 minute lease
+    assert [(m["body"], m["delivery_count"]) for m in again] == [("a", 2), ("b", 2)]
+    # the old receipts are stale now
+    old = api.post(
+        f"/api/v1/queues/{queue}/messages/ack", json={"receipts": [m["receipt"] for m in got]}
+    )
+    assert old.status_code == 409
+
+
+# --- who may ---------------------------------------------------------------------------
+
+
+def _user(api: httpx.Client, srv: StreamServer, name: str, write: str, read: str) -> str:
+    made = api.post(
+        "/api/v1/users",
+        json={
+            "name": name,
+            "password": "password-" + name,
+            "permissions": {"write": write, "read": read},
+        },
+    )
+    assert made.status_code == 201, made.text
+    return make_token(srv, name, "password-" + name)
+
+
+def test_permissions(srv: StreamServer, token: str, api: httpx.Client, queue: str) -> None:
+    def denied(headers: dict[str, str], target: str = queue) -> tuple[int, dict[str, Any]]:
+        with pytest.raises(InvalidStatus) as e:
+            connect(srv.ws_url(target), additional_headers=headers, open_timeout=10, legacy=True)
+        return e.value.response.status_code, json.loads(bytes(e.value.response.body or b"{}"))
+
+    assert denied({})[0] == 401
+    status, problem = denied({"Authorization": "Bearer qra_wrong"})
+    assert (status, problem["type"]) == (401, "/problems/unauthorized")
+    nobody = _user(api, srv, "nobody", "", "")
+    status, problem = denied({"Authorization": f"Bearer {nobody}"})
+    assert (status, problem["type"]) == (403, "/problems/forbidden")
+    assert denied({"Authorization": f"Bearer {token}"}, "missing")[0] == 404
+    assert denied({"Authorization": f"Bearer {token}"}, "bad%20name")[0] == 422
+
+    writer = _user(api, srv, "writer", queue, "")
+    with open_stream(srv, writer, queue) as ws:
+        publish(ws, 1, b"w")
+        assert frame_of(ws) == {"op": "confirm", "seq": 1}
+        send(ws, {"op": "consume", "prefetch": 5})
+        refused = frame_of(ws)
+        assert (refused["status"], refused["of"]) == (403, "consume")
+        send(ws, {"op": "ack", "receipts": [RECEIPT_LIKE]})
+        assert frame_of(ws)["status"] == 403
+
+    reader = _user(api, srv, "reader", "", queue)
+    with open_stream(srv, reader, queue) as ws:
+        publish(ws, 1, b"r")
+        refused = frame_of(ws)
+        assert (refused["status"], refused["of"], refused["seq"]) == (403, "publish", 1)
+        send(ws, {"op": "consume", "prefetch": 5})
+        assert [m["body"] for m in _deliveries(ws, 1)] == [b"w"]
+    assert depth(api, queue) == 1
+
+
+# --- a crash ---------------------------------------------------------------------------
+
+
+def test_kill_9_mid_stream_loses_no_confirmed_message(tmp_path: Path) -> None:
+    """``quorra serve`` killed while a client streams publishes: every message confirmed
+    before the kill is there after the restart."""
+    server = Server(tmp_path / "data").start()
+    try:
+        tok = make_token(server, "admin", ADMIN_PASSWORD)
+        with server.client(tok) as client:
+            assert client.put("/api/v1/queues/crash", json={}).status_code == 201
+        ws = connect(
+            f"ws://127.0.0.1:{server.port}/api/v1/queues/crash/stream",
+            additional_headers={"Authorization": f"Bearer {tok}"},
+            compression=None,
+            legacy=True,
+        )
+        assert frame_of(ws)["op"] == "ready"
+        confirmed, seq = 0, 0
+        killed = False
+        try:
+            while True:
+                while seq - confirmed < 200:
+                    seq += 1
+                    publish(ws, seq, *(f"{seq}.{i}".encode() for i in range(10)))
+                frame = frame_of(ws)
+                assert frame["op"] == "confirm"
+                confirmed = frame["seq"]
+                if confirmed >= 300 and not killed:
+                    server.kill()
+                    killed = True
+        except (ConnectionClosed, OSError):
+            pass
+        finally:
+            ws.close()
+        assert killed
+        server.start()
+        with server.client(tok) as client:
+            kept: set[str] = set()
+            after = None
+            while True:
+                page = client.get(
+                    "/api/v1/queues/crash/messages",
+                    params={"limit": 1000, **({"after": after} if after else {})},
+                ).json()
+                kept.update(m["body"] for m in page["messages"])
+                after = page["next_after"]
+                if after is None:
+                    break
+        lost = [
+            f"{s}.{i}" for s in range(1, confirmed + 1) for i in range(10) if f"{s}.{i}" not in kept
+        ]
+        assert not lost, f"{len(lost)} confirmed messages lost, e.g. {lost[:5]}"
+    finally:
+        server.stop()
+
+
+def test_a_stream_outlives_the_header_read_timeout(
+    srv: StreamServer, token: str, api: httpx.Client, queue: str
+) -> None:
+    with open_stream(srv, token, queue) as ws:
+        for seq in range(1, 4):
+            time.sleep(HEADER_READ_TIMEOUT_S)
+            publish(ws, seq, b"late")
+            assert frame_of(ws) == {"op": "confirm", "seq": seq}
+    assert depth(api, queue) == 3
+
+
+def test_the_openapi_description_documents_the_stream(srv: StreamServer) -> None:
+    info = httpx.get(f"{srv.url}/openapi.json", timeout=10.0).json()["info"]
+    for word in ("/api/v1/queues/{name}/stream", "`publish`", "`confirm`", "`deliver`", "`error`"):
+        assert word in info["description"], word
+
+
+# --- quorra.client ---------------------------------------------------------------------
+
+
+def test_client_rest_and_stream_round_trip(srv: StreamServer, token: str, queue: str) -> None:
+    with Client(srv.url, token) as client:
+        ids = client.publish(queue, [b"a", "b", Message(b"c", headers={"k": "v"}, priority=1)])
+        assert len(ids) == 3
+        got = client.receive(queue, max_messages=10, wait_ms=1000)
+        assert [d.body for d in got] == [b"a", b"b", b"c"]
+        assert got[2].headers == {"k": "v"} and got[2].lease_expires_at_ms > 0
+        assert client.extend(queue, [got[2].receipt], 60_000) == Settled(1, [])
+        assert client.nack(queue, [got[0].receipt]) == Settled(1, [])
+        assert client.ack(queue, [got[1].receipt, got[2].receipt]) == Settled(2, [])
+        assert client.ack(queue, [got[2].receipt]) == Settled(0, [got[2].receipt])  # a 409
+        with pytest.raises(Problem) as missing:
+            client.publish("missing", [b"x"])
+        assert missing.value.status == 404 and missing.value.type == "/problems/queue-not-found"
+
+        with client.stream(queue) as stream:
+            seqs = [stream.publish([f"s{i}".encode()] * 2) for i in range(10)]
+            stream.wait(seqs[0])
+            stream.flush()
+            assert stream.ledger.confirmed_seq == seqs[-1]
+            stream.publish([b"y", Message(b"z", priority=99)])
+            with pytest.raises(PublishFailed) as refused:
+                stream.flush()
+            assert refused.value.failures[11].status == 422
+            stream.consume(5)
+            seen: list[bytes] = []
+            while len(seen) < 21:
+                batch = stream.receive(5.0)
+                assert batch and len(batch) <= 5
+                seen += [d.body for d in batch]
+                stream.ack([d.receipt for d in batch])
+            assert seen[0] == b"a" and sorted(seen[1:]) == sorted(
+                f"s{i}".encode() for i in range(10) for _ in range(2)
+            )
+        with pytest.raises(Problem) as denied:
+            Stream(srv.url, "qra_wrong", queue)
+        assert denied.value.status == 401
+
+
+def test_async_client_and_stream(srv: StreamServer, token: str, queue: str) -> None:
+    async def run() -> list[bytes]:
+        async with AsyncClient(srv.url, token) as client:
+            assert len(await client.publish(queue, [b"r0"])) == 1
+            async with await client.stream(queue) as stream:
+                for i in range(1, 20):
+                    await stream.publish([f"r{i}".encode()])
+                await stream.flush()
+                await stream.consume(7)
+                seen: list[bytes] = []
+                async for d in stream.deliveries():
+                    seen.append(d.body)
+                    await stream.ack([d.receipt])
+                    if len(seen) == 20:
+                        break
+            return seen
+
+    assert asyncio.run(run()) == [f"r{i}".encode() for i in range(20)]
