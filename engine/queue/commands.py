@@ -20,6 +20,13 @@ map). A message's *size* is ``body_len + headers_len``; that is what ``max_bytes
 
 Receipts-carrying commands (settle, return, discard, extend) carry ``n`` pairs of u64
 ``(delivery tag, ref)``, read as one numpy array without a Python object per receipt.
+
+A receive that carries the acks of the previous batch is one settle-checkout entry: a
+settle command and a checkout command, whole, one after the other, so that the machine
+applies them with the very code that applies each alone::
+
+    0   u8  kind = b"A"        1   u8  version = 1
+    2   u32 settle_len         6   settle command (settle_len bytes), then checkout command
 """
 
 from __future__ import annotations
@@ -61,6 +68,7 @@ _RECEIPTS_HEAD = struct.Struct("<BBHI")
 _EXTEND_HEAD = struct.Struct("<BBHIq")
 _CHECKOUT_HEAD = struct.Struct("<BBHqH")
 _SIMPLE_HEAD = struct.Struct("<BB")
+_SETTLE_CHECKOUT_HEAD = struct.Struct("<BBI")
 
 CONSUMER_ID_BYTES_MAX = 255
 _P = ParamSpec("_P")
@@ -94,6 +102,7 @@ class Kind(bytes, Enum):
     EXPIRE = b"T"
     POLICY = b"O"
     DEAD_LETTER_CONFIRM = b"K"
+    SETTLE_CHECKOUT = b"A"
 
 
 _KIND_ENQUEUE = Kind.ENQUEUE[0]
@@ -340,6 +349,38 @@ def decode_checkout(command: bytes) -> Checkout:
     return Checkout(consumer=raw.decode("utf-8"), max_messages=n, lease_ms=lease_ms)
 
 
+def encode_settle_checkout(
+    receipts: list[tuple[int, int]], consumer: str, max_messages: int, lease_ms: int = 0
+) -> bytes:
+    """A receive carrying acks: settle ``receipts`` (as ``encode_settle``), then check out
+    (as ``encode_checkout``), in one log entry."""
+    settle = encode_settle(receipts)
+    checkout = encode_checkout(consumer, max_messages, lease_ms)
+    head = _SETTLE_CHECKOUT_HEAD.pack(Kind.SETTLE_CHECKOUT[0], FORMAT_VERSION, len(settle))
+    return head + settle + checkout
+
+
+@_decoder
+def split_settle_checkout(command: bytes) -> tuple[bytes, bytes]:
+    """The settle and the checkout command of a settle-checkout entry, both checked here
+    (their kinds, versions and lengths), so that applying the settle part cannot be
+    followed by a checkout part that fails to decode."""
+    _k, _v, settle_len = _SETTLE_CHECKOUT_HEAD.unpack_from(command, 0)
+    start = _SETTLE_CHECKOUT_HEAD.size
+    settle, checkout = command[start : start + settle_len], command[start + settle_len :]
+    if (
+        len(settle) != settle_len
+        or settle[:2] != bytes((Kind.SETTLE[0], FORMAT_VERSION))
+        or checkout[:2] != bytes((Kind.CHECKOUT[0], FORMAT_VERSION))
+    ):
+        raise InvalidRequest("malformed settle-checkout command")
+    n = _RECEIPTS_HEAD.unpack_from(settle, 0)[2]
+    if len(settle) != _RECEIPTS_HEAD.size + 16 * n:
+        raise InvalidRequest("malformed settle-checkout command")
+    decode_checkout(checkout)
+    return settle, checkout
+
+
 def encode_purge() -> bytes:
     return _SIMPLE_HEAD.pack(Kind.PURGE[0], FORMAT_VERSION)
 
@@ -491,8 +532,10 @@ __all__ = [
     "encode_purge",
     "encode_return",
     "encode_settle",
+    "encode_settle_checkout",
     "enqueue_count",
     "enqueue_records",
     "enqueue_records_few",
     "read_message",
+    "split_settle_checkout",
 ]
