@@ -14,6 +14,10 @@ queue's; engine/queue/receipts.py) is answered exactly as a stale one, so that a
 settles nothing and tells nothing. A malformed receipt (not 64 lowercase hex digits) is
 422, and then nothing of the request is applied.
 
+A receive may carry ``ack``, receipts to settle in the same Raft entry as its checkout
+(engine/queue/checkout.py ``on_settle_checkout``): the answer adds ``settled`` and
+``stale`` as above, always with 200, since the receive itself took place.
+
 A publish is all or nothing and answers 201 with one id per message only once the whole
 batch is durable on a quorum. Batches over ``batch_messages_max`` messages or
 ``batch_bytes_max`` body bytes are 413 before the engine sees them; a message over the
@@ -192,19 +196,55 @@ async def receive_batch(
     wait_ms: int,
     lease_ms: int | None,
     consumer: str | None,
+    ack: list[str] | None,
     binary: bool,
 ) -> dict[str, object]:
+    """``ack`` (when given, even empty) is settled by the same entry as the checkout;
+    the answer then says what it settled and which of its receipts were stale, with
+    200 even when all were (the receive itself took place)."""
     consumer = consumer or who.token_id or who.name
     _check_text(consumer, "consumer")
-    received = await node.receive(
-        name, consumer=consumer, max_messages=max_messages, wait_ms=wait_ms, lease_ms=lease_ms
+    if ack is None:
+        received = await node.receive(
+            name, consumer=consumer, max_messages=max_messages, wait_ms=wait_ms, lease_ms=lease_ms
+        )
+        return {"messages": _received_out(received, binary)}
+    batch = await node.ack_and_receive(
+        name,
+        ack=ack,
+        consumer=consumer,
+        max_messages=max_messages,
+        wait_ms=wait_ms,
+        lease_ms=lease_ms,
     )
-    out = [
-        _message_out({"id": m.id, "receipt": m.receipt}, m, binary)
-        | {"lease_expires_at": _iso(m.lease_expires_at_ms)}
-        for m in received
-    ]
-    return {"messages": out}
+    return {
+        "messages": _received_out(batch.messages, binary),
+        "settled": batch.settled.settled,
+        "stale": [ack[i] for i in batch.settled.stale],
+    }
+
+
+def _received_out(received: list[ReceivedMessage], binary: bool) -> list[dict[str, object]]:
+    """One dict per message, built in one go. The times are formatted once per value:
+    a batch shares one lease end, and the messages of one publish one publish time."""
+    times: dict[int, str] = {}
+    out: list[dict[str, object]] = []
+    for m in received:
+        item: dict[str, object] = {"id": m.id, "receipt": m.receipt}
+        _put_body(item, m.body, binary)
+        published = times.get(m.published_at_ms)
+        if published is None:
+            published = times[m.published_at_ms] = _iso(m.published_at_ms)
+        expires = times.get(m.lease_expires_at_ms)
+        if expires is None:
+            expires = times[m.lease_expires_at_ms] = _iso(m.lease_expires_at_ms)
+        item["headers"] = m.headers
+        item["priority"] = m.priority
+        item["delivery_count"] = m.delivery_count
+        item["published_at"] = published
+        item["lease_expires_at"] = expires
+        out.append(item)
+    return out
 
 
 async def settle(
@@ -248,7 +288,8 @@ async def publish(
 async def receive(
     name: QueueName, body: ReceiveIn, request: Request, who: CanRead, node: NodeDep
 ) -> Response:
-    """Lease up to ``max_messages``; waits up to ``wait_ms`` for the first to arrive."""
+    """Lease up to ``max_messages``; waits up to ``wait_ms`` for the first to arrive.
+    With ``ack``, those receipts are settled in the same durable step."""
     received = await receive_batch(
         node,
         name,
@@ -257,6 +298,7 @@ async def receive(
         wait_ms=body.wait_ms,
         lease_ms=body.lease_ms,
         consumer=body.consumer,
+        ack=body.ack,
         binary=wants_msgpack(request),
     )
     return answer(request, received)

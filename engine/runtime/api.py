@@ -98,6 +98,15 @@ class SettleResult:
 
 
 @dataclass(frozen=True, slots=True)
+class ReceivedBatch:
+    """A receive that carried acks (``ack_and_receive``): what the acks settled, then
+    the messages leased, both from one durable step."""
+
+    settled: SettleResult
+    messages: list[ReceivedMessage]
+
+
+@dataclass(frozen=True, slots=True)
 class CheckpointRecord:
     queue: str
     index: int
@@ -185,6 +194,21 @@ class QueueEngine(Protocol):
         """Leases up to ``max_messages``; waits up to ``wait_ms`` for the first to arrive."""
         ...
 
+    async def ack_and_receive(
+        self,
+        name: str,
+        *,
+        ack: list[str],
+        consumer: str,
+        max_messages: int,
+        wait_ms: int,
+        lease_ms: int | None,
+    ) -> ReceivedBatch:
+        """``ack`` settled and up to ``max_messages`` leased by one Raft entry, answered
+        once it is durable; stale receipts reported as ``ack`` reports them. When none
+        is ready it then waits up to ``wait_ms`` for the first, as ``receive``."""
+        ...
+
     async def ack(self, name: str, receipts: list[str]) -> SettleResult: ...
 
     async def nack(self, name: str, receipts: list[str], *, requeue: bool) -> SettleResult: ...
@@ -227,6 +251,7 @@ __all__ = [
     "QueueArgs",
     "QueueEngine",
     "QueueInfo",
+    "ReceivedBatch",
     "ReceivedMessage",
     "RecordListener",
     "SegmentInfo",

@@ -29,6 +29,7 @@ from engine.queue import (
     NewMessage,
     Purged,
     Settled,
+    SettledCheckedOut,
     check_receipt_text,
     encode_checkout,
     encode_discard,
@@ -37,12 +38,19 @@ from engine.queue import (
     encode_purge,
     encode_return,
     encode_settle,
+    encode_settle_checkout,
     message_id,
     read_message,
 )
 from engine.raft.entry import Entry
 from engine.raft.server import Role
-from engine.runtime.api import BrowsedMessage, OutgoingMessage, ReceivedMessage, SettleResult
+from engine.runtime.api import (
+    BrowsedMessage,
+    OutgoingMessage,
+    ReceivedBatch,
+    ReceivedMessage,
+    SettleResult,
+)
 from engine.runtime.meta import CONSUMER_BYTES_MAX, check_message, decode_headers
 from engine.runtime.replica import Replica
 from engine.runtime.routing import (
@@ -147,45 +155,80 @@ class QueueOps:
         return batch
 
     async def receive(
-        self, name: str, consumer: str, max_messages: int, wait_ms: int, lease_ms: int | None
-    ) -> list[ReceivedMessage]:
+        self,
+        name: str,
+        consumer: str,
+        max_messages: int,
+        wait_ms: int,
+        lease_ms: int | None,
+        ack: list[str],
+    ) -> ReceivedBatch:
         ctx = self.ctx
         ctx.replica(name)
-        call = ReceiveCall(name, consumer, max_messages, wait_ms, lease_ms)
+        call = ReceiveCall(name, consumer, max_messages, wait_ms, lease_ms, ack)
         self.check(call)
         async with ctx.admit():
             result = await ctx.router.route(call)
-        assert isinstance(result, list)
+        assert isinstance(result, ReceivedBatch)
         return result
 
     async def receive_local(
-        self, rep: Replica, consumer: str, max_messages: int, wait_ms: int, lease_ms: int | None
-    ) -> list[ReceivedMessage]:
+        self,
+        rep: Replica,
+        consumer: str,
+        max_messages: int,
+        wait_ms: int,
+        lease_ms: int | None,
+        ack: list[str],
+    ) -> ReceivedBatch:
+        """The first proposal settles ``ack`` and checks out in one entry; while nothing
+        is ready and ``wait_ms`` allows, later ones only check out. Once acks settled,
+        the answer says so even if leadership moved during the wait (no messages then),
+        so that a client does not take its settled acks for lost."""
         ctx = self.ctx
         loop = ctx.loop
         deadline = loop.time() + wait_ms / 1000
-        command = encode_checkout(consumer, max_messages, lease_ms or 0)
+        opened = [rep.seal.open(r) for r in ack]
+        pairs = [p for p in opened if p is not None]
+        checkout = encode_checkout(consumer, max_messages, lease_ms or 0)
+        command = (
+            encode_settle_checkout(pairs, consumer, max_messages, lease_ms or 0)
+            if pairs
+            else checkout
+        )
+        settled = SettleResult(0, tuple(range(len(ack))))
         while True:
             result = await ctx.propose(rep, command, lambda r: self.deliveries(rep, r))
             assert isinstance(result, tuple)
-            messages, seq = result
+            messages, seq, settle_reply = result
+            if settle_reply is not None:
+                settled = _settle_result(opened, settle_reply)
+            command = checkout
             remaining = deadline - loop.time()
             if messages or remaining <= 0:
-                return list(messages)
+                return ReceivedBatch(settled, messages)
             while rep.available_seq <= seq and not rep.closed and not ctx.stopping:
                 waiter: asyncio.Future[None] = loop.create_future()
                 rep.available_waiters.append(waiter)
                 try:
                     await asyncio.wait_for(waiter, max(0.0, deadline - loop.time()))
                 except TimeoutError:
-                    return []
+                    return ReceivedBatch(settled, [])
             if ctx.stopping:
-                return []
+                return ReceivedBatch(settled, [])
             if rep.raft.role is not Role.LEADER:
+                if pairs:
+                    return ReceivedBatch(settled, [])
                 raise NoLeader(f"queue {rep.name}: leadership moved, retry")
 
-    def deliveries(self, rep: Replica, reply: object) -> tuple[list[ReceivedMessage], int]:
-        """Runs as the checkout applies: read each leased message from the log."""
+    def deliveries(
+        self, rep: Replica, reply: object
+    ) -> tuple[list[ReceivedMessage], int, Settled | None]:
+        """Runs as the checkout (or settle-checkout) applies: read each leased message
+        from the log. (messages, the replica's availability count, the settle's reply)."""
+        settled: Settled | None = None
+        if isinstance(reply, SettledCheckedOut):
+            settled, reply = reply.settled, reply.checked_out
         assert isinstance(reply, CheckedOut), reply
         out: list[ReceivedMessage] = []
         entries: dict[int, Entry] = {}
@@ -213,7 +256,7 @@ class QueueOps:
                     lease_expires_at_ms=expires_ms,
                 )
             )
-        return out, rep.available_seq
+        return out, rep.available_seq, settled
 
     def entry(self, rep: Replica, index: int) -> Entry:
         entry = rep.installed_live.get(index)
@@ -278,12 +321,7 @@ class QueueOps:
             command = encode_extend(pairs, lease_ms)
         reply = await self.ctx.propose(rep, command)
         assert isinstance(reply, Settled), reply
-        if len(pairs) == len(receipts):
-            return SettleResult(reply.count, reply.stale)
-        sent = [i for i, p in enumerate(opened) if p is not None]
-        refused = [i for i, p in enumerate(opened) if p is None]
-        stale = sorted(refused + [sent[k] for k in reply.stale])
-        return SettleResult(reply.count, tuple(stale))
+        return _settle_result(opened, reply)
 
     async def browse(self, name: str, after: int | None, limit: int) -> list[BrowsedMessage]:
         ctx = self.ctx
@@ -328,6 +366,16 @@ class QueueOps:
         return reply.count
 
 
+def _settle_result(opened: list[tuple[int, int] | None], reply: Settled) -> SettleResult:
+    """The answer to receipts ``opened`` by the seal, of which those not ``None`` were
+    proposed and answered by ``reply``: the others are stale too, in their places."""
+    if all(p is not None for p in opened):
+        return SettleResult(reply.count, reply.stale)
+    sent = [i for i, p in enumerate(opened) if p is not None]
+    refused = [i for i, p in enumerate(opened) if p is None]
+    return SettleResult(reply.count, tuple(sorted(refused + [sent[k] for k in reply.stale])))
+
+
 def _check_receive(call: ReceiveCall, limits: Limits) -> None:
     if not 1 <= len(call.consumer.encode()) <= CONSUMER_BYTES_MAX:
         raise ValidationFailed(f"consumer is 1..{CONSUMER_BYTES_MAX} bytes")
@@ -337,14 +385,19 @@ def _check_receive(call: ReceiveCall, limits: Limits) -> None:
         raise ValidationFailed(f"wait_ms must be 0..{limits.receive_wait_ms_max}")
     if call.lease_ms is not None and not 1 <= call.lease_ms <= limits.lease_ms_max:
         raise ValidationFailed(f"lease_ms must be 1..{limits.lease_ms_max}")
+    _check_receipts(call.ack, limits)
 
 
 def _check_settle(call: SettleCall, limits: Limits) -> None:
     if call.how == "extend" and not 1 <= call.lease_ms <= limits.lease_ms_max:
         raise ValidationFailed(f"lease_ms must be 1..{limits.lease_ms_max}")
-    if len(call.receipts) > limits.receive_messages_max:
+    _check_receipts(call.receipts, limits)
+
+
+def _check_receipts(receipts: list[str], limits: Limits) -> None:
+    if len(receipts) > limits.receive_messages_max:
         raise ValidationFailed(f"at most {limits.receive_messages_max} receipts")
-    for r in call.receipts:
+    for r in receipts:
         check_receipt_text(r)
 
 

@@ -31,6 +31,7 @@ from engine.runtime.api import (
     OutgoingMessage,
     QueueArgs,
     QueueInfo,
+    ReceivedBatch,
     ReceivedMessage,
     SettleResult,
 )
@@ -86,6 +87,7 @@ VALUES: list[object] = [
     [ReceivedMessage(1, "r" * 32, b"x", {}, 0, 1, 2, 3)],
     [BrowsedMessage(1, 2, b"x", {"a": "b"}, 1, 0, 5)],
     SettleResult(2, (1,)),
+    ReceivedBatch(SettleResult(1, (0,)), [ReceivedMessage(1, "r" * 32, b"x", {}, 0, 1, 2, 3)]),
     ["publish", "q", None, 1, {"max_length": 3}],
 ]
 
