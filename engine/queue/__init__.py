@@ -86,6 +86,7 @@ from engine.queue.commands import (
     encode_settle,
     encode_settle_checkout,
     enqueue_count,
+    message_bytes,
     read_message,
 )
 from engine.queue.effects import (
@@ -163,6 +164,7 @@ __all__ = [
     "encode_settle",
     "encode_settle_checkout",
     "enqueue_count",
+    "message_bytes",
     "message_id",
     "message_id_parts",
     "read_message",

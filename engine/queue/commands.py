@@ -64,6 +64,8 @@ assert RECORD_DTYPE.itemsize == RECORD_BYTES
 _RECORD = struct.Struct("<IIIHBBqq")
 assert _RECORD.size == RECORD_BYTES
 _ENQ_HEAD = struct.Struct("<BBH")
+_BODY_PLACE = struct.Struct("<IIIH")
+"""The leading fields of a record: body_len, headers_len, data_offset, dedup_len."""
 _RECEIPTS_HEAD = struct.Struct("<BBHI")
 _EXTEND_HEAD = struct.Struct("<BBHIq")
 _CHECKOUT_HEAD = struct.Struct("<BBHqH")
@@ -242,6 +244,19 @@ def read_message(entry: bytes, slot: int) -> MessageView:
         delay_ms=delay_ms,
         dedup_id=bytes(view[off:headers_at]) if dedup_len else None,
     )
+
+
+def message_bytes(entry: bytes, slot: int) -> tuple[bytes, bytes]:
+    """(body, headers) of message ``slot`` as bytes: what a receive hands out, read as
+    ``read_message`` reads them without building a ``MessageView``."""
+    body_len, headers_len, off, dedup_len = _BODY_PLACE.unpack_from(
+        entry, _ENQ_HEAD.size + slot * RECORD_BYTES
+    )
+    assert entry[0] == _KIND_ENQUEUE and 0 <= slot < enqueue_count(entry), slot
+    headers_at = off + dedup_len
+    body_at = headers_at + headers_len
+    assert body_at + body_len <= len(entry)
+    return entry[body_at : body_at + body_len], entry[headers_at:body_at]
 
 
 def dedup_id_at(entry: bytes, record: Any) -> bytes:
@@ -536,6 +551,7 @@ __all__ = [
     "enqueue_count",
     "enqueue_records",
     "enqueue_records_few",
+    "message_bytes",
     "read_message",
     "split_settle_checkout",
 ]

@@ -39,6 +39,7 @@ from engine.queue import (
     encode_return,
     encode_settle,
     encode_settle_checkout,
+    message_bytes,
     message_id,
     read_message,
 )
@@ -231,25 +232,23 @@ class QueueOps:
             settled, reply = reply.settled, reply.checked_out
         assert isinstance(reply, CheckedOut), reply
         out: list[ReceivedMessage] = []
-        entries: dict[int, Entry] = {}
         machine = rep.machine
+        places = [machine.ref_parts(ref) for ref in reply.refs]
+        entries = self.entries(rep, sorted({p.index for p in places}))
         expires_ms = reply.lease_expires_ms
         seal = rep.seal.seal
-        for tag, ref, priority, count in zip(
-            reply.tags, reply.refs, reply.priorities, reply.delivery_counts, strict=True
+        for tag, ref, place, priority, count in zip(
+            reply.tags, reply.refs, places, reply.priorities, reply.delivery_counts, strict=True
         ):
-            parts = machine.ref_parts(ref)
-            index, slot = parts.index, parts.slot
-            entry = entries.get(index)
-            if entry is None:
-                entry = entries[index] = self.entry(rep, index)
-            view = read_message(entry.data, slot)
+            index, slot = place.index, place.slot
+            entry = entries[index]
+            body, headers = message_bytes(entry.data, slot)
             out.append(
                 ReceivedMessage(
                     id=message_id(index, slot),
                     receipt=seal(tag, ref),
-                    body=bytes(view.body),
-                    headers=decode_headers(view.headers),
+                    body=body,
+                    headers=decode_headers(headers) if headers else {},
                     priority=priority,
                     delivery_count=count,
                     published_at_ms=entry.now_ms,
@@ -259,13 +258,20 @@ class QueueOps:
         return out, rep.available_seq, settled
 
     def entry(self, rep: Replica, index: int) -> Entry:
-        entry = rep.installed_live.get(index)
-        if entry is not None:
-            return entry
+        return self.entries(rep, [index])[index]
+
+    def entries(self, rep: Replica, indexes: list[int]) -> dict[int, Entry]:
+        """The entries at ``indexes`` (ascending, distinct) by index: those of an
+        installed snapshot, the others from the log, a run of consecutive indexes per
+        read (``ServerLog.read_many``), not one read per entry."""
+        installed = rep.installed_live
+        found = {i: installed[i] for i in indexes if i in installed} if installed else {}
+        wanted = [i for i in indexes if i not in found] if found else indexes
         try:
-            return rep.log.read(index)
+            for entry in rep.log.read_many(wanted, self.ctx.limits.read_run_bytes_max):
+                found[entry.index] = entry
         except LookupError as e:
-            raise StorageFailed(f"queue {rep.name}: entry {index} is missing") from e
+            raise StorageFailed(f"queue {rep.name}: {e}") from e
         except EntryDamaged as e:
             # With peers, the replica stops (a leader steps down) and is repaired at the
             # next start; the message, leased to nobody who got it, is delivered again by
@@ -273,6 +279,7 @@ class QueueOps:
             if len(rep.meta.members) > 1:
                 self.ctx.hosting.damaged(rep, e)
             raise
+        return found
 
     async def ack(self, name: str, receipts: list[str]) -> SettleResult:
         return await self.settle(name, "ack", receipts, 0)

@@ -28,6 +28,7 @@ from engine.queue import (
     encode_settle,
     encode_settle_checkout,
     enqueue_count,
+    message_bytes,
     read_message,
 )
 from engine.queue.commands import (
@@ -61,6 +62,7 @@ def test_enqueue_entry_round_trip(messages: list[NewMessage]) -> None:
     for k, m in enumerate(messages):
         view = read_message(entry, k)
         assert bytes(view.body) == m.body and bytes(view.headers) == m.headers
+        assert message_bytes(entry, k) == (m.body, m.headers)
         assert (view.priority, view.ttl_ms, view.delay_ms, view.dedup_id) == (
             m.priority,
             m.ttl_ms,
