@@ -198,7 +198,7 @@ class Limits:
         assert self.committed_bytes_per_ready_max >= self.append_bytes_per_message_max
         assert self.append_bytes_per_message_max <= self.inflight_bytes_per_follower_max
         assert self.entry_bytes_max <= self.wal_batch_bytes_max
-        assert 0 < self.read_run_bytes_max <= self.segment_file_bytes_max
+        assert self.read_run_bytes_max > 0
         assert self.batch_bytes_max <= self.entry_bytes_max
         assert self.message_bytes_max <= self.message_bytes_max_ceiling <= self.batch_bytes_max
         assert self.batch_messages_max >= 1 and self.receive_messages_max >= 1

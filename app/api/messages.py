@@ -66,7 +66,7 @@ from engine.runtime.api import (
     BrowsedMessage,
     OutgoingMessage,
     QueueEngine,
-    ReceivedMessage,
+    ReceivedBatch,
     SettleResult,
 )
 
@@ -204,43 +204,49 @@ async def receive_batch(
     200 even when all were (the receive itself took place)."""
     consumer = consumer or who.token_id or who.name
     _check_text(consumer, "consumer")
-    if ack is None:
-        received = await node.receive(
-            name, consumer=consumer, max_messages=max_messages, wait_ms=wait_ms, lease_ms=lease_ms
-        )
-        return {"messages": _received_out(received, binary)}
     batch = await node.ack_and_receive(
         name,
-        ack=ack,
+        ack=ack or [],
         consumer=consumer,
         max_messages=max_messages,
         wait_ms=wait_ms,
         lease_ms=lease_ms,
     )
+    received = _received_out(batch, binary)
+    if ack is None:
+        return {"messages": received}
     return {
-        "messages": _received_out(batch.messages, binary),
+        "messages": received,
         "settled": batch.settled.settled,
         "stale": [ack[i] for i in batch.settled.stale],
     }
 
 
-def _received_out(received: list[ReceivedMessage], binary: bool) -> list[dict[str, object]]:
-    """One dict per message, built in one go. The times are formatted once per value:
-    a batch shares one lease end, and the messages of one publish one publish time."""
+def _received_out(batch: ReceivedBatch, binary: bool) -> list[dict[str, object]]:
+    """One dict per message, built in one go from the batch's lists (no message object
+    in between). The times are formatted once per value: a batch shares one lease end,
+    and the messages of one publish one publish time."""
+    expires = _iso(batch.lease_expires_at_ms)
     times: dict[int, str] = {}
     out: list[dict[str, object]] = []
-    for m in received:
-        item: dict[str, object] = {"id": m.id, "receipt": m.receipt}
-        _put_body(item, m.body, binary)
-        published = times.get(m.published_at_ms)
+    for id_, receipt, body, headers, priority, count, published_ms in zip(
+        batch.ids,
+        batch.receipts,
+        batch.bodies,
+        batch.headers,
+        batch.priorities,
+        batch.delivery_counts,
+        batch.published_at_ms,
+        strict=True,
+    ):
+        item: dict[str, object] = {"id": id_, "receipt": receipt}
+        _put_body(item, body, binary)
+        published = times.get(published_ms)
         if published is None:
-            published = times[m.published_at_ms] = _iso(m.published_at_ms)
-        expires = times.get(m.lease_expires_at_ms)
-        if expires is None:
-            expires = times[m.lease_expires_at_ms] = _iso(m.lease_expires_at_ms)
-        item["headers"] = m.headers
-        item["priority"] = m.priority
-        item["delivery_count"] = m.delivery_count
+            published = times[published_ms] = _iso(published_ms)
+        item["headers"] = headers
+        item["priority"] = priority
+        item["delivery_count"] = count
         item["published_at"] = published
         item["lease_expires_at"] = expires
         out.append(item)
@@ -304,9 +310,7 @@ async def receive(
     return answer(request, received)
 
 
-def _message_out(
-    item: dict[str, object], m: ReceivedMessage | BrowsedMessage, binary: bool
-) -> dict[str, object]:
+def _message_out(item: dict[str, object], m: BrowsedMessage, binary: bool) -> dict[str, object]:
     """``item`` (its id fields) completed with the body and what every message shows."""
     _put_body(item, m.body, binary)
     item |= {

@@ -99,11 +99,51 @@ class SettleResult:
 
 @dataclass(frozen=True, slots=True)
 class ReceivedBatch:
-    """A receive that carried acks (``ack_and_receive``): what the acks settled, then
-    the messages leased, both from one durable step."""
+    """The messages one receive leased, as parallel lists (no object per message: a
+    batch is encoded into an answer straight from them), and what the acks it carried
+    settled (``ack_and_receive``; none: ``SettleResult(0, ())``), from one durable step."""
 
     settled: SettleResult
-    messages: list[ReceivedMessage]
+    ids: list[int]
+    receipts: list[str]
+    bodies: list[bytes]
+    headers: list[dict[str, str]]
+    priorities: list[int]
+    delivery_counts: list[int]
+    published_at_ms: list[int]
+    lease_expires_at_ms: int
+
+    def consistent(self) -> bool:
+        """Every list has one item per message (a batch from a peer is checked)."""
+        n = len(self.ids)
+        return all(
+            len(column) == n
+            for column in (
+                self.receipts,
+                self.bodies,
+                self.headers,
+                self.priorities,
+                self.delivery_counts,
+                self.published_at_ms,
+            )
+        )
+
+    @property
+    def messages(self) -> list[ReceivedMessage]:
+        expires_ms = self.lease_expires_at_ms
+        return [
+            ReceivedMessage(id_, receipt, body, headers, priority, count, published, expires_ms)
+            for id_, receipt, body, headers, priority, count, published in zip(
+                self.ids,
+                self.receipts,
+                self.bodies,
+                self.headers,
+                self.priorities,
+                self.delivery_counts,
+                self.published_at_ms,
+                strict=True,
+            )
+        ]
 
 
 @dataclass(frozen=True, slots=True)

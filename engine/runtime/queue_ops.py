@@ -12,6 +12,7 @@ never copied into the machine.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from engine.errors import (
@@ -21,6 +22,7 @@ from engine.errors import (
     NoLeader,
     StorageFailed,
     ValidationFailed,
+    WireError,
 )
 from engine.limits import Limits
 from engine.queue import (
@@ -49,7 +51,6 @@ from engine.runtime.api import (
     BrowsedMessage,
     OutgoingMessage,
     ReceivedBatch,
-    ReceivedMessage,
     SettleResult,
 )
 from engine.runtime.meta import CONSUMER_BYTES_MAX, check_message, decode_headers
@@ -171,6 +172,8 @@ class QueueOps:
         async with ctx.admit():
             result = await ctx.router.route(call)
         assert isinstance(result, ReceivedBatch)
+        if not result.consistent():
+            raise WireError(f"queue {name}: a receive's answer whose lists differ in length")
         return result
 
     async def receive_local(
@@ -201,61 +204,66 @@ class QueueOps:
         while True:
             result = await ctx.propose(rep, command, lambda r: self.deliveries(rep, r))
             assert isinstance(result, tuple)
-            messages, seq, settle_reply = result
+            batch, seq, settle_reply = result
+            assert isinstance(batch, ReceivedBatch)
             if settle_reply is not None:
                 settled = _settle_result(opened, settle_reply)
             command = checkout
             remaining = deadline - loop.time()
-            if messages or remaining <= 0:
-                return ReceivedBatch(settled, messages)
+            if batch.ids or remaining <= 0:
+                return replace(batch, settled=settled)
             while rep.available_seq <= seq and not rep.closed and not ctx.stopping:
                 waiter: asyncio.Future[None] = loop.create_future()
                 rep.available_waiters.append(waiter)
                 try:
                     await asyncio.wait_for(waiter, max(0.0, deadline - loop.time()))
                 except TimeoutError:
-                    return ReceivedBatch(settled, [])
+                    return replace(batch, settled=settled)
             if ctx.stopping:
-                return ReceivedBatch(settled, [])
+                return replace(batch, settled=settled)
             if rep.raft.role is not Role.LEADER:
                 if pairs:
-                    return ReceivedBatch(settled, [])
+                    return replace(batch, settled=settled)
                 raise NoLeader(f"queue {rep.name}: leadership moved, retry")
 
-    def deliveries(
-        self, rep: Replica, reply: object
-    ) -> tuple[list[ReceivedMessage], int, Settled | None]:
-        """Runs as the checkout (or settle-checkout) applies: read each leased message
-        from the log. (messages, the replica's availability count, the settle's reply)."""
+    def deliveries(self, rep: Replica, reply: object) -> tuple[ReceivedBatch, int, Settled | None]:
+        """Runs as the checkout (or settle-checkout) applies: read the leased messages
+        from the log, a run of entries at a time. (The batch, without its settle result;
+        the replica's availability count; the settle's reply.)"""
         settled: Settled | None = None
         if isinstance(reply, SettledCheckedOut):
             settled, reply = reply.settled, reply.checked_out
         assert isinstance(reply, CheckedOut), reply
-        out: list[ReceivedMessage] = []
         machine = rep.machine
         places = [machine.ref_parts(ref) for ref in reply.refs]
         entries = self.entries(rep, sorted({p.index for p in places}))
-        expires_ms = reply.lease_expires_ms
         seal = rep.seal.seal
-        for tag, ref, place, priority, count in zip(
-            reply.tags, reply.refs, places, reply.priorities, reply.delivery_counts, strict=True
-        ):
+        ids: list[int] = []
+        receipts: list[str] = []
+        bodies: list[bytes] = []
+        headers: list[dict[str, str]] = []
+        published: list[int] = []
+        for tag, ref, place in zip(reply.tags, reply.refs, places, strict=True):
             index, slot = place.index, place.slot
             entry = entries[index]
-            body, headers = message_bytes(entry.data, slot)
-            out.append(
-                ReceivedMessage(
-                    id=message_id(index, slot),
-                    receipt=seal(tag, ref),
-                    body=body,
-                    headers=decode_headers(headers) if headers else {},
-                    priority=priority,
-                    delivery_count=count,
-                    published_at_ms=entry.now_ms,
-                    lease_expires_at_ms=expires_ms,
-                )
-            )
-        return out, rep.available_seq, settled
+            body, raw_headers = message_bytes(entry.data, slot)
+            ids.append(message_id(index, slot))
+            receipts.append(seal(tag, ref))
+            bodies.append(body)
+            headers.append(decode_headers(raw_headers) if raw_headers else {})
+            published.append(entry.now_ms)
+        batch = ReceivedBatch(
+            _NOTHING_SETTLED,
+            ids,
+            receipts,
+            bodies,
+            headers,
+            list(reply.priorities),
+            list(reply.delivery_counts),
+            published,
+            reply.lease_expires_ms,
+        )
+        return batch, rep.available_seq, settled
 
     def entry(self, rep: Replica, index: int) -> Entry:
         return self.entries(rep, [index])[index]
@@ -371,6 +379,9 @@ class QueueOps:
         reply = await self.ctx.propose(rep, encode_purge())
         assert isinstance(reply, Purged)
         return reply.count
+
+
+_NOTHING_SETTLED = SettleResult(0, ())
 
 
 def _settle_result(opened: list[tuple[int, int] | None], reply: Settled) -> SettleResult:
