@@ -188,7 +188,8 @@ class QueueOps:
         """The first proposal settles ``ack`` and checks out in one entry; while nothing
         is ready and ``wait_ms`` allows, later ones only check out. Once acks settled,
         the answer says so even if leadership moved during the wait (no messages then),
-        so that a client does not take its settled acks for lost."""
+        so that a client does not take its settled acks for lost and retry them (they
+        would be reported stale)."""
         ctx = self.ctx
         loop = ctx.loop
         deadline = loop.time() + wait_ms / 1000
@@ -201,8 +202,14 @@ class QueueOps:
             else checkout
         )
         settled = SettleResult(0, tuple(range(len(ack))))
+        batch: ReceivedBatch | None = None
         while True:
-            result = await ctx.propose(rep, command, lambda r: self.deliveries(rep, r))
+            try:
+                result = await ctx.propose(rep, command, lambda r: self.deliveries(rep, r))
+            except NoLeader:
+                if batch is None or not pairs:
+                    raise
+                return replace(batch, settled=settled)  # the acks did settle
             assert isinstance(result, tuple)
             batch, seq, settle_reply = result
             assert isinstance(batch, ReceivedBatch)
