@@ -245,6 +245,10 @@ class QueueMachine:
         """(Raft index, slot, size) of a ref this machine handed out and still holds."""
         return self._fallback.unpack(ref)
 
+    def ref_place(self, ref: int) -> tuple[int, int]:
+        """(Raft index, slot) of a ref this machine handed out and still holds."""
+        return self._fallback.place(ref)
+
     def stats(self) -> QueueStats:
         c = self._counters
         memory = self.memory_use()

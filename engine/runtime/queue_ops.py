@@ -242,16 +242,16 @@ class QueueOps:
             settled, reply = reply.settled, reply.checked_out
         assert isinstance(reply, CheckedOut), reply
         machine = rep.machine
-        places = [machine.ref_parts(ref) for ref in reply.refs]
-        entries = self.entries(rep, sorted({p.index for p in places}))
+        place = machine.ref_place
+        places = [place(ref) for ref in reply.refs]
+        entries = self.entries(rep, sorted({index for index, _slot in places}))
         seal = rep.seal.seal
         ids: list[int] = []
         receipts: list[str] = []
         bodies: list[bytes] = []
         headers: list[dict[str, str]] = []
         published: list[int] = []
-        for tag, ref, place in zip(reply.tags, reply.refs, places, strict=True):
-            index, slot = place.index, place.slot
+        for tag, ref, (index, slot) in zip(reply.tags, reply.refs, places, strict=True):
             entry = entries[index]
             body, raw_headers = message_bytes(entry.data, slot)
             ids.append(message_id(index, slot))
