@@ -211,6 +211,7 @@ class HotPaths:
                 wait_ms=args.wait_ms,
                 lease_ms=args.lease_ms,
                 consumer=args.consumer,
+                ack=args.ack,
                 binary=binary,
             )
         settle = hot_bodies.settle_args(kind, payload)

@@ -15,6 +15,10 @@ The phases, and the keys below they give:
   requests per process;
 * consume (``consume_msgs_per_s``): receive (up to 100) then ack those, the queue filled
   by the first phase;
+* consume with piggybacked acks (``consume_ack_piggyback_msgs_per_s``): each receive (up
+  to 100) carries the receipts of the one before (``"ack"``), one request and one Raft
+  entry per batch; its queue is filled first by a publish of batches of 100 as long as a
+  phase (``fill_piggyback`` in ``phases``, not a figure of its own);
 * paced publish (``publish_p50_ms``, ``publish_p99_ms``): batches of 1 due at a steady
   ``--rate`` msgs/s, sent by up to 64 connections per generator (latency from the due
   time to the 201, so falling behind is counted, as wrk2 does); the same at
@@ -60,6 +64,8 @@ with ``--phases`` gives ``null`` figures:
 * ``publish_msgs_per_s``: the headline: published messages per second, batches of 100;
 * ``publish_single_msgs_per_s``: the same, batches of 1;
 * ``consume_msgs_per_s``: received and acked messages per second;
+* ``consume_ack_piggyback_msgs_per_s``: the same, each receive carrying the previous
+  batch's acks;
 * ``publish_p50_ms``: median latency of a paced publish at ``--rate``;
 * ``publish_p99_ms``: its 99th percentile;
 * ``paced_rate_msgs_per_s``: the rate asked for (``--rate``);
@@ -122,6 +128,7 @@ JSON_KEYS = (
     "publish_msgs_per_s",
     "publish_single_msgs_per_s",
     "consume_msgs_per_s",
+    "consume_ack_piggyback_msgs_per_s",
     "publish_p50_ms",
     "publish_p99_ms",
     "paced_rate_msgs_per_s",
@@ -361,6 +368,39 @@ async def _consume_loop(
             out["errors"] += 1
 
 
+async def _piggyback_loop(
+    conn: Connection, spec: dict[str, Any], until: float, out: dict[str, Any]
+) -> None:
+    """Receive up to 100, each receive carrying the receipts of the one before; the
+    last batch is acked once the time is up (its settle counts, as in ``_consume_loop``)."""
+    path = f"/api/v1/queues/{spec['queue']}/messages/receive"
+    ack: list[str] = []
+    while True:
+        last = time.time() >= until
+        asked = {"max_messages": 1 if last else 100, "wait_ms": 0, "ack": ack}
+        if last and not ack:
+            return
+        try:
+            status, body = await conn.request(_request(spec, path, json.dumps(asked).encode()))
+        except ConnectionError:
+            out["transport_errors"] += 1
+            await asyncio.sleep(0.01)
+            continue
+        if status != 200:
+            out["errors"] += 1  # the acks are sent again: stale if they did settle
+            continue
+        answer = json.loads(body)
+        out["messages"] += answer["settled"]
+        if last:
+            return  # (a message leased by this last receive stays unacked)
+        ack = [m["receipt"] for m in answer["messages"]]
+        if not ack:
+            out["empty"] += 1
+            if out["empty"] > 3:
+                return
+            await asyncio.sleep(0.05)
+
+
 async def _paced_loop(
     spec: dict[str, Any], raw: bytes, start: float, until: float, out: dict[str, Any]
 ) -> None:
@@ -441,6 +481,8 @@ def _generator(spec: dict[str, Any], results: Any) -> None:
             loops = [_publish_loop(c, raw, spec["batch"], until, out) for c in conns]
         elif spec["kind"] == "consume":
             loops = [_consume_loop(c, spec, until, out) for c in conns]
+        elif spec["kind"] == "piggyback":
+            loops = [_piggyback_loop(c, spec, until, out) for c in conns]
         else:
             loops = [_paced_loop(spec, raw, begin, until, out)]
         await asyncio.gather(*loops)
@@ -626,7 +668,8 @@ def _setup(url: str) -> str:
     made.raise_for_status()
     token: str = made.json()["token"]
     headers = {"Authorization": f"Bearer {token}"}
-    for name in ("bench-batch", "bench-single", "bench-paced", "bench-stream", "bench-window1"):
+    queues = ("bench-batch", "bench-single", "bench-paced", "bench-piggyback")
+    for name in (*queues, "bench-stream", "bench-window1"):
         created = httpx.put(f"{url}/api/v1/queues/{name}", headers=headers, timeout=30.0)
         assert created.status_code in (200, 201), created.text
     return token
@@ -636,13 +679,19 @@ PHASES = (
     "publish_batch_100",
     "publish_batch_1",
     "consume_batch_100",
+    "consume_piggyback_100",
     "publish_paced",
     "stream_publish",
     "stream_consume",
     "stream_window1",
 )
 """In this order (consume drains what publish_batch_100 filled, stream_consume what
-stream_publish did); ``publish_paced`` runs at ``--rate`` and then at ``--low-rate``."""
+stream_publish did); ``consume_piggyback_100`` drains its own queue, filled just before
+it (``fill_piggyback``); ``publish_paced`` runs at ``--rate`` and then at
+``--low-rate``."""
+COMPANIONS = {"fill_piggyback": "consume_piggyback_100", "publish_paced_low": "publish_paced"}
+"""Steps with no name in ``PHASES``, run (in ``_phase_specs``'s order) when the phase
+they serve is chosen."""
 STREAM_PHASES = frozenset({"stream_publish", "stream_consume", "stream_window1"})
 QUICK_WINDOW1_COUNT = 200
 WINDOW1_SECONDS_MAX = 120.0
@@ -658,6 +707,8 @@ def _phase_specs(args: argparse.Namespace, base: dict[str, Any]) -> dict[str, di
             base, kind="publish", queue="bench-single", batch=1, clients=args.single_clients
         ),
         "consume_batch_100": dict(batch, kind="consume"),
+        "fill_piggyback": dict(batch, kind="publish", queue="bench-piggyback"),
+        "consume_piggyback_100": dict(batch, kind="piggyback", queue="bench-piggyback"),
         "publish_paced": dict(paced, rate=args.rate),
         "publish_paced_low": dict(paced, rate=args.low_rate),
         **_stream_specs(args, base),
@@ -704,7 +755,7 @@ def _run_phase(
 
 def measure(args: argparse.Namespace, server: ServerProcess, token: str) -> dict[str, Any]:
     specs = _phase_specs(args, server_spec(server.url, token, args.seconds))
-    chosen = [p for p in specs if p.removesuffix("_low") in args.phases]
+    chosen = [p for p in specs if p in args.phases or COMPANIONS.get(p) in args.phases]
     phases = {name: _run_phase(args, server, name, specs[name]) for name in chosen}
     none: dict[str, Any] = {"msgs_per_s": None, "timed_out": None, "not_sent": None}
     paced = phases.get("publish_paced", {}).get("latencies_ms", [])
@@ -720,6 +771,7 @@ def measure(args: argparse.Namespace, server: ServerProcess, token: str) -> dict
         "publish_msgs_per_s": phases["publish_batch_100"]["msgs_per_s"],
         "publish_single_msgs_per_s": phases["publish_batch_1"]["msgs_per_s"],
         "consume_msgs_per_s": phases["consume_batch_100"]["msgs_per_s"],
+        "consume_ack_piggyback_msgs_per_s": phases["consume_piggyback_100"]["msgs_per_s"],
         "publish_p50_ms": _percentile(paced, 0.50),
         "publish_p99_ms": _percentile(paced, 0.99),
         "paced_rate_msgs_per_s": args.rate,

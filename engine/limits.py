@@ -51,6 +51,10 @@ class Limits:
     segment_file_bytes_max: int = 64 * MIB
     segment_entries_max: int = 65_536
     segment_readers_open_max: int = 64
+    read_run_bytes_max: int = 4 * MIB
+    """A receive reads the entries of its messages a run of consecutive indexes at a
+    time, one ``pread`` per segment; a run longer than this is read in several (each at
+    least one entry, so one entry of ``entry_bytes_max`` still reads whole)."""
     checkpoints_kept_max: int = 8
     entry_bytes_max: int = 32 * MIB
 
@@ -212,6 +216,7 @@ class Limits:
         assert self.committed_bytes_per_ready_max >= self.append_bytes_per_message_max
         assert self.append_bytes_per_message_max <= self.inflight_bytes_per_follower_max
         assert self.entry_bytes_max <= self.wal_batch_bytes_max
+        assert self.read_run_bytes_max > 0
         assert self.batch_bytes_max <= self.entry_bytes_max
         assert self.message_bytes_max <= self.message_bytes_max_ceiling <= self.batch_bytes_max
         assert self.batch_messages_max >= 1 and self.receive_messages_max >= 1

@@ -100,6 +100,12 @@ _MAX_MESSAGES = int_field(ReceiveIn, "max_messages")
 _WAIT_MS = int_field(ReceiveIn, "wait_ms")
 _RECEIVE_LEASE_MS = int_field(ReceiveIn, "lease_ms")
 _CONSUMER = text_field(ReceiveIn, "consumer")
+_ACK = _non_null(_properties(ReceiveIn)["ack"])[0]
+_ACK_MAX = _ACK["maxItems"]
+assert (
+    "minItems" not in _ACK
+    and _ACK["items"]["pattern"] == _properties(SettleIn)["receipts"]["items"]["pattern"]
+), _ACK
 _RECEIPTS_MIN, _RECEIPTS_MAX, _RECEIPT = _receipts_field(SettleIn)
 _SETTLE_KEYS = {
     "ack": frozenset(_properties(SettleIn)),
@@ -218,6 +224,7 @@ class ReceiveArgs:
     wait_ms: int
     lease_ms: int | None
     consumer: str | None
+    ack: list[str] | None
 
 
 def receive_args(payload: object) -> ReceiveArgs | None:
@@ -228,15 +235,25 @@ def receive_args(payload: object) -> ReceiveArgs | None:
         cast(int, payload.get("wait_ms", _WAIT_MS.default)),
         payload.get("lease_ms"),
         payload.get("consumer"),
+        payload.get("ack"),
     )
     if (
         _MAX_MESSAGES.accepts(args.max_messages)
         and _WAIT_MS.accepts(args.wait_ms)
         and _RECEIVE_LEASE_MS.accepts(args.lease_ms)
         and _CONSUMER.accepts(args.consumer)
+        and (args.ack is None or _receipts(args.ack, 0, _ACK_MAX))
     ):
         return args
     return None
+
+
+def _receipts(value: object, count_min: int, count_max: int) -> bool:
+    """A list of ``count_min..count_max`` well-formed receipts."""
+    if type(value) is not list or not count_min <= len(value) <= count_max:
+        return False
+    match = _RECEIPT.fullmatch
+    return all(type(r) is str and match(r) is not None for r in value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,16 +268,12 @@ def settle_args(how: str, payload: object) -> SettleArgs | None:
     if type(payload) is not dict or not _SETTLE_KEYS[how].issuperset(payload):
         return None
     receipts = payload.get("receipts")
-    if type(receipts) is not list or not _RECEIPTS_MIN <= len(receipts) <= _RECEIPTS_MAX:
+    if not _receipts(receipts, _RECEIPTS_MIN, _RECEIPTS_MAX):
         return None
-    match = _RECEIPT.fullmatch
-    for r in receipts:
-        if type(r) is not str or match(r) is None:
-            return None
     requeue = payload.get("requeue", _DEFAULT_REQUEUE)
     if type(requeue) is not bool:
         return None
     lease_ms = payload.get("lease_ms", 0)
     if how == "extend" and not _EXTEND_LEASE_MS.accepts(lease_ms):
         return None
-    return SettleArgs(receipts, requeue, lease_ms)
+    return SettleArgs(cast(list[str], receipts), requeue, lease_ms)

@@ -14,6 +14,10 @@ queue's; engine/queue/receipts.py) is answered exactly as a stale one, so that a
 settles nothing and tells nothing. A malformed receipt (not 64 lowercase hex digits) is
 422, and then nothing of the request is applied.
 
+A receive may carry ``ack``, receipts to settle in the same Raft entry as its checkout
+(engine/queue/checkout.py ``on_settle_checkout``): the answer adds ``settled`` and
+``stale`` as above, always with 200, since the receive itself took place.
+
 A publish is all or nothing and answers 201 with one id per message only once the whole
 batch is durable on a quorum. Batches over ``batch_messages_max`` messages or
 ``batch_bytes_max`` body bytes are 413 before the engine sees them; a message over the
@@ -62,7 +66,7 @@ from engine.runtime.api import (
     BrowsedMessage,
     OutgoingMessage,
     QueueEngine,
-    ReceivedMessage,
+    ReceivedBatch,
     SettleResult,
 )
 
@@ -192,19 +196,61 @@ async def receive_batch(
     wait_ms: int,
     lease_ms: int | None,
     consumer: str | None,
+    ack: list[str] | None,
     binary: bool,
 ) -> dict[str, object]:
+    """``ack`` (when given, even empty) is settled by the same entry as the checkout;
+    the answer then says what it settled and which of its receipts were stale, with
+    200 even when all were (the receive itself took place)."""
     consumer = consumer or who.token_id or who.name
     _check_text(consumer, "consumer")
-    received = await node.receive(
-        name, consumer=consumer, max_messages=max_messages, wait_ms=wait_ms, lease_ms=lease_ms
+    batch = await node.ack_and_receive(
+        name,
+        ack=ack or [],
+        consumer=consumer,
+        max_messages=max_messages,
+        wait_ms=wait_ms,
+        lease_ms=lease_ms,
     )
-    out = [
-        _message_out({"id": m.id, "receipt": m.receipt}, m, binary)
-        | {"lease_expires_at": _iso(m.lease_expires_at_ms)}
-        for m in received
-    ]
-    return {"messages": out}
+    received = _received_out(batch, binary)
+    if ack is None:
+        return {"messages": received}
+    return {
+        "messages": received,
+        "settled": batch.settled.settled,
+        "stale": [ack[i] for i in batch.settled.stale],
+    }
+
+
+def _received_out(batch: ReceivedBatch, binary: bool) -> list[dict[str, object]]:
+    """One dict per message, built in one go from the batch's lists (no message object
+    in between). The times are formatted once per value: a batch shares one lease end,
+    and the messages of one publish one publish time."""
+    expires = _iso(batch.lease_expires_at_ms)
+    times: dict[int, str] = {}
+    out: list[dict[str, object]] = []
+    for id_, receipt, body, headers, priority, count, published_ms in zip(
+        batch.ids,
+        batch.receipts,
+        batch.bodies,
+        batch.headers,
+        batch.priorities,
+        batch.delivery_counts,
+        batch.published_at_ms,
+        strict=True,
+    ):
+        item: dict[str, object] = {"id": id_, "receipt": receipt}
+        _put_body(item, body, binary)
+        published = times.get(published_ms)
+        if published is None:
+            published = times[published_ms] = _iso(published_ms)
+        item["headers"] = headers
+        item["priority"] = priority
+        item["delivery_count"] = count
+        item["published_at"] = published
+        item["lease_expires_at"] = expires
+        out.append(item)
+    return out
 
 
 async def settle(
@@ -248,7 +294,8 @@ async def publish(
 async def receive(
     name: QueueName, body: ReceiveIn, request: Request, who: CanRead, node: NodeDep
 ) -> Response:
-    """Lease up to ``max_messages``; waits up to ``wait_ms`` for the first to arrive."""
+    """Lease up to ``max_messages``; waits up to ``wait_ms`` for the first to arrive.
+    With ``ack``, those receipts are settled in the same durable step."""
     received = await receive_batch(
         node,
         name,
@@ -257,14 +304,13 @@ async def receive(
         wait_ms=body.wait_ms,
         lease_ms=body.lease_ms,
         consumer=body.consumer,
+        ack=body.ack,
         binary=wants_msgpack(request),
     )
     return answer(request, received)
 
 
-def _message_out(
-    item: dict[str, object], m: ReceivedMessage | BrowsedMessage, binary: bool
-) -> dict[str, object]:
+def _message_out(item: dict[str, object], m: BrowsedMessage, binary: bool) -> dict[str, object]:
     """``item`` (its id fields) completed with the body and what every message shows."""
     _put_body(item, m.body, binary)
     item |= {

@@ -196,6 +196,13 @@ class ReceiveIn(_In):
         max_length=CONSUMER_CHARS_MAX,
         description="A label for the consumers stat; default: the caller's token.",
     )
+    ack: list[Receipt] | None = Field(
+        default=None,
+        max_length=LIMITS.receive_messages_max,
+        description="Receipts to settle (as `ack` does) in the same durable step as this "
+        "receive: typically the previous batch's. The answer then carries `settled` and "
+        "`stale`; it is 200 even when every receipt was stale.",
+    )
 
 
 class ReceivedOut(BaseModel):
@@ -214,6 +221,14 @@ class ReceivedOut(BaseModel):
 
 class ReceivedBatchOut(BaseModel):
     messages: list[ReceivedOut]
+    settled: int | None = Field(
+        default=None, description="Only when the request carried `ack`: receipts settled."
+    )
+    stale: list[str] | None = Field(
+        default=None,
+        description="Only when the request carried `ack`: its receipts whose lease had ended "
+        "(the message was or will be handed out again), or that this queue did not make.",
+    )
 
 
 class SettleIn(_In):

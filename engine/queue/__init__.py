@@ -22,6 +22,10 @@ How the runtime uses it
   with reason ``rejected``), ``encode_extend(receipts, lease_ms)``. Reply
   ``Settled(count, stale)``: ``stale`` lists the positions of receipts whose lease is no
   longer live (HTTP 409 per receipt).
+* **Receive carrying acks**: ``encode_settle_checkout(receipts, consumer, max_messages,
+  lease_ms)`` settles, then checks out, in one entry (one Raft round for both). Reply
+  ``SettledCheckedOut(settled, checked_out)``: exactly the ``Settled`` and ``CheckedOut``
+  of the two commands applied one after the other at the same index and time.
 * **Timers**: after applying, ``machine.next_deadline_ms()`` says when the leader should
   append ``encode_expire()``; that command (with the leader's ``now_ms``) releases
   delayed messages, ends leases (a lease end counts as a delivery attempt), sweeps
@@ -80,7 +84,9 @@ from engine.queue.commands import (
     encode_purge,
     encode_return,
     encode_settle,
+    encode_settle_checkout,
     enqueue_count,
+    message_bytes,
     read_message,
 )
 from engine.queue.effects import (
@@ -100,6 +106,7 @@ from engine.queue.effects import (
     Purged,
     Rejected,
     Settled,
+    SettledCheckedOut,
 )
 from engine.queue.machine import QueueMachine
 from engine.queue.paging import MemorySpill, NodePages, PageSpill, Paging, PagingStats
@@ -142,6 +149,7 @@ __all__ = [
     "RefParts",
     "Rejected",
     "Settled",
+    "SettledCheckedOut",
     "check_receipt_text",
     "command_kind",
     "encode_checkout",
@@ -154,7 +162,9 @@ __all__ = [
     "encode_purge",
     "encode_return",
     "encode_settle",
+    "encode_settle_checkout",
     "enqueue_count",
+    "message_bytes",
     "message_id",
     "message_id_parts",
     "read_message",

@@ -15,8 +15,9 @@ import numpy as np
 import numpy.typing as npt
 
 from engine.queue import commands as cmd
-from engine.queue.effects import REASON_EXPIRED, CheckedOut
+from engine.queue.effects import REASON_EXPIRED, CheckedOut, Settled, SettledCheckedOut
 from engine.queue.expiry import advance_time, is_expired
+from engine.queue.leases import on_settle
 from engine.queue.pages import RefFifo
 from engine.queue.refs import sizes_of
 from engine.raft.state_machine import ApplyMeta, MachineEffect
@@ -74,6 +75,20 @@ def on_checkout(
     return CheckedOut(tuple(tags), tuple(refs_out), tuple(levels_out), tuple(counts), expires_ms)
 
 
+def on_settle_checkout(
+    m: QueueMachine, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]
+) -> object:
+    """A receive carrying the acks of the previous batch: the settle, then the checkout,
+    each by its own handler, so the pair means exactly what the two entries would mean
+    applied back to back (a settled message is gone before the checkout looks). Both
+    parts are checked before either is applied: a malformed entry changes nothing."""
+    settle, checkout = cmd.split_settle_checkout(command)
+    settled = on_settle(m, meta, settle, effects)
+    checked_out = on_checkout(m, meta, checkout, effects)
+    assert isinstance(settled, Settled) and isinstance(checked_out, CheckedOut)
+    return SettledCheckedOut(settled, checked_out)
+
+
 def _take(m: QueueMachine, lane: RefFifo, n: int, expired: list[int]) -> list[int] | U64:
     """Pop up to ``n`` deliverable refs from a lane; expired heads go to ``expired``.
     An array when many are wanted and none can have expired, else a list."""
@@ -94,4 +109,4 @@ def _take(m: QueueMachine, lane: RefFifo, n: int, expired: list[int]) -> list[in
     return out
 
 
-__all__ = ["on_checkout"]
+__all__ = ["on_checkout", "on_settle_checkout"]

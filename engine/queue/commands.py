@@ -20,6 +20,13 @@ map). A message's *size* is ``body_len + headers_len``; that is what ``max_bytes
 
 Receipts-carrying commands (settle, return, discard, extend) carry ``n`` pairs of u64
 ``(delivery tag, ref)``, read as one numpy array without a Python object per receipt.
+
+A receive that carries the acks of the previous batch is one settle-checkout entry: a
+settle command and a checkout command, whole, one after the other, so that the machine
+applies them with the very code that applies each alone::
+
+    0   u8  kind = b"A"        1   u8  version = 1
+    2   u32 settle_len         6   settle command (settle_len bytes), then checkout command
 """
 
 from __future__ import annotations
@@ -57,10 +64,13 @@ assert RECORD_DTYPE.itemsize == RECORD_BYTES
 _RECORD = struct.Struct("<IIIHBBqq")
 assert _RECORD.size == RECORD_BYTES
 _ENQ_HEAD = struct.Struct("<BBH")
+_BODY_PLACE = struct.Struct("<IIIH")
+"""The leading fields of a record: body_len, headers_len, data_offset, dedup_len."""
 _RECEIPTS_HEAD = struct.Struct("<BBHI")
 _EXTEND_HEAD = struct.Struct("<BBHIq")
 _CHECKOUT_HEAD = struct.Struct("<BBHqH")
 _SIMPLE_HEAD = struct.Struct("<BB")
+_SETTLE_CHECKOUT_HEAD = struct.Struct("<BBI")
 
 CONSUMER_ID_BYTES_MAX = 255
 _P = ParamSpec("_P")
@@ -94,6 +104,7 @@ class Kind(bytes, Enum):
     EXPIRE = b"T"
     POLICY = b"O"
     DEAD_LETTER_CONFIRM = b"K"
+    SETTLE_CHECKOUT = b"A"
 
 
 _KIND_ENQUEUE = Kind.ENQUEUE[0]
@@ -235,6 +246,19 @@ def read_message(entry: bytes, slot: int) -> MessageView:
     )
 
 
+def message_bytes(entry: bytes, slot: int) -> tuple[bytes, bytes]:
+    """(body, headers) of message ``slot`` as bytes: what a receive hands out, read as
+    ``read_message`` reads them without building a ``MessageView``."""
+    body_len, headers_len, off, dedup_len = _BODY_PLACE.unpack_from(
+        entry, _ENQ_HEAD.size + slot * RECORD_BYTES
+    )
+    assert entry[0] == _KIND_ENQUEUE and 0 <= slot < enqueue_count(entry), slot
+    headers_at = off + dedup_len
+    body_at = headers_at + headers_len
+    assert body_at + body_len <= len(entry)
+    return entry[body_at : body_at + body_len], entry[headers_at:body_at]
+
+
 def dedup_id_at(entry: bytes, record: Any) -> bytes:
     off = int(record["data_offset"])
     return bytes(entry[off : off + int(record["dedup_len"])])
@@ -338,6 +362,38 @@ def decode_checkout(command: bytes) -> Checkout:
     if len(raw) != clen or clen == 0:
         raise InvalidRequest("malformed checkout command")
     return Checkout(consumer=raw.decode("utf-8"), max_messages=n, lease_ms=lease_ms)
+
+
+def encode_settle_checkout(
+    receipts: list[tuple[int, int]], consumer: str, max_messages: int, lease_ms: int = 0
+) -> bytes:
+    """A receive carrying acks: settle ``receipts`` (as ``encode_settle``), then check out
+    (as ``encode_checkout``), in one log entry."""
+    settle = encode_settle(receipts)
+    checkout = encode_checkout(consumer, max_messages, lease_ms)
+    head = _SETTLE_CHECKOUT_HEAD.pack(Kind.SETTLE_CHECKOUT[0], FORMAT_VERSION, len(settle))
+    return head + settle + checkout
+
+
+@_decoder
+def split_settle_checkout(command: bytes) -> tuple[bytes, bytes]:
+    """The settle and the checkout command of a settle-checkout entry, both checked here
+    (their kinds, versions and lengths), so that applying the settle part cannot be
+    followed by a checkout part that fails to decode."""
+    _k, _v, settle_len = _SETTLE_CHECKOUT_HEAD.unpack_from(command, 0)
+    start = _SETTLE_CHECKOUT_HEAD.size
+    settle, checkout = command[start : start + settle_len], command[start + settle_len :]
+    if (
+        len(settle) != settle_len
+        or settle[:2] != bytes((Kind.SETTLE[0], FORMAT_VERSION))
+        or checkout[:2] != bytes((Kind.CHECKOUT[0], FORMAT_VERSION))
+    ):
+        raise InvalidRequest("malformed settle-checkout command")
+    n = _RECEIPTS_HEAD.unpack_from(settle, 0)[2]
+    if len(settle) != _RECEIPTS_HEAD.size + 16 * n:
+        raise InvalidRequest("malformed settle-checkout command")
+    decode_checkout(checkout)
+    return settle, checkout
 
 
 def encode_purge() -> bytes:
@@ -491,8 +547,11 @@ __all__ = [
     "encode_purge",
     "encode_return",
     "encode_settle",
+    "encode_settle_checkout",
     "enqueue_count",
     "enqueue_records",
     "enqueue_records_few",
+    "message_bytes",
     "read_message",
+    "split_settle_checkout",
 ]

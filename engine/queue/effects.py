@@ -117,6 +117,15 @@ class Settled:
 
 
 @dataclass(frozen=True, slots=True)
+class SettledCheckedOut:
+    """Outcome of a settle-checkout (a receive carrying acks): the settle's, then the
+    checkout's, as each alone would answer."""
+
+    settled: Settled
+    checked_out: CheckedOut
+
+
+@dataclass(frozen=True, slots=True)
 class Purged:
     count: int
 
@@ -158,4 +167,5 @@ __all__ = [
     "Purged",
     "Rejected",
     "Settled",
+    "SettledCheckedOut",
 ]

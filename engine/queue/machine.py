@@ -18,7 +18,8 @@ number of earlier deliveries, for messages given back at least once), ``_expires
 
 The commands are handled by functions in modules named for them, found by the command's
 kind byte (``_HANDLERS``): ``engine.queue.enqueue``, ``engine.queue.checkout``,
-``engine.queue.leases`` (settle, return, discard, extend), ``engine.queue.expiry``
+``engine.queue.leases`` (settle, return, discard, extend), the settle-checkout of a
+receive carrying acks in ``engine.queue.checkout``, ``engine.queue.expiry``
 (the expire command, time and TTL), ``engine.queue.policy_changes``; purge and
 dead-letter confirmation are here. They read and write the machine's fields as its
 methods would, so dispatching a command costs one function call, like a method.
@@ -243,6 +244,10 @@ class QueueMachine:
     def ref_parts(self, ref: int) -> RefParts:
         """(Raft index, slot, size) of a ref this machine handed out and still holds."""
         return self._fallback.unpack(ref)
+
+    def ref_place(self, ref: int) -> tuple[int, int]:
+        """(Raft index, slot) of a ref this machine handed out and still holds."""
+        return self._fallback.place(ref)
 
     def stats(self) -> QueueStats:
         c = self._counters
@@ -471,6 +476,7 @@ _HANDLERS: dict[Kind, _Handler] = {
     Kind.EXPIRE: expiry.on_expire,
     Kind.POLICY: policy_changes.on_policy,
     Kind.DEAD_LETTER_CONFIRM: QueueMachine._on_dead_letter_confirm,
+    Kind.SETTLE_CHECKOUT: checkout.on_settle_checkout,
 }
 
 _HANDLERS_BY_BYTE = {kind.value[0]: handler for kind, handler in _HANDLERS.items()}

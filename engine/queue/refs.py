@@ -154,6 +154,18 @@ class FallbackTable:
         index, slot, size = self._entries[fallback_handle(ref)]
         return RefParts(index=index, slot=slot, size=size)
 
+    def place(self, ref: int) -> tuple[int, int]:
+        """(index, slot) of a ref, as ``unpack`` gives them without building a
+        ``RefParts`` (a receive asks it of every message it hands out)."""
+        if ref >> 63 == 0:
+            return ref >> (SIZE_BITS + SLOT_BITS_SHORT), ref & _SLOT_MASK_SHORT
+        if ref >> 62 == 0b10:
+            return (ref >> (SLOT_BITS_LONG + SIZE_BITS)) & _INDEX_MASK_LONG, (
+                ref >> SIZE_BITS
+            ) & _SLOT_MASK_LONG
+        index, slot, _size = self._entries[ref & _HANDLE_MASK]
+        return index, slot
+
     def size(self, ref: int) -> int:
         """Byte size of a ref (the hot path of the machine's byte counters)."""
         if ref >> 63 == 0:

@@ -98,6 +98,55 @@ class SettleResult:
 
 
 @dataclass(frozen=True, slots=True)
+class ReceivedBatch:
+    """The messages one receive leased, as parallel lists (no object per message: a
+    batch is encoded into an answer straight from them), and what the acks it carried
+    settled (``ack_and_receive``; none: ``SettleResult(0, ())``), from one durable step."""
+
+    settled: SettleResult
+    ids: list[int]
+    receipts: list[str]
+    bodies: list[bytes]
+    headers: list[dict[str, str]]
+    priorities: list[int]
+    delivery_counts: list[int]
+    published_at_ms: list[int]
+    lease_expires_at_ms: int
+
+    def consistent(self) -> bool:
+        """Every list has one item per message (a batch from a peer is checked)."""
+        n = len(self.ids)
+        return all(
+            len(column) == n
+            for column in (
+                self.receipts,
+                self.bodies,
+                self.headers,
+                self.priorities,
+                self.delivery_counts,
+                self.published_at_ms,
+            )
+        )
+
+    @property
+    def messages(self) -> list[ReceivedMessage]:
+        expires_ms = self.lease_expires_at_ms
+        return [
+            ReceivedMessage(id_, receipt, body, headers, priority, count, published, expires_ms)
+            for id_, receipt, body, headers, priority, count, published in zip(
+                self.ids,
+                self.receipts,
+                self.bodies,
+                self.headers,
+                self.priorities,
+                self.delivery_counts,
+                self.published_at_ms,
+                strict=True,
+            )
+        ]
+
+
+@dataclass(frozen=True, slots=True)
 class CheckpointRecord:
     queue: str
     index: int
@@ -185,6 +234,21 @@ class QueueEngine(Protocol):
         """Leases up to ``max_messages``; waits up to ``wait_ms`` for the first to arrive."""
         ...
 
+    async def ack_and_receive(
+        self,
+        name: str,
+        *,
+        ack: list[str],
+        consumer: str,
+        max_messages: int,
+        wait_ms: int,
+        lease_ms: int | None,
+    ) -> ReceivedBatch:
+        """``ack`` settled and up to ``max_messages`` leased by one Raft entry, answered
+        once it is durable; stale receipts reported as ``ack`` reports them. When none
+        is ready it then waits up to ``wait_ms`` for the first, as ``receive``."""
+        ...
+
     async def ack(self, name: str, receipts: list[str]) -> SettleResult: ...
 
     async def nack(self, name: str, receipts: list[str], *, requeue: bool) -> SettleResult: ...
@@ -227,6 +291,7 @@ __all__ = [
     "QueueArgs",
     "QueueEngine",
     "QueueInfo",
+    "ReceivedBatch",
     "ReceivedMessage",
     "RecordListener",
     "SegmentInfo",

@@ -75,6 +75,7 @@ from engine.runtime.api import (
     QueueArgs,
     QueueEngine,
     QueueInfo,
+    ReceivedBatch,
     ReceivedMessage,
     RecordListener,
     SegmentInfo,
@@ -226,7 +227,20 @@ class Node:
         wait_ms: int,
         lease_ms: int | None,
     ) -> list[ReceivedMessage]:
-        return await self.context.ops.receive(name, consumer, max_messages, wait_ms, lease_ms)
+        batch = await self.context.ops.receive(name, consumer, max_messages, wait_ms, lease_ms, [])
+        return batch.messages
+
+    async def ack_and_receive(
+        self,
+        name: str,
+        *,
+        ack: list[str],
+        consumer: str,
+        max_messages: int,
+        wait_ms: int,
+        lease_ms: int | None,
+    ) -> ReceivedBatch:
+        return await self.context.ops.receive(name, consumer, max_messages, wait_ms, lease_ms, ack)
 
     async def ack(self, name: str, receipts: list[str]) -> SettleResult:
         return await self.context.ops.ack(name, receipts)

@@ -12,6 +12,7 @@ never copied into the machine.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from engine.errors import (
@@ -21,6 +22,7 @@ from engine.errors import (
     NoLeader,
     StorageFailed,
     ValidationFailed,
+    WireError,
 )
 from engine.limits import Limits
 from engine.queue import (
@@ -29,6 +31,7 @@ from engine.queue import (
     NewMessage,
     Purged,
     Settled,
+    SettledCheckedOut,
     check_receipt_text,
     encode_checkout,
     encode_discard,
@@ -37,12 +40,19 @@ from engine.queue import (
     encode_purge,
     encode_return,
     encode_settle,
+    encode_settle_checkout,
+    message_bytes,
     message_id,
     read_message,
 )
 from engine.raft.entry import Entry
 from engine.raft.server import Role
-from engine.runtime.api import BrowsedMessage, OutgoingMessage, ReceivedMessage, SettleResult
+from engine.runtime.api import (
+    BrowsedMessage,
+    OutgoingMessage,
+    ReceivedBatch,
+    SettleResult,
+)
 from engine.runtime.meta import CONSUMER_BYTES_MAX, check_message, decode_headers
 from engine.runtime.replica import Replica
 from engine.runtime.routing import (
@@ -147,82 +157,136 @@ class QueueOps:
         return batch
 
     async def receive(
-        self, name: str, consumer: str, max_messages: int, wait_ms: int, lease_ms: int | None
-    ) -> list[ReceivedMessage]:
+        self,
+        name: str,
+        consumer: str,
+        max_messages: int,
+        wait_ms: int,
+        lease_ms: int | None,
+        ack: list[str],
+    ) -> ReceivedBatch:
         ctx = self.ctx
         ctx.replica(name)
-        call = ReceiveCall(name, consumer, max_messages, wait_ms, lease_ms)
+        call = ReceiveCall(name, consumer, max_messages, wait_ms, lease_ms, ack)
         self.check(call)
         async with ctx.admit():
             result = await ctx.router.route(call)
-        assert isinstance(result, list)
+        assert isinstance(result, ReceivedBatch)
+        if not result.consistent():
+            raise WireError(f"queue {name}: a receive's answer whose lists differ in length")
         return result
 
     async def receive_local(
-        self, rep: Replica, consumer: str, max_messages: int, wait_ms: int, lease_ms: int | None
-    ) -> list[ReceivedMessage]:
+        self,
+        rep: Replica,
+        consumer: str,
+        max_messages: int,
+        wait_ms: int,
+        lease_ms: int | None,
+        ack: list[str],
+    ) -> ReceivedBatch:
+        """The first proposal settles ``ack`` and checks out in one entry; while nothing
+        is ready and ``wait_ms`` allows, later ones only check out. Once acks settled,
+        the answer says so even if leadership moved during the wait (no messages then),
+        so that a client does not take its settled acks for lost and retry them (they
+        would be reported stale)."""
         ctx = self.ctx
         loop = ctx.loop
         deadline = loop.time() + wait_ms / 1000
-        command = encode_checkout(consumer, max_messages, lease_ms or 0)
+        opened = [rep.seal.open(r) for r in ack]
+        pairs = [p for p in opened if p is not None]
+        checkout = encode_checkout(consumer, max_messages, lease_ms or 0)
+        command = (
+            encode_settle_checkout(pairs, consumer, max_messages, lease_ms or 0)
+            if pairs
+            else checkout
+        )
+        settled = SettleResult(0, tuple(range(len(ack))))
+        batch: ReceivedBatch | None = None
         while True:
-            result = await ctx.propose(rep, command, lambda r: self.deliveries(rep, r))
+            try:
+                result = await ctx.propose(rep, command, lambda r: self.deliveries(rep, r))
+            except NoLeader:
+                if batch is None or not pairs:
+                    raise
+                return replace(batch, settled=settled)  # the acks did settle
             assert isinstance(result, tuple)
-            messages, seq = result
+            batch, seq, settle_reply = result
+            assert isinstance(batch, ReceivedBatch)
+            if settle_reply is not None:
+                settled = _settle_result(opened, settle_reply)
+            command = checkout
             remaining = deadline - loop.time()
-            if messages or remaining <= 0:
-                return list(messages)
+            if batch.ids or remaining <= 0:
+                return replace(batch, settled=settled)
             while rep.available_seq <= seq and not rep.closed and not ctx.stopping:
                 waiter: asyncio.Future[None] = loop.create_future()
                 rep.available_waiters.append(waiter)
                 try:
                     await asyncio.wait_for(waiter, max(0.0, deadline - loop.time()))
                 except TimeoutError:
-                    return []
+                    return replace(batch, settled=settled)
             if ctx.stopping:
-                return []
+                return replace(batch, settled=settled)
             if rep.raft.role is not Role.LEADER:
+                if pairs:
+                    return replace(batch, settled=settled)
                 raise NoLeader(f"queue {rep.name}: leadership moved, retry")
 
-    def deliveries(self, rep: Replica, reply: object) -> tuple[list[ReceivedMessage], int]:
-        """Runs as the checkout applies: read each leased message from the log."""
+    def deliveries(self, rep: Replica, reply: object) -> tuple[ReceivedBatch, int, Settled | None]:
+        """Runs as the checkout (or settle-checkout) applies: read the leased messages
+        from the log, a run of entries at a time. (The batch, without its settle result;
+        the replica's availability count; the settle's reply.)"""
+        settled: Settled | None = None
+        if isinstance(reply, SettledCheckedOut):
+            settled, reply = reply.settled, reply.checked_out
         assert isinstance(reply, CheckedOut), reply
-        out: list[ReceivedMessage] = []
-        entries: dict[int, Entry] = {}
         machine = rep.machine
-        expires_ms = reply.lease_expires_ms
+        place = machine.ref_place
+        places = [place(ref) for ref in reply.refs]
+        entries = self.entries(rep, sorted({index for index, _slot in places}))
         seal = rep.seal.seal
-        for tag, ref, priority, count in zip(
-            reply.tags, reply.refs, reply.priorities, reply.delivery_counts, strict=True
-        ):
-            parts = machine.ref_parts(ref)
-            index, slot = parts.index, parts.slot
-            entry = entries.get(index)
-            if entry is None:
-                entry = entries[index] = self.entry(rep, index)
-            view = read_message(entry.data, slot)
-            out.append(
-                ReceivedMessage(
-                    id=message_id(index, slot),
-                    receipt=seal(tag, ref),
-                    body=bytes(view.body),
-                    headers=decode_headers(view.headers),
-                    priority=priority,
-                    delivery_count=count,
-                    published_at_ms=entry.now_ms,
-                    lease_expires_at_ms=expires_ms,
-                )
-            )
-        return out, rep.available_seq
+        ids: list[int] = []
+        receipts: list[str] = []
+        bodies: list[bytes] = []
+        headers: list[dict[str, str]] = []
+        published: list[int] = []
+        for tag, ref, (index, slot) in zip(reply.tags, reply.refs, places, strict=True):
+            entry = entries[index]
+            body, raw_headers = message_bytes(entry.data, slot)
+            ids.append(message_id(index, slot))
+            receipts.append(seal(tag, ref))
+            bodies.append(body)
+            headers.append(decode_headers(raw_headers) if raw_headers else {})
+            published.append(entry.now_ms)
+        batch = ReceivedBatch(
+            _NOTHING_SETTLED,
+            ids,
+            receipts,
+            bodies,
+            headers,
+            list(reply.priorities),
+            list(reply.delivery_counts),
+            published,
+            reply.lease_expires_ms,
+        )
+        return batch, rep.available_seq, settled
 
     def entry(self, rep: Replica, index: int) -> Entry:
-        entry = rep.installed_live.get(index)
-        if entry is not None:
-            return entry
+        return self.entries(rep, [index])[index]
+
+    def entries(self, rep: Replica, indexes: list[int]) -> dict[int, Entry]:
+        """The entries at ``indexes`` (ascending, distinct) by index: those of an
+        installed snapshot, the others from the log, a run of consecutive indexes per
+        read (``ServerLog.read_many``), not one read per entry."""
+        installed = rep.installed_live
+        found = {i: installed[i] for i in indexes if i in installed} if installed else {}
+        wanted = [i for i in indexes if i not in found] if found else indexes
         try:
-            return rep.log.read(index)
+            for entry in rep.log.read_many(wanted, self.ctx.limits.read_run_bytes_max):
+                found[entry.index] = entry
         except LookupError as e:
-            raise StorageFailed(f"queue {rep.name}: entry {index} is missing") from e
+            raise StorageFailed(f"queue {rep.name}: {e}") from e
         except EntryDamaged as e:
             # With peers, the replica stops (a leader steps down) and is repaired at the
             # next start; the message, leased to nobody who got it, is delivered again by
@@ -230,6 +294,7 @@ class QueueOps:
             if len(rep.meta.members) > 1:
                 self.ctx.hosting.damaged(rep, e)
             raise
+        return found
 
     async def ack(self, name: str, receipts: list[str]) -> SettleResult:
         return await self.settle(name, "ack", receipts, 0)
@@ -278,12 +343,7 @@ class QueueOps:
             command = encode_extend(pairs, lease_ms)
         reply = await self.ctx.propose(rep, command)
         assert isinstance(reply, Settled), reply
-        if len(pairs) == len(receipts):
-            return SettleResult(reply.count, reply.stale)
-        sent = [i for i, p in enumerate(opened) if p is not None]
-        refused = [i for i, p in enumerate(opened) if p is None]
-        stale = sorted(refused + [sent[k] for k in reply.stale])
-        return SettleResult(reply.count, tuple(stale))
+        return _settle_result(opened, reply)
 
     async def browse(self, name: str, after: int | None, limit: int) -> list[BrowsedMessage]:
         ctx = self.ctx
@@ -328,6 +388,19 @@ class QueueOps:
         return reply.count
 
 
+_NOTHING_SETTLED = SettleResult(0, ())
+
+
+def _settle_result(opened: list[tuple[int, int] | None], reply: Settled) -> SettleResult:
+    """The answer to receipts ``opened`` by the seal, of which those not ``None`` were
+    proposed and answered by ``reply``: the others are stale too, in their places."""
+    if all(p is not None for p in opened):
+        return SettleResult(reply.count, reply.stale)
+    sent = [i for i, p in enumerate(opened) if p is not None]
+    refused = [i for i, p in enumerate(opened) if p is None]
+    return SettleResult(reply.count, tuple(sorted(refused + [sent[k] for k in reply.stale])))
+
+
 def _check_receive(call: ReceiveCall, limits: Limits) -> None:
     if not 1 <= len(call.consumer.encode()) <= CONSUMER_BYTES_MAX:
         raise ValidationFailed(f"consumer is 1..{CONSUMER_BYTES_MAX} bytes")
@@ -337,14 +410,19 @@ def _check_receive(call: ReceiveCall, limits: Limits) -> None:
         raise ValidationFailed(f"wait_ms must be 0..{limits.receive_wait_ms_max}")
     if call.lease_ms is not None and not 1 <= call.lease_ms <= limits.lease_ms_max:
         raise ValidationFailed(f"lease_ms must be 1..{limits.lease_ms_max}")
+    _check_receipts(call.ack, limits)
 
 
 def _check_settle(call: SettleCall, limits: Limits) -> None:
     if call.how == "extend" and not 1 <= call.lease_ms <= limits.lease_ms_max:
         raise ValidationFailed(f"lease_ms must be 1..{limits.lease_ms_max}")
-    if len(call.receipts) > limits.receive_messages_max:
+    _check_receipts(call.receipts, limits)
+
+
+def _check_receipts(receipts: list[str], limits: Limits) -> None:
+    if len(receipts) > limits.receive_messages_max:
         raise ValidationFailed(f"at most {limits.receive_messages_max} receipts")
-    for r in call.receipts:
+    for r in receipts:
         check_receipt_text(r)
 
 

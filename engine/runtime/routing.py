@@ -69,6 +69,8 @@ class ReceiveCall:
     max_messages: int
     wait_ms: int
     lease_ms: int | None
+    ack: list[str]
+    """Receipts to settle in the same entry as the checkout (none: a plain checkout)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,7 +244,7 @@ class Router:
             return await ops.publish_local(rep, call.messages)
         if isinstance(call, ReceiveCall):
             return await ops.receive_local(
-                rep, call.consumer, call.max_messages, call.wait_ms, call.lease_ms
+                rep, call.consumer, call.max_messages, call.wait_ms, call.lease_ms, call.ack
             )
         if isinstance(call, SettleCall):
             return await ops.settle_local(rep, call.how, call.receipts, call.lease_ms)

@@ -49,6 +49,7 @@ from engine.runtime.api import (
     OutgoingMessage,
     QueueArgs,
     QueueInfo,
+    ReceivedBatch,
     ReceivedMessage,
     SettleResult,
 )
@@ -106,6 +107,7 @@ register(
         ReceivedMessage,
         BrowsedMessage,
         SettleResult,
+        ReceivedBatch,
     )
 )
 _ERRORS: dict[str, type[errors.QuorraError]] = {

@@ -6,7 +6,8 @@ Publishers send batches (one entry each) with a dedup id per message and retry a
 unknown outcome with the same ids, so a retried publish is idempotent. Consumers check
 out a few messages, read each body from the log of the server that answered (through
 the same path as the runtime: ``ref_parts`` then ``read_message``), then ack, nack with
-requeue, or walk away and let the lease expire. A timer proposes the expire command.
+requeue, ack with their next checkout (one settle-checkout entry, as a receive carrying
+acks), or walk away and let the lease expire. A timer proposes the expire command.
 
 Checked: no confirmed message lost (each one published and never sent a settle is still
 held by the queue at the end; one whose settle had an unknown outcome may be gone); no settled message delivered again; per priority level, first
@@ -44,11 +45,13 @@ from engine.queue import (
     QueueMachine,
     QueuePolicy,
     Settled,
+    SettledCheckedOut,
     encode_checkout,
     encode_enqueue,
     encode_expire,
     encode_return,
     encode_settle,
+    encode_settle_checkout,
     message_id,
     read_message,
 )
@@ -70,7 +73,8 @@ STATE_DIGEST_EVERY = 7
 @dataclass(slots=True)
 class _Request:
     kind: str
-    """``publish``, ``checkout``, ``settle``, ``return`` or ``expire``."""
+    """``publish``, ``checkout``, ``settle_checkout``, ``settle``, ``return`` or
+    ``expire``."""
     client: int
     command: bytes
     deadline_ms: int
@@ -82,7 +86,7 @@ class _Request:
     bodies: list[tuple[bytes, int]] = field(default_factory=list)
     """For a publish: (body, priority) of each message."""
     receipts: list[tuple[int, int, int]] = field(default_factory=list)
-    """For settle/return: (tag, ref, message id)."""
+    """For settle/return/settle_checkout: (tag, ref, message id)."""
 
 
 class QueueWorkload(Observer):
@@ -113,6 +117,8 @@ class QueueWorkload(Observer):
         """Message id -> index of the settle entry that took effect."""
         self.settle_sent: set[int] = set()
         """Message ids some settle was sent for (its outcome may stay unknown)."""
+        self.acks_for_next: dict[int, list[tuple[int, int, int]]] = {}
+        """Consumer -> receipts its next checkout carries (a settle-checkout)."""
         self.deliveries: list[tuple[int, int, int, int, int]] = []
         """(checkout index, position, priority, message id, delivery count)."""
         self.digests: dict[int, bytes] = {}
@@ -161,8 +167,19 @@ class QueueWorkload(Observer):
         self._send(world, req)
 
     def _checkout(self, world: World, client: int) -> None:
-        command = encode_checkout(f"c{client}", self.rng.randint(1, 4))
-        self._send(world, _Request("checkout", client, command, world.now_ms + self.timeout_ms))
+        consumer, n = f"c{client}", self.rng.randint(1, 4)
+        acks = self.acks_for_next.pop(client, [])
+        deadline_ms = world.now_ms + self.timeout_ms
+        if not acks:
+            self._send(
+                world, _Request("checkout", client, encode_checkout(consumer, n), deadline_ms)
+            )
+            return
+        pairs = [(tag, ref) for tag, ref, _mid in acks]
+        command = encode_settle_checkout(pairs, consumer, n)
+        req = _Request("settle_checkout", client, command, deadline_ms)
+        req.receipts = acks
+        self._send(world, req)
 
     def _expire(self, world: World) -> None:
         world.schedule(EXPIRE_EVERY_MS, lambda: self._expire(world))
@@ -204,7 +221,7 @@ class QueueWorkload(Observer):
     def _next(self, world: World, req: _Request) -> None:
         if req.kind == "publish":
             self._later(world, lambda: self._publish(world, req.client))
-        elif req.kind == "checkout":
+        elif req.kind in ("checkout", "settle_checkout"):
             self._later(world, lambda: self._checkout(world, req.client))
 
     # --- answers from servers ------------------------------------------------------------
@@ -260,13 +277,21 @@ class QueueWorkload(Observer):
         elif req.kind == "checkout":
             assert isinstance(reply, CheckedOut), reply
             self._on_delivered(world, node, entry, req, list(reply.deliveries))
+        elif req.kind == "settle_checkout":
+            assert isinstance(reply, SettledCheckedOut), reply
+            self._on_settled(entry, req, reply.settled)
+            self._on_delivered(world, node, entry, req, list(reply.checked_out.deliveries))
         elif req.kind in ("settle", "return"):
             assert isinstance(reply, Settled), reply
-            stale = set(reply.stale)
-            for k, (_tag, _ref, mid) in enumerate(req.receipts):
-                if k not in stale and req.kind == "settle":
-                    self.settled[mid] = entry.index
+            if req.kind == "settle":
+                self._on_settled(entry, req, reply)
         self._next(world, req)
+
+    def _on_settled(self, entry: Entry, req: _Request, reply: Settled) -> None:
+        stale = set(reply.stale)
+        for k, (_tag, _ref, mid) in enumerate(req.receipts):
+            if k not in stale:
+                self.settled[mid] = entry.index
 
     def _on_delivered(
         self, world: World, node: SimNode, entry: Entry, req: _Request, got: list[Delivery]
@@ -287,8 +312,12 @@ class QueueWorkload(Observer):
         if not receipts:
             return
         roll = self.rng.randrange(20)
-        if roll < 15:
+        if roll < 10:
             kind, encode = "settle", encode_settle
+        elif roll < 15:
+            self.settle_sent.update(mid for _tag, _ref, mid in receipts)
+            self.acks_for_next[req.client] = receipts  # the next checkout carries them
+            return
         elif roll < 17:
             kind, encode = "return", encode_return
         else:

@@ -15,6 +15,7 @@ WAL roll takes exactly the entries of the rolled file and no others.
 from __future__ import annotations
 
 import bisect
+import itertools
 from dataclasses import dataclass
 
 from pyroaring import BitMap64
@@ -257,6 +258,44 @@ class ServerLog:
                 found = self._cache.get(seg.info).read(index)
                 if found is not None:
                     return found
+        raise LookupError(f"entry {index} of {self.uid} is not stored")
+
+    def read_many(self, indexes: list[int], run_bytes_max: int) -> list[Entry]:
+        """The entries at ``indexes`` (ascending, distinct), as ``read`` gives them: each
+        run of consecutive indexes is read from one place at a time, one ``pread`` per
+        segment and at most ``run_bytes_max`` (but at least one entry), not one per
+        entry. Raises as ``read`` does."""
+        assert all(a < b for a, b in itertools.pairwise(indexes)), indexes
+        out: list[Entry] = []
+        k, n = 0, len(indexes)
+        while k < n:
+            j = k + 1
+            while j < n and indexes[j] == indexes[j - 1] + 1:
+                j += 1
+            index, end = indexes[k], indexes[j - 1] + 1
+            while index < end:
+                run = self._stored_run(index, end, run_bytes_max)
+                out += run
+                index = run[-1].index + 1
+            k = j
+        return out
+
+    def _stored_run(self, index: int, end: int, max_bytes: int) -> list[Entry]:
+        """Entries from ``index`` below ``end`` from one place (``read``'s places: the
+        mem table or one segment), at least one; ``LookupError`` if ``index`` is absent."""
+        if 0 < index <= self._last:
+            end = min(end, self._last + 1)
+            mem = self.mem
+            if len(mem) and mem.lo <= index <= mem.hi:
+                return mem.slice(index, min(end, mem.hi + 1))
+            seg = self._segment_for(index)
+            if seg is not None:
+                if len(mem) and index < mem.lo:
+                    end = min(end, mem.lo)
+                stop = min(end, seg.hi + 1)
+                run = self._cache.get(seg.info).read_run(index, stop, max_bytes)
+                if run:
+                    return run
         raise LookupError(f"entry {index} of {self.uid} is not stored")
 
     def entry(self, index: int) -> Entry:

@@ -243,6 +243,9 @@ def test_forbidden_queues_get_the_routes_403(app: FastAPI, client: TestClient) -
         ("/receive", {"max_messages": "5"}, 422),  # strict: text is no integer
         ("/receive", {"consumer": ""}, 422),
         ("/receive", {"surprise": 1}, 422),
+        ("/receive", {"ack": ["XYZ"]}, 422),
+        ("/receive", {"ack": "0" * RECEIPT_CHARS}, 422),
+        ("/receive", {"ack": ["0" * RECEIPT_CHARS] * 1001}, 422),
         ("/ack", {"receipts": []}, 422),
         ("/ack", {"receipts": ["XYZ"]}, 422),
         ("/ack", {"receipts": ["0" * RECEIPT_CHARS + "\n"]}, 422),
@@ -268,6 +271,7 @@ def test_invalid_receives_and_settles_get_the_routes_answer(
     [
         ("", {"messages": [{"body": "x"}]}),
         ("/receive", {"max_messages": 3}),
+        ("/receive", {"max_messages": 3, "ack": ["0" * RECEIPT_CHARS]}),
         ("/ack", {"receipts": ["0" * RECEIPT_CHARS]}),
         ("/nack", {"receipts": ["0" * RECEIPT_CHARS], "requeue": False}),
         ("/extend", {"receipts": ["0" * RECEIPT_CHARS], "lease_ms": 1000}),
@@ -340,6 +344,45 @@ def test_publish_receive_ack_answer_alike(app: FastAPI, client: TestClient) -> N
         for hot, receipt in zip((True, False), receipts, strict=True)
     ]
     assert nacked[0][0].content == nacked[1][0].content == b'{"settled":1,"stale":[]}'
+
+
+def test_a_receive_carrying_acks_answers_alike(app: FastAPI, client: TestClient) -> None:
+    """Each path receives a batch carrying the previous batch's receipts (and a forged
+    one); both settle theirs and report the same stale receipts, in JSON and msgpack."""
+    q = _queue(client, "hot-piggyback")
+    base = f"/api/v1/queues/{q}/messages"
+    batch = {"messages": [{"body": str(k)} for k in range(6)]}
+    assert client.post(base, json=batch).status_code == 201
+    forged = "0" * RECEIPT_CHARS
+    first = [_body(client.post(f"{base}/receive", json={"max_messages": 1}))["messages"]]
+    first.append(_body(client.post(f"{base}/receive", json={"max_messages": 1}))["messages"])
+    got = []
+    for hot, previous in ((True, first[0]), (False, first[1])):
+        ack = [previous[0]["receipt"], forged]
+        answer, served = _send(
+            app, client, hot, f"{base}/receive", {"json": {"max_messages": 2, "ack": ack}}
+        )
+        assert served is hot and answer.status_code == 200, answer.text
+        body = _body(answer)
+        assert (body["settled"], body["stale"]) == (1, [forged])
+        got.append(body["messages"])
+    assert [[m["body"] for m in g] for g in got] == [["2", "3"], ["4", "5"]]
+    assert client.get(f"/api/v1/queues/{q}").json()["stats"]["messages_unacked"] == 4
+
+    headers = {"Content-Type": MSGPACK, "Accept": MSGPACK}
+    answers = []
+    for hot, previous in ((True, got[0]), (False, got[1])):
+        asked = msgpack.packb({"max_messages": 5, "ack": [m["receipt"] for m in previous]})
+        answer, served = _send(
+            app, client, hot, f"{base}/receive", {"content": asked, "headers": headers}
+        )
+        assert served is hot and answer.headers["content-type"] == MSGPACK
+        answers.append(_body(answer))
+    assert answers == [{"messages": [], "settled": 2, "stale": []}] * 2
+    stale = [m["receipt"] for m in got[0]]
+    again = same(app, client, f"{base}/receive", served=True, json={"ack": stale})
+    assert again.status_code == 200
+    assert _body(again) == {"messages": [], "settled": 0, "stale": stale}
 
 
 def test_msgpack_both_ways_answers_alike(app: FastAPI, client: TestClient) -> None:
@@ -461,28 +504,6 @@ def test_the_publish_parser_accepts_only_what_the_model_accepts(messages: Any) -
     assert parsed == expected
 
 
-@settings(max_examples=300, deadline=None)
-@given(
-    st.dictionaries(
-        st.sampled_from(["max_messages", "wait_ms", "lease_ms", "consumer", "x"]),
-        st.one_of(_INTS, _TEXT, st.sampled_from([1000, 1001, 20000, 20001, 43200000, 43200001])),
-        max_size=4,
-    )
-)
-@example({"max_messages": 1000, "wait_ms": 20000, "lease_ms": 1, "consumer": "c"})
-def test_the_receive_parser_accepts_only_what_the_model_accepts(payload: dict[str, Any]) -> None:
-    parsed = receive_args(payload)
-    if parsed is None:
-        return
-    model = ReceiveIn.model_validate(payload)
-    assert (parsed.max_messages, parsed.wait_ms, parsed.lease_ms, parsed.consumer) == (
-        model.max_messages,
-        model.wait_ms,
-        model.lease_ms,
-        model.consumer,
-    )
-
-
 _RECEIPT = st.one_of(
     st.from_regex(rf"[0-9a-f]{{{RECEIPT_CHARS}}}", fullmatch=True),
     st.text(
@@ -491,6 +512,37 @@ _RECEIPT = st.one_of(
     st.integers(),
     st.binary(),
 )
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from(["max_messages", "wait_ms", "lease_ms", "consumer", "ack", "x"]),
+        st.one_of(
+            _INTS,
+            _TEXT,
+            st.sampled_from([1000, 1001, 20000, 20001, 43200000, 43200001]),
+            st.lists(_RECEIPT, max_size=3),
+        ),
+        max_size=4,
+    )
+)
+@example({"max_messages": 1000, "wait_ms": 20000, "lease_ms": 1, "consumer": "c"})
+@example({"ack": []})
+@example({"ack": None, "max_messages": 5})
+@example({"ack": ["0" * RECEIPT_CHARS, "f" * RECEIPT_CHARS]})
+def test_the_receive_parser_accepts_only_what_the_model_accepts(payload: dict[str, Any]) -> None:
+    parsed = receive_args(payload)
+    if parsed is None:
+        return
+    model = ReceiveIn.model_validate(payload)
+    assert (parsed.max_messages, parsed.wait_ms, parsed.lease_ms, parsed.consumer, parsed.ack) == (
+        model.max_messages,
+        model.wait_ms,
+        model.lease_ms,
+        model.consumer,
+        model.ack,
+    )
 
 
 @settings(max_examples=300, deadline=None)

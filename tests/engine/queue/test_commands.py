@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -24,7 +26,9 @@ from engine.queue import (
     encode_purge,
     encode_return,
     encode_settle,
+    encode_settle_checkout,
     enqueue_count,
+    message_bytes,
     read_message,
 )
 from engine.queue.commands import (
@@ -33,6 +37,7 @@ from engine.queue.commands import (
     decode_policy,
     decode_receipts,
     enqueue_records,
+    split_settle_checkout,
 )
 from engine.raft.state_machine import ApplyMeta
 
@@ -57,6 +62,7 @@ def test_enqueue_entry_round_trip(messages: list[NewMessage]) -> None:
     for k, m in enumerate(messages):
         view = read_message(entry, k)
         assert bytes(view.body) == m.body and bytes(view.headers) == m.headers
+        assert message_bytes(entry, k) == (m.body, m.headers)
         assert (view.priority, view.ttl_ms, view.delay_ms, view.dedup_id) == (
             m.priority,
             m.ttl_ms,
@@ -98,6 +104,67 @@ def test_other_commands_round_trip() -> None:
     }
     assert command_kind(encode_purge()) is Kind.PURGE
     assert command_kind(encode_expire()) is Kind.EXPIRE
+
+
+def test_settle_checkout_holds_a_settle_and_a_checkout_whole() -> None:
+    receipts = [(1, 2), ((1 << 64) - 1, 5)]
+    entry = encode_settle_checkout(receipts, "consumer-é", 100, 5000)
+    assert command_kind(entry) is Kind.SETTLE_CHECKOUT
+    settle, checkout = split_settle_checkout(entry)
+    assert settle == encode_settle(receipts)
+    assert checkout == encode_checkout("consumer-é", 100, 5000)
+    assert split_settle_checkout(encode_settle_checkout([], "c", 1)) == (
+        encode_settle([]),
+        encode_checkout("c", 1),
+    )
+
+
+def _settle_checkout(settle: bytes, checkout: bytes, settle_len: int | None = None) -> bytes:
+    n = len(settle) if settle_len is None else settle_len
+    return b"A\x01" + n.to_bytes(4, "little") + settle + checkout
+
+
+MALFORMED_SETTLE_CHECKOUTS: dict[str, Callable[[bytes, bytes], bytes]] = {
+    "head only": lambda s, c: b"A\x01",
+    "short head": lambda s, c: b"A\x01\x00\x00",
+    "no checkout": lambda s, c: _settle_checkout(s, b""),
+    "short checkout": lambda s, c: _settle_checkout(s, c[:-1]),
+    "settle length too long": lambda s, c: _settle_checkout(s, c, len(s) + 3),
+    "settle length too short": lambda s, c: _settle_checkout(s, c, len(s) - 1),
+    "short settle": lambda s, c: _settle_checkout(s[:-1], c),
+    "a return, not a settle": lambda s, c: _settle_checkout(b"R" + s[1:], c),
+    "a settle, not a checkout": lambda s, c: _settle_checkout(s, b"S" + c[1:]),
+    "settle of another version": lambda s, c: _settle_checkout(s[:1] + b"\x02" + s[2:], c),
+    "checkout inside the settle": lambda s, c: _settle_checkout(s + c, b""),
+    "settle count beyond its bytes": lambda s, c: _settle_checkout(s[:2] + b"\x02" + s[3:], c),
+}
+
+
+@pytest.mark.parametrize(
+    "build", MALFORMED_SETTLE_CHECKOUTS.values(), ids=MALFORMED_SETTLE_CHECKOUTS
+)
+def test_a_malformed_settle_checkout_settles_nothing(
+    build: Callable[[bytes, bytes], bytes],
+) -> None:
+    """The settle part names a live lease: nothing of it may be applied when the entry
+    as a whole does not parse."""
+    machine = QueueMachine()
+    machine.apply(ApplyMeta(1, 1, 10), encode_enqueue([NewMessage(b"a"), NewMessage(b"b")]))
+    machine.apply(ApplyMeta(2, 1, 10), encode_checkout("c", 1))
+    leased = machine.pending_items()
+    before = machine.stats()
+    garbage = build(encode_settle(leased), encode_checkout("c", 5))
+    reply, effects = machine.apply(ApplyMeta(3, 1, 10), garbage)
+    assert isinstance(reply, Rejected) and reply.error is InvalidRequest, reply
+    assert effects == []
+    after = machine.stats()
+    assert (after.messages_unacked, after.messages_ready, after.acked, after.delivered) == (
+        before.messages_unacked,
+        before.messages_ready,
+        before.acked,
+        before.delivered,
+    )
+    assert machine.pending_items() == leased
 
 
 @pytest.mark.parametrize(

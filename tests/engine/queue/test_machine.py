@@ -25,6 +25,7 @@ from engine.queue import (
     QueuePolicy,
     Rejected,
     Settled,
+    SettledCheckedOut,
     encode_checkout,
     encode_dead_letter_confirm,
     encode_discard,
@@ -35,6 +36,7 @@ from engine.queue import (
     encode_purge,
     encode_return,
     encode_settle,
+    encode_settle_checkout,
     message_id,
 )
 from engine.raft.state_machine import ApplyMeta, CheckpointRequest, ReleaseCursor
@@ -96,6 +98,70 @@ def test_publish_checkout_settle() -> None:
     assert (reply, effects) == (Settled(2, ()), [])
     s = q.machine.stats()
     assert (s.messages_unacked, s.acked, s.delivered, s.published) == (0, 2, 2, 2)
+    assert list(q.machine.live_indexes()) == []
+
+
+def test_a_receive_carrying_acks_settles_then_checks_out_in_one_entry() -> None:
+    """The same replies, leases and counts as a settle and a checkout one after the
+    other; a forged receipt (right tag, wrong ref) is stale by its position."""
+    one, two = Q(lease_ms=1000), Q(lease_ms=1000)
+    for q in (one, two):
+        q.publish(*[bytes([65 + k]) for k in range(5)])
+        q.now += 10
+    first = one.take(2)
+    assert two.take(2) == first
+    acks = [*receipts(first), (first[0].tag, first[0].ref ^ 1)]
+    reply, effects = one.apply(encode_settle_checkout(acks, "c", 2, 500))
+    assert effects == []
+    settled, _ = two.apply(encode_settle(acks))
+    checked_out, _ = two.apply(encode_checkout("c", 2, 500))
+    assert (
+        reply
+        == SettledCheckedOut(settled, checked_out)
+        == SettledCheckedOut(
+            Settled(2, (2,)),
+            CheckedOut((3, 4), checked_out.refs, (0, 0), (1, 1), one.now + 500),
+        )
+    )
+    assert one.bodies(list(reply.checked_out.deliveries)) == [1026, 1027]
+    a, b = one.machine.stats(), two.machine.stats()
+    assert (a.messages_ready, a.messages_unacked, a.acked, a.delivered) == (1, 2, 2, 4)
+    assert (a.messages_ready, a.messages_unacked, a.acked, a.delivered) == (
+        b.messages_ready,
+        b.messages_unacked,
+        b.acked,
+        b.delivered,
+    )
+    assert one.machine.pending_items() == two.machine.pending_items()
+
+
+def test_a_receive_carrying_an_ended_lease_reports_it_stale_and_redelivers_it() -> None:
+    """The lease of the acked message ended (the leader's timer) before the entry: the
+    ack is stale, and the checkout of the same entry hands the message out again, one
+    delivery more."""
+    q = Q(lease_ms=1000)
+    q.publish(b"a")
+    [first] = q.take()
+    q.now += 1000
+    assert q.apply(encode_expire())[0] == Expired(1, 0, 0)
+    reply, effects = q.apply(encode_settle_checkout(receipts([first]), "c", 10))
+    assert effects == []
+    assert isinstance(reply, SettledCheckedOut)
+    assert reply.settled == Settled(0, (0,))
+    [again] = reply.checked_out.deliveries
+    assert (again.ref, again.tag, again.delivery_count) == (first.ref, 2, 2)
+    assert q.machine.stats().acked == 0
+
+
+def test_a_receive_carrying_acks_on_an_empty_queue_still_settles() -> None:
+    q = Q()
+    q.publish(b"a", b"b")
+    got = q.take()
+    reply, effects = q.apply(encode_settle_checkout(receipts(got), "c", 10))
+    assert (reply, effects) == (
+        SettledCheckedOut(Settled(2, ()), CheckedOut((), (), (), (), q.now + 30_000)),
+        [],
+    )
     assert list(q.machine.live_indexes()) == []
 
 

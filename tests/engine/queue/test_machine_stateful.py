@@ -30,6 +30,7 @@ from engine.queue import (
     QueuePolicy,
     Rejected,
     Settled,
+    SettledCheckedOut,
     encode_checkout,
     encode_dead_letter_confirm,
     encode_discard,
@@ -40,6 +41,7 @@ from engine.queue import (
     encode_purge,
     encode_return,
     encode_settle,
+    encode_settle_checkout,
     message_id,
 )
 from engine.raft.state_machine import ApplyMeta, CheckpointRequest, ReleaseCursor
@@ -205,6 +207,36 @@ class QueueMachineVsModel(RuleBasedStateMachine):
         assert isinstance(reply, CheckedOut)
         got = []
         for d in reply.deliveries:
+            parts = self.machine.ref_parts(d.ref)
+            mid = message_id(parts.index, parts.slot)
+            got.append((d.tag, mid, d.priority, d.delivery_count))
+            self.receipts.append((d.tag, d.ref, mid))
+        assert got == expected
+        del self.receipts[:-60]
+
+    @rule(
+        data=st.data(),
+        consumer=st.sampled_from(["c1", "c2"]),
+        n=st.one_of(st.integers(1, 8), st.integers(17, 24)),
+        lease_ms=st.one_of(st.just(0), st.integers(1, 3000)),
+    )
+    def settle_checkout(self, data: st.DataObject, consumer: str, n: int, lease_ms: int) -> None:
+        """A receive carrying acks: the model settles, then checks out, at one index."""
+        chosen = self._receipts(data) if self.receipts else []
+        pairs = [(tag, ref) for tag, ref, _mid in chosen]
+        model_receipts = self.receipts_for_model(chosen)
+
+        def on_model() -> tuple[list[bool], list[tuple[int, int, int, int]]]:
+            return self.model.settle(model_receipts), self.model.checkout(consumer, n, lease_ms)
+
+        reply, (ok, expected) = self.step(
+            encode_settle_checkout(pairs, consumer, n, lease_ms), on_model
+        )
+        assert isinstance(reply, SettledCheckedOut)
+        stale = tuple(k for k, good in enumerate(ok) if not good)
+        assert reply.settled == Settled(sum(ok), stale)
+        got = []
+        for d in reply.checked_out.deliveries:
             parts = self.machine.ref_parts(d.ref)
             mid = message_id(parts.index, parts.slot)
             got.append((d.tag, mid, d.priority, d.delivery_count))

@@ -44,7 +44,19 @@ def test_a_receipt_is_good_on_its_own_queue_and_key_only(tag: int, ref: int) -> 
 
 @pytest.mark.parametrize(
     "text",
-    ["", "xyz", "0" * 32, "g" * 64, "A" * 64, "1" * 63, "1" * 65, " " * 64, "00 " * 21 + "0"],
+    [
+        "",
+        "xyz",
+        "0" * 32,
+        "g" * 64,
+        "A" * 64,
+        "1" * 63,
+        "1" * 65,
+        " " * 64,
+        "00 " * 21 + "0",
+        "0" * 64 + "\n",
+        "\u0660" * 64,
+    ],
 )
 def test_malformed_receipts(text: str) -> None:
     with pytest.raises(InvalidRequest):

@@ -66,6 +66,7 @@ def test_pack_round_trip_at_every_boundary(index: int, size: int, batch: int) ->
         assert 0 < ref < 1 << 64
         assert _form(ref) == _expected_form(index, size, batch)
         assert table.unpack(ref) == RefParts(index, slot, size)
+        assert table.place(ref) == (index, slot)
         if not is_fallback(ref):
             assert unpack_compact(ref) == RefParts(index, slot, size)
             assert try_pack(index, slot, size, batch) == ref
@@ -225,3 +226,4 @@ def test_vectorised_indexes_and_sizes_agree_with_unpack(
     unpacked = [table.unpack(int(r)) for r in refs]
     assert indexes_of(refs, table).tolist() == [u.index for u in unpacked]
     assert sizes_of(refs, table).tolist() == [u.size for u in unpacked]
+    assert [table.place(int(r)) for r in refs] == [(u.index, u.slot) for u in unpacked]

@@ -133,7 +133,7 @@ def test_a_forwarded_call_is_checked_on_the_leaders_node(tmp_path: Path) -> None
     async def body() -> None:
         async with pair(tmp_path) as (n1, n2):
             to_n1 = n2.transport
-            huge = ReceiveCall("q", "c", 10**9, 10**9, None)
+            huge = ReceiveCall("q", "c", 10**9, 10**9, None, [])
             with pytest.raises(ValidationFailed, match="max_messages"):
                 await to_n1.call(n1.name, huge)
             meta = QueueMeta("x", "../../escape", QueueArgs(replicas=1), 0, ("n1",))

@@ -37,8 +37,9 @@ CALLS: list[object] = [
     DeleteReplica("uid"),
     PublishRouted("d", BATCH),
     PublishCall("q", BATCH),
-    ReceiveCall("q", "c", 10, 0, None),
-    ReceiveCall("q", "c", 10, 500, 30_000),
+    ReceiveCall("q", "c", 10, 0, None, []),
+    ReceiveCall("q", "c", 10, 500, 30_000, []),
+    ReceiveCall("q", "c", 100, 0, None, ["r" * 64, "s" * 64]),
     SettleCall("q", "extend", ["r" * 32], 1_000),
     BrowseCall("q", None, 10),
     BrowseCall("q", 7, 10),
@@ -66,7 +67,9 @@ BAD: list[object] = [
     PublishCall(1, BATCH),  # type: ignore[arg-type]
     PublishCall("q", [b"body"]),  # type: ignore[list-item]
     PublishCall("q", tuple(BATCH)),  # type: ignore[arg-type]
-    ReceiveCall("q", "c", 10, None, None),  # type: ignore[arg-type]
+    ReceiveCall("q", "c", 10, None, None, []),  # type: ignore[arg-type]
+    ReceiveCall("q", "c", 10, 0, None, [1]),  # type: ignore[list-item]
+    ReceiveCall("q", "c", 10, 0, None, None),  # type: ignore[arg-type]
     SettleCall("q", "eat", ["r"], 0),  # type: ignore[arg-type]
     BrowseCall("q", "7", 10),  # type: ignore[arg-type]
     UpdatePolicyCall("q", {1: 3}),  # type: ignore[dict-item]

@@ -54,7 +54,7 @@ ITEMS = [
         ),
     ),
     Item(Kind.CALL, 7, PublishCall("q", [OutgoingMessage(b"b", {"k": "v"}, 2, 100, 5, "id")])),
-    Item(Kind.CALL, 8, ReceiveCall("q", "c", 10, 500, None)),
+    Item(Kind.CALL, 8, ReceiveCall("q", "c", 10, 500, None, [])),
     Item(Kind.ANSWER, 7, [1, 2, 3]),
     Item(Kind.FAILURE, 8, QueueNotFound("no queue q")),
     Item(Kind.PING, 123456, None),

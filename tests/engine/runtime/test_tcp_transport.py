@@ -436,8 +436,8 @@ def test_each_method_has_its_deadline_and_a_long_poll_adds_its_wait() -> None:
     appear, one proposal), a long-poll receive by that plus its wait; the calls of
     several steps (replicas, members) by the default deadline."""
     proposal_ms = LIMITS.leader_wait_ms + LIMITS.proposal_timeout_ms
-    short = ReceiveCall("q", "c", 10, 0, None)
-    long_poll = ReceiveCall("q", "c", 10, 20_000, None)
+    short = ReceiveCall("q", "c", 10, 0, None, [])
+    long_poll = ReceiveCall("q", "c", 10, 20_000, None, [])
     assert call_deadline_ms(short, LIMITS) == proposal_ms
     assert call_deadline_ms(long_poll, LIMITS) == proposal_ms + 20_000
     assert call_deadline_ms(PublishCall("q", []), LIMITS) == proposal_ms

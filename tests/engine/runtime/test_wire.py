@@ -31,6 +31,7 @@ from engine.runtime.api import (
     OutgoingMessage,
     QueueArgs,
     QueueInfo,
+    ReceivedBatch,
     ReceivedMessage,
     SettleResult,
 )
@@ -86,6 +87,17 @@ VALUES: list[object] = [
     [ReceivedMessage(1, "r" * 32, b"x", {}, 0, 1, 2, 3)],
     [BrowsedMessage(1, 2, b"x", {"a": "b"}, 1, 0, 5)],
     SettleResult(2, (1,)),
+    ReceivedBatch(
+        SettleResult(1, (0,)),
+        [1, 2],
+        ["r" * 64] * 2,
+        [b"x", b""],
+        [{}, {"k": "v"}],
+        [0, 9],
+        [1, 2],
+        [5, 6],
+        7,
+    ),
     ["publish", "q", None, 1, {"max_length": 3}],
 ]
 
@@ -317,3 +329,26 @@ def test_other_extensions_and_error_shapes_are_refused() -> None:
     ):
         with pytest.raises(wire.WireError):
             wire.decode(msgpack.packb(ext))
+
+
+def test_a_received_batch_is_its_messages_in_columns() -> None:
+    """A batch from a peer decodes even with lists of different lengths (each field is
+    of its type); ``consistent`` is what the receiving node checks before using it."""
+    batch = ReceivedBatch(
+        SettleResult(0, ()),
+        [1, 2],
+        ["a", "b"],
+        [b"x", b"y"],
+        [{}, {"k": "v"}],
+        [0, 3],
+        [1, 2],
+        [5, 6],
+        9,
+    )
+    assert batch.consistent()
+    assert batch.messages == [
+        ReceivedMessage(1, "a", b"x", {}, 0, 1, 5, 9),
+        ReceivedMessage(2, "b", b"y", {"k": "v"}, 3, 2, 6, 9),
+    ]
+    short = dataclasses.replace(batch, bodies=[b"x"])
+    assert wire.decode(wire.encode(short)) == short and not short.consistent()
