@@ -48,7 +48,8 @@ The phases, and the keys below they give:
 For each phase it reports the load generators' CPU use (``client_cpu_per_wall``: CPU
 seconds per wall second summed over the generator processes; with ``cpus`` cores a
 value near ``cpus`` would mean the generators, not the server, were the limit) and the
-server's (``server_cpu_per_wall``; above 1.0 only through the WAL writer thread).
+server's (``server_cpu_per_wall``; above 1.0 only through the WAL writer thread), and the
+server's CPU per message of the phase (``server_cpu_us_per_msg``, from ``/proc/<pid>/stat``).
 ``--profile FILE`` runs the server under cProfile (main thread: the event loop) and
 writes its stats there, plus the top functions by cumulative time to stderr.
 ``--quick``: 1 s phases, one generator process, generators started 1.5 s ahead, 200
@@ -587,6 +588,7 @@ def run_phase(
         "wall_s": round(wall_s, 2),
         "client_cpu_per_wall": round(sum(o["cpu_s"] for o in outs) / wall_s, 2),
         "server_cpu_per_wall": round(server_cpu / wall, 2),
+        "server_cpu_us_per_msg": round(server_cpu * 1e6 / messages, 1) if messages else None,
         "latencies_ms": latencies,
         "send_late_ms": {"p50": _percentile(late, 0.5), "p99": _percentile(late, 0.99)},
         "generators_reported": f"{len(outs)}/{len(workers)}",
