@@ -11,7 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.app.conftest import Server, make_token
+from tests.app.conftest import ADMIN_PASSWORD, Server, make_token
+from tests.app.test_ui import browser, log_in
 
 pytestmark = pytest.mark.integration
 
@@ -36,7 +37,7 @@ def paged(tmp_path: Path) -> Iterator[Server]:
 
 
 def client(server: Server) -> httpx.Client:
-    return server.client(make_token(server, "admin", "admin-test-password"))
+    return server.client(make_token(server, "admin", ADMIN_PASSWORD))
 
 
 def publish_deep(api: httpx.Client) -> None:
@@ -71,6 +72,12 @@ def test_a_deep_queue_pages_out_restarts_and_delivers_in_order(paged: Server) ->
     with client(paged) as api:
         publish_deep(api)
         assert len(page_files(paged)) >= DEPTH // 16 - 8
+        paging = api.get(f"/api/v1/queues/{QUEUE}").json()["stats"]["paging"]
+        assert paging["paged_out_pages"] >= DEPTH // 16 - 8
+        # Two pages of budget; a lane's head and tail pages stay whatever the budget.
+        assert paging["resident_pages"] <= 4
+        assert paging["resident_bytes"] == paging["resident_pages"] * 16 * 8
+        assert paging["page_writes"] >= paging["paged_out_pages"]
         assert api.post(f"/api/v1/queues/{QUEUE}/snapshots").status_code == 202
     paged.stop()
     paged.start()
@@ -78,7 +85,14 @@ def test_a_deep_queue_pages_out_restarts_and_delivers_in_order(paged: Server) ->
         stats = api.get(f"/api/v1/queues/{QUEUE}").json()["stats"]
         assert stats["messages_ready"] == DEPTH
         assert consume_all(api) == [f"m{k}" for k in range(DEPTH)]
-        assert api.get(f"/api/v1/queues/{QUEUE}").json()["stats"]["messages_ready"] == 0
+        stats = api.get(f"/api/v1/queues/{QUEUE}").json()["stats"]
+        assert stats["messages_ready"] == 0
+        paging = stats["paging"]
+        reached = paging["read_ahead_hits"] + paging["page_waits"]
+        assert reached >= DEPTH // 16 - 8 and paging["page_loads"] >= reached
+        assert paging["read_ahead_hit_rate"] == round(paging["read_ahead_hits"] / reached, 4)
+        assert paging["paged_out_pages"] == 0 and paging["pages_rebuilt"] == 0
+        assert stats["read_cache"]["reads"] >= 1 and 0 <= stats["read_cache"]["hit_rate"] <= 1
         assert page_files(paged), "the checkpoint restored from still names its pages"
         # A newer checkpoint made the snapshot drops the older ones, and their pages.
         assert api.post(f"/api/v1/queues/{QUEUE}/snapshots").status_code == 202
@@ -133,3 +147,29 @@ def test_a_corrupted_page_file_is_rebuilt_from_the_log(paged: Server) -> None:
     paged.start()
     with client(paged) as api:
         assert consume_all(api) == [f"m{k}" for k in range(DEPTH)]
+        paging = api.get(f"/api/v1/queues/{QUEUE}").json()["stats"]["paging"]
+        assert paging["pages_rebuilt"] == len(damaged[::3])
+
+
+def test_memory_shows_in_metrics_and_on_the_dashboard(paged: Server) -> None:
+    with client(paged) as api:
+        publish_deep(api)
+        stats = api.get(f"/api/v1/queues/{QUEUE}").json()["stats"]
+        metrics = api.get("/metrics").text
+    out = stats["paging"]["paged_out_pages"]
+    assert f'quorra_queue_index_paged_out_pages{{queue="{QUEUE}"}} {float(out)}' in metrics
+    for name in (
+        f'quorra_queue_index_resident_pages{{queue="{QUEUE}"}}',
+        f'quorra_queue_index_page_waits_total{{queue="{QUEUE}"}}',
+        f'quorra_queue_read_cache_hit_ratio{{queue="{QUEUE}"}}',
+        "quorra_index_resident_pages_max 4.0",
+        f"quorra_index_paged_out_pages {float(out)}",
+        "quorra_engine_memory_bytes ",
+    ):
+        assert name in metrics, name
+    with browser(paged) as web:
+        log_in(web, ADMIN_PASSWORD)
+        queue_page = web.get(f"/queues/{QUEUE}/live").text
+        overview = web.get("/fragments/overview").text
+    assert 'id="paging-facts"' in queue_page and f"{out:,}" in queue_page
+    assert 'id="memory-facts"' in overview and "of 4 " in overview
