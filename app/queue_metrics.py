@@ -163,6 +163,11 @@ class QueueCollector(Collector):
 NODE_MEMORY: tuple[tuple[str, str, str], ...] = (
     ("engine_memory_bytes", "Engine memory of every queue on this node.", "memory_bytes"),
     (
+        "engine_memory_bytes_max",
+        "The node's engine memory limit: publishes beyond it are refused (memory alarm).",
+        "memory_bytes_max",
+    ),
+    (
         "index_resident_pages",
         "Ready-index pages in memory over every queue of this node.",
         "resident_pages",
@@ -187,6 +192,18 @@ def _memory_families(node: QueueEngine) -> Iterator[Metric]:
         number = _number(memory, (key,))
         if number is not None:
             yield GaugeMetricFamily(f"quorra_{metric}", text, value=number)
+    yield GaugeMetricFamily(
+        "quorra_memory_alarm",
+        "1 while the node refuses publishes for its engine memory limit.",
+        value=1.0 if memory.get("alarm") else 0.0,
+    )
+    refused = _number(memory, ("publishes_refused",))
+    if refused is not None:
+        yield CounterMetricFamily(
+            "quorra_memory_alarm_publishes_refused",
+            "Publishes refused by the memory alarm since the node started.",
+            value=refused,
+        )
 
 
 def _wal_families(node: QueueEngine) -> Iterator[Metric]:

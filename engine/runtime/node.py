@@ -321,7 +321,10 @@ class Node:
     def memory(self) -> dict[str, object]:
         ctx = self.context
         replicas = [rep for rep in ctx.replicas.values() if not rep.closed]
-        return observe.node_memory(replicas, ctx.pages.node.pages_max, self.limits)
+        memory = observe.node_memory(replicas, ctx.pages.node.pages_max, self.limits)
+        memory["alarm"] = ctx.memory.alarmed()
+        memory["publishes_refused"] = ctx.memory.refused
+        return memory
 
     def wal_stats(self) -> WalStats | None:
         ctx = self.context

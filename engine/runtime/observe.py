@@ -220,8 +220,9 @@ def queue_stats(rep: Replica, now: int, limits: Limits) -> dict[str, object]:
 
 
 def node_memory(replicas: list[Replica], pages_max: int, limits: Limits) -> dict[str, object]:
-    """The node's totals over its queues: engine memory, pages of the ready indexes in
-    memory (within the node's budget) and out, loads waited for, log reads from memory."""
+    """The node's totals over its queues: engine memory (and its limit), pages of the
+    ready indexes in memory (within the node's budget) and out, loads waited for, log
+    reads from memory."""
     stats = [rep.machine.stats() for rep in replicas]
     reads = sum(rep.log.reads for rep in replicas)
     hits = sum(rep.log.reads_in_memory for rep in replicas)
@@ -229,6 +230,7 @@ def node_memory(replicas: list[Replica], pages_max: int, limits: Limits) -> dict
     return {
         "queues": len(replicas),
         "memory_bytes": sum(s.memory_bytes for s in stats),
+        "memory_bytes_max": limits.engine_memory_bytes_max,
         "resident_pages": resident,
         "resident_bytes": resident * page_bytes(limits),
         "resident_pages_max": pages_max,
