@@ -31,6 +31,7 @@ from app.cli import cli
 QUORRA = str(Path(sys.executable).with_name("quorra"))
 QUICK_TIMEOUT_S = 300.0
 MARKS: dict[str, list[pytest.MarkDecorator]] = {
+    "deep": [pytest.mark.integration],
     "pipeline": [pytest.mark.spark, pytest.mark.integration],
     "rest": [pytest.mark.integration],
     "restart": [pytest.mark.integration],
@@ -40,7 +41,18 @@ UNIT_WORDS = {"s", "ms", "bytes", "mb", "per", "ratio", "vs"}
 """A top-level figure whose name holds one of these words (``publish_msgs_per_s``,
 ``recovery_ms``, ``checkpoint_bytes``, ``publish_ratio``) is a measurement or a size,
 and must be positive; counts such as ``paced_timed_out`` may be 0."""
-BENCHES = ("compaction", "machine", "pipeline", "raft", "recovery", "rest", "restart", "ui", "wal")
+BENCHES = (
+    "compaction",
+    "deep",
+    "machine",
+    "pipeline",
+    "raft",
+    "recovery",
+    "rest",
+    "restart",
+    "ui",
+    "wal",
+)
 """Every bench by name, so that each one's smoke run is visibly in the suite;
 ``test_every_bench_is_listed`` fails when a bench is added without its name here."""
 NAMES = [pytest.param(name, marks=MARKS.get(name, [])) for name in BENCHES]
