@@ -48,17 +48,62 @@ GAUGES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("log_dead_entries", "Log entries compaction may reclaim.", ("log", "dead_entries")),
     ("checkpoint_index", "Raft index of the newest checkpoint.", ("checkpoint", "index")),
     ("checkpoint_bytes", "Bytes of the newest checkpoint.", ("checkpoint", "bytes")),
+    (
+        "index_resident_pages",
+        "Pages of the ready index in memory.",
+        ("paging", "resident_pages"),
+    ),
+    (
+        "index_resident_bytes",
+        "Bytes of the ready index in memory, pages counted at their budget size.",
+        ("paging", "resident_bytes"),
+    ),
+    (
+        "index_paged_out_pages",
+        "Pages of the ready index in page files on disk.",
+        ("paging", "paged_out_pages"),
+    ),
+    (
+        "index_read_ahead_hit_ratio",
+        "Share of the pages consumers reached that read-ahead had loaded in time.",
+        ("paging", "read_ahead_hit_rate"),
+    ),
+    (
+        "read_cache_hit_ratio",
+        "Share of the log entries read that were served from memory, not a segment file.",
+        ("read_cache", "hit_rate"),
+    ),
 )
-COUNTERS: tuple[tuple[str, str, str], ...] = (
-    ("messages_published", "Messages published (confirmed).", "published"),
-    ("messages_delivered", "Deliveries to consumers (redeliveries count).", "delivered"),
-    ("messages_acked", "Messages acknowledged.", "acked"),
-    ("messages_dead_lettered", "Messages dead-lettered.", "dead_lettered"),
-    ("messages_expired", "Messages whose TTL ended on the queue.", "expired"),
+COUNTERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("messages_published", "Messages published (confirmed).", ("published",)),
+    ("messages_delivered", "Deliveries to consumers (redeliveries count).", ("delivered",)),
+    ("messages_acked", "Messages acknowledged.", ("acked",)),
+    ("messages_dead_lettered", "Messages dead-lettered.", ("dead_lettered",)),
+    ("messages_expired", "Messages whose TTL ended on the queue.", ("expired",)),
     (
         "messages_dropped",
         "Messages dropped (overflow drop-head, no dead-letter target).",
-        "dropped",
+        ("dropped",),
+    ),
+    (
+        "index_page_waits",
+        "Ready-index pages a consumer reached before read-ahead loaded them (since start).",
+        ("paging", "page_waits"),
+    ),
+    (
+        "index_page_loads",
+        "Ready-index pages read from page files (since start).",
+        ("paging", "page_loads"),
+    ),
+    (
+        "index_page_writes",
+        "Ready-index pages written to page files (since start).",
+        ("paging", "page_writes"),
+    ),
+    (
+        "index_pages_rebuilt",
+        "Damaged ready-index pages rebuilt from the log (since start).",
+        ("paging", "pages_rebuilt"),
     ),
 )
 
@@ -103,15 +148,62 @@ class QueueCollector(Collector):
                 if number is not None:
                     family.add_metric([name], number)
             yield family
-        for metric, text, key in COUNTERS:
+        for metric, text, path in COUNTERS:
             family_c = CounterMetricFamily(f"quorra_queue_{metric}", text, labels=["queue"])
             for name, values in stats.items():
-                number = _number(values, (key,))
+                number = _number(values, path)
                 if number is not None:
                     family_c.add_metric([name], number)
             yield family_c
         yield GaugeMetricFamily("quorra_queues", "Queues on this node.", value=len(stats))
+        yield from _memory_families(node)
         yield from _wal_families(node)
+
+
+NODE_MEMORY: tuple[tuple[str, str, str], ...] = (
+    ("engine_memory_bytes", "Engine memory of every queue on this node.", "memory_bytes"),
+    (
+        "engine_memory_bytes_max",
+        "The node's engine memory limit: publishes beyond it are refused (memory alarm).",
+        "memory_bytes_max",
+    ),
+    (
+        "index_resident_pages",
+        "Ready-index pages in memory over every queue of this node.",
+        "resident_pages",
+    ),
+    (
+        "index_resident_pages_max",
+        "The node's budget of ready-index pages in memory.",
+        "resident_pages_max",
+    ),
+    (
+        "index_paged_out_pages",
+        "Ready-index pages in page files over every queue of this node.",
+        "paged_out_pages",
+    ),
+)
+
+
+def _memory_families(node: QueueEngine) -> Iterator[Metric]:
+    """The node's totals (``QueueEngine.memory``)."""
+    memory = node.memory()
+    for metric, text, key in NODE_MEMORY:
+        number = _number(memory, (key,))
+        if number is not None:
+            yield GaugeMetricFamily(f"quorra_{metric}", text, value=number)
+    yield GaugeMetricFamily(
+        "quorra_memory_alarm",
+        "1 while the node refuses publishes for its engine memory limit.",
+        value=1.0 if memory.get("alarm") else 0.0,
+    )
+    refused = _number(memory, ("publishes_refused",))
+    if refused is not None:
+        yield CounterMetricFamily(
+            "quorra_memory_alarm_publishes_refused",
+            "Publishes refused by the memory alarm since the node started.",
+            value=refused,
+        )
 
 
 def _wal_families(node: QueueEngine) -> Iterator[Metric]:

@@ -9,19 +9,36 @@ so that session cookies survive a restart. The cluster settings (``--node-id``,
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from app.cluster_settings import ClusterFlags, ClusterSettings, cluster_settings, given_node_id
+from app.cluster_settings import (
+    ClusterFlags,
+    ClusterSettings,
+    SettingsError,
+    cluster_settings,
+    given_node_id,
+)
 from engine.limits import DEFAULT_LIMITS, MIB, Limits
 from engine.node_key import load_node_secret
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DATABASE_FILE = "meta.sqlite3"
 HEADER_READ_TIMEOUT_S_DEFAULT = 10.0
+LIMITS_FROM_ENV = (
+    "page_refs",
+    "paged_index_bytes_per_queue_max",
+    "paged_index_bytes_per_node_max",
+    "page_read_ahead",
+    "engine_memory_bytes_max",
+)
+"""The engine limits a server takes from its environment, each as ``QUORRA_<NAME>``
+(upper case): the memory budgets an operator sizes to the machine (and tests make
+tiny). The others keep their defaults."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +131,29 @@ class Settings:
             header_read_timeout_s=float(
                 env.get("QUORRA_HEADER_READ_TIMEOUT_S") or HEADER_READ_TIMEOUT_S_DEFAULT
             ),
+            limits=limits_from_env(env),
         )
+
+
+def limits_from_env(env: Mapping[str, str]) -> Limits:
+    """``DEFAULT_LIMITS`` with the fields of ``LIMITS_FROM_ENV`` the environment sets
+    (``SettingsError`` for a value that is no integer or breaks a relation)."""
+    given: dict[str, int] = {}
+    for name in LIMITS_FROM_ENV:
+        text = env.get(f"QUORRA_{name.upper()}")
+        if not text:
+            continue
+        try:
+            given[name] = int(text)
+        except ValueError:
+            raise SettingsError(f"QUORRA_{name.upper()}: {text!r} is not an integer") from None
+    if not given:
+        return DEFAULT_LIMITS
+    try:
+        return dataclasses.replace(DEFAULT_LIMITS, **given)
+    except AssertionError:
+        shown = ", ".join(f"QUORRA_{k.upper()}={v}" for k, v in given.items())
+        raise SettingsError(f"{shown}: these limits contradict each other") from None
 
 
 def reachable(url: str) -> str:

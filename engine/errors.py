@@ -86,6 +86,14 @@ class Backpressure(QuorraError):
     retry_after_s = 1
 
 
+class MemoryAlarm(Backpressure):
+    """The node's engine memory would pass ``Limits.engine_memory_bytes_max``: publishes
+    are refused until consumers (or a purge) bring it down; it clears by itself."""
+
+    status, problem, title = 429, "memory-alarm", "Node memory limit reached"
+    retry_after_s = 1
+
+
 class NoLeader(QuorraError):
     """No leader or no quorum for the queue right now; retry later."""
 

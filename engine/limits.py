@@ -102,6 +102,15 @@ class Limits:
     """Pages loaded ahead of the head of a queue, so that a steady consumer never waits
     on a load (within the budgets)."""
 
+    # --- node memory (engine.runtime.memory_alarm) ----------------------------------
+    engine_memory_bytes_max: int = 256 * MIB
+    """A publish that would bring the node's engine memory (every queue machine's
+    ``memory_bytes``, its resident index pages included, plus the publish bytes in
+    flight) past this is refused (``MemoryAlarm``, 429) until it is back under."""
+    memory_check_interval_ms: int = 100
+    """The node's engine memory is summed over its queues at most this often (a sum per
+    publish would cost in proportion to the queues); the alarm clears within it."""
+
     # --- compaction -----------------------------------------------------------------
     compaction_dead_per_100_live_max: int = 30
 
@@ -226,6 +235,8 @@ class Limits:
         assert self.page_refs * 8 <= self.paged_index_bytes_per_queue_max
         assert self.paged_index_bytes_per_queue_max <= self.paged_index_bytes_per_node_max
         assert self.page_read_ahead >= 0
+        assert self.paged_index_bytes_per_node_max <= self.engine_memory_bytes_max
+        assert self.memory_check_interval_ms >= 1
         assert self.checkpoints_kept_max >= 2
         assert self.leader_wait_ms >= self.election_timeout_ms_max
         assert self.enqueue_time_resolution_ms >= 1

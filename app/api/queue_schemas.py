@@ -143,7 +143,12 @@ class QueueOut(BaseModel):
         "live_entries, dead_entries}, checkpoint{index, taken_at, bytes}. memory: the parts "
         "of memory_bytes (ready messages, enqueue times for TTL, leases, per-message extras, "
         "the queue's fixed part); memory_per_message_bytes leaves the fixed part out. "
-        + LIVE_ENTRIES_NOTE
+        "paging{resident_pages, resident_bytes, paged_out_pages, page_writes, page_loads, "
+        "read_ahead_hits, page_waits, read_ahead_hit_rate, pages_rebuilt, "
+        "page_write_failures}: the ready index's pages in memory and in page files; a wait "
+        "is a page a consumer reached before read-ahead loaded it. read_cache{reads, hits, "
+        "hit_rate}: log entries read (deliveries, replication) and those served from memory "
+        "rather than a segment file. " + LIVE_ENTRIES_NOTE
     )
 
 

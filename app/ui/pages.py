@@ -69,6 +69,7 @@ def _overview_context(request: Request, login: UiLogin) -> dict[str, object]:
             else {"node": "", "nodes": []}
         ),
         "wal": node.wal_stats() if node is not None else None,
+        "memory": node.memory() if node is not None else None,
         "totals": totals,
         "deepest": [(n, s) for n, s in deepest if s.ready + s.unacked > 0],
         "rates_chart": line_chart(
@@ -225,6 +226,8 @@ def _live_context(request: Request, login: UiLogin, name: str) -> dict[str, obje
         "raft": _part(stats, "raft"),
         "log": _part(stats, "log"),
         "checkpoint": _part(stats, "checkpoint"),
+        "paging": _part(stats, "paging"),
+        "read_cache": _part(stats, "read_cache") or {"reads": 0, "hit_rate": 1.0},
         "consumers": sorted(_part(stats, "consumers").items()),
         **_series_charts(samples),
     }

@@ -110,10 +110,13 @@ class QueueMachine:
         )
         """Below this many dead bytes ``_maybe_checkpoint`` cannot fire (its estimate has a
         floor), so ``apply`` skips the call."""
+        self._lanes: Lanes
         self._reset()
 
     def _reset(self) -> None:
         if self.pager is not None:
+            # The state is replaced (a snapshot installed): its stored pages may go.
+            self._lanes.drain(read=False)
             self.pager.close()
         paging = self._paging
         if paging is not None:

@@ -277,6 +277,14 @@ class QueueEngine(Protocol):
         """Nodes, their health, and the queues each leads (``GET /cluster``)."""
         ...
 
+    def memory(self) -> dict[str, object]:
+        """The node's engine memory over its queues: ``memory_bytes``, the ready-index
+        pages in memory (``resident_pages``, ``resident_pages_max``: the node's budget)
+        and out (``paged_out_pages``), ``page_waits``, ``read_cache_hit_rate``; the memory
+        alarm: ``memory_bytes_max``, ``alarm`` (publishes are refused), and
+        ``publishes_refused`` since the start."""
+        ...
+
     def wal_stats(self) -> WalStats | None:
         """The node's WAL: group commits, bytes, sync times (``None`` before start)."""
         ...

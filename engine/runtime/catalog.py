@@ -182,6 +182,7 @@ class Catalog:
             ctx.hosting.close_replica(rep, QueueNotFound(f"queue {rep.name} was deleted"))
             if rep.meta_task is not None:  # a definition being written: removed after it
                 await asyncio.wait([rep.meta_task])
+        ctx.pages.forget(uid)
         for name, (meta, _e) in list(ctx.failed.items()):
             if meta.uid == uid:
                 del ctx.failed[name]

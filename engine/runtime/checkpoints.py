@@ -29,6 +29,7 @@ from engine.runtime.api import (
 from engine.runtime.replica import CheckpointInfo, Replica
 from engine.storage import Checkpoint
 from engine.storage.flush import CheckpointWrite
+from engine.storage.page_files import PageFiles
 
 if TYPE_CHECKING:
     from engine.runtime.context import NodeContext
@@ -46,6 +47,9 @@ class Captured:
     machine_version: int
     config: bytes
     frozen: FrozenMachine
+    pages: PageFiles | None = None
+    """The page files holding the pages the checkpoint names (pinned at the capture):
+    made durable before the checkpoint is written. None if it names none."""
 
     def build(self) -> Checkpoint:
         live, state = self.frozen.live_indexes(), self.frozen.encode()
@@ -64,7 +68,9 @@ class Checkpoints:
         here, encoded by the worker that writes it (``Captured.build``)."""
         rep.bytes_since_capture = 0
         config = rep.raft.config_at(index).encode()
-        return Captured(index, term, rep.machine.version, config, rep.machine.freeze())
+        frozen = rep.machine.freeze()
+        pages = self.ctx.pages.pin_capture(rep, index, frozen)
+        return Captured(index, term, rep.machine.version, config, frozen, pages)
 
     async def auto_checkpoint(
         self, rep: Replica, cp: Captured | None, release_index: int | None
@@ -95,6 +101,8 @@ class Checkpoints:
                 live_entries = await ctx.in_worker(_write_checkpoint, job, cp)
             finally:
                 storage.finish_checkpoint(job)
+                if cp.pages is not None:
+                    ctx.pages.captured_done(rep, cp.index)
         size = job.bytes
         if cp.index >= rep.checkpoint.index:
             rep.checkpoint = CheckpointInfo(cp.index, taken_at, size)
@@ -156,6 +164,7 @@ class Checkpoints:
             job = storage.prepare_compaction(rep.uid, phase)
             await ctx.in_worker(job.run)
             result = storage.finish_compaction(job)
+        ctx.pages.retain(rep)  # a promotion drops the checkpoints before the snapshot
         ran = ",".join(str(p) for p in result.phases) or "none"
         duration_ms = result.duration_s * 1000
         return observe.compaction_record(rep, ran, trigger, started_ms, duration_ms, before)
@@ -183,8 +192,14 @@ class Checkpoints:
 
 
 def _write_checkpoint(job: CheckpointWrite, captured: Captured) -> int:
-    """On a worker: encode and write (touches no storage object); the live entries."""
+    """On a worker: encode and write (touches no storage object); the live entries. The
+    pages it names are durable before it is (the page files' durability order)."""
     cp = captured.build()
+    if captured.pages is not None:
+        try:
+            captured.pages.sync(cp.index)
+        except OSError as e:
+            raise StorageFailed(f"checkpoint of {job.uid} at {cp.index}: pages: {e}") from e
     job.write(cp)
     return len(cp.live_indexes)
 

@@ -2,7 +2,7 @@
 
 Rule: a node is split by concept into parts (``hosting``, ``applying``, ``timers``,
 ``routing``, ``queue_ops``, ``catalog``, ``member_changes``, ``dead_letter_routing``,
-``checkpoints``). Each part is given the node's one ``NodeContext`` and reaches the node's
+``checkpoints``, ``paging``, ``memory_alarm``). Each part is given the node's one ``NodeContext`` and reaches the node's
 state and the other parts only through the public members below; ``Node`` owns the
 context, runs the lifecycle (it opens ``storage`` and sets ``running``) and implements
 ``QueueEngine`` over the parts. Everything here is touched only on the node's event loop.
@@ -29,7 +29,9 @@ from engine.runtime.clock import Clock
 from engine.runtime.dead_letter_routing import DeadLetters
 from engine.runtime.hosting import Hosting
 from engine.runtime.member_changes import Membership
+from engine.runtime.memory_alarm import MemoryWatch
 from engine.runtime.meta import QueueMeta
+from engine.runtime.paging import Pages
 from engine.runtime.queue_ops import QueueOps
 from engine.runtime.receiving import Receiving
 from engine.runtime.replica import Proposal, Replica
@@ -85,6 +87,8 @@ class NodeContext:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._jobs: set[asyncio.Future[None]] = set()
         # The parts, last: each may read the members above as it is made.
+        self.pages = Pages(self)
+        self.memory = MemoryWatch(self)
         self.hosting = Hosting(self)
         self.effects = Effects(self)
         self.timers = Timers(self)

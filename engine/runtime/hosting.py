@@ -93,7 +93,8 @@ class Hosting:
         storage = ctx.storage
         # A lone member cannot be repaired: damage then refuses it, its files untouched.
         rec = storage.open_server(meta.uid, repairable=len(meta.members) > 1)
-        machine = QueueMachine(policy_of(meta.args, ctx.limits), ctx.limits)
+        paging = ctx.pages.paging(meta.uid, rec.log, rec.checkpoint)
+        machine = QueueMachine(policy_of(meta.args, ctx.limits), ctx.limits, paging)
         base = 0
         checkpoint = CheckpointInfo()
         if rec.checkpoint is not None:
@@ -179,7 +180,8 @@ class Hosting:
         if cp is None or cp.index != index:
             raise StorageFailed(f"queue {uid}: snapshot at {index} unreadable")
         config = Configuration.decode(cp.config)
-        return Snapshot(cp.index, cp.term, config, bytes(cp.state), cp.live_indexes)
+        state = self.ctx.pages.sendable(uid, bytes(cp.state))
+        return Snapshot(cp.index, cp.term, config, state, cp.live_indexes)
 
     async def await_recovered(self) -> None:
         """Wait until every replica has applied what it knows committed, and a lone
@@ -206,6 +208,7 @@ class Hosting:
     def close_replica(rep: Replica, error: QuorraError) -> None:
         rep.closed = True
         rep.close_error = error
+        rep.machine.close()  # its resident pages stop counting against the node
         for handle in (rep.tick_handle, rep.expire_handle):
             if handle is not None:
                 handle.cancel()
@@ -240,6 +243,7 @@ class Hosting:
             self.fail(rep, e)
             return
         rep.sample(ctx.clock.monotonic_ms(), ctx.limits)
+        ctx.pages.maybe_read_ahead(rep)
         ctx.membership.maybe_members_changed(rep)
         seen = (int(raft.role), raft.leader, raft.term)
         if seen != rep.seen:
@@ -301,6 +305,7 @@ class Hosting:
             snap.machine_state,
         )
         size = storage.install_snapshot(rep.uid, cp, given)
+        self.ctx.pages.retain(rep)  # the checkpoints are gone, and what they pinned
         rep.installed_live = installed
         rep.checkpoint = CheckpointInfo(snap.index, self.ctx.clock.wall_ms(), size)
         observe.seed_live_set(rep, snap.index, snap.live_indexes)

@@ -332,6 +332,14 @@ class Node:
         leader = None if rep is None else rep.raft.leader
         return None if leader is None else node_of(leader)
 
+    def memory(self) -> dict[str, object]:
+        ctx = self.context
+        replicas = [rep for rep in ctx.replicas.values() if not rep.closed]
+        memory = observe.node_memory(replicas, ctx.pages.node.pages_max, self.limits)
+        memory["alarm"] = ctx.memory.alarmed()
+        memory["publishes_refused"] = ctx.memory.refused
+        return memory
+
     def wal_stats(self) -> WalStats | None:
         ctx = self.context
         return ctx.storage.wal.stats() if ctx.has_storage else None

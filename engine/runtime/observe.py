@@ -16,8 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pyroaring import BitMap64
 
 from engine.errors import QuorraError
-from engine.limits import Limits
-from engine.queue import MemoryUse
+from engine.limits import DEFAULT_LIMITS, Limits
+from engine.queue import MemoryUse, PagingStats
+from engine.queue.paging import NOT_PAGED, page_bytes
 from engine.queue.snapshots import FrozenMachine
 from engine.raft.server import Role
 from engine.runtime.api import CompactionRecord, SegmentInfo, Trigger
@@ -205,6 +206,8 @@ def queue_stats(rep: Replica, now: int, limits: Limits) -> dict[str, object]:
         "memory_bytes": s.memory_bytes,
         "memory_per_message_bytes": round(per_message / held, 3) if held else 0.0,
         "memory": {name: getattr(memory, name) for name in MEMORY_FIELDS},
+        "paging": paging_stats(s.paging, limits),
+        "read_cache": read_cache_stats(rep),
         "raft": raft_stats(rep),
         "log": {**log_stats(rep, live, segments), "live_set_index": live_at},
         "checkpoint": {
@@ -213,6 +216,59 @@ def queue_stats(rep: Replica, now: int, limits: Limits) -> dict[str, object]:
             "bytes": rep.checkpoint.bytes,
         },
         "status": "failed" if rep.failed is not None else "ok",
+    }
+
+
+def node_memory(replicas: list[Replica], pages_max: int, limits: Limits) -> dict[str, object]:
+    """The node's totals over its queues: engine memory (and its limit), pages of the
+    ready indexes in memory (within the node's budget) and out, loads waited for, log
+    reads from memory."""
+    stats = [rep.machine.stats() for rep in replicas]
+    reads = sum(rep.log.reads for rep in replicas)
+    hits = sum(rep.log.reads_in_memory for rep in replicas)
+    resident = sum(s.paging.resident_pages for s in stats)
+    return {
+        "queues": len(replicas),
+        "memory_bytes": sum(s.memory_bytes for s in stats),
+        "memory_bytes_max": limits.engine_memory_bytes_max,
+        "resident_pages": resident,
+        "resident_bytes": resident * page_bytes(limits),
+        "resident_pages_max": pages_max,
+        "paged_out_pages": sum(s.paging.paged_out_pages for s in stats),
+        "page_waits": sum(s.paging.page_waits for s in stats),
+        "read_ahead_hits": sum(s.paging.read_ahead_hits for s in stats),
+        "pages_rebuilt": sum(s.paging.pages_rebuilt for s in stats),
+        "read_cache_hit_rate": round(hits / reads, 4) if reads else 1.0,
+    }
+
+
+def paging_stats(paging: PagingStats, limits: Limits) -> dict[str, object]:
+    """The queue's paged ready index (``engine.queue.paging``): pages in memory and out,
+    the loads read-ahead did in time (hits) and those a consumer waited for (waits)."""
+    reached = paging.read_ahead_hits + paging.page_waits
+    return {
+        "resident_pages": paging.resident_pages,
+        "resident_bytes": paging.resident_pages * page_bytes(limits),
+        "paged_out_pages": paging.paged_out_pages,
+        "page_writes": paging.page_writes,
+        "page_loads": paging.page_loads,
+        "read_ahead_hits": paging.read_ahead_hits,
+        "page_waits": paging.page_waits,
+        "read_ahead_hit_rate": round(paging.read_ahead_hits / reached, 4) if reached else 1.0,
+        "pages_rebuilt": paging.pages_rebuilt,
+        "page_write_failures": paging.page_write_failures,
+    }
+
+
+def read_cache_stats(rep: Replica) -> dict[str, object]:
+    """The queue's log reads (deliveries, replication, rebuilds) and the share served from
+    memory (entries not yet flushed to a segment) rather than from a segment file."""
+    log = rep.log
+    reads, hits = log.reads, log.reads_in_memory
+    return {
+        "reads": reads,
+        "hits": hits,
+        "hit_rate": round(hits / reads, 4) if reads else 1.0,
     }
 
 
@@ -287,6 +343,8 @@ def failed_stats(error: QuorraError) -> dict[str, object]:
         **dict.fromkeys(rates, 0.0),
         "consumers": {},
         "memory": dict.fromkeys(MEMORY_FIELDS, 0),
+        "paging": paging_stats(NOT_PAGED, DEFAULT_LIMITS),
+        "read_cache": {"reads": 0, "hits": 0, "hit_rate": 1.0},
         "raft": {
             "leader": None,
             "role": "none",
@@ -319,8 +377,11 @@ __all__ = [
     "live_indexes",
     "live_set",
     "log_stats",
+    "node_memory",
+    "paging_stats",
     "queue_stats",
     "raft_stats",
+    "read_cache_stats",
     "seed_live_set",
     "segment_infos",
     "segment_totals",

@@ -113,6 +113,7 @@ class QueueOps:
             raise MessageTooLarge(f"a batch is at most {limits.batch_bytes_max} bytes")
         if rep.inflight_publish_bytes + size > limits.inflight_publish_bytes_per_queue_max:
             raise Backpressure(f"queue {rep.name}: too many publish bytes in flight")
+        self.ctx.memory.check_publish(size)
         rep.inflight_publish_bytes += size
         try:
             reply = await self.ctx.propose(rep, command)

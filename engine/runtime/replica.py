@@ -90,6 +90,8 @@ class Replica:
     live_build: tuple[object, int, Future[tuple[BitMap64, float]]] | None = None
     """(machine, applied index, the build on a worker) of a deep queue's live set being
     built from a frozen machine (see ``observe.live_set``)."""
+    reading_ahead: bool = False
+    """A read-ahead of the machine's ready pages is running (``engine.runtime.paging``)."""
 
     @property
     def raft(self) -> RaftServer:

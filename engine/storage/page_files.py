@@ -149,9 +149,11 @@ class PageFiles:
     # --- checkpoints ----------------------------------------------------------------------
 
     def pin(self, tag: int, handles: Iterable[int]) -> None:
-        """Checkpoint ``tag`` names ``handles``: they stay until it is unpinned."""
+        """Checkpoint ``tag`` names ``handles``: they stay until it is unpinned. A tag
+        pinned again keeps its earlier handles too: two captures at the same index may
+        name different pages, and the file written last is not known until both are."""
         with self._lock:
-            self._pins[tag] = frozenset(handles)
+            self._pins[tag] = self._pins.get(tag, frozenset()) | frozenset(handles)
 
     def sync(self, tag: int) -> None:
         """Make checkpoint ``tag``'s pages durable, then its pin file: before the

@@ -127,6 +127,10 @@ class ServerLog:
         self._disk = disk
         self._cache = cache
         self.mem = MemTable()
+        self.reads = 0
+        """Entries read (``read``), since the node started."""
+        self.reads_in_memory = 0
+        """Of those, the entries found in the mem table: no segment file was read."""
         self._segments: list[_Segment] = []
         self._los: list[int] = []
         """``info.lo`` of each segment, for bisection."""
@@ -250,8 +254,10 @@ class ServerLog:
         """The entry at ``index``, also before the snapshot if it is still stored (a live
         entry). Raises ``LookupError`` if absent, ``StorageFailed`` if it fails its CRC."""
         if 0 < index <= self._last:
+            self.reads += 1
             entry = self.mem.get(index)
             if entry is not None:
+                self.reads_in_memory += 1
                 return entry
             seg = self._segment_for(index)
             if seg is not None:

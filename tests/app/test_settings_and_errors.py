@@ -7,12 +7,15 @@ from pathlib import Path
 import anyio
 import httpx
 import orjson
+import pytest
 from fastapi import APIRouter
 
+from app.cluster_settings import SettingsError
 from app.main import create_app
 from app.problems import typed_problem
 from app.settings import Settings, load_secret_key
 from engine.errors import OutcomeUnknown
+from engine.limits import DEFAULT_LIMITS
 
 
 def test_settings_from_env(tmp_path: Path) -> None:
@@ -30,6 +33,27 @@ def test_settings_from_env(tmp_path: Path) -> None:
     empty = Settings.from_env(tmp_path / "d", environ={"QUORRA_ADMIN_PASSWORD": ""})
     assert empty.admin_password is None and empty.node_name
     assert empty.header_read_timeout_s == 10.0
+
+
+def test_page_budgets_come_from_the_environment(tmp_path: Path) -> None:
+    env = {
+        "QUORRA_PAGE_REFS": "64",
+        "QUORRA_PAGED_INDEX_BYTES_PER_QUEUE_MAX": "2048",
+        "QUORRA_PAGED_INDEX_BYTES_PER_NODE_MAX": "8192",
+        "QUORRA_PAGE_READ_AHEAD": "0",
+    }
+    limits = Settings.from_env(tmp_path / "d", environ=env).limits
+    assert (limits.page_refs, limits.page_read_ahead) == (64, 0)
+    assert limits.paged_index_bytes_per_queue_max == 2048
+    assert limits.paged_index_bytes_per_node_max == 8192
+    assert limits.batch_bytes_max == DEFAULT_LIMITS.batch_bytes_max
+    assert Settings.from_env(tmp_path / "d", environ={}).limits is DEFAULT_LIMITS
+    with pytest.raises(SettingsError, match="QUORRA_PAGE_REFS: 'many' is not an integer"):
+        Settings.from_env(tmp_path / "d", environ={"QUORRA_PAGE_REFS": "many"})
+    with pytest.raises(SettingsError, match="contradict"):  # a queue's budget over the node's
+        Settings.from_env(
+            tmp_path / "d", environ={"QUORRA_PAGED_INDEX_BYTES_PER_QUEUE_MAX": str(1 << 40)}
+        )
 
 
 def test_secret_key_is_made_once_and_kept(tmp_path: Path) -> None:

@@ -32,6 +32,7 @@ QUORRA = str(Path(sys.executable).with_name("quorra"))
 QUICK_TIMEOUT_S = 300.0
 MARKS: dict[str, list[pytest.MarkDecorator]] = {
     "cluster": [pytest.mark.integration],
+    "deep": [pytest.mark.integration],
     "pipeline": [pytest.mark.spark, pytest.mark.integration],
     "rest": [pytest.mark.integration],
     "restart": [pytest.mark.integration],
@@ -44,6 +45,7 @@ and must be positive; counts such as ``paced_timed_out`` may be 0."""
 BENCHES = (
     "cluster",
     "compaction",
+    "deep",
     "machine",
     "pipeline",
     "raft",

@@ -1,0 +1,64 @@
+"""The node's memory alarm: publishes are refused while the engine's memory would pass
+``Limits.engine_memory_bytes_max``, and accepted again once it is back under.
+
+Rule: the engine's memory is the sum over the node's queues of what each machine
+estimates it holds (``memory_bytes``: its resident index pages, leases, per-message
+extras and fixed part; pages in page files cost nothing here) plus the publish bytes in
+flight, which the mem tables will hold. Summing over every queue costs in proportion to
+the queues, so the sum is taken again at most every ``Limits.memory_check_interval_ms``
+and a publish compares the last sum plus its own size with the limit. Nothing is kept
+raised: a publish after the memory went down (consumers, a purge, pages spilled) finds
+the alarm cleared, within one interval. Like RabbitMQ's memory alarm, only publishes are
+refused: consuming, acknowledging and purging are what bring the memory down. On the
+node's loop only.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from engine.errors import MemoryAlarm
+
+if TYPE_CHECKING:
+    from engine.runtime.context import NodeContext
+
+
+class MemoryWatch:
+    """The last sum of the node's engine memory, and whether it raised the alarm."""
+
+    def __init__(self, ctx: NodeContext) -> None:
+        self.ctx = ctx
+        self.engine_bytes = 0
+        """At the last sum."""
+        self.summed_ms: int | None = None
+        self.refused = 0
+        """Publishes refused since the node started."""
+
+    def sum_engine_bytes(self) -> int:
+        reps = [rep for rep in self.ctx.replicas.values() if not rep.closed]
+        return sum(
+            rep.machine.memory_use().total_bytes + rep.inflight_publish_bytes for rep in reps
+        )
+
+    def alarmed(self) -> bool:
+        """Whether a publish would be refused now (memory at its limit), summed afresh."""
+        return self.sum_engine_bytes() >= self.ctx.limits.engine_memory_bytes_max
+
+    def check_publish(self, size: int) -> None:
+        """Raise ``MemoryAlarm`` if a publish of ``size`` bytes would take the engine's
+        memory past the limit."""
+        ctx = self.ctx
+        limits = ctx.limits
+        now = ctx.clock.monotonic_ms()
+        if self.summed_ms is None or now - self.summed_ms >= limits.memory_check_interval_ms:
+            self.engine_bytes = self.sum_engine_bytes()
+            self.summed_ms = now
+        if self.engine_bytes + size > limits.engine_memory_bytes_max:
+            self.refused += 1
+            raise MemoryAlarm(
+                f"node {ctx.name}: engine memory {self.engine_bytes} bytes, at most "
+                f"{limits.engine_memory_bytes_max}; consume or purge, then retry"
+            )
+
+
+__all__ = ["MemoryWatch"]

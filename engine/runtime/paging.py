@@ -1,0 +1,133 @@
+"""Paging on a node: every queue machine's page files, the node's page budget, and the
+read-ahead of each queue run as a job.
+
+Rule: the machines page their ready index themselves (``engine.queue.paging``); this
+part gives each one its ``Paging`` (a ``PageFiles`` in its queue directory, the node's
+one ``NodePages``, a reader of its stored log to rebuild a damaged page) and runs what
+the machine cannot: read-ahead is planned on the loop, its pages are read by a worker
+(which touches the page files and nothing else) and installed on the loop, the way a
+segment flush is. Checkpoints pin the pages they name from their capture until no
+checkpoint file names them (``pin_capture``, ``retain``); the tags of captures not yet
+written are kept here, so that a write or a compaction finishing meanwhile does not
+unpin them. Everything here runs on the node's loop.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import TYPE_CHECKING, cast
+
+from engine.queue.machine import FrozenMachine
+from engine.queue.paging import NodePages, PageLoad, Paging, QueuePager, load_plan
+from engine.queue.snapshots import inline_snapshot, page_handles_of
+from engine.runtime.replica import Replica
+from engine.storage import Checkpoint, ServerLog
+from engine.storage.page_files import PageFiles, log_reader
+
+if TYPE_CHECKING:
+    from engine.runtime.context import NodeContext
+
+log = logging.getLogger("quorra.engine")
+
+
+class Pages:
+    """The page files of the node's queues and the budget they share."""
+
+    def __init__(self, ctx: NodeContext) -> None:
+        self.ctx = ctx
+        self.node = NodePages.from_limits(ctx.limits)
+        self.files: dict[str, PageFiles] = {}
+        """By queue uid."""
+        self._capturing: dict[str, Counter[int]] = {}
+        """Tags (checkpoint indexes) pinned by a capture whose file is not written yet."""
+
+    def paging(self, uid: str, server_log: ServerLog, checkpoint: Checkpoint | None) -> Paging:
+        """The ``Paging`` of the machine of ``uid``, restored from ``checkpoint``: its
+        page files keep the pages the checkpoint names (read from the checkpoint's list
+        of stored pages, not from the pages: no work in proportion to the depth)."""
+        # The state may be a view of a mapped file: read where it lies, not copied.
+        live = page_handles_of(cast(bytes, checkpoint.state)) if checkpoint is not None else []
+        files = PageFiles(self.ctx.storage.disk, uid, live)
+        self.files[uid] = files
+        return Paging(files, self.node, log_reader(server_log))
+
+    def forget(self, uid: str) -> None:
+        """The queue left this node (its directory goes with it)."""
+        self.files.pop(uid, None)
+        self._capturing.pop(uid, None)
+
+    # --- read-ahead -----------------------------------------------------------------------
+
+    def maybe_read_ahead(self, rep: Replica) -> bool:
+        """Start the read-ahead of ``rep``'s machine if its head moved onto new pages and
+        none runs; whether one started."""
+        pager = rep.machine.pager
+        if pager is None or not pager.wants_read_ahead or rep.reading_ahead or rep.closed:
+            return False
+        if not self.ctx.running:
+            return False
+        plan = pager.plan_read_ahead()
+        if not plan:
+            return False
+        rep.reading_ahead = True
+        self.ctx.spawn(self._read_ahead(rep, pager, plan))
+        return True
+
+    async def _read_ahead(self, rep: Replica, pager: QueuePager, loads: list[PageLoad]) -> None:
+        ctx = self.ctx
+        try:
+            async with ctx.job():
+                loaded = await ctx.in_worker(load_plan, pager.spill, loads)
+            # A machine restored meanwhile (a snapshot installed) has another pager.
+            if not rep.closed and rep.machine.pager is pager:
+                pager.finish_read_ahead(loads, loaded)
+        finally:
+            rep.reading_ahead = False
+        self.maybe_read_ahead(rep)
+
+    # --- checkpoints ----------------------------------------------------------------------
+
+    def pin_capture(self, rep: Replica, index: int, frozen: FrozenMachine) -> PageFiles | None:
+        """A checkpoint of ``rep`` at ``index`` was captured: the pages it names stay
+        until ``retain`` finds its file gone (or never written). The page files to sync
+        before the file is written, or None if it names no page."""
+        files = self.files.get(rep.uid)
+        handles = frozen.page_handles()
+        if files is None or not handles:
+            return None
+        files.pin(index, handles)
+        self._capturing.setdefault(rep.uid, Counter())[index] += 1
+        return files
+
+    def captured_done(self, rep: Replica, index: int) -> None:
+        """The write of a capture pinned at ``index`` ended, written or not."""
+        pending = self._capturing.get(rep.uid)
+        if pending is not None and pending[index] > 0:
+            pending[index] -= 1
+            if not pending[index]:
+                del pending[index]
+        self.retain(rep)
+
+    def retain(self, rep: Replica) -> None:
+        """Unpin the pages of checkpoints no longer on disk (thinned out, dropped by a
+        promotion or an installed snapshot, or never written), but those of captures
+        still being written."""
+        files = self.files.get(rep.uid)
+        if files is None:
+            return
+        store = self.ctx.storage.checkpoints(rep.uid)
+        tags = set(store.checkpoint_indexes()) | {store.snapshot_index()}
+        tags |= set(self._capturing.get(rep.uid, ()))
+        files.retain(tags)
+
+    def sendable(self, uid: str, state: bytes) -> bytes:
+        """A checkpoint's state as a follower is sent it: every page it names read back
+        into it (a follower has its own page files)."""
+        files = self.files.get(uid)
+        if files is None:
+            return state
+        return inline_snapshot(state, files.load)
+
+
+__all__ = ["Pages"]
