@@ -293,7 +293,10 @@ class ServerLog:
             end = min(end, self._last + 1)
             mem = self.mem
             if len(mem) and mem.lo <= index <= mem.hi:
-                return mem.slice(index, min(end, mem.hi + 1))
+                run = mem.slice(index, min(end, mem.hi + 1))
+                self.reads += len(run)
+                self.reads_in_memory += len(run)
+                return run
             seg = self._segment_for(index)
             if seg is not None:
                 if len(mem) and index < mem.lo:
@@ -301,6 +304,7 @@ class ServerLog:
                 stop = min(end, seg.hi + 1)
                 run = self._cache.get(seg.info).read_run(index, stop, max_bytes)
                 if run:
+                    self.reads += len(run)
                     return run
         raise LookupError(f"entry {index} of {self.uid} is not stored")
 
