@@ -28,7 +28,7 @@ import logging
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from pyroaring import BitMap64
 
@@ -144,7 +144,8 @@ class MetaGroup:
         now, wall = ctx.clock.monotonic_ms(), ctx.clock.wall_ms()
         lone = self.voters == (ctx.name,)
         start_ms = now - ctx.limits.election_timeout_ms_max if lone else now
-        options = RaftOptions(self.server_id, random.Random(), ctx.limits)
+        rng = random.Random(ctx.hosting.rng.getrandbits(64))
+        options = RaftOptions(self.server_id, rng, ctx.limits)
         raft = RaftServer(
             options,
             rec.log,
@@ -435,8 +436,8 @@ class MetaGroup:
             raise NoLeader("metadata: no quorum in time; the outcome is unknown") from None
         finally:
             self.proposals.pop(request_id, None)
-        assert reply is not None
-        return proposal.index, reply  # type: ignore[return-value]
+        assert reply is not None, "a command's entry answers a reply"
+        return proposal.index, cast(MetaReply, reply)
 
     async def leader_node(self) -> NodeName:
         loop = self.ctx.loop
