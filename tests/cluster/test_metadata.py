@@ -1,6 +1,7 @@
 """The cluster metadata group in real server processes: queue names unique cluster-wide,
-creates and deletes through the metadata log, each node's reconcile loop following it
-(issue 15, "Cluster metadata as a Raft group")."""
+creates and deletes through the metadata log, each node's reconcile loop following it,
+users and tokens of every node the metadata's (issue 15, "Cluster metadata as a Raft
+group")."""
 
 from __future__ import annotations
 
@@ -117,3 +118,48 @@ def test_a_member_down_during_a_delete_drops_the_queue_on_return(
         lambda: all(_replica_dirs(cluster, n) for n in cluster.names),
     )
     assert uid not in set().union(*(_replica_dirs(cluster, n) for n in cluster.names))
+
+
+def test_users_and_tokens_made_on_one_node_work_on_every_node(
+    start_cluster: StartCluster,
+) -> None:
+    cluster = start_cluster(3)
+    # A token made on n1 (from the password: the bootstrap admin every node adopted).
+    made = cluster.client("n1").post("/api/v1/tokens", json={"name": "t"})
+    assert made.status_code == 201, made.text
+    token = made.json()["token"]
+    for node in cluster.names:
+        who = httpx.get(
+            f"{cluster.url(node)}/api/v1/whoami", headers={"Authorization": f"Bearer {token}"}
+        )
+        assert who.status_code == 200, (node, who.text)
+    # A user made on n2 signs in on n3 and holds its permissions there.
+    user = {"name": "app", "password": "app-password-1", "permissions": {"write": "orders.*"}}
+    assert _send(cluster, "n2", "POST", "/api/v1/users", user).status_code == 201
+    app_token = httpx.post(f"{cluster.url('n3')}/api/v1/tokens", auth=("app", "app-password-1"))
+    assert app_token.status_code == 201, app_token.text
+    shown = cluster.client("n1").get("/api/v1/users/app").json()
+    assert shown["permissions"]["write"] == "orders.*"
+    # Revoked on n3: refused on n1 once its cache forgets it (a second at most).
+    revoked = _send(cluster, "n3", "DELETE", f"/api/v1/tokens/{made.json()['id']}")
+    assert revoked.status_code == 204, revoked.text
+    _wait(
+        "the revoked token refused on n1",
+        lambda: (
+            httpx.get(
+                f"{cluster.url('n1')}/api/v1/whoami", headers={"Authorization": f"Bearer {token}"}
+            ).status_code
+            == 401
+        ),
+    )
+    # Deleted on n1: its password no longer signs in on n2.
+    assert _send(cluster, "n1", "DELETE", "/api/v1/users/app").status_code == 204
+    _wait(
+        "the deleted user refused on n2",
+        lambda: (
+            httpx.post(
+                f"{cluster.url('n2')}/api/v1/tokens", auth=("app", "app-password-1")
+            ).status_code
+            == 401
+        ),
+    )
