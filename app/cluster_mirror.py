@@ -64,6 +64,8 @@ class ClusterMirror:
         """The index of the last full rewrite queued; older changes are in it."""
         self.waiters: list[asyncio.Future[None]] = []
         self.task: asyncio.Task[None] | None = None
+        self.adopted = asyncio.Event()
+        """Set once the first full rewrite is written and this node's own rows proposed."""
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -78,6 +80,13 @@ class ClusterMirror:
             self.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self.task
+
+    async def wait_adopted(self, timeout_s: float) -> bool:
+        """Until this node's SQLite follows the metadata (at start: ``/readyz`` waits for
+        it, so that the bootstrap admin mints tokens at once), at most ``timeout_s``."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.adopted.wait(), timeout_s)
+        return self.adopted.is_set()
 
     def on_change(self, change: MetaChanged | None) -> None:
         """On the loop, as the entry applies: the records as they are now."""
@@ -113,6 +122,7 @@ class ClusterMirror:
             self.wake()
             if rows.full:
                 await self.adopt_local_rows()
+                self.adopted.set()
 
     def wake(self) -> None:
         for f in self.waiters:

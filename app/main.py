@@ -67,6 +67,9 @@ from app.ui.views import router as ui_router
 from engine.runtime.api import QueueEngine
 
 ADMIN_USER = "admin"
+MIRROR_WAIT_S = 10.0
+"""How long a cluster node's start waits for the metadata's users and tokens in SQLite
+(a node that cannot reach the metadata's majority turns ready without them)."""
 log = logging.getLogger("quorra.app")
 
 
@@ -155,6 +158,8 @@ async def engine_serving(
                 # A cluster node: its users and tokens are the cluster metadata's.
                 state.mirror = ClusterMirror(db, group)
                 state.mirror.start()
+                if not await state.mirror.wait_adopted(MIRROR_WAIT_S):
+                    log.warning("ready before the cluster metadata's users reached SQLite")
             state.node, state.engine_status = node, "recovered"
         yield
     finally:
