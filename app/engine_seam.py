@@ -15,7 +15,7 @@ The node is an ``engine.runtime.api.QueueEngine``. The lifespan (app/main.py):
 Routers reach the node through ``NodeDep`` (app/api/deps.py), 503 while there is none.
 ``make_node`` builds ``engine.runtime.Node``: a single-node cluster named after
 ``settings.node_name``, or, with ``settings.cluster``, a node of that cluster on a
-``TcpTransport``. Such a transport is the node's network: the lifespan starts it (binds
+``TcpTransport``, hosting the cluster's metadata group (``MetaBootstrap``). Such a transport is the node's network: the lifespan starts it (binds
 the cluster port, dials the peers) before ``node.start()`` and closes it after
 ``node.stop()`` (``running_network``). Tests pass another factory, or one returning
 ``None``.
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Protocol, cast
 
 import anyio
 
-from app.cluster_settings import ClusterSettings
+from app.cluster_settings import ClusterSettings, format_address
 from app.db import repo
 from app.db.session import Database
 from app.settings import Settings
@@ -40,6 +40,7 @@ from engine.runtime.api import CheckpointRecord, CompactionRecord, QueueEngine, 
 from engine.runtime.transport import Transport
 
 if TYPE_CHECKING:
+    from engine.runtime.meta_group import MetaBootstrap, MetaGroup
     from engine.runtime.tcp_transport import TcpTransport
 
 NodeFactory = Callable[[Settings], QueueEngine | None]
@@ -73,7 +74,19 @@ def make_node(settings: Settings) -> QueueEngine | None:
         # receipts the old one sealed: the key comes from the secret the cluster shares,
         # not from this node's own secret.key.
         receipt_key=derive_key(cluster.secret, RECEIPT_KEY_LABEL),
+        cluster=meta_bootstrap(cluster),
     )
+
+
+def meta_bootstrap(cluster: ClusterSettings) -> MetaBootstrap:
+    """What the node's metadata group starts from: the cluster id and every member's
+    cluster address (the first leader of a new cluster proposes them)."""
+    from engine.runtime.meta_group import MetaBootstrap
+
+    assert cluster.cluster_id is not None, "start-up settles the cluster id first"
+    members = {name: format_address(address) for name, address in cluster.peers.items()}
+    members[cluster.node_id] = format_address(cluster.listen)
+    return MetaBootstrap(cluster.cluster_id, members)
 
 
 def tcp_transport(cluster: ClusterSettings, settings: Settings) -> TcpTransport:
@@ -95,6 +108,13 @@ def tcp_transport(cluster: ClusterSettings, settings: Settings) -> TcpTransport:
             cert_file=str(tls.cert_file), key_file=str(tls.key_file), ca_file=str(tls.ca_file)
         ),
     )
+
+
+def metadata_of(node: QueueEngine) -> MetaGroup | None:
+    """A cluster node's metadata group (``None`` on a single node or another engine)."""
+    from engine.runtime.node import Node
+
+    return node.context.meta_group if isinstance(node, Node) else None
 
 
 def node_network(node: QueueEngine) -> NodeNetwork | None:

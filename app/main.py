@@ -38,11 +38,19 @@ from app.api import ops, tokens, users
 from app.api.deps import API_PREFIX
 from app.api.stream import OPENAPI_DESCRIPTION
 from app.auth import hash_password, random_password
+from app.cluster_mirror import ClusterMirror
 from app.cluster_settings import format_address
 from app.db import repo
 from app.db.migrate import upgrade_to_head
 from app.db.session import Database
-from app.engine_seam import NodeFactory, NodeNetwork, make_node, record_listener, running_network
+from app.engine_seam import (
+    NodeFactory,
+    NodeNetwork,
+    make_node,
+    metadata_of,
+    record_listener,
+    running_network,
+)
 from app.hot_paths import HotPaths, HotPathStats
 from app.memory_trim import trim_forever
 from app.metrics import AppMetrics, MetricsMiddleware
@@ -60,6 +68,9 @@ from app.ui.views import router as ui_router
 from engine.runtime.api import QueueEngine
 
 ADMIN_USER = "admin"
+MIRROR_WAIT_S = 10.0
+"""How long a cluster node's start waits for the metadata's users and tokens in SQLite
+(a node that cannot reach the metadata's majority turns ready without them)."""
 log = logging.getLogger("quorra.app")
 
 
@@ -143,10 +154,20 @@ async def engine_serving(
             await node.start()
             started = True
             await queue_api.on_node_started(db, node)
+            group = metadata_of(node)
+            if group is not None:
+                # A cluster node: its users and tokens are the cluster metadata's.
+                state.mirror = ClusterMirror(db, group)
+                state.mirror.start()
+                if not await state.mirror.wait_adopted(MIRROR_WAIT_S):
+                    log.warning("ready before the cluster metadata's users reached SQLite")
             state.node, state.engine_status = node, "recovered"
         yield
     finally:
         state.node, state.engine_status = None, "absent"
+        mirror, state.mirror = getattr(state, "mirror", None), None
+        if mirror is not None:
+            await mirror.stop()
         if node is not None and started:
             await node.stop()
 

@@ -21,6 +21,7 @@ from starlette.datastructures import State
 if TYPE_CHECKING:
     from fastapi.templating import Jinja2Templates
 
+    from app.cluster_mirror import ClusterMirror
     from app.db.session import Database
     from app.hot_paths import HotPathStats
     from app.metrics import AppMetrics
@@ -70,6 +71,13 @@ def node_or_none(state: State) -> QueueEngine | None:
     """The running engine node; ``None`` before it started and once it stops."""
     node: QueueEngine | None = state.node
     return node
+
+
+def mirror_of(state: State) -> ClusterMirror | None:
+    """A cluster node's mirror of the metadata's users and tokens (app/cluster_mirror.py),
+    through which their changes go; ``None`` on a single node."""
+    mirror: ClusterMirror | None = getattr(state, "mirror", None)
+    return mirror
 
 
 EngineStatus = Literal["absent", "recovering", "recovered"]

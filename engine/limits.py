@@ -199,6 +199,11 @@ class Limits:
     times its estimated size, with this floor."""
     meta_record_bytes_estimate: int = 256
     """What one node, queue, user or token weighs in a metadata checkpoint, roughly."""
+    meta_voters_max: int = 5
+    """Voters of the metadata group: the first of the cluster's initial members, by name."""
+    reconcile_interval_ms: int = 1_000
+    """Each node's reconcile loop runs after every metadata change naming queues or nodes,
+    and at least this often (a report that did not commit, a peer that came back)."""
 
     # --- from peers: what a node decodes and takes (runtime wire, receiving) --------
     wire_document_bytes_max: int = 64 * MIB
@@ -259,6 +264,8 @@ class Limits:
         # cluster metadata
         assert self.cluster_nodes_max >= 1 and self.cluster_tombstones_max >= 0
         assert self.meta_checkpoint_bytes_min >= 1 and self.meta_record_bytes_estimate >= 1
+        assert 1 <= self.meta_voters_max <= self.cluster_nodes_max
+        assert self.reconcile_interval_ms >= self.poll_interval_ms
         # from peers
         assert self.wire_document_bytes_max >= self.entry_bytes_max + MIB
         assert self.wire_document_bytes_max >= self.batch_bytes_max + MIB

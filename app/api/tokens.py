@@ -9,12 +9,14 @@ dependencies in the order of the parameters.
 
 from __future__ import annotations
 
+import anyio
 from fastapi import APIRouter, Query, Request, Response, status
 from sqlalchemy.orm import Session
 
 from app.api.deps import API_PREFIX, SessionDep, TokenOrPasswordDep, client_addr
 from app.api.schemas import TokenCreated, TokenIn, TokenOut
 from app.auth import Principal, new_token, token_digest, token_prefix
+from app.cluster_mirror import ClusterMirror
 from app.db import repo
 from app.db.models import ApiToken, User
 from app.negotiation import NegotiatedRoute
@@ -25,6 +27,7 @@ from app.problems import (
     UserNotFound,
     problem_responses,
 )
+from app.state import mirror_of
 
 router = APIRouter(
     prefix=f"{API_PREFIX}/tokens",
@@ -64,6 +67,23 @@ def _owner(session: Session, who: Principal, user_name: str | None) -> User:
     return user
 
 
+def _issue_in_cluster(
+    mirror: ClusterMirror, session: Session, who: Principal, body: TokenIn
+) -> tuple[str, ApiToken]:
+    """``issue_token`` through the cluster metadata, before the session's first query."""
+    name = body.user or who.name
+    if name != who.name and not who.is_admin:
+        raise Forbidden("only admins manage other users' tokens")
+    secret, token_id = new_token(), repo.new_token_id()
+    anyio.from_thread.run(
+        mirror.put_token, token_id, name, token_digest(secret), token_prefix(secret), body.name
+    )
+    row = repo.get_token(session, token_id)
+    if row is None:
+        raise UserNotFound(f"no user {name!r}")
+    return secret, row
+
+
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=TokenCreated)
 def create_token(
     request: Request,
@@ -74,8 +94,13 @@ def create_token(
 ) -> TokenCreated:
     body = body or TokenIn()
     response.headers["Cache-Control"] = "no-store"  # the secret must stay out of caches
-    user = _owner(session, who, body.user)
-    secret, row = issue_token(session, user, body.name)
+    mirror = mirror_of(request.app.state)
+    if mirror is not None:  # a cluster node: the metadata's, then this node's SQLite
+        secret, row = _issue_in_cluster(mirror, session, who, body)
+        user = row.user
+    else:
+        user = _owner(session, who, body.user)
+        secret, row = issue_token(session, user, body.name)
     repo.audit(
         session,
         actor=who.name,
@@ -104,11 +129,15 @@ def list_tokens(
 def revoke_token(
     token_id: str, request: Request, who: TokenOrPasswordDep, session: SessionDep
 ) -> Response:
-    token = repo.get_token(session, token_id)
-    if token is None or (token.user_id != who.user_id and not who.is_admin):
-        raise TokenNotFound(f"no token {token_id!r}")
-    owner = token.user.name
-    repo.revoke_token(session, token)
+    mirror = mirror_of(request.app.state)
+    if mirror is not None:  # a cluster node: the metadata's, then this node's SQLite
+        owner = anyio.from_thread.run(mirror.delete_token, token_id, who.name, who.is_admin)
+    else:
+        token = repo.get_token(session, token_id)
+        if token is None or (token.user_id != who.user_id and not who.is_admin):
+            raise TokenNotFound(f"no token {token_id!r}")
+        owner = token.user.name
+        repo.revoke_token(session, token)
     repo.audit(
         session,
         actor=who.name,

@@ -1,13 +1,16 @@
 """``/api/v1/users``: user and permission management (admins only), every change audited.
 
 A new password is hashed on the app's password workers (app/passwords.py) before the
-endpoint's first query, and ends the user's dashboard sessions.
+endpoint's first query, and ends the user's dashboard sessions. On a cluster node a change
+goes to the cluster metadata first (app/cluster_mirror.py), before the endpoint's first
+query: it answers once the change committed and this node's SQLite holds it.
 """
 
 from __future__ import annotations
 
 from typing import Annotated
 
+import anyio
 from fastapi import APIRouter, Path, Request, Response, status
 from sqlalchemy.orm import Session
 
@@ -19,7 +22,7 @@ from app.db.models import User
 from app.negotiation import NegotiatedRoute
 from app.passwords import PasswordWorkers
 from app.problems import API_ERROR_STATUSES, UserConflict, UserNotFound, problem_responses
-from app.state import passwords_of
+from app.state import mirror_of, passwords_of
 
 UserName = Annotated[str, Path(pattern=USER_NAME_PATTERN)]
 
@@ -79,17 +82,31 @@ def list_users(session: SessionDep, _who: AdminDep) -> list[UserOut]:
 @router.post("", status_code=status.HTTP_201_CREATED, response_model=UserOut)
 def create_user(body: UserIn, request: Request, session: SessionDep, who: AdminDep) -> UserOut:
     password_hash = _passwords(request).hash_from_thread(body.password)
-    if repo.get_user(session, body.name) is not None:
-        raise UserConflict(f"user {body.name!r} exists")
-    user = repo.create_user(
-        session,
-        name=body.name,
-        password_hash=password_hash,
-        role=body.role,
-        configure=body.permissions.configure,
-        write=body.permissions.write,
-        read=body.permissions.read,
-    )
+    perms = body.permissions
+    mirror = mirror_of(request.app.state)
+    if mirror is not None:  # a cluster node: the metadata's, then this node's SQLite
+        anyio.from_thread.run(
+            mirror.create_user,
+            body.name,
+            password_hash,
+            body.role,
+            perms.configure,
+            perms.write,
+            perms.read,
+        )
+        user = _get(session, body.name)
+    else:
+        if repo.get_user(session, body.name) is not None:
+            raise UserConflict(f"user {body.name!r} exists")
+        user = repo.create_user(
+            session,
+            name=body.name,
+            password_hash=password_hash,
+            role=body.role,
+            configure=perms.configure,
+            write=perms.write,
+            read=perms.read,
+        )
     _audit(
         session,
         request,
@@ -114,6 +131,16 @@ def update_user(
     password_hash = None
     if body.password is not None:
         password_hash = _passwords(request).hash_from_thread(body.password)
+    mirror = mirror_of(request.app.state)
+    if mirror is not None:  # a cluster node: the metadata's, then this node's SQLite
+        p = body.permissions
+        perms = None if p is None else (p.configure, p.write, p.read)
+        anyio.from_thread.run(mirror.update_user, user_name, password_hash, body.role, perms)
+        user = _get(session, user_name)
+        asked = (("role", body.role), ("password", password_hash), ("permissions", p))
+        done = [name for name, value in asked if value is not None]
+        _audit(session, request, who, "user.update", user.name, changed=done, role=user.role)
+        return user_out(user)
     user = _get(session, user_name)
     changed: list[str] = []
     if body.role is not None and body.role != user.role:
@@ -136,9 +163,13 @@ def update_user(
 def delete_user(
     user_name: UserName, request: Request, session: SessionDep, who: AdminDep
 ) -> Response:
-    user = _get(session, user_name)
-    _keep_an_admin(session, user)
-    repo.delete_user(session, user)
+    mirror = mirror_of(request.app.state)
+    if mirror is not None:  # a cluster node: the metadata's, then this node's SQLite
+        anyio.from_thread.run(mirror.delete_user, user_name)
+    else:
+        user = _get(session, user_name)
+        _keep_an_admin(session, user)
+        repo.delete_user(session, user)
     _audit(session, request, who, "user.delete", user_name)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 

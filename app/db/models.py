@@ -22,6 +22,7 @@ from sqlalchemy import (
     MetaData,
     String,
     TypeDecorator,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
@@ -76,6 +77,8 @@ class User(Base):
     read: Mapped[str] = mapped_column(String(500), default="")
     created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow, onupdate=utcnow)
+    replicated: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("0"))
+    """Mirrored from the cluster metadata (a cluster node); False: made on this node alone."""
 
     tokens: Mapped[list[ApiToken]] = relationship(
         back_populates="user", cascade="all, delete-orphan", passive_deletes=True
@@ -95,6 +98,8 @@ class ApiToken(Base):
     name: Mapped[str] = mapped_column(String(200), default="")
     created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
     last_used_at: Mapped[datetime | None] = mapped_column(UtcDateTime, nullable=True)
+    replicated: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("0"))
+    """Mirrored from the cluster metadata (a cluster node); False: made on this node alone."""
 
     user: Mapped[User] = relationship(back_populates="tokens")
 

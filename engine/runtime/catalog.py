@@ -7,6 +7,11 @@ drops (``open_storage``). A definition that changes (policy, members) is written
 a worker, one write at a time per replica, the newest last (``write_meta``). A create
 or delete reaches every member through the transport (``CreateReplica``,
 ``DeleteReplica``); a create that failed half-way is completed by its retry.
+
+That is a single node's way. On a cluster node a queue's existence is the metadata
+log's: create and delete go through the metadata group (``engine.runtime.registry``),
+and the node's reconcile loop (``engine.runtime.reconciling``) creates and drops its
+replicas here (``create_replica``, ``delete_replica``, the local half of both).
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ from engine.runtime.meta import (
     read_meta,
     write_meta,
 )
+from engine.runtime.meta_group import META_UID
+from engine.runtime.registry import Registry
 from engine.runtime.replica import Replica
 from engine.runtime.routing import CreateReplica, DeleteReplica, UpdatePolicyCall
 from engine.storage import Disk, NodeStorage, OsDisk
@@ -49,6 +56,8 @@ class Catalog:
         self.ctx = ctx
         self.unreadable: set[str] = set()
         """Queue directories whose definition is unreadable: kept, served by nobody."""
+        self.registry = Registry(ctx)
+        """A cluster node's creates and deletes, through the metadata group."""
 
     def open_storage(self) -> tuple[NodeStorage, list[QueueMeta]]:
         """In a worker, which owns the storage until ``start`` takes it over: recover it,
@@ -77,7 +86,7 @@ class Catalog:
     def drop_orphans(self, storage: NodeStorage, uids: set[str]) -> None:
         """Directories and logs without a definition are remains of a deleted queue (the
         definition is removed first and written first)."""
-        keep = uids | self.unreadable
+        keep = uids | self.unreadable | {META_UID}
         for uid in storage.servers():
             if uid not in keep:
                 storage.remove_server(uid)  # the WAL writer is not running yet
@@ -96,6 +105,8 @@ class Catalog:
         check_name(name)
         nodes = ctx.transport.nodes()
         args = check_args(args, ctx.limits, len(nodes))
+        if ctx.meta_group is not None:
+            return await self.registry.create_queue(name, args)
         async with ctx.admit():
             existing = self.known(name)
             if existing is not None:
@@ -163,6 +174,9 @@ class Catalog:
 
     async def delete_queue(self, name: str) -> None:
         ctx = self.ctx
+        if ctx.meta_group is not None:
+            await self.registry.delete_queue(name)
+            return
         async with ctx.admit():
             meta = self.known(name)
             if meta is None:

@@ -31,9 +31,11 @@ from engine.runtime.hosting import Hosting
 from engine.runtime.member_changes import Membership
 from engine.runtime.memory_alarm import MemoryWatch
 from engine.runtime.meta import QueueMeta
+from engine.runtime.meta_group import MetaGroup
 from engine.runtime.paging import Pages
 from engine.runtime.queue_ops import QueueOps
 from engine.runtime.receiving import Receiving
+from engine.runtime.reconciling import Reconciler
 from engine.runtime.replica import Proposal, Replica
 from engine.runtime.routing import Router
 from engine.runtime.timers import Timers
@@ -99,6 +101,10 @@ class NodeContext:
         self.dead_letters = DeadLetters(self)
         self.checkpoints = Checkpoints(self)
         self.receiving = Receiving(self)
+        self.meta_group: MetaGroup | None = None
+        """The cluster metadata group's replica on a cluster node (``Node(cluster=...)``);
+        ``None`` on a single node, whose queues are its own catalog's."""
+        self.reconciler = Reconciler(self)
 
     # --- what the lifecycle sets ---------------------------------------------------------
 

@@ -351,6 +351,10 @@ class Hosting:
                 if waiter is not None and not waiter.done():
                     waiter.set_result(None)
                 continue
+            group = ctx.meta_group
+            if group is not None and event.uid == group.uid:
+                group.on_storage_event(event)
+                continue
             rep = ctx.by_uid.get(event.uid)
             if rep is None or rep.closed:
                 continue

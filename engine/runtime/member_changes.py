@@ -3,7 +3,9 @@
 Rule: one change at a time, run on the leader's node (``routing``). An added member's
 replica is created first (it starts with no configuration: it neither votes nor
 campaigns), joins as a learner, catches up and becomes a voter; a removed member's
-replica is deleted once the change commits. The queue's definition follows the group's
+replica is deleted once the change commits. On a cluster node the metadata follows too
+(``AddMember`` before the replica is created, ``RemoveMember`` once the group no longer
+names it), so that every node's reconcile loop agrees with the group. The queue's definition follows the group's
 configuration as its entries reach the log (``maybe_members_changed``), so that a
 restart bootstraps from the right members. A leadership transfer returns once the new
 node leads.
@@ -16,6 +18,7 @@ import contextlib
 import dataclasses
 from typing import TYPE_CHECKING
 
+from engine.cluster.meta_commands import AddMember, RemoveMember
 from engine.errors import NoLeader, QueueConflict, QueueNotFound, QuorraError, ValidationFailed
 from engine.ids import NodeName, ServerId
 from engine.raft.events import AddServer, RemoveServer, TransferLeadership
@@ -76,6 +79,9 @@ class Membership:
 
     async def add_member_local(self, rep: Replica, node: str) -> QueueInfo:
         sid = server_id(node, rep.uid)
+        # On a cluster node the metadata places the replica first: the target's
+        # reconcile loop would drop a replica that no record places there.
+        await self.placed(rep, node, added=True)
         await self.ctx.transport.call(NodeName(node), CreateReplica(rep.meta))
         try:
             await self.change(rep, AddServer(self.request_id(rep), sid))
@@ -83,6 +89,19 @@ class Membership:
             await self._undo_add(rep, node, sid)
             raise
         return queue_info(rep.meta)
+
+    async def placed(self, rep: Replica, node: str, *, added: bool) -> None:
+        """Record in the metadata (a cluster node's) that the queue's replica on ``node``
+        is added or removed, against the members' generation this node knows; a
+        metadata that already says so changes nothing."""
+        group = self.ctx.meta_group
+        if group is None:
+            return
+        record = group.machine.queue_by_uid(rep.uid)
+        if record is None or (node in record.members) == added:
+            return
+        command = AddMember if added else RemoveMember
+        await group.propose(command(rep.uid, node, record.generation))
 
     async def _undo_add(self, rep: Replica, node: str, sid: ServerId) -> None:
         """An addition that failed leaves no replica behind: a learner it left in the
@@ -95,10 +114,12 @@ class Membership:
         with contextlib.suppress(QuorraError):
             if sid in config.members:
                 await self.change(rep, RemoveServer(self.request_id(rep), sid))
+            await self.placed(rep, node, added=False)
             await self.ctx.transport.call(NodeName(node), DeleteReplica(rep.uid))
 
     async def remove_member_local(self, rep: Replica, node: str) -> QueueInfo:
         await self.change(rep, RemoveServer(self.request_id(rep), server_id(node, rep.uid)))
+        await self.placed(rep, node, added=False)
         info = queue_info(rep.meta)
         if node == self.ctx.name:
             await self.ctx.catalog.delete_replica(rep.uid)

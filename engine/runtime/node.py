@@ -84,6 +84,7 @@ from engine.runtime.api import (
 )
 from engine.runtime.clock import SYSTEM_CLOCK, Clock
 from engine.runtime.context import NodeContext
+from engine.runtime.meta_group import MetaBootstrap, MetaGroup
 from engine.runtime.replica import node_of
 from engine.runtime.routing import NodeCall
 from engine.runtime.transport import LocalTransport, Transport
@@ -106,6 +107,7 @@ class Node:
         transport: Transport | None = None,
         receipt_key: bytes | None = None,
         clock: Clock = SYSTEM_CLOCK,
+        cluster: MetaBootstrap | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.clock = clock
@@ -118,6 +120,10 @@ class Node:
             self.data_dir, self.name, limits, clock, self.transport, receipt_key
         )
         """The node's state and parts (``engine.runtime.context``)."""
+        if cluster is not None:
+            # A cluster node: the metadata group decides which queues exist, and the
+            # reconcile loop makes this node's replicas follow it.
+            self.context.meta_group = MetaGroup(self.context, cluster)
         self._heard_ms: dict[str, int] = {}
         """Monotonic time of the last Raft message from each node."""
 
@@ -140,12 +146,18 @@ class Node:
             except QuorraError as e:
                 log.error("queue %s (%s) not recovered: %s", meta.name, meta.uid, e.detail)
                 ctx.failed[meta.name] = (meta, e)
+        group = ctx.meta_group
+        if group is not None:
+            group.open()
         ctx.writer = WalWriter(storage.wal, hosting.on_wal_batch_threadsafe)
         ctx.writer.start()
         ctx.running = True
         self.transport.attach(self.name, self)
         for rep in ctx.replicas.values():
             hosting.schedule(rep)
+        if group is not None:
+            group.schedule()
+            ctx.reconciler.start()
         await hosting.await_recovered()
 
     async def stop(self) -> None:
@@ -166,6 +178,9 @@ class Node:
             await ctx.checkpoints.before_stop()
         ctx.running = False
         self.transport.detach(self.name)
+        ctx.reconciler.stop()
+        if ctx.meta_group is not None:
+            ctx.meta_group.close(NoLeader("the node is stopping"))
         hosting = ctx.hosting
         for rep in ctx.replicas.values():
             hosting.close_replica(rep, NoLeader("the node is stopping"))
@@ -351,6 +366,11 @@ class Node:
         ``uid``, checked (``receiving``) before and by the replica's core."""
         self._heard_ms[src] = self.clock.monotonic_ms()
         ctx = self.context
+        group = ctx.meta_group
+        if group is not None and uid == group.uid:
+            if ctx.running:
+                group.on_message(src, message)
+            return
         rep = ctx.receiving.replica_for(src, uid, message)
         if rep is None or rep.closed or rep.failed is not None or not ctx.running:
             return

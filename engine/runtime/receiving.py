@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from engine.ids import NodeName
 from engine.raft.events import Receive
 from engine.raft.messages import Message
+from engine.raft.server import RaftServer
 from engine.runtime.replica import Replica, server_id
 
 if TYPE_CHECKING:
@@ -56,7 +57,11 @@ class Receiving:
 
     def step(self, rep: Replica, src: NodeName, message: Message) -> None:
         """Step ``message`` into the replica's core; count it if the core refuses it."""
-        raft = rep.raft
+        self.step_core(rep.raft, src, message)
+
+    def step_core(self, raft: RaftServer, src: NodeName, message: Message) -> None:
+        """Step ``message`` into ``raft`` (a queue's or the metadata's core); count it if
+        the core refuses it."""
         refused = raft.refused
         raft.step(Receive(message))
         if raft.refused != refused and raft.refusal is not None:

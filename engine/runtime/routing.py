@@ -21,6 +21,7 @@ import typing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, assert_never
 
+from engine.cluster.replies import MembersChanged, Ok, QueueCreated, QueueDeleting, QueueExists
 from engine.errors import NoLeader, QueueNotFound, WireError
 from engine.ids import NodeName
 from engine.raft.server import Role
@@ -117,6 +118,28 @@ class RemoveMemberCall:
     node: str
 
 
+@dataclass(frozen=True, slots=True)
+class MetaPropose:
+    """Propose an encoded metadata command (``engine.cluster.meta_commands``) on the node
+    of the metadata group's leader; answers ``MetaProposed``."""
+
+    command: bytes
+
+
+MetaReply = Ok | QueueCreated | QueueExists | QueueDeleting | MembersChanged
+"""What a committed metadata command answers (a rejection travels as its error)."""
+
+
+@dataclass(frozen=True, slots=True)
+class MetaProposed:
+    """The metadata command committed at ``index`` with ``reply``."""
+
+    index: int
+    reply: MetaReply
+
+
+wire.register((Ok, QueueCreated, QueueExists, QueueDeleting, MembersChanged, MetaProposed))
+
 LeaderCall = (
     PublishCall
     | ReceiveCall
@@ -129,11 +152,12 @@ LeaderCall = (
     | RemoveMemberCall
 )
 """A client operation on queue ``name``, run by the node of its leader."""
-NodeCall = CreateReplica | DeleteReplica | PublishRouted | LeaderCall
+NodeCall = CreateReplica | DeleteReplica | PublishRouted | MetaPropose | LeaderCall
 """Every call a node makes to another."""
 
 PROPOSING_CALL_TYPES = (
     PublishRouted,
+    MetaPropose,
     PublishCall,
     ReceiveCall,
     SettleCall,
@@ -147,6 +171,7 @@ wait); the others (replicas, members, leadership) may take several steps."""
 
 CALL_TYPES: tuple[type[Any], ...] = (
     CreateReplica,
+    MetaPropose,
     DeleteReplica,
     PublishRouted,
     PublishCall,
@@ -227,6 +252,12 @@ class Router:
             return None
         if isinstance(call, PublishRouted):
             return await ctx.ops.publish(call.name, call.messages)
+        if isinstance(call, MetaPropose):
+            group = ctx.meta_group
+            if group is None:
+                raise NoLeader(f"node {ctx.name} hosts no cluster metadata")
+            index, reply = await group.propose_local(call.command)
+            return MetaProposed(index, reply)
         # A client operation another node took: checked and admitted here too, as the
         # node that took it did (its checks are not this node's to trust).
         ctx.ops.check(call)
@@ -272,6 +303,9 @@ __all__ = [
     "CreateReplica",
     "DeleteReplica",
     "LeaderCall",
+    "MetaPropose",
+    "MetaProposed",
+    "MetaReply",
     "NodeCall",
     "PublishCall",
     "PublishRouted",

@@ -85,12 +85,10 @@ def test_three_local_nodes_form_a_cluster_and_stop_together(tmp_path: Path) -> N
         password = (root / "admin.password").read_text().strip()
         assert f"password: {password}" in lines[3]
         urls = [f"http://127.0.0.1:{port + k}" for k in range(3)]
-        # Until users live in the cluster's metadata, each node makes its own tokens.
-        tokens = [
-            httpx.post(f"{url}/api/v1/tokens", auth=("admin", password)).json()["token"]
-            for url in urls
-        ]
-        bearer = [{"Authorization": f"Bearer {t}"} for t in tokens]
+        # Tokens are the cluster metadata's: one made on n1 works on every node.
+        made = httpx.post(f"{urls[0]}/api/v1/tokens", auth=("admin", password))
+        assert made.status_code == 201, made.text
+        bearer = [{"Authorization": f"Bearer {made.json()['token']}"}] * 3
         created = httpx.put(f"{urls[0]}/api/v1/queues/dc", json={"replicas": 3}, headers=bearer[0])
         assert created.status_code == 201, created.text
         deadline = time.monotonic() + 30

@@ -38,7 +38,7 @@ class RecordingNode:
         state = self.app.state
         # Migrations ran and admin exists before the engine starts; not ready yet.
         assert (
-            state.migrations == "0001" and not state.ready and state.engine_status == "recovering"
+            state.migrations == "0002" and not state.ready and state.engine_status == "recovering"
         )
         with state.db.transaction() as session:
             assert repo.get_user(session, "admin") is not None

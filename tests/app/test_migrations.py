@@ -20,13 +20,39 @@ MIGRATIONS = PROJECT_ROOT / "migrations"
 
 
 def _schema(db: Database) -> list[tuple[str, str, str, str]]:
-    """Every table and index as SQLite keeps it, spacing aside."""
+    """Every table and index as SQLite keeps it, spacing, quoting and the order of table
+    constraints aside (a table that a migration rebuilt, as SQLite must to change a
+    column, is renamed into place, and SQLite then quotes its name)."""
     with db.engine.connect() as connection:
         rows = connection.execute(text("SELECT type, name, tbl_name, sql FROM sqlite_master"))
         return sorted(
-            (row[0], row[1], row[2], re.sub(r"\s*([(),])\s*", r"\1", row[3] or "").strip())
+            (row[0], row[1], row[2], re.sub(r"\s*([(),])\s*", r"\1", _unquoted(row[3])).strip())
             for row in rows
         )
+
+
+def _unquoted(sql: str | None) -> str:
+    return _constraints_sorted((sql or "").replace('"', ""))
+
+
+def _constraints_sorted(sql: str) -> str:
+    """A CREATE TABLE's table constraints in one order: a table a migration rebuilt lists
+    them in the order the rebuild walked them, which need not be the models'."""
+    start = sql.find("(")
+    if not sql.startswith("CREATE TABLE") or start < 0 or not sql.endswith(")"):
+        return sql
+    items, depth, current = [], 0, ""
+    for char in sql[start + 1 : -1]:
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            items.append(current.strip())
+            current = ""
+        else:
+            current += char
+    items.append(current.strip())
+    columns = [i for i in items if not i.startswith("CONSTRAINT")]
+    constraints = sorted(i for i in items if i.startswith("CONSTRAINT"))
+    return sql[: start + 1] + ",".join(columns + constraints) + ")"
 
 
 def _by_alembic(path: Path) -> Database:

@@ -310,7 +310,7 @@ def test_healthz_and_readyz_are_open(server: Server) -> None:
     ready = httpx.get(f"{server.url}/readyz")
     assert ready.status_code == 200
     body = ready.json()
-    assert body["ready"] is True and body["migrations"] == "0001"
+    assert body["ready"] is True and body["migrations"] == "0002"
     assert body["engine"] in ("absent", "recovered")  # recovered once the runtime is built in
 
 

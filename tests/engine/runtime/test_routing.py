@@ -8,6 +8,15 @@ from typing import Any
 
 import pytest
 
+from engine.cluster import (
+    MembersChanged,
+    Ok,
+    QueueCreated,
+    QueueDeleting,
+    QueueExists,
+    encode_command,
+)
+from engine.cluster.meta_commands import DeleteQueue
 from engine.errors import ValidationFailed
 from engine.runtime import InMemoryNetwork, Node, wire
 from engine.runtime.api import OutgoingMessage, QueueArgs
@@ -18,6 +27,8 @@ from engine.runtime.routing import (
     BrowseCall,
     CreateReplica,
     DeleteReplica,
+    MetaPropose,
+    MetaProposed,
     PublishCall,
     PublishRouted,
     PurgeCall,
@@ -48,7 +59,22 @@ CALLS: list[object] = [
     TransferCall("q", "n2"),
     AddMemberCall("q", "n3"),
     RemoveMemberCall("q", "n3"),
+    MetaPropose(encode_command(DeleteQueue("q"))),
 ]
+
+
+META_ANSWERS: list[MetaProposed] = [
+    MetaProposed(7, Ok(True)),
+    MetaProposed(8, QueueCreated("u" * 32, ("n1", "n2"), "n2")),
+    MetaProposed(9, QueueExists("u" * 32)),
+    MetaProposed(9, QueueDeleting("u" * 32)),
+    MetaProposed(10, MembersChanged("u" * 32, ("n1",), 3)),
+]
+
+
+@pytest.mark.parametrize("answer", META_ANSWERS, ids=lambda a: type(a.reply).__name__)
+def test_a_metadata_answer_crosses_the_wire_as_itself(answer: MetaProposed) -> None:
+    assert wire.decode(wire.encode(answer)) == answer
 
 
 def test_every_call_type_is_covered() -> None:

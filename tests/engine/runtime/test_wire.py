@@ -37,7 +37,7 @@ from engine.runtime.api import (
 )
 from engine.runtime.meta import QueueMeta
 from engine.runtime.routing import PurgeCall
-from tests.engine.runtime.test_routing import CALLS
+from tests.engine.runtime.test_routing import CALLS, META_ANSWERS
 
 A, B = ServerId("n1/q"), ServerId("n2/q")
 REFUSAL = AppendResponse(
@@ -143,6 +143,7 @@ def test_a_dataclass_with_the_wrong_field_count_is_refused() -> None:
 SAMPLES: list[object] = [
     *VALUES,
     *CALLS,
+    *META_ANSWERS,
     Entry(1, 1, EntryKind.CONFIG, 0, b"\x92\x90\x90"),
     QueueArgs(),
     NoLeader("no leader"),

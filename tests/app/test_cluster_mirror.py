@@ -1,0 +1,88 @@
+"""A cluster node's SQLite follows the metadata's users and tokens (app/cluster_mirror.py):
+rows upserted and deleted by key, every row rewritten by a full write, rows made on the
+node alone left to it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from app.cluster_mirror import Rows, local_rows, write_rows
+from app.db import repo
+from app.db.migrate import upgrade_to_head
+from app.db.models import ApiToken, User
+from app.db.session import Database
+from app.settings import PROJECT_ROOT
+from engine.cluster import TokenRecord, UserRecord
+
+NO_PERMS = {"configure": "", "write": "", "read": ""}
+
+
+@pytest.fixture()
+def db(tmp_path: Path) -> Iterator[Database]:
+    database = Database(f"sqlite:///{tmp_path / 'meta.sqlite3'}")
+    upgrade_to_head(database.engine, PROJECT_ROOT / "migrations")
+    yield database
+    database.dispose()
+
+
+def _user(name: str, password_hash: str = "h1", role: str = "user", write: str = "") -> UserRecord:
+    return UserRecord(name, password_hash, role, "", write, "", 1_700_000_000_000, 3)  # type: ignore[arg-type]
+
+
+def _token(tid: str, user: str) -> TokenRecord:
+    return TokenRecord(tid, user, tid * 4, "qra_" + tid[:4], "", 1_700_000_000_000)
+
+
+def _state(db: Database) -> tuple[dict[str, tuple[str, str, bool]], dict[str, tuple[str, bool]]]:
+    with db.transaction() as s:
+        users = {u.name: (u.password_hash, u.write, u.replicated) for u in s.scalars(select(User))}
+        tokens = {t.id: (t.user.name, t.replicated) for t in s.scalars(select(ApiToken))}
+    return users, tokens
+
+
+def test_changes_upsert_and_delete_by_key_and_leave_local_rows_alone(db: Database) -> None:
+    with db.transaction() as s:
+        local = repo.create_user(s, name="local", password_hash="lh", role="admin", **NO_PERMS)
+        repo.create_token(s, user=local, digest="d" * 64, prefix="qra_dddd", name="")
+    write_rows(
+        db, Rows(5, {"app": _user("app", write="orders")}, {"aaaa": _token("aaaa", "app")}, False)
+    )
+    users, tokens = _state(db)
+    assert users == {"local": ("lh", "", False), "app": ("h1", "orders", True)}
+    assert tokens["aaaa"] == ("app", True)
+    assert [u.name for u in local_rows(db)[0]] == ["local"]
+    # A new hash and permissions; a token of an unknown user waits for its user's row.
+    write_rows(
+        db,
+        Rows(6, {"app": _user("app", "h2", write="x")}, {"bbbb": _token("bbbb", "ghost")}, False),
+    )
+    users, tokens = _state(db)
+    assert users["app"] == ("h2", "x", True) and "bbbb" not in tokens
+    # Gone from the metadata: deleted here, its tokens with it; a local row is not.
+    write_rows(db, Rows(7, {"app": None, "local": None}, {}, False))
+    users, tokens = _state(db)
+    assert set(users) == {"local"} and set(tokens) == {next(iter(tokens))}
+    assert tokens[next(iter(tokens))] == ("local", False)
+
+
+def test_a_full_write_rewrites_everything_and_adopts_local_rows_of_the_same_name(
+    db: Database,
+) -> None:
+    with db.transaction() as s:
+        repo.create_user(s, name="admin", password_hash="mine", role="admin", **NO_PERMS)
+        repo.create_user(s, name="solo", password_hash="s", role="user", **NO_PERMS)
+    write_rows(db, Rows(3, {"old": _user("old")}, {"cccc": _token("cccc", "old")}, False))
+    full = Rows(
+        9, {"admin": _user("admin", "theirs", "admin")}, {"eeee": _token("eeee", "admin")}, True
+    )
+    write_rows(db, full)
+    users, tokens = _state(db)
+    # "old" left the metadata while nothing told this node: the full write deletes it;
+    # "admin" is the metadata's now (its hash, replicated); "solo" stays this node's.
+    assert users == {"admin": ("theirs", "", True), "solo": ("s", "", False)}
+    assert tokens == {"eeee": ("admin", True)}
+    assert [u.name for u in local_rows(db)[0]] == ["solo"]

@@ -1,0 +1,228 @@
+"""The cluster metadata group hosted by real nodes (three in one process, the in-memory
+transport between them): bootstrap, creates and deletes through it, each node's
+reconcile loop, membership changes recorded in it, restarts."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TypeVar
+
+from engine.errors import NoLeader, QueueConflict, QueueNotFound
+from engine.limits import Limits
+from engine.runtime import InMemoryNetwork, Node
+from engine.runtime.api import QueueArgs
+from engine.runtime.meta import QueueMeta
+from engine.runtime.meta_group import META_UID, MetaBootstrap, MetaGroup
+from tests.engine.runtime.util import FAST, drain, eventually, msgs, run
+
+T = TypeVar("T")
+NAMES = ["n1", "n2", "n3"]
+LIMITS = dataclasses.replace(
+    FAST,
+    proposal_timeout_ms=FAST.leader_wait_ms,
+    reconcile_interval_ms=200,
+    meta_checkpoint_bytes_min=256,
+    meta_record_bytes_estimate=16,
+)
+"""Small metadata checkpoints, so that a few commands checkpoint and compact its log."""
+BOOT = MetaBootstrap("test-cluster", {n: f"127.0.0.1:{7000 + i}" for i, n in enumerate(NAMES)})
+
+
+def node_on(root: Path, name: str, network: InMemoryNetwork, limits: Limits = LIMITS) -> Node:
+    transport = network.transport(name)
+    return Node(root / name, node_name=name, limits=limits, transport=transport, cluster=BOOT)
+
+
+async def cluster(root: Path, network: InMemoryNetwork) -> dict[str, Node]:
+    nodes = {name: node_on(root, name, network) for name in NAMES}
+    await asyncio.gather(*(n.start() for n in nodes.values()))
+    return nodes
+
+
+async def stop_all(nodes: dict[str, Node]) -> None:
+    await asyncio.gather(*(n.stop() for n in nodes.values()))
+
+
+def group(node: Node) -> MetaGroup:
+    g = node.context.meta_group
+    assert g is not None
+    return g
+
+
+async def retrying(call: Callable[[], Awaitable[T]], timeout_s: float = 10) -> T:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        try:
+            return await call()
+        except NoLeader:
+            if loop.time() > deadline:
+                raise
+            await asyncio.sleep(0.05)
+
+
+def held(node: Node) -> set[str]:
+    return set(node.context.by_uid)
+
+
+def test_the_first_leader_bootstraps_and_every_node_applies_it(tmp_path: Path) -> None:
+    async def body() -> None:
+        network = InMemoryNetwork(NAMES)
+        nodes = await cluster(tmp_path, network)
+        try:
+            await eventually(
+                lambda: all(group(n).caught_up() for n in nodes.values()), what="bootstrap"
+            )
+            await eventually(lambda: all(len(group(n).machine.nodes) == 3 for n in nodes.values()))
+            for node in nodes.values():
+                machine = group(node).machine
+                assert machine.cluster_id == "test-cluster"
+                assert sorted(machine.nodes) == NAMES
+                assert machine.nodes["n2"].address == "127.0.0.1:7001"
+                machine.check_invariants()
+        finally:
+            await stop_all(nodes)
+
+    run(body())
+
+
+def test_creates_and_deletes_go_through_the_metadata_and_replicas_follow(tmp_path: Path) -> None:
+    async def body() -> None:
+        network = InMemoryNetwork(NAMES)
+        nodes = await cluster(tmp_path, network)
+        try:
+            first, second = await asyncio.gather(
+                retrying(lambda: nodes["n1"].create_queue("q", QueueArgs(replicas=2))),
+                retrying(lambda: nodes["n3"].create_queue("q", QueueArgs(replicas=2))),
+            )
+            assert first[0].uid == second[0].uid
+            assert sorted([first[1], second[1]]) == [False, True]
+            uid = first[0].uid
+            record = group(nodes["n2"]).machine.queue_by_uid(uid)
+            assert record is not None and len(record.members) == 2
+            await eventually(
+                lambda: all((uid in held(nodes[m])) for m in record.members), what="replicas"
+            )
+            outsider = next(n for n in NAMES if n not in record.members)
+            assert uid not in held(nodes[outsider])
+            await eventually(
+                lambda: group(nodes["n1"]).machine.queues["q"].state == "live", what="live"
+            )
+            member = nodes[record.members[0]]
+            await retrying(lambda: member.publish("q", msgs("a", "b")))
+            assert await drain(nodes[record.members[1]], "q") == [b"a", b"b"]
+            try:
+                await nodes["n2"].create_queue("q", QueueArgs(replicas=2, max_length=5))
+            except QueueConflict:
+                pass
+            else:
+                raise AssertionError("a name is unique cluster-wide")
+            await retrying(lambda: nodes[outsider].delete_queue("q"))
+            await eventually(lambda: all(not held(n) for n in nodes.values()), what="drops")
+            await eventually(
+                lambda: group(nodes["n1"]).machine.queues["q"].state == "tombstone",
+                what="tombstone",
+            )
+            try:
+                await nodes["n1"].delete_queue("q")
+            except QueueNotFound:
+                pass
+            else:
+                raise AssertionError("a deleted queue is gone")
+            again, created = await retrying(
+                lambda: nodes["n2"].create_queue("q", QueueArgs(replicas=3))
+            )
+            assert created and again.uid != uid
+            await eventually(lambda: all(held(n) == {again.uid} for n in nodes.values()))
+        finally:
+            await stop_all(nodes)
+
+    run(body())
+
+
+def test_a_node_down_creates_on_return_and_drops_orphans(tmp_path: Path) -> None:
+    """The reconcile loop finishes what a node missed: a queue created while it was
+    down, a delete it missed, and a replica no record places on it (an orphan, as a
+    crash half-way through an older create could leave) goes."""
+
+    async def body() -> None:
+        network = InMemoryNetwork(NAMES)
+        nodes = await cluster(tmp_path, network)
+        try:
+            kept, _ = await retrying(lambda: nodes["n1"].create_queue("kept", QueueArgs()))
+            gone, _ = await retrying(lambda: nodes["n1"].create_queue("gone", QueueArgs()))
+            await eventually(lambda: held(nodes["n3"]) == {kept.uid, gone.uid})
+            await nodes["n3"].halt()
+            await retrying(lambda: nodes["n1"].delete_queue("gone"))
+            late, _ = await retrying(lambda: nodes["n2"].create_queue("late", QueueArgs()))
+            assert group(nodes["n1"]).machine.queues["gone"].state == "deleting"
+            nodes["n3"] = node_on(tmp_path, "n3", network)
+            orphan = QueueMeta("orphan", "f" * 32, QueueArgs(replicas=1), 1, ("n3",))
+            await nodes["n3"].start()
+            await nodes["n3"].context.catalog.create_replica(orphan)
+            await eventually(
+                lambda: held(nodes["n3"]) == {kept.uid, late.uid}, what="n3 reconciled"
+            )
+            await eventually(lambda: group(nodes["n2"]).machine.queues["gone"].state == "tombstone")
+            queues = tmp_path / "n3" / "queues"
+            await eventually(
+                lambda: not (queues / gone.uid).exists() and not (queues / orphan.uid).exists(),
+                what="their files removed",
+            )
+        finally:
+            await stop_all(nodes)
+
+    run(body())
+
+
+def test_member_changes_are_recorded_and_the_metadata_survives_restarts(tmp_path: Path) -> None:
+    async def body() -> None:
+        network = InMemoryNetwork(NAMES)
+        nodes = await cluster(tmp_path, network)
+        try:
+            info, _ = await retrying(lambda: nodes["n1"].create_queue("m", QueueArgs(replicas=2)))
+            record = group(nodes["n1"]).machine.queue_by_uid(info.uid)
+            assert record is not None
+            outsider = next(n for n in NAMES if n not in record.members)
+            await retrying(lambda: nodes["n1"].add_member("m", outsider))
+
+            def recorded_added() -> bool:
+                after = group(nodes["n1"]).machine.queue_by_uid(info.uid)
+                return after is not None and outsider in after.members
+
+            await eventually(recorded_added, what="the addition in n1's metadata")
+            # Reconcile passes run meanwhile: the added replica is not an orphan.
+            await asyncio.sleep(3 * LIMITS.reconcile_interval_ms / 1000)
+            assert info.uid in held(nodes[outsider])
+            await retrying(lambda: nodes["n1"].remove_member("m", outsider))
+            await eventually(lambda: info.uid not in held(nodes[outsider]), what="removed")
+
+            def recorded_removed() -> bool:
+                # The leader's node waited for its own replica; n1's applies it soon.
+                final = group(nodes["n1"]).machine.queue_by_uid(info.uid)
+                return final is not None and outsider not in final.members
+
+            await eventually(recorded_removed, what="the removal in n1's metadata")
+            for i in range(20):  # enough commands for a few metadata checkpoints
+                await retrying(lambda i=i: nodes["n2"].create_queue(f"x{i}", QueueArgs()))
+            snapshot = group(nodes["n1"]).machine.snapshot()
+            # The machine asked for checkpoints: written, and the log compacted behind.
+            meta_dir = tmp_path / "n1" / "queues" / META_UID
+            await eventually(lambda: any(meta_dir.rglob("*.chk")), what="a checkpoint")
+            assert group(nodes["n1"]).log.snapshot_index() > 0
+        finally:
+            await stop_all(nodes)
+        nodes = await cluster(tmp_path, network)
+        try:
+            await eventually(lambda: all(group(n).caught_up() for n in nodes.values()))
+            for node in nodes.values():
+                assert group(node).machine.snapshot() == snapshot
+                assert group(node).driver is not None
+            assert held(nodes["n1"]) >= {info.uid}
+        finally:
+            await stop_all(nodes)
+
+    run(body())
