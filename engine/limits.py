@@ -264,7 +264,8 @@ class Limits:
         # cluster metadata
         assert self.cluster_nodes_max >= 1 and self.cluster_tombstones_max >= 0
         assert self.meta_checkpoint_bytes_min >= 1 and self.meta_record_bytes_estimate >= 1
-        assert 1 <= self.meta_voters_max <= self.cluster_nodes_max
+        # A cluster of fewer nodes than meta_voters_max has every node a voter.
+        assert self.meta_voters_max >= 1
         assert self.reconcile_interval_ms >= self.poll_interval_ms
         # from peers
         assert self.wire_document_bytes_max >= self.entry_bytes_max + MIB
