@@ -9,6 +9,10 @@ The smoke runs of the selected benches start together, when the first of their t
 runs, and each test waits for its own: they spend most of their time waiting (for a
 server, a JVM, a disk, their load generators' start), so the file takes about as long
 as the slowest one, the pipeline's SparkSession, rather than the sum.
+
+The helpers of the benches are covered through them: ``bench rest``'s stream phases run
+the generators of ``bench/_stream_load.py``, and the proxy of ``bench/_proxy.py`` has tests
+of its own (``tests/cluster/test_proxy.py``).
 """
 
 from __future__ import annotations
