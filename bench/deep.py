@@ -53,7 +53,7 @@ from typing import Any
 import httpx
 
 import bench
-from bench.restart import ADMIN_PASSWORD, Server
+from bench.restart import ADMIN_PASSWORD, Server, batch_body, publish_all
 
 JSON_KEYS: tuple[str, ...] = (
     "bench",
@@ -143,31 +143,6 @@ class DeepServer(Server):
             time.sleep(0.005)
 
 
-def _publish_body() -> bytes:
-    text = ("0123456789abcdef" * 4)[:MESSAGE_BYTES]
-    return json.dumps({"messages": [{"body": text}] * BATCH}).encode("ascii")
-
-
-async def _publish(url: str, token: str, messages: int) -> None:
-    body = _publish_body()
-    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
-    batches = iter(range(messages // BATCH))
-    limits = httpx.Limits(max_connections=PUBLISHERS)
-    async with httpx.AsyncClient(base_url=url, headers=headers, limits=limits, timeout=60) as http:
-
-        async def publisher() -> None:
-            for _ in batches:
-                while True:
-                    got = await http.post(f"/api/v1/queues/{QUEUE}/messages", content=body)
-                    if got.status_code == 201:
-                        break
-                    if got.status_code not in (429, 503):
-                        raise RuntimeError(f"publish answered {got.status_code}: {got.text}")
-                    await asyncio.sleep(0.05)
-
-        await asyncio.gather(*(publisher() for _ in range(PUBLISHERS)))
-
-
 async def _consume(url: str, token: str, messages: int) -> None:
     """Receive and acknowledge until ``messages`` have been consumed."""
     headers = {"Authorization": f"Bearer {token}"}
@@ -224,7 +199,8 @@ def measure(server: DeepServer, args: argparse.Namespace) -> dict[str, Any]:
     rss_empty, anon_empty = server.vm_rss_bytes(), server.rss_anon_bytes()
 
     started = time.perf_counter()
-    asyncio.run(_publish(server.url, token, args.messages))
+    body = batch_body(MESSAGE_BYTES, BATCH)
+    asyncio.run(publish_all(server.url, token, QUEUE, body, args.messages // BATCH, PUBLISHERS))
     publish_rate = args.messages / (time.perf_counter() - started)
     time.sleep(args.rss_wait_s)
     rss, anon = server.vm_rss_bytes(), server.rss_anon_bytes()

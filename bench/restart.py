@@ -233,36 +233,40 @@ def first_start(server: Server, starts: int) -> tuple[str, float, float]:
     return token, statistics.median(ready), statistics.median(receive)
 
 
-def _batch_body() -> bytes:
-    text = ("0123456789abcdef" * (MESSAGE_BYTES // 16 + 1))[:MESSAGE_BYTES]
-    return json.dumps({"messages": [{"body": text}] * BATCH}).encode("ascii")
+def batch_body(message_bytes: int, batch: int) -> bytes:
+    """A publish request of ``batch`` messages of ``message_bytes`` each, as JSON."""
+    text = ("0123456789abcdef" * (message_bytes // 16 + 1))[:message_bytes]
+    return json.dumps({"messages": [{"body": text}] * batch}).encode("ascii")
 
 
-async def _fill(url: str, token: str, messages: int) -> None:
-    """Publish ``messages`` in batches of ``BATCH`` from ``CLIENTS`` connections."""
-    body = _batch_body()
+async def publish_all(
+    url: str, token: str, queue: str, body: bytes, requests: int, clients: int
+) -> None:
+    """Send ``body`` to ``queue`` ``requests`` times from ``clients`` connections, each again
+    after a 429 or 503 until it is confirmed (201)."""
     headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
-    batches = iter(range(messages // BATCH))
-    limits = httpx.Limits(max_connections=CLIENTS)
+    left = iter(range(requests))
+    limits = httpx.Limits(max_connections=clients)
     async with httpx.AsyncClient(base_url=url, headers=headers, limits=limits, timeout=60) as http:
 
         async def client() -> None:
-            for _ in batches:
+            for _ in left:
                 while True:
-                    got = await http.post(f"/api/v1/queues/{QUEUE}/messages", content=body)
+                    got = await http.post(f"/api/v1/queues/{queue}/messages", content=body)
                     if got.status_code == 201:
                         break
                     if got.status_code not in (429, 503):
                         raise RuntimeError(f"publish answered {got.status_code}: {got.text}")
                     await asyncio.sleep(0.05)
 
-        await asyncio.gather(*(client() for _ in range(CLIENTS)))
+        await asyncio.gather(*(client() for _ in range(clients)))
 
 
 def fill(server: Server, token: str, messages: int) -> float:
     """Publish ``messages``; the rate in messages per second."""
     started = time.perf_counter()
-    asyncio.run(_fill(server.url, token, messages))
+    body = batch_body(MESSAGE_BYTES, BATCH)
+    asyncio.run(publish_all(server.url, token, QUEUE, body, messages // BATCH, CLIENTS))
     return messages / (time.perf_counter() - started)
 
 
