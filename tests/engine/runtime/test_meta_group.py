@@ -6,16 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TypeVar
 
-from engine.errors import NoLeader, QueueConflict, QueueNotFound
+from engine.errors import QueueConflict, QueueNotFound
 from engine.limits import Limits
 from engine.runtime import InMemoryNetwork, Node
 from engine.runtime.api import QueueArgs
 from engine.runtime.meta import QueueMeta
 from engine.runtime.meta_group import META_UID, MetaBootstrap, MetaGroup
+from tests.engine.runtime.test_cluster import retrying
 from tests.engine.runtime.util import FAST, drain, eventually, msgs, run
 
 T = TypeVar("T")
@@ -50,18 +50,6 @@ def group(node: Node) -> MetaGroup:
     g = node.context.meta_group
     assert g is not None
     return g
-
-
-async def retrying(call: Callable[[], Awaitable[T]], timeout_s: float = 10) -> T:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while True:
-        try:
-            return await call()
-        except NoLeader:
-            if loop.time() > deadline:
-                raise
-            await asyncio.sleep(0.05)
 
 
 def held(node: Node) -> set[str]:
