@@ -203,9 +203,12 @@ class Catalog:
         storage = ctx.storage
         # The definition goes first: a crash after it leaves an orphan, removed at start.
         # Storage then removes the directory itself, which must hold none of our files.
+        # A second delete of the same replica (a member removal racing the reconcile loop)
+        # may remove the file between the check and the removal: gone is what both want.
         for path in (meta_path(uid), meta_path(uid) + ".tmp"):
             if storage.disk.exists(path):
-                await asyncio.to_thread(storage.disk.remove, path)
+                with contextlib.suppress(FileNotFoundError):
+                    await asyncio.to_thread(storage.disk.remove, path)
         if storage.disk.exists(f"queues/{uid}"):
             await asyncio.to_thread(storage.disk.sync_dir, f"queues/{uid}")
         removed: asyncio.Future[None] = ctx.loop.create_future()
