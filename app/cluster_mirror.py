@@ -182,13 +182,13 @@ class ClusterMirror:
         self.user(user)
         await self.commit([mc.PutToken(tid, user, digest, prefix, name)])
 
-    async def delete_token(self, tid: str, who: str, is_admin: bool) -> str:
-        """Revoke token ``tid`` for user ``who`` (any user's for an admin); its owner."""
+    async def delete_token(self, tid: str, who: str, is_admin: bool) -> TokenRecord:
+        """Revoke token ``tid`` for user ``who`` (any user's for an admin); its record."""
         rec = self.group.machine.tokens.get(tid)
         if rec is None or (rec.user != who and not is_admin):
             raise TokenNotFound(f"no token {tid!r}")
         await self.commit([mc.DeleteToken(tid)])
-        return rec.user
+        return rec
 
     def user(self, name: str) -> UserRecord:
         rec = self.group.machine.users.get(name)

@@ -131,7 +131,8 @@ def revoke_token(
 ) -> Response:
     mirror = mirror_of(request.app.state)
     if mirror is not None:  # a cluster node: the metadata's, then this node's SQLite
-        owner = anyio.from_thread.run(mirror.delete_token, token_id, who.name, who.is_admin)
+        rec = anyio.from_thread.run(mirror.delete_token, token_id, who.name, who.is_admin)
+        owner = rec.user
     else:
         token = repo.get_token(session, token_id)
         if token is None or (token.user_id != who.user_id and not who.is_admin):

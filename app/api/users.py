@@ -183,10 +183,14 @@ def get_permissions(user_name: UserName, session: SessionDep, _who: AdminDep) ->
 def set_permissions(
     user_name: UserName, body: Permissions, request: Request, session: SessionDep, who: AdminDep
 ) -> Permissions:
-    user = _get(session, user_name)
-    _set_permissions(user, body)
-    session.flush()
-    _audit(session, request, who, "user.permissions", user.name, **body.model_dump())
+    mirror = mirror_of(request.app.state)
+    if mirror is not None:  # a cluster node: the metadata's, then this node's SQLite
+        wanted = (body.configure, body.write, body.read)
+        anyio.from_thread.run(mirror.update_user, user_name, None, None, wanted)
+    else:
+        _set_permissions(_get(session, user_name), body)
+        session.flush()
+    _audit(session, request, who, "user.permissions", user_name, **body.model_dump())
     return body
 
 

@@ -4,12 +4,18 @@ tokens. Bodies are validated by the REST API's own models (``UserIn``,
 and every change lands in the audit log with ``source="ui"``. A password is hashed on
 the app's password workers (app/passwords.py) before the first query. A created token's
 secret is shown once, on a page with ``Cache-Control: no-store`` like every page here.
+
+On a cluster node a change goes to the cluster metadata first (app/cluster_mirror.py),
+as the REST API's does, and before the request's first query: the metadata's writer
+commits the rows into SQLite meanwhile, and a transaction that had read before it could
+neither see them nor write after them. So a user or token made here works on every node.
 """
 
 from __future__ import annotations
 
 from typing import Annotated
 
+import anyio
 from fastapi import APIRouter, Form, Path, Request
 from fastapi.responses import HTMLResponse
 from pydantic import ValidationError
@@ -18,12 +24,15 @@ from sqlalchemy.orm import Session
 from app.api.deps import SessionDep, client_addr
 from app.api.schemas import USER_NAME_PATTERN, Permissions, UserIn
 from app.api.tokens import issue_token
+from app.auth import new_token, token_digest, token_prefix
 from app.db import repo
+from app.db.models import ApiToken
 from app.problems import AppProblem, Forbidden, TokenNotFound, UserConflict, UserNotFound
-from app.state import passwords_of
+from app.state import mirror_of, passwords_of
 from app.ui.common import error_flash, flash, render
 from app.ui.sessions import UiLogin
 from app.ui.views import CsrfLoginDep, LoginDep
+from engine.errors import QuorraError
 
 router = APIRouter(include_in_schema=False)
 UserName = Annotated[str, Path(pattern=USER_NAME_PATTERN)]
@@ -99,6 +108,7 @@ def add_user(
 ) -> HTMLResponse:
     if (refusal := refused(request, login)) is not None:
         return refusal
+    mirror = mirror_of(request.app.state)
     try:
         body = UserIn.model_validate(
             {
@@ -110,20 +120,25 @@ def add_user(
         )
         passwords = passwords_of(request.app.state)
         password_hash = passwords.hash_from_thread(body.password)  # before any query
-        if repo.get_user(session, body.name) is not None:
+        p = body.permissions
+        if mirror is not None:  # a cluster node: the metadata's, then this node's SQLite
+            args = (body.name, password_hash, body.role, p.configure, p.write, p.read)
+            anyio.from_thread.run(mirror.create_user, *args)
+        elif repo.get_user(session, body.name) is not None:
             raise UserConflict(f"user {body.name!r} exists")
-    except (AppProblem, ValidationError) as e:
+    except (AppProblem, QuorraError, ValidationError) as e:
         return error_flash(request, e)
-    repo.create_user(
-        session,
-        name=body.name,
-        password_hash=password_hash,
-        role=body.role,
-        configure=body.permissions.configure,
-        write=body.permissions.write,
-        read=body.permissions.read,
-    )
-    permissions = body.permissions.model_dump()
+    if mirror is None:
+        repo.create_user(
+            session,
+            name=body.name,
+            password_hash=password_hash,
+            role=body.role,
+            configure=p.configure,
+            write=p.write,
+            read=p.read,
+        )
+    permissions = p.model_dump()
     _audit(
         session, request, login, "user.create", body.name, role=body.role, permissions=permissions
     )
@@ -142,21 +157,42 @@ def set_permissions(
 ) -> HTMLResponse:
     if (refusal := refused(request, login)) is not None:
         return refusal
+    mirror = mirror_of(request.app.state)
     try:
         permissions = _permissions(configure, write, read)
-        user = repo.get_user(session, user_name)
-        if user is None:
-            raise UserNotFound(f"no user {user_name!r}")
-    except (AppProblem, ValidationError) as e:
+        wanted = (permissions.configure, permissions.write, permissions.read)
+        if mirror is not None:  # a cluster node: the metadata's, then this node's SQLite
+            anyio.from_thread.run(mirror.update_user, user_name, None, None, wanted)
+            user = None
+        else:
+            user = repo.get_user(session, user_name)
+            if user is None:
+                raise UserNotFound(f"no user {user_name!r}")
+    except (AppProblem, QuorraError, ValidationError) as e:
         return error_flash(request, e)
-    user.configure, user.write, user.read = (
-        permissions.configure,
-        permissions.write,
-        permissions.read,
-    )
-    session.flush()
+    if user is not None:
+        user.configure, user.write, user.read = wanted
+        session.flush()
     _audit(session, request, login, "user.permissions", user_name, **permissions.model_dump())
     return flash(request, f"Permissions of {user_name} saved.")  # the form shows them already
+
+
+def _issue(request: Request, session: Session, user: str, name: str) -> tuple[str, ApiToken]:
+    """A token of ``user``: through the metadata on a cluster node (then read back from
+    SQLite, which holds it once the change committed), else in the request's session."""
+    mirror = mirror_of(request.app.state)
+    if mirror is None:
+        owner = repo.get_user(session, user)
+        if owner is None:
+            raise UserNotFound(f"no user {user!r}")
+        return issue_token(session, owner, name)
+    secret, token_id = new_token(), repo.new_token_id()
+    args = (token_id, user, token_digest(secret), token_prefix(secret), name)
+    anyio.from_thread.run(mirror.put_token, *args)
+    row = repo.get_token(session, token_id)
+    if row is None:  # the user was deleted between the commit and the read
+        raise UserNotFound(f"no user {user!r}")
+    return secret, row
 
 
 @router.post("/tokens", response_class=HTMLResponse)
@@ -165,12 +201,13 @@ def create_token(
 ) -> HTMLResponse:
     if (refusal := refused(request, login)) is not None:
         return refusal
-    owner = repo.get_user(session, user)
-    if owner is None:
-        return error_flash(request, UserNotFound(f"no user {user!r}"))
-    secret, row = issue_token(session, owner, name[:200])
-    _audit(session, request, login, "token.create", owner.name, token_id=row.id, name=row.name)
-    response = render(request, "_token_created.html", {"secret": secret, "owner": owner.name})
+    try:
+        secret, row = _issue(request, session, user, name[:200])
+    except (AppProblem, QuorraError) as e:
+        return error_flash(request, e)
+    owner = row.user.name
+    _audit(session, request, login, "token.create", owner, token_id=row.id, name=row.name)
+    response = render(request, "_token_created.html", {"secret": secret, "owner": owner})
     response.headers["HX-Trigger"] = "quorra:users"
     return response
 
@@ -184,10 +221,18 @@ def revoke_token(
 ) -> HTMLResponse:
     if (refusal := refused(request, login)) is not None:
         return refusal
-    token = repo.get_token(session, token_id)
-    if token is None:
-        return error_flash(request, TokenNotFound(f"no token {token_id!r}"))
-    owner = token.user.name
-    repo.revoke_token(session, token)
+    mirror = mirror_of(request.app.state)
+    try:
+        if mirror is not None:  # a cluster node: the metadata's, then this node's SQLite
+            rec = anyio.from_thread.run(mirror.delete_token, token_id, login.principal.name, True)
+            owner, prefix = rec.user, rec.prefix
+        else:
+            token = repo.get_token(session, token_id)
+            if token is None:
+                raise TokenNotFound(f"no token {token_id!r}")
+            owner, prefix = token.user.name, token.prefix
+            repo.revoke_token(session, token)
+    except (AppProblem, QuorraError) as e:
+        return error_flash(request, e)
     _audit(session, request, login, "token.revoke", owner, token_id=token_id)
-    return _done(request, f"Token {token.prefix}… of {owner} revoked.")
+    return _done(request, f"Token {prefix}… of {owner} revoked.")

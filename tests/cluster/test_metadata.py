@@ -5,6 +5,7 @@ group")."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -13,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.app.test_ui import csrf_of, log_in
 from tests.cluster.harness import Cluster
 
 pytestmark = pytest.mark.integration
@@ -20,6 +22,7 @@ pytestmark = pytest.mark.integration
 StartCluster = Callable[[int], Cluster]
 META_DIR = "cluster-meta"
 WAIT_S = 20.0
+TOKEN_SHOWN = re.compile(r'<pre class="secret" id="new-token">([^<]+)</pre>')
 
 
 def _replica_dirs(cluster: Cluster, node: str) -> set[str]:
@@ -162,4 +165,37 @@ def test_users_and_tokens_made_on_one_node_work_on_every_node(
             ).status_code
             == 401
         ),
+    )
+
+
+def test_users_and_tokens_made_on_the_dashboard_work_on_every_node(
+    start_cluster: StartCluster,
+) -> None:
+    cluster = start_cluster(2)
+    with httpx.Client(base_url=cluster.url("n1"), timeout=10.0) as n1:
+        assert log_in(n1).status_code == 303
+        csrf = {"X-CSRF-Token": csrf_of(n1.get("/users"))}
+        form = {"name": "ops", "password": "ops-password-1", "write": "jobs.*"}
+        added = n1.post("/users", data=form, headers=csrf)
+        assert added.status_code == 200 and "added" in added.text, added.text
+        made = n1.post("/tokens", data={"user": "ops", "name": "ui"}, headers=csrf)
+        assert made.status_code == 200, made.text
+        token = TOKEN_SHOWN.search(made.text)
+        assert token, made.text
+        saved = n1.post("/users/ops/permissions", data={"read": "jobs.*"}, headers=csrf)
+        assert saved.status_code == 200, saved.text
+    bearer = {"Authorization": f"Bearer {token.group(1)}"}
+    who = httpx.get(f"{cluster.url('n2')}/api/v1/whoami", headers=bearer)
+    assert who.status_code == 200 and who.json()["name"] == "ops", who.text
+    shown = cluster.client("n2").get("/api/v1/users/ops").json()["permissions"]
+    assert shown == {"configure": "", "write": "", "read": "jobs.*"}
+    token_id = cluster.client("n2").get("/api/v1/tokens", params={"user": "ops"}).json()[0]["id"]
+    with httpx.Client(base_url=cluster.url("n2"), timeout=10.0) as n2:
+        assert log_in(n2).status_code == 303
+        csrf = {"X-CSRF-Token": csrf_of(n2.get("/users"))}
+        revoked = n2.post(f"/tokens/{token_id}/revoke", headers=csrf)
+        assert revoked.status_code == 200 and "revoked" in revoked.text, revoked.text
+    _wait(
+        "the token revoked on n2's dashboard refused on n1",
+        lambda: httpx.get(f"{cluster.url('n1')}/api/v1/whoami", headers=bearer).status_code == 401,
     )
