@@ -1,5 +1,6 @@
-"""Leadership and membership changes of a queue, shared by the REST API and the dashboard:
-the engine first, then the audit log (as ``app.queue_admin`` does for queues).
+"""Leadership and membership changes of a queue, and draining and forgetting a node,
+shared by the REST API and the dashboard: the engine first, then the audit log (as
+``app.queue_admin`` does for queues).
 
 On a single-node cluster there is no other node to add, remove or hand leadership to:
 every call answers 409 ``/problems/single-node-cluster`` (after a 404 for no queue).
@@ -12,6 +13,7 @@ from typing import Protocol, cast
 from app.db.session import Database
 from app.problems import AppProblem
 from app.queue_admin import Actor, record_action
+from engine.cluster.records import NodeState
 from engine.errors import QueueNotFound, ValidationFailed
 from engine.runtime.api import QueueEngine, QueueInfo
 
@@ -28,6 +30,8 @@ class ClusterChanges(Protocol):
     async def remove_member(self, name: str, node: str) -> QueueInfo: ...
 
     async def transfer_leadership(self, name: str, node: str) -> None: ...
+
+    async def set_node_state(self, node: str, state: NodeState) -> dict[str, object]: ...
 
 
 def cluster_changes(node: QueueEngine, name: str) -> ClusterChanges:
@@ -85,11 +89,41 @@ async def remove_member(
     return info
 
 
+def node_changes(node: QueueEngine) -> ClusterChanges:
+    """The node's calls on cluster nodes, or 409 on a single node."""
+    nodes = node.cluster().get("nodes", [])
+    if not isinstance(nodes, list) or len(nodes) <= 1 or not hasattr(node, "set_node_state"):
+        raise SingleNodeCluster("this cluster has one node: there is no other node to move to")
+    return cast(ClusterChanges, node)
+
+
+async def drain_node(node: QueueEngine, db: Database, actor: Actor, name: str) -> dict[str, object]:
+    """Mark ``name`` draining: its leaderships and then its replicas move to active nodes
+    (each queue's leader moves its own, one change at a time). Returns the node's state
+    and the queues still placed on it."""
+    entry = await node_changes(node).set_node_state(name, "draining")
+    await record_action(db, actor, "node.drain", name)
+    return entry
+
+
+async def forget_node(
+    node: QueueEngine, db: Database, actor: Actor, name: str
+) -> dict[str, object]:
+    """Declare ``name`` lost: its replicas are replaced on active nodes, then it is
+    forgotten (and refused if it comes back)."""
+    entry = await node_changes(node).set_node_state(name, "lost")
+    await record_action(db, actor, "node.forget", name)
+    return entry
+
+
 __all__ = [
     "ClusterChanges",
     "SingleNodeCluster",
     "add_member",
     "cluster_changes",
+    "drain_node",
+    "forget_node",
+    "node_changes",
     "remove_member",
     "transfer_leadership",
     "transfer_target",

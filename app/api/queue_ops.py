@@ -17,7 +17,7 @@ from anyio import from_thread
 from fastapi import APIRouter, Body, Path, Request, status
 
 from app import cluster_admin, queue_admin
-from app.api.deps import API_PREFIX, PrincipalDep, QueueName, SessionDep
+from app.api.deps import API_PREFIX, AdminDep, PrincipalDep, QueueName, SessionDep
 from app.api.queue_deps import CanConfigure, CanSee, DatabaseDep, NodeDep
 from app.api.queue_schemas import (
     CompactionIn,
@@ -154,13 +154,17 @@ async def list_segments(name: QueueName, _who: CanSee, node: NodeDep) -> list[Se
 
 
 def cluster_seen_by(node: QueueEngine, who: Principal) -> dict[str, object]:
-    """``node.cluster()`` with each node's ``leads`` narrowed to the queues ``who`` may
-    see (the rule of ``GET /queues``): the nodes and their health are everyone's."""
+    """``node.cluster()`` with each node's ``leads`` and ``replicas`` narrowed to the
+    queues ``who`` may see (the rule of ``GET /queues``): the nodes and their health are everyone's."""
     cluster = dict(node.cluster())
     nodes = cluster.get("nodes")
     if isinstance(nodes, list):
         cluster["nodes"] = [
-            {**n, "leads": [q for q in n.get("leads", []) if who.can_see(q)]}
+            {
+                **n,
+                "leads": [q for q in n.get("leads", []) if who.can_see(q)],
+                "replicas": [q for q in n.get("replicas", []) if who.can_see(q)],
+            }
             if isinstance(n, dict)
             else n
             for n in nodes
@@ -170,11 +174,50 @@ def cluster_seen_by(node: QueueEngine, who: Principal) -> dict[str, object]:
 
 @cluster_router.get("/cluster", responses=PROBLEMS)
 async def cluster(who: PrincipalDep, node: NodeDep) -> dict[str, object]:
-    """Nodes, their health, and the queues each leads (of those the caller may see)."""
+    """Nodes, their health, the queues each leads, each node's ``state`` in the cluster
+    metadata (``active``, ``draining``, ``lost``, ``forgotten``) and the queues placed on
+    it (``replicas``): of those the caller may see."""
     return cluster_seen_by(node, who)
 
 
 MEMBER_PROBLEMS = PROBLEMS | problem_responses(409)
+NodeName = Annotated[str, Path(min_length=1, max_length=200, description="A node's id.")]
+
+
+@cluster_router.post(
+    "/cluster/nodes/{node_name}/drain",
+    status_code=status.HTTP_202_ACCEPTED,
+    responses=MEMBER_PROBLEMS,
+)
+async def drain_node(
+    node_name: NodeName, request: Request, db: DatabaseDep, who: AdminDep, node: NodeDep
+) -> dict[str, object]:
+    """Admins: mark the node ``draining`` in the cluster metadata. It receives no new
+    replicas; the queues it leads hand their leadership to another member, then each of
+    its replicas moves to an active node (the queue's leader adds a replica there, which
+    catches up as a learner and becomes a voter, then removes the one on the draining
+    node; one change at a time per queue, resumed after a crash). Answers once the state
+    committed, with the node's ``state`` and the queues still placed on it (``replicas``;
+    ``GET /cluster`` shows them shrink). A replica no active node can take stays. 404 for
+    a node the cluster does not know, 409 for a node lost or forgotten, or a single node."""
+    return await cluster_admin.drain_node(node, db, actor(request, who), node_name)
+
+
+@cluster_router.post(
+    "/cluster/nodes/{node_name}/forget",
+    status_code=status.HTTP_202_ACCEPTED,
+    responses=MEMBER_PROBLEMS,
+)
+async def forget_node(
+    node_name: NodeName, request: Request, db: DatabaseDep, who: AdminDep, node: NodeDep
+) -> dict[str, object]:
+    """Admins: declare a dead node ``lost``. Each queue's leader replaces the node's
+    replica on an active node (or, when none can take it, removes it while another member
+    stays), and once no queue places a replica on it the node is ``forgotten``: a
+    forgotten node that starts again is refused and exits. Answers once ``lost``
+    committed, with the node's ``state`` and the queues still placed on it. 404 for a
+    node the cluster does not know, 409 for one forgotten already, or a single node."""
+    return await cluster_admin.forget_node(node, db, actor(request, who), node_name)
 
 
 @cluster_router.post("/queues/{name}/members", responses=MEMBER_PROBLEMS)

@@ -32,6 +32,7 @@ from engine.runtime.member_changes import Membership
 from engine.runtime.memory_alarm import MemoryWatch
 from engine.runtime.meta import QueueMeta
 from engine.runtime.meta_group import MetaGroup
+from engine.runtime.moving import Mover
 from engine.runtime.paging import Pages
 from engine.runtime.queue_ops import QueueOps
 from engine.runtime.receiving import Receiving
@@ -105,6 +106,8 @@ class NodeContext:
         """The cluster metadata group's replica on a cluster node (``Node(cluster=...)``);
         ``None`` on a single node, whose queues are its own catalog's."""
         self.reconciler = Reconciler(self)
+        self.mover = Mover(self)
+        """Moves the replicas of led queues off draining and lost nodes (cluster nodes)."""
 
     # --- what the lifecycle sets ---------------------------------------------------------
 

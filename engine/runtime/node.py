@@ -60,7 +60,10 @@ import dataclasses
 import logging
 from pathlib import Path
 
-from engine.errors import EntryDamaged, NoLeader, QuorraError
+from engine.cluster import meta_commands as mc
+from engine.cluster import moving
+from engine.cluster.records import NodeState
+from engine.errors import Conflict, EntryDamaged, NoLeader, QuorraError
 from engine.ids import NodeName
 from engine.limits import DEFAULT_LIMITS, Limits
 from engine.node_key import receipt_key
@@ -338,9 +341,36 @@ class Node:
                 if link is not None:
                     entry.update(dataclasses.asdict(link))
                     entry["raft_heard_ms"] = None if heard is None else now - heard
+            entry.update(self._placed_on(node))
             nodes.append(entry)
         refused = dict(sorted(self.context.receiving.refused.items()))
         return {"node": self.name, "nodes": nodes, "refused_from_peers": refused}
+
+    def _placed_on(self, node: str) -> dict[str, object]:
+        """The node's state in the metadata and the queues it should host (a single
+        node: active, and its own queues)."""
+        group = self.context.meta_group
+        if group is None:
+            return {"state": "active", "replicas": sorted(self.context.replicas)}
+        machine = group.machine
+        rec = machine.nodes.get(node)
+        replicas = moving.holding(machine.queues.values(), node)
+        return {"state": "unknown" if rec is None else rec.state, "replicas": replicas}
+
+    async def set_node_state(self, node: str, state: NodeState) -> dict[str, object]:
+        """Record ``node`` as ``draining`` (``POST /cluster/nodes/{node}/drain``), ``lost``
+        (``.../forget``) or ``active`` again in the metadata; the moves off it run in the
+        background (``engine.runtime.moving``). Returns the node's state and the queues
+        still placed on it."""
+        ctx = self.context
+        group = ctx.meta_group
+        if group is None:
+            raise Conflict("this node is not part of a cluster: there is no node to move off")
+        async with ctx.admit():
+            await group.wait_bootstrapped()
+            await group.propose(mc.SetNodeState(node, state))
+        ctx.reconciler.trigger()
+        return {"name": node, **self._placed_on(node)}
 
     def leader_of(self, name: str) -> str | None:
         rep = self.context.replicas.get(name)

@@ -79,6 +79,7 @@ class Reconciler:
         if not self.running:
             self.running = True
             ctx.spawn(self.run())
+        ctx.mover.trigger()  # the same moments serve the moves off leaving nodes
 
     async def run(self) -> None:
         try:

@@ -1,0 +1,72 @@
+"""Draining and forgetting a node, on a cluster of three real server processes under the
+checker's steady load: the node's leaderships and replicas move to the other nodes, one
+change at a time per queue, and every confirmed message is consumed (issue 15,
+"Placement and membership")."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.cluster.checker import Checker
+from tests.cluster.harness import Cluster
+
+pytestmark = pytest.mark.integration
+
+StartCluster = Callable[[int], Cluster]
+MOVE_S_MAX = 30.0
+"""From the drain's answer to the node holding no replica (a learner's catch-up and two
+membership changes per queue, on a loaded test machine)."""
+
+
+def _node(cluster: Cluster, via: str, name: str) -> dict[str, Any]:
+    nodes = cluster.client(via).get("/api/v1/cluster").json()["nodes"]
+    entry: dict[str, Any] = next(n for n in nodes if n["name"] == name)
+    return entry
+
+
+def _members(cluster: Cluster, queue: str, via: str) -> list[str]:
+    raft = cluster.raft_stats(queue, via) or {}
+    return sorted(m["node"] for m in raft.get("members", []))
+
+
+def _wait(what: str, ready: Callable[[], bool], timeout_s: float = MOVE_S_MAX) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        assert time.monotonic() < deadline, f"no {what} in {timeout_s} s"
+        time.sleep(0.2)
+
+
+def test_drain_moves_leaderships_and_replicas_off_a_node(start_cluster: StartCluster) -> None:
+    cluster = start_cluster(3)
+    queue = cluster.create_queue("drained", replicas=2, lease_ms=2000)
+    leader = cluster.leader(queue)
+    other = next(n for n in _members(cluster, queue, leader) if n != leader)
+    refused = cluster.client(other).post("/api/v1/cluster/nodes/nobody/drain")
+    assert refused.status_code == 404, refused.text
+    # Through the member that stays: a node holding no replica of a queue answers 404.
+    checker = Checker(queue, [cluster.endpoint(other)]).start()
+    try:
+        checker.wait_confirmed(30)
+        answer = cluster.client(other).post(f"/api/v1/cluster/nodes/{leader}/drain")
+        assert answer.status_code == 202, answer.text
+        assert answer.json()["state"] == "draining"
+        _wait(
+            f"{leader} holding no replica", lambda: _node(cluster, other, leader)["replicas"] == []
+        )
+        checker.wait_confirmed(checker.confirmed_count() + 30)
+    finally:
+        checker.stop()
+    checker.check()
+    members = _members(cluster, queue, other)
+    assert leader not in members and len(members) == 2, members
+    assert cluster.leader(queue) != leader
+    again = cluster.client(leader).post(f"/api/v1/cluster/nodes/{leader}/drain")
+    assert again.status_code == 202 and again.json()["replicas"] == [], again.text
+    # A new queue places nothing on the draining node.
+    fresh = cluster.create_queue("fresh", via=other, replicas=2)
+    _wait("the new queue's two members", lambda: len(_members(cluster, fresh, other)) == 2)
+    assert leader not in _members(cluster, fresh, other)
