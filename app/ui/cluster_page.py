@@ -1,25 +1,31 @@
 """The dashboard's Cluster page: every node with its link as the transport sees it
-(connected, last heard, round trip, drops, the last error), the queues each leads, and a
-form per queue to move its leadership (``app.cluster_admin``, as ``POST
-/api/v1/queues/{name}/leader``). The live part refreshes with the page's tick.
+(connected, last heard, round trip, drops, the last error), its state in the metadata and
+the queues placed on it, the queues each leads, and a form per queue to move its
+leadership (``app.cluster_admin``, as ``POST /api/v1/queues/{name}/leader``). Admins of a
+cluster also get a Drain button per active node and a Forget button per node that is not
+up (as ``POST /api/v1/cluster/nodes/{node}/drain`` and ``.../forget``). The live part
+refreshes with the page's tick.
 """
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Request
 from fastapi.responses import HTMLResponse
 
 from app import cluster_admin
 from app.api.queue_ops import cluster_seen_by
-from app.problems import AppProblem
+from app.problems import AppProblem, Forbidden
 from app.state import db_of, node_or_none
 from app.ui.actions import done
-from app.ui.common import actor_of, can, error_flash, node_of, render
+from app.ui.common import actor_of, can, error_flash, flash, node_of, render
 from app.ui.sessions import UiLogin
 from app.ui.views import CsrfLoginDep, LoginDep
 from engine.errors import QuorraError, ValidationFailed
 
 router = APIRouter(include_in_schema=False)
+NodeName = Annotated[str, Path(min_length=1, max_length=200)]
 
 
 def _members(request: Request, name: str) -> list[str]:
@@ -31,7 +37,7 @@ def _members(request: Request, name: str) -> list[str]:
 def _context(request: Request, login: UiLogin) -> dict[str, object]:
     node = node_or_none(request.app.state)
     if node is None:
-        return {"cluster": {"node": "", "nodes": []}, "movable": {}}
+        return {"cluster": {"node": "", "nodes": []}, "movable": {}, "node_actions": False}
     cluster = cluster_seen_by(node, login.principal)
     movable: dict[str, list[str]] = {}
     nodes = cluster.get("nodes", [])
@@ -39,7 +45,9 @@ def _context(request: Request, login: UiLogin) -> dict[str, object]:
         for name in entry.get("leads", []):
             if can(login.principal, "configure", name):
                 movable[name] = [m for m in _members(request, name) if m != entry["name"]]
-    return {"cluster": cluster, "movable": movable}
+    clustered = isinstance(nodes, list) and len(nodes) > 1
+    actions = clustered and login.principal.is_admin
+    return {"cluster": cluster, "movable": movable, "node_actions": actions}
 
 
 @router.get("/cluster", response_class=HTMLResponse)
@@ -67,6 +75,34 @@ async def move_leader(request: Request, login: CsrfLoginDep) -> HTMLResponse:
     except (QuorraError, AppProblem) as e:
         return error_flash(request, e)
     return done(request, f"{leader} leads {name} now.", queue=name)
+
+
+async def _node_action(request: Request, login: UiLogin, name: str, forget: bool) -> HTMLResponse:
+    try:
+        if not login.principal.is_admin:
+            raise Forbidden(f"user {login.principal.name!r} is not an admin")
+        change = cluster_admin.forget_node if forget else cluster_admin.drain_node
+        entry = await change(
+            node_of(request), db_of(request.app.state), actor_of(request, login), name
+        )
+    except (QuorraError, AppProblem) as e:
+        return error_flash(request, e)
+    replicas = entry.get("replicas", [])
+    count = len(replicas) if isinstance(replicas, list) else 0
+    verb = "lost: its replicas are being replaced" if forget else "draining"
+    response = flash(request, f"{name} is {verb} ({count} replicas to move).")
+    response.headers["HX-Trigger"] = "quorra:tick"
+    return response
+
+
+@router.post("/cluster/nodes/{name}/drain", response_class=HTMLResponse)
+async def drain_node(name: NodeName, request: Request, login: CsrfLoginDep) -> HTMLResponse:
+    return await _node_action(request, login, name, forget=False)
+
+
+@router.post("/cluster/nodes/{name}/forget", response_class=HTMLResponse)
+async def forget_node(name: NodeName, request: Request, login: CsrfLoginDep) -> HTMLResponse:
+    return await _node_action(request, login, name, forget=True)
 
 
 __all__ = ["router"]

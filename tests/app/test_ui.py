@@ -180,3 +180,6 @@ def test_the_cluster_page_on_a_single_node(server: Server) -> None:
             headers={"X-CSRF-Token": csrf_of(page)},
         )
         assert refused.status_code == 404, refused.text
+        assert ">Drain</button>" not in page.text  # a single node has nowhere to drain to
+        drain = client.post("/cluster/nodes/node-1/drain", headers={"X-CSRF-Token": csrf_of(page)})
+        assert drain.status_code == 409 and "one node" in drain.text, drain.text
