@@ -117,6 +117,14 @@ def metadata_of(node: QueueEngine) -> MetaGroup | None:
     return node.context.meta_group if isinstance(node, Node) else None
 
 
+def on_forgotten(node: QueueEngine, callback: Callable[[str], None]) -> None:
+    """Have ``callback`` called (with the log line) if the cluster forgets this node."""
+    from engine.runtime.node import Node
+
+    if isinstance(node, Node):
+        node.on_forgotten = callback
+
+
 def node_network(node: QueueEngine) -> NodeNetwork | None:
     """The node's transport when it is a network to start and close around the node."""
     transport = getattr(node, "transport", None)

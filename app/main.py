@@ -48,6 +48,7 @@ from app.engine_seam import (
     NodeNetwork,
     make_node,
     metadata_of,
+    on_forgotten,
     record_listener,
     running_network,
 )
@@ -96,6 +97,8 @@ class ClusterReport:
 
 
 Announce = Callable[[StartupReport], None]
+Refuse = Callable[[str], None]
+"""Told (with the log line) that the cluster forgot this node: the server must stop."""
 
 
 def bootstrap(db: Database, settings: Settings) -> StartupReport:
@@ -142,7 +145,7 @@ def with_cluster(
 
 @asynccontextmanager
 async def engine_serving(
-    state: State, db: Database, node: QueueEngine | None
+    state: State, db: Database, node: QueueEngine | None, refuse: Refuse | None = None
 ) -> AsyncIterator[None]:
     """The node recovered and in ``state.node`` for the body (``/readyz`` says
     ``engine: recovering`` meanwhile), taken out and stopped after it."""
@@ -151,6 +154,8 @@ async def engine_serving(
         if node is not None:
             state.engine_status = "recovering"
             node.set_record_listener(record_listener(db))
+            if refuse is not None:
+                on_forgotten(node, refuse)
             await node.start()
             started = True
             await queue_api.on_node_started(db, node)
@@ -173,7 +178,10 @@ async def engine_serving(
 
 
 def _lifespan(
-    settings: Settings, node_factory: NodeFactory, announce: Announce | None
+    settings: Settings,
+    node_factory: NodeFactory,
+    announce: Announce | None,
+    refuse: Refuse | None = None,
 ) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -195,7 +203,7 @@ def _lifespan(
             # The engine seam (app/engine_seam.py): started after the metadata it mirrors
             # into, stopped before the database closes; a cluster node's network around it.
             node = node_factory(settings)
-            async with running_network(node) as network, engine_serving(state, db, node):
+            async with running_network(node) as network, engine_serving(state, db, node, refuse):
                 # What start-up built (modules, queues, recovered state) lives as long as
                 # the process: move it out of the collector's sight so that a full
                 # collection does not walk it (about 200 ms with 1,000 queues). No
@@ -331,13 +339,14 @@ def create_app(
     *,
     node_factory: NodeFactory = make_node,
     announce: Announce | None = None,
+    refuse: Refuse | None = None,
 ) -> FastAPI:
     app = FastAPI(
         title="Quorra",
         version="0.1.0",
         summary="A Raft-replicated queue platform.",
         description=OPENAPI_DESCRIPTION,
-        lifespan=_lifespan(settings, node_factory, announce),
+        lifespan=_lifespan(settings, node_factory, announce, refuse),
         docs_url=None,  # Swagger UI and ReDoc load from a CDN; /openapi.json is the contract
         redoc_url=None,
         # FastAPI's OpenTelemetry asks the global providers on every request whether it

@@ -12,6 +12,9 @@ from app.main import StartupReport, create_app
 from app.memory_trim import libc
 from app.settings import Settings, reachable
 
+REFUSED_EXIT_STATUS = 3
+"""As a start that ``app.cluster_identity`` refuses: this node may not serve here."""
+
 
 def announce(report: StartupReport) -> None:
     """Tell the operator where the server is and, on first start, how to log in."""
@@ -79,7 +82,16 @@ def run_server(settings: Settings) -> None:
     """Serve until interrupted, with settings checked and settled (``settled_settings``,
     app/cluster_identity.py)."""
     tune_malloc()
-    app = create_app(settings, announce=announce)
+    refused: list[str] = []
+    server: uvicorn.Server | None = None
+
+    def refuse(message: str) -> None:
+        # The cluster forgot this node: stop serving, then exit as a refused start does.
+        refused.append(message)
+        if server is not None:
+            server.should_exit = True
+
+    app = create_app(settings, announce=announce, refuse=refuse)
     config = uvicorn.Config(
         app,
         host=settings.host,
@@ -96,4 +108,8 @@ def run_server(settings: Settings) -> None:
         loop="auto",
         **websocket_options(settings),
     )
-    uvicorn.Server(config).run()
+    server = uvicorn.Server(config)
+    server.run()
+    if refused:
+        print(f"quorra: {refused[0]}", file=sys.stderr, flush=True)
+        sys.exit(REFUSED_EXIT_STATUS)

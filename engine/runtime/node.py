@@ -58,6 +58,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 from engine.cluster import meta_commands as mc
@@ -129,6 +130,10 @@ class Node:
             self.context.meta_group = MetaGroup(self.context, cluster)
         self._heard_ms: dict[str, int] = {}
         """Monotonic time of the last Raft message from each node."""
+        self.on_forgotten: Callable[[str], None] | None = None
+        """Called once, with a message for the operator, when the metadata says this node
+        was forgotten (its replicas replaced): the server then refuses to go on."""
+        self.forgotten = False
 
     # === lifecycle ===================================================================
 
@@ -159,6 +164,7 @@ class Node:
         for rep in ctx.replicas.values():
             hosting.schedule(rep)
         if group is not None:
+            group.listeners.append(self._maybe_forgotten)
             group.schedule()
             ctx.reconciler.start()
         await hosting.await_recovered()
@@ -345,6 +351,23 @@ class Node:
             nodes.append(entry)
         refused = dict(sorted(self.context.receiving.refused.items()))
         return {"node": self.name, "nodes": nodes, "refused_from_peers": refused}
+
+    def _maybe_forgotten(self, _change: object) -> None:
+        """A metadata listener: a forgotten node must not serve (its replicas were
+        replaced elsewhere), whether it was forgotten while up or came back afterwards."""
+        group = self.context.meta_group
+        rec = None if group is None else group.machine.nodes.get(self.name)
+        if self.forgotten or rec is None or rec.state != "forgotten":
+            return
+        self.forgotten = True
+        message = (
+            f"node {self.name} was forgotten by its cluster (declared lost, its replicas "
+            "replaced elsewhere): it is refused; to join again, start it with a new data "
+            "directory"
+        )
+        log.error("%s", message)
+        if self.on_forgotten is not None:
+            self.on_forgotten(message)
 
     def _placed_on(self, node: str) -> dict[str, object]:
         """The node's state in the metadata and the queues it should host (a single

@@ -9,12 +9,14 @@ import dataclasses
 from pathlib import Path
 from typing import TypeVar
 
-from engine.errors import QueueConflict, QueueNotFound
+from engine.cluster import meta_commands as mc
+from engine.errors import NoLeader, QueueConflict, QueueNotFound
 from engine.limits import Limits
 from engine.runtime import InMemoryNetwork, Node
 from engine.runtime.api import QueueArgs
 from engine.runtime.meta import QueueMeta
 from engine.runtime.meta_group import META_UID, MetaBootstrap, MetaGroup
+from engine.runtime.replica import node_of
 from tests.engine.runtime.test_cluster import retrying
 from tests.engine.runtime.util import FAST, drain, eventually, msgs, run
 
@@ -214,3 +216,61 @@ def test_member_changes_are_recorded_and_the_metadata_survives_restarts(tmp_path
             await stop_all(nodes)
 
     run(body())
+
+
+def test_a_drain_interrupted_by_a_crash_is_finished_from_the_metadata(tmp_path: Path) -> None:
+    """The leader of a queue placed a new replica in the metadata and crashed before its
+    group added it; a drain is asked meanwhile. Once back, the moves go on from what the
+    metadata and the group say: the placed replica is added, the draining node's removed,
+    its messages all still there; a lost node with no replica left is then forgotten."""
+
+    async def body() -> None:
+        network = InMemoryNetwork(NAMES)
+        nodes = await cluster(tmp_path, network)
+        try:
+            info, _ = await retrying(lambda: nodes["n1"].create_queue("d", QueueArgs(replicas=2)))
+            meta = group(nodes["n1"]).machine
+            record = meta.queue_by_uid(info.uid)
+            assert record is not None
+            outsider = next(n for n in NAMES if n not in record.members)
+            leader = await retrying(lambda: leader_of(nodes, "d"))
+            await retrying(lambda: nodes[leader].publish("d", msgs("a", "b", "c")))
+            placed = mc.AddMember(info.uid, outsider, record.generation)
+            await retrying(lambda: group(nodes[outsider]).propose(placed))
+            await nodes[leader].halt()  # before its group added the placed replica
+            draining = next(n for n in record.members if n != leader)
+            await retrying(lambda: nodes[outsider].set_node_state(draining, "draining"))
+            nodes[leader] = node_on(tmp_path, leader, network)
+            await nodes[leader].start()
+
+            def moved() -> bool:
+                rec = group(nodes[outsider]).machine.queue_by_uid(info.uid)
+                return rec is not None and rec.members == tuple(sorted((leader, outsider)))
+
+            await eventually(moved, timeout_s=30, what="the replica moved off the drained node")
+            await eventually(lambda: info.uid not in held(nodes[draining]), what="dropped")
+            now = await retrying(lambda: leader_of(nodes, "d"))
+            voters = {node_of(s) for s in nodes[now].context.replica("d").raft.config.voters}
+            assert voters == {leader, outsider}
+            assert sorted(await drain(nodes[now], "d")) == [b"a", b"b", b"c"]
+            entry = await retrying(lambda: nodes[now].set_node_state(draining, "lost"))
+            assert entry["replicas"] == []
+            await eventually(
+                lambda: group(nodes[now]).machine.nodes[draining].state == "forgotten",
+                what="the lost node forgotten",
+            )
+            assert nodes[draining].forgotten  # it learns it, and its server exits
+        finally:
+            await stop_all(nodes)
+
+    run(body(), timeout_s=90)
+
+
+async def leader_of(nodes: dict[str, Node], name: str) -> str:
+    for node in nodes.values():
+        if not node.context.running:
+            continue
+        leader = node.leader_of(name)
+        if leader is not None and nodes[leader].context.running:
+            return leader
+    raise NoLeader(f"no leader of {name} yet")
