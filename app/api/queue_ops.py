@@ -26,6 +26,7 @@ from app.api.queue_schemas import (
     LeaderIn,
     LeaderOut,
     MemberIn,
+    NodeStateOut,
     QueueOut,
     SegmentOut,
     SnapshotOut,
@@ -181,17 +182,26 @@ async def cluster(who: PrincipalDep, node: NodeDep) -> dict[str, object]:
 
 
 MEMBER_PROBLEMS = PROBLEMS | problem_responses(409)
+
+
+def node_state_out(entry: dict[str, object], who: Principal) -> NodeStateOut:
+    replicas = entry.get("replicas", [])
+    shown = [q for q in replicas if who.can_see(q)] if isinstance(replicas, list) else []
+    return NodeStateOut.model_validate({**entry, "replicas": shown})
+
+
 NodeName = Annotated[str, Path(min_length=1, max_length=200, description="A node's id.")]
 
 
 @cluster_router.post(
     "/cluster/nodes/{node_name}/drain",
     status_code=status.HTTP_202_ACCEPTED,
+    response_model=NodeStateOut,
     responses=MEMBER_PROBLEMS,
 )
 async def drain_node(
     node_name: NodeName, request: Request, db: DatabaseDep, who: AdminDep, node: NodeDep
-) -> dict[str, object]:
+) -> NodeStateOut:
     """Admins: mark the node ``draining`` in the cluster metadata. It receives no new
     replicas; the queues it leads hand their leadership to another member, then each of
     its replicas moves to an active node (the queue's leader adds a replica there, which
@@ -200,24 +210,27 @@ async def drain_node(
     committed, with the node's ``state`` and the queues still placed on it (``replicas``;
     ``GET /cluster`` shows them shrink). A replica no active node can take stays. 404 for
     a node the cluster does not know, 409 for a node lost or forgotten, or a single node."""
-    return await cluster_admin.drain_node(node, db, actor(request, who), node_name)
+    entry = await cluster_admin.drain_node(node, db, actor(request, who), node_name)
+    return node_state_out(entry, who)
 
 
 @cluster_router.post(
     "/cluster/nodes/{node_name}/forget",
     status_code=status.HTTP_202_ACCEPTED,
+    response_model=NodeStateOut,
     responses=MEMBER_PROBLEMS,
 )
 async def forget_node(
     node_name: NodeName, request: Request, db: DatabaseDep, who: AdminDep, node: NodeDep
-) -> dict[str, object]:
+) -> NodeStateOut:
     """Admins: declare a dead node ``lost``. Each queue's leader replaces the node's
     replica on an active node (or, when none can take it, removes it while another member
     stays), and once no queue places a replica on it the node is ``forgotten``: a
     forgotten node that starts again is refused and exits. Answers once ``lost``
     committed, with the node's ``state`` and the queues still placed on it. 404 for a
     node the cluster does not know, 409 for one forgotten already, or a single node."""
-    return await cluster_admin.forget_node(node, db, actor(request, who), node_name)
+    entry = await cluster_admin.forget_node(node, db, actor(request, who), node_name)
+    return node_state_out(entry, who)
 
 
 @cluster_router.post("/queues/{name}/members", responses=MEMBER_PROBLEMS)

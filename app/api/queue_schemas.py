@@ -334,5 +334,15 @@ class LeaderIn(_In):
     )
 
 
+class NodeStateOut(BaseModel):
+    name: str
+    state: Literal["active", "draining", "lost", "forgotten", "unknown"] = Field(
+        description="The node's state in the cluster metadata."
+    )
+    replicas: list[str] = Field(
+        description="The queues (of those the caller may see) still placed on the node."
+    )
+
+
 class LeaderOut(BaseModel):
     leader: str = Field(description="The node that leads the queue now.")
