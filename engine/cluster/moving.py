@@ -8,12 +8,13 @@ is finished or undone from what the metadata and the group say, never from memor
 
 * first the leftovers of an interrupted change: a learner of the group (an addition whose
   catch-up no leader runs any more) is removed; a member the metadata places and the
-  group lacks is added when its node is active, else unplaced;
+  group lacks is added when its node is active and reachable, else unplaced (so that a
+  target that went down does not hold the move up: another is chosen);
 * then, if a member's node is ``draining`` or ``lost`` (the leaving members): a leader on
-  a draining node hands its leadership to the active voter preferred as leader (fewest
-  queues); otherwise, while the queue has fewer active members than its ``replicas`` and
-  ``placement.replacements`` finds an active node for the first leaving member, that node
-  is added (a learner that catches up and becomes a voter); then the leaving member is
+  a draining node hands its leadership to the reachable active voter preferred as leader
+  (fewest queues); otherwise, while the queue has fewer active members than its
+  ``replicas`` and ``placement.replacements`` finds a reachable active node for the first
+  leaving member, that node is added (a learner that catches up and becomes a voter); then the leaving member is
   removed. A draining node's replica that no node can take stays (the drain waits for a
   node to join); a lost node's is removed all the same, as long as another member stays:
   it is dead weight in the group's quorum.
@@ -64,6 +65,8 @@ class GroupView:
     learners: tuple[str, ...]
     busy: bool
     """A membership change or a catch-up runs on the leader now: wait for it."""
+    down: tuple[str, ...] = ()
+    """Nodes the leader's transport cannot reach now: no replica or leadership goes there."""
 
 
 def state_of(nodes: Mapping[str, NodeRecord], name: str) -> NodeState:
@@ -93,13 +96,14 @@ def next_step(
     if not going:
         return None
     if state_of(nodes, group.here) == "draining":
-        others = [v for v in group.voters if v != group.here and state_of(nodes, v) == "active"]
+        others = [v for v in group.voters if v != group.here and _usable(nodes, group, v)]
         if others:
             return TransferLeader(pick_leader(others, loads(queues).leaders, rec.name))
     source = going[0]
     active = [m for m in rec.members if state_of(nodes, m) == "active"]
     if len(active) < rec.replicas:
-        moves = [m for m in replacements(nodes, queues, source) if m.uid == rec.uid]
+        reachable = {n: r for n, r in nodes.items() if n not in group.down}
+        moves = [m for m in replacements(reachable, queues, source) if m.uid == rec.uid]
         if moves and moves[0].target is not None:
             return AddReplica(moves[0].target)
         if state_of(nodes, source) == "draining" or not active:
@@ -116,10 +120,14 @@ def _leftover(nodes: Mapping[str, NodeRecord], rec: QueueRecord, group: GroupVie
     for member in rec.members:
         if member in in_group:
             continue
-        if state_of(nodes, member) == "active":
+        if _usable(nodes, group, member):
             return AddReplica(member)
-        return RemoveReplica(member, "placed, never added, and its node is leaving")
+        return RemoveReplica(member, "placed, never added, and its node is leaving or down")
     return None
+
+
+def _usable(nodes: Mapping[str, NodeRecord], group: GroupView, name: str) -> bool:
+    return state_of(nodes, name) == "active" and name not in group.down
 
 
 def holding(queues: Iterable[QueueRecord], node: str) -> list[str]:

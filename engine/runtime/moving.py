@@ -93,7 +93,9 @@ class Mover:
         busy = changes.catch_up is not None or changes.change is not None
         voters = tuple(sorted(node_of(s) for s in config.voters))
         learners = tuple(sorted(node_of(s) for s in config.learners))
-        return moving.GroupView(self.ctx.name, voters, learners, busy)
+        links = self.ctx.transport.health()
+        down = tuple(sorted(n for n, link in links.items() if not link.connected))
+        return moving.GroupView(self.ctx.name, voters, learners, busy, down)
 
     async def perform(self, rep: Replica, rec: QueueRecord, step: moving.Step) -> None:
         membership = self.ctx.membership

@@ -44,6 +44,18 @@ def test_a_replica_on_a_draining_node_gets_a_new_home_then_is_removed() -> None:
     assert step == RemoveReplica("n0", "its node is draining")
 
 
+def test_nodes_out_of_reach_take_no_replica_and_no_leadership() -> None:
+    nodes = _nodes(["draining", "active", "active", "active"])
+    q = _queue("q", ("n0", "n1", "n2"), "n0")
+    down = GroupView("n0", ("n0", "n1", "n2"), (), busy=False, down=("n1", "n3"))
+    assert next_step(nodes, [q], q, down) == TransferLeader("n2")
+    led = dataclasses.replace(down, here="n2")
+    assert next_step(nodes, [q], q, led) is None  # n3 would take it, but is down
+    placed = dataclasses.replace(q, members=("n0", "n1", "n2", "n3"))
+    step = next_step(nodes, [placed], placed, led)
+    assert step == RemoveReplica("n3", "placed, never added, and its node is leaving or down")
+
+
 def test_a_draining_replica_that_no_node_can_take_stays() -> None:
     nodes = _nodes(["draining", "active", "active"])
     q = _queue("q", ("n0", "n1", "n2"), "n1")
