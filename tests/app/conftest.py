@@ -30,6 +30,9 @@ def free_port() -> int:
 
 
 class Server:
+    start_timeout_s = START_TIMEOUT_S
+    """How long ``start`` waits for ``/readyz``."""
+
     def __init__(
         self,
         data_dir: Path,
@@ -71,7 +74,7 @@ class Server:
                 stderr=subprocess.STDOUT,
                 env=env,
             )
-        deadline = time.monotonic() + START_TIMEOUT_S
+        deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, f"server exited:\n{self.output()}"
             try:
@@ -81,7 +84,7 @@ class Server:
                 pass
             time.sleep(0.1)
         self.stop()
-        raise AssertionError(f"server not ready in {START_TIMEOUT_S}s:\n{self.output()}")
+        raise AssertionError(f"server not ready in {self.start_timeout_s}s:\n{self.output()}")
 
     def stop(self) -> None:
         if self.proc is None:

@@ -46,6 +46,9 @@ WAIT_S = 20.0
 POLL_S = 0.1
 CAUGHT_UP_LAG_MAX = 20
 """Entries a follower may trail the leader by and count as caught up, under a steady load."""
+CLUSTER_START_TIMEOUT_S = 60.0
+"""Three servers starting at once on a loaded 2-core machine took 20-34 s to answer
+``/readyz`` (imports alone took over 10 s), before and after the node operations."""
 CLIENT_TIMEOUT_S = 10.0
 POLL_TIMEOUT_S = 2.0
 """Per request of a poll: a node that forwards to a dead leader must not hold it up."""
@@ -53,6 +56,8 @@ POLL_TIMEOUT_S = 2.0
 
 class ClusterNode(Server):
     """One ``quorra serve`` of a cluster: its name, cluster port and peers' addresses."""
+
+    start_timeout_s = CLUSTER_START_TIMEOUT_S
 
     def __init__(
         self,
