@@ -145,8 +145,9 @@ class LeaseStreamReader(DataSourceStreamReader):
         """Message id -> monotonic time its current lease began (delivery or extend)."""
         self._settled_seq = -1
         self._refs = itertools.count(1)
-        self._unanswered: set[int] = set()
-        """Refs of ack frames whose answer has not come back yet."""
+        self._unanswered: dict[int, int] = {}
+        """Ref of each settle frame whose answer has not come back yet -> its connection
+        (a connection that drops answers none of its own any more)."""
         self._previous_acks: set[int] = set()
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
@@ -258,9 +259,12 @@ class LeaseStreamReader(DataSourceStreamReader):
                     self._absorb(index, stream)
             except (Problem, OSError) as e:
                 log.warning("stream %d dropped: %s", index, e)
-                with self._lock:
+                with self._changed:
                     if index < len(self._streams):
                         self._streams[index] = None
+                    for ref in [r for r, via in self._unanswered.items() if via == index]:
+                        del self._unanswered[ref]
+                    self._changed.notify_all()
                 self._stopping.wait(RECONNECT_S)
 
     def _absorb(self, index: int, stream: Stream) -> None:
@@ -278,7 +282,7 @@ class LeaseStreamReader(DataSourceStreamReader):
         now = time.monotonic()
         with self._changed:
             for ref, answer in answers:
-                self._unanswered.discard(int(ref))
+                self._unanswered.pop(int(ref), None)
                 _report(answer)
             for m in deliveries:
                 if m.id in self._done:
@@ -377,7 +381,7 @@ class LeaseStreamReader(DataSourceStreamReader):
         # At most this offset's acks stay in flight: a restart knows this offset's ids
         # (from the offset log), nothing of older batches.
         with self._changed:
-            if not self._changed.wait_for(lambda: not older & self._unanswered, ACK_WAIT_S):
+            if not self._changed.wait_for(lambda: older.isdisjoint(self._unanswered), ACK_WAIT_S):
                 log.warning("acks of an older batch not answered in %s s", ACK_WAIT_S)
 
     def _acks(self, via: int, receipts: list[str]) -> list[int]:
@@ -392,7 +396,7 @@ class LeaseStreamReader(DataSourceStreamReader):
             stream = self._streams[via] if via < len(self._streams) else None
             if stream is None:
                 return ref
-            self._unanswered.add(ref)
+            self._unanswered[ref] = via
         try:
             if how == "ack":
                 stream.ack(receipts, ref=ref)
@@ -401,7 +405,7 @@ class LeaseStreamReader(DataSourceStreamReader):
         except Problem as e:
             log.warning("%s of %d messages not sent: %s", how, len(receipts), e)
             with self._lock:
-                self._unanswered.discard(ref)
+                self._unanswered.pop(ref, None)
         return ref
 
     def _keep_leases(self) -> None:
