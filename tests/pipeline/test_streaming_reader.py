@@ -122,6 +122,27 @@ def test_an_expired_lease_does_not_emit_a_message_twice(
     eventually(lambda: stats(client, queue)["acked"] == 10)  # acked with the new receipts
 
 
+def test_a_dropped_connection_is_reopened_and_its_messages_are_not_emitted_twice(
+    quorra_server: LocalServer, client: Client, queue: str, readers: list[LeaseStreamReader]
+) -> None:
+    publish(client, queue, 15)
+    r = reader(quorra_server, queue, readers, maxMessagesPerTrigger="10")
+    start = r.initialOffset()
+    end = r.latestOffset(start, ReadMaxRows(10))
+    eventually(lambda: stats(client, queue)["messages_ready"] == 0)  # 5 more spare
+    dropped = r._streams[0]
+    assert dropped is not None and len(r._streams) == 1
+    dropped.close()  # the server returns its 15 leases; they come back on a new one
+    eventually(lambda: stats(client, queue)["delivered"] >= 30)
+    eventually(lambda: r._streams[0] is not None and r._streams[0] is not dropped)
+    following = r.latestOffset(end, ReadMaxRows(10))
+    assert sorted(following["ids"]) == sorted(set(following["ids"]))
+    assert len(following["ids"]) == 5 and not set(following["ids"]) & set(end["ids"])
+    eventually(lambda: stats(client, queue)["acked"] == 10)  # with the new receipts
+    r.commit(following)
+    eventually(lambda: stats(client, queue)["acked"] == 15)
+
+
 def test_a_redelivered_settled_message_is_acked_and_dropped(
     quorra_server: LocalServer, client: Client, queue: str, readers: list[LeaseStreamReader]
 ) -> None:
