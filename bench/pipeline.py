@@ -1,14 +1,16 @@
 """Rows per second of Spark's batch write and streaming read through Quorra's data source.
 
 N rows of 1 KiB (default 1,000,000) through the ``quorra`` data source in local mode,
-next to REST publish and consume rates measured on the same server in the same run.
+next to stream and REST publish and consume rates measured on the same server in the
+same run.
 
     quorra bench pipeline [--json] [--quick] [--rows N] [--master local[*]]
                           [--server URL --token T]
 
 Without ``--server`` it starts a throwaway local server (``quorra serve`` on 127.0.0.1).
-Messages per micro-batch: 50,000; Spark partitions: the number of cores. Per-batch
-progress goes to stderr. ``--quick``: 2,000 rows, 1 s REST phases, one partition.
+Messages per micro-batch: ``--trigger-rows`` (20,000); Spark partitions: the number of
+cores. Per-batch progress goes to stderr. ``--quick``: 2,000 rows, 1 s REST and stream
+phases, one partition, micro-batches of 1,000.
 
 JSON keys (``JSON_KEYS``), the headline being ``write_rows_per_s``; figures are rows or
 messages per second of wall time:
@@ -18,6 +20,12 @@ messages per second of wall time:
 * ``rows``: rows written and read (``--rows``);
 * ``body_bytes``: bytes per row's body (1024);
 * ``master``: the Spark master (``--master``);
+* ``stream_publish_msgs_per_s``: ``quorra bench rest``'s stream publish phase
+  (``bench/_stream_load.py`` through ``bench.rest.run_phase``: 2 load-generator processes,
+  4 connections in all, frames of 100, a window of 1,000, ``--rest-seconds``) against
+  the same server: what plain ``quorra.client`` streams reach;
+* ``stream_consume_msgs_per_s``: its stream consume phase (the same connections, a
+  prefetch of 1,000, one ack frame per delivery frame) draining what that published;
 * ``rest_publish_msgs_per_s``: ``quorra bench rest``'s publish phase
   (``bench.rest.run_phase``: 2 load-generator processes x 4 clients, batches of 100,
   JSON, ``--rest-seconds``) against the same server;
@@ -28,14 +36,25 @@ messages per second of wall time:
   acking each batch (the REST path a user's script takes);
 * ``spark_session_start_s``: time to start the SparkSession;
 * ``write_rows_per_s``: the headline: ``df.write.format("quorra")`` of N generated rows,
-  from job submission to the last confirm (tasks and Python workers included; the
-  SparkSession is already up);
+  from job submission to the last confirm (tasks included; the SparkSession is up and
+  warm: a write of ``WARM_UP_FRACTION`` of N rows to another queue and a streaming read
+  of them ran before, so the JVM has compiled both paths and the Python workers run,
+  as in a pipeline that runs for more than a minute);
 * ``stream_read_rows_per_s``: a streaming query (``quorra`` source -> ``noop`` sink)
   from ``start()`` until the queue holds nothing ready or leased, i.e. every row was
-  processed by Spark *and* acked after its micro-batch committed (start-up included);
+  processed by Spark *and* acked after its micro-batch committed (the query's start-up
+  included);
 * ``stream_read_s``: that time;
 * ``stream_rows_through_spark_s``: the time until Spark had processed every row (acks
   of the last batches still in flight);
+* ``stream_trigger_rows``: messages per micro-batch (``maxMessagesPerTrigger``);
+* ``stream_batch_ms``: the median of each part of a micro-batch's ``durationMs``
+  (Spark's progress: ``latestOffset`` waits for deliveries, ``walCommit`` writes the
+  offset, ``addBatch`` runs the tasks, ...), over the batches of at least half a trigger;
+* ``write_vs_stream_publish``: ``write_rows_per_s`` / ``stream_publish_msgs_per_s``
+  (target 0.8);
+* ``stream_read_vs_stream_consume``: ``stream_read_rows_per_s`` /
+  ``stream_consume_msgs_per_s`` (target 0.8);
 * ``write_vs_rest_publish``: ``write_rows_per_s`` / ``rest_publish_msgs_per_s``;
 * ``write_vs_rest_single_client_publish``: the same against the single client;
 * ``stream_read_vs_rest_consume``: ``stream_read_rows_per_s`` / ``rest_consume_msgs_per_s``;
@@ -46,11 +65,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from pipeline import queues
+from quorra.client import Client
 
 JSON_KEYS = (
     "bench",
@@ -58,6 +81,8 @@ JSON_KEYS = (
     "rows",
     "body_bytes",
     "master",
+    "stream_publish_msgs_per_s",
+    "stream_consume_msgs_per_s",
     "rest_publish_msgs_per_s",
     "rest_consume_msgs_per_s",
     "rest_single_client_publish_msgs_per_s",
@@ -67,6 +92,10 @@ JSON_KEYS = (
     "stream_read_rows_per_s",
     "stream_read_s",
     "stream_rows_through_spark_s",
+    "stream_trigger_rows",
+    "stream_batch_ms",
+    "write_vs_stream_publish",
+    "stream_read_vs_stream_consume",
     "write_vs_rest_publish",
     "write_vs_rest_single_client_publish",
     "stream_read_vs_rest_consume",
@@ -75,9 +104,14 @@ JSON_KEYS = (
 HEADLINE_KEY = "write_rows_per_s"
 QUICK_ROWS = 2_000
 QUICK_REST_SECONDS = 1.0
+QUICK_TRIGGER_ROWS = 1_000
 BODY_BYTES = 1024
 REST_BATCH = 1000
-MAX_MESSAGES_PER_TRIGGER = 50_000
+TRIGGER_ROWS = 20_000
+STREAM_SHAPE = {"clients": 2, "window": 1000, "frame_messages": 100, "prefetch": 1000}
+"""``quorra bench rest``'s stream phases: per generator process (2 of them)."""
+STREAM_PROCS = 2
+WARM_UP_FRACTION = 0.1
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -90,22 +124,25 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--token", default="", help="token for --server")
     p.add_argument("--partitions", type=int, default=0, help="Spark partitions (0: cores)")
     p.add_argument("--rest-seconds", type=float, default=10.0, help="per bench-rest phase")
+    p.add_argument(
+        "--trigger-rows", type=int, default=TRIGGER_ROWS, help="messages per micro-batch"
+    )
     return p
 
 
-def rest_publish(client: Any, queue: str, rows: int) -> float:
+def rest_publish(client: Client, queue: str, rows: int) -> float:
     body = b"x" * BODY_BYTES
     started = time.perf_counter()
     for start in range(0, rows, REST_BATCH):
-        client.publish(queue, [{"body": body}] * min(REST_BATCH, rows - start))
+        client.publish(queue, [body] * min(REST_BATCH, rows - start))
     return rows / (time.perf_counter() - started)
 
 
-def rest_consume(client: Any, queue: str, rows: int) -> float:
+def rest_consume(client: Client, queue: str, rows: int) -> float:
     started = time.perf_counter()
     consumed = 0
     while consumed < rows:
-        messages = client.receive(queue, REST_BATCH, 1000, 60_000)
+        messages = client.receive(queue, max_messages=REST_BATCH, wait_ms=1000, lease_ms=60_000)
         if not messages:
             raise RuntimeError(f"queue {queue} ran dry after {consumed} of {rows}")
         client.ack(queue, [m.receipt for m in messages])
@@ -122,19 +159,38 @@ class _RemoteServer:
 
 
 def rest_bench_rates(
-    client: Any, url: str, token: str, seconds: float, start_delay_s: float
+    client: Client, url: str, token: str, seconds: float, start_delay_s: float
 ) -> dict[str, float]:
     """``quorra bench rest``'s publish and consume phases (its own load generators:
     2 processes x 4 clients, batches of 100, JSON) against this server."""
     from bench import rest
 
-    client.create_queue("bench-batch")
+    queues.create_queue(client, "bench-batch")
     base = rest.server_spec(url, token, seconds) | {"queue": "bench-batch"}
     base |= {"batch": 100, "clients": 4}
     server = _RemoteServer()
     publish = rest.run_phase(server, dict(base, kind="publish"), 2, start_delay_s)
     consume = rest.run_phase(server, dict(base, kind="consume"), 2, start_delay_s)
     return {"publish": publish["msgs_per_s"], "consume": consume["msgs_per_s"]}
+
+
+def stream_bench_rates(
+    client: Client, url: str, token: str, seconds: float, start_delay_s: float
+) -> dict[str, float]:
+    """``quorra bench rest``'s stream publish and consume phases (its generators,
+    ``bench/_stream_load.py``: 4 connections, window 1,000, prefetch 1,000) here."""
+    from bench import rest
+    from bench._stream_load import generator
+
+    queues.create_queue(client, "bench-stream")
+    base = rest.server_spec(url, token, seconds) | {"queue": "bench-stream"} | STREAM_SHAPE
+    server = _RemoteServer()
+    rates = {}
+    for kind in ("stream_publish", "stream_consume"):
+        spec = dict(base, kind=kind)
+        phase = rest.run_phase(server, spec, STREAM_PROCS, start_delay_s, target=generator)
+        rates[kind] = phase["msgs_per_s"]
+    return rates
 
 
 def spark_write(spark: Any, options: dict[str, str], rows: int, partitions: int) -> float:
@@ -147,16 +203,14 @@ def spark_write(spark: Any, options: dict[str, str], rows: int, partitions: int)
 
 
 def spark_stream_read(
-    spark: Any, options: dict[str, str], rows: int, checkpoint: Path
-) -> tuple[float, float]:
-    """Seconds until every row went through Spark, and until the last one was acked."""
-    from pipeline.client import QuorraClient
-    from pipeline.jobs import queue_pending
-
+    spark: Any, options: dict[str, str], rows: int, checkpoint: Path, trigger_rows: int
+) -> tuple[float, float, dict[str, int]]:
+    """Seconds until every row went through Spark, and until the last one was acked;
+    the median parts of a micro-batch's time (ms)."""
     started = time.perf_counter()
     query = (
         spark.readStream.format("quorra")
-        .options(**options, maxMessagesPerTrigger=str(MAX_MESSAGES_PER_TRIGGER))
+        .options(**options, maxMessagesPerTrigger=str(trigger_rows))
         .load()
         .writeStream.format("noop")
         .option("checkpointLocation", str(checkpoint))
@@ -171,8 +225,8 @@ def spark_stream_read(
                 raise RuntimeError(f"stream failed: {query.exception()}")
             time.sleep(0.1)
         processed_s = time.perf_counter() - started
-        with QuorraClient(options["url"], options["token"]) as client:
-            while queue_pending(client, options["queue"]) > 0:
+        with queues.connect(options["url"], options["token"]) as client:
+            while queues.pending(client, options["queue"]) > 0:
                 time.sleep(0.1)
         elapsed = time.perf_counter() - started
         progress = query.recentProgress
@@ -187,23 +241,45 @@ def spark_stream_read(
         query.stop()
     if processed < rows:
         raise RuntimeError(f"stream processed {processed} of {rows} rows")
-    return processed_s, elapsed
+    return processed_s, elapsed, batch_parts_ms(progress, trigger_rows)
+
+
+def warm_up(
+    spark: Any, options: dict[str, str], rows: int, partitions: int, trigger_rows: int
+) -> None:
+    """Write ``rows`` to a queue of their own and stream them back, unmeasured."""
+    warm = dict(options, queue=options["queue"] + "-warm-up")
+    with queues.connect(options["url"], options["token"]) as client:
+        queues.create_queue(client, warm["queue"])
+    spark_write(spark, warm, rows, partitions)
+    with tempfile.TemporaryDirectory(prefix="quorra-bench-") as tmp:
+        spark_stream_read(spark, warm, rows, Path(tmp) / "ck", trigger_rows)
+
+
+def batch_parts_ms(progress: list[Any], trigger_rows: int) -> dict[str, int]:
+    """The median of each ``durationMs`` part over the batches of at least half a
+    trigger (the first and last, partly filled, would skew it)."""
+    full = [p["durationMs"] for p in progress if int(p["numInputRows"]) * 2 >= trigger_rows]
+    parts = sorted({k for d in full for k in d})
+    return {k: round(statistics.median(int(d.get(k, 0)) for d in full)) for k in parts}
 
 
 def measure(url: str, token: str, args: argparse.Namespace) -> dict[str, Any]:
     import os
 
     from bench import rest
-    from pipeline.client import QuorraClient
     from pipeline.session import spark_session
 
     rows = args.rows
     partitions = args.partitions or os.cpu_count() or 2
     figures: dict[str, Any] = {"rows": rows, "body_bytes": BODY_BYTES, "master": args.master}
-    with QuorraClient(url, token) as client:
-        client.create_queue("bench-rest")
-        client.create_queue("bench-spark")
+    with queues.connect(url, token) as client:
+        queues.create_queue(client, "bench-rest")
+        queues.create_queue(client, "bench-spark")
         delay_s = rest.QUICK_START_DELAY_S if args.quick else rest.START_DELAY_S
+        streams = stream_bench_rates(client, url, token, args.rest_seconds, delay_s)
+        figures["stream_publish_msgs_per_s"] = round(streams["stream_publish"])
+        figures["stream_consume_msgs_per_s"] = round(streams["stream_consume"])
         rates = rest_bench_rates(client, url, token, args.rest_seconds, delay_s)
         figures["rest_publish_msgs_per_s"] = round(rates["publish"])
         figures["rest_consume_msgs_per_s"] = round(rates["consume"])
@@ -217,12 +293,23 @@ def measure(url: str, token: str, args: argparse.Namespace) -> dict[str, Any]:
     figures["spark_session_start_s"] = round(time.perf_counter() - started, 2)
     options = {"url": url, "token": token, "queue": "bench-spark"}
     options["numPartitions"] = str(partitions)
+    warm_up(spark, options, max(1, int(rows * WARM_UP_FRACTION)), partitions, args.trigger_rows)
     figures["write_rows_per_s"] = round(spark_write(spark, options, rows, partitions))
     with tempfile.TemporaryDirectory(prefix="quorra-bench-") as tmp:
-        processed_s, elapsed_s = spark_stream_read(spark, options, rows, Path(tmp) / "ck")
+        processed_s, elapsed_s, parts_ms = spark_stream_read(
+            spark, options, rows, Path(tmp) / "ck", args.trigger_rows
+        )
     figures["stream_read_rows_per_s"] = round(rows / elapsed_s)
     figures["stream_read_s"] = round(elapsed_s, 2)
     figures["stream_rows_through_spark_s"] = round(processed_s, 2)
+    figures["stream_trigger_rows"] = args.trigger_rows
+    figures["stream_batch_ms"] = parts_ms
+    figures["write_vs_stream_publish"] = round(
+        figures["write_rows_per_s"] / max(1, figures["stream_publish_msgs_per_s"]), 4
+    )
+    figures["stream_read_vs_stream_consume"] = round(
+        figures["stream_read_rows_per_s"] / max(1, figures["stream_consume_msgs_per_s"]), 4
+    )
     for spark_key, rest_key in (
         ("write_rows_per_s", "publish_msgs_per_s"),
         ("stream_read_rows_per_s", "consume_msgs_per_s"),
@@ -243,6 +330,7 @@ def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     if args.quick:
         args.rows, args.rest_seconds = QUICK_ROWS, QUICK_REST_SECONDS
+        args.trigger_rows = QUICK_TRIGGER_ROWS
         args.partitions = args.partitions or 1  # one Python worker to start, not one per core
     result = bench.header("pipeline")
     if args.server:

@@ -7,7 +7,8 @@ Modules
 ``streaming``   its streaming read (leases, acks on Spark's commit; design in its docstring)
 ``options``     the data source's options (url, token, queue, batchSize, leaseMs,
                 maxMessagesPerTrigger, waitMs, numPartitions, dedupPrefix, ...)
-``client``      the REST client (MessagePack) used on the driver and the executors
+``queues``      queue definitions, stats, browse and history through ``quorra.client``
+                (messages move on its streams: ``source``, ``streaming``)
 ``session``     a SparkSession with the source registered (``local[*]`` or any master)
 ``report``      ``quorra pipeline report``: per-queue analytics -> Parquet + JSON summary
 ``jobs``        the demo's jobs: write a generated dataset, stream a queue into Parquet

@@ -31,9 +31,9 @@ def main(argv: list[str]) -> int:
     try:
         return int(args.run(args))
     except Exception as e:
-        from pipeline.client import QuorraError
+        from quorra.client import Problem
 
-        if isinstance(e, QuorraError | OSError | ValueError):
+        if isinstance(e, Problem | OSError | ValueError):
             print(f"error: {e}", file=sys.stderr)
             return 1
         raise
@@ -72,17 +72,17 @@ def _report(args: argparse.Namespace) -> int:
     if args.export is not None:
         export: dict[str, Any] = json.loads(args.export.read_text())
     else:
-        from pipeline.client import QuorraClient
+        from pipeline import queues
 
         if not args.token:
             print("error: --token (or QUORRA_TOKEN) is required", file=sys.stderr)
             return 2
-        with QuorraClient(args.server, args.token) as client:
-            queues = args.queue or [q["name"] for q in client.queues()]
-            if not queues:
+        with queues.connect(args.server, args.token) as client:
+            names = args.queue or queues.queue_names(client)
+            if not names:
                 print("error: no queues to report on", file=sys.stderr)
                 return 1
-            export = collect(client, queues, args.samples, args.interval_s, args.browse_max)
+            export = collect(client, names, args.samples, args.interval_s, args.browse_max)
         if args.save_export is not None:
             args.save_export.write_text(json.dumps(export, default=str))
     if args.queue and args.export is not None:
@@ -125,12 +125,12 @@ class DemoCounts(TypedDict):
 def run_demo(
     url: str, token: str, queue: str, rows: int, out: Path, checkpoint: Path, master: str
 ) -> DemoCounts:
-    from pipeline.client import QuorraClient
+    from pipeline import queues
     from pipeline.jobs import generated_dataset, stream_to_parquet, write_queue
     from pipeline.session import spark_session
 
-    with QuorraClient(url, token) as client:
-        client.create_queue(queue)
+    with queues.connect(url, token) as client:
+        queues.create_queue(client, queue)
     spark = spark_session(master, "quorra-pipeline-demo")
     options = {"url": url, "token": token, "queue": queue}
     write_queue(generated_dataset(spark, rows), options)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.client import QuorraClient
+from pipeline import queues
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -45,11 +45,6 @@ def write_queue(df: DataFrame, options: dict[str, str]) -> None:
     df.select("body", "headers").write.format("quorra").options(**options).mode("append").save()
 
 
-def queue_pending(client: QuorraClient, queue: str) -> int:
-    stats = client.queue(queue).get("stats", {})
-    return int(stats.get("messages_ready", 0)) + int(stats.get("messages_unacked", 0))
-
-
 def stream_to_parquet(
     spark: SparkSession,
     options: dict[str, str],
@@ -70,11 +65,11 @@ def stream_to_parquet(
     )
     idle_since: float | None = None
     try:
-        with QuorraClient(options["url"], options["token"]) as client:
+        with queues.connect(options["url"], options["token"]) as client:
             while time.monotonic() - started < timeout_s:
                 if query.exception() is not None:
                     raise RuntimeError(f"streaming query failed: {query.exception()}")
-                if queue_pending(client, options["queue"]) == 0:
+                if queues.pending(client, options["queue"]) == 0:
                     idle_since = idle_since or time.monotonic()
                     if time.monotonic() - idle_since >= idle_s:
                         break

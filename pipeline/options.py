@@ -9,10 +9,11 @@ option                   default    meaning
 url                      http://127.0.0.1:8000  server base URL
 token                    (required)  bearer token (or env QUORRA_TOKEN on the driver)
 queue                    (required)  queue name
-batchSize                1000       messages per publish request / browse page (≤ 1000)
+batchSize                1000       messages per publish frame / browse page (≤ 1000)
 leaseMs                  60000      stream read: lease asked for each received message
-maxMessagesPerTrigger    10000      stream read: messages per micro-batch
-waitMs                   200        stream read: long-poll wait when the queue is empty
+maxMessagesPerTrigger    10000      stream read: messages per micro-batch (the reader's
+                                    prefetch credit is two of them)
+waitMs                   200        stream read: how long a trigger waits for a full batch
 numPartitions            4          batch read / stream read: Spark partitions per scan
 dedupPrefix              (random)   batch write: stable prefix of derived dedup ids
 recoverTimeoutMs         leaseMs+10000  stream read: how long a restarted query waits

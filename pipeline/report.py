@@ -46,7 +46,8 @@ from typing import Any
 
 import pandas as pd
 
-from pipeline.client import QuorraClient, to_ms
+from pipeline.queues import browse, history, queue_info, to_ms
+from quorra.client import Client
 
 BROWSE_MAX = 100_000
 TABLES = ("throughput", "time_queued", "compactions", "live_dead")
@@ -56,7 +57,7 @@ TABLES = ("throughput", "time_queued", "compactions", "live_dead")
 
 
 def collect(
-    client: QuorraClient,
+    client: Client,
     queues: Sequence[str],
     samples: int = 2,
     interval_s: float = 1.0,
@@ -70,21 +71,21 @@ def collect(
         if k:
             time.sleep(interval_s)
         for q in queues:
-            stats = client.queue(q).get("stats", {})
+            stats = queue_info(client, q).get("stats", {})
             histories[q]["samples"].append({"at_ms": int(time.time() * 1000), "stats": stats})
     for q in queues:
-        histories[q]["snapshots"] = client.snapshots(q)
-        histories[q]["compactions"] = client.compactions(q)
+        histories[q]["snapshots"] = history(client, q, "snapshots")
+        histories[q]["compactions"] = history(client, q, "compactions")
         after = None
         while len(histories[q]["messages"]) < browse_max:
-            page = client.browse(q, after=after, limit=1000)
+            page = browse(client, q, after=after, limit=1000)
             histories[q]["messages"].extend(
                 {"id": m.id, "published_at": m.published_at_ms, "delivery_count": m.delivery_count}
-                for m in page
+                for _, m in page
             )
             if len(page) < 1000:
                 break
-            after = page[-1].cursor
+            after = page[-1][0]
     return {"exported_at": int(time.time() * 1000), "queues": list(histories.values())}
 
 

@@ -7,8 +7,10 @@ driver reads the first cursor and ``messages_ready`` and splits the cursor space
 ``numPartitions`` disjoint ranges; each task pages through its range (the last range is
 open-ended, so every message is read exactly once even if the estimate is off).
 
-Batch write publishes each task's rows in batches of ``batchSize`` and waits for each
-batch's confirm (201 after quorum durability) before the next. A row without its own
+Batch write publishes each task's rows on one stream (``quorra.client.Stream``, a
+WebSocket per task): publish frames of ``batchSize`` messages, as many unconfirmed as the
+server's window allows, and the task ends only once every frame is confirmed (durable on
+a quorum); a refused frame fails the task. A row without its own
 ``dedup_id`` gets ``<prefix>-<partition>-<row>``: ``prefix`` is drawn once per write job
 on the driver (or given as ``dedupPrefix``), partition and row number are the same on every
 attempt of a task, so a retried task republishes with the same ids and the server's
@@ -22,9 +24,7 @@ not duplicate either.
 from __future__ import annotations
 
 import uuid
-from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -40,8 +40,9 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from pipeline.client import Message, QuorraClient
+from pipeline import queues
 from pipeline.options import Options
+from quorra.client import Client, Delivery, Message, Stream
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -65,9 +66,6 @@ ARROW_READ_SCHEMA = pa.schema(
 )
 ARROW_SHIPPED_SCHEMA = ARROW_READ_SCHEMA.remove(2)
 _CURSOR_POS_BITS = 48
-PUBLISH_IN_FLIGHT = 2
-"""Publish requests of one task awaiting their confirm at once (the server batches
-concurrent appends into one fsync)."""
 
 
 class QuorraDataSource(DataSource):
@@ -107,7 +105,7 @@ def text_or_none(body: bytes | None) -> str | None:
         return None
 
 
-def to_record_batch(messages: list[Message], text: bool = True) -> pa.RecordBatch:
+def to_record_batch(messages: list[Delivery], text: bool = True) -> pa.RecordBatch:
     """Messages as one Arrow batch of ``READ_SCHEMA`` (without ``body_text`` unless
     ``text``: ``with_text`` adds it where the batch is read, so it is not shipped)."""
     batch = pa.RecordBatch.from_arrays(
@@ -154,21 +152,21 @@ class BrowseReader(DataSourceReader):
         return plan_cursor_ranges(self.options)
 
     def read(self, partition: CursorRange) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
-        with QuorraClient(self.options.url, self.options.token) as client:
+        with queues.connect(self.options.url, self.options.token) as client:
             for page in browse_range(client, self.options, partition):
                 yield to_record_batch(page)
 
 
 def plan_cursor_ranges(options: Options) -> list[CursorRange]:
-    with QuorraClient(options.url, options.token) as client:
-        first = client.browse(options.queue, after=None, limit=1)
-        info = client.queue(options.queue)
+    with queues.connect(options.url, options.token) as client:
+        first = queues.browse(client, options.queue, after=None, limit=1)
+        info = queues.queue_info(client, options.queue)
     ready = int((info.get("stats") or info).get("messages_ready", 0) or 0)
-    if not first or first[0].cursor is None:
+    if not first:
         return [CursorRange(None, None)]
-    start = first[0].cursor - 1  # ``after`` is exclusive
+    start = first[0][0] - 1  # ``after`` is exclusive
     parts = max(1, min(options.num_partitions, ready // options.batch_size))
-    lane_end = ((first[0].cursor >> _CURSOR_POS_BITS) + 1) << _CURSOR_POS_BITS
+    lane_end = ((first[0][0] >> _CURSOR_POS_BITS) + 1) << _CURSOR_POS_BITS
     bounds = [min(start + (ready * k) // parts, lane_end - 1) for k in range(parts)]
     first_after = None if start < 0 else start
     afters: list[int | None] = [first_after, *bounds[1:]]
@@ -178,18 +176,19 @@ def plan_cursor_ranges(options: Options) -> list[CursorRange]:
 
 
 def browse_range(
-    client: QuorraClient, options: Options, partition: CursorRange
-) -> Iterator[list[Message]]:
+    client: Client, options: Options, partition: CursorRange
+) -> Iterator[list[Delivery]]:
     after = partition.after
     while True:
-        page = client.browse(options.queue, after=after, limit=options.batch_size)
+        page = queues.browse(client, options.queue, after=after, limit=options.batch_size)
+        full = len(page) == options.batch_size
         if partition.last is not None:
-            page = [m for m in page if m.cursor is not None and m.cursor <= partition.last]
+            page = [(cursor, m) for cursor, m in page if cursor <= partition.last]
         if not page:
             return
-        yield page
-        after = page[-1].cursor
-        if len(page) < options.batch_size:
+        yield [m for _, m in page]
+        after = page[-1][0]
+        if not full:
             return
 
 
@@ -207,7 +206,7 @@ def _column(batch: pa.RecordBatch, name: str) -> list[Any] | None:
     return None if index < 0 else batch.column(index).to_pylist()
 
 
-def outgoing(batch: pa.RecordBatch, dedup_base: str, first_row: int) -> list[dict[str, object]]:
+def outgoing(batch: pa.RecordBatch, dedup_base: str, first_row: int) -> list[Message]:
     """The publish messages of one Arrow batch; rows numbered from ``first_row``."""
     bodies = _column(batch, "body")
     if bodies is None:
@@ -215,25 +214,40 @@ def outgoing(batch: pa.RecordBatch, dedup_base: str, first_row: int) -> list[dic
     headers = _column(batch, "headers")
     priorities = _column(batch, "priority")
     dedup_ids = _column(batch, "dedup_id")
-    messages: list[dict[str, object]] = []
+    if headers is None and priorities is None and dedup_ids is None:
+        return [
+            Message(
+                body.encode("utf-8") if isinstance(body, str) else bytes(body or b""),
+                dedup_id=f"{dedup_base}-{first_row + i}",
+            )
+            for i, body in enumerate(bodies)
+        ]
+    messages: list[Message] = []
     for i, body in enumerate(bodies):
-        message: dict[str, object] = {
-            "body": body.encode("utf-8") if isinstance(body, str) else bytes(body or b""),
-            "dedup_id": (dedup_ids[i] if dedup_ids and dedup_ids[i] else None)
-            or f"{dedup_base}-{first_row + i}",
-        }
-        if headers and headers[i]:
-            pairs = headers[i].items() if isinstance(headers[i], dict) else headers[i]
-            message["headers"] = {str(k): str(v) for k, v in pairs}
-        if priorities and priorities[i] is not None:
-            message["priority"] = int(priorities[i])
-        messages.append(message)
+        pairs = headers[i] if headers and headers[i] else {}
+        messages.append(
+            Message(
+                body.encode("utf-8") if isinstance(body, str) else bytes(body or b""),
+                headers={str(k): str(v) for k, v in _items(pairs)},
+                priority=int(priorities[i] or 0) if priorities else 0,
+                dedup_id=(dedup_ids[i] if dedup_ids and dedup_ids[i] else None)
+                or f"{dedup_base}-{first_row + i}",
+            )
+        )
     return messages
 
 
+def _items(
+    pairs: dict[object, object] | list[tuple[object, object]],
+) -> list[tuple[object, object]]:
+    """A map column's value: a dict, or Arrow's list of (key, value) pairs."""
+    return list(pairs.items()) if isinstance(pairs, dict) else list(pairs)
+
+
 def publish_all(options: Options, batches: Iterator[pa.RecordBatch], dedup_base: str) -> int:
-    """Publish every row, ``batchSize`` per request with up to ``PUBLISH_IN_FLIGHT``
-    requests awaiting their confirm; returns the row count once all are confirmed."""
+    """Publish every row on one stream, ``batchSize`` per frame, as many frames
+    unconfirmed as the server's window holds; returns the row count once every frame is
+    confirmed (``PublishFailed`` if one was refused)."""
     from pyspark import TaskContext
 
     context = TaskContext.get()
@@ -241,33 +255,26 @@ def publish_all(options: Options, batches: Iterator[pa.RecordBatch], dedup_base:
     if context is None or context.attemptNumber() > 0:
         fail_after = None
     queued = 0
-    confirmed = 0
-    pending: list[dict[str, object]] = []
-    in_flight: deque[Future[list[int]]] = deque()
-    with (
-        QuorraClient(options.url, options.token) as client,
-        ThreadPoolExecutor(PUBLISH_IN_FLIGHT) as pool,
-    ):
+    pending: list[Message] = []
+    with Stream(options.url, options.token, options.queue) as stream:
 
-        def send(chunk: list[dict[str, object]]) -> None:
-            nonlocal confirmed
-            while len(in_flight) >= PUBLISH_IN_FLIGHT:
-                confirmed += len(in_flight.popleft().result())
-                if fail_after is not None and confirmed >= fail_after:
-                    raise RuntimeError(f"injected failure after {confirmed} rows (first attempt)")
-            in_flight.append(pool.submit(client.publish, options.queue, chunk))
+        def send(chunk: list[Message]) -> None:
+            stream.publish(chunk)
+            if fail_after is not None and queued - len(pending) >= fail_after:
+                stream.flush()
+                raise RuntimeError(f"injected failure after {fail_after} rows (first attempt)")
 
         for batch in batches:
             pending.extend(outgoing(batch, dedup_base, queued))
             queued += batch.num_rows
             while len(pending) >= options.batch_size:
-                send(pending[: options.batch_size])
-                pending = pending[options.batch_size :]
+                chunk, pending = pending[: options.batch_size], pending[options.batch_size :]
+                send(chunk)
         if pending:
-            send(pending)
-        while in_flight:
-            confirmed += len(in_flight.popleft().result())
-    return confirmed
+            chunk, pending = pending, []
+            send(chunk)
+        stream.flush()
+    return queued
 
 
 class PublishWriter(DataSourceArrowWriter):

@@ -3,16 +3,18 @@
 Design
 ------
 The reader runs on the driver, in the one Python process Spark keeps for a streaming
-source for the whole run of a query. It *receives* messages with a lease
-(``POST .../receive``), numbers them, and hands each micro-batch to the executors inside
-its partitions (Arrow record batches), so executors never talk to the queue on reads.
+source for the whole run of a query. It consumes on streams (``quorra.client.Stream``,
+WebSockets: the server pushes deliveries up to a prefetch credit), numbers the messages,
+and hands each micro-batch to the executors inside its partitions (Arrow record
+batches), so executors never talk to the queue on reads.
 
-**Offsets carry the batch.** The end offset of a micro-batch is
-``{"seq": n, "ids": [...], "receipts": [...]}``: the running count of messages handed
-to Spark, and the ids and lease receipts of the messages of that micro-batch (64 hex
-digits each, about 80 bytes per message in the offset log). Spark writes it to the
-checkpoint's offset log before running the batch, so the identity of every batch
-survives a crash or a restart of the query.
+**Offsets carry the batch.** The end offset of a micro-batch is ``{"seq": n, "ids":
+[...]}``: the running count of messages handed to Spark and the ids of the messages of
+that micro-batch. Spark writes it to the checkpoint's offset log before running the
+batch, so the identity of every batch survives a crash or a restart of the query.
+Receipts are not kept there: a lease belongs to the connection that received it, and
+the server returns every lease of a connection at once when it closes (the driver died
+or ``stop()``), so no receipt of an earlier run is of any use.
 
 **When a batch counts as committed.** Spark runs one micro-batch at a time and calls
 ``latestOffset(start)`` for the next trigger only after the batch that ended at
@@ -22,33 +24,33 @@ up to ``start`` is committed. ``commit(end)`` itself runs only when the *next*
 micro-batch starts (so the last batch would wait for new data), but ``latestOffset`` is
 called on every trigger, data or not. The reader therefore settles at the earliest of
 ``latestOffset(start)``, ``partitions(start, _)`` and ``commit(end)``: it acks the
-receipts of every batch up to that offset (kept in memory, plus those in the offset
-itself for batches of an earlier run), and remembers their ids as *done*.
+receipts of every batch up to that offset on the connections that delivered them (an
+ack gives their credit back), and remembers their ids, and the offset's, as *done*.
 
 **Leases never run out under Spark's feet.** A background thread extends the lease of
 every message the reader holds and has not settled (planned batches and spare ones)
 once it is past half its length (checked every ``leaseMs / 6``), so a batch may take
-any time to commit, and messages settled within half a lease cost no extension. If an extension comes
-back stale anyway (driver stalled for longer than the lease), the message is going to be
-delivered again: when it arrives, an id the reader still holds takes the new receipt and
-is not emitted twice; an id already done is acked and dropped.
+any time to commit, and messages settled within half a lease cost no extension. If a
+lease ends anyway (driver stalled for longer than the lease, or a connection dropped
+and was reopened), the message is delivered again: an id the reader still holds takes
+the new receipt and is not emitted twice; an id already done is acked and dropped.
 
-**Throughput.** Two receiver threads keep up to ``maxMessagesPerTrigger`` messages
-received ahead (leased and extended like the rest), so ``latestOffset`` hands over a
-full batch at once while Spark runs the previous one; it waits up to ``waitMs`` for a
-full batch, then takes what there is. Acks go out from a background thread, in order,
-and only the acks of the batch ending at ``start`` may still be in flight while the
-next batch is planned: after a crash, a restarted query settles exactly that offset
-again from the offset log (its receipts, or its ids as done when the leases ended).
+**Throughput.** The reader opens as many connections as make a credit of two
+micro-batches (``maxMessagesPerTrigger`` each; a connection holds at most the server's
+``prefetch_max``, at most ``STREAMS_MAX`` connections), one reader thread each, so the
+next batch is delivered while Spark runs the current one; ``latestOffset`` waits up to
+``waitMs`` for a full batch, then takes what there is. Acks are sent at once and
+answered later; only the acks of the batch ending at ``start`` may still be unanswered
+while the next batch is planned: after a crash, a restarted query knows exactly that
+offset's ids from the offset log, and drops their redeliveries as done.
 
 **A failed micro-batch gets the same messages.** Within one run, ``partitions(start,
 end)`` serves the batch from memory. After a failure that stops the query, ``stop()``
-returns every held, unsettled message to the queue (nack with requeue); the restarted
-query re-runs the batch from the offset log, and the reader collects exactly the ids in
-``end`` again: it nacks the receipts in the offset (still live if the driver died
-without ``stop``) and receives until it holds every id, keeping other messages as spare
-for later batches. A message that does not come back within ``recoverTimeoutMs`` (it
-was dead-lettered after too many deliveries, or expired) is reported and left out.
+closes the connections, which returns every held, unsettled message to the queue; the
+restarted query re-runs the batch from the offset log, and the reader consumes until it
+holds every id in ``end`` again, keeping other messages as spare for later batches. A
+message that does not come back within ``recoverTimeoutMs`` (it was dead-lettered after
+too many deliveries, expired, or is out of reach of the credit) is reported and left out.
 
 **Limits.** Exactly-once holds for a sink that Spark makes idempotent per batch (file
 sink, ``foreachBatch`` keyed by batch id, the ``quorra`` stream writer) and for queries
@@ -62,12 +64,12 @@ supported. The done-id memory is bounded (``DONE_IDS_MAX``).
 
 from __future__ import annotations
 
-import dataclasses
+import itertools
 import logging
-import queue
+import math
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -76,22 +78,25 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 
-from pipeline.client import Message, QuorraClient
 from pipeline.options import BATCH_MESSAGES_MAX, Options
 from pipeline.source import to_record_batch, with_text
+from quorra.client import Delivery, Problem, Settled, Stream
 
 log = logging.getLogger("quorra.pipeline.streaming")
 DONE_IDS_MAX = 1_000_000
 """Ids of settled messages remembered to drop redeliveries of a stale ack."""
 ALL_AVAILABLE_MAX = 100_000
 """Messages per micro-batch when Spark asks for everything available."""
-EXTEND_CHUNK = BATCH_MESSAGES_MAX
-PREFETCH_IDLE_S = 0.02
-RECEIVERS = 2
+STREAMS_MAX = 8
+"""Stream connections of one reader: each holds at most the server's ``prefetch_max``
+deliveries, and the reader wants two micro-batches' worth (the one Spark runs, the next)."""
+SETTLE_CHUNK = BATCH_MESSAGES_MAX
+READ_POLL_S = 0.05
+"""How long a connection's reader thread waits for a frame before checking for stop."""
+RECONNECT_S = 1.0
 ACK_WAIT_S = 300.0
 """How long planning waits for the acks of older batches before going on anyway."""
-"""Receive requests in flight at once while prefetching."""
-TAKE_POLL_S = 0.01
+STOP_ACK_WAIT_S = 30.0
 SPARE = -1
 
 
@@ -100,12 +105,13 @@ class ArrowPartition(InputPartition):
     batch: pa.RecordBatch
 
 
-def make_offset(seq: int, messages: list[Message]) -> dict[str, Any]:
-    return {
-        "seq": seq,
-        "ids": [m.id for m in messages],
-        "receipts": [m.receipt or "" for m in messages],
-    }
+def make_offset(seq: int, messages: list[Delivery]) -> dict[str, Any]:
+    return {"seq": seq, "ids": [m.id for m in messages]}
+
+
+def stream_count(credit: int, prefetch_max: int) -> int:
+    """Connections so that their prefetch credits add up to ``credit``."""
+    return max(1, min(STREAMS_MAX, math.ceil(credit / prefetch_max)))
 
 
 class LeaseStreamReader(DataSourceStreamReader):
@@ -122,22 +128,28 @@ class LeaseStreamReader(DataSourceStreamReader):
     def _setup(self, options: Options) -> None:
         self.options = options
         self._lock = threading.RLock()
-        self._client: QuorraClient | None = None
-        self._batches: dict[int, list[Message]] = {}
-        """Planned, unsettled batches by end seq; receipts kept current by the keeper."""
-        self._spare: list[Message] = []
+        self._changed = threading.Condition(self._lock)
+        """Notified when deliveries or settle answers arrived."""
+        self._streams: list[Stream | None] = []
+        self._prefetch = 0
+        self._batches: dict[int, list[Delivery]] = {}
+        """Planned, unsettled batches by end seq; receipts kept current by the readers."""
+        self._spare: list[Delivery] = []
         self._held: dict[int, int] = {}
         """Message id -> end seq of its batch (``SPARE`` when not in a batch yet)."""
+        self._via: dict[int, int] = {}
+        """Message id -> the connection that delivered its current receipt (acks and
+        nacks must go there: they give that connection's credit back)."""
         self._done: OrderedDict[int, None] = OrderedDict()
         self._lease_start: dict[int, float] = {}
-        """Message id -> monotonic time its current lease began (receive or extend)."""
+        """Message id -> monotonic time its current lease began (delivery or extend)."""
         self._settled_seq = -1
+        self._refs = itertools.count(1)
+        self._unanswered: dict[int, int] = {}
+        """Ref of each settle frame whose answer has not come back yet -> its connection
+        (a connection that drops answers none of its own any more)."""
+        self._previous_acks: set[int] = set()
         self._threads: list[threading.Thread] = []
-        self._fetchers: list[threading.Thread] = []
-        self._acks: queue.SimpleQueue[list[str] | None] = queue.SimpleQueue()
-        self._acks_sent = threading.Condition()
-        self._ack_lists_queued = 0
-        self._ack_lists_sent = 0
         self._stopping = threading.Event()
 
     # --- Spark's calls ------------------------------------------------------------------
@@ -151,7 +163,7 @@ class LeaseStreamReader(DataSourceStreamReader):
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         self._settle_through(start)
         want = ALL_AVAILABLE_MAX if isinstance(limit, ReadAllAvailable) else _max_rows(limit)
-        self._start_fetcher()
+        self._start_consumers()
         messages = self._take(want)
         if not messages:
             return start
@@ -182,140 +194,161 @@ class LeaseStreamReader(DataSourceStreamReader):
         self._settle_through(end)
 
     def stop(self) -> None:
-        """Settle what was committed, return every other held message to the queue."""
+        """Settle what was committed, return every other held message to the queue: the
+        server does so at once when a connection closes (nack with requeue)."""
+        with self._changed:
+            self._changed.wait_for(lambda: not self._unanswered, STOP_ACK_WAIT_S)
         self._stopping.set()
-        for fetcher in self._fetchers:
-            fetcher.join(self.options.wait_ms / 1000 + 30)
-        self._acks.put(None)
         for thread in self._threads:
             thread.join(30)
         with self._lock:
-            held = [m for batch in self._batches.values() for m in batch] + self._spare
+            streams, self._streams = self._streams, []
             self._batches.clear()
             self._spare = []
             self._held.clear()
+            self._via.clear()
             self._lease_start.clear()
-        receipts = [m.receipt for m in held if m.receipt]
-        if receipts and self._client is not None:
-            try:
-                for chunk in _slices(receipts, EXTEND_CHUNK):
-                    self._client.nack(self.options.queue, chunk, requeue=True)
-            except Exception:
-                log.warning("could not return %d messages; they return at lease expiry", len(held))
-        if self._client is not None:
-            self._client.close()
+        for stream in streams:
+            if stream is not None:
+                stream.close()
 
     # --- receiving ----------------------------------------------------------------------
 
-    def _api(self) -> QuorraClient:
-        if self._client is None:
-            self._client = QuorraClient(self.options.url, self.options.token)
-            for target in (self._keep_leases, self._send_acks):
-                self._threads.append(threading.Thread(target=target, daemon=True))
-                self._threads[-1].start()
-        return self._client
+    def _open(self) -> Stream:
+        stream = Stream(self.options.url, self.options.token, self.options.queue)
+        if self._prefetch:
+            stream.consume(self._prefetch, lease_ms=self.options.lease_ms)
+        return stream
 
-    def _start_fetcher(self) -> None:
-        if not self._fetchers:
-            self._api()
-            for _ in range(RECEIVERS):
-                self._fetchers.append(threading.Thread(target=self._prefetch, daemon=True))
-                self._fetchers[-1].start()
+    def _start_consumers(self) -> None:
+        """Open the connections (once): as many as make a credit of two micro-batches,
+        each consuming with its share, and a reader thread for each plus the keeper of
+        leases."""
+        if self._threads:
+            return
+        first = Stream(self.options.url, self.options.token, self.options.queue)
+        prefetch_max = first.ledger.prefetch_max
+        credit = 2 * self.options.max_messages_per_trigger
+        count = stream_count(credit, prefetch_max)
+        self._prefetch = min(prefetch_max, math.ceil(credit / count))
+        first.consume(self._prefetch, lease_ms=self.options.lease_ms)
+        self._streams = [first, *(self._open() for _ in range(count - 1))]
+        for i in range(count):
+            self._threads.append(threading.Thread(target=self._read_loop, args=(i,), daemon=True))
+        self._threads.append(threading.Thread(target=self._keep_leases, daemon=True))
+        for thread in self._threads:
+            thread.start()
 
-    def _prefetch(self) -> None:
-        """Keep up to one trigger's worth of messages received (and leased) ahead, so
-        that ``latestOffset`` does not wait on the network while Spark runs a batch."""
-        target = self.options.max_messages_per_trigger
+    def _read_loop(self, index: int) -> None:
+        """Read connection ``index``'s frames into the reader's books; reopen it (after
+        ``RECONNECT_S``) when it drops: the server returned its leases then, and the
+        messages come back with new receipts."""
         while not self._stopping.is_set():
-            with self._lock:
-                room = target - len(self._spare)
-            if room <= 0:
-                self._stopping.wait(PREFETCH_IDLE_S)
-                continue
+            stream = self._streams[index] if index < len(self._streams) else None
+            if stream is None:
+                try:
+                    stream = self._open()
+                except (Problem, OSError) as e:
+                    log.warning("stream %d: could not reconnect: %s", index, e)
+                    self._stopping.wait(RECONNECT_S)
+                    continue
+                with self._lock:
+                    self._streams[index] = stream
             try:
-                got = self._receive(min(BATCH_MESSAGES_MAX, room), self.options.wait_ms)
-            except Exception as e:
-                log.warning("receive failed: %s", e)
-                self._stopping.wait(1.0)
-                continue
-            with self._lock:
-                self._spare.extend(got)
-            if not got:  # the server long-polled already; a pause bounds the loop anyway
-                self._stopping.wait(PREFETCH_IDLE_S)
+                if stream.read(READ_POLL_S):
+                    self._absorb(index, stream)
+            except (Problem, OSError) as e:
+                log.warning("stream %d dropped: %s", index, e)
+                with self._changed:
+                    if index < len(self._streams):
+                        self._streams[index] = None
+                    for ref in [r for r, via in self._unanswered.items() if via == index]:
+                        del self._unanswered[ref]
+                    self._changed.notify_all()
+                self._stopping.wait(RECONNECT_S)
 
-    def _take(self, want: int) -> list[Message]:
-        """Up to ``want`` prefetched messages; waits up to ``waitMs`` for a full batch."""
-        deadline = time.monotonic() + self.options.wait_ms / 1000
-        while True:
-            with self._lock:
-                if len(self._spare) >= want or time.monotonic() >= deadline:
-                    out, self._spare = self._spare[:want], self._spare[want:]
-                    return out
-            time.sleep(TAKE_POLL_S)
-
-    def _receive(self, ask: int, wait_ms: int) -> list[Message]:
-        """Receive and keep only messages not already held or done."""
-        received = self._api().receive(self.options.queue, ask, wait_ms, self.options.lease_ms)
-        fresh: list[Message] = []
-        done_receipts: list[str] = []
+    def _absorb(self, index: int, stream: Stream) -> None:
+        """Take what the frame brought: deliveries (keeping only messages not already
+        held or done) and the answers of acks."""
+        ledger = stream.ledger
+        deliveries = list(ledger.deliveries)
+        ledger.deliveries.clear()
+        answers = list(ledger.answers.items())
+        ledger.answers.clear()
+        if not deliveries and not answers:
+            return
+        redelivered_done: list[str] = []
+        replaced: dict[int, list[str]] = defaultdict(list)
         now = time.monotonic()
-        with self._lock:
-            for m in received:
+        with self._changed:
+            for ref, answer in answers:
+                self._unanswered.pop(int(ref), None)
+                _report(answer)
+            for m in deliveries:
                 if m.id in self._done:
-                    done_receipts.append(m.receipt or "")
-                elif m.id in self._held:
-                    self._replace_receipt(m)
+                    redelivered_done.append(m.receipt)
+                    continue
+                if m.id in self._held:
+                    replaced[self._via[m.id]].append(self._replace_receipt(m))
                 else:
                     self._held[m.id] = SPARE
-                    fresh.append(m)
-                if m.id not in self._done:
-                    self._lease_start[m.id] = now
-        if done_receipts:
-            log.warning("dropping %d redelivered messages already settled", len(done_receipts))
-            self._api().ack(self.options.queue, done_receipts)
-        return fresh
+                    self._spare.append(m)
+                self._via[m.id] = index
+                self._lease_start[m.id] = now
+            self._changed.notify_all()
+        if redelivered_done:
+            log.warning("dropping %d redelivered messages already settled", len(redelivered_done))
+            self._send_settle("ack", index, redelivered_done)
+        for via, receipts in replaced.items():
+            # The old receipts are stale; acking them gives their connection's credit back.
+            self._send_settle("ack", via, receipts)
 
-    def _replace_receipt(self, m: Message) -> None:
+    def _replace_receipt(self, m: Delivery) -> str:
+        """Put the new delivery of a held message in its place; the old receipt."""
         seq = self._held[m.id]
         batch = self._spare if seq == SPARE else self._batches.get(seq, [])
         for i, old in enumerate(batch):
             if old.id == m.id:
-                batch[i] = dataclasses.replace(old, receipt=m.receipt)
-                return
+                batch[i] = m
+                return old.receipt
+        return ""
 
-    def _recover(self, end: dict[str, Any]) -> list[Message]:
-        """The messages of a batch planned by an earlier run, by id, from the queue."""
+    def _take(self, want: int) -> list[Delivery]:
+        """Up to ``want`` delivered messages; waits up to ``waitMs`` for a full batch."""
+        with self._changed:
+            self._changed.wait_for(lambda: len(self._spare) >= want, self.options.wait_ms / 1000)
+            out, self._spare = self._spare[:want], self._spare[want:]
+            return out
+
+    def _recover(self, end: dict[str, Any]) -> list[Delivery]:
+        """The messages of a batch planned by an earlier run, by id: that run's
+        connections closed, so the server returned them, and they are delivered again."""
         wanted = [int(i) for i in end["ids"]]
-        receipts = [r for r in end["receipts"] if r]
-        client = self._api()
-        for chunk in _slices(receipts, EXTEND_CHUNK):
-            client.nack(self.options.queue, chunk, requeue=True)
-        end_seq = int(end["seq"])
-        found: dict[int, Message] = {}
         wanted_set = set(wanted)
-        with self._lock:
-            for m in [m for batch in self._batches.values() for m in batch] + self._spare:
-                if m.id in wanted_set:
-                    found[m.id] = m
+        end_seq = int(end["seq"])
+        self._start_consumers()
         deadline = time.monotonic() + self.options.recover_timeout_ms / 1000
-        while len(found) < len(wanted) and time.monotonic() < deadline:
-            for m in self._receive(BATCH_MESSAGES_MAX, self.options.wait_ms):
-                if m.id in wanted_set:
-                    found[m.id] = m
-                else:
-                    with self._lock:
-                        self._spare.append(m)
-        missing = len(wanted) - len(found)
+
+        def found() -> dict[int, Delivery]:
+            held = [m for batch in self._batches.values() for m in batch] + self._spare
+            return {m.id: m for m in held if m.id in wanted_set}
+
+        with self._changed:
+            while len(found()) < len(wanted) and (left := deadline - time.monotonic()) > 0:
+                self._changed.wait(min(left, 1.0))
+            have = found()
+            messages = [have[i] for i in wanted if i in have]
+            self._spare = [m for m in self._spare if m.id not in have]
+            for seq, batch in list(self._batches.items()):
+                self._batches[seq] = [m for m in batch if m.id not in have]
+            self._batches[end_seq] = messages
+            for m in messages:
+                self._held[m.id] = end_seq
+        missing = len(wanted) - len(messages)
         if missing:
             log.warning(
                 "batch %d: %d messages did not come back (dead-lettered?)", end_seq, missing
             )
-        messages = [found[i] for i in wanted if i in found]
-        with self._lock:
-            self._spare = [m for m in self._spare if m.id not in found]
-            self._batches[end_seq] = messages
-            for m in messages:
-                self._held[m.id] = end_seq
         return messages
 
     # --- settling and leases ------------------------------------------------------------
@@ -325,84 +358,84 @@ class LeaseStreamReader(DataSourceStreamReader):
         seq = int(offset["seq"])
         if seq <= self._settled_seq:
             return
+        by_stream: dict[int, list[str]] = defaultdict(list)
         with self._lock:
             seqs = sorted(s for s in self._batches if s <= seq)
             messages = [m for s in seqs for m in self._batches.pop(s)]
             for m in messages:
                 self._held.pop(m.id, None)
                 self._lease_start.pop(m.id, None)
-            receipts = {m.receipt for m in messages if m.receipt}
-            ids = {m.id for m in messages}
-            for i, r in zip(offset.get("ids", []), offset.get("receipts", []), strict=False):
-                if i not in ids and i not in self._done and r:
-                    receipts.add(r)
-                    ids.add(i)
+                by_stream[self._via.pop(m.id, 0)].append(m.receipt)
+            # Ids of the offset from an earlier run: those messages came back when its
+            # connections closed; a redelivery of one is acked and dropped.
+            ids = {m.id for m in messages} | {int(i) for i in offset.get("ids", [])}
             for i in ids:
                 self._done[i] = None
             while len(self._done) > DONE_IDS_MAX:
                 self._done.popitem(last=False)
             self._settled_seq = seq
-        if receipts:
-            self._api()
-            self._acks.put(sorted(receipts))
-            self._ack_lists_queued += 1
-        # At most this offset's acks stay in flight: a restart re-acks them from the
-        # offset Spark hands back, but knows nothing of older batches.
-        with self._acks_sent:
-            self._acks_sent.wait_for(
-                lambda: self._ack_lists_sent >= self._ack_lists_queued - 1, ACK_WAIT_S
-            )
+        older = self._previous_acks
+        self._previous_acks = {
+            ref for via, receipts in by_stream.items() for ref in self._acks(via, receipts)
+        }
+        # At most this offset's acks stay in flight: a restart knows this offset's ids
+        # (from the offset log), nothing of older batches.
+        with self._changed:
+            if not self._changed.wait_for(lambda: older.isdisjoint(self._unanswered), ACK_WAIT_S):
+                log.warning("acks of an older batch not answered in %s s", ACK_WAIT_S)
 
-    def _send_acks(self) -> None:
-        """Ack settled receipts in order, off Spark's thread (``None`` ends the loop)."""
-        while (receipts := self._acks.get()) is not None:
-            stale = 0
-            try:
-                for chunk in _slices(receipts, EXTEND_CHUNK):
-                    stale += len(self._api().ack(self.options.queue, chunk))
-            except Exception as e:  # the leases end; redeliveries are dropped as done
-                log.warning("ack of %d messages failed: %s", len(receipts), e)
-            if stale:
-                log.info("%d acks were stale; redeliveries of those are dropped", stale)
-            with self._acks_sent:
-                self._ack_lists_sent += 1
-                self._acks_sent.notify_all()
+    def _acks(self, via: int, receipts: list[str]) -> list[int]:
+        """Ack ``receipts`` on connection ``via``; the refs of the frames."""
+        return [self._send_settle("ack", via, chunk) for chunk in _slices(receipts)]
+
+    def _send_settle(self, how: str, via: int, receipts: list[str]) -> int:
+        """One settle frame on connection ``via`` (at most ``SETTLE_CHUNK`` receipts); its
+        ref. A connection that dropped has returned its leases: nothing is sent then."""
+        ref = next(self._refs)
+        with self._lock:
+            stream = self._streams[via] if via < len(self._streams) else None
+            if stream is None:
+                return ref
+            self._unanswered[ref] = via
+        try:
+            if how == "ack":
+                stream.ack(receipts, ref=ref)
+            else:
+                stream.extend(receipts, self.options.lease_ms, ref=ref)
+        except Problem as e:
+            log.warning("%s of %d messages not sent: %s", how, len(receipts), e)
+            with self._lock:
+                self._unanswered.pop(ref, None)
+        return ref
 
     def _keep_leases(self) -> None:
         """Every ``leaseMs / 6``, extend the leases that are past half their length, so
         a lease is renewed before two thirds of it have gone and a message that is
         settled soon after it arrived is never extended at all."""
         interval_s = self.options.lease_ms / 6000
-        client = QuorraClient(self.options.url, self.options.token)
-        try:
-            while not self._stopping.wait(interval_s):
-                self._extend_once(client)
-        finally:
-            client.close()
+        while not self._stopping.wait(interval_s):
+            self._extend_once()
 
-    def _extend_once(self, client: QuorraClient) -> None:
+    def _extend_once(self) -> None:
         now = time.monotonic()
         due_s = self.options.lease_ms / 2000
+        by_stream: dict[int, list[str]] = defaultdict(list)
         with self._lock:
             held = [m for batch in self._batches.values() for m in batch] + self._spare
-            due = [m for m in held if m.receipt and now - self._lease_start.get(m.id, 0) > due_s]
-        try:
-            for chunk in _chunks_of(due, EXTEND_CHUNK):
-                receipts = [m.receipt or "" for m in chunk]
-                stale = set(client.extend(self.options.queue, receipts, self.options.lease_ms))
-                with self._lock:
-                    for k, m in enumerate(chunk):
-                        if k not in stale and m.id in self._lease_start:
-                            self._lease_start[m.id] = now
-                if stale:
-                    log.warning("%d leases had expired; those messages come back", len(stale))
-        except Exception as e:  # the next round retries; a lease is 6 rounds long
-            log.warning("lease extension failed: %s", e)
+            for m in held:
+                if now - self._lease_start.get(m.id, now) > due_s:
+                    by_stream[self._via.get(m.id, 0)].append(m.receipt)
+                    self._lease_start[m.id] = now
+        for via, receipts in by_stream.items():
+            for chunk in _slices(receipts):
+                self._send_settle("extend", via, chunk)
 
 
-def _chunks_of(items: list[Message], size: int) -> Iterator[list[Message]]:
-    for i in range(0, len(items), size):
-        yield items[i : i + size]
+def _report(answer: Settled | Problem) -> None:
+    if isinstance(answer, Problem):
+        log.warning("a settle failed: %s", answer)
+    elif answer.stale:
+        log.info("%d receipts were stale; redeliveries of those are dropped", len(answer.stale))
 
 
 def _max_rows(limit: ReadLimit) -> int:
@@ -411,12 +444,12 @@ def _max_rows(limit: ReadLimit) -> int:
     return ALL_AVAILABLE_MAX
 
 
-def _chunks(messages: list[Message], options: Options) -> list[list[Message]]:
+def _chunks(messages: list[Delivery], options: Options) -> list[list[Delivery]]:
     parts = max(1, min(options.num_partitions, len(messages) // 1000 or 1))
     size = -(-len(messages) // parts)
     return [messages[i : i + size] for i in range(0, len(messages), size)]
 
 
-def _slices(items: list[str], size: int) -> Iterator[list[str]]:
-    for i in range(0, len(items), size):
-        yield items[i : i + size]
+def _slices(items: list[str]) -> Iterator[list[str]]:
+    for i in range(0, len(items), SETTLE_CHUNK):
+        yield items[i : i + SETTLE_CHUNK]

@@ -14,10 +14,20 @@ from typing import Any
 
 import msgpack
 
-from quorra.client._types import Delivery, Problem, Publishable, delivery_of, message_map
+from quorra.client._types import (
+    Delivery,
+    Problem,
+    Publishable,
+    Settled,
+    delivery_of,
+    message_map,
+)
 
 PROBLEMS_KEPT = 100
 """Errors of consume and settle frames kept for ``problems`` (the oldest are dropped)."""
+ANSWERS_KEPT = 10_000
+"""Answers to settle frames sent with a ``ref``, kept until taken (the oldest dropped)."""
+SETTLE_OPS = frozenset({"ack", "nack", "extend"})
 
 
 def stream_url(base_url: str, queue: str) -> str:
@@ -71,6 +81,8 @@ class Ledger:
         self.problems: deque[Problem] = deque(maxlen=PROBLEMS_KEPT)
         self.settled = 0
         self.stale: deque[str] = deque(maxlen=PROBLEMS_KEPT)
+        self.answers: OrderedDict[int | str, Settled | Problem] = OrderedDict()
+        """The answer of each settle frame sent with a ``ref``, by ref, until taken."""
 
     def room_for(self, count: int) -> bool:
         """Whether ``count`` more messages fit the window (one frame always does when
@@ -97,6 +109,8 @@ class Ledger:
         elif op == "settled":
             self.settled += int(frame["settled"])
             self.stale.extend(frame["stale"])
+            if "ref" in frame:
+                self._answer(frame["ref"], Settled(int(frame["settled"]), list(frame["stale"])))
         elif op == "error":
             self._error(frame)
 
@@ -116,7 +130,15 @@ class Ledger:
             self.outstanding_messages -= self.outstanding.pop(seq)
             self.failures[seq] = problem
             return
+        if frame.get("of") in SETTLE_OPS and "ref" in frame:
+            self._answer(frame["ref"], problem)
+            return
         self.problems.append(problem)
+
+    def _answer(self, ref: int | str, answer: Settled | Problem) -> None:
+        self.answers[ref] = answer
+        while len(self.answers) > ANSWERS_KEPT:
+            self.answers.popitem(last=False)
 
     def done(self, seq: int) -> bool:
         """Whether publish ``seq`` has its answer (confirmed or failed)."""
@@ -129,9 +151,18 @@ class Ledger:
             raise PublishFailed(failures)
 
     def settle_frame(
-        self, how: str, receipts: list[str], *, requeue: bool = True, lease_ms: int = 0
+        self,
+        how: str,
+        receipts: list[str],
+        *,
+        requeue: bool = True,
+        lease_ms: int = 0,
+        ref: int | str | None = None,
     ) -> bytes:
+        """An ack, nack or extend frame; with a ``ref``, its answer lands in ``answers``."""
         frame: dict[str, object] = {"op": how, "receipts": receipts}
+        if ref is not None:
+            frame["ref"] = ref
         if how == "nack":
             frame["requeue"] = requeue
         elif how == "extend":

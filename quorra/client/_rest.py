@@ -54,6 +54,13 @@ def _decoded(response: httpx.Response) -> Any:
     return response.json()
 
 
+def _result(response: httpx.Response) -> Any:
+    body = _decoded(response)
+    if response.is_error:
+        raise Problem.of(body, response.status_code)
+    return body
+
+
 def _answer(response: httpx.Response) -> dict[str, Any]:
     body = _decoded(response)
     if response.is_error:
@@ -71,6 +78,15 @@ def _settled(response: httpx.Response) -> Settled:
             return Settled(0, list(body["stale"]))
     body = _answer(response)
     return Settled(int(body["settled"]), list(body["stale"]))
+
+
+def _query(params: Mapping[str, object]) -> dict[str, str]:
+    """Query parameters as text (booleans as ``true``/``false``); None leaves one out."""
+    return {
+        k: str(v).lower() if isinstance(v, bool) else str(v)
+        for k, v in params.items()
+        if v is not None
+    }
 
 
 def _messages_path(queue: str, action: str = "") -> str:
@@ -125,13 +141,28 @@ class Client:
 
     def post(self, path: str, body: Mapping[str, object]) -> httpx.Response:
         """POST ``body`` in MessagePack, retried on 429/503; the last answer."""
-        content = msgpack.packb(dict(body), use_bin_type=True)
+        return self.send("POST", path, body)
+
+    def send(
+        self, method: str, path: str, body: Mapping[str, object] | None = None, **params: object
+    ) -> httpx.Response:
+        """One call (``body`` in MessagePack, ``params`` the query, None left out),
+        retried on 429/503; the last answer."""
+        content = None if body is None else msgpack.packb(dict(body), use_bin_type=True)
+        query = _query(params)
         for _ in range(self.retries):
-            response = self.http.post(path, content=content)
+            response = self.http.request(method, path, content=content, params=query)
             if response.status_code not in RETRY_STATUSES:
                 return response
             self.sleep(_retry_after_s(response))
-        return self.http.post(path, content=content)
+        return self.http.request(method, path, content=content, params=query)
+
+    def call(
+        self, method: str, path: str, body: Mapping[str, object] | None = None, **params: object
+    ) -> Any:
+        """Any other endpoint (``path`` under ``/api/v1``: queues, stats, browse,
+        snapshots...); its decoded answer (a map or a list), ``Problem`` when it is one."""
+        return _result(self.send(method, f"/api/v1{path}", body, **params))
 
     def publish(self, queue: str, messages: Sequence[Publishable]) -> list[int]:
         """Publish a batch, all or nothing; the ids, once durable on a quorum."""
@@ -198,13 +229,26 @@ class AsyncClient:
         await self.http.aclose()
 
     async def post(self, path: str, body: Mapping[str, object]) -> httpx.Response:
-        content = msgpack.packb(dict(body), use_bin_type=True)
+        return await self.send("POST", path, body)
+
+    async def send(
+        self, method: str, path: str, body: Mapping[str, object] | None = None, **params: object
+    ) -> httpx.Response:
+        """As ``Client.send``."""
+        content = None if body is None else msgpack.packb(dict(body), use_bin_type=True)
+        query = _query(params)
         for _ in range(self.retries):
-            response = await self.http.post(path, content=content)
+            response = await self.http.request(method, path, content=content, params=query)
             if response.status_code not in RETRY_STATUSES:
                 return response
             await asyncio.sleep(_retry_after_s(response))
-        return await self.http.post(path, content=content)
+        return await self.http.request(method, path, content=content, params=query)
+
+    async def call(
+        self, method: str, path: str, body: Mapping[str, object] | None = None, **params: object
+    ) -> Any:
+        """As ``Client.call``."""
+        return _result(await self.send(method, f"/api/v1{path}", body, **params))
 
     async def publish(self, queue: str, messages: Sequence[Publishable]) -> list[int]:
         body = {"messages": [message_map(m) for m in messages]}

@@ -147,14 +147,18 @@ class Stream:
         ledger.deliveries.clear()
         return out
 
-    def ack(self, receipts: list[str]) -> None:
-        self._send(self.ledger.settle_frame("ack", receipts))
+    def ack(self, receipts: list[str], *, ref: int | str | None = None) -> None:
+        """Settle; the answer (``settled`` frame) is read later, into
+        ``ledger.answers[ref]`` when a ``ref`` is given."""
+        self._send(self.ledger.settle_frame("ack", receipts, ref=ref))
 
-    def nack(self, receipts: list[str], *, requeue: bool = True) -> None:
-        self._send(self.ledger.settle_frame("nack", receipts, requeue=requeue))
+    def nack(
+        self, receipts: list[str], *, requeue: bool = True, ref: int | str | None = None
+    ) -> None:
+        self._send(self.ledger.settle_frame("nack", receipts, requeue=requeue, ref=ref))
 
-    def extend(self, receipts: list[str], lease_ms: int) -> None:
-        self._send(self.ledger.settle_frame("extend", receipts, lease_ms=lease_ms))
+    def extend(self, receipts: list[str], lease_ms: int, *, ref: int | str | None = None) -> None:
+        self._send(self.ledger.settle_frame("extend", receipts, lease_ms=lease_ms, ref=ref))
 
 
 class AsyncStream:
@@ -262,14 +266,18 @@ class AsyncStream:
             for d in await self.receive():
                 yield d
 
-    async def ack(self, receipts: list[str]) -> None:
-        await self._send(self.ledger.settle_frame("ack", receipts))
+    async def ack(self, receipts: list[str], *, ref: int | str | None = None) -> None:
+        await self._send(self.ledger.settle_frame("ack", receipts, ref=ref))
 
-    async def nack(self, receipts: list[str], *, requeue: bool = True) -> None:
-        await self._send(self.ledger.settle_frame("nack", receipts, requeue=requeue))
+    async def nack(
+        self, receipts: list[str], *, requeue: bool = True, ref: int | str | None = None
+    ) -> None:
+        await self._send(self.ledger.settle_frame("nack", receipts, requeue=requeue, ref=ref))
 
-    async def extend(self, receipts: list[str], lease_ms: int) -> None:
-        await self._send(self.ledger.settle_frame("extend", receipts, lease_ms=lease_ms))
+    async def extend(
+        self, receipts: list[str], lease_ms: int, *, ref: int | str | None = None
+    ) -> None:
+        await self._send(self.ledger.settle_frame("extend", receipts, lease_ms=lease_ms, ref=ref))
 
 
 __all__ = ["AsyncStream", "PublishFailed", "Stream"]

@@ -11,7 +11,7 @@ import msgpack
 import pytest
 
 from app.client_cli import ClientError, consume_lines, publish_lines
-from quorra.client import Client, Message, Publishable
+from quorra.client import Client, Message, Problem, Publishable, Settled
 from quorra.client._ledger import Ledger
 
 Handler = Callable[[httpx.Request], httpx.Response]
@@ -132,3 +132,32 @@ def test_consume_stops_at_max() -> None:
     out = io.BytesIO()
     assert consume_lines(client(handler), "q", out, 5, 3, 0, follow=True) == 5
     assert out.getvalue().count(b"\n") == 5
+
+
+def test_settle_answers_are_kept_by_ref_until_taken() -> None:
+    ledger = FakeStream().ledger
+    frame = msgpack.unpackb(ledger.settle_frame("ack", ["r1", "r2"], ref=7))
+    assert frame == {"op": "ack", "receipts": ["r1", "r2"], "ref": 7}
+    ledger.on_frame({"op": "settled", "of": "ack", "settled": 1, "stale": ["r2"], "ref": 7})
+    problem = {"op": "error", "of": "extend", "ref": 8, "status": 422, "type": "x", "title": "Bad"}
+    ledger.on_frame(problem)
+    ledger.on_frame({"op": "settled", "of": "ack", "settled": 2, "stale": []})  # no ref
+    assert ledger.answers.pop(7) == Settled(1, ["r2"])
+    assert isinstance(ledger.answers.pop(8), Problem) and not ledger.answers
+    assert ledger.settled == 3 and not ledger.problems
+
+
+def test_call_reaches_any_endpoint_with_its_query() -> None:
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        if request.url.path.endswith("/missing"):
+            return answer(404, {"type": "/problems/queue-not-found", "title": "No queue"})
+        return answer(200, [{"id": 1, "cursor": 5}])
+
+    with client(handler) as c:
+        assert c.call("GET", "/queues/q/messages", after=None, limit=10) == [{"id": 1, "cursor": 5}]
+        with pytest.raises(Problem, match="No queue"):
+            c.call("GET", "/queues/missing")
+    assert str(seen[0].url) == "http://quorra.test/api/v1/queues/q/messages?limit=10"

@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 
-from pipeline.client import QuorraClient
+from pipeline import queues
 from pipeline.localserver import LocalServer, local_server
+from quorra.client import Client
 
 SPARK_MASTER = "local[2,2]"
 _queue_numbers = itertools.count(1)
@@ -44,15 +45,15 @@ def quorra_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSer
 
 
 @pytest.fixture
-def client(quorra_server: LocalServer) -> Iterator[QuorraClient]:
-    with QuorraClient(quorra_server.url, quorra_server.token) as c:
+def client(quorra_server: LocalServer) -> Iterator[Client]:
+    with queues.connect(quorra_server.url, quorra_server.token) as c:
         yield c
 
 
 @pytest.fixture
-def queue(client: QuorraClient) -> str:
+def queue(client: Client) -> str:
     name = f"pipeline-test-{next(_queue_numbers)}"
-    client.create_queue(name)
+    queues.create_queue(client, name)
     return name
 
 

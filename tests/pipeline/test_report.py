@@ -158,8 +158,8 @@ def test_empty_history_has_no_figures() -> None:
 
 @pytest.mark.integration
 def test_report_from_a_live_server(client: Any, queue: str, quorra_server: Any, tmp_path: Path):
-    client.publish(queue, [{"body": b"m%d" % i} for i in range(50)])
-    received = client.receive(queue, 20, 0, 30_000)
+    client.publish(queue, [b"m%d" % i for i in range(50)])
+    received = client.receive(queue, max_messages=20, lease_ms=30_000)
     client.ack(queue, [m.receipt for m in received])
     out = tmp_path / "live"
     code = main(

@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from pipeline.client import QuorraClient
-from pipeline.jobs import queue_pending
+from pipeline import queues
+from pipeline.queues import pending as queue_pending
+from quorra.client import Client
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration]
 
@@ -20,15 +21,15 @@ def read_queue(spark: Any, options: dict[str, str], **extra: str) -> Any:
     return spark.read.format("quorra").options(**options, **extra).load()
 
 
-def ready(client: QuorraClient, queue: str) -> int:
-    return int(client.queue(queue)["stats"]["messages_ready"])
+def ready(client: Client, queue: str) -> int:
+    return int(queues.queue_info(client, queue)["stats"]["messages_ready"])
 
 
 def test_round_trip_of_100k_rows_keeps_content(
-    spark: Any, client: QuorraClient, options: dict[str, str]
+    spark: Any, client: Client, options: dict[str, str]
 ) -> None:
     rows = 100_000
-    client.request("PATCH", f"/queues/{options['queue']}", {"max_length": None})
+    client.call("PATCH", f"/queues/{options['queue']}", {"max_length": None})
     source = spark.range(0, rows, numPartitions=2).selectExpr(
         "cast(concat('row-', cast(id as string), '-', repeat(chr(65 + id % 26), id % 40)) "
         "as binary) as body",
@@ -54,7 +55,7 @@ def test_round_trip_of_100k_rows_keeps_content(
 
 
 def test_retried_write_task_does_not_duplicate(
-    spark: Any, client: QuorraClient, options: dict[str, str]
+    spark: Any, client: Client, options: dict[str, str]
 ) -> None:
     rows = 2_000
     df = spark.range(0, rows, numPartitions=2).selectExpr("cast(id as string) as body")
@@ -69,7 +70,7 @@ def test_retried_write_task_does_not_duplicate(
 
 
 def run_stream_until_drained(
-    client: QuorraClient, queue: str, query: Any, timeout_s: float = DRAIN_TIMEOUT_S
+    client: Client, queue: str, query: Any, timeout_s: float = DRAIN_TIMEOUT_S
 ) -> None:
     deadline = time.monotonic() + timeout_s
     try:
@@ -85,11 +86,11 @@ def run_stream_until_drained(
 
 
 def test_failed_micro_batch_is_replayed_and_output_is_exactly_once(
-    spark: Any, client: QuorraClient, options: dict[str, str], tmp_path: Path
+    spark: Any, client: Client, options: dict[str, str], tmp_path: Path
 ) -> None:
     queue, total = options["queue"], 3_000
     for start in range(0, total, 1000):
-        client.publish(queue, [{"body": b"m-%d" % i} for i in range(start, start + 1000)])
+        client.publish(queue, [b"m-%d" % i for i in range(start, start + 1000)])
     out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
     failed_batch: dict[str, list[int]] = {}
 
@@ -132,13 +133,13 @@ def test_failed_micro_batch_is_replayed_and_output_is_exactly_once(
 
 
 def test_stream_copy_between_queues_is_exactly_once(
-    spark: Any, client: QuorraClient, options: dict[str, str], tmp_path: Path
+    spark: Any, client: Client, options: dict[str, str], tmp_path: Path
 ) -> None:
     source_queue, total = options["queue"], 2_000
     target_queue = f"{source_queue}-copy"
-    client.create_queue(target_queue)
-    client.publish(source_queue, [{"body": b"c-%d" % i} for i in range(1000)])
-    client.publish(source_queue, [{"body": b"c-%d" % i} for i in range(1000, total)])
+    queues.create_queue(client, target_queue)
+    client.publish(source_queue, [b"c-%d" % i for i in range(1000)])
+    client.publish(source_queue, [b"c-%d" % i for i in range(1000, total)])
     query = (
         spark.readStream.format("quorra")
         .options(**options, maxMessagesPerTrigger="1000")

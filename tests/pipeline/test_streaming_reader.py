@@ -1,5 +1,6 @@
-"""The stream reader's lease and settle logic, driven by hand against the in-process
-fake of the message endpoints (no Spark): the calls are the ones Spark makes."""
+"""The stream reader's lease and settle logic, driven by hand against a real server on
+127.0.0.1 (no Spark): the calls are the ones Spark makes, the queue's own counts say
+what was acked, what is leased and what is ready."""
 
 from __future__ import annotations
 
@@ -10,121 +11,149 @@ from typing import Any
 import pytest
 from pyspark.sql.streaming.datasource import ReadMaxRows
 
-from pipeline.client import QuorraClient
+from pipeline import queues
+from pipeline.localserver import LocalServer
 from pipeline.options import Options
-from pipeline.streaming import LeaseStreamReader
-from tests.pipeline.fake_server import FakeQueue, FakeQuorra, serve
+from pipeline.streaming import LeaseStreamReader, stream_count
+from quorra.client import Client
+
+pytestmark = [pytest.mark.integration]
 
 
 @pytest.fixture
-def fake() -> Iterator[tuple[FakeQuorra, str]]:
-    state = FakeQuorra()
-    state.queues["q"] = FakeQueue()
-    server, url = serve(state)
-    try:
-        yield state, url
-    finally:
-        server.shutdown()
-        server.server_close()
+def readers() -> Iterator[list[LeaseStreamReader]]:
+    """Readers a test made: stopped at its end, whatever happened."""
+    made: list[LeaseStreamReader] = []
+    yield made
+    for r in made:
+        r.stop()
 
 
-def publish(url: str, n: int, start: int = 0) -> None:
-    with QuorraClient(url, "t") as client:
-        client.publish("q", [{"body": b"m-%d" % i} for i in range(start, start + n)])
+def publish(client: Client, queue: str, n: int, start: int = 0) -> list[int]:
+    return client.publish(queue, [b"m-%d" % i for i in range(start, start + n)])
 
 
-def reader(url: str, **extra: str) -> LeaseStreamReader:
-    raw = {"url": url, "token": "t", "queue": "q", "waitMs": "50", "leaseMs": "1000"}
-    return LeaseStreamReader(Options.parse(raw | extra))
+def stats(client: Client, queue: str) -> dict[str, Any]:
+    return dict(queues.queue_info(client, queue)["stats"])
 
 
-def eventually(check: Callable[[], bool], timeout_s: float = 10.0) -> None:
+def reader(
+    server: LocalServer, queue: str, made: list[LeaseStreamReader], **extra: str
+) -> LeaseStreamReader:
+    raw = {"url": server.url, "token": server.token, "queue": queue, "waitMs": "2000"}
+    r = LeaseStreamReader(Options.parse(raw | {"leaseMs": "30000"} | extra))
+    made.append(r)
+    return r
+
+
+def eventually(check: Callable[[], bool], timeout_s: float = 15.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not check():
         assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.02)
+        time.sleep(0.05)
 
 
 def ids_of(partitions: list[Any]) -> list[int]:
     return [i for p in partitions for i in p.batch.column(0).to_pylist()]
 
 
-def test_batches_are_acked_once_spark_moves_past_them(fake: tuple[FakeQuorra, str]) -> None:
-    state, url = fake
-    publish(url, 25)
-    r = reader(url, maxMessagesPerTrigger="10")
-    try:
-        start = r.initialOffset()
-        r._start_fetcher()
-        eventually(lambda: len(state.queues["q"].leases) >= 10)
-        end = r.latestOffset(start, ReadMaxRows(10))
-        assert end["seq"] == 10 and len(end["ids"]) == len(set(end["ids"])) == 10
-        assert ids_of(r.partitions(start, end)) == end["ids"]
-        assert state.queues["q"].acked == 0  # not committed yet
-        following = r.latestOffset(end, ReadMaxRows(10))  # batch ``end`` is committed
-        eventually(lambda: state.queues["q"].acked == 10)
-        assert not set(following["ids"]) & set(end["ids"])
-        r.commit(following)
-        eventually(lambda: state.queues["q"].acked == 20)
-    finally:
-        r.stop()
-    queue = state.queues["q"]
-    assert queue.acked == 20 and len(queue.ready) == 5 and not queue.leases  # rest returned
+def test_batches_are_acked_once_spark_moves_past_them(
+    quorra_server: LocalServer, client: Client, queue: str, readers: list[LeaseStreamReader]
+) -> None:
+    publish(client, queue, 25)
+    r = reader(quorra_server, queue, readers, maxMessagesPerTrigger="10")
+    start = r.initialOffset()
+    end = r.latestOffset(start, ReadMaxRows(10))
+    assert end["seq"] == 10 and len(end["ids"]) == len(set(end["ids"])) == 10
+    assert ids_of(r.partitions(start, end)) == end["ids"]
+    assert stats(client, queue)["acked"] == 0  # not committed yet
+    following = r.latestOffset(end, ReadMaxRows(10))  # batch ``end`` is committed
+    eventually(lambda: stats(client, queue)["acked"] == 10)
+    assert len(following["ids"]) == 10 and not set(following["ids"]) & set(end["ids"])
+    r.commit(following)
+    eventually(lambda: stats(client, queue)["acked"] == 20)
+    r.stop()
+    now = stats(client, queue)  # the rest was returned when the connections closed
+    eventually(lambda: stats(client, queue)["messages_ready"] == 5)
+    assert now["acked"] == 20 and stats(client, queue)["messages_unacked"] == 0
 
 
-def test_a_restarted_reader_replays_the_same_batch(fake: tuple[FakeQuorra, str]) -> None:
-    state, url = fake
-    publish(url, 30)
-    first = reader(url, maxMessagesPerTrigger="10")
+def test_the_credit_covers_two_micro_batches() -> None:
+    assert stream_count(20_000, 10_000) == 2
+    assert stream_count(100, 10_000) == 1
+    assert stream_count(10_000_000, 10_000) == 8  # STREAMS_MAX
+
+
+def test_a_restarted_reader_replays_the_same_batch(
+    quorra_server: LocalServer, client: Client, queue: str, readers: list[LeaseStreamReader]
+) -> None:
+    publish(client, queue, 30)
+    first = reader(quorra_server, queue, readers, maxMessagesPerTrigger="10")
     start = first.initialOffset()
-    first._start_fetcher()
-    eventually(lambda: len(state.queues["q"].leases) >= 10)
     end = first.latestOffset(start, ReadMaxRows(10))
-    first._stopping.set()  # the driver dies: no stop(), its leases stay until they expire
-    state.advance(1500)
+    # The driver dies: no stop(); its connections drop, the server returns the leases.
+    first._stopping.set()
+    for stream in first._streams:
+        assert stream is not None
+        stream.close()
+    eventually(lambda: stats(client, queue)["messages_unacked"] == 0)
 
-    second = reader(url, maxMessagesPerTrigger="10")
-    try:
-        assert ids_of(second.partitions(start, end)) == end["ids"]
-        following = second.latestOffset(end, ReadMaxRows(10))
-        assert len(following["ids"]) == 10 and not set(following["ids"]) & set(end["ids"])
-        eventually(lambda: state.queues["q"].acked == 10)
-    finally:
-        second.stop()
-
-
-def test_an_expired_lease_does_not_emit_a_message_twice(fake: tuple[FakeQuorra, str]) -> None:
-    state, url = fake
-    publish(url, 10)
-    r = reader(url, maxMessagesPerTrigger="10")
-    try:
-        start = r.initialOffset()
-        r._start_fetcher()
-        eventually(lambda: len(state.queues["q"].leases) == 10)
-        end = r.latestOffset(start, ReadMaxRows(10))
-        state.advance(5000)  # every lease ends: the messages are handed out again
-        eventually(lambda: not state.queues["q"].ready and len(state.queues["q"].leases) == 10)
-        publish(url, 5, start=10)
-        following = r.latestOffset(end, ReadMaxRows(10))
-        assert not set(following["ids"]) & set(end["ids"])
-        eventually(lambda: state.queues["q"].acked == 10)  # acked with the new receipts
-    finally:
-        r.stop()
+    second = reader(quorra_server, queue, readers, maxMessagesPerTrigger="10")
+    assert ids_of(second.partitions(start, end)) == end["ids"]
+    following = second.latestOffset(end, ReadMaxRows(10))
+    assert len(following["ids"]) == 10 and not set(following["ids"]) & set(end["ids"])
+    eventually(lambda: stats(client, queue)["acked"] == 10)
 
 
-def test_a_redelivered_settled_message_is_acked_and_dropped(fake: tuple[FakeQuorra, str]) -> None:
-    state, url = fake
-    publish(url, 6)
-    r = reader(url)
-    try:
-        done = [m.id for m in state.queues["q"].ready][:4]
-        for i in done:
-            r._done[i] = None
-        fresh = r._receive(10, 0)
-        assert [m.body for m in fresh] == [b"m-4", b"m-5"]
-        assert state.queues["q"].acked == 4
-    finally:
-        r.stop()
+def test_an_expired_lease_does_not_emit_a_message_twice(
+    quorra_server: LocalServer, client: Client, queue: str, readers: list[LeaseStreamReader]
+) -> None:
+    publish(client, queue, 10)
+    r = reader(quorra_server, queue, readers, maxMessagesPerTrigger="10", leaseMs="1000")
+    r._extend_once = lambda: None  # type: ignore[method-assign]  # the driver stalls
+    start = r.initialOffset()
+    end = r.latestOffset(start, ReadMaxRows(10))
+    # Every lease ends: the messages are delivered again, here, with new receipts.
+    eventually(lambda: stats(client, queue)["delivered"] >= 20)
+    publish(client, queue, 5, start=10)
+    following = r.latestOffset(end, ReadMaxRows(10))
+    assert not set(following["ids"]) & set(end["ids"])
+    assert len(following["ids"]) == 5
+    eventually(lambda: stats(client, queue)["acked"] == 10)  # acked with the new receipts
+
+
+def test_a_dropped_connection_is_reopened_and_its_messages_are_not_emitted_twice(
+    quorra_server: LocalServer, client: Client, queue: str, readers: list[LeaseStreamReader]
+) -> None:
+    publish(client, queue, 15)
+    r = reader(quorra_server, queue, readers, maxMessagesPerTrigger="10")
+    start = r.initialOffset()
+    end = r.latestOffset(start, ReadMaxRows(10))
+    eventually(lambda: stats(client, queue)["messages_ready"] == 0)  # 5 more spare
+    dropped = r._streams[0]
+    assert dropped is not None and len(r._streams) == 1
+    dropped.close()  # the server returns its 15 leases; they come back on a new one
+    eventually(lambda: stats(client, queue)["delivered"] >= 30)
+    eventually(lambda: r._streams[0] is not None and r._streams[0] is not dropped)
+    following = r.latestOffset(end, ReadMaxRows(10))
+    assert sorted(following["ids"]) == sorted(set(following["ids"]))
+    assert len(following["ids"]) == 5 and not set(following["ids"]) & set(end["ids"])
+    eventually(lambda: stats(client, queue)["acked"] == 10)  # with the new receipts
+    r.commit(following)
+    eventually(lambda: stats(client, queue)["acked"] == 15)
+
+
+def test_a_redelivered_settled_message_is_acked_and_dropped(
+    quorra_server: LocalServer, client: Client, queue: str, readers: list[LeaseStreamReader]
+) -> None:
+    ids = publish(client, queue, 6)
+    r = reader(quorra_server, queue, readers, waitMs="500")
+    for i in ids[:4]:  # settled by an earlier run, and yet delivered again
+        r._done[i] = None
+    batch = r.latestOffset(r.initialOffset(), ReadMaxRows(10))
+    assert batch["ids"] == ids[4:]
+    assert ids_of(r.partitions(r.initialOffset(), batch)) == ids[4:]
+    eventually(lambda: stats(client, queue)["acked"] == 4)
 
 
 def test_options_need_token_and_queue() -> None:
