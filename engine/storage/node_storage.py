@@ -45,6 +45,7 @@ from engine.storage.flush import (
     plan_segment_flush,
     show_segment_flush,
 )
+from engine.storage.read_cache import ReadCache
 from engine.storage.reaper import PinnedReader, Reaper, SegmentPins
 from engine.storage.recovery import Recovery
 from engine.storage.repair import RepairKind, Repairs
@@ -80,7 +81,8 @@ class NodeStorage:
     def __init__(self, disk: Disk, limits: Limits) -> None:
         self.disk = disk
         self.limits = limits
-        self.cache = ReaderCache(disk, limits.segment_readers_open_max)
+        blocks = ReadCache(limits.read_cache_bytes_max, limits.read_cache_block_bytes)
+        self.cache = ReaderCache(disk, limits.segment_readers_open_max, blocks)
         self._logs = ServerLogs(disk, self.cache)
         self._reaper = Reaper(disk, self.cache)
         self._repairs = Repairs(disk, self._reaper.remove)
