@@ -90,6 +90,7 @@ from engine.runtime.routing import NodeCall
 from engine.runtime.transport import LocalTransport, Transport
 from engine.runtime.wal_writer import WalWriter
 from engine.storage import NodeStorage
+from engine.storage.read_cache import ReadCacheStats
 from engine.storage.wal_stats import WalStats
 
 log = logging.getLogger("quorra.engine")
@@ -350,7 +351,12 @@ class Node:
     def memory(self) -> dict[str, object]:
         ctx = self.context
         replicas = [rep for rep in ctx.replicas.values() if not rep.closed]
-        memory = observe.node_memory(replicas, ctx.pages.node.pages_max, self.limits)
+        cache = (
+            ctx.storage.cache.blocks.stats()
+            if ctx.has_storage
+            else ReadCacheStats(0, self.limits.read_cache_bytes_max, 0, 0, 0, 0)
+        )
+        memory = observe.node_memory(replicas, ctx.pages.node.pages_max, self.limits, cache)
         memory["alarm"] = ctx.memory.alarmed()
         memory["publishes_refused"] = ctx.memory.refused
         return memory
