@@ -217,6 +217,11 @@ NODE_MEMORY: tuple[tuple[str, str, str], ...] = (
         "Blocks of segment entries in the node's read cache.",
         "read_cache_blocks",
     ),
+    (
+        "mem_table_bytes",
+        "Entries in the WAL's mem tables, not yet in segments (counted by the memory alarm).",
+        "mem_table_bytes",
+    ),
 )
 NODE_COUNTERS: tuple[tuple[str, str, str], ...] = (
     (

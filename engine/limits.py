@@ -57,8 +57,9 @@ class Limits:
     least one entry, so one entry of ``entry_bytes_max`` still reads whole)."""
     read_cache_bytes_max: int = 16 * MIB
     """The node's cache of segment reads (``engine.storage.read_cache``), shared by its
-    queues, holds at most this many bytes of entries (0: none kept). The memory alarm
-    empties it before it refuses a publish: it is memory the node can give back at once."""
+    queues, holds at most this many bytes of entries (0: none kept). It counts in the
+    engine's memory, but the memory alarm leaves it only the room publishes do not need
+    (it is memory the node can give back at once)."""
     read_cache_block_bytes: int = 256 * KIB
     """A delivery that reads from a segment reads, in the same ``pread``, the entries
     after those it wants up to this many bytes in all, and the cache keeps the block: the
@@ -113,8 +114,9 @@ class Limits:
     # --- node memory (engine.runtime.memory_alarm) ----------------------------------
     engine_memory_bytes_max: int = 256 * MIB
     """A publish that would bring the node's engine memory (every queue machine's
-    ``memory_bytes``, its resident index pages included, plus the publish bytes in
-    flight) past this is refused (``MemoryAlarm``, 429) until it is back under."""
+    ``memory_bytes``, its resident index pages included, the publish bytes in flight, the
+    WAL's mem tables; the read cache gives its bytes back first) past this is refused
+    (``MemoryAlarm``, 429) until it is back under."""
     memory_check_interval_ms: int = 100
     """The node's engine memory is summed over its queues at most this often (a sum per
     publish would cost in proportion to the queues); the alarm clears within it."""

@@ -284,8 +284,9 @@ class QueueEngine(Protocol):
         read cache of segment blocks: ``read_cache_bytes`` (and ``_max``),
         ``read_cache_blocks``, lookups that hit and missed (``read_cache_hits``,
         ``read_cache_misses``) and blocks evicted (``read_cache_evictions``) since the
-        start; the memory alarm: ``memory_bytes_max``, ``alarm`` (publishes are
-        refused), and ``publishes_refused`` since the start."""
+        start; what the WAL's mem tables hold (``mem_table_bytes``); the memory alarm
+        (which counts the mem tables and the read cache too): ``memory_bytes_max``,
+        ``alarm`` (publishes are refused), and ``publishes_refused`` since the start."""
         ...
 
     def wal_stats(self) -> WalStats | None:

@@ -357,6 +357,7 @@ class Node:
             else ReadCacheStats(0, self.limits.read_cache_bytes_max, 0, 0, 0, 0)
         )
         memory = observe.node_memory(replicas, ctx.pages.node.pages_max, self.limits, cache)
+        memory["mem_table_bytes"] = ctx.storage.mem_table_bytes() if ctx.has_storage else 0
         memory["alarm"] = ctx.memory.alarmed()
         memory["publishes_refused"] = ctx.memory.refused
         return memory

@@ -6,6 +6,11 @@ shared ``Wal``) and then calls ``wake``; this thread takes everything pending in
 ``on_batch``, which the node forwards to its loop. While a sync runs, more operations
 gather, so batches grow with load by themselves.
 
+After ``wal_idle_roll_ms`` with nothing to write, it rolls a file that holds anything
+(``Wal.roll_if_written``) and hands that batch on too: the rolled file's entries go to
+segments and leave the mem tables, so an idle node holds no message bodies in memory
+and the memory alarm, which counts them, clears by itself.
+
 ``stop`` writes what is pending and returns; ``stop(abandon=True)`` drops it, as a crash
 would (the in-process failover tests use it).
 """
@@ -46,12 +51,16 @@ class WalWriter:
 
     def _run(self) -> None:
         while True:
+            idle = False
             with self._cond:
-                while not self._wal.pending() and not self._stopping:
-                    self._cond.wait()
+                while not self._wal.pending() and not self._stopping and not idle:
+                    idle = not self._cond.wait(self._wal.idle_roll_s)
                 if self._stopping and (self._abandon or not self._wal.pending()):
                     return
-            self._on_batch(self._wal.write_batch())
+            if not idle or self._wal.pending():
+                self._on_batch(self._wal.write_batch())
+            elif (rolled := self._wal.roll_if_written()) is not None:
+                self._on_batch(rolled)
 
 
 __all__ = ["WalWriter"]

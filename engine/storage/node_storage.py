@@ -158,6 +158,12 @@ class NodeStorage:
         assert self._owned(), _NOT_OWNER
         return self._logs.uids()
 
+    def mem_table_bytes(self) -> int:
+        """What the mem tables of every server hold: the entries of the WAL files not yet
+        flushed to segments (at most about ``wal_file_bytes_max`` per file)."""
+        assert self._owned(), _NOT_OWNER
+        return sum(log.mem.bytes for _uid, log in self._logs.items())
+
     def open_server(self, uid: str, *, repairable: bool = True) -> Recovered:
         """Open (or create) the storage of server ``uid`` and say what to restore. Damaged
         data is cut or reset and the server marked repairing (see ``recovery.py``).

@@ -7,7 +7,8 @@ the one it was read from: a block is found by the segment's path and must carry 
 same ``SegmentInfo`` (header generation, count, CRC of the index), so a segment cut or
 replaced by compaction, or a path reused after a server was removed, finds nothing
 stale. Its bytes (entry data plus ``ENTRY_OVERHEAD_BYTES`` per entry) never pass
-``bytes_max``: a block that alone would is not kept.
+``bytes_max``: a block that alone would is not kept. The memory alarm may take bytes
+back (``shrink_to``) for a publish.
 
 Policy, and why. A queue is consumed front to back, and a publish batch is one entry
 holding up to a thousand messages, so consecutive receives read the same entries again
@@ -145,12 +146,17 @@ class ReadCache:
         blocks.blocks.insert(k, block)
         self._lru[(path, block.lo)] = block
         self.bytes += block.bytes
-        while self.bytes > self.bytes_max:
-            (old_path, old_lo), _ = next(iter(self._lru.items()))
-            self._remove(old_path, old_lo)
-            self.evictions += 1
+        self.shrink_to(self.bytes_max)
         assert self.bytes <= self.bytes_max
         return True
+
+    def shrink_to(self, bytes_max: int) -> None:
+        """Evict the least recently used blocks until at most ``bytes_max`` bytes are
+        held (the memory alarm takes the memory back for a publish)."""
+        while self.bytes > max(bytes_max, 0):
+            (path, lo), _ = next(iter(self._lru.items()))
+            self._remove(path, lo)
+            self.evictions += 1
 
     def drop(self, path: str) -> None:
         """Forget every block of the segment file ``path`` (it changed or left)."""

@@ -30,6 +30,9 @@ from engine.storage.wal import AppendOp, ForgetOp, HardState, HardStateOp, WalOp
 
 _KINDS = tuple(EntryKind)
 """Entry kinds by value, faster than calling the enum."""
+MEM_ROW_OVERHEAD_BYTES = 120
+"""What a mem-table row costs beside its data: the tuple, the header of the ``bytes``
+object and the two list slots, rounded up (counted by the memory alarm)."""
 
 
 class MemTable:
@@ -45,6 +48,8 @@ class MemTable:
         self._rows: list[tuple[int, int, int, bytes]] = []
         """(term, kind, now_ms, data) of each entry from ``lo``."""
         self._wal_seqs: list[int] = []
+        self.bytes = 0
+        """What the rows hold: their data plus ``MEM_ROW_OVERHEAD_BYTES`` each."""
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -61,10 +66,10 @@ class MemTable:
             self.lo = first
         else:
             assert first <= self.hi + 1, f"gap in mem table: {first} after {self.hi}"
-            del self._rows[first - self.lo :]
-            del self._wal_seqs[first - self.lo :]
+            self._cut(first - self.lo, len(self._rows))
         self._rows.extend([(e.term, int(e.kind), e.now_ms, e.data) for e in entries])
         self._wal_seqs.extend([wal_seq] * len(entries))
+        self.bytes += sum(len(e.data) for e in entries) + MEM_ROW_OVERHEAD_BYTES * len(entries)
 
     def get(self, index: int) -> Entry | None:
         if self._rows and self.lo <= index <= self.hi:
@@ -94,8 +99,7 @@ class MemTable:
 
     def drop_flushed(self, wal_seq: int) -> None:
         n = bisect.bisect_right(self._wal_seqs, wal_seq)
-        del self._rows[:n]
-        del self._wal_seqs[:n]
+        self._cut(0, n)
         self.lo = self.lo + n if self._rows else 0
 
     def truncate_after(self, index: int) -> None:
@@ -105,13 +109,21 @@ class MemTable:
         if index < self.lo:
             self.clear()
             return
-        del self._rows[index - self.lo + 1 :]
-        del self._wal_seqs[index - self.lo + 1 :]
+        self._cut(index - self.lo + 1, len(self._rows))
 
     def clear(self) -> None:
         self.lo = 0
         self._rows.clear()
         self._wal_seqs.clear()
+        self.bytes = 0
+
+    def _cut(self, start: int, stop: int) -> None:
+        """Drop rows ``start`` below ``stop`` (positions, not indexes) and their bytes."""
+        cut = self._rows[start:stop]
+        self.bytes -= sum(len(row[3]) for row in cut) + MEM_ROW_OVERHEAD_BYTES * len(cut)
+        del self._rows[start:stop]
+        del self._wal_seqs[start:stop]
+        assert self.bytes >= 0
 
 
 @dataclass(slots=True)
@@ -545,4 +557,4 @@ class ServerLogs:
                     log.add_segment(segment)
 
 
-__all__ = ["MemTable", "ServerLog", "ServerLogs"]
+__all__ = ["MEM_ROW_OVERHEAD_BYTES", "MemTable", "ServerLog", "ServerLogs"]
