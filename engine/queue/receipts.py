@@ -73,6 +73,32 @@ class ReceiptSeal:
         both = int.from_bytes(raw[:16], "big")
         return both >> 64, both & _U64_MAX
 
+    def open_many(self, receipts: list[str]) -> list[tuple[int, int] | None]:
+        """``open`` of each receipt, in order. The hex of a whole batch is decoded at
+        once, which makes it about three times cheaper per receipt (an ack or a receive
+        carries up to a thousand); a batch that does not decode whole (a receipt of
+        another length, a character that is no hex digit) is opened one by one."""
+        n = len(receipts)
+        if any(len(r) != RECEIPT_CHARS for r in receipts):
+            return [self.open(r) for r in receipts]
+        try:
+            raw = bytes.fromhex("".join(receipts))
+        except ValueError:
+            return [self.open(r) for r in receipts]
+        if len(raw) != n * (RECEIPT_CHARS // 2):  # fromhex skips whitespace
+            return [self.open(r) for r in receipts]
+        base, same, as_int = self._mac, hmac.compare_digest, int.from_bytes
+        out: list[tuple[int, int] | None] = []
+        for at in range(0, len(raw), RECEIPT_CHARS // 2):
+            mac = base.copy()
+            mac.update(raw[at : at + 16])
+            if same(mac.digest(), raw[at + 16 : at + 32]):
+                both = as_int(raw[at : at + 16], "big")
+                out.append((both >> 64, both & _U64_MAX))
+            else:
+                out.append(None)
+        return out
+
 
 def check_receipt_text(receipt: str) -> None:
     """``InvalidRequest`` unless ``receipt`` has a receipt's shape (64 lowercase hex
