@@ -34,6 +34,8 @@ _U64_MAX = (1 << 64) - 1
 _RECEIPT_TEXT = re.compile(f"[0-9a-f]{{{RECEIPT_CHARS}}}")
 """Matched in full: five times faster than comparing the set of its characters, and it
 runs for every receipt of every ack and every receive carrying acks."""
+_HEX_TEXT = re.compile("[0-9a-f]*")
+"""Receipts of the right length joined: all well formed iff this matches in full."""
 
 
 class ReceiptSeal:
@@ -107,4 +109,20 @@ def check_receipt_text(receipt: str) -> None:
         raise InvalidRequest("malformed receipt")
 
 
-__all__ = ["MAC_BYTES", "RECEIPT_CHARS", "ReceiptSeal", "check_receipt_text"]
+def check_receipt_texts(receipts: list[str]) -> None:
+    """``check_receipt_text`` of each receipt: when each is a text of 64 characters,
+    one match over them all (a third of the cost of a match per receipt)."""
+    shaped = all(type(r) is str and len(r) == RECEIPT_CHARS for r in receipts)
+    if shaped and _HEX_TEXT.fullmatch("".join(receipts)) is not None:
+        return
+    for r in receipts:
+        check_receipt_text(r)
+
+
+__all__ = [
+    "MAC_BYTES",
+    "RECEIPT_CHARS",
+    "ReceiptSeal",
+    "check_receipt_text",
+    "check_receipt_texts",
+]

@@ -32,7 +32,7 @@ from engine.queue import (
     Purged,
     Settled,
     SettledCheckedOut,
-    check_receipt_text,
+    check_receipt_texts,
     encode_checkout,
     encode_discard,
     encode_enqueue,
@@ -422,8 +422,7 @@ def _check_settle(call: SettleCall, limits: Limits) -> None:
 def _check_receipts(receipts: list[str], limits: Limits) -> None:
     if len(receipts) > limits.receive_messages_max:
         raise ValidationFailed(f"at most {limits.receive_messages_max} receipts")
-    for r in receipts:
-        check_receipt_text(r)
+    check_receipt_texts(receipts)
 
 
 __all__ = ["QueueOps"]

@@ -8,7 +8,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from engine.errors import InvalidRequest
-from engine.queue.receipts import RECEIPT_CHARS, ReceiptSeal, check_receipt_text
+from engine.queue.receipts import (
+    RECEIPT_CHARS,
+    ReceiptSeal,
+    check_receipt_text,
+    check_receipt_texts,
+)
 
 KEY = bytes(range(32))
 UID = "0123456789abcdef0123456789abcdef"
@@ -91,3 +96,27 @@ def test_a_batch_opens_as_each_receipt_alone(
     for at, text in others:
         texts.insert(min(at, len(texts)), text)
     assert seal.open_many(texts) == [seal.open(t) for t in texts]
+
+
+@given(
+    pairs=st.lists(st.tuples(U64, U64), max_size=10),
+    others=st.lists(st.tuples(st.integers(0, 10), TEXTS), max_size=2),
+)
+def test_a_batch_is_checked_as_each_receipt_alone(
+    pairs: list[tuple[int, int]], others: list[tuple[int, str]]
+) -> None:
+    texts = [ReceiptSeal(KEY, UID).seal(tag, ref) for tag, ref in pairs]
+    for at, text in others:
+        texts.insert(min(at, len(texts)), text)
+    alone = True
+    try:
+        for text in texts:
+            check_receipt_text(text)
+    except InvalidRequest:
+        alone = False
+    try:
+        check_receipt_texts(texts)
+    except InvalidRequest:
+        assert not alone
+    else:
+        assert alone
