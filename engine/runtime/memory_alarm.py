@@ -11,8 +11,8 @@ and a publish compares the last sum plus its own size with the limit. The read c
 memory the node can give back at once: before a publish is refused, the cache evicts
 what it must for the publish to fit, and the publish is refused only if emptying it
 would not do. Nothing is kept raised: a publish after the memory went down (consumers,
-a purge, pages spilled, the mem tables flushed at the WAL's roll) finds the alarm
-cleared, within one interval. Like RabbitMQ's memory alarm, only publishes are refused:
+a purge, pages spilled, the mem tables flushed at the WAL's roll, which a refused
+publish asks for) finds the alarm cleared, within one interval. Like RabbitMQ's memory alarm, only publishes are refused:
 consuming, acknowledging and purging are what bring the memory down. On the node's loop
 only.
 """
@@ -66,6 +66,8 @@ class MemoryWatch:
             self.summed_ms = now
         if self.engine_bytes + size > limits.engine_memory_bytes_max:
             self.refused += 1
+            if ctx.writer is not None and ctx.has_storage and ctx.storage.mem_table_bytes():
+                ctx.writer.request_roll()  # the mem tables empty once their file rolls
             raise MemoryAlarm(
                 f"node {ctx.name}: engine memory {self.engine_bytes} bytes, at most "
                 f"{limits.engine_memory_bytes_max}; consume or purge, then retry"

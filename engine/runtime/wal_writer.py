@@ -30,6 +30,7 @@ class WalWriter:
         self._cond = threading.Condition()
         self._stopping = False
         self._abandon = False
+        self._roll_wanted = False
         self._thread = threading.Thread(target=self._run, name="quorra-wal", daemon=True)
         wal.waker = self.wake  # a submit that finds nothing pending (also from storage) wakes it
 
@@ -38,6 +39,14 @@ class WalWriter:
 
     def wake(self) -> None:
         with self._cond:
+            self._cond.notify()
+
+    def request_roll(self) -> None:
+        """Roll the current file once what is pending is written, as after an idle
+        period: the memory alarm asks for it, so that the mem tables it counts empty
+        even while consumers keep the WAL busy."""
+        with self._cond:
+            self._roll_wanted = True
             self._cond.notify()
 
     def stop(self, *, abandon: bool = False) -> None:
@@ -54,10 +63,13 @@ class WalWriter:
             idle = False
             with self._cond:
                 while not self._wal.pending() and not self._stopping and not idle:
-                    idle = not self._cond.wait(self._wal.idle_roll_s)
+                    idle = self._roll_wanted or not self._cond.wait(self._wal.idle_roll_s)
                 if self._stopping and (self._abandon or not self._wal.pending()):
                     return
-            if not idle or self._wal.pending():
+                roll = idle and not self._wal.pending()
+                if roll:
+                    self._roll_wanted = False
+            if not roll:
                 self._on_batch(self._wal.write_batch())
             elif (rolled := self._wal.roll_if_written()) is not None:
                 self._on_batch(rolled)

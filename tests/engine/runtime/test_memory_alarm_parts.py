@@ -102,3 +102,30 @@ def test_the_read_cache_gives_its_memory_to_publishes(tmp_path: Path) -> None:
             await node.stop()
 
     run(body())
+
+
+def test_a_refused_publish_rolls_the_wal_so_the_alarm_clears_while_it_is_busy(
+    tmp_path: Path,
+) -> None:
+    """The WAL would not idle-roll for a minute: the refusal asks the writer to roll, the
+    rolled file's entries go to a segment, and the next publish is accepted."""
+    limits = dataclasses.replace(LIMITS, wal_idle_roll_ms=60_000)
+
+    async def body() -> None:
+        node = await started(tmp_path, limits)
+        try:
+            await node.create_queue("q", QueueArgs())
+            refused = 0
+            for tag in range(20):
+                try:
+                    await node.publish("q", batch(tag, 32))
+                except MemoryAlarm:
+                    refused += 1
+                    break
+            assert refused == 1
+            await eventually(lambda: memory(node, "mem_table_bytes") < 256 * KIB, 10)
+            await node.publish("q", batch(99, 32))
+        finally:
+            await node.stop()
+
+    run(body())
