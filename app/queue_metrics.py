@@ -105,6 +105,26 @@ COUNTERS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
         "Damaged ready-index pages rebuilt from the log (since start).",
         ("paging", "pages_rebuilt"),
     ),
+    (
+        "read_cache_hits",
+        "Log entries read from memory: the mem table or the node's read cache (since start).",
+        ("read_cache", "hits"),
+    ),
+    (
+        "read_cache_misses",
+        "Log entries read from segment files (since start).",
+        ("read_cache", "misses"),
+    ),
+    (
+        "segment_reads",
+        "Reads (pread) of blocks of entries from segment files (since start).",
+        ("read_cache", "segment_reads"),
+    ),
+    (
+        "segment_read_bytes",
+        "Entry bytes read from segment files, the entries read ahead included (since start).",
+        ("read_cache", "segment_bytes"),
+    ),
 )
 
 
@@ -182,6 +202,43 @@ NODE_MEMORY: tuple[tuple[str, str, str], ...] = (
         "Ready-index pages in page files over every queue of this node.",
         "paged_out_pages",
     ),
+    (
+        "read_cache_bytes",
+        "Bytes of segment blocks in the node's read cache, shared by its queues.",
+        "read_cache_bytes",
+    ),
+    (
+        "read_cache_bytes_max",
+        "The node's read cache budget.",
+        "read_cache_bytes_max",
+    ),
+    (
+        "read_cache_blocks",
+        "Blocks of segment entries in the node's read cache.",
+        "read_cache_blocks",
+    ),
+    (
+        "mem_table_bytes",
+        "Entries in the WAL's mem tables, not yet in segments (counted by the memory alarm).",
+        "mem_table_bytes",
+    ),
+)
+NODE_COUNTERS: tuple[tuple[str, str, str], ...] = (
+    (
+        "read_cache_lookup_hits",
+        "Lookups in the node's read cache that found their block (since start).",
+        "read_cache_hits",
+    ),
+    (
+        "read_cache_lookup_misses",
+        "Lookups in the node's read cache that read a segment (since start).",
+        "read_cache_misses",
+    ),
+    (
+        "read_cache_evictions",
+        "Blocks the node's read cache evicted to stay in its budget (since start).",
+        "read_cache_evictions",
+    ),
 )
 
 
@@ -192,6 +249,10 @@ def _memory_families(node: QueueEngine) -> Iterator[Metric]:
         number = _number(memory, (key,))
         if number is not None:
             yield GaugeMetricFamily(f"quorra_{metric}", text, value=number)
+    for metric, text, key in NODE_COUNTERS:
+        number = _number(memory, (key,))
+        if number is not None:
+            yield CounterMetricFamily(f"quorra_{metric}", text, value=number)
     yield GaugeMetricFamily(
         "quorra_memory_alarm",
         "1 while the node refuses publishes for its engine memory limit.",

@@ -35,6 +35,7 @@ LIMITS_FROM_ENV = (
     "paged_index_bytes_per_node_max",
     "page_read_ahead",
     "engine_memory_bytes_max",
+    "read_cache_bytes_max",
 )
 """The engine limits a server takes from its environment, each as ``QUORRA_<NAME>``
 (upper case): the memory budgets an operator sizes to the machine (and tests make

@@ -55,6 +55,15 @@ class Limits:
     """A receive reads the entries of its messages a run of consecutive indexes at a
     time, one ``pread`` per segment; a run longer than this is read in several (each at
     least one entry, so one entry of ``entry_bytes_max`` still reads whole)."""
+    read_cache_bytes_max: int = 16 * MIB
+    """The node's cache of segment reads (``engine.storage.read_cache``), shared by its
+    queues, holds at most this many bytes of entries (0: none kept). It counts in the
+    engine's memory, but the memory alarm leaves it only the room publishes do not need
+    (it is memory the node can give back at once)."""
+    read_cache_block_bytes: int = 256 * KIB
+    """A delivery that reads from a segment reads, in the same ``pread``, the entries
+    after those it wants up to this many bytes in all, and the cache keeps the block: the
+    next receives of the queue find their entries in memory."""
     checkpoints_kept_max: int = 8
     entry_bytes_max: int = 32 * MIB
 
@@ -105,8 +114,9 @@ class Limits:
     # --- node memory (engine.runtime.memory_alarm) ----------------------------------
     engine_memory_bytes_max: int = 256 * MIB
     """A publish that would bring the node's engine memory (every queue machine's
-    ``memory_bytes``, its resident index pages included, plus the publish bytes in
-    flight) past this is refused (``MemoryAlarm``, 429) until it is back under."""
+    ``memory_bytes``, its resident index pages included, the publish bytes in flight, the
+    WAL's mem tables; the read cache gives its bytes back first) past this is refused
+    (``MemoryAlarm``, 429) until it is back under."""
     memory_check_interval_ms: int = 100
     """The node's engine memory is summed over its queues at most this often (a sum per
     publish would cost in proportion to the queues); the alarm clears within it."""
@@ -231,6 +241,8 @@ class Limits:
         assert self.append_bytes_per_message_max <= self.inflight_bytes_per_follower_max
         assert self.entry_bytes_max <= self.wal_batch_bytes_max
         assert self.read_run_bytes_max > 0
+        assert 0 < self.read_cache_block_bytes <= self.read_run_bytes_max
+        assert self.read_cache_bytes_max >= 0
         assert self.batch_bytes_max <= self.entry_bytes_max
         assert self.message_bytes_max <= self.message_bytes_max_ceiling <= self.batch_bytes_max
         assert self.batch_messages_max >= 1 and self.receive_messages_max >= 1

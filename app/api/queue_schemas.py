@@ -147,8 +147,11 @@ class QueueOut(BaseModel):
         "read_ahead_hits, page_waits, read_ahead_hit_rate, pages_rebuilt, "
         "page_write_failures}: the ready index's pages in memory and in page files; a wait "
         "is a page a consumer reached before read-ahead loaded it. read_cache{reads, hits, "
-        "hit_rate}: log entries read (deliveries, replication) and those served from memory "
-        "rather than a segment file. " + LIVE_ENTRIES_NOTE
+        "hit_rate, mem_table_hits, cache_hits, misses, segment_reads, segment_bytes}: log "
+        "entries read for deliveries (and browsing, page rebuilds) since the node started; "
+        "hits were served from memory (the mem table, or the node's byte-bounded read "
+        "cache of segment blocks), misses read from segment files by segment_reads reads "
+        "of segment_bytes in all (the entries read ahead with them included). " + LIVE_ENTRIES_NOTE
     )
 
 

@@ -227,7 +227,7 @@ def _live_context(request: Request, login: UiLogin, name: str) -> dict[str, obje
         "log": _part(stats, "log"),
         "checkpoint": _part(stats, "checkpoint"),
         "paging": _part(stats, "paging"),
-        "read_cache": _part(stats, "read_cache") or {"reads": 0, "hit_rate": 1.0},
+        "read_cache": _part(stats, "read_cache") or {"reads": 0, "hit_rate": 1.0, "misses": 0},
         "consumers": sorted(_part(stats, "consumers").items()),
         **_series_charts(samples),
     }

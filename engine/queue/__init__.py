@@ -110,7 +110,7 @@ from engine.queue.effects import (
 )
 from engine.queue.machine import QueueMachine
 from engine.queue.paging import MemorySpill, NodePages, PageSpill, Paging, PagingStats
-from engine.queue.receipts import ReceiptSeal, check_receipt_text
+from engine.queue.receipts import ReceiptSeal, check_receipt_text, check_receipt_texts
 from engine.queue.refs import RefParts, message_id, message_id_parts
 from engine.queue.stats import BrowseItem, MemoryUse, QueueStats
 
@@ -151,6 +151,7 @@ __all__ = [
     "Settled",
     "SettledCheckedOut",
     "check_receipt_text",
+    "check_receipt_texts",
     "command_kind",
     "encode_checkout",
     "encode_dead_letter_confirm",

@@ -34,6 +34,8 @@ _U64_MAX = (1 << 64) - 1
 _RECEIPT_TEXT = re.compile(f"[0-9a-f]{{{RECEIPT_CHARS}}}")
 """Matched in full: five times faster than comparing the set of its characters, and it
 runs for every receipt of every ack and every receive carrying acks."""
+_HEX_TEXT = re.compile("[0-9a-f]*")
+"""Receipts of the right length joined: all well formed iff this matches in full."""
 
 
 class ReceiptSeal:
@@ -73,6 +75,32 @@ class ReceiptSeal:
         both = int.from_bytes(raw[:16], "big")
         return both >> 64, both & _U64_MAX
 
+    def open_many(self, receipts: list[str]) -> list[tuple[int, int] | None]:
+        """``open`` of each receipt, in order. The hex of a whole batch is decoded at
+        once, which makes it about three times cheaper per receipt (an ack or a receive
+        carries up to a thousand); a batch that does not decode whole (a receipt of
+        another length, a character that is no hex digit) is opened one by one."""
+        n = len(receipts)
+        if any(len(r) != RECEIPT_CHARS for r in receipts):
+            return [self.open(r) for r in receipts]
+        try:
+            raw = bytes.fromhex("".join(receipts))
+        except ValueError:
+            return [self.open(r) for r in receipts]
+        if len(raw) != n * (RECEIPT_CHARS // 2):  # fromhex skips whitespace
+            return [self.open(r) for r in receipts]
+        base, same, as_int = self._mac, hmac.compare_digest, int.from_bytes
+        out: list[tuple[int, int] | None] = []
+        for at in range(0, len(raw), RECEIPT_CHARS // 2):
+            mac = base.copy()
+            mac.update(raw[at : at + 16])
+            if same(mac.digest(), raw[at + 16 : at + 32]):
+                both = as_int(raw[at : at + 16], "big")
+                out.append((both >> 64, both & _U64_MAX))
+            else:
+                out.append(None)
+        return out
+
 
 def check_receipt_text(receipt: str) -> None:
     """``InvalidRequest`` unless ``receipt`` has a receipt's shape (64 lowercase hex
@@ -81,4 +109,20 @@ def check_receipt_text(receipt: str) -> None:
         raise InvalidRequest("malformed receipt")
 
 
-__all__ = ["MAC_BYTES", "RECEIPT_CHARS", "ReceiptSeal", "check_receipt_text"]
+def check_receipt_texts(receipts: list[str]) -> None:
+    """``check_receipt_text`` of each receipt: when each is a text of 64 characters,
+    one match over them all (a third of the cost of a match per receipt)."""
+    shaped = all(type(r) is str and len(r) == RECEIPT_CHARS for r in receipts)
+    if shaped and _HEX_TEXT.fullmatch("".join(receipts)) is not None:
+        return
+    for r in receipts:
+        check_receipt_text(r)
+
+
+__all__ = [
+    "MAC_BYTES",
+    "RECEIPT_CHARS",
+    "ReceiptSeal",
+    "check_receipt_text",
+    "check_receipt_texts",
+]

@@ -280,9 +280,13 @@ class QueueEngine(Protocol):
     def memory(self) -> dict[str, object]:
         """The node's engine memory over its queues: ``memory_bytes``, the ready-index
         pages in memory (``resident_pages``, ``resident_pages_max``: the node's budget)
-        and out (``paged_out_pages``), ``page_waits``, ``read_cache_hit_rate``; the memory
-        alarm: ``memory_bytes_max``, ``alarm`` (publishes are refused), and
-        ``publishes_refused`` since the start."""
+        and out (``paged_out_pages``), ``page_waits``, ``read_cache_hit_rate``; the node's
+        read cache of segment blocks: ``read_cache_bytes`` (and ``_max``),
+        ``read_cache_blocks``, lookups that hit and missed (``read_cache_hits``,
+        ``read_cache_misses``) and blocks evicted (``read_cache_evictions``) since the
+        start; what the WAL's mem tables hold (``mem_table_bytes``); the memory alarm
+        (which counts the mem tables and the read cache too): ``memory_bytes_max``,
+        ``alarm`` (publishes are refused), and ``publishes_refused`` since the start."""
         ...
 
     def wal_stats(self) -> WalStats | None:

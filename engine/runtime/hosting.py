@@ -161,10 +161,8 @@ class Hosting:
         if index:
             if cp is not None and cp.index == index:
                 config = Configuration.decode(cp.config)
-            else:
-                snap = self.raft_snapshot(uid, index)
-                assert snap is not None
-                config = snap.config
+            else:  # the configuration only: no page is read into the state
+                config = Configuration.decode(self.stored_snapshot(uid, index).config)
             snapshot = SnapshotMeta(index, server_log.snapshot_term(), config)
         checkpoint = None
         if cp is not None and cp.index >= index:
@@ -173,14 +171,28 @@ class Hosting:
 
     def raft_snapshot(self, uid: str, index: int) -> Snapshot | None:
         """The storage snapshot as the core ships it to a follower that lags behind it:
-        the checkpoint only; the core reads the live entries the follower lacks."""
+        the checkpoint only; the core reads the live entries the follower lacks. The
+        pages it names are read into it here, on the loop: a queue's replicas build it
+        with ``stored_snapshot`` and ``snapshot_of`` instead, the pages read by a worker
+        (``Timers.maybe_offer_snapshot``)."""
         if index == 0:
             return None
+        cp = self.stored_snapshot(uid, index)
+        return self.snapshot_of(cp, self.ctx.pages.sendable(uid, bytes(cp.state)))
+
+    def stored_snapshot(self, uid: str, index: int) -> Checkpoint:
+        """The checkpoint of the storage snapshot at ``index`` (``StorageFailed`` if it
+        is not that one or unreadable)."""
         cp = self.ctx.storage.checkpoints(uid).read_snapshot()
         if cp is None or cp.index != index:
             raise StorageFailed(f"queue {uid}: snapshot at {index} unreadable")
+        return cp
+
+    @staticmethod
+    def snapshot_of(cp: Checkpoint, state: bytes) -> Snapshot:
+        """The core's snapshot of checkpoint ``cp``, with ``state`` as a follower is sent
+        it (``Pages.sendable``)."""
         config = Configuration.decode(cp.config)
-        state = self.ctx.pages.sendable(uid, bytes(cp.state))
         return Snapshot(cp.index, cp.term, config, state, cp.live_indexes)
 
     async def await_recovered(self) -> None:

@@ -3,14 +3,18 @@
 
 Rule: the engine's memory is the sum over the node's queues of what each machine
 estimates it holds (``memory_bytes``: its resident index pages, leases, per-message
-extras and fixed part; pages in page files cost nothing here) plus the publish bytes in
-flight, which the mem tables will hold. Summing over every queue costs in proportion to
-the queues, so the sum is taken again at most every ``Limits.memory_check_interval_ms``
-and a publish compares the last sum plus its own size with the limit. Nothing is kept
-raised: a publish after the memory went down (consumers, a purge, pages spilled) finds
-the alarm cleared, within one interval. Like RabbitMQ's memory alarm, only publishes are
-refused: consuming, acknowledging and purging are what bring the memory down. On the
-node's loop only.
+extras and fixed part; pages in page files cost nothing here), the publish bytes in
+flight, the WAL's mem tables (entries durable in the WAL and not yet in segments) and
+the node's read cache of segment blocks. Summing over every queue costs in proportion
+to the queues, so the sum is taken again at most every ``Limits.memory_check_interval_ms``
+and a publish compares the last sum plus its own size with the limit. The read cache is
+memory the node can give back at once: before a publish is refused, the cache evicts
+what it must for the publish to fit, and the publish is refused only if emptying it
+would not do. Nothing is kept raised: a publish after the memory went down (consumers,
+a purge, pages spilled, the mem tables flushed at the WAL's roll, which a refused
+publish asks for) finds the alarm cleared, within one interval. Like RabbitMQ's memory alarm, only publishes are refused:
+consuming, acknowledging and purging are what bring the memory down. On the node's loop
+only.
 """
 
 from __future__ import annotations
@@ -35,18 +39,25 @@ class MemoryWatch:
         """Publishes refused since the node started."""
 
     def sum_engine_bytes(self) -> int:
-        reps = [rep for rep in self.ctx.replicas.values() if not rep.closed]
-        return sum(
+        """The engine's memory but the read cache's (which is given back on demand)."""
+        ctx = self.ctx
+        reps = [rep for rep in ctx.replicas.values() if not rep.closed]
+        queues = sum(
             rep.machine.memory_use().total_bytes + rep.inflight_publish_bytes for rep in reps
         )
+        return queues + (ctx.storage.mem_table_bytes() if ctx.has_storage else 0)
 
     def alarmed(self) -> bool:
-        """Whether a publish would be refused now (memory at its limit), summed afresh."""
+        """Whether a publish would be refused now (memory at its limit with the read
+        cache emptied), summed afresh."""
         return self.sum_engine_bytes() >= self.ctx.limits.engine_memory_bytes_max
 
     def check_publish(self, size: int) -> None:
         """Raise ``MemoryAlarm`` if a publish of ``size`` bytes would take the engine's
-        memory past the limit."""
+        memory past the limit even with the read cache emptied; else take back from the
+        read cache what the publish needs under the limit (the least recently used
+        blocks), so that the memory, the cache's included, is under it when the publish
+        is accepted. Consumers may fill the cache again; the next publish takes it back."""
         ctx = self.ctx
         limits = ctx.limits
         now = ctx.clock.monotonic_ms()
@@ -55,10 +66,15 @@ class MemoryWatch:
             self.summed_ms = now
         if self.engine_bytes + size > limits.engine_memory_bytes_max:
             self.refused += 1
+            if ctx.writer is not None and ctx.has_storage and ctx.storage.mem_table_bytes():
+                ctx.writer.request_roll()  # the mem tables empty once their file rolls
             raise MemoryAlarm(
                 f"node {ctx.name}: engine memory {self.engine_bytes} bytes, at most "
                 f"{limits.engine_memory_bytes_max}; consume or purge, then retry"
             )
+        if ctx.has_storage:
+            room = limits.engine_memory_bytes_max - self.engine_bytes - size
+            ctx.storage.cache.blocks.shrink_to(room)
 
 
 __all__ = ["MemoryWatch"]

@@ -94,6 +94,7 @@ from engine.runtime.routing import NodeCall
 from engine.runtime.transport import LocalTransport, Transport
 from engine.runtime.wal_writer import WalWriter
 from engine.storage import NodeStorage
+from engine.storage.read_cache import ReadCacheStats
 from engine.storage.wal_stats import WalStats
 
 log = logging.getLogger("quorra.engine")
@@ -403,7 +404,13 @@ class Node:
     def memory(self) -> dict[str, object]:
         ctx = self.context
         replicas = [rep for rep in ctx.replicas.values() if not rep.closed]
-        memory = observe.node_memory(replicas, ctx.pages.node.pages_max, self.limits)
+        cache = (
+            ctx.storage.cache.blocks.stats()
+            if ctx.has_storage
+            else ReadCacheStats(0, self.limits.read_cache_bytes_max, 0, 0, 0, 0)
+        )
+        memory = observe.node_memory(replicas, ctx.pages.node.pages_max, self.limits, cache)
+        memory["mem_table_bytes"] = ctx.storage.mem_table_bytes() if ctx.has_storage else 0
         memory["alarm"] = ctx.memory.alarmed()
         memory["publishes_refused"] = ctx.memory.refused
         return memory

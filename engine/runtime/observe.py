@@ -23,6 +23,7 @@ from engine.queue.snapshots import FrozenMachine
 from engine.raft.server import Role
 from engine.runtime.api import CompactionRecord, SegmentInfo, Trigger
 from engine.runtime.replica import Replica, node_of
+from engine.storage.read_cache import ReadCacheStats
 
 LIVE_SET_REUSE_S = 1.0
 """How long the live set behind stats, segments and records is reused while entries apply
@@ -219,13 +220,15 @@ def queue_stats(rep: Replica, now: int, limits: Limits) -> dict[str, object]:
     }
 
 
-def node_memory(replicas: list[Replica], pages_max: int, limits: Limits) -> dict[str, object]:
+def node_memory(
+    replicas: list[Replica], pages_max: int, limits: Limits, cache: ReadCacheStats
+) -> dict[str, object]:
     """The node's totals over its queues: engine memory (and its limit), pages of the
     ready indexes in memory (within the node's budget) and out, loads waited for, log
-    reads from memory."""
+    reads from memory, and the node's read cache of segment blocks (``cache``)."""
     stats = [rep.machine.stats() for rep in replicas]
     reads = sum(rep.log.reads for rep in replicas)
-    hits = sum(rep.log.reads_in_memory for rep in replicas)
+    hits = sum(rep.log.reads_in_memory + rep.log.cache_hits for rep in replicas)
     resident = sum(s.paging.resident_pages for s in stats)
     return {
         "queues": len(replicas),
@@ -239,6 +242,12 @@ def node_memory(replicas: list[Replica], pages_max: int, limits: Limits) -> dict
         "read_ahead_hits": sum(s.paging.read_ahead_hits for s in stats),
         "pages_rebuilt": sum(s.paging.pages_rebuilt for s in stats),
         "read_cache_hit_rate": round(hits / reads, 4) if reads else 1.0,
+        "read_cache_bytes": cache.bytes,
+        "read_cache_bytes_max": cache.bytes_max,
+        "read_cache_blocks": cache.blocks,
+        "read_cache_hits": cache.hits,
+        "read_cache_misses": cache.misses,
+        "read_cache_evictions": cache.evictions,
     }
 
 
@@ -261,15 +270,38 @@ def paging_stats(paging: PagingStats, limits: Limits) -> dict[str, object]:
 
 
 def read_cache_stats(rep: Replica) -> dict[str, object]:
-    """The queue's log reads (deliveries, replication, rebuilds) and the share served from
-    memory (entries not yet flushed to a segment) rather than from a segment file."""
+    """The queue's payload reads from its log (deliveries, browsing, page rebuilds) since
+    the node started, in entries: ``hits`` were served from memory, either the mem table
+    (``mem_table_hits``: entries not yet flushed to a segment) or the node's read cache
+    of segment blocks (``cache_hits``); ``misses`` were read from a segment file, by
+    ``segment_reads`` reads (``pread``) of ``segment_bytes`` bytes in all (the blocks the
+    cache keeps, the entries read ahead with them included)."""
     log = rep.log
-    reads, hits = log.reads, log.reads_in_memory
+    reads = log.reads
+    hits = log.reads_in_memory + log.cache_hits
     return {
         "reads": reads,
         "hits": hits,
         "hit_rate": round(hits / reads, 4) if reads else 1.0,
+        "mem_table_hits": log.reads_in_memory,
+        "cache_hits": log.cache_hits,
+        "misses": reads - hits,
+        "segment_reads": log.segment_reads,
+        "segment_bytes": log.segment_bytes,
     }
+
+
+NO_READS: dict[str, object] = {
+    "reads": 0,
+    "hits": 0,
+    "hit_rate": 1.0,
+    "mem_table_hits": 0,
+    "cache_hits": 0,
+    "misses": 0,
+    "segment_reads": 0,
+    "segment_bytes": 0,
+}
+"""``read_cache_stats`` of a queue that read nothing."""
 
 
 def raft_stats(rep: Replica) -> dict[str, object]:
@@ -344,7 +376,7 @@ def failed_stats(error: QuorraError) -> dict[str, object]:
         "consumers": {},
         "memory": dict.fromkeys(MEMORY_FIELDS, 0),
         "paging": paging_stats(NOT_PAGED, DEFAULT_LIMITS),
-        "read_cache": {"reads": 0, "hits": 0, "hit_rate": 1.0},
+        "read_cache": dict(NO_READS),
         "raft": {
             "leader": None,
             "role": "none",
@@ -372,6 +404,7 @@ def failed_stats(error: QuorraError) -> dict[str, object]:
 
 __all__ = [
     "MEMORY_FIELDS",
+    "NO_READS",
     "compaction_record",
     "failed_stats",
     "live_indexes",

@@ -32,7 +32,7 @@ from engine.queue import (
     Purged,
     Settled,
     SettledCheckedOut,
-    check_receipt_text,
+    check_receipt_texts,
     encode_checkout,
     encode_discard,
     encode_enqueue,
@@ -194,7 +194,7 @@ class QueueOps:
         ctx = self.ctx
         loop = ctx.loop
         deadline = loop.time() + wait_ms / 1000
-        opened = [rep.seal.open(r) for r in ack]
+        opened = rep.seal.open_many(ack)
         pairs = [p for p in opened if p is not None]
         checkout = encode_checkout(consumer, max_messages, lease_ms or 0)
         command = (
@@ -329,8 +329,7 @@ class QueueOps:
         seals with its own key (engine/node_key.py): after leadership moves, the old
         leader's receipts are stale (their messages are delivered again when the leases
         end) until the nodes of a cluster share one secret."""
-        open_receipt = rep.seal.open
-        opened = [open_receipt(r) for r in receipts]
+        opened = rep.seal.open_many(receipts)
         pairs = [p for p in opened if p is not None]
         if not pairs:
             return SettleResult(0, tuple(range(len(receipts))))
@@ -423,8 +422,7 @@ def _check_settle(call: SettleCall, limits: Limits) -> None:
 def _check_receipts(receipts: list[str], limits: Limits) -> None:
     if len(receipts) > limits.receive_messages_max:
         raise ValidationFailed(f"at most {limits.receive_messages_max} receipts")
-    for r in receipts:
-        check_receipt_text(r)
+    check_receipt_texts(receipts)
 
 
 __all__ = ["QueueOps"]

@@ -64,6 +64,8 @@ class Replica:
     expire_handle: asyncio.TimerHandle | None = None
     expire_due_ms: int = 0
     expire_inflight: bool = False
+    building_snapshot: bool = False
+    """A worker reads the pages of the snapshot for a lagging follower (one at a time)."""
     available_seq: int = 0
     available_waiters: list[asyncio.Future[None]] = field(default_factory=list)
     seen: tuple[int, str | None, int] = (-1, None, -1)

@@ -21,6 +21,7 @@ from engine.queue import encode_expire
 from engine.raft.events import Tick
 from engine.raft.server import Role
 from engine.runtime.replica import Replica
+from engine.storage import Checkpoint
 
 if TYPE_CHECKING:
     from engine.runtime.context import NodeContext
@@ -61,16 +62,37 @@ class Timers:
     def maybe_offer_snapshot(self, rep: Replica) -> None:
         """Hand the core the storage snapshot once a follower lags behind it (its entries
         are gone from the log). Built only then; it carries no payload: the core reads the
-        live entries the follower lacks from the log as it sends them."""
+        live entries the follower lacks from the log as it sends them. The checkpoint is
+        read here; the page files it names (a deep queue's, up to its depth in
+        references) are read into it by a worker, off the loop, one build at a time per
+        replica, and the result is dropped if the snapshot changed meanwhile."""
         index = rep.log.snapshot_index()
-        if not rep.driver.wants_snapshot(index):
+        if rep.building_snapshot or index == 0 or not rep.driver.wants_snapshot(index):
             return
+        hosting = self.ctx.hosting
         try:
-            snapshot = self.ctx.hosting.raft_snapshot(rep.uid, index)
+            cp = hosting.stored_snapshot(rep.uid, index)
         except (StorageFailed, LookupError) as e:
             log.error("queue %s: snapshot for a lagging follower unavailable: %s", rep.name, e)
             return
-        rep.driver.offer_snapshot(snapshot)
+        rep.building_snapshot = True
+        self.ctx.spawn(self._offer_built(rep, cp, bytes(cp.state)))
+
+    async def _offer_built(self, rep: Replica, cp: Checkpoint, state: bytes) -> None:
+        ctx = self.ctx
+        try:
+            async with ctx.job():
+                sendable = await ctx.in_worker(ctx.pages.sendable, rep.uid, state)
+        except QuorraError as e:  # a page file damaged or gone (a newer snapshot)
+            log.error("queue %s: snapshot for a lagging follower unavailable: %s", rep.name, e)
+            return
+        finally:
+            rep.building_snapshot = False
+        if rep.closed or rep.failed is not None or rep.log.snapshot_index() != cp.index:
+            return
+        if rep.driver.wants_snapshot(cp.index):
+            rep.driver.offer_snapshot(ctx.hosting.snapshot_of(cp, sendable))
+            ctx.hosting.schedule(rep)
 
     def arm_expire(self, rep: Replica) -> None:
         if rep.expire_inflight or rep.failed is not None:

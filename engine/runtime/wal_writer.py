@@ -6,6 +6,11 @@ shared ``Wal``) and then calls ``wake``; this thread takes everything pending in
 ``on_batch``, which the node forwards to its loop. While a sync runs, more operations
 gather, so batches grow with load by themselves.
 
+After ``wal_idle_roll_ms`` with nothing to write, it rolls a file that holds anything
+(``Wal.roll_if_written``) and hands that batch on too: the rolled file's entries go to
+segments and leave the mem tables, so an idle node holds no message bodies in memory
+and the memory alarm, which counts them, clears by itself.
+
 ``stop`` writes what is pending and returns; ``stop(abandon=True)`` drops it, as a crash
 would (the in-process failover tests use it).
 """
@@ -25,6 +30,7 @@ class WalWriter:
         self._cond = threading.Condition()
         self._stopping = False
         self._abandon = False
+        self._roll_wanted = False
         self._thread = threading.Thread(target=self._run, name="quorra-wal", daemon=True)
         wal.waker = self.wake  # a submit that finds nothing pending (also from storage) wakes it
 
@@ -33,6 +39,14 @@ class WalWriter:
 
     def wake(self) -> None:
         with self._cond:
+            self._cond.notify()
+
+    def request_roll(self) -> None:
+        """Roll the current file once what is pending is written, as after an idle
+        period: the memory alarm asks for it, so that the mem tables it counts empty
+        even while consumers keep the WAL busy."""
+        with self._cond:
+            self._roll_wanted = True
             self._cond.notify()
 
     def stop(self, *, abandon: bool = False) -> None:
@@ -46,12 +60,19 @@ class WalWriter:
 
     def _run(self) -> None:
         while True:
+            idle = False
             with self._cond:
-                while not self._wal.pending() and not self._stopping:
-                    self._cond.wait()
+                while not self._wal.pending() and not self._stopping and not idle:
+                    idle = self._roll_wanted or not self._cond.wait(self._wal.idle_roll_s)
                 if self._stopping and (self._abandon or not self._wal.pending()):
                     return
-            self._on_batch(self._wal.write_batch())
+                roll = idle and not self._wal.pending()
+                if roll:
+                    self._roll_wanted = False
+            if not roll:
+                self._on_batch(self._wal.write_batch())
+            elif (rolled := self._wal.roll_if_written()) is not None:
+                self._on_batch(rolled)
 
 
 __all__ = ["WalWriter"]

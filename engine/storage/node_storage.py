@@ -45,6 +45,7 @@ from engine.storage.flush import (
     plan_segment_flush,
     show_segment_flush,
 )
+from engine.storage.read_cache import ReadCache
 from engine.storage.reaper import PinnedReader, Reaper, SegmentPins
 from engine.storage.recovery import Recovery
 from engine.storage.repair import RepairKind, Repairs
@@ -80,7 +81,8 @@ class NodeStorage:
     def __init__(self, disk: Disk, limits: Limits) -> None:
         self.disk = disk
         self.limits = limits
-        self.cache = ReaderCache(disk, limits.segment_readers_open_max)
+        blocks = ReadCache(limits.read_cache_bytes_max, limits.read_cache_block_bytes)
+        self.cache = ReaderCache(disk, limits.segment_readers_open_max, blocks)
         self._logs = ServerLogs(disk, self.cache)
         self._reaper = Reaper(disk, self.cache)
         self._repairs = Repairs(disk, self._reaper.remove)
@@ -155,6 +157,12 @@ class NodeStorage:
         """Uids of every server with data on this node, sorted."""
         assert self._owned(), _NOT_OWNER
         return self._logs.uids()
+
+    def mem_table_bytes(self) -> int:
+        """What the mem tables of every server hold: the entries of the WAL files not yet
+        flushed to segments (at most about ``wal_file_bytes_max`` per file)."""
+        assert self._owned(), _NOT_OWNER
+        return sum(log.mem.bytes for _uid, log in self._logs.items())
 
     def open_server(self, uid: str, *, repairable: bool = True) -> Recovered:
         """Open (or create) the storage of server ``uid`` and say what to restore. Damaged

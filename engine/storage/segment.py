@@ -40,6 +40,7 @@ import numpy.typing as npt
 from engine.errors import EntryDamaged
 from engine.raft.entry import Entry, EntryKind
 from engine.storage.disk import Disk, DiskFile, parent, write_file_atomic
+from engine.storage.read_cache import ReadCache
 
 _KINDS = tuple(EntryKind)
 """Entry kinds by value, faster than calling the enum."""
@@ -245,7 +246,15 @@ class SegmentReader:
         """Entries ``lo, lo+1, ...`` below ``hi`` that this segment holds without a hole,
         with one ``pread``, stopping before the one that would pass ``max_bytes`` (at
         least one entry if ``lo`` is held)."""
-        rows, bodies = self._checked_run(lo, hi, max_bytes)
+        return self.read_block(lo, hi, hi, max_bytes, 0)
+
+    def read_block(
+        self, lo: int, want_hi: int, hi: int, want_bytes_max: int, block_bytes: int
+    ) -> list[Entry]:
+        """``read_run(lo, want_hi, want_bytes_max)`` and, in the same ``pread``, the
+        entries after those below ``hi`` as long as all of them together stay within
+        ``block_bytes`` (the block a cache keeps, ``engine.storage.read_cache``)."""
+        rows, bodies = self._checked_run(lo, want_hi, hi, want_bytes_max, block_bytes)
         return [
             Entry(lo + k, term, _KINDS[kind], now_ms, bytes(body))
             for k, (term, now_ms, kind, body) in enumerate(
@@ -262,21 +271,24 @@ class SegmentReader:
     def check_run(self, lo: int, hi: int, max_bytes: int) -> int:
         """The CRC32C check of ``read_run`` without building entries. Returns the index
         after the last one checked (``lo`` if ``lo`` is not held)."""
-        return lo + len(self._checked_run(lo, hi, max_bytes)[1])
+        return lo + len(self._checked_run(lo, hi, hi, max_bytes, 0)[1])
 
     def _checked_run(
-        self, lo: int, hi: int, max_bytes: int
+        self, lo: int, want_hi: int, hi: int, want_bytes_max: int, block_bytes: int
     ) -> tuple[npt.NDArray[np.void], list[memoryview]]:
-        """The index rows and bodies of ``read_run``'s entries, each body checked against
-        its CRC32C (``EntryDamaged`` at the first that fails)."""
+        """The index rows and bodies of ``read_block``'s entries, each body checked
+        against its CRC32C (``EntryDamaged`` at the first that fails)."""
+        assert want_hi <= hi
         start = self.position(lo)
-        if start is None or hi <= lo:
+        if start is None or want_hi <= lo:
             return self.index[:0], []
         rows = self.index[start : start + (hi - lo)]
         held = rows["index"] == np.arange(lo, lo + len(rows), dtype=rows["index"].dtype)
         n = len(rows) if bool(held.all()) else int(np.argmin(held))
         ends = np.cumsum(rows["length"][:n], dtype=np.int64)
-        n = max(1, int(np.searchsorted(ends, max_bytes, side="right")))
+        wanted = min(want_hi - lo, int(np.searchsorted(ends, want_bytes_max, side="right")))
+        ahead = int(np.searchsorted(ends, block_bytes, side="right")) if block_bytes else 0
+        n = max(1, wanted, ahead)
         rows = rows[:n]
         data = memoryview(self._file.pread(int(rows["offset"][0]), int(ends[n - 1])))
         bodies: list[memoryview] = []
@@ -298,20 +310,24 @@ class SegmentReader:
 
 
 class ReaderCache:
-    """A bounded LRU of open segment readers, shared by every server of a node."""
+    """A bounded LRU of open segment readers, shared by every server of a node, and the
+    node's cache of what deliveries read from them (``blocks``)."""
 
-    def __init__(self, disk: Disk, open_max: int) -> None:
+    def __init__(self, disk: Disk, open_max: int, blocks: ReadCache | None = None) -> None:
         assert open_max >= 1
         self._disk = disk
         self._open_max = open_max
         self._readers: OrderedDict[str, SegmentReader] = OrderedDict()
+        self.blocks = ReadCache(0, 1) if blocks is None else blocks
+        """Blocks of entries read for deliveries (none kept unless given a budget)."""
 
     def get(self, info: SegmentInfo) -> SegmentReader:
         reader = self._readers.get(info.path)
         if reader is not None and reader.info == info:
             self._readers.move_to_end(info.path)
             return reader
-        self.evict(info.path)
+        if reader is not None:  # the file changed (compaction cut it)
+            self.evict(info.path)
         reader = SegmentReader(self._disk, info)
         self._readers[info.path] = reader
         while len(self._readers) > self._open_max:
@@ -320,6 +336,9 @@ class ReaderCache:
         return reader
 
     def evict(self, path: str) -> None:
+        """The segment file ``path`` changed or is leaving: close its reader and forget
+        what was read from it."""
+        self.blocks.drop(path)
         reader = self._readers.pop(path, None)
         if reader is not None:
             reader.close()

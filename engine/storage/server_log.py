@@ -6,9 +6,10 @@ synchronously without locks. It shows persisted entries only: entries still in t
 writer are in the core's unstable buffer.
 
 Reads go to the mem table first, then to the segment that holds the index, through the
-node's ``ReaderCache``. Entries from ``mem_lo`` on are in the mem table and hide any stale
-copy in a segment (a follower's overwritten suffix); ``last_index`` hides anything after
-it. Each mem-table entry remembers the WAL file it was written to, so a flush after a
+node's ``ReaderCache``; deliveries (``read_many``) look in its read cache of blocks
+first and read from a segment a block at a time (``engine.storage.read_cache``).
+Entries from ``mem_lo`` on are in the mem table and hide any stale copy in a segment (a
+follower's overwritten suffix); ``last_index`` hides anything after it. Each mem-table entry remembers the WAL file it was written to, so a flush after a
 WAL roll takes exactly the entries of the rolled file and no others.
 """
 
@@ -23,11 +24,15 @@ from pyroaring import BitMap64
 from engine.errors import EntryDamaged, StorageFailed
 from engine.raft.entry import Entry, EntryKind
 from engine.storage.disk import Disk
+from engine.storage.read_cache import block_of
 from engine.storage.segment import OVERWRITES, ReaderCache, SegmentInfo
 from engine.storage.wal import AppendOp, ForgetOp, HardState, HardStateOp, WalOp
 
 _KINDS = tuple(EntryKind)
 """Entry kinds by value, faster than calling the enum."""
+MEM_ROW_OVERHEAD_BYTES = 120
+"""What a mem-table row costs beside its data: the tuple, the header of the ``bytes``
+object and the two list slots, rounded up (counted by the memory alarm)."""
 
 
 class MemTable:
@@ -43,6 +48,8 @@ class MemTable:
         self._rows: list[tuple[int, int, int, bytes]] = []
         """(term, kind, now_ms, data) of each entry from ``lo``."""
         self._wal_seqs: list[int] = []
+        self.bytes = 0
+        """What the rows hold: their data plus ``MEM_ROW_OVERHEAD_BYTES`` each."""
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -59,10 +66,10 @@ class MemTable:
             self.lo = first
         else:
             assert first <= self.hi + 1, f"gap in mem table: {first} after {self.hi}"
-            del self._rows[first - self.lo :]
-            del self._wal_seqs[first - self.lo :]
+            self._cut(first - self.lo, len(self._rows))
         self._rows.extend([(e.term, int(e.kind), e.now_ms, e.data) for e in entries])
         self._wal_seqs.extend([wal_seq] * len(entries))
+        self.bytes += sum(len(e.data) for e in entries) + MEM_ROW_OVERHEAD_BYTES * len(entries)
 
     def get(self, index: int) -> Entry | None:
         if self._rows and self.lo <= index <= self.hi:
@@ -92,8 +99,7 @@ class MemTable:
 
     def drop_flushed(self, wal_seq: int) -> None:
         n = bisect.bisect_right(self._wal_seqs, wal_seq)
-        del self._rows[:n]
-        del self._wal_seqs[:n]
+        self._cut(0, n)
         self.lo = self.lo + n if self._rows else 0
 
     def truncate_after(self, index: int) -> None:
@@ -103,13 +109,21 @@ class MemTable:
         if index < self.lo:
             self.clear()
             return
-        del self._rows[index - self.lo + 1 :]
-        del self._wal_seqs[index - self.lo + 1 :]
+        self._cut(index - self.lo + 1, len(self._rows))
 
     def clear(self) -> None:
         self.lo = 0
         self._rows.clear()
         self._wal_seqs.clear()
+        self.bytes = 0
+
+    def _cut(self, start: int, stop: int) -> None:
+        """Drop rows ``start`` below ``stop`` (positions, not indexes) and their bytes."""
+        cut = self._rows[start:stop]
+        self.bytes -= sum(len(row[3]) for row in cut) + MEM_ROW_OVERHEAD_BYTES * len(cut)
+        del self._rows[start:stop]
+        del self._wal_seqs[start:stop]
+        assert self.bytes >= 0
 
 
 @dataclass(slots=True)
@@ -131,6 +145,12 @@ class ServerLog:
         """Entries read (``read``), since the node started."""
         self.reads_in_memory = 0
         """Of those, the entries found in the mem table: no segment file was read."""
+        self.cache_hits = 0
+        """Of those, the entries ``read_many`` found in the node's read cache."""
+        self.segment_reads = 0
+        """``pread`` calls ``read_many`` made (each a block the read cache keeps)."""
+        self.segment_bytes = 0
+        """Entry bytes those reads took from segment files."""
         self._segments: list[_Segment] = []
         self._los: list[int] = []
         """``info.lo`` of each segment, for bisection."""
@@ -270,7 +290,8 @@ class ServerLog:
         """The entries at ``indexes`` (ascending, distinct), as ``read`` gives them: each
         run of consecutive indexes is read from one place at a time, one ``pread`` per
         segment and at most ``run_bytes_max`` (but at least one entry), not one per
-        entry. Raises as ``read`` does."""
+        entry; the node's read cache serves what it holds and keeps what is read (with
+        the entries after it, a block). Raises as ``read`` does."""
         assert all(a < b for a, b in itertools.pairwise(indexes)), indexes
         out: list[Entry] = []
         k, n = 0, len(indexes)
@@ -299,14 +320,38 @@ class ServerLog:
                 return run
             seg = self._segment_for(index)
             if seg is not None:
+                held = min(self._last + 1, seg.hi + 1)
                 if len(mem) and index < mem.lo:
-                    end = min(end, mem.lo)
-                stop = min(end, seg.hi + 1)
-                run = self._cache.get(seg.info).read_run(index, stop, max_bytes)
+                    held = min(held, mem.lo)
+                run = self._segment_run(seg.info, index, min(end, held), held, max_bytes)
                 if run:
                     self.reads += len(run)
                     return run
         raise LookupError(f"entry {index} of {self.uid} is not stored")
+
+    def _segment_run(
+        self, info: SegmentInfo, index: int, stop: int, held: int, max_bytes: int
+    ) -> list[Entry]:
+        """Entries from ``index`` below ``stop`` of segment ``info`` (which answers for
+        this log up to ``held``): from the node's read cache, or read as a block that the
+        cache keeps (``engine.storage.read_cache``)."""
+        blocks = self._cache.blocks
+        block = blocks.find(info, index)
+        if block is not None:
+            run = list(block.entries[index - block.lo : stop - block.lo])
+            self.cache_hits += len(run)
+            return run
+        ahead = blocks.next_lo(info, index)
+        hi = held if ahead is None else min(held, ahead)  # blocks never overlap
+        stop = min(stop, hi)
+        block_bytes = blocks.block_bytes if blocks.bytes_max else 0
+        read = self._cache.get(info).read_block(index, stop, hi, max_bytes, block_bytes)
+        if read:
+            self.segment_reads += 1
+            self.segment_bytes += sum(len(e.data) for e in read)
+            if block_bytes:
+                blocks.put(block_of(info, read))
+        return read[: stop - index]
 
     def entry(self, index: int) -> Entry:
         """``LogStore.entry``: the same as ``read``."""
@@ -512,4 +557,4 @@ class ServerLogs:
                     log.add_segment(segment)
 
 
-__all__ = ["MemTable", "ServerLog", "ServerLogs"]
+__all__ = ["MEM_ROW_OVERHEAD_BYTES", "MemTable", "ServerLog", "ServerLogs"]

@@ -8,7 +8,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from engine.errors import InvalidRequest
-from engine.queue.receipts import RECEIPT_CHARS, ReceiptSeal, check_receipt_text
+from engine.queue.receipts import (
+    RECEIPT_CHARS,
+    ReceiptSeal,
+    check_receipt_text,
+    check_receipt_texts,
+)
 
 KEY = bytes(range(32))
 UID = "0123456789abcdef0123456789abcdef"
@@ -62,3 +67,56 @@ def test_malformed_receipts(text: str) -> None:
     with pytest.raises(InvalidRequest):
         check_receipt_text(text)
     assert ReceiptSeal(KEY, UID).open(text) is None
+
+
+TEXTS = st.one_of(
+    st.sampled_from(["", "xyz", "g" * 64, "A" * 64, "1" * 63, " " * 64, "00 " * 21 + "0"]),
+    st.text(alphabet=HEX + " G", min_size=60, max_size=68),
+)
+
+
+@given(
+    pairs=st.lists(st.tuples(U64, U64), max_size=20),
+    others=st.lists(st.tuples(st.integers(0, 20), TEXTS), max_size=4),
+    changed=st.lists(st.tuples(st.integers(0, 19), st.integers(0, 63)), max_size=3),
+)
+def test_a_batch_opens_as_each_receipt_alone(
+    pairs: list[tuple[int, int]],
+    others: list[tuple[int, str]],
+    changed: list[tuple[int, int]],
+) -> None:
+    """``open_many`` answers what ``open`` answers for each receipt, whatever the batch
+    mixes: receipts of the seal, altered ones, malformed text of any length."""
+    seal = ReceiptSeal(KEY, UID)
+    texts = [seal.seal(tag, ref) for tag, ref in pairs]
+    for k, position in changed:
+        if k < len(texts):
+            digit = "0" if texts[k][position] != "0" else "1"
+            texts[k] = texts[k][:position] + digit + texts[k][position + 1 :]
+    for at, text in others:
+        texts.insert(min(at, len(texts)), text)
+    assert seal.open_many(texts) == [seal.open(t) for t in texts]
+
+
+@given(
+    pairs=st.lists(st.tuples(U64, U64), max_size=10),
+    others=st.lists(st.tuples(st.integers(0, 10), TEXTS), max_size=2),
+)
+def test_a_batch_is_checked_as_each_receipt_alone(
+    pairs: list[tuple[int, int]], others: list[tuple[int, str]]
+) -> None:
+    texts = [ReceiptSeal(KEY, UID).seal(tag, ref) for tag, ref in pairs]
+    for at, text in others:
+        texts.insert(min(at, len(texts)), text)
+    alone = True
+    try:
+        for text in texts:
+            check_receipt_text(text)
+    except InvalidRequest:
+        alone = False
+    try:
+        check_receipt_texts(texts)
+    except InvalidRequest:
+        assert not alone
+    else:
+        assert alone

@@ -7,10 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from engine.queue.snapshots import page_handles_of
+import pytest
+
+import engine.runtime.paging as paging_module
+from engine.queue.snapshots import inline_snapshot, page_handles_of
 from engine.runtime import InMemoryNetwork, Node
 from engine.runtime.api import OutgoingMessage, QueueArgs
 from tests.engine.runtime.test_cluster import NAMES, cluster, leader_name, retrying
@@ -90,9 +95,19 @@ def test_the_node_budget_bounds_the_pages_in_memory_over_its_queues(tmp_path: Pa
     run(body())
 
 
-def test_a_follower_behind_a_snapshot_naming_pages_is_sent_them(tmp_path: Path) -> None:
+def test_a_follower_behind_a_snapshot_naming_pages_is_sent_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The leader's snapshot names page files of its own; the follower it is sent to
-    gets every page in it (``Pages.sendable``) and delivers the same messages."""
+    gets every page in it (``Pages.sendable``) and delivers the same messages. The pages
+    are read into the snapshot by a worker, never on the loop."""
+    inlined_in: list[threading.Thread] = []
+
+    def inline(state: bytes, load: Callable[[int], bytes]) -> bytes:
+        inlined_in.append(threading.current_thread())
+        return inline_snapshot(state, load)
+
+    monkeypatch.setattr(paging_module, "inline_snapshot", inline)
     limits = rolling(
         checkpoint_bytes_min=4096,
         page_refs=PAGE_REFS,
@@ -140,6 +155,7 @@ def test_a_follower_behind_a_snapshot_naming_pages_is_sent_them(tmp_path: Path) 
             assert [m.body.decode() for m in browsed] == keep
             # Its pages came in the snapshot, not rebuilt from a log that lacks them.
             assert nodes[behind].stats("lag")["paging"]["pages_rebuilt"] == 0  # type: ignore[index]
+            assert inlined_in and threading.main_thread() not in inlined_in
         finally:
             await asyncio.gather(*(n.stop() for n in nodes.values()))
 
