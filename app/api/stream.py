@@ -37,7 +37,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 from collections import deque
 from collections.abc import Coroutine
 from dataclasses import dataclass
@@ -54,13 +53,13 @@ from app.api.deps import API_PREFIX, bearer_principal
 from app.api.messages import outgoing
 from app.api.queue_schemas import (
     CONSUMER_CHARS_MAX,
-    QUEUE_NAME_PATTERN,
     ExtendIn,
     NackIn,
     PublishIn,
     SettleIn,
 )
 from app.auth import Principal
+from app.names import check_queue_name
 from app.negotiation import unpackb
 from app.problems import AppProblem, Forbidden, typed_problem
 from app.state import node_or_none, settings_of
@@ -71,8 +70,6 @@ from engine.runtime.api import OutgoingMessage, QueueEngine, ReceivedMessage
 log = logging.getLogger("quorra.app")
 
 STREAM_PATH = f"{API_PREFIX}/queues/{{name}}/stream"
-_NAME = re.compile(QUEUE_NAME_PATTERN)
-UNADDRESSABLE_NAMES = frozenset({".", ".."})
 SETTLE_MODELS: dict[str, type[BaseModel]] = {"ack": SettleIn, "nack": NackIn, "extend": ExtendIn}
 PUBLISH_KEYS = frozenset({"op", "seq", "messages"})
 CONSUME_KEYS = frozenset({"op", "prefetch", "lease_ms", "consumer"})
@@ -550,10 +547,7 @@ def _delivery(m: ReceivedMessage) -> dict[str, object]:
 async def admit(state: State, websocket: WebSocket, name: str) -> tuple[QueueEngine, Principal]:
     """What REST checks before a message endpoint, for the handshake: the name, the
     token, a permission (write or read) on the queue, the engine and the queue."""
-    if not _NAME.fullmatch(name) or name in UNADDRESSABLE_NAMES:
-        raise ValidationFailed(
-            "a queue name is 1-200 letters, digits, '.', '_' or '-' (and neither '.' nor '..')"
-        )
+    check_queue_name(name)
     who = await bearer_principal(state, websocket.headers.get("authorization", ""))
     if not (who.can("write", name) or who.can("read", name)):
         raise Forbidden(f"user {who.name!r} has neither write nor read permission on {name!r}")
