@@ -51,7 +51,6 @@ from app.engine_seam import (
     record_listener,
     running_network,
 )
-from app.hot_paths import HotPaths, HotPathStats
 from app.memory_trim import trim_forever
 from app.metrics import AppMetrics, MetricsMiddleware
 from app.passwords import PasswordWorkers
@@ -369,14 +368,5 @@ def create_app(
     app.add_middleware(BodyLimitMiddleware, limit_bytes=settings.request_body_bytes_max)
     app.add_middleware(SecurityHeadersMiddleware)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
-    # Outermost: the hot message endpoints, answered without the layers above when the
-    # request is well-formed; anything else goes on through them (app/hot_paths.py).
-    app.state.hot_paths = HotPathStats()
-    app.add_middleware(
-        HotPaths,
-        state=app.state,
-        body_bytes_max=settings.request_body_bytes_max,
-        extra_headers=SecurityHeadersMiddleware.HEADERS,
-    )
     app.add_middleware(LeaderHeaderMiddleware, state=app.state)
     return app

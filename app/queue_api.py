@@ -55,7 +55,8 @@ class QueueNameGuard:
 def install(app: FastAPI) -> None:
     """Add the queue, message, snapshot/compaction and cluster routes and the per-queue
     metrics to ``app`` (no I/O)."""
-    add_routes(app, queues.router, messages.router, queue_ops.router, queue_ops.cluster_router)
+    add_routes(app, messages.router, first=True)  # publish, receive, ack: most requests
+    add_routes(app, queues.router, queue_ops.router, queue_ops.cluster_router)
     app.router.routes.append(stream.ROUTE)
     metrics_of(app.state).registry.register(QueueCollector(lambda: node_or_none(app.state)))
     app.add_middleware(QueueNameGuard)

@@ -7,8 +7,9 @@ Message bodies are ``str`` in JSON (``encoding`` says how to turn them into byte
 raw ``bytes`` in MessagePack.
 
 Every field is strict: an integer is a JSON or MessagePack integer (not ``"1"``, ``1.0``
-or ``true``), a boolean a boolean, text is text. app/api/hot_bodies.py checks types the
-same way, so both paths accept the same bodies.
+or ``true``), a boolean a boolean, text is text. The message bodies (publish, receive,
+ack, nack, extend) are parsed by app/api/message_bodies.py, not by these models: there
+they state the bounds (read by the parser, and in OpenAPI) and explain refusals.
 """
 
 from __future__ import annotations

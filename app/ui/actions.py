@@ -15,14 +15,15 @@ import json
 
 import anyio
 from fastapi import APIRouter, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse
 from pydantic import ValidationError
 from starlette.datastructures import FormData
 
 from app import queue_admin
 from app.api.deps import QueueName, client_addr
-from app.api.messages import outgoing
-from app.api.queue_schemas import PublishIn, QueueArgsIn
+from app.api.message_bodies import publish_messages
+from app.api.queue_schemas import QueueArgsIn
 from app.auth import Permission, Principal, require, require_flow
 from app.db import repo
 from app.db.session import Database
@@ -233,11 +234,9 @@ async def publish(name: QueueName, request: Request, login: CsrfLoginDep) -> HTM
         }
         if (priority := _int_field(form, "priority")) is not None:
             message["priority"] = priority
-        batch = PublishIn.model_validate({"messages": [message]})
-        ids = await node_of(request).publish(
-            name, outgoing(batch, settings_of(request.app.state).limits)
-        )
-    except (QuorraError, AppProblem, ValidationError) as e:
+        batch = publish_messages({"messages": [message]}, settings_of(request.app.state).limits)
+        ids = await node_of(request).publish(name, batch)
+    except (QuorraError, AppProblem, ValidationError, RequestValidationError) as e:
         return error_flash(request, e)
     return done(request, f"Published message {ids[0]} to {name}.", queue=name)
 
