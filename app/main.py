@@ -29,7 +29,7 @@ import anyio
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
-from starlette.datastructures import Headers, State
+from starlette.datastructures import State
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -284,6 +284,14 @@ class LeaderHeaderMiddleware:
         await self.app(scope, receive, send_wrapper)
 
 
+def _content_length(scope: Scope) -> bytes | None:
+    """The raw ``Content-Length``: a scan, not ``Headers``, on every request."""
+    for key, value in scope["headers"]:
+        if key == b"content-length":
+            return bytes(value)
+    return None
+
+
 class BodyLimitMiddleware:
     """Refuse request bodies over ``limit_bytes`` with a 413 problem, before parsing.
 
@@ -299,7 +307,7 @@ class BodyLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = Headers(scope=scope).get("content-length")
+        declared = _content_length(scope)
         if declared is not None and declared.isdigit() and int(declared) > self.limit_bytes:
             await self._too_large()(scope, receive, send)
             return

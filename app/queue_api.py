@@ -11,6 +11,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app import queue_admin
 from app.api import messages, queue_ops, queues, stream
+from app.api.message_route import MessageDispatch, MessageRoute
 from app.db.session import Database
 from app.names import QUEUE_NAME_RULE, segment_queue_name
 from app.problems import problem_response
@@ -53,12 +54,15 @@ class QueueNameGuard:
 
 
 def install(app: FastAPI) -> None:
-    """Add the queue, message, snapshot/compaction and cluster routes and the per-queue
-    metrics to ``app`` (no I/O)."""
+    """Add the queue, message, snapshot/compaction and cluster routes, the per-queue
+    metrics, the message dispatch and the name guard to ``app`` (no I/O)."""
     add_routes(app, messages.router, first=True)  # publish, receive, ack: most requests
     add_routes(app, queues.router, queue_ops.router, queue_ops.cluster_router)
     app.router.routes.append(stream.ROUTE)
     metrics_of(app.state).registry.register(QueueCollector(lambda: node_or_none(app.state)))
+    # Added first, so innermost: behind the name guard and every middleware of the app.
+    routes = [r for r in messages.router.routes if isinstance(r, MessageRoute)]
+    app.add_middleware(MessageDispatch, routes=routes, prefix=QUEUES_PREFIX.decode())
     app.add_middleware(QueueNameGuard)
 
 

@@ -99,7 +99,11 @@ def encoded(payload: dict[str, object], binary: bool) -> tuple[bytes, str]:
 
 
 def answer(request: Request, payload: dict[str, object], status_code: int = 200) -> Response:
-    body, media_type = encoded(payload, wants_msgpack(request))
+    return answer_in(payload, wants_msgpack(request), status_code)
+
+
+def answer_in(payload: dict[str, object], binary: bool, status_code: int = 200) -> Response:
+    body, media_type = encoded(payload, binary)
     return Response(body, status_code, media_type=media_type)
 
 
@@ -249,9 +253,9 @@ def _message_route(
 )
 async def publish(name: QueueName, request: Request) -> Response:
     """Publish a batch, all or nothing; 201 once it is durable on a quorum."""
-    payload, _who, node = await admitted(request, name, "write")
-    batch = message_bodies.publish_messages(payload, limits_of(request))
-    return answer(request, await publish_batch(node, name, batch), status.HTTP_201_CREATED)
+    a = await admitted(request, name, "write")
+    batch = message_bodies.publish_messages(a.payload, limits_of(request))
+    return answer_in(await publish_batch(a.node, name, batch), a.binary, status.HTTP_201_CREATED)
 
 
 @_message_route(
@@ -263,29 +267,29 @@ async def publish(name: QueueName, request: Request) -> Response:
 async def receive(name: QueueName, request: Request) -> Response:
     """Lease up to ``max_messages``; waits up to ``wait_ms`` for the first to arrive.
     With ``ack``, those receipts are settled in the same durable step."""
-    payload, who, node = await admitted(request, name, "read")
-    args = message_bodies.receive_args(payload)
+    a = await admitted(request, name, "read")
+    args = message_bodies.receive_args(a.payload)
     received = await receive_batch(
-        node,
+        a.node,
         name,
-        who,
+        a.who,
         max_messages=args.max_messages,
         wait_ms=args.wait_ms,
         lease_ms=args.lease_ms,
         consumer=args.consumer,
         ack=args.ack,
-        binary=wants_msgpack(request),
+        binary=a.binary,
     )
-    return answer(request, received)
+    return answer_in(received, a.binary)
 
 
 async def _settle_endpoint(how: str, name: str, request: Request) -> Response:
-    payload, _who, node = await admitted(request, name, "read")
-    args = message_bodies.settle_args(how, payload)
+    a = await admitted(request, name, "read")
+    args = message_bodies.settle_args(how, a.payload)
     settled = await settle(
-        node, name, how, args.receipts, requeue=args.requeue, lease_ms=args.lease_ms
+        a.node, name, how, args.receipts, requeue=args.requeue, lease_ms=args.lease_ms
     )
-    return settled if isinstance(settled, Response) else answer(request, settled)
+    return settled if isinstance(settled, Response) else answer_in(settled, a.binary)
 
 
 @_message_route("/ack", SettleIn, response_model=SettledOut, responses=MESSAGE_PROBLEMS)

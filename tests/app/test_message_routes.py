@@ -1,11 +1,14 @@
-"""The message endpoints as ``MessageRoute``s (app/api/message_route.py): first in the
-routing table, inside every middleware (security headers, request metrics under the
-route's template, the body limit, the name guard, the leader header), their bodies read
-by the one parser (app/api/message_bodies.py), their refusals rendered by the app's
-problem handlers.
+"""The message endpoints as ``MessageRoute``s reached through ``MessageDispatch``
+(app/api/message_route.py): inside every middleware (security headers, request metrics
+under the route's template, the body limit, the name guard, the leader header), their
+bodies read by the one parser (app/api/message_bodies.py), their refusals rendered by the
+app's problem handlers.
 
-In process, one app with the real engine. tests/app/test_message_bodies.py holds the
-parser's properties against the models.
+In process, one app with the real engine. Every request is sent twice: through the app
+as it is, and through the same app built without ``MessageDispatch`` (the router finds
+the same routes), and the two answers must agree: status, the headers a client acts on,
+and the body when the request changes nothing. tests/app/test_message_bodies.py holds
+the parser's properties against the models.
 """
 
 from __future__ import annotations
@@ -20,8 +23,10 @@ import msgpack
 import pytest
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from app.api.message_route import MessageRoute
+from app.api.message_route import MessageDispatch, MessageRoute
 from app.main import SecurityHeadersMiddleware, create_app
 from app.settings import Settings
 from engine.queue.receipts import RECEIPT_CHARS
@@ -36,6 +41,7 @@ MSGPACK = "application/msgpack"
 PROBLEM = "application/problem+json"
 MESSAGES = "/api/v1/queues/{name}/messages"
 SECURITY_HEADERS = {k.decode(): v.decode() for k, v in SecurityHeadersMiddleware.HEADERS}
+COMPARED_HEADERS = ("content-type", "retry-after", "www-authenticate", "quorra-leader")
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +56,45 @@ def client(app: FastAPI) -> Iterator[TestClient]:
         token = c.post("/api/v1/tokens", auth=("admin", PASSWORD)).json()["token"]
         c.headers["Authorization"] = f"Bearer {token}"
         yield c
+
+
+class Paths:
+    """The app's middleware stack with the dispatch (``fast``) and without (``routed``)."""
+
+    def __init__(self, app: FastAPI, client: TestClient) -> None:
+        self.app, self.client = app, client
+        self.fast = app.build_middleware_stack()
+        kept = app.user_middleware
+        app.user_middleware = [m for m in kept if m.cls is not MessageDispatch]
+        assert len(app.user_middleware) == len(kept) - 1
+        self.routed = app.build_middleware_stack()
+        app.user_middleware = kept
+
+    def send(self, fast: bool, path: str, **kwargs: Any) -> Any:
+        self.app.middleware_stack = self.fast if fast else self.routed
+        try:
+            return self.client.post(path, **kwargs)
+        finally:
+            self.app.middleware_stack = self.fast
+
+    def both(self, path: str, **kwargs: Any) -> tuple[Any, Any]:
+        fast = self.send(True, path, **kwargs)
+        routed = self.send(False, path, **kwargs)
+        assert fast.status_code == routed.status_code, (fast.text, routed.text)
+        for name in (*COMPARED_HEADERS, *SECURITY_HEADERS):
+            assert fast.headers.get(name) == routed.headers.get(name), name
+        return fast, routed
+
+    def same(self, path: str, **kwargs: Any) -> Any:
+        """``both``, for requests that change nothing: the bodies are equal too."""
+        fast, routed = self.both(path, **kwargs)
+        assert fast.content == routed.content
+        return fast
+
+
+@pytest.fixture(scope="module")
+def paths(app: FastAPI, client: TestClient) -> Paths:
+    return Paths(app, client)
 
 
 def _queue(client: TestClient, name: str, **arguments: Any) -> str:
@@ -92,6 +137,22 @@ def test_the_message_routes_come_first_and_are_message_routes(app: FastAPI) -> N
     assert all(isinstance(r, MessageRoute) for r in messages)
     assert routes[: len(messages)] == messages
     assert not [r for r in routes if isinstance(r, MessageRoute) and r not in messages]
+
+
+def test_the_dispatch_answers_without_the_router(
+    paths: Paths, client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    q = _queue(client, "dispatched")
+
+    async def no_router(*_args: Any) -> None:
+        raise AssertionError("the router handled a message request")
+
+    monkeypatch.setattr(MessageRoute, "handle", no_router)
+    answer = paths.send(True, f"/api/v1/queues/{q}/messages", json={"messages": [{"body": "x"}]})
+    assert answer.status_code == 201
+    refused(paths.send(True, f"/api/v1/queues/{q}/messages/ack", json={}), 422, "validation-failed")
+    with pytest.raises(AssertionError, match="the router handled"):
+        paths.send(False, f"/api/v1/queues/{q}/messages", json={"messages": [{"body": "x"}]})
 
 
 def test_openapi_still_describes_the_bodies_and_the_token(client: TestClient) -> None:
@@ -138,23 +199,25 @@ PROBLEM_TYPES = {400: "invalid-request", 413: "message-too-large", 422: "validat
 
 
 @pytest.mark.parametrize(("payload", "status"), BAD_PUBLISHES)
-def test_invalid_publishes_are_refused(client: TestClient, payload: Any, status: int) -> None:
+def test_invalid_publishes_are_refused(
+    paths: Paths, client: TestClient, payload: Any, status: int
+) -> None:
     q = _queue(client, "bad-publish")
-    response = client.post(f"/api/v1/queues/{q}/messages", json=payload)
+    response = paths.same(f"/api/v1/queues/{q}/messages", json=payload)
     problem = refused(response, status, PROBLEM_TYPES[status])
     if status == 422:
         assert problem["errors"] and all(e["loc"][0] == "body" for e in problem["errors"])
     assert client.get(f"/api/v1/queues/{q}").json()["stats"]["messages_ready"] == 0
 
 
-def test_a_schema_error_names_the_field(client: TestClient) -> None:
+def test_a_schema_error_names_the_field(paths: Paths, client: TestClient) -> None:
     q = _queue(client, "bad-field")
     payload = {"messages": [{"body": "x"}, {"body": "y", "priority": "high"}]}
     problem = refused(
-        client.post(f"/api/v1/queues/{q}/messages", json=payload), 422, "validation-failed"
+        paths.same(f"/api/v1/queues/{q}/messages", json=payload), 422, "validation-failed"
     )
     assert [e["loc"] for e in problem["errors"]] == [["body", "messages", "1", "priority"]]
-    empty = refused(client.post(f"/api/v1/queues/{q}/messages/receive"), 422, "validation-failed")
+    empty = refused(paths.same(f"/api/v1/queues/{q}/messages/receive"), 422, "validation-failed")
     assert empty["errors"] == [{"loc": ["body"], "msg": "Field required", "type": "missing"}]
 
 
@@ -183,11 +246,11 @@ def test_a_schema_error_names_the_field(client: TestClient) -> None:
     ],
 )
 def test_malformed_bodies_are_refused(
-    client: TestClient, content: bytes, content_type: str, status: int, problem: str
+    paths: Paths, client: TestClient, content: bytes, content_type: str, status: int, problem: str
 ) -> None:
     q = _queue(client, "malformed")
     headers = {"Content-Type": content_type}
-    response = client.post(f"/api/v1/queues/{q}/messages", content=content, headers=headers)
+    response = paths.same(f"/api/v1/queues/{q}/messages", content=content, headers=headers)
     refused(response, status, problem)
 
 
@@ -201,18 +264,20 @@ def test_malformed_bodies_are_refused(
     ],
 )
 def test_json_the_standard_library_reads_and_other_media_types(
-    client: TestClient, content: bytes, content_type: str
+    paths: Paths, client: TestClient, content: bytes, content_type: str
 ) -> None:
     q = _queue(client, "media")
     headers = {"Content-Type": content_type}
-    response = client.post(f"/api/v1/queues/{q}/messages", content=content, headers=headers)
+    response, _ = paths.both(f"/api/v1/queues/{q}/messages", content=content, headers=headers)
     assert response.status_code == 201, response.text
 
 
-def test_oversize_bodies_are_413_from_the_body_limit(app: FastAPI, client: TestClient) -> None:
+def test_oversize_bodies_are_413_from_the_body_limit(
+    paths: Paths, app: FastAPI, client: TestClient
+) -> None:
     q = _queue(client, "oversize")
     limit = app.state.settings.request_body_bytes_max
-    declared = client.post(
+    declared = paths.same(
         f"/api/v1/queues/{q}/messages",
         content=b"{}",
         headers={"Content-Type": "application/json", "Content-Length": str(limit + 1)},
@@ -224,25 +289,26 @@ def test_oversize_bodies_are_413_from_the_body_limit(app: FastAPI, client: TestC
         yield b"x" * limit
         yield b'"}]}'
 
-    chunked = client.post(f"/api/v1/queues/{q}/messages", content=chunks())
-    refused(chunked, 413, "message-too-large")
+    for fast in (True, False):
+        chunked = paths.send(fast, f"/api/v1/queues/{q}/messages", content=chunks())
+        refused(chunked, 413, "message-too-large")
 
 
 @pytest.mark.parametrize(
     "authorization", [None, "Bearer", "Bearer qra_not-a-token", "Basic YWRtaW46eA=="]
 )
-def test_missing_or_invalid_tokens_are_401(client: TestClient, authorization: str | None) -> None:
+def test_missing_or_invalid_tokens_are_401(
+    paths: Paths, client: TestClient, authorization: str | None
+) -> None:
     q = _queue(client, "auth")
     headers = {"Authorization": authorization or ""}
     for suffix, payload in [("", {"messages": [{"body": "x"}]}), ("/receive", {})]:
-        response = client.post(
-            f"/api/v1/queues/{q}/messages{suffix}", json=payload, headers=headers
-        )
+        response = paths.same(f"/api/v1/queues/{q}/messages{suffix}", json=payload, headers=headers)
         refused(response, 401, "unauthorized")
         assert response.headers["www-authenticate"] == 'Bearer realm="quorra"'
 
 
-def test_permissions_are_the_queues(client: TestClient) -> None:
+def test_permissions_are_the_queues(paths: Paths, client: TestClient) -> None:
     _queue(client, "orders.eu")
     _queue(client, "secret")
     made = client.post(
@@ -253,11 +319,11 @@ def test_permissions_are_the_queues(client: TestClient) -> None:
     token = client.post("/api/v1/tokens", auth=("app", "app-password")).json()["token"]
     headers = {"Authorization": f"Bearer {token}"}
     message = {"messages": [{"body": "x"}]}
-    denied = client.post("/api/v1/queues/secret/messages", json=message, headers=headers)
+    denied = paths.same("/api/v1/queues/secret/messages", json=message, headers=headers)
     refused(denied, 403, "forbidden")
-    read = client.post("/api/v1/queues/orders.eu/messages/receive", json={}, headers=headers)
+    read = paths.same("/api/v1/queues/orders.eu/messages/receive", json={}, headers=headers)
     refused(read, 403, "forbidden")
-    allowed = client.post("/api/v1/queues/orders.eu/messages", json=message, headers=headers)
+    allowed, _ = paths.both("/api/v1/queues/orders.eu/messages", json=message, headers=headers)
     assert allowed.status_code == 201
 
 
@@ -283,19 +349,19 @@ def test_permissions_are_the_queues(client: TestClient) -> None:
     ],
 )
 def test_invalid_receives_and_settles_are_422(
-    client: TestClient, suffix: str, payload: Any
+    paths: Paths, client: TestClient, suffix: str, payload: Any
 ) -> None:
     q = _queue(client, "settle-bad")
-    response = client.post(f"/api/v1/queues/{q}/messages{suffix}", json=payload)
+    response = paths.same(f"/api/v1/queues/{q}/messages{suffix}", json=payload)
     refused(response, 422, "validation-failed")
 
 
-def test_text_that_is_no_utf8(client: TestClient) -> None:
+def test_text_that_is_no_utf8(paths: Paths, client: TestClient) -> None:
     """Lone surrogates (JSON escapes): the schema refuses them in some fields (422),
     and where it takes them the parser refuses them (400): never stored."""
     q = _queue(client, "lone-surrogates")
     json_type = {"Content-Type": "application/json"}
-    consumer = client.post(
+    consumer = paths.same(
         f"/api/v1/queues/{q}/messages/receive",
         content=b'{"consumer": "\\ud800"}',
         headers=json_type,
@@ -303,7 +369,7 @@ def test_text_that_is_no_utf8(client: TestClient) -> None:
     errors = refused(consumer, 422, "validation-failed")["errors"]
     assert [e["loc"] for e in errors] == [["body", "consumer"]]
     header = b'{"messages": [{"body": "x", "headers": {"k": "\\ud800"}}]}'
-    published = client.post(f"/api/v1/queues/{q}/messages", content=header, headers=json_type)
+    published = paths.same(f"/api/v1/queues/{q}/messages", content=header, headers=json_type)
     assert refused(published, 400, "invalid-request")["detail"] == (
         "messages[0].headers is not valid UTF-8 text"
     )
@@ -323,23 +389,23 @@ def test_text_that_is_no_utf8(client: TestClient) -> None:
         ("/extend", {"receipts": ["0" * RECEIPT_CHARS], "lease_ms": 1000}),
     ],
 )
-def test_unknown_queue_is_404(client: TestClient, suffix: str, payload: Any) -> None:
-    response = client.post(f"/api/v1/queues/no-such-queue/messages{suffix}", json=payload)
+def test_unknown_queue_is_404(paths: Paths, client: TestClient, suffix: str, payload: Any) -> None:
+    response = paths.same(f"/api/v1/queues/no-such-queue/messages{suffix}", json=payload)
     refused(response, 404, "queue-not-found")
 
 
-def test_back_pressure_is_429(client: TestClient) -> None:
+def test_back_pressure_is_429(paths: Paths, client: TestClient) -> None:
     q = _queue(client, "full", max_length=1)
     path = f"/api/v1/queues/{q}/messages"
     assert client.post(path, json={"messages": [{"body": "1"}]}).status_code == 201
-    full = client.post(path, json={"messages": [{"body": "2"}]})
+    full = paths.same(path, json={"messages": [{"body": "2"}]})
     assert full.status_code == 429 and full.headers["retry-after"] == "1"
 
 
-def test_message_over_the_queues_limit_is_413(client: TestClient) -> None:
+def test_message_over_the_queues_limit_is_413(paths: Paths, client: TestClient) -> None:
     q = _queue(client, "small", max_message_bytes=16)
     payload = {"messages": [{"body": "x"}, {"body": "y" * 17}]}
-    refused(client.post(f"/api/v1/queues/{q}/messages", json=payload), 413, "message-too-large")
+    refused(paths.same(f"/api/v1/queues/{q}/messages", json=payload), 413, "message-too-large")
 
 
 def test_publish_receive_settle(client: TestClient) -> None:
@@ -431,3 +497,52 @@ def test_a_bad_name_is_refused_before_the_route(client: TestClient) -> None:
             f"/api/v1/queues/{name}/messages", json={"messages": [{"body": "x"}]}
         )
         refused(response, 422, "validation-failed")
+
+
+# --- random bodies, both ways ------------------------------------------------------
+
+_VALUE = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-2, 2**40),
+    st.text(max_size=4),
+    st.sampled_from(["utf-8", "base64", "aGk=", "0" * RECEIPT_CHARS]),
+)
+_MESSAGE = st.dictionaries(
+    st.sampled_from(["body", "encoding", "headers", "priority", "ttl_ms", "delay_ms", "x"]),
+    _VALUE | st.dictionaries(st.text(max_size=2), _VALUE, max_size=2),
+    max_size=4,
+)
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    st.sampled_from(["", "/ack", "/nack", "/extend"]),
+    st.one_of(
+        st.fixed_dictionaries({"messages": st.lists(_MESSAGE, max_size=2)}),
+        st.dictionaries(
+            st.sampled_from(["receipts", "requeue", "lease_ms", "messages", "x"]),
+            _VALUE | st.lists(_VALUE, max_size=2),
+            max_size=3,
+        ),
+    ),
+    st.booleans(),
+)
+def test_random_bodies_get_the_same_answer_both_ways(
+    paths: Paths, client: TestClient, suffix: str, payload: Any, packed: bool
+) -> None:
+    """Publishes may be accepted (each way publishes its own: the same status, other
+    ids); settles of receipts no receive made are refused or stale, alike."""
+    q = _queue(client, "random-bodies")
+    if packed:
+        kwargs: dict[str, Any] = {
+            "content": msgpack.packb(payload),
+            "headers": {"Content-Type": MSGPACK},
+        }
+    else:
+        kwargs = {"json": payload}
+    fast, routed = paths.both(f"/api/v1/queues/{q}/messages{suffix}", **kwargs)
+    if fast.status_code != 201:
+        assert fast.content == routed.content
