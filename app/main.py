@@ -29,7 +29,7 @@ import anyio
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
-from starlette.datastructures import Headers, State
+from starlette.datastructures import State
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -52,7 +52,6 @@ from app.engine_seam import (
     record_listener,
     running_network,
 )
-from app.hot_paths import HotPaths, HotPathStats
 from app.memory_trim import trim_forever
 from app.metrics import AppMetrics, MetricsMiddleware
 from app.passwords import PasswordWorkers
@@ -293,6 +292,14 @@ class LeaderHeaderMiddleware:
         await self.app(scope, receive, send_wrapper)
 
 
+def _content_length(scope: Scope) -> bytes | None:
+    """The raw ``Content-Length``: a scan, not ``Headers``, on every request."""
+    for key, value in scope["headers"]:
+        if key == b"content-length":
+            return bytes(value)
+    return None
+
+
 class BodyLimitMiddleware:
     """Refuse request bodies over ``limit_bytes`` with a 413 problem, before parsing.
 
@@ -308,7 +315,7 @@ class BodyLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        declared = Headers(scope=scope).get("content-length")
+        declared = _content_length(scope)
         if declared is not None and declared.isdigit() and int(declared) > self.limit_bytes:
             await self._too_large()(scope, receive, send)
             return
@@ -378,14 +385,5 @@ def create_app(
     app.add_middleware(BodyLimitMiddleware, limit_bytes=settings.request_body_bytes_max)
     app.add_middleware(SecurityHeadersMiddleware)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
-    # Outermost: the hot message endpoints, answered without the layers above when the
-    # request is well-formed; anything else goes on through them (app/hot_paths.py).
-    app.state.hot_paths = HotPathStats()
-    app.add_middleware(
-        HotPaths,
-        state=app.state,
-        body_bytes_max=settings.request_body_bytes_max,
-        extra_headers=SecurityHeadersMiddleware.HEADERS,
-    )
     app.add_middleware(LeaderHeaderMiddleware, state=app.state)
     return app

@@ -89,6 +89,10 @@ class MetricsMiddleware:
     def __init__(self, app: ASGIApp, metrics: AppMetrics) -> None:
         self.app = app
         self.metrics = metrics
+        # The labelled children, by their labels: ``labels()`` takes a lock and checks
+        # its arguments on every call, a cost on every request. One entry per series.
+        self._counted: dict[tuple[str, str, int], Counter] = {}
+        self._timed: dict[tuple[str, str], Histogram] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -108,8 +112,16 @@ class MetricsMiddleware:
         finally:
             route = scope.get("route")
             template = getattr(route, "path", None) or UNMATCHED_ROUTE
-            method = scope["method"]
-            self.metrics.http_requests.labels(method, template, str(status)).inc()
-            self.metrics.http_request_duration.labels(method, template).observe(
-                time.perf_counter() - started
-            )
+            self._count(scope["method"], template, status, time.perf_counter() - started)
+
+    def _count(self, method: str, template: str, status: int, seconds: float) -> None:
+        counter = self._counted.get((method, template, status))
+        if counter is None:
+            counter = self.metrics.http_requests.labels(method, template, str(status))
+            self._counted[method, template, status] = counter
+        counter.inc()
+        timer = self._timed.get((method, template))
+        if timer is None:
+            timer = self.metrics.http_request_duration.labels(method, template)
+            self._timed[method, template] = timer
+        timer.observe(seconds)

@@ -12,6 +12,7 @@ stack trace; unexpected exceptions are logged on the server.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from fastapi import FastAPI, Request
@@ -216,9 +217,26 @@ def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     )
 
 
+_HANDLERS: tuple[tuple[type[Exception], Callable[[Request, Exception], JSONResponse]], ...] = (
+    (QuorraError, _typed_error),
+    (AppProblem, _typed_error),
+    (RequestValidationError, _request_validation),
+    (StarletteHTTPException, _http_error),
+    (Exception, _unexpected),
+)
+"""Most specific first: ``problem_of`` takes the first that matches."""
+
+
 def install_problem_handlers(app: FastAPI) -> None:
-    app.add_exception_handler(QuorraError, _typed_error)
-    app.add_exception_handler(AppProblem, _typed_error)
-    app.add_exception_handler(RequestValidationError, _request_validation)
-    app.add_exception_handler(StarletteHTTPException, _http_error)
-    app.add_exception_handler(Exception, _unexpected)
+    for kind, handler in _HANDLERS:
+        app.add_exception_handler(kind, handler)
+
+
+def problem_of(request: Request, exc: Exception) -> JSONResponse:
+    """The answer the installed handlers give to ``exc``, for code that runs outside
+    the app's exception middleware (the message endpoints' dispatch,
+    app/api/message_route.py)."""
+    for kind, handler in _HANDLERS:
+        if isinstance(exc, kind):
+            return handler(request, exc)
+    raise AssertionError("Exception matches every exception")

@@ -4,8 +4,6 @@ and ``on_node_started`` (start-up reconciliation, before the server reports read
 from __future__ import annotations
 
 import logging
-import re
-from urllib.parse import unquote
 
 import anyio
 from fastapi import FastAPI
@@ -13,8 +11,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app import queue_admin
 from app.api import messages, queue_ops, queues, stream
-from app.api.queue_schemas import QUEUE_NAME_PATTERN
+from app.api.message_route import MessageDispatch, MessageRoute
 from app.db.session import Database
+from app.names import QUEUE_NAME_RULE, segment_queue_name
 from app.problems import problem_response
 from app.queue_metrics import QueueCollector
 from app.routing import add_routes
@@ -25,8 +24,6 @@ log = logging.getLogger("quorra.app")
 
 
 QUEUES_PREFIX = b"/api/v1/queues/"
-_NAME = re.compile(QUEUE_NAME_PATTERN)
-UNADDRESSABLE_NAMES = frozenset({".", ".."})
 
 
 class QueueNameGuard:
@@ -47,14 +44,9 @@ class QueueNameGuard:
             raw = scope.get("raw_path") or scope["path"].encode("utf-8", "surrogateescape")
             if raw.startswith(QUEUES_PREFIX):
                 segment = raw[len(QUEUES_PREFIX) :].split(b"/", 1)[0].split(b"?", 1)[0]
-                name = unquote(segment.decode("latin-1"), errors="replace")
-                if not _NAME.match(name) or name in UNADDRESSABLE_NAMES:
+                if segment_queue_name(segment) is None:
                     response = problem_response(
-                        422,
-                        "/problems/validation-failed",
-                        "Validation failed",
-                        "a queue name is 1-200 letters, digits, '.', '_' or '-' "
-                        "(and neither '.' nor '..')",
+                        422, "/problems/validation-failed", "Validation failed", QUEUE_NAME_RULE
                     )
                     await response(scope, receive, send)
                     return
@@ -62,11 +54,15 @@ class QueueNameGuard:
 
 
 def install(app: FastAPI) -> None:
-    """Add the queue, message, snapshot/compaction and cluster routes and the per-queue
-    metrics to ``app`` (no I/O)."""
-    add_routes(app, queues.router, messages.router, queue_ops.router, queue_ops.cluster_router)
+    """Add the queue, message, snapshot/compaction and cluster routes, the per-queue
+    metrics, the message dispatch and the name guard to ``app`` (no I/O)."""
+    add_routes(app, messages.router, first=True)  # publish, receive, ack: most requests
+    add_routes(app, queues.router, queue_ops.router, queue_ops.cluster_router)
     app.router.routes.append(stream.ROUTE)
     metrics_of(app.state).registry.register(QueueCollector(lambda: node_or_none(app.state)))
+    # Added first, so innermost: behind the name guard and every middleware of the app.
+    routes = [r for r in messages.router.routes if isinstance(r, MessageRoute)]
+    app.add_middleware(MessageDispatch, routes=routes, prefix=QUEUES_PREFIX.decode())
     app.add_middleware(QueueNameGuard)
 
 

@@ -6,7 +6,7 @@ which Starlette types as ``Any``. An accessor names the item's type once, so tha
 renamed or retyped item fails ``mypy`` here instead of at a reader.
 
 The items, in the order the app sets them: ``settings``, ``metrics``,
-``login_throttle``, ``token_cache``, ``templates``, ``hot_paths`` (create_app);
+``login_throttle``, ``token_cache``, ``templates`` (create_app);
 ``ready``, ``node``, ``engine`` (the node's start-up status), ``migrations``,
 ``session_signer``, ``passwords``, ``db`` (the lifespan). The dashboard adds
 ``series`` and ``engine_reads`` itself (app/ui/series.py, app/ui/reads.py).
@@ -23,7 +23,6 @@ if TYPE_CHECKING:
 
     from app.cluster_mirror import ClusterMirror
     from app.db.session import Database
-    from app.hot_paths import HotPathStats
     from app.metrics import AppMetrics
     from app.passwords import PasswordWorkers
     from app.settings import Settings
@@ -56,11 +55,6 @@ def token_cache_of(state: State) -> TokenCache:
 def templates_of(state: State) -> Jinja2Templates:
     templates: Jinja2Templates = state.templates
     return templates
-
-
-def hot_path_stats_of(state: State) -> HotPathStats:
-    stats: HotPathStats = state.hot_paths
-    return stats
 
 
 def ready_of(state: State) -> bool:
@@ -114,7 +108,6 @@ __all__ = [
     "EngineStatus",
     "db_of",
     "engine_status_of",
-    "hot_path_stats_of",
     "login_throttle_of",
     "metrics_of",
     "migrations_of",

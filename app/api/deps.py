@@ -1,13 +1,6 @@
 """Dependencies shared by the API routers: the request's transaction, who is calling,
-what they may do, and the engine node.
-
-Usage in a queue router::
-
-    @router.post("/queues/{name}/messages")
-    async def publish(name: QueueName, body: PublishIn, who: CanWrite, node: NodeDep): ...
-
-``CanConfigure``/``CanWrite``/``CanRead`` authenticate the bearer token (401) and
-check the permission against the ``{name}`` path parameter (403); use
+and the database. What a caller may do on a queue, and the engine node, are the queue
+routers' dependencies (app/api/queue_deps.py: ``CanWrite``, ``NodeDep``, ...); use
 ``app.auth.require(principal, permission, name)`` for any other queue name in a
 request (a dead-letter target needs ``configure`` on it, say).
 
@@ -22,7 +15,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Annotated
 
 from fastapi import Depends, Path, Request
@@ -35,18 +28,16 @@ from fastapi.security import (
 from sqlalchemy.orm import Session
 from starlette.datastructures import State
 
-from app.auth import Permission, Principal, needs_rehash, require, token_digest
+from app.auth import Principal, needs_rehash, token_digest
 from app.db import repo
 from app.db.models import User
 from app.db.session import Database
+from app.names import QUEUE_NAME_CHARS_MAX, QUEUE_NAME_PATTERN, QUEUE_NAME_RULE
 from app.passwords import PasswordWorkers
 from app.problems import Forbidden, Unauthorized
-from app.state import db_of, login_throttle_of, node_or_none, passwords_of, token_cache_of
-from engine.errors import NoLeader
-from engine.runtime.api import QueueEngine
+from app.state import db_of, login_throttle_of, passwords_of, token_cache_of
 
 API_PREFIX = "/api/v1"
-QUEUE_NAME_PATTERN = r"^[A-Za-z0-9._-]{1,200}$"
 
 
 # Declared for the OpenAPI document (security schemes); the credentials are parsed below,
@@ -59,6 +50,11 @@ BasicDoc = Annotated[HTTPBasicCredentials | None, Depends(BASIC_SCHEME)]
 
 async def get_database(request: Request) -> Database:
     return db_of(request.app.state)
+
+
+DatabaseDep = Annotated[Database, Depends(get_database)]
+"""For async endpoints: ``app.queue_admin`` writes SQLite in its own short transaction
+after the engine call, instead of holding a request session across the await."""
 
 
 def get_session(db: Annotated[Database, Depends(get_database)]) -> Iterator[Session]:
@@ -75,9 +71,9 @@ QueueName = Annotated[
     str,
     Path(
         min_length=1,
-        max_length=200,
+        max_length=QUEUE_NAME_CHARS_MAX,
         pattern=QUEUE_NAME_PATTERN,
-        description="1-200 letters, digits, '.', '_' or '-'.",
+        description=QUEUE_NAME_RULE.removeprefix("a queue name is ") + ".",
     ),
 ]
 
@@ -214,32 +210,6 @@ def require_admin(principal: PrincipalDep) -> Principal:
 
 
 AdminDep = Annotated[Principal, Depends(require_admin)]
-
-
-def queue_access(permission: Permission) -> Callable[[str, Principal], Principal]:
-    """A dependency: the caller, once allowed ``permission`` on the ``{name}`` queue."""
-
-    def dependency(name: QueueName, principal: PrincipalDep) -> Principal:
-        require(principal, permission, name)
-        return principal
-
-    dependency.__name__ = f"can_{permission}"
-    return dependency
-
-
-CanConfigure = Annotated[Principal, Depends(queue_access("configure"))]
-CanWrite = Annotated[Principal, Depends(queue_access("write"))]
-CanRead = Annotated[Principal, Depends(queue_access("read"))]
-
-
-def get_node(request: Request) -> QueueEngine:
-    node = node_or_none(request.app.state)
-    if node is None:
-        raise NoLeader("the queue engine is not running on this node")
-    return node
-
-
-NodeDep = Annotated[QueueEngine, Depends(get_node)]
 
 
 def client_addr(request: Request) -> str:

@@ -18,6 +18,9 @@ A receive may carry ``ack``, receipts to settle in the same Raft entry as its ch
 (engine/queue/checkout.py ``on_settle_checkout``): the answer adds ``settled`` and
 ``stale`` as above, always with 200, since the receive itself took place.
 
+The five ``POST`` endpoints are ``MessageRoute``s (app/api/message_route.py): their
+bodies are parsed by app/api/message_bodies.py, the only parser of message bodies.
+
 A publish is all or nothing and answers 201 with one id per message only once the whole
 batch is durable on a quorum. Batches over ``batch_messages_max`` messages or
 ``batch_bytes_max`` body bytes are 413 before the engine sees them; a message over the
@@ -27,19 +30,22 @@ queue's ``max_message_bytes`` is 413 from the engine, and nothing of the batch i
 from __future__ import annotations
 
 import base64
-import binascii
+from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any
 
 import msgpack
 import orjson
 from fastapi import APIRouter, Query, Request, Response, status
+from pydantic import BaseModel
 
+from app.api import message_bodies
 from app.api.deps import API_PREFIX, QueueName
-from app.api.queue_deps import CanRead, CanWrite, NodeDep
+from app.api.message_route import MessageEndpoint, MessageRoute, admitted
+from app.api.queue_deps import CanRead, NodeDep
 from app.api.queue_schemas import (
     BrowseOut,
     ExtendIn,
-    MessageIn,
     NackIn,
     PublishedOut,
     PublishIn,
@@ -55,12 +61,10 @@ from app.negotiation import (
     MSGPACK,
     MSGPACK_RESPONSE,
     NegotiatedRoute,
-    openapi_msgpack,
     wants_msgpack,
 )
 from app.problems import problem_response, problem_responses
 from app.state import settings_of
-from engine.errors import InvalidRequest, MessageTooLarge
 from engine.limits import Limits
 from engine.runtime.api import (
     BrowsedMessage,
@@ -84,54 +88,6 @@ def limits_of(request: Request) -> Limits:
 # --- bodies in and out -------------------------------------------------------------
 
 
-def body_bytes(message: MessageIn, position: int) -> bytes:
-    if isinstance(message.body, bytes):
-        return message.body
-    if message.encoding == "base64":
-        try:
-            return base64.b64decode(message.body, validate=True)
-        except (binascii.Error, ValueError):
-            raise InvalidRequest(f"messages[{position}].body is not valid base64") from None
-    try:
-        return message.body.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidRequest(f"messages[{position}].body is not valid UTF-8 text") from None
-
-
-def _check_text(text: str, where: str) -> None:
-    """JSON may carry lone surrogates, which are no UTF-8: 400, before the engine."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidRequest(f"{where} is not valid UTF-8 text") from None
-
-
-def _check_strings(message: MessageIn, position: int) -> None:
-    for key, value in message.headers.items():
-        _check_text(key, f"messages[{position}].headers")
-        _check_text(value, f"messages[{position}].headers")
-    if message.dedup_id is not None:
-        _check_text(message.dedup_id, f"messages[{position}].dedup_id")
-
-
-def outgoing(batch: PublishIn, limits: Limits) -> list[OutgoingMessage]:
-    """The engine's messages; 413 for a batch over the request limits."""
-    if len(batch.messages) > limits.batch_messages_max:
-        raise MessageTooLarge(
-            f"{len(batch.messages)} messages in one batch; at most {limits.batch_messages_max}"
-        )
-    out: list[OutgoingMessage] = []
-    total = 0
-    for position, m in enumerate(batch.messages):
-        body = body_bytes(m, position)
-        _check_strings(m, position)
-        total += len(body)
-        out.append(OutgoingMessage(body, m.headers, m.priority, m.ttl_ms, m.delay_ms, m.dedup_id))
-    if total > limits.batch_bytes_max:
-        raise MessageTooLarge(f"{total} body bytes in one batch; at most {limits.batch_bytes_max}")
-    return out
-
-
 def encoded(payload: dict[str, object], binary: bool) -> tuple[bytes, str]:
     """``payload`` (only JSON types, and ``bytes`` bodies when ``binary``) as a response
     body and its media type: encoded once, without ``respond``'s generic walk."""
@@ -143,7 +99,11 @@ def encoded(payload: dict[str, object], binary: bool) -> tuple[bytes, str]:
 
 
 def answer(request: Request, payload: dict[str, object], status_code: int = 200) -> Response:
-    body, media_type = encoded(payload, wants_msgpack(request))
+    return answer_in(payload, wants_msgpack(request), status_code)
+
+
+def answer_in(payload: dict[str, object], binary: bool, status_code: int = 200) -> Response:
+    body, media_type = encoded(payload, binary)
     return Response(body, status_code, media_type=media_type)
 
 
@@ -178,7 +138,7 @@ def _settled(result: SettleResult, receipts: list[str]) -> Response | dict[str, 
     return {"settled": result.settled, "stale": stale}
 
 
-# --- what the endpoints do, shared with the hot paths (app/hot_paths.py) ------------
+# --- what the endpoints do --------------------------------------------------------
 
 
 async def publish_batch(
@@ -203,7 +163,6 @@ async def receive_batch(
     the answer then says what it settled and which of its receipts were stale, with
     200 even when all were (the receive itself took place)."""
     consumer = consumer or who.token_id or who.name
-    _check_text(consumer, "consumer")
     batch = await node.ack_and_receive(
         name,
         ack=ack or [],
@@ -270,44 +229,85 @@ async def settle(
 # --- endpoints -------------------------------------------------------------------
 
 
-@router.post(
+def _message_route(
+    path: str, body_model: type[BaseModel], **kwargs: Any
+) -> Callable[[MessageEndpoint], MessageEndpoint]:
+    """Add the decorated endpoint to ``router`` as a ``MessageRoute`` (app/api/message_route.py)."""
+
+    def add(endpoint: MessageEndpoint) -> MessageEndpoint:
+        route = MessageRoute(
+            router.prefix + path, endpoint, body_model=body_model, tags=router.tags, **kwargs
+        )
+        router.routes.append(route)
+        return endpoint
+
+    return add
+
+
+@_message_route(
     "",
+    PublishIn,
     status_code=status.HTTP_201_CREATED,
     response_model=PublishedOut,
     responses={**MESSAGE_PROBLEMS, 201: MSGPACK_RESPONSE},
-    openapi_extra=openapi_msgpack(PublishIn),
 )
-async def publish(
-    name: QueueName, body: PublishIn, request: Request, _who: CanWrite, node: NodeDep
-) -> Response:
+async def publish(name: QueueName, request: Request) -> Response:
     """Publish a batch, all or nothing; 201 once it is durable on a quorum."""
-    published = await publish_batch(node, name, outgoing(body, limits_of(request)))
-    return answer(request, published, status.HTTP_201_CREATED)
+    a = await admitted(request, name, "write")
+    batch = message_bodies.publish_messages(a.payload, limits_of(request))
+    return answer_in(await publish_batch(a.node, name, batch), a.binary, status.HTTP_201_CREATED)
 
 
-@router.post(
+@_message_route(
     "/receive",
+    ReceiveIn,
     response_model=ReceivedBatchOut,
     responses={**MESSAGE_PROBLEMS, 200: MSGPACK_RESPONSE},
-    openapi_extra=openapi_msgpack(ReceiveIn),
 )
-async def receive(
-    name: QueueName, body: ReceiveIn, request: Request, who: CanRead, node: NodeDep
-) -> Response:
+async def receive(name: QueueName, request: Request) -> Response:
     """Lease up to ``max_messages``; waits up to ``wait_ms`` for the first to arrive.
     With ``ack``, those receipts are settled in the same durable step."""
+    a = await admitted(request, name, "read")
+    args = message_bodies.receive_args(a.payload)
     received = await receive_batch(
-        node,
+        a.node,
         name,
-        who,
-        max_messages=body.max_messages,
-        wait_ms=body.wait_ms,
-        lease_ms=body.lease_ms,
-        consumer=body.consumer,
-        ack=body.ack,
-        binary=wants_msgpack(request),
+        a.who,
+        max_messages=args.max_messages,
+        wait_ms=args.wait_ms,
+        lease_ms=args.lease_ms,
+        consumer=args.consumer,
+        ack=args.ack,
+        binary=a.binary,
     )
-    return answer(request, received)
+    return answer_in(received, a.binary)
+
+
+async def _settle_endpoint(how: str, name: str, request: Request) -> Response:
+    a = await admitted(request, name, "read")
+    args = message_bodies.settle_args(how, a.payload)
+    settled = await settle(
+        a.node, name, how, args.receipts, requeue=args.requeue, lease_ms=args.lease_ms
+    )
+    return settled if isinstance(settled, Response) else answer_in(settled, a.binary)
+
+
+@_message_route("/ack", SettleIn, response_model=SettledOut, responses=MESSAGE_PROBLEMS)
+async def ack(name: QueueName, request: Request) -> Response:
+    """Settle messages: they leave the queue."""
+    return await _settle_endpoint("ack", name, request)
+
+
+@_message_route("/nack", NackIn, response_model=SettledOut, responses=MESSAGE_PROBLEMS)
+async def nack(name: QueueName, request: Request) -> Response:
+    """Give messages back (``requeue``), or dead-letter them (``requeue: false``)."""
+    return await _settle_endpoint("nack", name, request)
+
+
+@_message_route("/extend", ExtendIn, response_model=SettledOut, responses=MESSAGE_PROBLEMS)
+async def extend(name: QueueName, request: Request) -> Response:
+    """Extend leases to ``lease_ms`` from now."""
+    return await _settle_endpoint("extend", name, request)
 
 
 def _message_out(item: dict[str, object], m: BrowsedMessage, binary: bool) -> dict[str, object]:
@@ -320,45 +320,6 @@ def _message_out(item: dict[str, object], m: BrowsedMessage, binary: bool) -> di
         "published_at": _iso(m.published_at_ms),
     }
     return item
-
-
-@router.post(
-    "/ack",
-    response_model=SettledOut,
-    responses=MESSAGE_PROBLEMS,
-    openapi_extra=openapi_msgpack(SettleIn),
-)
-async def ack(
-    name: QueueName, body: SettleIn, _who: CanRead, node: NodeDep
-) -> Response | dict[str, object]:
-    """Settle messages: they leave the queue."""
-    return await settle(node, name, "ack", body.receipts, requeue=False, lease_ms=0)
-
-
-@router.post(
-    "/nack",
-    response_model=SettledOut,
-    responses=MESSAGE_PROBLEMS,
-    openapi_extra=openapi_msgpack(NackIn),
-)
-async def nack(
-    name: QueueName, body: NackIn, _who: CanRead, node: NodeDep
-) -> Response | dict[str, object]:
-    """Give messages back (``requeue``), or dead-letter them (``requeue: false``)."""
-    return await settle(node, name, "nack", body.receipts, requeue=body.requeue, lease_ms=0)
-
-
-@router.post(
-    "/extend",
-    response_model=SettledOut,
-    responses=MESSAGE_PROBLEMS,
-    openapi_extra=openapi_msgpack(ExtendIn),
-)
-async def extend(
-    name: QueueName, body: ExtendIn, _who: CanRead, node: NodeDep
-) -> Response | dict[str, object]:
-    """Extend leases to ``lease_ms`` from now."""
-    return await settle(node, name, "extend", body.receipts, requeue=False, lease_ms=body.lease_ms)
 
 
 @router.get("", response_model=BrowseOut, responses={**MESSAGE_PROBLEMS, 200: MSGPACK_RESPONSE})

@@ -1,7 +1,6 @@
 """Dependencies of the queue and message routers, all ``async``: FastAPI runs a plain
 ``def`` dependency on a worker thread, and on the publish/receive hot path those thread
-hops cost more than the work (profiled with ``quorra bench rest --profile``). Same
-semantics as ``queue_access``/``get_node`` in app/api/deps.py.
+hops cost more than the work (profiled with ``quorra bench rest --profile``).
 """
 
 from __future__ import annotations
@@ -13,9 +12,8 @@ from fastapi import Depends, Request
 
 from app.api.deps import PrincipalDep, QueueName
 from app.auth import Permission, Principal, require
-from app.db.session import Database
 from app.problems import Forbidden
-from app.state import db_of, node_or_none
+from app.state import node_or_none
 from engine.errors import NoLeader
 from engine.runtime.api import QueueEngine
 
@@ -45,15 +43,8 @@ async def get_node(request: Request) -> QueueEngine:
     return node
 
 
-async def get_database(request: Request) -> Database:
-    return db_of(request.app.state)
-
-
 CanConfigure = Annotated[Principal, Depends(queue_access("configure"))]
 CanWrite = Annotated[Principal, Depends(queue_access("write"))]
 CanRead = Annotated[Principal, Depends(queue_access("read"))]
 CanSee = Annotated[Principal, Depends(can_see)]
 NodeDep = Annotated[QueueEngine, Depends(get_node)]
-DatabaseDep = Annotated[Database, Depends(get_database)]
-"""For async endpoints: ``app.queue_admin`` writes SQLite in its own short transaction
-after the engine call, instead of holding a request session across the await."""

@@ -17,8 +17,8 @@ from anyio import from_thread
 from fastapi import APIRouter, Body, Path, Request, status
 
 from app import cluster_admin, queue_admin
-from app.api.deps import API_PREFIX, AdminDep, PrincipalDep, QueueName, SessionDep
-from app.api.queue_deps import CanConfigure, CanSee, DatabaseDep, NodeDep
+from app.api.deps import API_PREFIX, AdminDep, DatabaseDep, PrincipalDep, QueueName, SessionDep
+from app.api.queue_deps import CanConfigure, CanSee, NodeDep
 from app.api.queue_schemas import (
     CompactionIn,
     CompactionOut,

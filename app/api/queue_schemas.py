@@ -7,8 +7,9 @@ Message bodies are ``str`` in JSON (``encoding`` says how to turn them into byte
 raw ``bytes`` in MessagePack.
 
 Every field is strict: an integer is a JSON or MessagePack integer (not ``"1"``, ``1.0``
-or ``true``), a boolean a boolean, text is text. app/api/hot_bodies.py checks types the
-same way, so both paths accept the same bodies.
+or ``true``), a boolean a boolean, text is text. The message bodies (publish, receive,
+ack, nack, extend) are parsed by app/api/message_bodies.py, not by these models: there
+they state the bounds (read by the parser, and in OpenAPI) and explain refusals.
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict
 
+from app.names import QUEUE_NAME_CHARS_MAX, QUEUE_NAME_PATTERN
 from engine.limits import DEFAULT_LIMITS as LIMITS
 from engine.queue.receipts import RECEIPT_CHARS
 
-QUEUE_NAME_PATTERN = r"^[A-Za-z0-9._-]{1,200}$"
 RECEIPT_PATTERN = rf"^[0-9a-f]{{{RECEIPT_CHARS}}}$"
 COUNT_MAX = 1 << 62
 """Ceiling of ``max_length``/``max_bytes``: far beyond any disk, far below int64."""
@@ -44,7 +45,12 @@ Int = Annotated[int, Strict()]
 
 QueueNameStr = Annotated[
     str,
-    Field(min_length=1, max_length=200, pattern=QUEUE_NAME_PATTERN, description="A queue name."),
+    Field(
+        min_length=1,
+        max_length=QUEUE_NAME_CHARS_MAX,
+        pattern=QUEUE_NAME_PATTERN,
+        description="A queue name.",
+    ),
 ]
 Receipt = Annotated[
     str,

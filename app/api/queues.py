@@ -16,8 +16,8 @@ from typing import Annotated
 from fastapi import APIRouter, Body, Request, Response, status
 
 from app import queue_admin
-from app.api.deps import API_PREFIX, PrincipalDep, QueueName, client_addr
-from app.api.queue_deps import CanConfigure, CanSee, DatabaseDep, NodeDep
+from app.api.deps import API_PREFIX, DatabaseDep, PrincipalDep, QueueName, client_addr
+from app.api.queue_deps import CanConfigure, CanSee, NodeDep
 from app.api.queue_schemas import PurgedOut, QueueArgsIn, QueueArgsOut, QueueOut, QueuePatch
 from app.auth import Principal
 from app.negotiation import NegotiatedRoute

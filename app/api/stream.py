@@ -37,30 +37,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 from collections import deque
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
 
 import msgpack
-from pydantic import BaseModel, ValidationError
+from fastapi.exceptions import RequestValidationError
 from starlette.datastructures import State
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from app.api import hot_bodies
+from app.api import message_bodies
 from app.api.deps import API_PREFIX, bearer_principal
-from app.api.messages import outgoing
-from app.api.queue_schemas import (
-    CONSUMER_CHARS_MAX,
-    QUEUE_NAME_PATTERN,
-    ExtendIn,
-    NackIn,
-    PublishIn,
-    SettleIn,
-)
+from app.api.queue_schemas import CONSUMER_CHARS_MAX
 from app.auth import Principal
+from app.names import check_queue_name
 from app.negotiation import unpackb
 from app.problems import AppProblem, Forbidden, typed_problem
 from app.state import node_or_none, settings_of
@@ -71,9 +63,6 @@ from engine.runtime.api import OutgoingMessage, QueueEngine, ReceivedMessage
 log = logging.getLogger("quorra.app")
 
 STREAM_PATH = f"{API_PREFIX}/queues/{{name}}/stream"
-_NAME = re.compile(QUEUE_NAME_PATTERN)
-UNADDRESSABLE_NAMES = frozenset({".", ".."})
-SETTLE_MODELS: dict[str, type[BaseModel]] = {"ack": SettleIn, "nack": NackIn, "extend": ExtendIn}
 PUBLISH_KEYS = frozenset({"op", "seq", "messages"})
 CONSUME_KEYS = frozenset({"op", "prefetch", "lease_ms", "consumer"})
 SEQ_MAX = (1 << 63) - 1
@@ -132,9 +121,14 @@ def error_frame(problem: QuorraError | AppProblem, **about: object) -> dict[str,
     return frame
 
 
-def _validation(e: ValidationError) -> ValidationFailed:
+def _refusal(e: Exception) -> QuorraError:
+    """A refused frame's error: the schema's errors (app/api/message_bodies.py) in one
+    ``ValidationFailed``, or the parser's own typed error."""
+    if isinstance(e, QuorraError):
+        return e
+    assert isinstance(e, RequestValidationError)
     errors = "; ".join(
-        f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()
+        f"{'.'.join(str(p) for p in err['loc'][1:])}: {err['msg']}" for err in e.errors()
     )
     return ValidationFailed(errors or "invalid frame")
 
@@ -159,27 +153,19 @@ def publish_frame(frame: dict[str, Any], last_seq: int, limits: Limits) -> Pendi
         unknown = sorted(str(k) for k in frame if k not in PUBLISH_KEYS)
         raise FrameError(ValidationFailed(f"unknown fields {unknown}"), of="publish", seq=seq)
     payload = {"messages": frame.get("messages")}
-    messages = hot_bodies.publish_messages(payload, limits)
-    if messages is None:  # not the fast way: the schema says why, as the route would
-        try:
-            messages = outgoing(PublishIn.model_validate(payload), limits)
-        except ValidationError as e:
-            raise FrameError(_validation(e), of="publish", seq=seq) from None
-        except QuorraError as e:
-            raise FrameError(e, of="publish", seq=seq) from None
+    try:
+        messages = message_bodies.publish_messages(payload, limits)
+    except (RequestValidationError, QuorraError) as e:
+        raise FrameError(_refusal(e), of="publish", seq=seq) from None
     return PendingPublish(seq, messages, sum(len(m.body) for m in messages))
 
 
-def settle_frame(how: str, frame: dict[str, Any]) -> hot_bodies.SettleArgs:
+def settle_frame(how: str, frame: dict[str, Any]) -> message_bodies.SettleArgs:
     payload = {k: v for k, v in frame.items() if k not in ("op", "ref")}
-    args = hot_bodies.settle_args(how, payload)
-    if args is not None:
-        return args
     try:
-        SETTLE_MODELS[how].model_validate(payload)
-    except ValidationError as e:
-        raise FrameError(_validation(e), of=how, **_ref(frame)) from None
-    raise FrameError(ValidationFailed("invalid receipts"), of=how, **_ref(frame))
+        return message_bodies.settle_args(how, payload)
+    except (RequestValidationError, QuorraError) as e:
+        raise FrameError(_refusal(e), of=how, **_ref(frame)) from None
 
 
 def _ref(frame: dict[str, Any]) -> dict[str, object]:
@@ -308,7 +294,7 @@ class StreamConnection:
             self.on_publish(frame)
         elif op == "consume":
             self.on_consume(frame)
-        elif op in SETTLE_MODELS:
+        elif op in message_bodies.SETTLE_MODELS:
             await self.on_settle(op, frame)
         else:
             raise FrameError(
@@ -488,7 +474,7 @@ class StreamConnection:
         task.add_done_callback(self.settles.discard)
 
     async def _settle(
-        self, how: str, args: hot_bodies.SettleArgs, about: dict[str, object]
+        self, how: str, args: message_bodies.SettleArgs, about: dict[str, object]
     ) -> None:
         try:
             if how == "ack":
@@ -550,10 +536,7 @@ def _delivery(m: ReceivedMessage) -> dict[str, object]:
 async def admit(state: State, websocket: WebSocket, name: str) -> tuple[QueueEngine, Principal]:
     """What REST checks before a message endpoint, for the handshake: the name, the
     token, a permission (write or read) on the queue, the engine and the queue."""
-    if not _NAME.fullmatch(name) or name in UNADDRESSABLE_NAMES:
-        raise ValidationFailed(
-            "a queue name is 1-200 letters, digits, '.', '_' or '-' (and neither '.' nor '..')"
-        )
+    check_queue_name(name)
     who = await bearer_principal(state, websocket.headers.get("authorization", ""))
     if not (who.can("write", name) or who.can("read", name)):
         raise Forbidden(f"user {who.name!r} has neither write nor read permission on {name!r}")

@@ -12,21 +12,22 @@ message browser, which does not poll) refresh at once.
 from __future__ import annotations
 
 import json
-import re
 
 import anyio
 from fastapi import APIRouter, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse
 from pydantic import ValidationError
 from starlette.datastructures import FormData
 
 from app import queue_admin
 from app.api.deps import QueueName, client_addr
-from app.api.messages import outgoing
-from app.api.queue_schemas import QUEUE_NAME_PATTERN, PublishIn, QueueArgsIn
+from app.api.message_bodies import publish_messages
+from app.api.queue_schemas import QueueArgsIn
 from app.auth import Permission, Principal, require, require_flow
 from app.db import repo
 from app.db.session import Database
+from app.names import check_queue_name
 from app.problems import AppProblem
 from app.state import db_of, settings_of
 from app.ui.common import actor_of, error_flash, flash, node_of
@@ -101,7 +102,7 @@ async def create_queue(request: Request, login: CsrfLoginDep) -> HTMLResponse:
     form = await request.form()
     name = str(form.get("name", "")).strip()
     try:
-        _check_name(name)
+        check_queue_name(name)
         _permit(login.principal, "configure", name)
         args_in = queue_args_in(form, settings_of(request.app.state).limits)
         queue_admin.check_dead_letter_target(login.principal, name, args_in.dead_letter_queue)
@@ -114,13 +115,6 @@ async def create_queue(request: Request, login: CsrfLoginDep) -> HTMLResponse:
         return error_flash(request, e)
     said = "created" if created else "exists already with these arguments"
     return done(request, f"Queue {name} {said}.", queue=name, redirect=f"/queues/{name}")
-
-
-def _check_name(name: str) -> None:
-    if not re.fullmatch(QUEUE_NAME_PATTERN, name) or name in (".", ".."):
-        raise ValidationFailed(
-            "a queue name is 1-200 letters, digits, '.', '_' or '-' (and neither '.' nor '..')"
-        )
 
 
 def _db(request: Request) -> Database:
@@ -240,11 +234,9 @@ async def publish(name: QueueName, request: Request, login: CsrfLoginDep) -> HTM
         }
         if (priority := _int_field(form, "priority")) is not None:
             message["priority"] = priority
-        batch = PublishIn.model_validate({"messages": [message]})
-        ids = await node_of(request).publish(
-            name, outgoing(batch, settings_of(request.app.state).limits)
-        )
-    except (QuorraError, AppProblem, ValidationError) as e:
+        batch = publish_messages({"messages": [message]}, settings_of(request.app.state).limits)
+        ids = await node_of(request).publish(name, batch)
+    except (QuorraError, AppProblem, ValidationError, RequestValidationError) as e:
         return error_flash(request, e)
     return done(request, f"Published message {ids[0]} to {name}.", queue=name)
 
@@ -260,7 +252,7 @@ async def redrive(name: QueueName, request: Request, login: CsrfLoginDep) -> HTM
     target = str(form.get("target", "")).strip()
     try:
         _permit(login.principal, "configure", name)
-        _check_name(target)
+        check_queue_name(target)
         require_flow(login.principal, name, target)
         if target == name:
             raise ValidationFailed("choose another queue to move messages to")

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from fastapi import Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse
 from pydantic import ValidationError
 
@@ -83,9 +84,12 @@ def error_flash(request: Request, error: Exception) -> HTMLResponse:
         return flash(
             request, f"{error.title}: {error.detail}", kind="bad", status_code=error.status
         )
-    if isinstance(error, ValidationError):
+    if isinstance(error, ValidationError | RequestValidationError):
+        # A request body's errors (app/api/message_bodies.py) start their loc at "body".
+        skip = 1 if isinstance(error, RequestValidationError) else 0
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'form'}: {e['msg']}" for e in error.errors()
+            f"{'.'.join(str(p) for p in e['loc'][skip:]) or 'form'}: {e['msg']}"
+            for e in error.errors()
         )
         return flash(request, f"Validation failed: {problems}", kind="bad", status_code=422)
     raise error

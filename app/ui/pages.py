@@ -25,6 +25,7 @@ from app.api.queue_ops import cluster_seen_by
 from app.auth import Principal
 from app.db import repo
 from app.db.models import CompactionEntry, SnapshotEntry
+from app.names import UNADDRESSABLE_QUEUE_NAMES
 from app.state import db_of, node_or_none, settings_of
 from app.ui.charts import history_chart, line_chart
 from app.ui.common import can, flash, node_of, render
@@ -388,7 +389,7 @@ def _analytics(request: Request, name: str) -> dict[str, object] | None:
     """The pipeline's analytics summary of this queue, when ``quorra pipeline report
     --out DATA_DIR/reports`` wrote one (``reports/<queue>/summary.json``). File I/O:
     call it on a worker thread."""
-    if name in (".", ".."):
+    if name in UNADDRESSABLE_QUEUE_NAMES:
         return None
     path = settings_of(request.app.state).data_dir / ANALYTICS_DIR / name / "summary.json"
     try:

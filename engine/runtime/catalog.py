@@ -26,13 +26,13 @@ from typing import TYPE_CHECKING
 
 from engine.errors import NoLeader, QueueConflict, QueueNotFound, ValidationFailed
 from engine.ids import NodeName
+from engine.names import check_queue_name
 from engine.queue import PolicyChanged, encode_policy
 from engine.runtime.api import QueueArgs, QueueInfo
 from engine.runtime.meta import (
     QueueMeta,
     args_with,
     check_args,
-    check_name,
     meta_path,
     read_meta,
     write_meta,
@@ -102,7 +102,7 @@ class Catalog:
 
     async def create_queue(self, name: str, args: QueueArgs) -> tuple[QueueInfo, bool]:
         ctx = self.ctx
-        check_name(name)
+        check_queue_name(name)
         nodes = ctx.transport.nodes()
         args = check_args(args, ctx.limits, len(nodes))
         if ctx.meta_group is not None:

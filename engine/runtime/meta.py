@@ -18,13 +18,13 @@ import msgpack
 
 from engine.errors import MessageTooLarge, ValidationFailed
 from engine.limits import Limits
+from engine.names import check_queue_name
 from engine.queue import POLICY_FIELDS, QueuePolicy
 from engine.runtime.api import OutgoingMessage, QueueArgs
 from engine.storage.disk import Disk, write_file_atomic
 
 META_FILE = "queue.meta"
 _META_VERSION = 1
-NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
 UID_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 """A queue's uid names its directory: no dot, no slash."""
 CONSUMER_BYTES_MAX = 255
@@ -76,11 +76,6 @@ def read_meta(disk: Disk, uid: str) -> QueueMeta | None:
 # --- validation ------------------------------------------------------------------------
 
 
-def check_name(name: str) -> None:
-    if not isinstance(name, str) or not NAME_RE.match(name):
-        raise ValidationFailed("a queue name is 1-200 letters, digits, '.', '_' or '-'")
-
-
 def check_uid(uid: str) -> None:
     if not UID_RE.match(uid):
         raise ValidationFailed("a queue uid is 1-64 letters, digits, '_' or '-'")
@@ -89,7 +84,7 @@ def check_uid(uid: str) -> None:
 def check_meta(meta: QueueMeta, limits: Limits) -> None:
     """A definition a peer sends (``CreateReplica``): what the node that created the
     queue checked, and a uid that names a directory of ``queues/`` and nothing else."""
-    check_name(meta.name)
+    check_queue_name(meta.name)
     check_uid(meta.uid)
     if not meta.members or list(meta.members) != sorted(set(meta.members)):
         raise ValidationFailed("a queue's members are node names, sorted and unique")
@@ -107,7 +102,7 @@ def policy_of(args: QueueArgs, limits: Limits) -> QueuePolicy:
     if why:
         raise ValidationFailed(why)
     if policy.dead_letter_queue is not None:
-        check_name(policy.dead_letter_queue)
+        check_queue_name(policy.dead_letter_queue)
     return policy
 
 
@@ -180,7 +175,6 @@ __all__ = [
     "check_args",
     "check_message",
     "check_meta",
-    "check_name",
     "check_uid",
     "decode_headers",
     "decode_meta",

@@ -11,7 +11,8 @@ import msgpack
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel
 
-from app.api.deps import API_PREFIX, CanConfigure, CanRead, CanWrite, NodeDep, QueueName
+from app.api.deps import API_PREFIX, QueueName
+from app.api.queue_deps import CanConfigure, CanRead, CanWrite, NodeDep
 from app.api.tokens import issue_token
 from app.db import repo
 from app.main import create_app

@@ -1,7 +1,7 @@
 """Integer fields of request bodies take integers only: ``"1"``, ``1.0`` and ``true`` are
-422 on every endpoint, in JSON and in MessagePack, whether the hot path (app/hot_paths.py)
-or the route would answer. The fields are read from the models, so a field added later is
-checked too."""
+422 on every endpoint, in JSON and in MessagePack, whether the message bodies' parser
+(app/api/message_bodies.py) or a route's model reads the body. The fields are read from
+the models, so a field added later is checked too."""
 
 from __future__ import annotations
 
