@@ -1,8 +1,8 @@
 """A cluster node without a replica of a queue serves it by forwarding (three nodes in
 one process, the in-memory transport round-tripping every call through the wire): it
 lists the queue, learns its leader from a member, runs every operation there, shows the
-leader's stats with their age, learns the new leader after leadership moves, and
-forgets the queue once it is deleted."""
+leader's stats with their age, learns the new leader after leadership moves (and moves
+it), and forgets the queue once it is deleted."""
 
 from __future__ import annotations
 
@@ -70,6 +70,9 @@ def test_a_node_without_a_replica_forwards_to_the_leader(tmp_path: Path) -> None
             assert outsider.leader_of("q") == other
             later = await outsider.fresh_stats("q")
             assert later["remote"] == {"from_node": other, "age_ms": 0}
+            # Leadership handed back through the outsider: it answers once the node leads.
+            await retrying(lambda: outsider.transfer_leadership("q", leader))
+            assert outsider.leader_of("q") == leader
 
             # Deleted: gone from the outsider too, and what it kept is dropped.
             await retrying(lambda: outsider.delete_queue("q"))
