@@ -5,7 +5,9 @@ it checks and admits it, then runs it here when its replica leads, or forwards i
 leader's node: one hop, the peer never forwards it again, and checks and admits it as
 its own (``Node._admit``: a peer cannot bypass the limits of this node). If the node taken for the
 leader no longer hosts the queue, the caller gets ``NoLeader`` and retries; while no
-leader is known it waits up to ``Limits.leader_wait_ms``.
+leader is known it waits up to ``Limits.leader_wait_ms``. A cluster node with no replica
+of the queue forwards the same way, to the leader its members name
+(``engine.runtime.forwarding``).
 
 Every call between nodes is one frozen dataclass below, registered with
 ``engine.runtime.wire``, which checks each field of a call it decodes against its
