@@ -49,6 +49,18 @@ def test_a_node_without_a_replica_forwards_to_the_leader(tmp_path: Path) -> None
             assert kept["messages_ready"] == 3 and kept["status"] == "ok", kept
             remote = kept["remote"]
             assert isinstance(remote, dict) and remote["from_node"] == leader, remote
+            # Kept stats older than the limit are shown stale with their age, and fetched
+            # again meanwhile.
+            forwarder = outsider.context.forwarder
+            fetched, at_ms = forwarder.stats["q"]
+            forwarder.stats["q"] = (fetched, at_ms - 10_000)
+            old = outsider.stats("q")
+            assert old["status"] == "stale" and old["messages_ready"] == 3, old
+            aged = old["remote"]
+            assert isinstance(aged, dict) and aged["from_node"] == leader, aged
+            assert aged["age_ms"] >= 10_000, aged
+            await eventually(lambda: forwarder.stats["q"][1] >= at_ms, what="fetched again")
+            assert outsider.stats("q")["status"] == "ok"
             browsed = await outsider.browse("q", after=None, limit=10)
             assert [m.body for m in browsed] == [b"a", b"b", b"c"]
             got = await outsider.receive(
