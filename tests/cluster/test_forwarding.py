@@ -1,6 +1,6 @@
 """Any node serves any queue: on a cluster of three real server processes, a queue with
 two replicas is created, used and watched through the third node, which holds no replica
-of it and forwards every call to the queue's leader (issue 15, "Any node serves any
+of it and forwards every call (streams too) to the queue's leader (issue 15, "Any node serves any
 request"); and a drained node made active again (``POST .../activate``)."""
 
 from __future__ import annotations
@@ -10,7 +10,9 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
+import msgpack
 import pytest
+from websockets.sync.client import ClientConnection, connect
 
 from tests.app.test_ui import csrf_of, log_in
 from tests.cluster.checker import Checker
@@ -28,6 +30,13 @@ def _node(cluster: Cluster, via: str, name: str) -> dict[str, Any]:
     return entry
 
 
+def _wait_state(cluster: Cluster, via: str, name: str, state: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while _node(cluster, via, name)["state"] != state:
+        assert time.monotonic() < deadline, f"{via} never saw {name} {state}"
+        time.sleep(0.1)
+
+
 def _until(what: str, answer: Callable[[], httpx.Response], status: int) -> httpx.Response:
     """``answer()`` until it has ``status`` (a 503 while a leader is elected is retried)."""
     deadline = time.monotonic() + WAIT_S
@@ -38,6 +47,16 @@ def _until(what: str, answer: Callable[[], httpx.Response], status: int) -> http
         assert response.status_code == 503, f"{what}: {response.status_code} {response.text}"
         assert time.monotonic() < deadline, f"{what}: still 503 after {WAIT_S} s"
         time.sleep(0.2)
+
+
+def _frame(ws: ClientConnection) -> dict[str, Any]:
+    frame = msgpack.unpackb(ws.recv(10.0), raw=False)
+    assert isinstance(frame, dict)
+    return frame
+
+
+def _send(ws: ClientConnection, frame: dict[str, object]) -> None:
+    ws.send(msgpack.packb(frame, use_bin_type=True))
 
 
 def test_a_node_without_a_replica_serves_the_queue(start_cluster: StartCluster) -> None:
@@ -55,7 +74,7 @@ def test_a_node_without_a_replica_serves_the_queue(start_cluster: StartCluster) 
     assert stats["remote"]["from_node"] in members and stats["status"] == "ok", stats
     activated = via.post(f"/api/v1/cluster/nodes/{outsider}/activate")
     assert activated.status_code == 200 and activated.json()["state"] == "active", activated.text
-    assert _node(cluster, "n1", outsider)["state"] == "active"
+    _wait_state(cluster, "n1", outsider, "active")
     again = via.put("/api/v1/queues/far", json={"replicas": 2})
     assert again.status_code == 200, again.text
 
@@ -86,6 +105,21 @@ def test_a_node_without_a_replica_serves_the_queue(start_cluster: StartCluster) 
     assert patched.json()["arguments"]["delivery_limit"] == 7
     assert _node(cluster, "n1", outsider)["replicas"] == []
 
+    # A stream on n3: a publish confirmed, delivered, acked.
+    ws_url = cluster.url(outsider).replace("http://", "ws://") + "/api/v1/queues/far/stream"
+    headers = {"Authorization": f"Bearer {cluster.token(outsider)}"}
+    with connect(ws_url, additional_headers=headers, open_timeout=10) as ws:
+        assert _frame(ws)["op"] == "ready"
+        _send(ws, {"op": "publish", "seq": 1, "messages": [{"body": b"s"}]})
+        assert _frame(ws) == {"op": "confirm", "seq": 1}
+        _send(ws, {"op": "consume", "prefetch": 1, "lease_ms": 5000})
+        delivered = _frame(ws)
+        assert delivered["op"] == "deliver", delivered
+        assert [m["body"] for m in delivered["messages"]] == [b"s"]
+        _send(ws, {"op": "ack", "receipts": [delivered["messages"][0]["receipt"]], "ref": 1})
+        settled = _frame(ws)
+        assert settled["op"] == "settled" and settled["settled"] == 1, settled
+
     # Under steady load through n3 alone, every confirmed message is consumed.
     checker = Checker("far", [cluster.endpoint(outsider)]).start()
     try:
@@ -99,10 +133,11 @@ def test_a_node_without_a_replica_serves_the_queue(start_cluster: StartCluster) 
         assert log_in(browser).status_code == 303
         assert ">Activate</button>" not in browser.get("/cluster").text
         assert via.post(f"/api/v1/cluster/nodes/{outsider}/drain").status_code == 202
+        _wait_state(cluster, "n1", outsider, "draining")  # once n1 applied it too
         page = browser.get("/cluster")
         assert ">Activate</button>" in page.text
         answer = browser.post(
             f"/cluster/nodes/{outsider}/activate", headers={"X-CSRF-Token": csrf_of(page)}
         )
         assert answer.status_code == 200 and "active again" in answer.text, answer.text
-    assert _node(cluster, "n1", outsider)["state"] == "active"
+    _wait_state(cluster, "n1", outsider, "active")
