@@ -128,6 +128,15 @@ def test_a_node_without_a_replica_serves_the_queue(start_cluster: StartCluster) 
         checker.stop()
     checker.check()
 
+    # n3's dashboard shows the queue with its leader's figures.
+    with httpx.Client(base_url=cluster.url(outsider), timeout=10.0) as browser:
+        assert log_in(browser).status_code == 303
+        for page_path in ("/fragments/overview", "/queues/far/live", "/queues/far/storage"):
+            assert browser.get(page_path).status_code == 200, page_path
+        for page_path in ("/fragments/queues", "/queues/far"):
+            page = browser.get(page_path)
+            assert page.status_code == 200 and "far" in page.text, (page_path, page.text)
+
     # The dashboard offers Activate for a draining node, and not for an active one.
     with httpx.Client(base_url=cluster.url("n1"), timeout=10.0) as browser:
         assert log_in(browser).status_code == 303
