@@ -71,10 +71,20 @@ class Forwarder:
 
     def prune(self) -> None:
         """Drop what is kept about queues that are no longer remote (deleted, or hosted
-        here now): the caches hold at most one entry per live queue."""
+        here now)."""
         for cache in (self.leaders, self.stats):
             for name in [n for n in cache if self.remote(n) is None]:
                 del cache[name]
+
+    def bound(self) -> None:
+        """Prune once a cache holds more entries than the metadata holds queues (not
+        deleted), so that none ever does: a check per fetch, a walk only when a queue
+        went away (not one walk per fetch, which a listing of many queues would pay
+        once per queue)."""
+        group = self.ctx.meta_group
+        live = 0 if group is None else group.machine.live_queue_count()
+        if max(len(self.leaders), len(self.stats)) > live:
+            self.prune()
 
     async def leader(self, name: str) -> NodeName:
         """The node of the leader of remote queue ``name``: the kept answer, or the first
@@ -101,7 +111,7 @@ class Forwarder:
                 continue
             if isinstance(answer, str) and answer in rec.members:
                 self.leaders[name] = NodeName(answer)
-                self.prune()
+                self.bound()
                 return NodeName(answer)
         raise NoLeader(f"queue {name}: no member named its leader ({last.detail})")
 
@@ -125,6 +135,7 @@ class Forwarder:
         if not isinstance(answer, dict):
             raise NoLeader(f"queue {name}: its leader sent no stats")
         self.stats[name] = (answer, self.ctx.clock.monotonic_ms())
+        self.bound()
         return with_age(answer, self.leaders.get(name), 0)
 
     def cached_stats(self, name: str) -> dict[str, object] | None:
