@@ -106,6 +106,16 @@ async def drain_node(node: QueueEngine, db: Database, actor: Actor, name: str) -
     return entry
 
 
+async def activate_node(
+    node: QueueEngine, db: Database, actor: Actor, name: str
+) -> dict[str, object]:
+    """Mark a draining (or lost, come back) node ``active`` again: it takes new replicas
+    and leaderships again; what already moved off it stays where it went."""
+    entry = await node_changes(node).set_node_state(name, "active")
+    await record_action(db, actor, "node.activate", name)
+    return entry
+
+
 async def forget_node(
     node: QueueEngine, db: Database, actor: Actor, name: str
 ) -> dict[str, object]:
@@ -119,6 +129,7 @@ async def forget_node(
 __all__ = [
     "ClusterChanges",
     "SingleNodeCluster",
+    "activate_node",
     "add_member",
     "cluster_changes",
     "drain_node",

@@ -214,6 +214,9 @@ class Limits:
     reconcile_interval_ms: int = 1_000
     """Each node's reconcile loop runs after every metadata change naming queues or nodes,
     and at least this often (a report that did not commit, a peer that came back)."""
+    remote_stats_max_age_ms: int = 2_000
+    """A queue with no replica on a node shows its leader's stats as fetched last
+    (``engine.runtime.forwarding``); older than this, they are fetched again."""
 
     # --- from peers: what a node decodes and takes (runtime wire, receiving) --------
     wire_document_bytes_max: int = 64 * MIB

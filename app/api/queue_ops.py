@@ -215,6 +215,22 @@ async def drain_node(
 
 
 @cluster_router.post(
+    "/cluster/nodes/{node_name}/activate",
+    response_model=NodeStateOut,
+    responses=MEMBER_PROBLEMS,
+)
+async def activate_node(
+    node_name: NodeName, request: Request, db: DatabaseDep, who: AdminDep, node: NodeDep
+) -> NodeStateOut:
+    """Admins: mark a ``draining`` node ``active`` again (the undo of a drain; also a
+    ``lost`` node that came back). It takes new replicas and leaderships again; moves
+    still to come off it stop, those done stay done. Answers once the state committed.
+    404 for a node the cluster does not know, 409 for one forgotten, or a single node."""
+    entry = await cluster_admin.activate_node(node, db, actor(request, who), node_name)
+    return node_state_out(entry, who)
+
+
+@cluster_router.post(
     "/cluster/nodes/{node_name}/forget",
     status_code=status.HTTP_202_ACCEPTED,
     response_model=NodeStateOut,

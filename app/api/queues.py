@@ -41,12 +41,15 @@ def info_of(node: QueueEngine, name: str) -> QueueInfo:
     raise QueueNotFound(f"no queue {name!r}")
 
 
-def queue_out(node: QueueEngine, info: QueueInfo) -> QueueOut:
+def queue_out(
+    node: QueueEngine, info: QueueInfo, stats: dict[str, object] | None = None
+) -> QueueOut:
+    """A queue's answer; its stats as the node has them unless ``stats`` are given."""
     return QueueOut(
         name=info.name,
         arguments=QueueArgsOut.model_validate(queue_admin.args_dict(info.args)),
         created_at=datetime.fromtimestamp(info.created_at_ms / 1000, tz=UTC),
-        stats=node.stats(info.name),
+        stats=node.stats(info.name) if stats is None else stats,
     )
 
 
@@ -80,12 +83,13 @@ async def put_queue(
     args = QueueArgs(**args_in.model_dump())
     info, created = await queue_admin.create_queue(node, db, actor(request, who), name, args)
     response.status_code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
-    return queue_out(node, info)
+    return queue_out(node, info, await node.fresh_stats(info.name))
 
 
 @router.get("/{name}", response_model=QueueOut, responses=PROBLEMS)
 async def get_queue(name: QueueName, _who: CanSee, node: NodeDep) -> QueueOut:
-    return queue_out(node, info_of(node, name))
+    info = info_of(node, name)
+    return queue_out(node, info, await node.fresh_stats(name))
 
 
 @router.patch("/{name}", response_model=QueueOut, responses=PROBLEMS)

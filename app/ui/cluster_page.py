@@ -3,13 +3,13 @@
 the queues placed on it, the queues each leads, and a form per queue to move its
 leadership (``app.cluster_admin``, as ``POST /api/v1/queues/{name}/leader``). Admins of a
 cluster also get a Drain button per active node and a Forget button per node that is not
-up (as ``POST /api/v1/cluster/nodes/{node}/drain`` and ``.../forget``). The live part
+up (as ``POST /api/v1/cluster/nodes/{node}/drain``, ``.../forget`` and ``.../activate``). The live part
 refreshes with the page's tick.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Path, Request
 from fastapi.responses import HTMLResponse
@@ -77,11 +77,26 @@ async def move_leader(request: Request, login: CsrfLoginDep) -> HTMLResponse:
     return done(request, f"{leader} leads {name} now.", queue=name)
 
 
-async def _node_action(request: Request, login: UiLogin, name: str, forget: bool) -> HTMLResponse:
+NodeAction = Literal["drain", "forget", "activate"]
+_CHANGES = {
+    "drain": cluster_admin.drain_node,
+    "forget": cluster_admin.forget_node,
+    "activate": cluster_admin.activate_node,
+}
+_VERBS = {
+    "drain": "draining",
+    "forget": "lost: its replicas are being replaced",
+    "activate": "active again",
+}
+
+
+async def _node_action(
+    request: Request, login: UiLogin, name: str, action: NodeAction
+) -> HTMLResponse:
     try:
         if not login.principal.is_admin:
             raise Forbidden(f"user {login.principal.name!r} is not an admin")
-        change = cluster_admin.forget_node if forget else cluster_admin.drain_node
+        change = _CHANGES[action]
         entry = await change(
             node_of(request), db_of(request.app.state), actor_of(request, login), name
         )
@@ -89,20 +104,25 @@ async def _node_action(request: Request, login: UiLogin, name: str, forget: bool
         return error_flash(request, e)
     replicas = entry.get("replicas", [])
     count = len(replicas) if isinstance(replicas, list) else 0
-    verb = "lost: its replicas are being replaced" if forget else "draining"
-    response = flash(request, f"{name} is {verb} ({count} replicas to move).")
+    placed = "placed on it" if action == "activate" else "to move"
+    response = flash(request, f"{name} is {_VERBS[action]} ({count} replicas {placed}).")
     response.headers["HX-Trigger"] = "quorra:tick"
     return response
 
 
 @router.post("/cluster/nodes/{name}/drain", response_class=HTMLResponse)
 async def drain_node(name: NodeName, request: Request, login: CsrfLoginDep) -> HTMLResponse:
-    return await _node_action(request, login, name, forget=False)
+    return await _node_action(request, login, name, "drain")
 
 
 @router.post("/cluster/nodes/{name}/forget", response_class=HTMLResponse)
 async def forget_node(name: NodeName, request: Request, login: CsrfLoginDep) -> HTMLResponse:
-    return await _node_action(request, login, name, forget=True)
+    return await _node_action(request, login, name, "forget")
+
+
+@router.post("/cluster/nodes/{name}/activate", response_class=HTMLResponse)
+async def activate_node(name: NodeName, request: Request, login: CsrfLoginDep) -> HTMLResponse:
+    return await _node_action(request, login, name, "activate")
 
 
 __all__ = ["router"]

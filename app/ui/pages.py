@@ -247,7 +247,10 @@ async def _storage_context(request: Request, login: UiLogin, name: str) -> dict[
     info = _info(request, login, name)
     node = node_of(request)
     reads = reads_of(request.app)
-    segments = reads.segments(node, name)
+    try:
+        segments = reads.segments(node, name)
+    except QueueNotFound:  # listed, served by forwarding: no replica, no segments here
+        segments = []
     snapshots, compactions = await db_of(request.app.state).run(
         lambda session: _history(session, name, info.uid)
     )

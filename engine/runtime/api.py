@@ -271,6 +271,11 @@ class QueueEngine(Protocol):
         memory_per_message_bytes, memory{...}, raft{...}, log{...}, checkpoint{...}."""
         ...
 
+    async def fresh_stats(self, name: str) -> dict[str, object]:
+        """``stats``; on a cluster node without a replica of the queue, asked of its
+        leader now (``stats`` shows the leader's last answer, with ``remote.age_ms``)."""
+        ...
+
     def segments(self, name: str) -> list[SegmentInfo]: ...
 
     def cluster(self) -> dict[str, object]:

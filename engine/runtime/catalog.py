@@ -38,6 +38,7 @@ from engine.runtime.meta import (
     write_meta,
 )
 from engine.runtime.meta_group import META_UID
+from engine.runtime.reconciling import args_of
 from engine.runtime.registry import Registry
 from engine.runtime.replica import Replica
 from engine.runtime.routing import CreateReplica, DeleteReplica, UpdatePolicyCall
@@ -95,10 +96,17 @@ class Catalog:
                 shutil.rmtree(self.ctx.data_dir / "queues" / uid, ignore_errors=True)
 
     def queues(self) -> list[QueueInfo]:
+        """The queues hosted here and, on a cluster node, the live queues it serves by
+        forwarding (``engine.runtime.forwarding``), by name."""
         ctx = self.ctx
         metas = [rep.meta for rep in ctx.replicas.values()]
         metas += [meta for meta, _e in ctx.failed.values()]
-        return [queue_info(m) for m in sorted(metas, key=lambda m: m.name)]
+        infos = [queue_info(m) for m in metas]
+        infos += [
+            QueueInfo(rec.name, rec.uid, args_of(rec), rec.created_at_ms)
+            for rec in ctx.forwarder.remotes()
+        ]
+        return sorted(infos, key=lambda q: q.name)
 
     async def create_queue(self, name: str, args: QueueArgs) -> tuple[QueueInfo, bool]:
         ctx = self.ctx
@@ -231,8 +239,9 @@ class Catalog:
 
     async def update_policy(self, name: str, changes: dict[str, object]) -> QueueInfo:
         ctx = self.ctx
-        rep = ctx.replica(name)
-        args_with(rep.meta.args, changes, ctx.limits)
+        remote = ctx.forwarder.remote(name)
+        args = ctx.replica(name).meta.args if remote is None else args_of(remote)
+        args_with(args, changes, ctx.limits)
         async with ctx.admit():
             result = await ctx.router.route(UpdatePolicyCall(name, changes))
         assert isinstance(result, QueueInfo)

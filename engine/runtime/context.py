@@ -27,6 +27,7 @@ from engine.runtime.catalog import Catalog
 from engine.runtime.checkpoints import Checkpoints
 from engine.runtime.clock import Clock
 from engine.runtime.dead_letter_routing import DeadLetters
+from engine.runtime.forwarding import Forwarder
 from engine.runtime.hosting import Hosting
 from engine.runtime.member_changes import Membership
 from engine.runtime.memory_alarm import MemoryWatch
@@ -96,6 +97,7 @@ class NodeContext:
         self.effects = Effects(self)
         self.timers = Timers(self)
         self.router = Router(self)
+        self.forwarder = Forwarder(self)
         self.ops = QueueOps(self)
         self.catalog = Catalog(self)
         self.membership = Membership(self)

@@ -55,10 +55,10 @@ class Membership:
     async def add_member(self, name: str, node: str) -> QueueInfo:
         """Add a replica of the queue on ``node`` (``POST /queues/{name}/members``): it
         joins as a learner, catches up, and becomes a voter; one change at a time."""
-        rep = self.ctx.replica(name)
+        members = self.members_of(name)
         if node not in self.ctx.transport.nodes():
             raise ValidationFailed(f"{node} is not a node of this cluster")
-        if node in rep.meta.members:
+        if node in members:
             raise QueueConflict(f"queue {name} already has a replica on {node}")
         async with self.ctx.admit():
             result = await self.ctx.router.route(AddMemberCall(name, node))
@@ -67,10 +67,10 @@ class Membership:
 
     async def remove_member(self, name: str, node: str) -> QueueInfo:
         """Remove the queue's replica on ``node`` (``DELETE /queues/{name}/members/{node}``)."""
-        rep = self.ctx.replica(name)
-        if node not in rep.meta.members:
+        members = self.members_of(name)
+        if node not in members:
             raise QueueNotFound(f"queue {name} has no replica on {node}")
-        if len(rep.meta.members) == 1:
+        if len(members) == 1:
             raise QueueConflict(f"queue {name} has one replica: delete the queue instead")
         async with self.ctx.admit():
             result = await self.ctx.router.route(RemoveMemberCall(name, node))
@@ -137,17 +137,35 @@ class Membership:
     async def transfer_leadership(self, name: str, node: str) -> None:
         """Hand the queue's leadership to its replica on ``node`` (``POST
         /queues/{name}/leader``); returns once that node leads, or raises ``NoLeader``."""
-        rep = self.ctx.replica(name)
-        if node not in rep.meta.members:
+        if node not in self.members_of(name):
             raise ValidationFailed(f"queue {name} has no replica on {node}")
         async with self.ctx.admit():
             await self.ctx.router.route(TransferCall(name, node))
         loop = self.ctx.loop
         deadline = loop.time() + self.ctx.limits.leader_wait_ms / 1000
-        while rep.raft.leader is None or node_of(rep.raft.leader) != node:
-            if loop.time() > deadline or rep.closed:
+        while await self.leader_seen(name) != node:
+            if loop.time() > deadline:
                 raise NoLeader(f"queue {name}: {node} did not take over in time, retry")
             await asyncio.sleep(self.ctx.limits.poll_interval_ms / 1000)
+
+    def members_of(self, name: str) -> tuple[str, ...]:
+        """The queue's members: its replica's here, else the metadata's (a queue this
+        node serves by forwarding), else ``QueueNotFound``."""
+        remote = self.ctx.forwarder.remote(name)
+        return self.ctx.replica(name).meta.members if remote is None else remote.members
+
+    async def leader_seen(self, name: str) -> str | None:
+        """The queue's leader as its replica here knows it, or as a member says now."""
+        ctx = self.ctx
+        if ctx.forwarder.remote(name) is None:
+            rep = ctx.replica(name)
+            if rep.closed:
+                raise NoLeader(f"queue {name}: its replica here closed, retry")
+            return None if rep.raft.leader is None else node_of(rep.raft.leader)
+        ctx.forwarder.forget(name)
+        with contextlib.suppress(NoLeader):
+            return await ctx.forwarder.leader(name)
+        return None
 
     async def transfer_local(self, rep: Replica, node: str) -> None:
         if node == self.ctx.name:

@@ -316,7 +316,21 @@ class Node:
         failed = ctx.failed.get(name)
         if failed is not None:
             return observe.failed_stats(failed[1])
+        if name not in ctx.replicas and ctx.forwarder.remote(name) is not None:
+            kept = ctx.forwarder.cached_stats(name)
+            return remote_stats_unknown(name) if kept is None else kept
         return observe.queue_stats(ctx.replica(name), self.clock.monotonic_ms(), self.limits)
+
+    async def fresh_stats(self, name: str) -> dict[str, object]:
+        """``stats``, but a queue without a replica here asks its leader now (the kept
+        stats, or stale ones, if it cannot be asked)."""
+        ctx = self.context
+        if name in ctx.replicas or ctx.forwarder.remote(name) is None:
+            return self.stats(name)
+        try:
+            return await ctx.forwarder.fetch_stats(name)
+        except QuorraError:
+            return self.stats(name)
 
     def segments(self, name: str) -> list[SegmentInfo]:
         rep = self.context.replica(name)
@@ -398,7 +412,9 @@ class Node:
 
     def leader_of(self, name: str) -> str | None:
         rep = self.context.replicas.get(name)
-        leader = None if rep is None else rep.raft.leader
+        if rep is None:
+            return self.context.forwarder.leaders.get(name)
+        leader = rep.raft.leader
         return None if leader is None else node_of(leader)
 
     def memory(self) -> dict[str, object]:
@@ -447,6 +463,12 @@ class Node:
     async def on_call(self, src: NodeName, call: NodeCall) -> object:
         """From the transport: a request of node ``src`` (never forwarded again)."""
         return await self.context.router.on_call(src, call)
+
+
+def remote_stats_unknown(name: str) -> dict[str, object]:
+    """Stats of a queue without a replica here whose leader was not asked yet."""
+    stats = observe.failed_stats(NoLeader(f"queue {name}: its leader's stats are not here yet"))
+    return {**stats, "status": "stale", "remote": {"from_node": None, "age_ms": None}}
 
 
 def _close_files(storage: NodeStorage) -> None:

@@ -97,7 +97,7 @@ class QueueOps:
 
     async def publish(self, name: str, messages: list[OutgoingMessage]) -> list[int]:
         ctx = self.ctx
-        ctx.replica(name)
+        ctx.router.check_known(name)
         call = PublishCall(name, messages)
         self.check(call)
         async with ctx.admit():
@@ -167,7 +167,7 @@ class QueueOps:
         ack: list[str],
     ) -> ReceivedBatch:
         ctx = self.ctx
-        ctx.replica(name)
+        ctx.router.check_known(name)
         call = ReceiveCall(name, consumer, max_messages, wait_ms, lease_ms, ack)
         self.check(call)
         async with ctx.admit():
@@ -310,7 +310,7 @@ class QueueOps:
         self, name: str, how: SettleHow, receipts: list[str], lease_ms: int
     ) -> SettleResult:
         ctx = self.ctx
-        ctx.replica(name)
+        ctx.router.check_known(name)
         call = SettleCall(name, how, receipts, lease_ms)
         self.check(call)
         if not receipts:
@@ -347,7 +347,7 @@ class QueueOps:
 
     async def browse(self, name: str, after: int | None, limit: int) -> list[BrowsedMessage]:
         ctx = self.ctx
-        ctx.replica(name)
+        ctx.router.check_known(name)
         call = BrowseCall(name, after, limit)
         self.check(call)
         async with ctx.admit():

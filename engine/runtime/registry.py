@@ -55,6 +55,8 @@ class Registry:
             info = QueueInfo(record.name, record.uid, args_of(record), record.created_at_ms)
             if ctx.name in record.members:
                 await self.wait_served(record.uid)
+            else:
+                await ctx.forwarder.wait_live(record.name)
             return info, isinstance(reply, QueueCreated)
 
     async def wait_served(self, uid: str) -> None:

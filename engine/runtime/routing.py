@@ -5,7 +5,9 @@ it checks and admits it, then runs it here when its replica leads, or forwards i
 leader's node: one hop, the peer never forwards it again, and checks and admits it as
 its own (``Node._admit``: a peer cannot bypass the limits of this node). If the node taken for the
 leader no longer hosts the queue, the caller gets ``NoLeader`` and retries; while no
-leader is known it waits up to ``Limits.leader_wait_ms``.
+leader is known it waits up to ``Limits.leader_wait_ms``. A cluster node with no replica
+of the queue forwards the same way, to the leader its members name
+(``engine.runtime.forwarding``).
 
 Every call between nodes is one frozen dataclass below, registered with
 ``engine.runtime.wire``, which checks each field of a call it decodes against its
@@ -25,7 +27,7 @@ from engine.cluster.replies import MembersChanged, Ok, QueueCreated, QueueDeleti
 from engine.errors import NoLeader, QueueNotFound, WireError
 from engine.ids import NodeName
 from engine.raft.server import Role
-from engine.runtime import wire
+from engine.runtime import observe, wire
 from engine.runtime.api import OutgoingMessage
 from engine.runtime.meta import QueueMeta, check_meta, check_uid
 from engine.runtime.replica import Replica, node_of
@@ -90,6 +92,21 @@ class BrowseCall:
 
 
 @dataclass(frozen=True, slots=True)
+class StatsCall:
+    """The queue's stats on its leader (for a node without a replica of it)."""
+
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderOfCall:
+    """Which node leads queue ``name``, as a member knows it (it waits for an election up
+    to ``Limits.leader_wait_ms``): asked by a node without a replica of it."""
+
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
 class PurgeCall:
     name: str
 
@@ -145,6 +162,7 @@ LeaderCall = (
     | ReceiveCall
     | SettleCall
     | BrowseCall
+    | StatsCall
     | PurgeCall
     | UpdatePolicyCall
     | TransferCall
@@ -152,16 +170,18 @@ LeaderCall = (
     | RemoveMemberCall
 )
 """A client operation on queue ``name``, run by the node of its leader."""
-NodeCall = CreateReplica | DeleteReplica | PublishRouted | MetaPropose | LeaderCall
+NodeCall = CreateReplica | DeleteReplica | PublishRouted | MetaPropose | LeaderOfCall | LeaderCall
 """Every call a node makes to another."""
 
 PROPOSING_CALL_TYPES = (
     PublishRouted,
     MetaPropose,
+    LeaderOfCall,
     PublishCall,
     ReceiveCall,
     SettleCall,
     BrowseCall,
+    StatsCall,
     PurgeCall,
     UpdatePolicyCall,
 )
@@ -178,6 +198,8 @@ CALL_TYPES: tuple[type[Any], ...] = (
     ReceiveCall,
     SettleCall,
     BrowseCall,
+    StatsCall,
+    LeaderOfCall,
     PurgeCall,
     UpdatePolicyCall,
     TransferCall,
@@ -224,8 +246,17 @@ class Router:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(waiter, remaining)
 
+    def check_known(self, name: str) -> None:
+        """``QueueNotFound`` (or the error of its failed replica) unless this node hosts
+        queue ``name`` or serves it by forwarding (``engine.runtime.forwarding``)."""
+        ctx = self.ctx
+        if name in ctx.replicas or ctx.forwarder.remote(name) is None:
+            ctx.replica(name)
+
     async def route(self, call: LeaderCall) -> object:
         ctx = self.ctx
+        if call.name not in ctx.replicas and ctx.forwarder.remote(call.name) is not None:
+            return await ctx.forwarder.forward(call)
         rep = ctx.replica(call.name)
         leader = await self.leader_node(rep)
         if leader == ctx.name:
@@ -252,6 +283,8 @@ class Router:
             return None
         if isinstance(call, PublishRouted):
             return await ctx.ops.publish(call.name, call.messages)
+        if isinstance(call, LeaderOfCall):
+            return await self.leader_node(ctx.replica(call.name))
         if isinstance(call, MetaPropose):
             group = ctx.meta_group
             if group is None:
@@ -281,6 +314,8 @@ class Router:
             return await ops.settle_local(rep, call.how, call.receipts, call.lease_ms)
         if isinstance(call, BrowseCall):
             return ops.browse_local(rep, call.after, call.limit)
+        if isinstance(call, StatsCall):
+            return observe.queue_stats(rep, ctx.clock.monotonic_ms(), ctx.limits)
         if isinstance(call, PurgeCall):
             return await ops.purge_local(rep)
         if isinstance(call, AddMemberCall):
@@ -303,6 +338,7 @@ __all__ = [
     "CreateReplica",
     "DeleteReplica",
     "LeaderCall",
+    "LeaderOfCall",
     "MetaPropose",
     "MetaProposed",
     "MetaReply",
@@ -315,6 +351,7 @@ __all__ = [
     "Router",
     "SettleCall",
     "SettleHow",
+    "StatsCall",
     "TransferCall",
     "UpdatePolicyCall",
     "check_call",

@@ -50,7 +50,7 @@ def test_drain_moves_leaderships_and_replicas_off_a_node(start_cluster: StartClu
     other = next(n for n in _members(cluster, queue, leader) if n != leader)
     refused = cluster.client(other).post("/api/v1/cluster/nodes/nobody/drain")
     assert refused.status_code == 404, refused.text
-    # Through the member that stays: a node holding no replica of a queue answers 404.
+    # Through the member that stays.
     checker = Checker(queue, [cluster.endpoint(other)]).start()
     try:
         checker.wait_confirmed(30)

@@ -125,14 +125,14 @@ def test_non_admins_cannot_manage_users(server: Server, admin: httpx.Client) -> 
             client.patch(f"/api/v1/users/{name}", json={"role": "admin"}), 403, "forbidden"
         )
         assert_problem(client.get("/api/v1/audit"), 403, "forbidden")
-        for verb in ("drain", "forget"):
+        for verb in ("drain", "forget", "activate"):
             refused = client.post(f"/api/v1/cluster/nodes/node-1/{verb}")
             assert_problem(refused, 403, "forbidden")
         assert client.get("/api/v1/whoami").json()["role"] == "user"
 
 
-def test_a_single_node_has_no_node_to_drain_or_forget(admin: httpx.Client) -> None:
-    for verb in ("drain", "forget"):
+def test_a_single_node_has_no_node_to_drain_forget_or_activate(admin: httpx.Client) -> None:
+    for verb in ("drain", "forget", "activate"):
         refused = admin.post(f"/api/v1/cluster/nodes/node-1/{verb}")
         assert_problem(refused, 409, "single-node-cluster")
     node = admin.get("/api/v1/cluster").json()["nodes"][0]

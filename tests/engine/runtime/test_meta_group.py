@@ -259,7 +259,8 @@ def test_a_drain_interrupted_by_a_crash_is_finished_from_the_metadata(tmp_path: 
                 lambda: group(nodes[now]).machine.nodes[draining].state == "forgotten",
                 what="the lost node forgotten",
             )
-            assert nodes[draining].forgotten  # it learns it, and its server exits
+            # It learns it once it applies that entry too, and its server exits.
+            await eventually(lambda: nodes[draining].forgotten, what="the node told")
         finally:
             await stop_all(nodes)
 
