@@ -28,6 +28,12 @@ but the tail one (and a head page it must pad) are read-only views into it, unse
 so that a restore copies nothing; a snapshot may also name spilled pages instead of
 holding their refs (``engine.queue.snapshots``).
 
+An idle queue pays for no full page: the tail page starts at ``TAIL_REFS_MIN`` slots and
+doubles as it fills, up to ``page_refs`` (a new array each time, so that a frozen FIFO
+keeps the smaller one: the rule below holds), and an empty FIFO shares one empty deque
+(``_NO_PAGES``) instead of holding its own. Only the tail page may be short: a page is
+full (``page_refs`` refs) before another one follows it.
+
 Positions are absolute: ``head_pos`` counts every ref ever popped, so a browse cursor
 stays valid while the head moves.
 
@@ -63,6 +69,9 @@ _PAGE_HEAD = struct.Struct("<BxxxIQ")
 """Stored page: form (0 raw u64 refs, 1 sealed: int32 deltas), ref count, first ref."""
 _FORM_RAW = 0
 _FORM_SEALED = 1
+TAIL_REFS_MIN = 16
+"""Slots of a new tail page: it doubles from there as it fills (an idle queue with a
+few messages holds 128 bytes of refs, not a page of 32 KiB)."""
 
 
 class SealedPage:
@@ -173,6 +182,8 @@ class SpilledPage:
 
 Page = U64 | SealedPage | SpilledPage
 PageReader = Callable[[SpilledPage], U64]
+_NO_PAGES: deque[Page] = deque()
+"""The pages of every empty FIFO: never appended to (``RefFifo._append_page``)."""
 """Loads the refs of a spilled page for one read, without making it resident."""
 
 
@@ -208,6 +219,16 @@ def _nbytes(page: U64 | SealedPage) -> int:
     if isinstance(page, SealedPage):
         return page.nbytes()
     return int(page.nbytes) + _ARRAY_HEADER_BYTES
+
+
+def _capacity(refs: int) -> int:
+    """Slots of a short tail page for ``refs`` refs: a power of two, at least
+    ``TAIL_REFS_MIN`` (the caller caps it at a page)."""
+    return max(TAIL_REFS_MIN, 1 << (refs - 1).bit_length())
+
+
+def _page_len(page: U64 | SealedPage) -> int:
+    return len(page.deltas) + 1 if isinstance(page, SealedPage) else len(page)
 
 
 def _refs_of(page: Page, read: PageReader | None) -> U64:
@@ -290,7 +311,7 @@ class RefFifo:
         assert page_refs >= 16 and page_refs & (page_refs - 1) == 0
         self._page_refs = page_refs
         self._pager = pager
-        self._pages: deque[Page] = deque()
+        self._pages: deque[Page] = _NO_PAGES
         self._head = 0
         """Read offset in ``_pages[0]``."""
         self._tail = 0
@@ -319,12 +340,12 @@ class RefFifo:
         """Append an empty page; seal the one before it unless it is the head."""
         if len(self._pages) >= 2:
             prev = self._pages[-1]
-            assert isinstance(prev, np.ndarray)
+            assert isinstance(prev, np.ndarray) and len(prev) == self._page_refs
             sealed = SealedPage.maybe_seal(prev)
             if sealed is not None:
                 self._pages[-1] = sealed
-        page = np.empty(self._page_refs, dtype=np.uint64)
-        self._pages.append(page)
+        page = np.empty(min(self._page_refs, TAIL_REFS_MIN), dtype=np.uint64)
+        self._append_page(page)
         self._tail = 0
         if self._pager is not None:
             if len(self._pages) >= 3:
@@ -334,6 +355,26 @@ class RefFifo:
                 self._pager.note(resident=1)
             self._pager.make_room()
         return page
+
+    def _append_page(self, page: Page) -> None:
+        if self._pages is _NO_PAGES:
+            self._pages = deque()
+        self._pages.append(page)
+
+    def _tail_room(self, k: int) -> U64:
+        """The tail page, replaced by a larger copy (doubling, at most a page) when it has
+        no room for ``k`` more refs (``k`` at most what the page lacks to be full)."""
+        tail = self._pages[-1]
+        assert isinstance(tail, np.ndarray)
+        need = self._tail + k
+        assert need <= self._page_refs
+        if need > len(tail):
+            size = min(self._page_refs, max(2 * len(tail), _capacity(need)))
+            grown = np.empty(size, dtype=np.uint64)
+            grown[: self._tail] = tail[: self._tail]
+            tail = grown
+            self._pages[-1] = grown
+        return tail
 
     def _head_page(self) -> U64:
         page = self._pages[0]
@@ -368,8 +409,7 @@ class RefFifo:
     def push(self, ref: int) -> None:
         if not self._pages or self._tail == self._page_refs:
             self._new_tail_page()
-        tail = self._pages[-1]
-        assert isinstance(tail, np.ndarray)
+        tail = self._tail_room(1)
         tail[self._tail] = ref
         self._tail += 1
         self._len += 1
@@ -380,9 +420,8 @@ class RefFifo:
         while done < n:
             if not self._pages or self._tail == self._page_refs:
                 self._new_tail_page()
-            tail = self._pages[-1]
-            assert isinstance(tail, np.ndarray)
             k = min(n - done, self._page_refs - self._tail)
+            tail = self._tail_room(k)
             tail[self._tail : self._tail + k] = refs[done : done + k]
             self._tail += k
             done += k
@@ -403,7 +442,7 @@ class RefFifo:
             run = refs[taken : taken + at - done]
             assert len(run) == at - done and page.count == self._page_refs
             self._adopt_run(run, last=False)
-            self._pages.append(page)
+            self._append_page(page)
             if page.resident is None:
                 self._cold += 1
             taken += len(run)
@@ -429,17 +468,17 @@ class RefFifo:
             pad = size - n % size
             head = np.empty(size, dtype=np.uint64)
             head[pad:] = run[: size - pad]
-            self._pages.append(head)
+            self._append_page(head)
             self._head = pad
             at = size - pad
         cut = at + (n - at - 1) // size * size if last and n > at else n
         assert last or (n - at) % size == 0, "spilled pages are whole"
         for lo in range(at, cut, size):
-            self._pages.append(run[lo : lo + size])
+            self._append_page(run[lo : lo + size])
         if last and n > cut:
-            tail = np.empty(size, dtype=np.uint64)
+            tail = np.empty(min(size, _capacity(n - cut)), dtype=np.uint64)
             tail[: n - cut] = run[cut:]
-            self._pages.append(tail)
+            self._append_page(tail)
             self._tail = n - cut
         elif last and not self._pages:
             self._tail = 0
@@ -487,6 +526,7 @@ class RefFifo:
             self._head = 0
             self._first_no += 1
             if not self._pages:
+                self._pages = _NO_PAGES
                 self._tail = 0
             if self._pager is not None:
                 self._page_taken(self._pager)
@@ -587,7 +627,7 @@ class RefFifo:
         if pager is not None:
             pager.note(resident=-self.resident_pages(), warm=-len(self._warm))
         self._first_no += len(self._pages)
-        self._pages.clear()
+        self._pages = _NO_PAGES
         self._warm.clear()
         self._head = self._tail = self._len = self._cold = 0
         return chunks, unread, unread_bytes
@@ -638,6 +678,13 @@ class RefFifo:
         total = sum(len(c) for c in self.chunks())
         assert total == self._len, (total, self._len)
         assert (self._len == 0) == (not self._pages)
+        assert not _NO_PAGES, "the shared empty deque was appended to"
+        assert not self._pages or self._pages is not _NO_PAGES
+        for page in list(self._pages)[:-1]:
+            assert isinstance(page, SpilledPage) or _page_len(page) == self._page_refs
+        if self._pages:
+            tail = self._pages[-1]
+            assert isinstance(tail, np.ndarray) and self._tail <= len(tail) <= self._page_refs
         pages = list(self._pages)
         spilled = [i for i, p in enumerate(pages) if isinstance(p, SpilledPage)]
         out = [i for i in spilled if pages[i].resident is None]  # type: ignore[union-attr]
