@@ -103,6 +103,44 @@ class RaftServer:
     ``reset_election_timer``, ``proposal_refusal``, ``append_as_leader``); nothing
     outside ``engine.raft`` changes it except through ``step``."""
 
+    # Slots: a node hosts thousands of cores, and an instance dict costs ~1.5 KiB each.
+    __slots__ = (
+        "applied",
+        "check_quorum_due_ms",
+        "commit",
+        "configs",
+        "election_deadline_ms",
+        "hard_state_out",
+        "heartbeat_due_ms",
+        "id",
+        "incoming_snapshot",
+        "leader",
+        "leader_contact_ms",
+        "limits",
+        "log",
+        "membership",
+        "now_ms",
+        "options",
+        "pending_install",
+        "progress",
+        "rd",
+        "reads",
+        "refusal",
+        "refused",
+        "repairing",
+        "rng",
+        "role",
+        "snapshot",
+        "stamp_ms",
+        "term",
+        "term_start_index",
+        "uncommitted",
+        "uncommitted_bytes",
+        "vote",
+        "votes",
+        "wall_ms",
+    )
+
     def __init__(
         self,
         options: RaftOptions,
