@@ -51,6 +51,11 @@ class Limits:
     segment_file_bytes_max: int = 64 * MIB
     segment_entries_max: int = 65_536
     segment_readers_open_max: int = 64
+    segment_flush_writers_max: int = 16
+    """Threads that write the segments of one WAL file's flush at once, a queue each
+    (on a disk that allows it, ``Disk.concurrent``): every segment costs two fsyncs, and
+    the file system commits concurrent ones together. A flush of 500 queues took 4.6 s
+    on one thread and 0.25 s on 16 (ext4 on a virtual disk)."""
     read_run_bytes_max: int = 4 * MIB
     """A receive reads the entries of its messages a run of consecutive indexes at a
     time, one ``pread`` per segment; a run longer than this is read in several (each at
@@ -231,6 +236,7 @@ class Limits:
         assert self.append_bytes_per_message_max <= self.inflight_bytes_per_follower_max
         assert self.entry_bytes_max <= self.wal_batch_bytes_max
         assert self.read_run_bytes_max > 0
+        assert self.segment_flush_writers_max >= 1
         assert self.batch_bytes_max <= self.entry_bytes_max
         assert self.message_bytes_max <= self.message_bytes_max_ceiling <= self.batch_bytes_max
         assert self.batch_messages_max >= 1 and self.receive_messages_max >= 1
