@@ -199,7 +199,10 @@ class Hosting:
                 return raft.role is Role.LEADER and rep.applied_index >= raft.log.last_index()
             return rep.applied_index >= raft.commit
 
-        while not all(recovered(rep) for rep in ctx.replicas.values()):
+        # Only those not yet recovered are looked at again: a poll over every replica
+        # of a node of 10,000 queues, each 5 ms, would take the loop from the recovery.
+        waiting = list(ctx.replicas.values())
+        while waiting := [rep for rep in waiting if not recovered(rep)]:
             if loop.time() > deadline:
                 log.warning("start: some queues are still recovering")
                 return
