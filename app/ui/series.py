@@ -1,7 +1,7 @@
 """Time series for the dashboard's charts: a small bounded ring of samples per queue and
 one for the node's totals, kept in the app (never in the engine) and lost on restart.
 
-A task started with the app (``sampler_lifespan``) reads ``node.stats`` of every queue
+A task started with the app (``sampler_lifespan``) reads ``node.summary`` of every queue
 each ``SAMPLE_INTERVAL_S`` on the event loop (the engine's one-thread rule), in slices of
 ``SLICE_S`` with pauses between them, so that a node with thousands of queues never
 stalls a request for a whole round. Pages read the rings; the newest
@@ -239,7 +239,7 @@ def collect(node: QueueEngine, store: SeriesStore | None) -> Totals:
     parts = []
     for info in node.queues():
         try:
-            stats = node.stats(info.name)
+            stats = node.summary(info.name)
         except Exception:  # deleted while we looked
             continue
         sample = sample_of(stats, at)
@@ -276,7 +276,7 @@ async def sample_round(node: QueueEngine, store: SeriesStore, reads: EngineReads
             await asyncio.sleep(PAUSE_S)
             slice_started = time.monotonic()
         try:
-            stats = node.stats(info.name)
+            stats = node.summary(info.name)
         except Exception:  # deleted while we looked
             continue
         sample = sample_of(stats, at)

@@ -308,6 +308,13 @@ class Node:
             return observe.failed_stats(failed[1])
         return observe.queue_stats(ctx.replica(name), self.clock.monotonic_ms(), self.limits)
 
+    def summary(self, name: str) -> dict[str, object]:
+        ctx = self.context
+        failed = ctx.failed.get(name)
+        if failed is not None:
+            return observe.failed_stats(failed[1])
+        return observe.queue_summary(ctx.replica(name), self.clock.monotonic_ms(), self.limits)
+
     def segments(self, name: str) -> list[SegmentInfo]:
         rep = self.context.replica(name)
         return observe.segment_infos(rep, observe.live_indexes(rep))

@@ -667,3 +667,23 @@ def test_creates_at_once_write_their_definitions_together_within_the_queue_limit
             await node.stop()
 
     run(body())
+
+
+def test_a_summary_is_the_stats_counts_and_memory_without_the_log(tmp_path: Path) -> None:
+    async def body() -> None:
+        node = await started(tmp_path)
+        try:
+            await node.create_queue("q", QueueArgs())
+            await node.publish("q", msgs("a", "b", "c"))
+            await node.receive("q", consumer="c", max_messages=1, wait_ms=0, lease_ms=None)
+            summary, stats = node.summary("q"), node.stats("q")
+            assert set(summary) < set(stats) and "log" not in summary
+            rates = {"publish_rate", "deliver_rate", "ack_rate"}
+            assert {k: v for k, v in summary.items() if k not in rates} == {
+                k: stats[k] for k in summary if k not in rates
+            }
+            assert summary["messages_ready"] == 2 and summary["consumers"] == {"c": 1}
+        finally:
+            await node.stop()
+
+    run(body())
