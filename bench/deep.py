@@ -50,7 +50,8 @@ full depth):
 * ``rss_bytes_per_idle_queue``: growth of ``VmRSS`` from the server holding one queue to
   the server holding Q, each queue with 10 messages of 64 bytes, divided by Q - 1;
 * ``rss_bytes_per_idle_queue_after_restart``: the same, after the timed restart (every
-  queue recovered from disk, one message of each leased), ``--rss-wait-s`` later;
+  queue recovered from disk, the message each one delivered acknowledged),
+  ``--rss-wait-s`` later;
 * ``empty_restart_ms``: exec to the first receive that returns a message, the server
   holding one queue of 10 messages;
 * ``restart_ms``: exec until every one of the Q queues has answered a receive with a
@@ -333,24 +334,52 @@ def _publisher(body: bytes) -> Callable[[httpx.AsyncClient, str], Awaitable[bool
     return publish
 
 
-async def _received(http: httpx.AsyncClient, name: str) -> bool:
-    """A receive of one message returned one (the server may still be starting)."""
-    try:
-        got = await http.post(
-            f"/api/v1/queues/{name}/messages/receive", json={"max_messages": 1, "wait_ms": 0}
-        )
-    except httpx.TransportError:
-        return False
-    return got.status_code == 200 and bool(got.json()["messages"])
+def _receiver(
+    receipts: dict[str, str],
+) -> Callable[[httpx.AsyncClient, str], Awaitable[bool]]:
+    async def received(http: httpx.AsyncClient, name: str) -> bool:
+        """A receive of one message returned one (the server may still be starting);
+        its receipt goes into ``receipts``."""
+        try:
+            got = await http.post(
+                f"/api/v1/queues/{name}/messages/receive", json={"max_messages": 1, "wait_ms": 0}
+            )
+        except httpx.TransportError:
+            return False
+        messages = got.json()["messages"] if got.status_code == 200 else []
+        if messages:
+            receipts[name] = messages[0]["receipt"]
+        return bool(messages)
+
+    return received
+
+
+def _acker(receipts: dict[str, str]) -> Callable[[httpx.AsyncClient, str], Awaitable[bool]]:
+    async def ack(http: httpx.AsyncClient, name: str) -> bool:
+        try:
+            got = await http.post(
+                f"/api/v1/queues/{name}/messages/ack", json={"receipts": [receipts[name]]}
+            )
+        except httpx.TransportError:
+            return False
+        if got.status_code != 200:
+            raise RuntimeError(f"ack answered {got.status_code}: {got.text}")
+        return True
+
+    return ack
 
 
 def _restart_until_received(server: DeepServer, token: str, names: list[str]) -> float:
     """SIGTERM, exec again, and receive a message from every queue; milliseconds from
-    the exec until the last of them answered."""
+    the exec until the last of them answered. The messages are then acknowledged
+    (untimed), so that the queues are idle again, without a lease, when memory is read."""
     server.stop(signal.SIGTERM)
     server.start()
-    asyncio.run(_each_queue(server.url, token, names, _received))
-    return server.since_start_ms()
+    receipts: dict[str, str] = {}
+    asyncio.run(_each_queue(server.url, token, names, _receiver(receipts)))
+    elapsed = server.since_start_ms()
+    asyncio.run(_each_queue(server.url, token, names, _acker(receipts)))
+    return elapsed
 
 
 def measure_queues(server: DeepServer, args: argparse.Namespace) -> dict[str, Any]:
