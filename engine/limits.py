@@ -115,6 +115,9 @@ class Limits:
     memory_check_interval_ms: int = 100
     """The node's engine memory is summed over its queues at most this often (a sum per
     publish would cost in proportion to the queues); the alarm clears within it."""
+    memory_check_spacing_factor: int = 20
+    """...and at most once per this many times the last sum took: a sum over 10,000
+    queues takes about half a second, and one every 100 ms took the whole loop."""
 
     # --- compaction -----------------------------------------------------------------
     compaction_dead_per_100_live_max: int = 30
@@ -248,6 +251,7 @@ class Limits:
         assert self.page_read_ahead >= 0
         assert self.paged_index_bytes_per_node_max <= self.engine_memory_bytes_max
         assert self.memory_check_interval_ms >= 1
+        assert self.memory_check_spacing_factor >= 1
         assert self.checkpoints_kept_max >= 2
         assert self.leader_wait_ms >= self.election_timeout_ms_max
         assert self.enqueue_time_resolution_ms >= 1
