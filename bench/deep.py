@@ -362,7 +362,8 @@ def _acker(receipts: dict[str, str]) -> Callable[[httpx.AsyncClient, str], Await
             )
         except httpx.TransportError:
             return False
-        if got.status_code != 200:
+        # 409: the lease ended during a long restart; the message is ready again.
+        if got.status_code not in (200, 409):
             raise RuntimeError(f"ack answered {got.status_code}: {got.text}")
         return True
 
