@@ -1,4 +1,4 @@
-"""``quorra bench deep --messages N [--json] [--rss-wait-s S] [--quick]``: a deep queue on a real server: memory at full depth, publish and consume rates, restart to first receive.
+"""``quorra bench deep [--messages N] [--queues Q] [--json] [--rss-wait-s S] [--quick]``: a deep queue, or many idle queues, on a real server: memory, rates, restart to first receive.
 
 A real ``quorra serve`` process (``bench.restart.Server``: 127.0.0.1, a free port, a
 temporary data directory, default limits) is started empty, a queue created, and the
@@ -9,6 +9,19 @@ It is then stopped (SIGTERM) and started again, timed from the exec to the first
 receive that returns a message, and every message is consumed (4 clients, receive 1,000
 then acknowledge them). ``--quick`` runs 20,000 messages with pages of 256 references and
 16 pages per queue (``QUICK_PAGES``), so that the smoke run pages its index out and back.
+
+With ``--queues Q`` (many queues per node) a second server, on a data directory of its
+own, holds Q queues: one is created, 10 messages published to it, and the server
+restarted, timed from the exec to the first receive that returns a message
+(``empty_restart_ms``); its memory is read after ``--rss-wait-s`` idle seconds. Q - 1
+more queues are then created (16 clients), 10 messages published to each (one request
+per queue), the server left idle ``--rss-wait-s`` seconds and its memory read again: the
+growth of ``VmRSS`` divided by Q - 1 is what an idle queue costs. The server is then
+stopped (SIGTERM) and started again, timed from the exec until a receive of one message
+has returned a message on every queue (16 clients, each queue polled until it does).
+Only the parts asked for run: ``--messages`` alone (the default, 1,000,000) is the deep
+queue, ``--queues`` alone the many queues, both flags both; the figures of a part that
+did not run are ``null``. ``--quick`` runs both: 20,000 messages, and 500 queues.
 
 Keys (``JSON_KEYS``; the headline is ``rss_mb``, the process's resident memory at
 full depth):
@@ -32,7 +45,18 @@ full depth):
 * ``consume_msgs_per_s``: the rate of receiving and acknowledging all N after the restart;
 * ``page_waits``: pages a consumer reached before read-ahead loaded them, over the consume;
 * ``read_ahead_hits``: pages read-ahead loaded in time, over the consume;
-* ``rss_wait_s``: the idle wait before the memory reading;
+* ``queues``: Q, the queues of the many-queues server;
+* ``create_queues_per_s``: the rate of creating the Q - 1 queues (16 clients);
+* ``rss_bytes_per_idle_queue``: growth of ``VmRSS`` from the server holding one queue to
+  the server holding Q, each queue with 10 messages of 64 bytes, divided by Q - 1;
+* ``rss_bytes_per_idle_queue_after_restart``: the same, after the timed restart (every
+  queue recovered from disk, the message each one delivered acknowledged),
+  ``--rss-wait-s`` later;
+* ``empty_restart_ms``: exec to the first receive that returns a message, the server
+  holding one queue of 10 messages;
+* ``restart_ms``: exec until every one of the Q queues has answered a receive with a
+  message (target: at most 2 s more than ``empty_restart_ms``);
+* ``rss_wait_s``: the idle wait before each memory reading;
 * ``targets``: what the issue holds the figures to;
 * ``load_average``: the machine's 1, 5 and 15 minute load averages at the end.
 """
@@ -47,6 +71,7 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +98,12 @@ JSON_KEYS: tuple[str, ...] = (
     "consume_msgs_per_s",
     "page_waits",
     "read_ahead_hits",
+    "queues",
+    "create_queues_per_s",
+    "rss_bytes_per_idle_queue",
+    "rss_bytes_per_idle_queue_after_restart",
+    "empty_restart_ms",
+    "restart_ms",
     "rss_wait_s",
     "targets",
     "load_average",
@@ -97,7 +128,13 @@ TARGETS = {
     "rss_mb_at_50m_messages": 256,
     "rates_vs_100k_messages_min": 0.8,
     "recovery_ms_minus_empty_recovery_ms": 100,
+    "rss_bytes_per_idle_queue": 4096,
+    "restart_ms_minus_empty_restart_ms": 2000,
 }
+IDLE_MESSAGES = 10
+"""Messages published to each of the many queues."""
+IDLE_CLIENTS = 16
+QUICK_QUEUES = 500
 
 
 class DeepServer(Server):
@@ -180,14 +217,19 @@ def _disk_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
-def measure(server: DeepServer, args: argparse.Namespace) -> dict[str, Any]:
-    result = bench.header("deep")
-    server.compile()
-    server.start()
-    server.wait_ready()
+def _token(server: Server) -> str:
     made = server.http.post("/api/v1/tokens", auth=("admin", ADMIN_PASSWORD))
     made.raise_for_status()
     token: str = made.json()["token"]
+    return token
+
+
+def measure_deep(server: DeepServer, args: argparse.Namespace) -> dict[str, Any]:
+    """The deep queue's figures."""
+    server.compile()
+    server.start()
+    server.wait_ready()
+    token = _token(server)
     created = server.http.put(
         f"/api/v1/queues/{QUEUE}", headers={"Authorization": f"Bearer {token}"}
     )
@@ -216,7 +258,7 @@ def measure(server: DeepServer, args: argparse.Namespace) -> dict[str, Any]:
     consume_rate = (args.messages - 1) / (time.perf_counter() - started)
     after = _queue_stats(server, token)
     assert after["messages_ready"] == 0 and after["messages_unacked"] == 0, after
-    result.update(
+    return dict(
         messages=args.messages,
         message_bytes=MESSAGE_BYTES,
         rss_mb=round(rss / MIB, 1),
@@ -232,17 +274,174 @@ def measure(server: DeepServer, args: argparse.Namespace) -> dict[str, Any]:
         consume_msgs_per_s=round(consume_rate, 1),
         page_waits=after["paging"]["page_waits"] - before["page_waits"],
         read_ahead_hits=after["paging"]["read_ahead_hits"] - before["read_ahead_hits"],
-        rss_wait_s=args.rss_wait_s,
-        targets=TARGETS,
-        load_average=[round(x, 2) for x in os.getloadavg()],
     )
-    return result
+
+
+def _idle_name(n: int) -> str:
+    return f"bench-idle-{n:05d}"
+
+
+async def _each_queue(
+    url: str,
+    token: str,
+    names: list[str],
+    call: Callable[[httpx.AsyncClient, str], Awaitable[bool]],
+) -> None:
+    """``call(http, name)`` for every name from ``IDLE_CLIENTS`` connections, each name
+    again (after 5 ms) until it says done. A connection idle for a second is not reused:
+    the server closes idle ones after 5 s, and a request sent as it does is lost."""
+    headers = {"Authorization": f"Bearer {token}"}
+    limits = httpx.Limits(max_connections=IDLE_CLIENTS, keepalive_expiry=1.0)
+    left = iter(names)
+    async with httpx.AsyncClient(base_url=url, headers=headers, limits=limits, timeout=60) as http:
+
+        async def client() -> None:
+            for name in left:
+                while not await call(http, name):
+                    await asyncio.sleep(0.005)
+
+        await asyncio.gather(*(client() for _ in range(IDLE_CLIENTS)))
+
+
+async def _create(http: httpx.AsyncClient, name: str) -> bool:
+    try:
+        got = await http.put(f"/api/v1/queues/{name}", json={})
+    except httpx.TransportError:
+        return False  # a create is idempotent: sent again
+    if got.status_code in (429, 503):
+        return False
+    if got.status_code not in (200, 201):
+        raise RuntimeError(f"create answered {got.status_code}: {got.text}")
+    return True
+
+
+def _publisher(body: bytes) -> Callable[[httpx.AsyncClient, str], Awaitable[bool]]:
+    async def publish(http: httpx.AsyncClient, name: str) -> bool:
+        try:
+            got = await http.post(
+                f"/api/v1/queues/{name}/messages",
+                content=body,
+                headers={"Content-Type": "application/json"},
+            )
+        except httpx.TransportError:
+            return False  # sent again: the queue may then hold the batch twice
+        if got.status_code in (429, 503):
+            return False
+        if got.status_code != 201:
+            raise RuntimeError(f"publish answered {got.status_code}: {got.text}")
+        return True
+
+    return publish
+
+
+def _receiver(
+    receipts: dict[str, str],
+) -> Callable[[httpx.AsyncClient, str], Awaitable[bool]]:
+    async def received(http: httpx.AsyncClient, name: str) -> bool:
+        """A receive of one message returned one (the server may still be starting);
+        its receipt goes into ``receipts``."""
+        try:
+            got = await http.post(
+                f"/api/v1/queues/{name}/messages/receive", json={"max_messages": 1, "wait_ms": 0}
+            )
+        except httpx.TransportError:
+            return False
+        messages = got.json()["messages"] if got.status_code == 200 else []
+        if messages:
+            receipts[name] = messages[0]["receipt"]
+        return bool(messages)
+
+    return received
+
+
+def _acker(receipts: dict[str, str]) -> Callable[[httpx.AsyncClient, str], Awaitable[bool]]:
+    async def ack(http: httpx.AsyncClient, name: str) -> bool:
+        try:
+            got = await http.post(
+                f"/api/v1/queues/{name}/messages/ack", json={"receipts": [receipts[name]]}
+            )
+        except httpx.TransportError:
+            return False
+        # 409: the lease ended during a long restart; the message is ready again.
+        if got.status_code not in (200, 409):
+            raise RuntimeError(f"ack answered {got.status_code}: {got.text}")
+        return True
+
+    return ack
+
+
+def _restart_until_received(server: DeepServer, token: str, names: list[str]) -> float:
+    """SIGTERM, exec again, and receive a message from every queue; milliseconds from
+    the exec until the last of them answered. The messages are then acknowledged
+    (untimed), so that the queues are idle again, without a lease, when memory is read."""
+    server.stop(signal.SIGTERM)
+    server.start()
+    receipts: dict[str, str] = {}
+    asyncio.run(_each_queue(server.url, token, names, _receiver(receipts)))
+    elapsed = server.since_start_ms()
+    asyncio.run(_each_queue(server.url, token, names, _acker(receipts)))
+    return elapsed
+
+
+def measure_queues(server: DeepServer, args: argparse.Namespace) -> dict[str, Any]:
+    """The many idle queues' figures."""
+    names = [_idle_name(n) for n in range(args.queues)]
+    body = batch_body(MESSAGE_BYTES, IDLE_MESSAGES)
+    server.compile()
+    server.start()
+    server.wait_ready()
+    token = _token(server)
+    asyncio.run(_each_queue(server.url, token, names[:1], _create))
+    asyncio.run(_each_queue(server.url, token, names[:1], _publisher(body)))
+    empty_restart_ms = _restart_until_received(server, token, names[:1])
+    time.sleep(args.rss_wait_s)
+    rss_one = server.vm_rss_bytes()
+
+    started = time.perf_counter()
+    asyncio.run(_each_queue(server.url, token, names[1:], _create))
+    create_rate = (len(names) - 1) / (time.perf_counter() - started)
+    asyncio.run(_each_queue(server.url, token, names[1:], _publisher(body)))
+    time.sleep(args.rss_wait_s)
+    rss_all = server.vm_rss_bytes()
+
+    restart_ms = _restart_until_received(server, token, names)
+    time.sleep(args.rss_wait_s)
+    rss_restarted = server.vm_rss_bytes()
+    return dict(
+        queues=args.queues,
+        create_queues_per_s=round(create_rate, 1),
+        rss_bytes_per_idle_queue=round((rss_all - rss_one) / (len(names) - 1), 1),
+        rss_bytes_per_idle_queue_after_restart=round(
+            (rss_restarted - rss_one) / (len(names) - 1), 1
+        ),
+        empty_restart_ms=round(empty_restart_ms, 1),
+        restart_ms=round(restart_ms, 1),
+    )
+
+
+def _run(
+    name: str, extra_env: dict[str, str], part: Callable[[DeepServer], dict[str, Any]]
+) -> dict[str, Any]:
+    """One part on a server of its own, in a temporary directory."""
+    with tempfile.TemporaryDirectory(prefix=f"quorra-bench-{name}-") as tmp:
+        server = DeepServer(Path(tmp) / "data", extra_env)
+        try:
+            return part(server)
+        except BaseException:
+            print(server.log_path.read_text(errors="replace")[-5000:], file=sys.stderr)
+            raise
+        finally:
+            server.stop(signal.SIGTERM)
+            server.http.close()
 
 
 def main(argv: list[str]) -> int:
     parser = bench.parser("deep", __doc__)
     parser.add_argument(
-        "--messages", type=int, default=1_000_000, help="messages of 64 bytes to queue"
+        "--messages", type=int, default=None, help="messages of 64 bytes to queue (1,000,000)"
+    )
+    parser.add_argument(
+        "--queues", type=int, default=None, help="idle queues of 10 messages on one server"
     )
     parser.add_argument(
         "--rss-wait-s", type=float, default=10.0, help="idle seconds before reading memory"
@@ -250,19 +449,24 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     extra_env: dict[str, str] = {}
     if args.quick:
-        args.messages, args.rss_wait_s = 20_000, 1.0
+        args.messages, args.queues, args.rss_wait_s = 20_000, QUICK_QUEUES, 1.0
         extra_env = QUICK_PAGES
-    if args.messages < BATCH or args.messages % BATCH:
+    elif args.messages is None and args.queues is None:
+        args.messages = 1_000_000
+    if args.messages is not None and (args.messages < BATCH or args.messages % BATCH):
         parser.error(f"--messages must be a positive multiple of {BATCH}")
-    with tempfile.TemporaryDirectory(prefix="quorra-bench-deep-") as tmp:
-        server = DeepServer(Path(tmp) / "data", extra_env)
-        try:
-            result = measure(server, args)
-        except BaseException:
-            print(server.log_path.read_text(errors="replace")[-5000:], file=sys.stderr)
-            raise
-        finally:
-            server.stop(signal.SIGTERM)
-            server.http.close()
+    if args.queues is not None and args.queues < 2:
+        parser.error("--queues must be at least 2")
+    result = bench.header("deep")
+    result.update({key: None for key in JSON_KEYS if key not in result})
+    if args.messages is not None:
+        result.update(_run("deep", extra_env, lambda server: measure_deep(server, args)))
+    if args.queues is not None:
+        result.update(_run("idle", {}, lambda server: measure_queues(server, args)))
+    result.update(
+        rss_wait_s=args.rss_wait_s,
+        targets=TARGETS,
+        load_average=[round(x, 2) for x in os.getloadavg()],
+    )
     print(json.dumps(result) if args.json else json.dumps(result, indent=2))
     return 0

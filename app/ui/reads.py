@@ -4,9 +4,12 @@
 queue (a deep queue's live set itself is built off the event loop, see
 ``engine.runtime.observe``), and every open tab polls them.
 So a read is reused while it is younger than the caller's ``max_age_s``: a queue's
-detail takes stats at most ``STATS_AGE_S`` old, the queue list takes the sampler's
-round (``LIST_AGE_S``), segments change only on a WAL flush or a compaction. An action
-on a queue forgets its reads, so its page shows the result at once.
+detail takes stats at most ``STATS_AGE_S`` old, the queue list's rows ``LIST_AGE_S``,
+segments change only on a WAL flush or a compaction. An action on a queue forgets its
+reads, so its page shows the result at once. Only what pages show is kept, at most
+``ENTRIES_MAX`` reads of each kind, the oldest dropped first: the sampler, which reads
+every queue, keeps its figures in its rings (``app.ui.series``), not here (a stats
+read is about 2 KB, and a node may hold 10,000 queues).
 """
 
 from __future__ import annotations
@@ -21,10 +24,11 @@ from engine.runtime.api import QueueEngine, SegmentInfo
 STATS_AGE_S = 2.0
 """The live parts' tick (static/app.js): a poll never shows older figures than the last."""
 LIST_AGE_S = 10.0
-"""Twice the sampler's interval: the list reads what the sampler read, even when a
-round on a busy node takes a while."""
+"""The queue list's rows (at most 200 reads, about 0.5 ms each) are read again at most
+this often, however many tabs poll it."""
 SEGMENTS_AGE_S = 5.0
-ENTRIES_MAX = 20_000
+ENTRIES_MAX = 1_000
+"""Reads kept of each kind: five times the queue list's rows."""
 
 _Kept = TypeVar("_Kept")
 
@@ -67,8 +71,9 @@ class EngineReads:
 
     @staticmethod
     def _keep(kept: dict[str, _Kept], name: str, value: _Kept) -> None:
-        if name not in kept and len(kept) >= ENTRIES_MAX:
-            kept.clear()  # a bound, never reached with the node's queue limit
+        kept.pop(name, None)  # the newest last: the first is the oldest
+        if len(kept) >= ENTRIES_MAX:
+            del kept[next(iter(kept))]
         kept[name] = value
 
 

@@ -21,17 +21,24 @@ class DedupWindow:
         self._ids_max = ids_max
         self._first_ids: dict[bytes, int] = {}
         """dedup id -> message id of the first message that carried it."""
-        self._order: deque[tuple[int, bytes]] = deque()
-        """(expiry ms, dedup id), oldest first."""
+        self._order: deque[tuple[int, bytes]] | None = None
+        """(expiry ms, dedup id), oldest first; made by the first id remembered and
+        dropped once empty (an empty deque holds 760 bytes, and most queues publish
+        without dedup ids)."""
 
     def __len__(self) -> int:
         return len(self._first_ids)
 
     def prune(self, now_ms: int) -> None:
         """Forget the ids whose window ended at or before ``now_ms``."""
-        while self._order and self._order[0][0] <= now_ms:
-            _expiry, key = self._order.popleft()
+        order = self._order
+        if order is None:
+            return
+        while order and order[0][0] <= now_ms:
+            _expiry, key = order.popleft()
             del self._first_ids[key]
+        if not order:
+            self._order = None
 
     def find_duplicates(
         self, keys: list[tuple[int, bytes]], ids: list[int], duplicate: list[bool]
@@ -56,6 +63,8 @@ class DedupWindow:
         for k, key in keys:
             if duplicate[k]:
                 continue
+            if self._order is None:
+                self._order = deque()
             self._first_ids[key] = ids[k]
             self._order.append((expiry, key))
             if len(self._first_ids) > self._ids_max:
@@ -63,17 +72,20 @@ class DedupWindow:
                 del self._first_ids[old_key]
 
     def to_wire(self) -> list[list[object]]:
-        return [[expiry, key, self._first_ids[key]] for expiry, key in self._order]
+        order = self._order or ()
+        return [[expiry, key, self._first_ids[key]] for expiry, key in order]
 
     def adopt(self, wire: list[Any]) -> None:
         """Fill an empty window from ``to_wire``'s form."""
         assert not self._order
-        for expiry, key, mid in wire:
-            self._order.append((expiry, key))
+        if wire:
+            self._order = deque((expiry, key) for expiry, key, _mid in wire)
+        for _expiry, key, mid in wire:
             self._first_ids[key] = mid
 
     def check(self) -> None:
-        assert len(self._first_ids) == len(self._order)
+        assert len(self._first_ids) == len(self._order or ())
+        assert self._order is None or self._order, "an empty order is dropped"
 
 
 __all__ = ["DedupWindow"]

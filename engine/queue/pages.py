@@ -1,4 +1,5 @@
-"""A FIFO of packed references in fixed-size pages (the ready messages of one lane).
+"""A FIFO of packed references in fixed-size pages (the ready messages of one lane; the
+forms a page takes, hot, sealed and spilled, are ``engine.queue.page_forms``).
 
 Rule of this module: no Python object per message. A page is a numpy ``uint64`` array of
 ``page_refs`` slots; the FIFO is a deque of pages, with a read offset in the first page
@@ -28,6 +29,12 @@ but the tail one (and a head page it must pad) are read-only views into it, unse
 so that a restore copies nothing; a snapshot may also name spilled pages instead of
 holding their refs (``engine.queue.snapshots``).
 
+An idle queue pays for no full page: the tail page starts at ``TAIL_REFS_MIN`` slots and
+doubles as it fills, up to ``page_refs`` (a new array each time, so that a frozen FIFO
+keeps the smaller one: the rule below holds), and an empty FIFO shares one empty deque
+(``_NO_PAGES``) instead of holding its own. Only the tail page may be short: a page is
+full (``page_refs`` refs) before another one follows it.
+
 Positions are absolute: ``head_pos`` counts every ref ever popped, so a browse cursor
 stays valid while the head moves.
 
@@ -41,185 +48,46 @@ FIFO moves on: a checkpoint of a deep queue does not hold up the event loop.
 from __future__ import annotations
 
 import bisect
-import struct
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, cast
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-import numpy.typing as npt
-from pyroaring import BitMap64
+
+from engine.queue.page_forms import (
+    U64,
+    Page,
+    PageReader,
+    SealedPage,
+    SpilledPage,
+    decode_page,
+    encode_page,
+    hot,
+)
+from engine.queue.page_forms import nbytes as _nbytes
+from engine.queue.page_forms import refs_of as _refs_of
 
 if TYPE_CHECKING:
     from engine.queue.paging import QueuePager
 
-U64 = npt.NDArray[np.uint64]
-_ARRAY_HEADER_BYTES = 112
-_SPILLED_PAGE_BYTES = 240
-"""What a ``SpilledPage`` costs besides its index set: the object, its ints and bytes."""
-_I32_MIN = -(1 << 31)
-_I32_MAX = (1 << 31) - 1
-_PAGE_HEAD = struct.Struct("<BxxxIQ")
-"""Stored page: form (0 raw u64 refs, 1 sealed: int32 deltas), ref count, first ref."""
-_FORM_RAW = 0
-_FORM_SEALED = 1
+TAIL_REFS_MIN = 16
+"""Slots of a new tail page: it doubles from there as it fills (an idle queue with a
+few messages holds 128 bytes of refs, not a page of 32 KiB)."""
 
 
-class SealedPage:
-    """A full page stored as its first ref and the int32 steps between neighbours."""
-
-    __slots__ = ("deltas", "first")
-
-    def __init__(self, first: int, deltas: npt.NDArray[np.int32]) -> None:
-        self.first = first
-        self.deltas = deltas
-
-    @classmethod
-    def maybe_seal(cls, page: U64) -> SealedPage | None:
-        steps = np.diff(page).view(np.int64)
-        if len(steps) and (steps.min() < _I32_MIN or steps.max() > _I32_MAX):
-            return None
-        return cls(int(page[0]), steps.astype(np.int32))
-
-    def expand(self) -> U64:
-        out = np.empty(len(self.deltas) + 1, dtype=np.uint64)
-        out[0] = self.first
-        np.cumsum(self.deltas.astype(np.int64).view(np.uint64), out=out[1:])
-        out[1:] += np.uint64(self.first)
-        return out
-
-    def nbytes(self) -> int:
-        return int(self.deltas.nbytes) + _ARRAY_HEADER_BYTES + 56
-
-
-class SpilledPage:
-    """A full page whose refs are in a page store under ``handle`` (see the module's
-    rule). Everything but ``resident`` and ``prefetched`` is fixed when it is made."""
-
-    __slots__ = (
-        "count",
-        "crc",
-        "first",
-        "handle",
-        "index_hi",
-        "index_lo",
-        "indexes",
-        "last",
-        "prefetched",
-        "resident",
-        "size_bytes",
-    )
-
-    def __init__(
-        self,
-        handle: int,
-        count: int,
-        crc: int,
-        first: int,
-        last: int,
-        size_bytes: int,
-        index_lo: int,
-        index_hi: int,
-        indexes: bytes,
-    ) -> None:
-        self.handle = handle
-        self.count = count
-        self.crc = crc
-        """CRC32C of the stored form (``encode_page``): checked on every load, and what a
-        page rebuilt from the log must match."""
-        self.first = first
-        self.last = last
-        self.size_bytes = size_bytes
-        """Sum of the sizes of its messages (the machine's ``bytes_ready`` share)."""
-        self.index_lo = index_lo
-        self.index_hi = index_hi
-        self.indexes = indexes
-        """The Raft indexes its refs name, a serialized ``BitMap64`` (run containers: tens
-        of bytes for a page of consecutive entries)."""
-        self.resident: U64 | SealedPage | None = None
-        """The page itself while it is loaded."""
-        self.prefetched = False
-        """Loaded by read-ahead and not yet reached by the head."""
-
-    def index_set(self) -> BitMap64:
-        return BitMap64.deserialize(self.indexes)
-
-    def nbytes(self) -> int:
-        held = self.resident
-        page = 0 if held is None else _nbytes(held)
-        return _SPILLED_PAGE_BYTES + len(self.indexes) + page
-
-    def to_wire(self) -> list[object]:
-        return [
-            self.handle,
-            self.count,
-            self.crc,
-            self.first,
-            self.last,
-            self.size_bytes,
-            self.index_lo,
-            self.index_hi,
-            self.indexes,
-        ]
-
-    @classmethod
-    def from_wire(cls, wire: Sequence[object]) -> SpilledPage:
-        *fields, indexes = wire
-        assert len(fields) == 8 and all(isinstance(v, int) for v in fields), wire
-        assert isinstance(indexes, bytes)
-        handle, count, crc, first, last, size_bytes, lo, hi = cast(list[int], fields)
-        return cls(handle, count, crc, first, last, size_bytes, lo, hi, indexes)
-
-
-Page = U64 | SealedPage | SpilledPage
-PageReader = Callable[[SpilledPage], U64]
+_NO_PAGES: deque[Page] = deque()
+"""The pages of every empty FIFO: never appended to (``RefFifo._append_page``)."""
 """Loads the refs of a spilled page for one read, without making it resident."""
 
 
-def encode_page(page: U64 | SealedPage) -> bytes:
-    """The stored form of a full page: sealed (4 bytes a ref) when its steps allow."""
-    if not isinstance(page, SealedPage):
-        page = SealedPage.maybe_seal(page) or page
-    if isinstance(page, SealedPage):
-        head = _PAGE_HEAD.pack(_FORM_SEALED, len(page.deltas) + 1, page.first)
-        return head + page.deltas.tobytes()
-    return _PAGE_HEAD.pack(_FORM_RAW, len(page), 0) + page.tobytes()
+def _capacity(refs: int) -> int:
+    """Slots of a short tail page for ``refs`` refs: a power of two, at least
+    ``TAIL_REFS_MIN`` (the caller caps it at a page)."""
+    return max(TAIL_REFS_MIN, 1 << (refs - 1).bit_length())
 
 
-def decode_page(data: bytes) -> U64 | SealedPage:
-    """The page ``encode_page`` stored (read-only views into ``data``); ``ValueError`` if
-    ``data`` is not one."""
-    if len(data) < _PAGE_HEAD.size:
-        raise ValueError("page too short")
-    form, count, first = _PAGE_HEAD.unpack_from(data)
-    body = len(data) - _PAGE_HEAD.size
-    if form == _FORM_SEALED and count >= 1 and body == 4 * (count - 1):
-        return SealedPage(first, np.frombuffer(data, np.int32, count - 1, _PAGE_HEAD.size))
-    if form == _FORM_RAW and body == 8 * count:
-        return np.frombuffer(data, np.uint64, count, _PAGE_HEAD.size)
-    raise ValueError("not a stored page")
-
-
-def hot(page: U64 | SealedPage) -> U64:
-    return page.expand() if isinstance(page, SealedPage) else page
-
-
-def _nbytes(page: U64 | SealedPage) -> int:
-    if isinstance(page, SealedPage):
-        return page.nbytes()
-    return int(page.nbytes) + _ARRAY_HEADER_BYTES
-
-
-def _refs_of(page: Page, read: PageReader | None) -> U64:
-    if isinstance(page, np.ndarray):
-        return page
-    if isinstance(page, SealedPage):
-        return page.expand()
-    held = page.resident
-    if held is not None:
-        return hot(held)
-    assert read is not None, "a spilled page needs a pager to be read"
-    return read(page)
+def _page_len(page: U64 | SealedPage) -> int:
+    return len(page.deltas) + 1 if isinstance(page, SealedPage) else len(page)
 
 
 class FrozenRefs:
@@ -290,7 +158,7 @@ class RefFifo:
         assert page_refs >= 16 and page_refs & (page_refs - 1) == 0
         self._page_refs = page_refs
         self._pager = pager
-        self._pages: deque[Page] = deque()
+        self._pages: deque[Page] = _NO_PAGES
         self._head = 0
         """Read offset in ``_pages[0]``."""
         self._tail = 0
@@ -319,12 +187,12 @@ class RefFifo:
         """Append an empty page; seal the one before it unless it is the head."""
         if len(self._pages) >= 2:
             prev = self._pages[-1]
-            assert isinstance(prev, np.ndarray)
+            assert isinstance(prev, np.ndarray) and len(prev) == self._page_refs
             sealed = SealedPage.maybe_seal(prev)
             if sealed is not None:
                 self._pages[-1] = sealed
-        page = np.empty(self._page_refs, dtype=np.uint64)
-        self._pages.append(page)
+        page = np.empty(min(self._page_refs, TAIL_REFS_MIN), dtype=np.uint64)
+        self._append_page(page)
         self._tail = 0
         if self._pager is not None:
             if len(self._pages) >= 3:
@@ -334,6 +202,26 @@ class RefFifo:
                 self._pager.note(resident=1)
             self._pager.make_room()
         return page
+
+    def _append_page(self, page: Page) -> None:
+        if self._pages is _NO_PAGES:
+            self._pages = deque()
+        self._pages.append(page)
+
+    def _tail_room(self, k: int) -> U64:
+        """The tail page, replaced by a larger copy (doubling, at most a page) when it has
+        no room for ``k`` more refs (``k`` at most what the page lacks to be full)."""
+        tail = self._pages[-1]
+        assert isinstance(tail, np.ndarray)
+        need = self._tail + k
+        assert need <= self._page_refs
+        if need > len(tail):
+            size = min(self._page_refs, max(2 * len(tail), _capacity(need)))
+            grown = np.empty(size, dtype=np.uint64)
+            grown[: self._tail] = tail[: self._tail]
+            tail = grown
+            self._pages[-1] = grown
+        return tail
 
     def _head_page(self) -> U64:
         page = self._pages[0]
@@ -368,8 +256,7 @@ class RefFifo:
     def push(self, ref: int) -> None:
         if not self._pages or self._tail == self._page_refs:
             self._new_tail_page()
-        tail = self._pages[-1]
-        assert isinstance(tail, np.ndarray)
+        tail = self._tail_room(1)
         tail[self._tail] = ref
         self._tail += 1
         self._len += 1
@@ -380,9 +267,8 @@ class RefFifo:
         while done < n:
             if not self._pages or self._tail == self._page_refs:
                 self._new_tail_page()
-            tail = self._pages[-1]
-            assert isinstance(tail, np.ndarray)
             k = min(n - done, self._page_refs - self._tail)
+            tail = self._tail_room(k)
             tail[self._tail : self._tail + k] = refs[done : done + k]
             self._tail += k
             done += k
@@ -403,7 +289,7 @@ class RefFifo:
             run = refs[taken : taken + at - done]
             assert len(run) == at - done and page.count == self._page_refs
             self._adopt_run(run, last=False)
-            self._pages.append(page)
+            self._append_page(page)
             if page.resident is None:
                 self._cold += 1
             taken += len(run)
@@ -429,17 +315,17 @@ class RefFifo:
             pad = size - n % size
             head = np.empty(size, dtype=np.uint64)
             head[pad:] = run[: size - pad]
-            self._pages.append(head)
+            self._append_page(head)
             self._head = pad
             at = size - pad
         cut = at + (n - at - 1) // size * size if last and n > at else n
         assert last or (n - at) % size == 0, "spilled pages are whole"
         for lo in range(at, cut, size):
-            self._pages.append(run[lo : lo + size])
+            self._append_page(run[lo : lo + size])
         if last and n > cut:
-            tail = np.empty(size, dtype=np.uint64)
+            tail = np.empty(min(size, _capacity(n - cut)), dtype=np.uint64)
             tail[: n - cut] = run[cut:]
-            self._pages.append(tail)
+            self._append_page(tail)
             self._tail = n - cut
         elif last and not self._pages:
             self._tail = 0
@@ -487,6 +373,7 @@ class RefFifo:
             self._head = 0
             self._first_no += 1
             if not self._pages:
+                self._pages = _NO_PAGES
                 self._tail = 0
             if self._pager is not None:
                 self._page_taken(self._pager)
@@ -587,7 +474,7 @@ class RefFifo:
         if pager is not None:
             pager.note(resident=-self.resident_pages(), warm=-len(self._warm))
         self._first_no += len(self._pages)
-        self._pages.clear()
+        self._pages = _NO_PAGES
         self._warm.clear()
         self._head = self._tail = self._len = self._cold = 0
         return chunks, unread, unread_bytes
@@ -638,6 +525,13 @@ class RefFifo:
         total = sum(len(c) for c in self.chunks())
         assert total == self._len, (total, self._len)
         assert (self._len == 0) == (not self._pages)
+        assert not _NO_PAGES, "the shared empty deque was appended to"
+        assert not self._pages or self._pages is not _NO_PAGES
+        for page in list(self._pages)[:-1]:
+            assert isinstance(page, SpilledPage) or _page_len(page) == self._page_refs
+        if self._pages:
+            tail = self._pages[-1]
+            assert isinstance(tail, np.ndarray) and self._tail <= len(tail) <= self._page_refs
         pages = list(self._pages)
         spilled = [i for i, p in enumerate(pages) if isinstance(p, SpilledPage)]
         out = [i for i in spilled if pages[i].resident is None]  # type: ignore[union-attr]

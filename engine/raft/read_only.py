@@ -11,7 +11,6 @@ loses its role answers every read it holds with a rejection.
 
 from __future__ import annotations
 
-from collections import deque
 from typing import TYPE_CHECKING
 
 from engine.ids import ServerId
@@ -31,9 +30,11 @@ class ReadOnly:
     def __init__(self) -> None:
         self.seq = 0
         """The sequence number of the latest read; heartbeats carry it."""
-        self.pending: deque[tuple[int, int, int]] = deque()
+        # Lists, not deques: an empty deque holds a block of 64 slots (760 bytes), and
+        # every replica of a node has a ``ReadOnly`` whether it is read or not.
+        self.pending: list[tuple[int, int, int]] = []
         """(read seq, request id, read index), waiting for a quorum to echo the seq."""
-        self.confirmed: deque[tuple[int, int]] = deque()
+        self.confirmed: list[tuple[int, int]] = []
         """(request id, read index), waiting for the leader to apply the index."""
         self.waiting_term_commit: list[int] = []
         """Request ids that arrived before the leader committed an entry of its term."""
@@ -47,16 +48,22 @@ class ReadOnly:
 
     def confirm(self, seq: int) -> None:
         """A quorum echoed ``seq``: every read numbered up to it may be answered."""
-        while self.pending and self.pending[0][0] <= seq:
-            _seq, request_id, index = self.pending.popleft()
+        pending = self.pending
+        k = 0
+        while k < len(pending) and pending[k][0] <= seq:
+            _seq, request_id, index = pending[k]
             self.confirmed.append((request_id, index))
+            k += 1
+        del pending[:k]
 
     def take_ready(self, applied: int) -> list[ReadReady]:
         """The confirmed reads whose index is applied."""
         out: list[ReadReady] = []
-        while self.confirmed and self.confirmed[0][1] <= applied:
-            request_id, index = self.confirmed.popleft()
+        confirmed = self.confirmed
+        while len(out) < len(confirmed) and confirmed[len(out)][1] <= applied:
+            request_id, index = confirmed[len(out)]
             out.append(ReadReady(request_id, index))
+        del confirmed[: len(out)]
         return out
 
     def drop(self) -> list[int]:

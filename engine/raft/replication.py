@@ -177,8 +177,12 @@ def maybe_commit(s: RaftServer) -> None:
 
 def _commit_to(s: RaftServer, index: int) -> None:
     s.commit = index
-    while s.uncommitted and s.uncommitted[0][0] <= index:
-        s.uncommitted_bytes -= s.uncommitted.popleft()[1]
+    uncommitted = s.uncommitted
+    k = 0
+    while k < len(uncommitted) and uncommitted[k][0] <= index:
+        s.uncommitted_bytes -= uncommitted[k][1]
+        k += 1
+    del uncommitted[:k]
     membership.on_commit(s, index)
     if s.reads.waiting_term_commit and index >= s.term_start_index:
         read_only.on_term_committed(s)

@@ -276,6 +276,11 @@ class QueueEngine(Protocol):
         leader now (``stats`` shows the leader's last answer, with ``remote.age_ms``)."""
         ...
 
+    def summary(self, name: str) -> dict[str, object]:
+        """The counts, rates and memory of ``stats`` (the same keys), without what the
+        log must be looked at for: cheap enough to read for every queue of a node."""
+        ...
+
     def segments(self, name: str) -> list[SegmentInfo]: ...
 
     def cluster(self) -> dict[str, object]:

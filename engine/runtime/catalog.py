@@ -59,6 +59,9 @@ class Catalog:
         """Queue directories whose definition is unreadable: kept, served by nobody."""
         self.registry = Registry(ctx)
         """A cluster node's creates and deletes, through the metadata group."""
+        self.creating: dict[str, tuple[QueueMeta, asyncio.Future[None]]] = {}
+        """Replicas being created (their definition being written), by queue name: done
+        when hosted (``create_replica``)."""
 
     def open_storage(self) -> tuple[NodeStorage, list[QueueMeta]]:
         """In a worker, which owns the storage until ``start`` takes it over: recover it,
@@ -164,21 +167,41 @@ class Catalog:
         return queue_info(meta)
 
     async def create_replica(self, meta: QueueMeta) -> None:
+        """Write the definition, then host the replica. The lock covers the checks and
+        the reservation of the name only: the definition's fsyncs of several creates run
+        at once (one at a time, creating 10,000 queues waited 10,000 times for them)."""
         ctx = self.ctx
-        async with ctx.create_lock:
-            known = self.known(meta.name)
-            if known is not None:
-                if known.uid != meta.uid:
-                    raise QueueConflict(f"queue {meta.name} exists on {ctx.name}")
-                return
-            if len(ctx.replicas) >= ctx.limits.queues_per_node_max:
-                raise ValidationFailed(
-                    f"a node hosts at most {ctx.limits.queues_per_node_max} queues"
-                )
-            storage = ctx.storage
-            await asyncio.to_thread(write_meta, storage.disk, meta)
+        while True:
+            async with ctx.create_lock:
+                reserved = self.reserve(meta)
+            if not isinstance(reserved, asyncio.Future):
+                break
+            await asyncio.shield(reserved)  # the same replica, being created: look again
+        if not reserved:
+            return
+        done = self.creating[meta.name][1]
+        try:
+            await asyncio.to_thread(write_meta, ctx.storage.disk, meta)
             rep = ctx.hosting.host(meta)
             ctx.hosting.schedule(rep)
+        finally:
+            del self.creating[meta.name]
+            done.set_result(None)
+
+    def reserve(self, meta: QueueMeta) -> bool | asyncio.Future[None]:
+        """Reserve ``meta``'s name for its creation (True); False if the replica exists;
+        the creation of the same replica under way, to wait for."""
+        ctx = self.ctx
+        creating = self.creating.get(meta.name)
+        known = self.known(meta.name) if creating is None else creating[0]
+        if known is not None:
+            if known.uid != meta.uid:
+                raise QueueConflict(f"queue {meta.name} exists on {ctx.name}")
+            return False if creating is None else creating[1]
+        if len(ctx.replicas) + len(self.creating) >= ctx.limits.queues_per_node_max:
+            raise ValidationFailed(f"a node hosts at most {ctx.limits.queues_per_node_max} queues")
+        self.creating[meta.name] = (meta, ctx.loop.create_future())
+        return True
 
     async def delete_queue(self, name: str) -> None:
         ctx = self.ctx

@@ -21,7 +21,6 @@ in the order the operations were queued.
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Generic, Protocol, TypeVar
 
 from engine.raft.entry import Entry, EntryKind
@@ -130,8 +129,9 @@ class ReplicaDriver(Generic[M]):
         """(term, vote) last queued for writing."""
         self.ops_submitted = 0
         self.ops_done = 0
-        self.after_persist: deque[tuple[int, list[Message]]] = deque()
-        """Messages to send once this many operations are durable, oldest first."""
+        self.after_persist: list[tuple[int, list[Message]]] = []
+        """Messages to send once this many operations are durable, oldest first (a
+        list: an idle replica's empty deque would hold 760 bytes)."""
         self.repair_done_at_op = 0
         """The core left repair mode: once this many operations are durable (its hard
         state among them), storage's repair marker may go."""
@@ -217,9 +217,12 @@ class ReplicaDriver(Generic[M]):
             self.repair_done_at_op = 0
             self.host.repaired()
         waiting = self.after_persist
-        while waiting and waiting[0][0] <= self.ops_done:
-            for message in waiting.popleft()[1]:
+        k = 0
+        while k < len(waiting) and waiting[k][0] <= self.ops_done:
+            for message in waiting[k][1]:
                 self.host.send(message)
+            k += 1
+        del waiting[:k]
 
     def wants_snapshot(self, index: int) -> bool:
         """Whether the core, leading, needs storage's snapshot at ``index``: a follower

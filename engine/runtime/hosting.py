@@ -49,6 +49,7 @@ from engine.raft.events import HardState as RaftHardState
 from engine.raft.events import Persisted as RaftPersisted
 from engine.raft.events import Rejected as RaftRejected
 from engine.raft.messages import Message
+from engine.raft.options import SplitMix64
 from engine.raft.server import RaftOptions, RaftServer, Role
 from engine.raft.snapshot import Snapshot, SnapshotMeta
 from engine.raft.state_machine import MachineEffect
@@ -118,7 +119,7 @@ class Hosting:
         lone = meta.members == (ctx.name,)
         # A lone voter campaigns on its first tick instead of after an election timeout.
         start_ms = now - ctx.limits.election_timeout_ms_max if lone else now
-        options = RaftOptions(sid, random.Random(self.rng.getrandbits(64)), ctx.limits)
+        options = RaftOptions(sid, SplitMix64(self.rng.getrandbits(64)), ctx.limits)
         if rec.repairing:
             log.warning("queue %s: repairing from its peers: %s", meta.name, rec.repair_reason)
         raft = RaftServer(
@@ -210,7 +211,10 @@ class Hosting:
                 return raft.role is Role.LEADER and rep.applied_index >= raft.log.last_index()
             return rep.applied_index >= raft.commit
 
-        while not all(recovered(rep) for rep in ctx.replicas.values()):
+        # Only those not yet recovered are looked at again: a poll over every replica
+        # of a node of 10,000 queues, each 5 ms, would take the loop from the recovery.
+        waiting = list(ctx.replicas.values())
+        while waiting := [rep for rep in waiting if not recovered(rep)]:
             if loop.time() > deadline:
                 log.warning("start: some queues are still recovering")
                 return

@@ -332,6 +332,15 @@ class Node:
         except QuorraError:
             return self.stats(name)
 
+    def summary(self, name: str) -> dict[str, object]:
+        ctx = self.context
+        failed = ctx.failed.get(name)
+        if failed is not None:
+            return observe.failed_stats(failed[1])
+        if name not in ctx.replicas and ctx.forwarder.remote(name) is not None:
+            return self.stats(name)  # the leader's kept figures: nothing to read here
+        return observe.queue_summary(ctx.replica(name), self.clock.monotonic_ms(), self.limits)
+
     def segments(self, name: str) -> list[SegmentInfo]:
         rep = self.context.replica(name)
         return observe.segment_infos(rep, observe.live_indexes(rep))

@@ -177,6 +177,27 @@ def compaction_record(
     )
 
 
+def queue_summary(rep: Replica, now: int, limits: Limits) -> dict[str, object]:
+    """The part of ``queue_stats`` read from the machine alone: counts, rates and memory,
+    without the log's live set and segments. The dashboard's sampler reads it for every
+    queue every 5 s: the whole stats of 10,000 queues took longer than that."""
+    s = rep.machine.stats()
+    rep.sample(now, limits)
+    publish_rate, deliver_rate, ack_rate = rep.rates(now, limits)
+    memory = s.memory
+    return {
+        "messages_ready": s.messages_ready,
+        "messages_unacked": s.messages_unacked,
+        "bytes_ready": s.bytes_ready,
+        "consumers": dict(s.consumers),
+        "publish_rate": publish_rate,
+        "deliver_rate": deliver_rate,
+        "ack_rate": ack_rate,
+        "memory_bytes": s.memory_bytes,
+        "memory": {name: getattr(memory, name) for name in MEMORY_FIELDS},
+    }
+
+
 def queue_stats(rep: Replica, now: int, limits: Limits) -> dict[str, object]:
     """The stats of API.md for one replica."""
     s = rep.machine.stats()

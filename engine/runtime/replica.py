@@ -9,7 +9,6 @@ index applies: with the same term it succeeded, with another it was lost).
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -24,6 +23,8 @@ from engine.raft.server import RaftServer
 from engine.runtime.driver import ReplicaDriver
 from engine.runtime.meta import QueueMeta
 from engine.storage import ServerLog
+
+SAMPLES_MAX = 16
 
 
 @dataclass(slots=True)
@@ -81,8 +82,9 @@ class Replica:
     ``Limits.replay_bytes_max``."""
     installed_live: dict[int, Entry] = field(default_factory=dict)
     """Live entries of a snapshot being installed, readable until storage shows them."""
-    samples: deque[tuple[int, int, int, int]] = field(default_factory=lambda: deque(maxlen=16))
-    """(ms, published, delivered, acked) about once a second, for the rates."""
+    samples: list[tuple[int, int, int, int]] = field(default_factory=list)
+    """(ms, published, delivered, acked) about once a second, the last ``SAMPLES_MAX``,
+    for the rates (a list: a deque would hold 760 bytes even while empty)."""
     disk_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     """Serialises checkpoint writes, cursor releases and compactions of this queue."""
     live_cache: tuple[object, int, float, BitMap64, float] | None = None
@@ -132,6 +134,8 @@ class Replica:
             return
         s = self.machine.stats()
         self.samples.append((now_ms, s.published, s.delivered, s.acked))
+        if len(self.samples) > SAMPLES_MAX:
+            del self.samples[0]
 
     def rates(self, now_ms: int, limits: Limits) -> tuple[float, float, float]:
         """Messages per second published, delivered and acked over the last seconds."""

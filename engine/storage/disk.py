@@ -54,6 +54,9 @@ class DiskFile(Protocol):
 
 
 class Disk(Protocol):
+    concurrent: bool
+    """Whether distinct files may be written from several threads at once."""
+
     def open(self, path: str, *, create: bool = False) -> DiskFile:
         """Open for reading and writing; ``create`` makes an empty file if none exists."""
         ...
@@ -186,6 +189,8 @@ def _reap(path: str) -> None:
 class OsDisk:
     """Files under ``root`` on the real file system."""
 
+    concurrent = True
+
     def __init__(self, root: str) -> None:
         self.root = os.path.abspath(root)
         os.makedirs(self.root, exist_ok=True)
@@ -306,8 +311,11 @@ class FakeDisk:
     unsynced part only extends the file, a random prefix of it (a torn write); directory
     entries not synced are undone. ``fail_errno`` makes every write fail with that errno
     until cleared; ``space_bytes`` makes writes past that many bytes in total fail with
-    ``ENOSPC`` and write nothing.
+    ``ENOSPC`` and write nothing. It is written from one thread at a time
+    (``concurrent``), so that a simulation with a seed is one run.
     """
+
+    concurrent = False
 
     def __init__(self) -> None:
         self._dirs: dict[str, dict[str, _Inode]] = {"": {}}

@@ -3,7 +3,13 @@ bodies and the header field of the publish form."""
 
 from __future__ import annotations
 
+import gc
+import tracemalloc
+from collections import deque
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from app.ui.actions import parse_headers
 from app.ui.charts import history_chart, human_bytes, human_count, human_rate, line_chart
@@ -54,6 +60,57 @@ def test_rings_are_bounded_and_forget_deleted_queues() -> None:
     assert [(n, s.ready) for n, s in store.latest()] == [("a", 4), ("b", 1)]
     store.forget_except({"b"})
     assert store.queue("a") == [] and len(store.queue("b")) == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(2, 6),
+    st.lists(
+        st.tuples(st.sampled_from("abc"), st.integers(0, 2), st.integers(0, 1), st.booleans()),
+        max_size=120,
+    ),
+)
+def test_rings_kept_as_runs_give_back_what_was_added(
+    samples_max: int, steps: list[tuple[str, int, int, bool]]
+) -> None:
+    """Against bounded deques as the model: the same samples, in order, whatever the
+    runs (same figures in consecutive rounds), the skipped rounds, and the forgetting."""
+    store = SeriesStore(samples_max=samples_max)
+    model: dict[str, deque[Sample]] = {}
+    at = 0
+    for name, ready, advance, forget in steps:
+        at += advance
+        sample = Sample(at, ready, 0, 0.0, 0.0, 0.0, 0, 0)
+        store.add(name, sample)
+        model.setdefault(name, deque(maxlen=samples_max)).append(sample)
+        if forget:
+            kept = {name}
+            store.forget_except(kept)
+            model = {n: ring for n, ring in model.items() if n in kept}
+        for n, ring in model.items():
+            assert store.queue(n) == list(ring)
+        assert store.latest() == [(n, ring[-1]) for n, ring in model.items()]
+
+
+def test_idle_queues_rings_stay_small() -> None:
+    """A full ring of an idle queue (the same figures each round) is one run."""
+    store = SeriesStore()
+    names = [f"q{n}" for n in range(200)]
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.take_snapshot()
+        for at in range(2 * 180):
+            for name in names:
+                store.add(name, Sample(at * 5000, 10, 0, 0.0, 0.0, 0.0, 3000, 0, 2600))
+        gc.collect()
+        after = tracemalloc.take_snapshot()
+    finally:
+        tracemalloc.stop()
+    per_queue = sum(s.size_diff for s in after.compare_to(before, "filename")) / len(names)
+    assert per_queue < 600, per_queue
+    assert len(store.queue("q7")) == 180
+    assert store.queue("q7")[-1].at_ms == 359 * 5000
 
 
 def test_sample_of_engine_stats() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import tracemalloc
 from dataclasses import replace
 from typing import Any
 
@@ -505,6 +507,38 @@ def test_memory_is_broken_down_by_what_holds_it() -> None:
     assert m.fixed_bytes == empty.fixed_bytes
     assert m.index_bytes >= 8 * 76 and m.leases_bytes >= 8 * 5
     assert m.enqueue_times_bytes >= 8 * 41 and m.extras_bytes >= 1
+
+
+IDLE_QUEUE_BYTES_MAX = 4096
+"""An idle queue's engine memory (the machine, default limits): it was 33 KB while a
+whole page of refs was allocated for its first message."""
+
+
+@pytest.mark.parametrize("messages", [2, 10])
+def test_an_idle_queue_is_small_and_its_memory_bytes_says_so(messages: int) -> None:
+    """What tracemalloc sees a machine holding a few messages keep stays under the bound,
+    and ``memory_bytes`` estimates it within a third either way."""
+    queues = 100
+    limits = Limits()
+    Q(limits).publish(b"warm")  # first uses (caches of modules) are not a queue's
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.take_snapshot()
+        held = [Q(limits) for _ in range(queues)]
+        for q in held:
+            for _ in range(messages):
+                q.publish(b"m" * 64)
+        gc.collect()
+        after = tracemalloc.take_snapshot()
+    finally:
+        tracemalloc.stop()
+    measured = sum(s.size_diff for s in after.compare_to(before, "filename"))
+    per_queue = measured / queues
+    estimate = held[0].machine.stats().memory_bytes
+    assert per_queue <= IDLE_QUEUE_BYTES_MAX, per_queue
+    assert estimate <= IDLE_QUEUE_BYTES_MAX, estimate
+    assert per_queue * 2 / 3 <= estimate <= per_queue * 4 / 3, (estimate, per_queue)
 
 
 def test_a_queue_ttl_set_later_counts_from_the_change_and_none_keeps_no_times() -> None:

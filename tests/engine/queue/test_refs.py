@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.queue.pages import RefFifo, SealedPage
+from engine.queue.pages import TAIL_REFS_MIN, FrozenRefs, RefFifo, SealedPage
 from engine.queue.refs import (
     INDEX_LIMIT_LONG,
     INDEX_LIMIT_SHORT,
@@ -169,6 +169,57 @@ def test_ref_fifo_is_a_fifo(ops: list[tuple[bool, int, bool]]) -> None:
     pos = fifo.head_pos
     assert fifo.clear().tolist() == model
     assert fifo.head_pos == pos + len(model) and len(fifo) == 0
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.sampled_from([16, 64, 256]),
+    st.lists(st.tuples(st.booleans(), st.integers(1, 300)), max_size=40),
+)
+def test_a_short_tail_page_grows_and_frozen_refs_keep_their_moment(
+    page_refs: int, ops: list[tuple[bool, int]]
+) -> None:
+    """The tail page starts short and doubles; refs frozen before it grew (or before
+    a pop) are still the refs of that moment; an emptied FIFO goes back to no pages."""
+    fifo = RefFifo(page_refs)
+    model: list[int] = []
+    frozen: list[tuple[FrozenRefs, list[int]]] = []
+    counter = 1
+    for push, n in ops:
+        if push:
+            values = list(range(counter, counter + n))
+            counter += n
+            for k in range(0, n, 7):  # single pushes and batches, both growing the tail
+                chunk = values[k : k + 7]
+                if len(chunk) == 1:
+                    fifo.push(chunk[0])
+                else:
+                    fifo.push_many(np.array(chunk, dtype=np.uint64))
+            model += values
+        else:
+            popped = fifo.pop_many(n).tolist()
+            assert popped == model[: len(popped)]
+            model = model[len(popped) :]
+        fifo.check()
+        assert fifo.to_array().tolist() == model
+        frozen.append((fifo.freeze(), list(model)))
+        if not model:
+            assert fifo.nbytes() == 0
+    for refs, then in frozen:
+        assert refs.to_array().tolist() == then
+
+
+def test_an_idle_fifo_holds_a_short_page_not_a_whole_one() -> None:
+    fifo = RefFifo(4096)
+    assert fifo.nbytes() == 0
+    fifo.push_many(np.arange(1, 11, dtype=np.uint64))
+    assert fifo.nbytes() <= TAIL_REFS_MIN * 8 + 200, "10 refs cost a short page"
+    fifo.push_many(np.arange(11, 5000, dtype=np.uint64))
+    assert fifo.to_array().tolist() == list(range(1, 5000))
+    fifo.check()
+    fifo.pop_many(4999)
+    assert fifo.nbytes() == 0 and len(fifo) == 0
+    fifo.check()
 
 
 def test_full_pages_behind_the_head_are_sealed_to_four_bytes() -> None:

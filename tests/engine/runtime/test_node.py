@@ -631,3 +631,59 @@ def test_a_clean_stop_checkpoints_so_the_next_start_applies_nothing_again(
             await node.stop()
 
     run(body())
+
+
+def test_creates_at_once_write_their_definitions_together_within_the_queue_limit(
+    tmp_path: Path,
+) -> None:
+    """Creates run at once (their definitions' writes overlap), yet the node's queue
+    limit counts those under way: of 12 creates at once on a node of at most 8 queues,
+    8 succeed and 4 are refused; the same replica created twice at once is one."""
+    limits = dataclasses.replace(FAST, queues_per_node_max=8)
+
+    async def body() -> None:
+        node = await started(tmp_path, limits)
+        try:
+            names = [f"q{n:02d}" for n in range(12)]
+            got = await asyncio.gather(
+                *(node.create_queue(name, QueueArgs()) for name in names),
+                return_exceptions=True,
+            )
+            made = [name for name, g in zip(names, got, strict=True) if isinstance(g, tuple)]
+            refused = [g for g in got if isinstance(g, ValidationFailed)]
+            assert len(made) == 8 and len(refused) == 4, got
+            assert sorted(q.name for q in node.queues()) == sorted(made)
+            catalog = node.context.catalog
+            meta = node.context.replica(made[0]).meta
+            await node.delete_queue(made[0])
+            await asyncio.gather(catalog.create_replica(meta), catalog.create_replica(meta))
+            assert node.context.replica(made[0]).meta == meta and not catalog.creating
+        finally:
+            await node.stop()
+        node = await started(tmp_path, limits)
+        try:
+            assert sorted(q.name for q in node.queues()) == sorted(made)
+        finally:
+            await node.stop()
+
+    run(body())
+
+
+def test_a_summary_is_the_stats_counts_and_memory_without_the_log(tmp_path: Path) -> None:
+    async def body() -> None:
+        node = await started(tmp_path)
+        try:
+            await node.create_queue("q", QueueArgs())
+            await node.publish("q", msgs("a", "b", "c"))
+            await node.receive("q", consumer="c", max_messages=1, wait_ms=0, lease_ms=None)
+            summary, stats = node.summary("q"), node.stats("q")
+            assert set(summary) < set(stats) and "log" not in summary
+            rates = {"publish_rate", "deliver_rate", "ack_rate"}
+            assert {k: v for k, v in summary.items() if k not in rates} == {
+                k: stats[k] for k in summary if k not in rates
+            }
+            assert summary["messages_ready"] == 2 and summary["consumers"] == {"c": 1}
+        finally:
+            await node.stop()
+
+    run(body())

@@ -2,11 +2,13 @@ from __future__ import annotations
 
 import errno
 import random
+from pathlib import Path
 
 import pytest
 
 from engine.errors import StorageFailed
 from engine.storage import FakeDisk, HardState, HardStateSaved, NodeStorage, Persisted, WriteFailed
+from engine.storage.disk import OsDisk
 from engine.storage.wal import wal_path
 from tests.engine.storage.conftest import entries, small_limits
 
@@ -167,3 +169,53 @@ def test_a_failed_segment_flush_loses_nothing_and_is_retried() -> None:
     assert [e.index for e in storage.open_server("q").log.entries(1, 99, 1 << 20)] == list(
         range(1, 41)
     )
+
+
+class _RefusingDisk(OsDisk):
+    """Refuses the renames into one server's directory while ``refuse`` names it."""
+
+    refuse: str | None = None
+
+    def rename(self, src: str, dst: str) -> None:
+        if self.refuse is not None and dst.startswith(f"queues/{self.refuse}/"):
+            raise OSError(errno.EIO, "refused")
+        super().rename(src, dst)
+
+
+def _fill(storage: NodeStorage, servers: int) -> None:
+    for k in range(servers):
+        storage.open_server(f"q{k:02d}")
+    for i in range(3):
+        for k in range(servers):
+            storage.append(f"q{k:02d}", entries(1 + 5 * i, 5, size=40, tag=f"q{k}."))
+        while storage.wal.pending():
+            storage.complete(storage.write_batch())
+    storage._rolled.append(storage.wal.roll())
+
+
+def test_a_flush_of_many_servers_writes_them_on_several_threads(tmp_path: Path) -> None:
+    """On a real disk the servers' segments are written by several threads; each log
+    gets exactly its entries, in order; a refusal of one server's writes removes every
+    segment of the flush and loses nothing, and the retry writes them all."""
+    limits = small_limits(
+        wal_file_bytes_max=1 << 20, segment_entries_max=8, segment_flush_writers_max=8
+    )
+    disk = _RefusingDisk(str(tmp_path))
+    assert disk.concurrent and not FakeDisk.concurrent
+    storage = NodeStorage.open(disk, limits)
+    _fill(storage, 40)
+    disk.refuse = "q17"
+    error = storage.flush_segments()
+    assert isinstance(error, StorageFailed)
+    # (The refused rename's temporary file stays, as with one thread: the retry
+    # overwrites it.)
+    segments = [n for k in range(40) for n in disk.listdir(f"queues/q{k:02d}/segments")]
+    assert [n for n in segments if not n.endswith(".tmp")] == []
+    disk.refuse = None
+    assert storage.flush_segments() is None and storage.rolled_wal_files() == []
+    storage.close()
+    storage = NodeStorage.open(_RefusingDisk(str(tmp_path)), limits)
+    for k in range(40):
+        log = storage.open_server(f"q{k:02d}").log
+        assert log.entries(1, 99, 1 << 20) == entries(1, 15, size=40, tag=f"q{k}.")
+        assert len(disk.listdir(f"queues/q{k:02d}/segments")) == 2  # 15 entries, 8 a segment
