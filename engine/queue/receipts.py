@@ -103,7 +103,7 @@ class ReceiptSeal:
             return [self.open(r) for r in receipts]
         if len(raw) != n * (RECEIPT_CHARS // 2):  # fromhex skips whitespace
             return [self.open(r) for r in receipts]
-        base, same, as_int = self._mac, hmac.compare_digest, int.from_bytes
+        base, same, as_int = self._keyed(), hmac.compare_digest, int.from_bytes
         out: list[tuple[int, int] | None] = []
         for at in range(0, len(raw), RECEIPT_CHARS // 2):
             mac = base.copy()
