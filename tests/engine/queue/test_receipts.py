@@ -120,3 +120,11 @@ def test_a_batch_is_checked_as_each_receipt_alone(
         assert not alone
     else:
         assert alone
+
+
+@given(pairs=st.lists(st.tuples(U64, U64), min_size=1, max_size=5))
+def test_a_fresh_seal_opens_a_batch_made_before(pairs: list[tuple[int, int]]) -> None:
+    """A restarted node's seal opens the receipts its predecessor made, in a batch, before
+    it has sealed anything itself (its keyed state is made on first use)."""
+    texts = [ReceiptSeal(KEY, UID).seal(tag, ref) for tag, ref in pairs]
+    assert ReceiptSeal(KEY, UID).open_many(texts) == pairs
