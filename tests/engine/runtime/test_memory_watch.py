@@ -33,7 +33,9 @@ def _node(queues: int, ms_per_queue: int) -> tuple[MemoryWatch, Clock, list[int]
         f"q{n}": SimpleNamespace(closed=False, machine=machine, inflight_publish_bytes=0)
         for n in range(queues)
     }
-    ctx = SimpleNamespace(replicas=replicas, limits=Limits(), clock=clock, name="n1")
+    ctx = SimpleNamespace(
+        replicas=replicas, limits=Limits(), clock=clock, name="n1", has_storage=False, writer=None
+    )
     watch = MemoryWatch(cast(Any, ctx))
     summed = watch.sum_engine_bytes
 
