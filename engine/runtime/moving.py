@@ -25,6 +25,7 @@ from engine.errors import QuorraError
 from engine.ids import NodeName
 from engine.raft.events import RemoveServer
 from engine.raft.server import Role
+from engine.runtime.passes import Passes
 from engine.runtime.replica import Replica, node_of, server_id
 from engine.runtime.routing import DeleteReplica
 
@@ -35,33 +36,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("quorra.engine")
 
 
-class Mover:
+class Mover(Passes):
     """Runs a node's passes over the queues it leads (see the module's rule)."""
 
     def __init__(self, ctx: NodeContext) -> None:
-        self.ctx = ctx
-        self.wanted = False
-        self.running = False
+        super().__init__(ctx)
         self.steps = 0
         """Changes made (for the tests and the stats)."""
-
-    def trigger(self) -> None:
-        ctx = self.ctx
-        if not ctx.running or ctx.stopping:
-            return
-        self.wanted = True
-        if not self.running:
-            self.running = True
-            ctx.spawn(self.run())
-
-    async def run(self) -> None:
-        try:
-            while self.wanted and self.ctx.running:
-                self.wanted = False
-                if await self.one_pass():
-                    self.wanted = True
-        finally:
-            self.running = False
 
     async def one_pass(self) -> bool:
         """One step for each queue led here that has one; whether any step ran."""

@@ -22,6 +22,7 @@ from engine.cluster import MetaChanged, QueueRecord, reconcile
 from engine.errors import QuorraError
 from engine.runtime.api import QueueArgs
 from engine.runtime.meta import QueueMeta
+from engine.runtime.passes import Passes
 
 if TYPE_CHECKING:
     from engine.runtime.context import NodeContext
@@ -29,13 +30,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("quorra.engine")
 
 
-class Reconciler:
+class Reconciler(Passes):
     """Runs a node's reconcile passes (see the module's rule)."""
 
     def __init__(self, ctx: NodeContext) -> None:
-        self.ctx = ctx
-        self.wanted = False
-        self.running = False
+        super().__init__(ctx)
         self.passes = 0
         """Passes that planned (for the tests and the stats)."""
         self.left_alone: dict[str, str] = {}
@@ -72,28 +71,14 @@ class Reconciler:
 
     def trigger(self) -> None:
         """Ask for a pass: now, or after the one running."""
-        ctx = self.ctx
-        if not ctx.running or ctx.stopping:
-            return
-        self.wanted = True
-        if not self.running:
-            self.running = True
-            ctx.spawn(self.run())
-        ctx.mover.trigger()  # the same moments serve the moves off leaving nodes
+        super().trigger()
+        self.ctx.mover.trigger()  # the same moments serve the moves off leaving nodes
 
-    async def run(self) -> None:
-        try:
-            while self.wanted and self.ctx.running:
-                self.wanted = False
-                await self.one_pass()
-        finally:
-            self.running = False
-
-    async def one_pass(self) -> None:
+    async def one_pass(self) -> bool:
         ctx = self.ctx
         group = ctx.meta_group
         if group is None or not group.caught_up():
-            return
+            return False
         self.passes += 1
         registry = group.machine.hosted_by(ctx.name)
         local: dict[str, reconcile.LocalState] = dict.fromkeys(ctx.by_uid, "hosted")
@@ -116,7 +101,8 @@ class Reconciler:
             except QuorraError as e:
                 # The next pass reports it again.
                 log.info("reconcile: report %s not committed: %s", type(command).__name__, e)
-                return
+                return False
+        return False
 
     async def perform(self, action: reconcile.Action) -> None:
         catalog = self.ctx.catalog
