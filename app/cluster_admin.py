@@ -97,43 +97,32 @@ def node_changes(node: QueueEngine) -> ClusterChanges:
     return cast(ClusterChanges, node)
 
 
-async def drain_node(node: QueueEngine, db: Database, actor: Actor, name: str) -> dict[str, object]:
-    """Mark ``name`` draining: its leaderships and then its replicas move to active nodes
-    (each queue's leader moves its own, one change at a time). Returns the node's state
-    and the queues still placed on it."""
-    entry = await node_changes(node).set_node_state(name, "draining")
-    await record_action(db, actor, "node.drain", name)
-    return entry
+NODE_MOVES: dict[str, NodeState] = {"drain": "draining", "activate": "active", "forget": "lost"}
+"""What an operator's verb on a node sets in the metadata. ``drain``: its leaderships and
+then its replicas move to active nodes (each queue's leader moves its own, one change at a
+time); ``activate``: a draining (or lost, come back) node takes new replicas and
+leaderships again, what moved off it stays where it went; ``forget``: declared lost, its
+replicas are replaced on active nodes, then it is forgotten (and refused if it comes
+back)."""
 
 
-async def activate_node(
-    node: QueueEngine, db: Database, actor: Actor, name: str
+async def move_node(
+    node: QueueEngine, db: Database, actor: Actor, name: str, verb: str
 ) -> dict[str, object]:
-    """Mark a draining (or lost, come back) node ``active`` again: it takes new replicas
-    and leaderships again; what already moved off it stays where it went."""
-    entry = await node_changes(node).set_node_state(name, "active")
-    await record_action(db, actor, "node.activate", name)
-    return entry
-
-
-async def forget_node(
-    node: QueueEngine, db: Database, actor: Actor, name: str
-) -> dict[str, object]:
-    """Declare ``name`` lost: its replicas are replaced on active nodes, then it is
-    forgotten (and refused if it comes back)."""
-    entry = await node_changes(node).set_node_state(name, "lost")
-    await record_action(db, actor, "node.forget", name)
+    """Set ``name``'s state for ``verb`` (``NODE_MOVES``) and record the action. Returns the
+    node's state and the queues still placed on it."""
+    entry = await node_changes(node).set_node_state(name, NODE_MOVES[verb])
+    await record_action(db, actor, f"node.{verb}", name)
     return entry
 
 
 __all__ = [
+    "NODE_MOVES",
     "ClusterChanges",
     "SingleNodeCluster",
-    "activate_node",
     "add_member",
     "cluster_changes",
-    "drain_node",
-    "forget_node",
+    "move_node",
     "node_changes",
     "remove_member",
     "transfer_leadership",

@@ -210,7 +210,7 @@ async def drain_node(
     committed, with the node's ``state`` and the queues still placed on it (``replicas``;
     ``GET /cluster`` shows them shrink). A replica no active node can take stays. 404 for
     a node the cluster does not know, 409 for a node lost or forgotten, or a single node."""
-    entry = await cluster_admin.drain_node(node, db, actor(request, who), node_name)
+    entry = await cluster_admin.move_node(node, db, actor(request, who), node_name, "drain")
     return node_state_out(entry, who)
 
 
@@ -226,7 +226,7 @@ async def activate_node(
     ``lost`` node that came back). It takes new replicas and leaderships again; moves
     still to come off it stop, those done stay done. Answers once the state committed.
     404 for a node the cluster does not know, 409 for one forgotten, or a single node."""
-    entry = await cluster_admin.activate_node(node, db, actor(request, who), node_name)
+    entry = await cluster_admin.move_node(node, db, actor(request, who), node_name, "activate")
     return node_state_out(entry, who)
 
 
@@ -245,7 +245,7 @@ async def forget_node(
     forgotten node that starts again is refused and exits. Answers once ``lost``
     committed, with the node's ``state`` and the queues still placed on it. 404 for a
     node the cluster does not know, 409 for one forgotten already, or a single node."""
-    entry = await cluster_admin.forget_node(node, db, actor(request, who), node_name)
+    entry = await cluster_admin.move_node(node, db, actor(request, who), node_name, "forget")
     return node_state_out(entry, who)
 
 

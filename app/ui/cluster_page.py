@@ -78,11 +78,6 @@ async def move_leader(request: Request, login: CsrfLoginDep) -> HTMLResponse:
 
 
 NodeAction = Literal["drain", "forget", "activate"]
-_CHANGES = {
-    "drain": cluster_admin.drain_node,
-    "forget": cluster_admin.forget_node,
-    "activate": cluster_admin.activate_node,
-}
 _VERBS = {
     "drain": "draining",
     "forget": "lost: its replicas are being replaced",
@@ -96,9 +91,8 @@ async def _node_action(
     try:
         if not login.principal.is_admin:
             raise Forbidden(f"user {login.principal.name!r} is not an admin")
-        change = _CHANGES[action]
-        entry = await change(
-            node_of(request), db_of(request.app.state), actor_of(request, login), name
+        entry = await cluster_admin.move_node(
+            node_of(request), db_of(request.app.state), actor_of(request, login), name, action
         )
     except (QuorraError, AppProblem) as e:
         return error_flash(request, e)
