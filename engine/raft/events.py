@@ -63,10 +63,13 @@ class ReadIndex:
 
 @dataclass(frozen=True, slots=True)
 class AddServer:
-    """Add ``server`` as a learner, then promote it to voter once it has caught up."""
+    """Add ``server`` as a learner, then promote it to voter once it has caught up.
+    ``learner_only``: add it as a learner and stop there (it replicates the log but
+    never votes). A server that is a learner already is only promoted."""
 
     request_id: int
     server: ServerId
+    learner_only: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,8 @@ Rules:
 - One change at a time, one server at a time (Raft thesis section 4.1): a change is
   refused while the leader has not committed an entry of its term, while a
   configuration entry is uncommitted, or while a catch-up or change is under way.
-- A server joins as a learner and is promoted to voter once it caught up: it reached
+- A server joins as a learner and is promoted to voter once it caught up (or stays a
+  learner, when added as one only; a learner is promoted later the same way): it reached
   the leader's last index of one round within the minimum election timeout (thesis
   section 4.2.1), or reached the leader's last index at all. After
   ``catch_up_rounds_max`` slow rounds the addition is refused (the learner stays).
@@ -95,15 +96,27 @@ def _refusal(s: RaftServer) -> str | None:
 
 def on_add_server(s: RaftServer, event: AddServer) -> None:
     reason = _refusal(s)
-    if reason is None and event.server in s.config.members:
+    learner = event.server in s.config.learners
+    if reason is None and (event.server in s.config.voters or (learner and event.learner_only)):
         reason = "bad_request"
     if reason is not None:
         s.rd.rejected.append(Rejected(event.request_id, reason, s.leader))
         return
+    if learner:
+        # Its catch-up starts from where it is: the entry that added it committed.
+        target, added = s.log.last_index(), s.configs[-1][0]
+        cu = CatchUp(event.request_id, event.server, target, s.now_ms, 1, added)
+        s.membership.catch_up = cu
+        maybe_promote(s, event.server, s.progress[event.server])
+        return
     config = s.config.with_learner(event.server)
     index = s.append_as_leader([(EntryKind.CONFIG, config.encode())])
     s.progress[event.server] = Progress(index, s.now_ms)
-    s.membership.catch_up = CatchUp(event.request_id, event.server, index, s.now_ms, 1, index)
+    if event.learner_only:
+        s.membership.change = Change(event.request_id, index)
+    else:
+        cu = CatchUp(event.request_id, event.server, index, s.now_ms, 1, index)
+        s.membership.catch_up = cu
     replication.broadcast_append(s)
 
 

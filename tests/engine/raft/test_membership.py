@@ -35,6 +35,45 @@ def test_a_new_server_joins_as_learner_and_is_promoted_once_caught_up() -> None:
     assert c["d"].log.last_index() == c["a"].log.last_index()
 
 
+def test_a_server_added_as_learner_only_replicates_and_never_votes() -> None:
+    c = Cluster(["a", "b", "c", "d"], voters=["a", "b", "c"])
+    c.elect("a")
+    for n in range(3):
+        c.step("a", Propose(n, (b"x%d" % n,)))
+    rd = c.step("a", AddServer(7, sid("d"), learner_only=True))
+    assert not rd.rejected
+    c.stabilize()
+    c.tick(3 * c.limits.heartbeat_interval_ms, deliver=True)
+    learner_config = Configuration(_ids("a", "b", "c"), _ids("d"))
+    assert c["a"].config == learner_config == c["d"].config, "it stays a learner"
+    done = [x for rd in c.nodes["a"].readies for x in rd.completed]
+    assert [d.request_id for d in done] == [7], "complete once the entry committed"
+    assert c["d"].log.last_index() == c["a"].log.last_index()
+    assert c["d"].commit == c["a"].commit
+    rd = c.step("a", AddServer(8, sid("d"), learner_only=True))
+    assert [(r.request_id, r.reason) for r in rd.rejected] == [(8, "bad_request")]
+
+
+def test_a_learner_is_promoted_later_once_caught_up() -> None:
+    c = Cluster(["a", "b", "c", "d"], voters=["a", "b", "c"])
+    c.elect("a")
+    c.step("a", AddServer(1, sid("d"), learner_only=True))
+    c.stabilize()
+    c.tick(c.limits.heartbeat_interval_ms, deliver=True)
+    for n in range(3):
+        c.step("a", Propose(10 + n, (b"y%d" % n,)))
+    rd = c.step("a", AddServer(2, sid("d")))
+    assert not rd.rejected
+    c.stabilize()
+    c.tick(c.limits.heartbeat_interval_ms, deliver=True)
+    assert c["a"].config == Configuration(_ids("a", "b", "c", "d"))
+    assert c["d"].config.voters == _ids("a", "b", "c", "d")
+    done = [x.request_id for rd in c.nodes["a"].readies for x in rd.completed]
+    assert done == [1, 2]
+    rd = c.step("a", AddServer(3, sid("d")))
+    assert [(r.request_id, r.reason) for r in rd.rejected] == [(3, "bad_request")]
+
+
 def test_one_change_at_a_time() -> None:
     c = Cluster(["a", "b", "c", "d", "e"], voters=["a", "b", "c"])
     c.elect("a")
