@@ -33,6 +33,7 @@ from engine.runtime.member_changes import Membership
 from engine.runtime.memory_alarm import MemoryWatch
 from engine.runtime.meta import QueueMeta
 from engine.runtime.meta_group import MetaGroup
+from engine.runtime.meta_members import MetaMembers
 from engine.runtime.moving import Mover
 from engine.runtime.paging import Pages
 from engine.runtime.queue_ops import QueueOps
@@ -109,6 +110,7 @@ class NodeContext:
         ``None`` on a single node, whose queues are its own catalog's."""
         self.reconciler = Reconciler(self)
         self.mover = Mover(self)
+        self.meta_members = MetaMembers(self)
         """Moves the replicas of led queues off draining and lost nodes (cluster nodes)."""
 
     # --- what the lifecycle sets ---------------------------------------------------------

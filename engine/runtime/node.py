@@ -158,6 +158,7 @@ class Node:
         group = ctx.meta_group
         if group is not None:
             group.open()
+            ctx.meta_members.learn_peers()  # the nodes its checkpoint holds
         ctx.writer = WalWriter(storage.wal, hosting.on_wal_batch_threadsafe)
         ctx.writer.start()
         ctx.running = True
@@ -166,6 +167,7 @@ class Node:
             hosting.schedule(rep)
         if group is not None:
             group.listeners.append(self._maybe_forgotten)
+            group.listeners.append(ctx.meta_members.on_change)
             group.schedule()
             ctx.reconciler.start()
         await hosting.await_recovered()

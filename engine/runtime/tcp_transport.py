@@ -28,6 +28,9 @@ if configured); after it, frames of items (``engine.runtime.tcp_frames``).
   nothing received. The dialer redials with jittered exponential back-off.
 * **Peer bytes** never raise out of the receive path: a bad frame closes its
   connection, with a warning at a bounded rate, and the peer redials.
+* **Peers change.** The nodes given at start are the first peers; ``learn_peers`` adds
+  the nodes the cluster's metadata records later (dialing them by the same rule) and
+  drops those it forgot (their connections close, nobody dials them again).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from collections.abc import Collection, Mapping
 from typing import Any, cast
 
 from engine.errors import Backpressure, MessageTooLarge, NoLeader, OutcomeUnknown, QuorraError
@@ -99,6 +103,8 @@ class TcpTransport:
         self._links = {NodeName(p): Link(NodeName(p), addr) for p, addr in peers.items()}
         self._dialers = frozenset(p for p in self._links if p < self.name)
         """The peers that dial this node: those with lower names."""
+        self._dialing: dict[NodeName, list[asyncio.Task[Any]]] = {}
+        """The dial loops of each peer this node dials."""
         self._receiver: Peer | None = None
         self._server: asyncio.Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -213,9 +219,7 @@ class TcpTransport:
             self._on_accept, host, port, limit=READ_BYTES, **tls
         )
         for link in self._links.values():
-            if self.name < link.name:
-                for lane in Lane:
-                    self._spawn(self._dial_loop(link, lane))
+            self._maybe_dial(link)
         self._spawn(self._keepalive())
         log.info("cluster transport of %s listening on %s:%d", self.name, host, self.listen_port)
 
@@ -259,6 +263,43 @@ class TcpTransport:
                 last_error=link.last_error,
             )
         return out
+
+    # === peers ========================================================================
+
+    def learn_peers(
+        self, peers: Mapping[NodeName, tuple[str, int]], gone: Collection[NodeName]
+    ) -> None:
+        """The cluster's nodes as its metadata records them: a peer not known yet is
+        reached from now on (at a new address, from its next dial); a peer in ``gone``
+        is no longer reached, nor accepted (see the module's rule)."""
+        if self._closing:
+            return
+        for name, address in sorted(peers.items()):
+            if name == self.name or name in gone:
+                continue
+            link = self._links.get(name)
+            if link is None:
+                link = self._links[name] = Link(name, address)
+                log.info("%s: learned peer %s at %s:%d", self.name, name, *address)
+                if self._loop is not None:
+                    self._maybe_dial(link)
+            link.address = address
+        for name in sorted(gone):
+            link = self._links.pop(name, None)
+            if link is None:
+                continue
+            log.info("%s: peer %s left the cluster", self.name, name)
+            for task in self._dialing.pop(name, []):
+                task.cancel()
+            for conn in list(link.conns.values()):
+                conn.close(f"node {name} left the cluster", abort=True)
+        self._dialers = frozenset(p for p in self._links if p < self.name)
+
+    def _maybe_dial(self, link: Link) -> None:
+        """Dial ``link`` on both lanes if this node is the one that dials it."""
+        if self.name < link.name and link.name not in self._dialing:
+            tasks = [self._spawn(self._dial_loop(link, lane)) for lane in Lane]
+            self._dialing[link.name] = tasks
 
     # === connections ==================================================================
 
@@ -329,7 +370,10 @@ class TcpTransport:
                 peer, lane = await handshake.accept(
                     reader, writer, decoder, self.identity, self._dialers
                 )
-            conn = self._register(self._links[peer], lane, reader, writer, decoder)
+            link = self._links.get(peer)
+            if link is None:
+                raise HandshakeRefused(f"{peer} left the cluster during its handshake")
+            conn = self._register(link, lane, reader, writer, decoder)
         except HandshakeRefused as e:
             self._refused(e, where)
         except (OSError, TimeoutError, FrameError) as e:
@@ -389,10 +433,10 @@ class TcpTransport:
             )  # fmt: skip
 
     def _refused(self, e: HandshakeRefused, where: str) -> None:
-        if e.peer is None:
+        link = None if e.peer is None else self._links.get(e.peer)
+        if link is None:
             self.strangers_refused += 1
         else:
-            link = self._links[e.peer]
             link.last_error = e.reason
             link.down = True
         self.rate_log.warning("refused", "%s: handshake with %s: %s", self.name, where, e.reason)
@@ -491,10 +535,11 @@ class TcpTransport:
         assert self._loop is not None, "the transport is started"
         return self._loop
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
         task = self._need_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     def _conn(self, peer: NodeName, lane: Lane) -> Conn | None:
         """The connection carrying ``lane`` to ``peer``, if up (for tests)."""

@@ -22,8 +22,9 @@ or a partition.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from engine.errors import NoLeader, QuorraError
 from engine.ids import NodeName
@@ -82,6 +83,18 @@ class Transport(Protocol):
 
     def health(self) -> dict[NodeName, PeerHealth]:
         """Each peer's link, this node left out."""
+        ...
+
+
+@runtime_checkable
+class PeerBook(Protocol):
+    """A transport whose peers change while it runs (``TcpTransport``): the node tells
+    it the cluster's nodes as its metadata records them."""
+
+    def learn_peers(
+        self, peers: Mapping[NodeName, tuple[str, int]], gone: Collection[NodeName]
+    ) -> None:
+        """Reach ``peers`` (node -> host and port) from now on, and ``gone`` no more."""
         ...
 
 
@@ -194,6 +207,7 @@ __all__ = [
     "InMemoryTransport",
     "LocalTransport",
     "Peer",
+    "PeerBook",
     "PeerHealth",
     "Transport",
 ]

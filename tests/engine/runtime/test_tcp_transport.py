@@ -687,3 +687,32 @@ def test_mutual_tls_carries_the_cluster_and_refuses_another_ca(certificates: Pat
             await c.close()
 
     run(body(), 30)
+
+
+def test_peers_learned_later_are_reached_and_forgotten_ones_no_longer() -> None:
+    async def body() -> None:
+        c = Cluster()
+        try:
+            b = await c.start("n2", [])
+            a = await c.start("n1", [])
+            assert a.nodes() == ["n1"] and a.health() == {}
+            a.learn_peers({NodeName("n2"): (LOCAL, c.ports["n2"])}, [])
+            # n2 accepts n1 only once it knows n1 as a peer: refused until then.
+            await eventually(lambda: a.health()[NodeName("n2")].last_error is not None)
+            b.learn_peers({NodeName("n1"): (LOCAL, c.ports["n1"])}, [])
+            await c.all_connected()
+            assert a.nodes() == b.nodes() == ["n1", "n2"]
+            assert await a.call(NodeName("n2"), DeleteReplica("u")) == "n1:u"
+            # n2 forgets n1 first: it closes their connections and refuses n1's dials.
+            b.learn_peers({}, [NodeName("n1")])
+            assert b.nodes() == ["n2"] and b.health() == {}
+            await eventually(lambda: not c.connected("n1", "n2"))
+            a.learn_peers({NodeName("n2"): (LOCAL, 1)}, [NodeName("n2")])
+            assert a.nodes() == ["n1"]
+            with pytest.raises(NoLeader, match="not reachable"):
+                await a.call(NodeName("n2"), DeleteReplica("u"))
+            assert not a._dialing, "n1 dials n2 no more"
+        finally:
+            await c.close()
+
+    run(body(), 30)
