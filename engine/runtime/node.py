@@ -91,7 +91,7 @@ from engine.runtime.context import NodeContext
 from engine.runtime.meta_group import MetaBootstrap, MetaGroup
 from engine.runtime.replica import node_of
 from engine.runtime.routing import NodeCall
-from engine.runtime.transport import LocalTransport, Transport
+from engine.runtime.transport import LocalTransport, PeerBook, Transport
 from engine.runtime.wal_writer import WalWriter
 from engine.storage import NodeStorage
 from engine.storage.read_cache import ReadCacheStats
@@ -165,6 +165,8 @@ class Node:
         self.transport.attach(self.name, self)
         for rep in ctx.replicas.values():
             hosting.schedule(rep)
+        if isinstance(self.transport, PeerBook):
+            self.transport.on_forgotten = self._told_forgotten
         if group is not None:
             group.listeners.append(self._maybe_forgotten)
             group.listeners.append(ctx.meta_members.on_change)
@@ -352,7 +354,7 @@ class Node:
         alive_ms = 2 * self.limits.election_timeout_ms_max
         nodes = []
         links = self.transport.health()
-        for node in self.transport.nodes():
+        for node in self._node_names():
             led = sorted(
                 rep.name
                 for rep in self.context.replicas.values()
@@ -378,18 +380,30 @@ class Node:
         refused = dict(sorted(self.context.receiving.refused.items()))
         return {"node": self.name, "nodes": nodes, "refused_from_peers": refused}
 
+    def _node_names(self) -> list[NodeName]:
+        """The transport's nodes, and those the metadata records (a forgotten node is no
+        longer a peer, but still listed)."""
+        group = self.context.meta_group
+        recorded = [] if group is None or group.driver is None else list(group.machine.nodes)
+        return sorted({*self.transport.nodes(), *map(NodeName, recorded)})
+
     def _maybe_forgotten(self, _change: object) -> None:
         """A metadata listener: a forgotten node must not serve (its replicas were
         replaced elsewhere), whether it was forgotten while up or came back afterwards."""
         group = self.context.meta_group
         rec = None if group is None else group.machine.nodes.get(self.name)
-        if self.forgotten or rec is None or rec.state != "forgotten":
+        if rec is not None and rec.state == "forgotten":
+            self._told_forgotten("declared lost, its replicas replaced elsewhere")
+
+    def _told_forgotten(self, why: str) -> None:
+        """The metadata, or a peer that knows it (``PeerBook.on_forgotten``), says the
+        cluster forgot this node: it stops (once)."""
+        if self.forgotten:
             return
         self.forgotten = True
         message = (
-            f"node {self.name} was forgotten by its cluster (declared lost, its replicas "
-            "replaced elsewhere): it is refused; to join again, start it with a new data "
-            "directory"
+            f"node {self.name} was forgotten by its cluster ({why}): it is refused; to"
+            " join again, start it with a new data directory"
         )
         log.error("%s", message)
         if self.on_forgotten is not None:

@@ -11,7 +11,9 @@ bytes, these functions return or raise ``FrameError``, nothing else.
 Handshake frames are plain msgpack maps (no extension types), tagged by ``"t"``:
 ``hello`` (dialer: magic, protocol version, cluster id, both node names, lane, limits
 fingerprint, nonce), ``challenge`` (acceptor: its nonce and its MAC), ``proof`` (dialer:
-its MAC), ``welcome``, or ``refused`` with a reason. Each MAC is HMAC-SHA256 with the
+its MAC), ``welcome``, or ``refused`` with a reason; ``forgotten`` (either side, with a
+MAC of its own role) in place of a proof or a welcome tells the other node that the
+cluster forgot it. Each MAC is HMAC-SHA256 with the
 cluster secret over a role label and the transcript (``transcript``): both nonces, both
 names, the cluster id, the version, the lane and the fingerprint. Each side proves it
 knows the secret over the other's fresh nonce, so a recorded handshake cannot be
@@ -230,6 +232,7 @@ _SCHEMAS: dict[str, dict[str, type[Any]]] = {
     "challenge": {"nonce": bytes, "mac": bytes},
     "proof": {"mac": bytes},
     "welcome": {},
+    "forgotten": {"mac": bytes},
     "refused": {"reason": str},
 }
 

@@ -9,6 +9,11 @@ nonce, then checks the dialer's proof over its own. Any mismatch is a ``refused`
 with the reason, then ``HandshakeRefused`` on the side that found it (and on the other,
 which reads the refusal), so that both nodes can log and show why.
 
+A node the cluster forgot is told so, by a MAC'd ``forgotten`` frame (so that nobody
+without the secret can tell a node that): in place of the welcome when it dials a node
+that knows it was forgotten, in place of the proof when such a node dials it (only to
+tell it). Its side raises ``HandshakeRefused`` with ``forgotten`` set.
+
 TLS, when configured, is under the handshake, never instead of it: certificates must
 chain to the cluster's CA, and with ``mutual`` the listener requires one from the
 dialer too. Host names are not checked (peers are often addressed by IP); the node's
@@ -25,6 +30,7 @@ from dataclasses import dataclass, field
 
 from engine.ids import NodeName
 from engine.runtime.tcp_frames import (
+    HANDSHAKE_FRAME_BYTES_MAX,
     NONCE_BYTES,
     PROTOCOL_VERSION,
     FrameDecoder,
@@ -89,10 +95,14 @@ class HandshakeRefused(Exception):
     """The handshake failed for a reason worth telling: ``peer`` is the known peer it
     concerns, if any (a stranger's attempt concerns none)."""
 
-    def __init__(self, reason: str, peer: NodeName | None = None) -> None:
+    def __init__(
+        self, reason: str, peer: NodeName | None = None, *, forgotten: bool = False
+    ) -> None:
         super().__init__(reason)
         self.reason = reason
         self.peer = peer
+        self.forgotten = forgotten
+        """The peer proved that the cluster forgot this node."""
 
 
 async def read_frame(reader: asyncio.StreamReader, decoder: FrameDecoder) -> bytes:
@@ -111,8 +121,12 @@ async def dial(
     me: Identity,
     peer: NodeName,
     lane: Lane,
+    *,
+    tell_forgotten: bool = False,
 ) -> None:
-    """Prove ``me`` to ``peer`` and check its proof; returns once it welcomed us."""
+    """Prove ``me`` to ``peer`` and check its proof; returns once it welcomed us. With
+    ``tell_forgotten``, tell ``peer`` that the cluster forgot it instead of proving
+    ``me``, and return (the connection is good for nothing else)."""
     hello = Hello(
         PROTOCOL_VERSION, me.cluster_id, me.name, peer, int(lane), me.fingerprint, _nonce()
     )
@@ -126,8 +140,14 @@ async def dial(
     if not mac_ok(me.secret, "accept", text, fields["mac"]):
         _refuse(writer, "bad MAC: the cluster secret differs")
         raise HandshakeRefused(f"{peer} failed to prove the cluster secret (bad MAC)", peer)
+    if tell_forgotten:
+        writer.write(encode_handshake("forgotten", mac=mac(me.secret, "forgotten-dial", text)))
+        await writer.drain()
+        return
     writer.write(encode_handshake("proof", mac=mac(me.secret, "dial", text)))
     tag, fields = decode_handshake(await read_frame(reader, decoder))
+    if tag == "forgotten" and mac_ok(me.secret, "forgotten-accept", text, fields["mac"]):
+        raise HandshakeRefused(_forgotten_by(peer, me.name), peer, forgotten=True)
     if tag == "refused":
         raise HandshakeRefused(f"refused by {peer}: {printable(fields['reason'])}", peer)
     if tag != "welcome":
@@ -140,9 +160,11 @@ async def accept(
     decoder: FrameDecoder,
     me: Identity,
     dialers: Collection[str],
+    forgotten: Collection[str] = (),
 ) -> tuple[NodeName, Lane]:
     """Check a dialer, one of ``dialers``, prove ``me`` and check its proof: the peer
-    and the lane of the connection."""
+    and the lane of the connection. A dialer in ``forgotten`` is told so once it proved
+    itself, and refused."""
     tag, fields = decode_handshake(await read_frame(reader, decoder))
     if tag != "hello":
         raise FrameError(f"expected a hello, got {tag}")
@@ -153,7 +175,8 @@ async def accept(
         raise HandshakeRefused(reason)
     hello = hello_of(fields)
     peer = NodeName(hello.src) if hello.src in dialers else None
-    why = _check_hello(hello, me, dialers)
+    told = hello.src in forgotten and hello.cluster_id == me.cluster_id and hello.dst == me.name
+    why = None if told else _check_hello(hello, me, dialers)
     if why is not None:
         _refuse(writer, why)
         raise HandshakeRefused(f"refused {printable(hello.src)!r}: {why}", peer)
@@ -163,15 +186,32 @@ async def accept(
     tag, fields = decode_handshake(await read_frame(reader, decoder))
     if tag == "refused":
         raise HandshakeRefused(f"refused by {hello.src}: {printable(fields['reason'])}", peer)
+    if tag == "forgotten" and mac_ok(me.secret, "forgotten-dial", text, fields["mac"]):
+        raise HandshakeRefused(_forgotten_by(hello.src, me.name), peer, forgotten=True)
     if tag != "proof":
         raise FrameError(f"expected a proof, got {tag}")
     if not mac_ok(me.secret, "dial", text, fields["mac"]):
         reason = "bad MAC: the cluster secret differs"
         _refuse(writer, reason)
         raise HandshakeRefused(f"refused {hello.src}: {reason}", peer)
+    if told:
+        writer.write(encode_handshake("forgotten", mac=mac(me.secret, "forgotten-accept", text)))
+        raise HandshakeRefused(f"told {printable(hello.src)} that the cluster forgot it")
     writer.write(encode_handshake("welcome"))
     assert peer is not None
     return peer, Lane(hello.lane)
+
+
+async def tell_forgotten(
+    address: tuple[str, int], me: Identity, peer: NodeName, tls: ssl.SSLContext | None
+) -> None:
+    """Connect to forgotten node ``peer`` only to tell it so (see the module's rule)."""
+    decoder = FrameDecoder(HANDSHAKE_FRAME_BYTES_MAX)
+    reader, writer = await asyncio.open_connection(*address, ssl=tls, limit=READ_BYTES)
+    try:
+        await dial(reader, writer, decoder, me, peer, Lane.CONTROL, tell_forgotten=True)
+    finally:
+        writer.close()
 
 
 def _check_hello(hello: Hello, me: Identity, dialers: Collection[str]) -> str | None:
@@ -192,6 +232,10 @@ def _check_hello(hello: Hello, me: Identity, dialers: Collection[str]) -> str | 
     return None
 
 
+def _forgotten_by(peer: str, me: str) -> str:
+    return f"{printable(peer)} says the cluster forgot node {me} (its replicas were replaced)"
+
+
 def _refuse(writer: asyncio.StreamWriter, reason: str) -> None:
     writer.write(encode_handshake("refused", reason=reason))
 
@@ -200,4 +244,13 @@ def _nonce() -> bytes:
     return os.urandom(NONCE_BYTES)
 
 
-__all__ = ["READ_BYTES", "HandshakeRefused", "Identity", "TlsConfig", "accept", "dial"]
+__all__ = [
+    "READ_BYTES",
+    "HandshakeRefused",
+    "Identity",
+    "TlsConfig",
+    "accept",
+    "dial",
+    "read_frame",
+    "tell_forgotten",
+]

@@ -30,15 +30,19 @@ if configured); after it, frames of items (``engine.runtime.tcp_frames``).
   connection, with a warning at a bounded rate, and the peer redials.
 * **Peers change.** The nodes given at start are the first peers; ``learn_peers`` adds
   the nodes the cluster's metadata records later (dialing them by the same rule) and
-  drops those it forgot (their connections close, nobody dials them again).
+  drops those it forgot: their connections close and no Raft message or call goes to
+  them again. A forgotten node is only told that it was (``tcp_handshake``): when it
+  dials, and by the node that dialed it, which now dials it only for that, at the
+  longest back-off. A node told so hears of it through ``on_forgotten``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, cast
 
 from engine.errors import Backpressure, MessageTooLarge, NoLeader, OutcomeUnknown, QuorraError
@@ -104,7 +108,11 @@ class TcpTransport:
         self._dialers = frozenset(p for p in self._links if p < self.name)
         """The peers that dial this node: those with lower names."""
         self._dialing: dict[NodeName, list[asyncio.Task[Any]]] = {}
-        """The dial loops of each peer this node dials."""
+        """The dial loops of each peer this node dials (or tells it was forgotten)."""
+        self._gone: set[NodeName] = set()
+        """The nodes the cluster forgot."""
+        self.on_forgotten: Callable[[str], None] | None = None
+        """Told, with the reason, when a peer proves that the cluster forgot this node."""
         self._receiver: Peer | None = None
         self._server: asyncio.Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -270,8 +278,10 @@ class TcpTransport:
         self, peers: Mapping[NodeName, tuple[str, int]], gone: Collection[NodeName]
     ) -> None:
         """The cluster's nodes as its metadata records them: a peer not known yet is
-        reached from now on (at a new address, from its next dial); a peer in ``gone``
-        is no longer reached, nor accepted (see the module's rule)."""
+        reached from now on, at the address recorded; a peer in ``gone`` is no longer
+        reached, nor accepted (see the module's rule). A known peer keeps the address it
+        has: the one given at start is how this node reaches it, which may differ from
+        how the node that recorded it did (a proxy, another network)."""
         if self._closing:
             return
         for name, address in sorted(peers.items()):
@@ -279,12 +289,18 @@ class TcpTransport:
                 continue
             link = self._links.get(name)
             if link is None:
+                if name in self._gone:  # its name joined again, as a new node
+                    self._gone.discard(name)
+                    for task in self._dialing.pop(name, []):
+                        task.cancel()
                 link = self._links[name] = Link(name, address)
                 log.info("%s: learned peer %s at %s:%d", self.name, name, *address)
                 if self._loop is not None:
                     self._maybe_dial(link)
-            link.address = address
         for name in sorted(gone):
+            if name == self.name or name in self._gone:
+                continue
+            self._gone.add(name)
             link = self._links.pop(name, None)
             if link is None:
                 continue
@@ -293,6 +309,8 @@ class TcpTransport:
                 task.cancel()
             for conn in list(link.conns.values()):
                 conn.close(f"node {name} left the cluster", abort=True)
+            if self._loop is not None and self.name < name:
+                self._dialing[name] = [self._spawn(self._tell_loop(name, link.address))]
         self._dialers = frozenset(p for p in self._links if p < self.name)
 
     def _maybe_dial(self, link: Link) -> None:
@@ -313,6 +331,17 @@ class TcpTransport:
                 attempt = 0
                 await conn.run()
             await asyncio.sleep(self._backoff_s(attempt))
+
+    async def _tell_loop(self, name: NodeName, address: tuple[str, int]) -> None:
+        """Tell forgotten node ``name`` so whenever it is up, at the longest back-off."""
+        tls = self._tls.client_context() if self._tls is not None else None
+        while not self._closing:
+            with contextlib.suppress(OSError, TimeoutError, FrameError, HandshakeRefused):
+                # Down, most likely, when it fails: the next attempt tells it.
+                async with asyncio.timeout(self._handshake_s()):
+                    await handshake.tell_forgotten(address, self.identity, name, tls)
+                log.info("%s: told %s that the cluster forgot it", self.name, name)
+            await asyncio.sleep(self._backoff_s(30))
 
     async def _dial_once(self, link: Link, lane: Lane) -> Conn | None:
         host, port = link.address
@@ -368,7 +397,7 @@ class TcpTransport:
         try:
             async with asyncio.timeout(self._handshake_s()):
                 peer, lane = await handshake.accept(
-                    reader, writer, decoder, self.identity, self._dialers
+                    reader, writer, decoder, self.identity, self._dialers, self._gone
                 )
             link = self._links.get(peer)
             if link is None:
@@ -433,6 +462,10 @@ class TcpTransport:
             )  # fmt: skip
 
     def _refused(self, e: HandshakeRefused, where: str) -> None:
+        if e.forgotten:
+            log.error("%s: %s", self.name, e.reason)
+            if self.on_forgotten is not None:
+                self.on_forgotten(e.reason)
         link = None if e.peer is None else self._links.get(e.peer)
         if link is None:
             self.strangers_refused += 1

@@ -22,7 +22,7 @@ or a partition.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -89,7 +89,10 @@ class Transport(Protocol):
 @runtime_checkable
 class PeerBook(Protocol):
     """A transport whose peers change while it runs (``TcpTransport``): the node tells
-    it the cluster's nodes as its metadata records them."""
+    it the cluster's nodes as its metadata records them, and hears from it when a peer
+    says the cluster forgot this node (``on_forgotten``, with the reason)."""
+
+    on_forgotten: Callable[[str], None] | None
 
     def learn_peers(
         self, peers: Mapping[NodeName, tuple[str, int]], gone: Collection[NodeName]

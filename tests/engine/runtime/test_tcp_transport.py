@@ -35,6 +35,8 @@ from engine.runtime.tcp_frames import (
     Hello,
     Kind,
     Lane,
+    decode_handshake,
+    encode_handshake,
     encode_hello,
     encode_item,
     frame,
@@ -703,16 +705,49 @@ def test_peers_learned_later_are_reached_and_forgotten_ones_no_longer() -> None:
             await c.all_connected()
             assert a.nodes() == b.nodes() == ["n1", "n2"]
             assert await a.call(NodeName("n2"), DeleteReplica("u")) == "n1:u"
-            # n2 forgets n1 first: it closes their connections and refuses n1's dials.
+            told: dict[str, list[str]] = {"n1": [], "n2": []}
+            a.on_forgotten, b.on_forgotten = told["n1"].append, told["n2"].append
+            # n2 forgets n1 first: it closes their connections, and tells n1 when it dials.
             b.learn_peers({}, [NodeName("n1")])
             assert b.nodes() == ["n2"] and b.health() == {}
             await eventually(lambda: not c.connected("n1", "n2"))
+            await eventually(lambda: bool(told["n1"]), what="n1 told")
+            assert (
+                told["n1"][0] == "n2 says the cluster forgot node n1 (its replicas were replaced)"
+            )
+            assert not c.receivers["n1"].calls and not told["n2"]
+            # n1 forgets n2: it no longer connects, only tells n2 (which it dials).
             a.learn_peers({NodeName("n2"): (LOCAL, 1)}, [NodeName("n2")])
             assert a.nodes() == ["n1"]
             with pytest.raises(NoLeader, match="not reachable"):
                 await a.call(NodeName("n2"), DeleteReplica("u"))
-            assert not a._dialing, "n1 dials n2 no more"
+            await eventually(lambda: bool(told["n2"]), what="n2 told")
+            assert "the cluster forgot node n2" in told["n2"][0]
         finally:
             await c.close()
+
+    run(body(), 30)
+
+
+def test_only_a_node_with_the_secret_can_tell_a_node_it_was_forgotten() -> None:
+    async def body() -> None:
+        async with cluster(["n1", "n2"]) as c:
+            await c.all_connected()
+            told: list[str] = []
+            c.transports["n2"].on_forgotten = told.append
+            # A stranger that read a challenge answers with a made-up "forgotten" MAC.
+            reader, writer = await asyncio.open_connection(LOCAL, c.ports["n2"])
+            hello = Hello(
+                1, "c1", "n1", "n2", int(Lane.CONTROL), limits_fingerprint(LIMITS), os.urandom(32)
+            )
+            writer.write(encode_hello(hello))
+            decoder = FrameDecoder(HANDSHAKE_FRAME_BYTES_MAX)
+            tag, _fields = decode_handshake(await handshake.read_frame(reader, decoder))
+            assert tag == "challenge"
+            writer.write(encode_handshake("forgotten", mac=b"x" * 32))
+            await eventually(lambda: c.transports["n2"].strangers_refused > 0 or reader.at_eof())
+            writer.close()
+            await asyncio.sleep(0.2)
+            assert told == [] and c.connected("n1", "n2")
 
     run(body(), 30)
