@@ -49,6 +49,14 @@ def serve(
             rich_help_panel=_CLUSTER,
         ),
     ] = None,
+    join: Annotated[
+        str | None,
+        typer.Option(
+            help="host:port of a node of a running cluster to join, on this node's first"
+            " start (env QUORRA_CLUSTER_JOIN).",
+            rich_help_panel=_CLUSTER,
+        ),
+    ] = None,
     cluster_id: Annotated[
         str | None,
         typer.Option(
@@ -86,7 +94,7 @@ def serve(
         ),
     ] = None,
 ) -> None:
-    """Start a server: a single node, or with --peers a node of a cluster."""
+    """Start a server: a single node, or with --peers (or --join) a node of a cluster."""
     import gc
     import os
 
@@ -108,6 +116,7 @@ def serve(
         node_id=node_id,
         listen=cluster_listen,
         peers=peers,
+        join=join,
         cluster_id=cluster_id,
         secret_file=cluster_secret_file,
         tls_cert=cluster_tls_cert,

@@ -20,6 +20,15 @@ node ids would get the same id: give such clusters a ``QUORRA_CLUSTER_ID`` each.
 start does not derive again: members change after formation (and a secret may be
 rotated), so only an explicitly given id is compared with the file's.
 
+A node that joins a running cluster (``--join host:port``, on its first start) does not
+form anything: it asks that node, over the cluster port and proving the secret
+(``engine.runtime.tcp_join``), to record it in the cluster's metadata, and writes the
+answer: the cluster's id and its nodes, with ``"joined": true``. From then on it starts
+like any node (``--join`` again is a plain restart from the file; ``--peers`` may be
+given instead), its peers the nodes it was told and those given, then those the
+metadata records. A join the cluster refuses (another node of that name elsewhere, the
+wrong secret) is an ``IdentityRefused``; a node it cannot reach, ``JoinFailed``.
+
 A data directory without ``cluster.json`` that a single-node server has used (its WAL
 or queues exist) stays single-node: started with peers, it is refused, because its
 queues' Raft groups have this node as their only member; turning a single-node server
@@ -29,12 +38,14 @@ before the first start do not count as use.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hmac
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from app.cluster_settings import (
     ClusterSettings,
@@ -44,6 +55,10 @@ from app.cluster_settings import (
     parse_address,
 )
 from app.settings import Settings
+from engine.limits import DEFAULT_LIMITS, Limits
+
+if TYPE_CHECKING:
+    from engine.runtime.routing import Joined
 
 CLUSTER_FILE = "cluster.json"
 CLUSTER_FILE_VERSION = 1
@@ -59,12 +74,20 @@ class IdentityRefused(StartRefused):
     exit_status = 3
 
 
+class JoinFailed(StartRefused):
+    """The node to join could not answer (unreachable, no metadata leader): try again."""
+
+    exit_status = 1
+
+
 @dataclass(frozen=True, slots=True)
 class ClusterIdentity:
     cluster_id: str
     node_id: str
     initial_members: dict[str, str]
-    """The members the cluster was formed with: node id to ``host:port``."""
+    """The members the cluster was formed with: node id to ``host:port``; for a node
+    that joined, the nodes the cluster had when it joined (itself included)."""
+    joined: bool = False
 
 
 def derive_cluster_id(secret: bytes, members: list[str]) -> str:
@@ -79,18 +102,27 @@ def settled_settings(settings: Settings) -> Settings:
     (which is created if need be) and its cluster id filled in; ``IdentityRefused``
     when they do not match it."""
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    identity = settle_identity(settings.data_dir, settings.cluster)
+    identity = settle_identity(settings.data_dir, settings.cluster, settings.limits)
     if identity is None:
         return settings
     assert settings.cluster is not None
     cluster = dataclasses.replace(settings.cluster, cluster_id=identity.cluster_id)
+    if identity.joined:
+        known = {
+            name: parse_address(address, CLUSTER_FILE)
+            for name, address in identity.initial_members.items()
+            if name != identity.node_id
+        }
+        cluster = dataclasses.replace(cluster, peers={**known, **cluster.peers}, joined=True)
     return dataclasses.replace(settings, cluster=cluster)
 
 
-def settle_identity(data_dir: Path, cluster: ClusterSettings | None) -> ClusterIdentity | None:
+def settle_identity(
+    data_dir: Path, cluster: ClusterSettings | None, limits: Limits = DEFAULT_LIMITS
+) -> ClusterIdentity | None:
     """The identity this start runs with: the data directory's, after checking that the
-    settings agree with it; formed and written on a cluster node's first start; ``None``
-    for a single-node server."""
+    settings agree with it; formed (or joined) and written on a cluster node's first
+    start; ``None`` for a single-node server."""
     recorded = read_identity(data_dir)
     if cluster is None:
         if recorded is not None:
@@ -100,6 +132,8 @@ def settle_identity(data_dir: Path, cluster: ClusterSettings | None) -> ClusterI
                 " and its --peers, or use another data directory"
             )
         return None
+    if recorded is None and cluster.join is not None:
+        return join_cluster(data_dir, cluster, limits)
     if recorded is None:
         return form_cluster(data_dir, cluster)
     if recorded.node_id != cluster.node_id:
@@ -119,13 +153,7 @@ def settle_identity(data_dir: Path, cluster: ClusterSettings | None) -> ClusterI
 def form_cluster(data_dir: Path, cluster: ClusterSettings) -> ClusterIdentity:
     """A cluster node's first start: refuse a single-node server's data directory, then
     write the identity."""
-    used = [name for name in SINGLE_NODE_MARKERS if (data_dir / name).exists()]
-    if used:
-        raise IdentityRefused(
-            f"{data_dir} holds a single-node server's data ({', '.join(used)}) and no"
-            f" {CLUSTER_FILE}: a cluster node starts from an empty data directory"
-            " (run this one without --peers to keep it single-node)"
-        )
+    _check_unused(data_dir)
     members = cluster.members
     identity = ClusterIdentity(
         cluster_id=cluster.cluster_id or derive_cluster_id(cluster.secret, members),
@@ -139,6 +167,66 @@ def form_cluster(data_dir: Path, cluster: ClusterSettings) -> ClusterIdentity:
     return identity
 
 
+def _check_unused(data_dir: Path) -> None:
+    used = [name for name in SINGLE_NODE_MARKERS if (data_dir / name).exists()]
+    if used:
+        raise IdentityRefused(
+            f"{data_dir} holds a single-node server's data ({', '.join(used)}) and no"
+            f" {CLUSTER_FILE}: a cluster node starts from an empty data directory"
+            " (run this one without --peers or --join to keep it single-node)"
+        )
+
+
+def join_cluster(data_dir: Path, cluster: ClusterSettings, limits: Limits) -> ClusterIdentity:
+    """A joining node's first start: ask the node of ``--join`` to record it in the
+    cluster's metadata, then write the identity it answered."""
+    from engine.errors import Conflict, QuorraError, ValidationFailed
+    from engine.runtime.tcp_conn import describe
+    from engine.runtime.tcp_frames import FrameError
+    from engine.runtime.tcp_handshake import HandshakeRefused
+
+    _check_unused(data_dir)
+    assert cluster.join is not None
+    where = format_address(cluster.join)
+    try:
+        joined = asyncio.run(_ask_to_join(cluster, limits))
+    except (HandshakeRefused, Conflict, ValidationFailed) as e:
+        raise IdentityRefused(f"joining through {where} was refused: {e}") from None
+    except (OSError, TimeoutError, FrameError, QuorraError) as e:
+        why = describe(e) if isinstance(e, OSError | TimeoutError) else str(e)
+        raise JoinFailed(f"could not join through {where}: {why}; try again") from None
+    if cluster.cluster_id is not None and cluster.cluster_id != joined.cluster_id:
+        raise IdentityRefused(
+            f"{where} belongs to cluster {joined.cluster_id}, not to the cluster id given,"
+            f" {cluster.cluster_id}"
+        )
+    identity = ClusterIdentity(
+        cluster_id=joined.cluster_id,
+        node_id=cluster.node_id,
+        initial_members={**joined.members, cluster.node_id: format_address(cluster.listen)},
+        joined=True,
+    )
+    write_identity(data_dir, identity)
+    return identity
+
+
+async def _ask_to_join(cluster: ClusterSettings, limits: Limits) -> Joined:
+    from engine.ids import NodeName
+    from engine.runtime.routing import JoinCall
+    from engine.runtime.tcp_frames import limits_fingerprint
+    from engine.runtime.tcp_handshake import Identity, TlsConfig
+    from engine.runtime.tcp_join import request_join
+
+    assert cluster.join is not None
+    me = Identity(NodeName(cluster.node_id), "", cluster.secret, limits_fingerprint(limits))
+    call = JoinCall(cluster.node_id, format_address(cluster.listen))
+    files = cluster.tls
+    tls = None
+    if files is not None:
+        tls = TlsConfig(str(files.cert_file), str(files.key_file), str(files.ca_file))
+    return await request_join(cluster.join, me, call, limits, tls)
+
+
 def write_identity(data_dir: Path, identity: ClusterIdentity) -> None:
     """Write ``cluster.json`` so that a crash leaves either no file or the whole file."""
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -148,6 +236,8 @@ def write_identity(data_dir: Path, identity: ClusterIdentity) -> None:
         "node_id": identity.node_id,
         "initial_members": dict(sorted(identity.initial_members.items())),
     }
+    if identity.joined:
+        body["joined"] = True
     path = data_dir / CLUSTER_FILE
     tmp = path.with_suffix(".tmp")
     with tmp.open("w", encoding="utf-8") as f:
@@ -193,6 +283,9 @@ def _identity(body: object) -> ClusterIdentity | None:
         return None
     if not isinstance(members, dict) or node_id not in members:
         return None
+    joined = body.get("joined", False)
+    if not isinstance(joined, bool):
+        return None
     try:
         for name, address in members.items():
             check_node_id(name, "member")
@@ -203,4 +296,4 @@ def _identity(body: object) -> ClusterIdentity | None:
         check_node_id(node_id, "node_id")
     except StartRefused:
         return None
-    return ClusterIdentity(cluster_id, node_id, dict(members))
+    return ClusterIdentity(cluster_id, node_id, dict(members), joined)

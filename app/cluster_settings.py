@@ -4,8 +4,8 @@ Rule: every cluster setting comes from a ``quorra serve`` flag or, when the flag
 given, from its environment variable, and is checked here, once, before anything binds
 a port or touches the data directory. A bad value is a ``SettingsError`` whose message
 is one line naming the flag or variable; ``quorra serve`` prints it and exits with
-status 2. Without peers there is no cluster (``ClusterSettings`` is ``None``) and the
-server runs single-node exactly as before, so the settings that only mean something in
+status 2. Without peers (``--peers``) or a node to join (``--join``) there is no cluster
+(``ClusterSettings`` is ``None``) and the server runs single-node exactly as before, so the settings that only mean something in
 a cluster are refused without peers rather than ignored: a node of a cluster started
 without ``--peers`` by mistake must not quietly become a single-node server.
 
@@ -55,6 +55,7 @@ class ClusterFlags:
     node_id: str | None = None
     listen: str | None = None
     peers: str | None = None
+    join: str | None = None
     cluster_id: str | None = None
     secret_file: str | None = None
     tls_cert: str | None = None
@@ -79,15 +80,20 @@ class ClusterSettings:
     node_id: str
     listen: Address
     peers: Mapping[str, Address]
-    """Every other node of the cluster, by node id (never this node)."""
+    """Every other node of the cluster, by node id (never this node): as given, and
+    once start-up settled the identity of a node that joined, the nodes it learned."""
     secret: bytes = field(repr=False)
     cluster_id: str | None = None
     """As given (``QUORRA_CLUSTER_ID``); ``None`` until start-up settles it
     (app/cluster_identity.py): the data directory's, or derived at formation."""
     tls: TlsFiles | None = None
+    join: Address | None = None
+    """``--join``: a node of the running cluster this node joins on its first start."""
+    joined: bool = False
+    """This node joined a running cluster (settled from its data directory)."""
 
     def __post_init__(self) -> None:
-        assert self.peers and self.node_id not in self.peers
+        assert (self.peers or self.join) and self.node_id not in self.peers
         assert len(self.secret) >= CLUSTER_SECRET_BYTES_MIN
 
     @property
@@ -199,27 +205,32 @@ def cluster_settings(
     ``given_node_id``)."""
     sources = _Sources(flags, env)
     peers_text, peers_from = sources.get("peers", "--peers", "QUORRA_PEERS")
+    join_text, join_from = sources.get("join", "--join", "QUORRA_CLUSTER_JOIN")
     node_id = given_node_id(flags, env, node_name)
     given = _cluster_only(sources)
-    if peers_text is None:
+    if peers_text is None and join_text is None:
         if given:
             raise SettingsError(
                 f"{', '.join(given)}: only for a node of a cluster, which needs --peers"
-                " (without peers the server runs single-node)"
+                " or --join (without them the server runs single-node)"
             )
         return None
+    what = peers_from if peers_text is not None else join_from
     if node_id is None:
-        raise SettingsError(f"{peers_from} needs --node-id (or QUORRA_NODE_ID)")
-    peers = parse_peers(peers_text, peers_from)
+        raise SettingsError(f"{what} needs --node-id (or QUORRA_NODE_ID)")
+    peers = {} if peers_text is None else parse_peers(peers_text, peers_from)
     if node_id in peers:
         raise SettingsError(f"{peers_from} names this node ({node_id!r}): list only the others")
     listen_text, listen_from = sources.get("listen", "--cluster-listen", "QUORRA_CLUSTER_LISTEN")
     if listen_text is None:
-        raise SettingsError(f"{peers_from} needs --cluster-listen (or QUORRA_CLUSTER_LISTEN)")
+        raise SettingsError(f"{what} needs --cluster-listen (or QUORRA_CLUSTER_LISTEN)")
     listen = parse_address(listen_text, listen_from, port_zero_ok=True)
     for name, address in peers.items():
         if address == listen:
             raise SettingsError(f"{peers_from}: {name!r} has this node's address {listen_text}")
+    join = None
+    if join_text is not None:
+        join = _join(join_text, join_from, listen, listen_text, listen_from)
     cluster_id, cluster_id_from = sources.get("cluster_id", "--cluster-id", "QUORRA_CLUSTER_ID")
     return ClusterSettings(
         node_id=node_id,
@@ -228,7 +239,23 @@ def cluster_settings(
         secret=_secret(sources),
         cluster_id=None if cluster_id is None else check_node_id(cluster_id, cluster_id_from),
         tls=_tls(sources),
+        join=join,
     )
+
+
+def _join(text: str, what: str, listen: Address, listen_text: str, listen_from: str) -> Address:
+    """The node to join; this node's listener must be where its new peers dial it,
+    since the cluster records that address."""
+    join = parse_address(text, what)
+    if join == listen:
+        raise SettingsError(f"{what}: {text} is this node's own {listen_from}")
+    host, port = listen
+    if port == 0 or host in ("0.0.0.0", "::"):
+        raise SettingsError(
+            f"{what} needs {listen_from} to be the address its peers dial (the cluster"
+            f" records it), not {listen_text}"
+        )
+    return join
 
 
 _TLS_SETTINGS = (

@@ -84,6 +84,9 @@ def meta_bootstrap(cluster: ClusterSettings) -> MetaBootstrap:
     from engine.runtime.meta_group import MetaBootstrap
 
     assert cluster.cluster_id is not None, "start-up settles the cluster id first"
+    if cluster.joined:
+        # Not an initial member: the metadata's leader adds it, and knows the others.
+        return MetaBootstrap(cluster.cluster_id, {}, joined=True)
     members = {name: format_address(address) for name, address in cluster.peers.items()}
     members[cluster.node_id] = format_address(cluster.listen)
     return MetaBootstrap(cluster.cluster_id, members)

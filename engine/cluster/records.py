@@ -103,6 +103,16 @@ class TokenRecord:
 Record = NodeRecord | QueueRecord | UserRecord | TokenRecord
 
 
+def split_address(text: str) -> tuple[str, int] | None:
+    """``host:port`` (``[v6]:port``) as the metadata records it; ``None`` if malformed."""
+    host, colon, port = text.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not colon or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        return None
+    return host, int(port)
+
+
 def record_to_wire(record: Record) -> list[Any]:
     """The record's fields in order, the policy as its dict (for a snapshot)."""
     out: list[Any] = []
@@ -136,4 +146,5 @@ __all__ = [
     "UserRecord",
     "queue_from_wire",
     "record_to_wire",
+    "split_address",
 ]

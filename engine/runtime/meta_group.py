@@ -3,8 +3,9 @@
 Rule: the metadata is a Raft group like a queue's, on the same driver
 (``engine.runtime.driver``), the same shared WAL and the same transport, under the
 reserved uid ``META_UID`` (no queue has it: queue uids are 32 hex digits). Its voters
-are the cluster's initial members, at most ``Limits.meta_voters_max`` of them (the first
-in name order). The first leader of a new cluster proposes ``Bootstrap`` and an
+are at first the cluster's initial members, at most ``Limits.meta_voters_max`` of them (the
+first in name order); nodes that join later are added by the group's leader, as learners
+then voters while there are fewer than that (``engine.runtime.meta_members``). The first leader of a new cluster proposes ``Bootstrap`` and an
 ``AddNode`` for each initial member; any later leader proposes what of that is missing,
 which is nothing once it committed.
 
@@ -87,7 +88,10 @@ class MetaBootstrap:
 
     cluster_id: str
     members: dict[str, str]
-    """The initial members: node name -> ``host:port`` of its cluster listener."""
+    """The initial members: node name -> ``host:port`` of its cluster listener. Empty for
+    a node that joined later: it starts with no configuration, and the group's leader
+    adds it (``engine.runtime.meta_members``)."""
+    joined: bool = False
 
 
 class MetaGroup:
@@ -127,7 +131,8 @@ class MetaGroup:
         before the WAL writer starts, like ``Hosting.host``)."""
         ctx = self.ctx
         storage = ctx.storage
-        rec = storage.open_server(META_UID, repairable=len(self.voters) > 1)
+        repairable = len(self.voters) > 1 or self.boot.joined
+        rec = storage.open_server(META_UID, repairable=repairable)
         machine = MetaMachine(ctx.limits)
         base = 0
         if rec.checkpoint is not None:

@@ -1,47 +1,57 @@
-"""The cluster's nodes as the metadata records them: whom the transport reaches.
+"""The cluster's nodes as the metadata records them: whom the transport reaches, and
+who replicates and votes in the metadata group.
 
 Rule: the metadata's node records are the truth about the cluster's nodes; the peers
 given at start only bootstrap it. On every replica, each applied change of the nodes
 (and a snapshot) tells the transport (``PeerBook``) every node's address: a node that
 joined later is reached, a forgotten one no longer (a node the metadata does not know
 yet stays: an initial member is known before its ``AddNode`` applies).
+
+On the metadata group's leader, a pass (with each reconcile pass: after every change
+and every ``Limits.reconcile_interval_ms``) makes the group's configuration follow the
+records, one Raft change at a time, as ``engine.cluster.meta_voters.next_change``
+decides: joined nodes added as learners, learners promoted while there are fewer voters
+than ``Limits.meta_voters_max``. A change that fails (a
+learner not caught up, leadership lost) is tried again by a later pass.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import TYPE_CHECKING
 
 from engine.cluster import MetaChanged
+from engine.cluster.meta_voters import VoterChange, next_change
+from engine.cluster.records import split_address
+from engine.errors import QuorraError
 from engine.ids import NodeName
+from engine.raft.events import AddServer
+from engine.raft.server import Role
+from engine.runtime.passes import Passes
+from engine.runtime.replica import Proposal, node_of, server_id
 from engine.runtime.transport import PeerBook
 
 if TYPE_CHECKING:
     from engine.runtime.context import NodeContext
+    from engine.runtime.meta_group import MetaGroup
 
 log = logging.getLogger("quorra.engine")
 
 
-def split_address(text: str) -> tuple[str, int] | None:
-    """``host:port`` (``[v6]:port``) as the metadata records it; ``None`` if malformed."""
-    host, colon, port = text.rpartition(":")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    if not colon or not host or not port.isdigit() or not 0 < int(port) <= 65535:
-        return None
-    return host, int(port)
-
-
-class MetaMembers:
+class MetaMembers(Passes):
     """Follows the metadata's nodes (see the module's rule)."""
 
     def __init__(self, ctx: NodeContext) -> None:
-        self.ctx = ctx
+        super().__init__(ctx)
+        self.changes = 0
+        """Membership changes of the metadata group this node made (for the tests)."""
 
     def on_change(self, change: MetaChanged | None) -> None:
         """A metadata listener."""
         if change is None or change.nodes:
             self.learn_peers()
+            self.trigger()
 
     def learn_peers(self) -> None:
         ctx = self.ctx
@@ -59,5 +69,45 @@ class MetaMembers:
                 peers[NodeName(name)] = address
         transport.learn_peers(peers, gone)
 
+    async def one_pass(self) -> bool:
+        ctx = self.ctx
+        group = ctx.meta_group
+        if group is None or not group.caught_up() or group.raft.role is not Role.LEADER:
+            return False
+        config = group.raft.config
+        change = next_change(
+            group.machine.nodes,
+            [node_of(s) for s in config.voters],
+            [node_of(s) for s in config.learners],
+            ctx.name,
+            ctx.limits.meta_voters_max,
+        )
+        if change is None:
+            return False
+        return await self.make(group, change)
 
-__all__ = ["MetaMembers", "split_address"]
+    async def make(self, group: MetaGroup, change: VoterChange) -> bool:
+        """Step ``change`` into the leader's core; whether it committed in time."""
+        ctx = self.ctx
+        sid = server_id(change.node, group.uid)
+        request_id = group.next_request_id
+        group.next_request_id += 1
+        event = AddServer(request_id, sid, learner_only=change.kind == "add_learner")
+        future: asyncio.Future[object] = ctx.loop.create_future()
+        group.proposals[request_id] = Proposal(future, None)
+        log.info("metadata: %s %s", change.kind.replace("_", " "), change.node)
+        group.tick()
+        group.raft.step(event)
+        group.schedule()
+        try:
+            await asyncio.wait_for(future, ctx.limits.cluster_call_deadline_ms / 1000)
+        except (QuorraError, TimeoutError) as e:
+            log.info("metadata: %s %s not done (%s)", change.kind, change.node, e or "timeout")
+            return False
+        finally:
+            group.proposals.pop(request_id, None)
+        self.changes += 1
+        return True
+
+
+__all__ = ["MetaMembers"]

@@ -72,7 +72,9 @@ class Reconciler(Passes):
     def trigger(self) -> None:
         """Ask for a pass: now, or after the one running."""
         super().trigger()
-        self.ctx.mover.trigger()  # the same moments serve the moves off leaving nodes
+        # The same moments serve the moves off leaving nodes and the metadata's members.
+        self.ctx.mover.trigger()
+        self.ctx.meta_members.trigger()
 
     async def one_pass(self) -> bool:
         ctx = self.ctx

@@ -23,8 +23,10 @@ import typing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, assert_never
 
+from engine.cluster import meta_commands as mc
+from engine.cluster.records import split_address
 from engine.cluster.replies import MembersChanged, Ok, QueueCreated, QueueDeleting, QueueExists
-from engine.errors import NoLeader, QueueNotFound, WireError
+from engine.errors import NoLeader, QueueNotFound, ValidationFailed, WireError
 from engine.ids import NodeName
 from engine.raft.server import Role
 from engine.runtime import observe, wire
@@ -143,6 +145,23 @@ class MetaPropose:
     command: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class JoinCall:
+    """Node ``node``, reached by its peers at ``address``, joins the cluster (sent on a
+    join connection, ``engine.runtime.tcp_join``); answers ``Joined``."""
+
+    node: str
+    address: str
+
+
+@dataclass(frozen=True, slots=True)
+class Joined:
+    """The cluster ``node`` joined: its id, and every node it holds (name -> address)."""
+
+    cluster_id: str
+    members: dict[str, str]
+
+
 MetaReply = Ok | QueueCreated | QueueExists | QueueDeleting | MembersChanged
 """What a committed metadata command answers (a rejection travels as its error)."""
 
@@ -155,7 +174,7 @@ class MetaProposed:
     reply: MetaReply
 
 
-wire.register((Ok, QueueCreated, QueueExists, QueueDeleting, MembersChanged, MetaProposed))
+wire.register((Ok, QueueCreated, QueueExists, QueueDeleting, MembersChanged, MetaProposed, Joined))
 
 LeaderCall = (
     PublishCall
@@ -170,7 +189,15 @@ LeaderCall = (
     | RemoveMemberCall
 )
 """A client operation on queue ``name``, run by the node of its leader."""
-NodeCall = CreateReplica | DeleteReplica | PublishRouted | MetaPropose | LeaderOfCall | LeaderCall
+NodeCall = (
+    CreateReplica
+    | DeleteReplica
+    | PublishRouted
+    | MetaPropose
+    | JoinCall
+    | LeaderOfCall
+    | LeaderCall
+)
 """Every call a node makes to another."""
 
 PROPOSING_CALL_TYPES = (
@@ -192,6 +219,7 @@ wait); the others (replicas, members, leadership) may take several steps."""
 CALL_TYPES: tuple[type[Any], ...] = (
     CreateReplica,
     MetaPropose,
+    JoinCall,
     DeleteReplica,
     PublishRouted,
     PublishCall,
@@ -291,11 +319,31 @@ class Router:
                 raise NoLeader(f"node {ctx.name} hosts no cluster metadata")
             index, reply = await group.propose_local(call.command)
             return MetaProposed(index, reply)
+        if isinstance(call, JoinCall):
+            return await self.join(call)
         # A client operation another node took: checked and admitted here too, as the
         # node that took it did (its checks are not this node's to trust).
         ctx.ops.check(call)
         async with ctx.admit():
             return await self.local(call)
+
+    async def join(self, call: JoinCall) -> Joined:
+        """Record the joining node in the metadata (through its leader), and tell it the
+        cluster: the metadata group's leader then adds it (``engine.runtime.meta_members``).
+        The same node at the same address again is answered the same; at another
+        address, ``Conflict``."""
+        ctx = self.ctx
+        group = ctx.meta_group
+        if group is None:
+            raise NoLeader(f"node {ctx.name} hosts no cluster metadata")
+        if split_address(call.address) is None:
+            raise ValidationFailed(f"{call.address!r:.80} is not host:port")
+        async with ctx.admit():
+            await group.wait_bootstrapped()
+            await group.propose(mc.AddNode(call.node, call.address))
+        machine = group.machine
+        members = {n: r.address for n, r in sorted(machine.nodes.items()) if r.state != "forgotten"}
+        return Joined(machine.cluster_id, members)
 
     async def local(self, call: LeaderCall) -> object:
         """Run ``call`` on this node, whose replica must lead."""
@@ -337,6 +385,8 @@ __all__ = [
     "BrowseCall",
     "CreateReplica",
     "DeleteReplica",
+    "JoinCall",
+    "Joined",
     "LeaderCall",
     "LeaderOfCall",
     "MetaPropose",

@@ -9,6 +9,11 @@ nonce, then checks the dialer's proof over its own. Any mismatch is a ``refused`
 with the reason, then ``HandshakeRefused`` on the side that found it (and on the other,
 which reads the refusal), so that both nodes can log and show why.
 
+A node joining the cluster (``quorra serve --join``) knows neither the cluster's id nor
+the name of the node it dials: its hello names neither (both empty), any node accepts
+it from any name, and the connection then carries the one call of
+``engine.runtime.tcp_join``. The secret is proven both ways all the same.
+
 A node the cluster forgot is told so, by a MAC'd ``forgotten`` frame (so that nobody
 without the secret can tell a node that): in place of the welcome when it dials a node
 that knows it was forgotten, in place of the proof when such a node dials it (only to
@@ -161,10 +166,10 @@ async def accept(
     me: Identity,
     dialers: Collection[str],
     forgotten: Collection[str] = (),
-) -> tuple[NodeName, Lane]:
-    """Check a dialer, one of ``dialers``, prove ``me`` and check its proof: the peer
-    and the lane of the connection. A dialer in ``forgotten`` is told so once it proved
-    itself, and refused."""
+) -> tuple[NodeName, Lane, bool]:
+    """Check a dialer, one of ``dialers`` (or any joining node), prove ``me`` and check
+    its proof: the peer, the lane of the connection, and whether the peer joins. A
+    dialer in ``forgotten`` is told so once it proved itself, and refused."""
     tag, fields = decode_handshake(await read_frame(reader, decoder))
     if tag != "hello":
         raise FrameError(f"expected a hello, got {tag}")
@@ -174,7 +179,8 @@ async def accept(
         _refuse(writer, reason)
         raise HandshakeRefused(reason)
     hello = hello_of(fields)
-    peer = NodeName(hello.src) if hello.src in dialers else None
+    joining = is_join(hello)
+    peer = NodeName(hello.src) if hello.src in dialers or joining else None
     told = hello.src in forgotten and hello.cluster_id == me.cluster_id and hello.dst == me.name
     why = None if told else _check_hello(hello, me, dialers)
     if why is not None:
@@ -199,7 +205,12 @@ async def accept(
         raise HandshakeRefused(f"told {printable(hello.src)} that the cluster forgot it")
     writer.write(encode_handshake("welcome"))
     assert peer is not None
-    return peer, Lane(hello.lane)
+    return peer, Lane(hello.lane), joining
+
+
+def is_join(hello: Hello) -> bool:
+    """A joining node's hello: it names no cluster and no node to reach."""
+    return hello.cluster_id == "" and hello.dst == ""
 
 
 async def tell_forgotten(
@@ -217,11 +228,14 @@ async def tell_forgotten(
 def _check_hello(hello: Hello, me: Identity, dialers: Collection[str]) -> str | None:
     """Why this hello is refused, or None. Says nothing of this node's own cluster id or
     limits beyond their fingerprint: the dialer is not authenticated yet."""
-    if hello.cluster_id != me.cluster_id:
+    if is_join(hello):
+        if not hello.src or hello.src == me.name:
+            return f"a joining node named {printable(hello.src)!r}"
+    elif hello.cluster_id != me.cluster_id:
         return f"cluster id {printable(hello.cluster_id)!r} is not this node's cluster"
-    if hello.dst != me.name:
+    elif hello.dst != me.name:
         return f"this is node {me.name}, not {printable(hello.dst)!r}"
-    if hello.src not in dialers:
+    elif hello.src not in dialers:
         return f"{printable(hello.src)!r} is not a peer that dials {me.name}"
     if hello.lane not in Lane._value2member_map_:
         return f"no lane {hello.lane}"
@@ -251,6 +265,7 @@ __all__ = [
     "TlsConfig",
     "accept",
     "dial",
+    "is_join",
     "read_frame",
     "tell_forgotten",
 ]

@@ -33,7 +33,8 @@ if configured); after it, frames of items (``engine.runtime.tcp_frames``).
   drops those it forgot: their connections close and no Raft message or call goes to
   them again. A forgotten node is only told that it was (``tcp_handshake``): when it
   dials, and by the node that dialed it, which now dials it only for that, at the
-  longest back-off. A node told so hears of it through ``on_forgotten``.
+  longest back-off. A node told so hears of it through ``on_forgotten``. A node not in
+  the cluster yet may join through any node: ``engine.runtime.tcp_join``.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ from engine.runtime.tcp_frames import (
     limits_fingerprint,
 )
 from engine.runtime.tcp_handshake import READ_BYTES, HandshakeRefused, Identity, TlsConfig
+from engine.runtime.tcp_join import serve_join
 from engine.runtime.transport import Peer, PeerHealth
 
 log = logging.getLogger("quorra.engine")
@@ -396,9 +398,12 @@ class TcpTransport:
         self._handshakes += 1
         try:
             async with asyncio.timeout(self._handshake_s()):
-                peer, lane = await handshake.accept(
+                peer, lane, joining = await handshake.accept(
                     reader, writer, decoder, self.identity, self._dialers, self._gone
                 )
+            if joining:
+                await serve_join(reader, writer, decoder, peer, self.limits, self._on_join)
+                return None
             link = self._links.get(peer)
             if link is None:
                 raise HandshakeRefused(f"{peer} left the cluster during its handshake")
@@ -475,6 +480,12 @@ class TcpTransport:
         self.rate_log.warning("refused", "%s: handshake with %s: %s", self.name, where, e.reason)
 
     # === what arrives =================================================================
+
+    async def _on_join(self, src: NodeName, call: NodeCall) -> object:
+        receiver = self._receiver
+        if receiver is None:
+            raise NoLeader(f"node {self.name} is not serving")
+        return await receiver.on_call(src, call)
 
     def on_item(self, conn: Conn, item: Item) -> None:
         kind, key, value = item

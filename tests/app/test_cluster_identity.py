@@ -4,6 +4,7 @@ network started around the node."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -12,10 +13,12 @@ from pathlib import Path
 import anyio
 import pytest
 
+from app import cluster_identity
 from app.cluster_identity import (
     CLUSTER_FILE,
     ClusterIdentity,
     IdentityRefused,
+    JoinFailed,
     derive_cluster_id,
     read_identity,
     settle_identity,
@@ -26,8 +29,11 @@ from app.cluster_settings import ClusterSettings, TlsFiles
 from app.engine_seam import make_node
 from app.main import StartupReport, create_app
 from app.settings import Settings
+from engine.errors import Conflict, NoLeader
 from engine.ids import NodeName
 from engine.runtime.node import Node
+from engine.runtime.routing import JoinCall, Joined
+from engine.runtime.tcp_handshake import HandshakeRefused
 from engine.runtime.tcp_transport import TcpTransport, TlsConfig
 from engine.runtime.transport import LocalTransport, Peer
 from tests.app.conftest import QUORRA, ROOT, Server, free_port
@@ -112,6 +118,72 @@ def test_a_damaged_identity_file_is_refused(tmp_path: Path, body: str) -> None:
     (tmp_path / CLUSTER_FILE).write_text(body)
     with pytest.raises(IdentityRefused, match=CLUSTER_FILE):
         settle_identity(tmp_path, cluster("n1"))
+
+
+JOINER = ClusterSettings("n4", ("127.0.0.1", 7004), {}, SECRET, join=("127.0.0.1", 7001))
+MEMBERS = {"n1": "127.0.0.1:7001", "n2": "127.0.0.1:7002", "n3": "127.0.0.1:7003"}
+
+
+def asked(monkeypatch: pytest.MonkeyPatch, answer: Joined | Exception) -> list[JoinCall]:
+    """Stand in for the node of ``--join``: the calls it got; answers ``answer``."""
+    calls: list[JoinCall] = []
+
+    async def ask(cluster: ClusterSettings, limits: object) -> Joined:
+        calls.append(JoinCall(cluster.node_id, f"{cluster.listen[0]}:{cluster.listen[1]}"))
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    monkeypatch.setattr(cluster_identity, "_ask_to_join", ask)
+    return calls
+
+
+def test_a_joining_node_writes_what_the_cluster_answered_and_restarts_from_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = asked(monkeypatch, Joined("qc-prod", {**MEMBERS, "n4": "127.0.0.1:7004"}))
+    identity = settle_identity(tmp_path, JOINER)
+    assert calls == [JoinCall("n4", "127.0.0.1:7004")]
+    assert identity == ClusterIdentity(
+        "qc-prod", "n4", {**MEMBERS, "n4": "127.0.0.1:7004"}, joined=True
+    )
+    assert json.loads((tmp_path / CLUSTER_FILE).read_text())["joined"] is True
+    assert read_identity(tmp_path) == identity
+    # --join again is a plain restart: nobody is asked, the file decides.
+    assert settle_identity(tmp_path, JOINER) == identity
+    assert len(calls) == 1
+    # The settled settings carry the peers it was told, and say it joined.
+    given = Settings(data_dir=tmp_path, cluster=JOINER, node_name="n4")
+    settled = settled_settings(given).cluster
+    assert settled is not None and settled.joined and settled.cluster_id == "qc-prod"
+    assert settled.peers == {n: ("127.0.0.1", 7000 + int(n[1:])) for n in MEMBERS}
+    # Another cluster's id given: its data directory is refused, as any node's is.
+    with pytest.raises(IdentityRefused, match="belongs to cluster qc-prod"):
+        settle_identity(tmp_path, dataclasses.replace(JOINER, cluster_id="other"))
+
+
+@pytest.mark.parametrize(
+    ("answer", "refused", "expected"),
+    [
+        (Conflict("node n4 is known at 127.0.0.1:9"), IdentityRefused, "known at 127.0.0.1:9"),
+        (HandshakeRefused("bad MAC: the cluster secret differs"), IdentityRefused, "secret"),
+        (ConnectionRefusedError(111, "Connection refused"), JoinFailed, "try again"),
+        (NoLeader("no leader yet"), JoinFailed, "no leader yet; try again"),
+    ],
+)
+def test_a_join_refused_or_failed_says_why_and_writes_nothing(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    answer: Exception,
+    refused: type[Exception],
+    expected: str,
+) -> None:
+    asked(monkeypatch, answer)
+    with pytest.raises(refused, match=expected) as failed:
+        settle_identity(tmp_path, JOINER)
+    prefix = "joining through" if refused is IdentityRefused else "could not join through"
+    assert str(failed.value).startswith(f"{prefix} 127.0.0.1:7001")
+    assert not (tmp_path / CLUSTER_FILE).exists()
 
 
 # --- the node and its network in the app ---------------------------------------------------

@@ -94,6 +94,24 @@ def with_flags(**changes: str | None) -> ClusterFlags:
     return ClusterFlags(**{**_fields(CLUSTER), **changes})
 
 
+JOIN = ClusterFlags(node_id="n4", listen="127.0.0.1:7004", join="127.0.0.1:7001")
+
+
+def with_join(**changes: str | None) -> ClusterFlags:
+    return ClusterFlags(**{**_fields(JOIN), **changes})
+
+
+def test_a_node_that_joins_from_flags_or_the_environment(tmp_path: Path) -> None:
+    s = settings(tmp_path, JOIN)
+    assert s.cluster is not None and s.cluster.node_id == "n4"
+    assert s.cluster.join == ("127.0.0.1", 7001) and s.cluster.peers == {}
+    assert not s.cluster.joined, "settled from the data directory at start"
+    env = {"QUORRA_CLUSTER_SECRET": SECRET, "QUORRA_CLUSTER_JOIN": "n1.example:7001"}
+    s = settings(tmp_path, with_join(join=None, peers=PEERS.replace("n1", "n9")), env)
+    assert s.cluster is not None and s.cluster.join == ("n1.example", 7001)
+    assert sorted(s.cluster.peers) == ["n2", "n3"]
+
+
 @pytest.mark.parametrize(
     ("flags", "env", "expected"),
     [
@@ -135,6 +153,13 @@ def with_flags(**changes: str | None) -> ClusterFlags:
         (ClusterFlags(), {"QUORRA_CLUSTER_ID": "c1"}, "QUORRA_CLUSTER_ID: only for a node"),
         (CLUSTER, {"QUORRA_CLUSTER_SECRET": SECRET, "QUORRA_NODE_NAME": "n9"}, "differ"),
         (with_flags(tls_cert="/nonexistent.pem"), None, "--cluster-tls-cert: /nonexistent.pem"),
+        (JOIN, {}, "a cluster node needs the cluster secret"),
+        (with_join(node_id=None), None, "--join needs --node-id"),
+        (with_join(listen=None), None, "--join needs --cluster-listen"),
+        (with_join(join="127.0.0.1"), None, "--join: '127.0.0.1' is not host:port"),
+        (with_join(join="127.0.0.1:7004"), None, "is this node's own --cluster-listen"),
+        (with_join(listen="127.0.0.1:0"), None, "--join needs --cluster-listen to be the address"),
+        (with_join(listen="0.0.0.0:7004"), None, "the address its peers dial"),
     ],
 )
 def test_bad_settings_are_refused_with_one_line_naming_them(

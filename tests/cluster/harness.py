@@ -23,6 +23,9 @@ of CLUSTER_PLAN.md: ``--node-id``, ``--cluster-listen``, ``--peers`` and the sha
 in ``QUORRA_CLUSTER_SECRET``. Every node's admin is ``admin`` with ``ADMIN_PASSWORD``
 (``QUORRA_ADMIN_PASSWORD``, the bootstrap admin of a first start); ``token(node)`` trades
 it for a bearer token on that node.
+
+``join(name, via)`` adds a node to the running cluster: it starts with ``--join`` at
+``via``'s cluster port (no proxy: the faults above do not act on a joined node's traffic).
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ class ClusterNode(Server):
         cluster_port: int,
         peers: dict[str, tuple[str, int]],
         secret: str,
+        join: tuple[str, int] | None = None,
     ) -> None:
         super().__init__(data_dir, port=free_port())
         self.name = name
@@ -73,16 +77,22 @@ class ClusterNode(Server):
         self.peers = peers
         self.secret = secret
         """``QUORRA_CLUSTER_SECRET``; a test may change it before a restart."""
+        self.join = join
+        """``--join`` (a test may drop it, or give peers instead, before a restart)."""
 
     def command(self) -> list[str]:
-        if not self.peers:
+        if not self.peers and self.join is None:
             return super().command()
-        peers = ",".join(f"{name}@{host}:{port}" for name, (host, port) in self.peers.items())
-        return [*super().command(), "--node-id", self.name,
-                "--cluster-listen", f"{HOST}:{self.cluster_port}", "--peers", peers]  # fmt: skip
+        flags = ["--node-id", self.name, "--cluster-listen", f"{HOST}:{self.cluster_port}"]
+        if self.peers:
+            peers = ",".join(f"{n}@{host}:{port}" for n, (host, port) in self.peers.items())
+            flags += ["--peers", peers]
+        if self.join is not None:
+            flags += ["--join", f"{self.join[0]}:{self.join[1]}"]
+        return [*super().command(), *flags]
 
     def start(self) -> Self:
-        if self.peers:
+        if self.peers or self.join is not None:
             self.env["QUORRA_CLUSTER_SECRET"] = self.secret
         else:
             self.env["QUORRA_NODE_NAME"] = self.name  # what the queues report as leader
@@ -147,10 +157,11 @@ class Cluster:
     ) -> None:
         assert size >= 1
         root.mkdir(parents=True, exist_ok=True)
+        self.root = root
         self.names = [f"n{i}" for i in range(1, size + 1)]
         cluster_ports = {name: free_port() for name in self.names}
         self.mesh = ProxyMesh({n: (HOST, p) for n, p in cluster_ports.items()}, handshake_frames)
-        secret = secrets.token_hex(16)
+        self.secret = secret = secrets.token_hex(16)
         self.nodes = {
             a: ClusterNode(
                 root / a,
@@ -173,6 +184,16 @@ class Cluster:
             for started in [pool.submit(node.start) for node in self.nodes.values()]:
                 started.result()
         return self
+
+    def join(self, name: str, via: str) -> ClusterNode:
+        """Start node ``name`` with ``--join`` at ``via``'s cluster port; returns once it
+        answers ``/readyz``."""
+        assert name not in self.nodes
+        join = (HOST, self.nodes[via].cluster_port)
+        node = ClusterNode(self.root / name, name, free_port(), {}, self.secret, join)
+        self.nodes[name] = node
+        self.names.append(name)
+        return node.start()
 
     def kill9(self, name: str) -> None:
         self.nodes[name].kill()

@@ -1,8 +1,107 @@
-"""The cluster's nodes as the metadata records them: their addresses."""
+"""The metadata group's members follow its node records (real nodes in one process, the
+in-memory transport): a node that joined is added as a learner and promoted while there
+are fewer than five voters, and a sixth stays a learner that applies the metadata."""
 
 from __future__ import annotations
 
-from engine.runtime.meta_members import split_address
+import asyncio
+from pathlib import Path
+
+from engine.cluster import meta_commands as mc
+from engine.cluster.records import split_address
+from engine.raft.config import Configuration
+from engine.runtime import InMemoryNetwork, Node
+from engine.runtime.api import QueueArgs
+from engine.runtime.meta_group import MetaBootstrap, MetaGroup
+from engine.runtime.replica import node_of
+from tests.engine.runtime.test_meta_group import LIMITS
+from tests.engine.runtime.util import eventually, run
+
+
+def address(name: str) -> str:
+    return f"127.0.0.1:{7000 + int(name[1:])}"
+
+
+def group(node: Node) -> MetaGroup:
+    g = node.context.meta_group
+    assert g is not None
+    return g
+
+
+async def start(root: Path, network: InMemoryNetwork, founders: list[str]) -> dict[str, Node]:
+    """Every node of ``network``: ``founders`` formed the cluster, the others will join."""
+    boot = MetaBootstrap("test-cluster", {n: address(n) for n in founders})
+    joined = MetaBootstrap("test-cluster", {}, joined=True)
+    nodes = {
+        name: Node(
+            root / name,
+            node_name=name,
+            limits=LIMITS,
+            transport=network.transport(name),
+            cluster=boot if name in founders else joined,
+        )
+        for name in network.names
+    }
+    await asyncio.gather(*(n.start() for n in nodes.values()))
+    await eventually(lambda: all(group(nodes[n]).bootstrapped() for n in founders), 20)
+    return nodes
+
+
+def config(nodes: dict[str, Node]) -> Configuration:
+    """The configuration of the metadata group's leader."""
+    for node in nodes.values():
+        g = group(node)
+        if g.raft.leader is not None and node_of(g.raft.leader) == node.name:
+            return g.raft.config
+    return Configuration(())
+
+
+def names(ids: tuple[str, ...]) -> list[str]:
+    return [node_of(s) for s in ids]
+
+
+def test_a_joined_node_becomes_a_learner_then_a_voter(tmp_path: Path) -> None:
+    async def body() -> None:
+        network = InMemoryNetwork(["n1", "n2", "n3", "n4"])
+        nodes = await start(tmp_path, network, ["n1", "n2", "n3"])
+        try:
+            n4 = group(nodes["n4"])
+            assert n4.raft.config == Configuration(()) and not n4.caught_up()
+            await group(nodes["n2"]).propose(mc.AddNode("n4", address("n4")))
+            await eventually(lambda: names(config(nodes).voters) == ["n1", "n2", "n3", "n4"])
+            await eventually(n4.caught_up, what="n4 applies the metadata")
+            assert n4.machine.nodes["n4"].state == "active"
+            assert n4.machine.cluster_id == "test-cluster"
+            # n4 takes replicas like any node: four replicas on four nodes.
+            await nodes["n1"].create_queue("q", QueueArgs(replicas=4))
+            await eventually(lambda: "q" in nodes["n4"].context.replicas, what="n4's replica")
+        finally:
+            await asyncio.gather(*(n.stop() for n in nodes.values()))
+
+    run(body(), 90)
+
+
+def test_a_sixth_node_stays_a_learner_that_applies_the_metadata(
+    tmp_path: Path,
+) -> None:
+    founders = ["n1", "n2", "n3", "n4", "n5"]
+
+    async def body() -> None:
+        network = InMemoryNetwork([*founders, "n6"])
+        nodes = await start(tmp_path, network, founders)
+        try:
+            await group(nodes["n1"]).propose(mc.AddNode("n6", address("n6")))
+            await eventually(lambda: names(config(nodes).learners) == ["n6"], 20)
+            n6 = group(nodes["n6"])
+            await eventually(n6.caught_up, what="the learner applies the metadata")
+            await asyncio.sleep(3 * LIMITS.reconcile_interval_ms / 1000)
+            assert names(config(nodes).voters) == founders, "five voters at most"
+            assert names(n6.raft.config.learners) == ["n6"], "it knows itself a learner"
+            assert n6.machine.nodes["n6"].address == address("n6")
+        finally:
+            await asyncio.gather(*(n.stop() for n in nodes.values() if n.context.running))
+
+    run(body(), 120)
 
 
 def test_addresses_in_the_metadata_parse_or_are_left_alone() -> None:

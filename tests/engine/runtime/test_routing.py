@@ -27,6 +27,7 @@ from engine.runtime.routing import (
     BrowseCall,
     CreateReplica,
     DeleteReplica,
+    JoinCall,
     LeaderOfCall,
     MetaPropose,
     MetaProposed,
@@ -64,6 +65,7 @@ CALLS: list[object] = [
     AddMemberCall("q", "n3"),
     RemoveMemberCall("q", "n3"),
     MetaPropose(encode_command(DeleteQueue("q"))),
+    JoinCall("n4", "127.0.0.1:7004"),
 ]
 
 

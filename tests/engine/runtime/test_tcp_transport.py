@@ -16,7 +16,7 @@ from typing import Any, cast
 
 import pytest
 
-from engine.errors import Backpressure, NoLeader, OutcomeUnknown, QueueNotFound
+from engine.errors import Backpressure, Conflict, NoLeader, OutcomeUnknown, QueueNotFound
 from engine.ids import NodeName, ServerId
 from engine.limits import DEFAULT_LIMITS, MIB, Limits
 from engine.raft.entry import Entry, EntryKind
@@ -25,6 +25,8 @@ from engine.runtime import tcp_handshake as handshake
 from engine.runtime.routing import (
     AddMemberCall,
     DeleteReplica,
+    JoinCall,
+    Joined,
     NodeCall,
     PublishCall,
     ReceiveCall,
@@ -42,6 +44,7 @@ from engine.runtime.tcp_frames import (
     frame,
     limits_fingerprint,
 )
+from engine.runtime.tcp_join import request_join
 from engine.runtime.tcp_transport import TcpTransport, TlsConfig, call_deadline_ms
 from tests.engine.runtime.util import eventually, run
 
@@ -725,6 +728,42 @@ def test_peers_learned_later_are_reached_and_forgotten_ones_no_longer() -> None:
             assert "the cluster forgot node n2" in told["n2"][0]
         finally:
             await c.close()
+
+    run(body(), 30)
+
+
+class JoinDesk(Recorder):
+    """Answers a ``JoinCall``: n9 is known elsewhere (``Conflict``), others join."""
+
+    async def on_call(self, src: NodeName, call: NodeCall) -> object:
+        self.calls.append((src, call))
+        assert isinstance(call, JoinCall)
+        if call.node == "n9":
+            raise Conflict("node n9 is known at 127.0.0.1:1")
+        return Joined("c1", {"n1": "127.0.0.1:1", call.node: call.address})
+
+
+def test_a_node_joins_through_any_node_with_the_secret_and_one_call() -> None:
+    async def body() -> None:
+        async with cluster(["n1", "n2"]) as c:
+            await c.all_connected()
+            desk = JoinDesk()
+            c.transports["n2"].attach(NodeName("n2"), desk)
+            address = (LOCAL, c.ports["n2"])
+            fingerprint = limits_fingerprint(LIMITS)
+            me = handshake.Identity(NodeName("n3"), "", SECRET, fingerprint)
+            joined = await request_join(address, me, JoinCall("n3", "h:3"), LIMITS)
+            assert joined == Joined("c1", {"n1": "127.0.0.1:1", "n3": "h:3"})
+            assert desk.calls == [("n3", JoinCall("n3", "h:3"))]
+            nine = handshake.Identity(NodeName("n9"), "", SECRET, fingerprint)
+            with pytest.raises(Conflict, match="known at"):
+                await request_join(address, nine, JoinCall("n9", "h:9"), LIMITS)
+            stranger = handshake.Identity(NodeName("n4"), "", b"another-secret-123", fingerprint)
+            with pytest.raises(handshake.HandshakeRefused, match="cluster secret"):
+                await request_join(address, stranger, JoinCall("n4", "h:4"), LIMITS)
+            assert len(desk.calls) == 2
+            # The join connections closed; the peers' stay up.
+            assert c.connected("n1", "n2")
 
     run(body(), 30)
 

@@ -36,7 +36,7 @@ from engine.runtime.api import (
     SettleResult,
 )
 from engine.runtime.meta import QueueMeta
-from engine.runtime.routing import PurgeCall
+from engine.runtime.routing import Joined, PurgeCall
 from tests.engine.runtime.test_routing import CALLS, META_ANSWERS
 
 A, B = ServerId("n1/q"), ServerId("n2/q")
@@ -142,6 +142,7 @@ def test_a_dataclass_with_the_wrong_field_count_is_refused() -> None:
 
 SAMPLES: list[object] = [
     *VALUES,
+    Joined("qc-1", {"n1": "127.0.0.1:7001", "n4": "127.0.0.1:7004"}),
     *CALLS,
     *META_ANSWERS,
     Entry(1, 1, EntryKind.CONFIG, 0, b"\x92\x90\x90"),

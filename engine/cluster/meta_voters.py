@@ -1,0 +1,62 @@
+"""Who replicates the metadata group: its next membership change, from its nodes.
+
+Rule of this module: every node the metadata records, except forgotten ones, holds a
+replica of the metadata group; at most ``Limits.meta_voters_max`` of them vote, the
+others are learners (they apply the log, so they serve and reconcile like any node, but
+count for no quorum). The metadata group's leader asks ``next_change`` for one change at
+a time (Raft changes one server at a time) and makes it; once it committed it asks
+again, until the answer is ``None``. In order:
+
+1. an active node that is no member joins as a learner (the oldest joiner first);
+2. while there are fewer voters than the limit, the active learner that joined first
+   is promoted (it catches up first).
+
+Only active nodes join or are promoted: a draining node is on its way out, and a lost
+one could not catch up. Pure: the configuration is given as node names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from engine.cluster.records import NodeRecord
+
+ChangeKind = Literal["add_learner", "promote"]
+
+
+@dataclass(frozen=True, slots=True)
+class VoterChange:
+    kind: ChangeKind
+    node: str
+
+
+def next_change(
+    nodes: Mapping[str, NodeRecord],
+    voters: Collection[str],
+    learners: Collection[str],
+    leader: str,
+    voters_max: int,
+) -> VoterChange | None:
+    """The next change of the metadata group's members (see the module's rule)."""
+    members = set(voters) | set(learners)
+    joiners = _by_joining(
+        n for n in nodes.values() if n.state == "active" and n.name not in members
+    )
+    if joiners:
+        return VoterChange("add_learner", joiners[0])
+    if len(voters) < voters_max:
+        ready = _by_joining(
+            nodes[name] for name in learners if name in nodes and nodes[name].state == "active"
+        )
+        if ready:
+            return VoterChange("promote", ready[0])
+    return None
+
+
+def _by_joining(records: Iterable[NodeRecord]) -> list[str]:
+    return [r.name for r in sorted(records, key=lambda r: (r.joined_index, r.name))]
+
+
+__all__ = ["ChangeKind", "VoterChange", "next_change"]

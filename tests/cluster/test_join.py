@@ -1,0 +1,65 @@
+"""A fourth node joins a running cluster of three real server processes with ``--join``,
+takes a replica of a queue, serves it under the checker's load, and restarts as any node
+does (issue 15, "add a fourth node with --join")."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.cluster.checker import Checker
+from tests.cluster.harness import HOST, Cluster
+
+pytestmark = pytest.mark.integration
+
+StartCluster = Callable[[int], Cluster]
+WAIT_S = 30.0
+
+
+def _wait(what: str, ready: Callable[[], bool], timeout_s: float = WAIT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        assert time.monotonic() < deadline, f"no {what} in {timeout_s} s"
+        time.sleep(0.2)
+
+
+def _nodes(cluster: Cluster, via: str) -> dict[str, dict[str, Any]]:
+    response = cluster.client(via).get("/api/v1/cluster")
+    return {} if response.status_code != 200 else {n["name"]: n for n in response.json()["nodes"]}
+
+
+def _members(cluster: Cluster, queue: str, via: str) -> list[str]:
+    raft = cluster.raft_stats(queue, via) or {}
+    return sorted(m["node"] for m in raft.get("members", []))
+
+
+def test_a_node_joins_takes_a_replica_serves_it_and_restarts(start_cluster: StartCluster) -> None:
+    cluster = start_cluster(3)
+    queue = cluster.create_queue("widened", replicas=2, lease_ms=2000)
+    joined = cluster.join("n4", via="n2")
+    assert "joined" in (joined.data_dir / "cluster.json").read_text()
+    for via in ("n1", "n4"):
+        _wait(f"n4 active as {via} sees it", lambda v=via: _nodes(cluster, v).get("n4", {}).get("state") == "active")  # type: ignore[misc]  # fmt: skip
+    _wait("n4 connected to n1", lambda: _nodes(cluster, "n1")["n4"].get("connected") is True)
+    # Through n4, which holds no replica yet: it serves the queue by forwarding.
+    checker = Checker(queue, [cluster.endpoint("n4")]).start()
+    try:
+        checker.wait_confirmed(20, timeout_s=WAIT_S)
+        added = cluster.client("n4").post(f"/api/v1/queues/{queue}/members", json={"node": "n4"})
+        assert added.status_code == 200, added.text
+        _wait("n4 a member", lambda: "n4" in _members(cluster, queue, "n4"))
+        checker.wait_confirmed(checker.confirmed_count() + 20, timeout_s=WAIT_S)
+        # Restarted without --join, as any node is: with its peers.
+        joined.stop()
+        joined.join = None
+        joined.peers = {n: (HOST, cluster.nodes[n].cluster_port) for n in ("n1", "n2", "n3")}
+        joined.start()
+        checker.wait_confirmed(checker.confirmed_count() + 20, timeout_s=WAIT_S)
+    finally:
+        checker.stop()
+    checker.check()
+    assert "n4" in _members(cluster, queue, "n1")
+    assert "n4" in cluster.output("n4") and "Cluster qc-" in cluster.output("n4")

@@ -1,0 +1,43 @@
+"""The metadata group's next membership change, from its node records (pure)."""
+
+from __future__ import annotations
+
+from engine.cluster.meta_voters import VoterChange, next_change
+from engine.cluster.records import NodeRecord, NodeState
+
+
+def nodes(*spec: tuple[str, NodeState]) -> dict[str, NodeRecord]:
+    """Records joined in the order given."""
+    return {
+        name: NodeRecord(name, f"h:{k + 1}", state, k + 1, k + 1)
+        for k, (name, state) in enumerate(spec)
+    }
+
+
+ACTIVE: NodeState = "active"
+
+
+def test_nothing_to_change_when_the_members_match_the_records() -> None:
+    recs = nodes(*((n, ACTIVE) for n in ["n1", "n2", "n3"]))
+    assert next_change(recs, ["n1", "n2", "n3"], [], "n1", 5) is None
+
+
+def test_a_joined_node_is_added_as_a_learner_then_promoted() -> None:
+    recs = nodes(*((n, ACTIVE) for n in ["n1", "n2", "n3", "n4"]))
+    assert next_change(recs, ["n1", "n2", "n3"], [], "n1", 5) == VoterChange("add_learner", "n4")
+    assert next_change(recs, ["n1", "n2", "n3"], ["n4"], "n1", 5) == VoterChange("promote", "n4")
+
+
+def test_beyond_the_voter_limit_nodes_stay_learners() -> None:
+    names = ["n1", "n2", "n3", "n4", "n5", "n6", "n7"]
+    recs = nodes(*((n, ACTIVE) for n in names))
+    voters = names[:5]
+    assert next_change(recs, voters, [], "n1", 5) == VoterChange("add_learner", "n6")
+    assert next_change(recs, voters, ["n6"], "n1", 5) == VoterChange("add_learner", "n7")
+    assert next_change(recs, voters, ["n6", "n7"], "n1", 5) is None
+
+
+def test_only_active_nodes_join_or_are_promoted() -> None:
+    spec = [("n1", ACTIVE), ("n2", ACTIVE), ("n3", "lost"), ("n4", "draining")]
+    recs = nodes(*spec, ("n5", "lost"))
+    assert next_change(recs, ["n1", "n2"], ["n5"], "n1", 5) is None
