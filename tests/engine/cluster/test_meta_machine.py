@@ -274,3 +274,17 @@ def test_garbage_is_answered_not_raised(data: bytes) -> None:
     log = Log()
     reply, effects = log.machine.apply(ApplyMeta(log.index + 1, 1, 0), data)
     assert isinstance(reply, Rejected) and effects == []
+
+
+def test_a_node_that_joined_later_takes_new_replicas_first_and_may_take_a_member() -> None:
+    log = Log()
+    log.create("a", replicas=3)
+    log.create("b", replicas=2)
+    assert log.do(mc.AddNode("n4", "127.0.0.1:7004")) == Ok(True)
+    assert log.do(mc.AddNode("n4", "127.0.0.1:7004")) == Ok(False), "joining again: the same"
+    assert _error(log.do(mc.AddNode("n4", "127.0.0.1:9"))) is Conflict
+    # The least-loaded node is the newcomer: a new queue of one replica goes there.
+    assert log.create("c", replicas=1).members == ("n4",)
+    record = log.machine.queues["a"]
+    moved = log.do(mc.AddMember(record.uid, "n4", record.generation))
+    assert isinstance(moved, MembersChanged) and "n4" in moved.members
