@@ -7,9 +7,13 @@ count for no quorum). The metadata group's leader asks ``next_change`` for one c
 a time (Raft changes one server at a time) and makes it; once it committed it asks
 again, until the answer is ``None``. In order:
 
-1. an active node that is no member joins as a learner (the oldest joiner first);
-2. while there are fewer voters than the limit, the active learner that joined first
-   is promoted (it catches up first).
+1. a member whose node is forgotten is removed once the leader no longer hears from it
+   (never the leader itself: the next leader removes it), so that a forgotten voter does
+   not weigh on the quorum. A forgotten node that is up hears of it through the group,
+   then stops; removing it first would leave it serving, never told;
+2. an active node that is no member joins as a learner (the oldest joiner first);
+3. while there are fewer voters than the limit, the active learner that joined first
+   is promoted (it catches up first), which also replaces a removed voter.
 
 Only active nodes join or are promoted: a draining node is on its way out, and a lost
 one could not catch up. Pure: the configuration is given as node names.
@@ -23,7 +27,7 @@ from typing import Literal
 
 from engine.cluster.records import NodeRecord
 
-ChangeKind = Literal["add_learner", "promote"]
+ChangeKind = Literal["remove", "add_learner", "promote"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,9 +42,16 @@ def next_change(
     learners: Collection[str],
     leader: str,
     voters_max: int,
+    heard: Collection[str],
 ) -> VoterChange | None:
-    """The next change of the metadata group's members (see the module's rule)."""
+    """The next change of the metadata group's members (see the module's rule);
+    ``heard``: the members the leader heard from lately."""
     members = set(voters) | set(learners)
+    for name in sorted(members):
+        rec = nodes.get(name)
+        gone = rec is not None and rec.state == "forgotten"
+        if gone and name != leader and name not in heard:
+            return VoterChange("remove", name)
     joiners = _by_joining(
         n for n in nodes.values() if n.state == "active" and n.name not in members
     )

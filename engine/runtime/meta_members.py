@@ -10,8 +10,9 @@ yet stays: an initial member is known before its ``AddNode`` applies).
 On the metadata group's leader, a pass (with each reconcile pass: after every change
 and every ``Limits.reconcile_interval_ms``) makes the group's configuration follow the
 records, one Raft change at a time, as ``engine.cluster.meta_voters.next_change``
-decides: joined nodes added as learners, learners promoted while there are fewer voters
-than ``Limits.meta_voters_max``. A change that fails (a
+decides: forgotten members removed once they stopped, joined nodes added as learners,
+learners promoted while there are fewer voters than ``Limits.meta_voters_max`` (so a
+learner takes a forgotten voter's place). A change that fails (a
 learner not caught up, leadership lost) is tried again by a later pass.
 """
 
@@ -26,7 +27,7 @@ from engine.cluster.meta_voters import VoterChange, next_change
 from engine.cluster.records import split_address
 from engine.errors import QuorraError
 from engine.ids import NodeName
-from engine.raft.events import AddServer
+from engine.raft.events import AddServer, RemoveServer
 from engine.raft.server import Role
 from engine.runtime.passes import Passes
 from engine.runtime.replica import Proposal, node_of, server_id
@@ -74,13 +75,16 @@ class MetaMembers(Passes):
         group = ctx.meta_group
         if group is None or not group.caught_up() or group.raft.role is not Role.LEADER:
             return False
-        config = group.raft.config
+        raft = group.raft
+        config = raft.config
+        heard = [node_of(s) for s, pr in raft.progress.items() if pr.recent_active]
         change = next_change(
             group.machine.nodes,
             [node_of(s) for s in config.voters],
             [node_of(s) for s in config.learners],
             ctx.name,
             ctx.limits.meta_voters_max,
+            heard,
         )
         if change is None:
             return False
@@ -92,7 +96,11 @@ class MetaMembers(Passes):
         sid = server_id(change.node, group.uid)
         request_id = group.next_request_id
         group.next_request_id += 1
-        event = AddServer(request_id, sid, learner_only=change.kind == "add_learner")
+        event: AddServer | RemoveServer
+        if change.kind == "remove":
+            event = RemoveServer(request_id, sid)
+        else:
+            event = AddServer(request_id, sid, learner_only=change.kind == "add_learner")
         future: asyncio.Future[object] = ctx.loop.create_future()
         group.proposals[request_id] = Proposal(future, None)
         log.info("metadata: %s %s", change.kind.replace("_", " "), change.node)
