@@ -142,8 +142,12 @@ class Nemesis:
         self.next_admin_request += 1
         outside = [s for s in world.ids if s not in config.members]
         event: Event
-        if outside:
-            event = AddServer(self.next_admin_request, outside[0])
+        if config.learners and world.rng.random() < 0.5:
+            # A learner left by an addition that stopped at it, or added as one only.
+            event = AddServer(self.next_admin_request, world.rng.choice(config.learners))
+        elif outside:
+            learner_only = world.rng.random() < 0.3
+            event = AddServer(self.next_admin_request, outside[0], learner_only=learner_only)
         elif len(config.voters) >= 3 and not self._repairing():
             event = RemoveServer(self.next_admin_request, world.rng.choice(config.members))
         else:
