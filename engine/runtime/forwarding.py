@@ -42,13 +42,15 @@ class Forwarder:
         self.refreshing: set[str] = set()
 
     def remote(self, name: str) -> QueueRecord | None:
-        """The metadata record of ``name`` if it is live and has no replica here."""
+        """The metadata record of ``name`` if it is live and has no replica here: this
+        node is no member, or a member whose replica its reconcile pass has not created
+        yet (a replica being added here: served by forwarding until it exists)."""
         ctx = self.ctx
         group = ctx.meta_group
         if group is None or name in ctx.replicas or name in ctx.failed:
             return None
         rec = group.machine.queues.get(name)
-        if rec is None or rec.state != "live" or ctx.name in rec.members:
+        if rec is None or rec.state != "live":
             return None
         return rec
 
@@ -96,7 +98,7 @@ class Forwarder:
         ctx = self.ctx
         deadline = ctx.loop.time() + ctx.limits.leader_wait_ms / 1000
         last: QuorraError = NoLeader(f"queue {name} has no leader yet")
-        for member in _leader_first(rec):
+        for member in _leader_first(rec, ctx.name):
             remaining_s = deadline - ctx.loop.time()
             if remaining_s <= 0:
                 break
@@ -183,9 +185,10 @@ class Forwarder:
             await asyncio.sleep(ctx.limits.poll_interval_ms / 1000)
 
 
-def _leader_first(rec: QueueRecord) -> list[str]:
-    """The members to ask, the placement's leader hint first."""
-    return sorted(rec.members, key=lambda m: (m != rec.leader, m))
+def _leader_first(rec: QueueRecord, me: str) -> list[str]:
+    """The members to ask (not this node), the placement's leader hint first."""
+    others = [m for m in rec.members if m != me]
+    return sorted(others, key=lambda m: (m != rec.leader, m))
 
 
 def with_age(stats: dict[str, object], leader: str | None, age_ms: int) -> dict[str, object]:
