@@ -26,9 +26,13 @@ How the runtime uses it
   ``RemoveMember(uid, source, generation + 1)``. ``placement.replacements`` (a lost node)
   and ``placement.drain_plan`` (a draining node) list those moves; forget a node with
   ``SetNodeState(name, "forgotten")`` once it holds no replica.
+* **The metadata group's own members** follow the node records: on its leader,
+  ``meta_voters.next_change`` names the next Raft change (a joined node added as a
+  learner, a learner promoted while there are fewer than five voters, a forgotten member
+  removed once silent).
 """
 
-from engine.cluster import meta_commands, placement, reconcile
+from engine.cluster import meta_commands, meta_voters, placement, reconcile
 from engine.cluster.meta_commands import MetaCommand, decode_command, encode_command
 from engine.cluster.meta_machine import MetaMachine
 from engine.cluster.records import NodeRecord, QueueRecord, TokenRecord, UserRecord
@@ -57,6 +61,7 @@ __all__ = [
     "decode_command",
     "encode_command",
     "meta_commands",
+    "meta_voters",
     "placement",
     "reconcile",
 ]
