@@ -457,9 +457,9 @@ class ReplicaIo:
         self.ctx.hosting.submit(rep, AppendOp(rep.uid, tuple(entries)))
 
     def writes_queued(self) -> None:
-        writer = self.ctx.writer
-        assert writer is not None
-        writer.wake()
+        """Nothing to do: the submit that found the WAL idle woke its writer already
+        (``Wal.waker``), and a busy writer takes what is pending when its sync ends. A
+        second notify per ``Ready`` cost a lock and a futex wake on every publish."""
 
     def send(self, message: Message) -> None:
         self.ctx.hosting.send(self.rep, message)
