@@ -47,6 +47,15 @@ class CoalescingTransport:
             self._loop.call_soon(self._flush)
         self._pending.append(data)
 
+    @property
+    def plain(self) -> asyncio.Transport:
+        """The transport written to."""
+        return self._transport
+
+    def flush(self) -> None:
+        """Send what is gathered now."""
+        self._flush()
+
     def _flush(self) -> None:
         if not self._pending:
             return
@@ -85,8 +94,15 @@ class CoalescingProtocol(_Base):
 
     def handle_websocket_upgrade(self, *args: Any) -> None:
         """The connection becomes a WebSocket (a stream, app/api/stream.py), which lives
-        as long as its peers want: no request headers are due on it any more."""
+        as long as its peers want: no request headers are due on it any more. Its
+        protocol writes each frame whole, so it gets the plain transport: gathering
+        would hold every confirm and delivery back until the loop's next turn (a
+        publish with one outstanding waits for each confirm)."""
         self._stop_header_timer()
+        transport = self.transport
+        if isinstance(transport, CoalescingTransport):
+            transport.flush()  # what was gathered before the upgrade leaves first
+            self.transport = transport.plain
         super().handle_websocket_upgrade(*args)
 
     def _start_header_timer(self) -> None:
