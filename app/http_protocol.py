@@ -47,6 +47,15 @@ class CoalescingTransport:
             self._loop.call_soon(self._flush)
         self._pending.append(data)
 
+    @property
+    def plain(self) -> asyncio.Transport:
+        """The transport written to."""
+        return self._transport
+
+    def flush(self) -> None:
+        """Send what is gathered now."""
+        self._flush()
+
     def _flush(self) -> None:
         if not self._pending:
             return
@@ -69,6 +78,8 @@ class CoalescingProtocol(_Base):
 
     header_read_timeout_s: ClassVar[float] = 10.0
     _header_timer: asyncio.TimerHandle | None = None
+    _header_due: float | None = None
+    """When the headers due are late (loop time); None when none are due."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(CoalescingTransport(transport, asyncio.get_running_loop()))  # type: ignore[arg-type]
@@ -85,24 +96,42 @@ class CoalescingProtocol(_Base):
 
     def handle_websocket_upgrade(self, *args: Any) -> None:
         """The connection becomes a WebSocket (a stream, app/api/stream.py), which lives
-        as long as its peers want: no request headers are due on it any more."""
+        as long as its peers want: no request headers are due on it any more. Its
+        protocol writes each frame whole, so it gets the plain transport: gathering
+        would hold every confirm and delivery back until the loop's next turn (a
+        publish with one outstanding waits for each confirm)."""
         self._stop_header_timer()
+        transport = self.transport
+        if isinstance(transport, CoalescingTransport):
+            transport.flush()  # what was gathered before the upgrade leaves first
+            self.transport = transport.plain
         super().handle_websocket_upgrade(*args)
 
     def _start_header_timer(self) -> None:
-        self._stop_header_timer()
-        loop = asyncio.get_running_loop()
-        self._header_timer = loop.call_later(self.header_read_timeout_s, self._headers_late)
+        """Headers are due ``header_read_timeout_s`` from now. A timer already armed
+        (for an earlier, closer time) is kept and moved on when it fires: a keep-alive
+        connection starts the clock after every response, and a timer made and
+        cancelled per response was a cost on every request."""
+        self._header_due = self.loop.time() + self.header_read_timeout_s
+        if self._header_timer is None:
+            self._header_timer = self.loop.call_at(self._header_due, self._headers_late)
 
     def _stop_header_timer(self) -> None:
+        self._header_due = None
         if self._header_timer is not None:
             self._header_timer.cancel()
             self._header_timer = None
 
     def _headers_late(self) -> None:
         """Close, unless a request whose headers arrived is being answered (its response
-        starts the clock again when it ends)."""
+        starts the clock again when it ends), or the clock started again since."""
         self._header_timer = None
+        due = self._header_due
+        if due is None:
+            return
+        if self.loop.time() < due:
+            self._header_timer = self.loop.call_at(due, self._headers_late)
+            return
         answering = self.cycle is not None and not self.cycle.response_complete
         if not answering and not self.transport.is_closing():
             self.transport.close()

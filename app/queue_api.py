@@ -34,23 +34,38 @@ class QueueNameGuard:
     luck; this checks the raw segment after ``/api/v1/queues/`` instead. ``.`` and
     ``..`` match the name pattern but are dot-segments in a URL (RFC 3986): no client
     can address them, so they are refused too.
+
+    The segments found valid are remembered (up to ``NAMES_MAX``, then forgotten
+    together): a busy queue's requests name it again and again, and the check decodes
+    the segment and runs the name's pattern on each.
     """
+
+    NAMES_MAX = 4096
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
+        self._valid: set[bytes] = set()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             raw = scope.get("raw_path") or scope["path"].encode("utf-8", "surrogateescape")
             if raw.startswith(QUEUES_PREFIX):
                 segment = raw[len(QUEUES_PREFIX) :].split(b"/", 1)[0].split(b"?", 1)[0]
-                if segment_queue_name(segment) is None:
+                if segment not in self._valid and not self._check(segment):
                     response = problem_response(
                         422, "/problems/validation-failed", "Validation failed", QUEUE_NAME_RULE
                     )
                     await response(scope, receive, send)
                     return
         await self.app(scope, receive, send)
+
+    def _check(self, segment: bytes) -> bool:
+        if segment_queue_name(segment) is None:
+            return False
+        if len(self._valid) >= self.NAMES_MAX:
+            self._valid.clear()
+        self._valid.add(segment)
+        return True
 
 
 def install(app: FastAPI) -> None:

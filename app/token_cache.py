@@ -7,11 +7,17 @@ token (revocation, deletion, new permissions), so those take effect at once here
 change made by another process on the same database (``quorra user add``) adds users
 and tokens, which are never cached as missing; anything else it changes is seen within
 ``ttl_s``.
+
+A miss is looked up once however many requests meet it (``load``): when an entry
+expires under load, every request in flight with that token missed at once, and each
+sent its own read to a worker thread (64 reads a second per token with 64 clients).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from itertools import chain
 
 from sqlalchemy import event
@@ -27,6 +33,10 @@ class TokenCache:
         self.ttl_s = ttl_s
         self.entries_max = entries_max
         self._entries: dict[str, tuple[Principal, float]] = {}
+        self._loading: dict[str, asyncio.Future[Principal]] = {}
+        """Lookups in flight, by digest: later misses wait for them (``load``)."""
+        self._generation = 0
+        """Counts ``clear``: a lookup that began before one is not kept."""
 
     def get(self, digest: str) -> Principal | None:
         found = self._entries.get(digest)
@@ -43,7 +53,32 @@ class TokenCache:
             self._entries.clear()  # bounded; a full cache refills within a second
         self._entries[digest] = (principal, time.monotonic() + self.ttl_s)
 
+    async def load(self, digest: str, fetch: Callable[[], Awaitable[Principal]]) -> Principal:
+        """The principal of ``digest`` after a miss: ``fetch()``, shared by every miss of
+        the same digest meanwhile (its error too, e.g. an unknown token), then kept
+        unless the cache was cleared while it ran. A waiter cancelled meanwhile leaves
+        the lookup to the others."""
+        loading = self._loading.get(digest)
+        if loading is None:
+            loading = asyncio.ensure_future(self._fetch(digest, fetch, self._generation))
+            # Its error is seen here even when every waiter was cancelled meanwhile.
+            loading.add_done_callback(_seen)
+            self._loading[digest] = loading
+        return await asyncio.shield(loading)
+
+    async def _fetch(
+        self, digest: str, fetch: Callable[[], Awaitable[Principal]], generation: int
+    ) -> Principal:
+        try:
+            principal = await fetch()
+        finally:
+            del self._loading[digest]
+        if generation == self._generation:
+            self.put(digest, principal)
+        return principal
+
     def clear(self) -> None:
+        self._generation += 1
         self._entries.clear()
 
     def __len__(self) -> int:
@@ -57,3 +92,8 @@ class TokenCache:
         changed = chain(session.new, session.dirty, session.deleted)
         if any(isinstance(obj, User | ApiToken) for obj in changed):
             self.clear()
+
+
+def _seen(loading: asyncio.Future[Principal]) -> None:
+    if not loading.cancelled():
+        loading.exception()

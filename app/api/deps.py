@@ -110,8 +110,9 @@ async def bearer_principal(state: State, authorization: str) -> Principal:
 
     On the hot path of every publish and receive: a lookup in the token cache, and only
     on a miss (once a second per token, or a wrong token) one indexed SQLite read, on a
-    worker thread so that the event loop never waits for the database. That read also
-    writes ``last_used_at`` when it is a minute old.
+    worker thread so that the event loop never waits for the database, shared by the
+    requests that missed together. That read also writes ``last_used_at`` when it is a
+    minute old.
     """
     token = _credentials(authorization, "Bearer")
     if token is None:
@@ -121,9 +122,8 @@ async def bearer_principal(state: State, authorization: str) -> Principal:
     cached = cache.get(digest)
     if cached is not None:
         return cached
-    principal = await db_of(state).run(lambda session: _token_principal(session, digest))
-    cache.put(digest, principal)
-    return principal
+    db = db_of(state)
+    return await cache.load(digest, lambda: db.run(lambda s: _token_principal(s, digest)))
 
 
 def _token_principal(session: Session, digest: str) -> Principal:

@@ -91,6 +91,7 @@ class NodeContext:
         self._storage: NodeStorage | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._jobs: set[asyncio.Future[None]] = set()
+        self._admission = Admission(self)
         # The parts, last: each may read the members above as it is made.
         self.pages = Pages(self)
         self.memory = MemoryWatch(self)
@@ -152,19 +153,10 @@ class NodeContext:
             raise QueueNotFound(f"no queue {name}")
         return rep
 
-    @contextlib.asynccontextmanager
-    async def admit(self) -> AsyncIterator[None]:
+    def admit(self) -> Admission:
         """Count a client request in flight, within the node's limit; a graceful stop
-        waits a moment for the requests counted here."""
-        if not self.running or self.stopping:
-            raise NoLeader(f"node {self.name} is not running")
-        if self.inflight_requests >= self.limits.inflight_requests_per_node_max:
-            raise Backpressure(f"node {self.name}: too many requests in flight")
-        self.inflight_requests += 1
-        try:
-            yield
-        finally:
-            self.inflight_requests -= 1
+        waits a moment for the requests counted here (``async with ctx.admit(): ...``)."""
+        return self._admission
 
     async def propose(
         self,
@@ -187,13 +179,23 @@ class NodeContext:
         rep.proposals[request_id] = Proposal(future, on_applied)
         self.timers.tick(rep)
         rep.raft.step(Propose(request_id, (command,)))
-        self.hosting.schedule(rep)
-        timeout_s = self.limits.proposal_timeout_ms / 1000
+        # One timer that fails the future, not ``asyncio.wait_for``: that builds a waiter
+        # future, a timer and callbacks around every proposal, a cost on every publish.
+        timer = self.loop.call_later(
+            self.limits.proposal_timeout_ms / 1000, _time_out, future, rep.name
+        )
         try:
-            return await asyncio.wait_for(future, timeout_s)
-        except TimeoutError:
-            raise NoLeader(f"queue {rep.name}: no quorum in time; the outcome is unknown") from None
+            writer = self.writer
+            if writer is not None and writer.idle and not rep.scheduled:
+                # The disk is free: write this entry now rather than at the next turn
+                # of the loop. Proposals made while it is written wait for the next
+                # turn and go together, in the batch after this one (group commit).
+                self.hosting.process(rep)
+            else:
+                self.hosting.schedule(rep)
+            return await future
         finally:
+            timer.cancel()
             rep.proposals.pop(request_id, None)
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
@@ -237,4 +239,33 @@ class NodeContext:
             await asyncio.wait(set(self._jobs))
 
 
-__all__ = ["NodeContext"]
+class Admission:
+    """``NodeContext.admit``: a class, not ``contextlib.asynccontextmanager``, whose
+    async generator (made, registered with the loop and closed on every request) cost
+    more than the count it guards. It holds no state of its own: one serves every
+    request of the node."""
+
+    __slots__ = ("ctx",)
+
+    def __init__(self, ctx: NodeContext) -> None:
+        self.ctx = ctx
+
+    async def __aenter__(self) -> None:
+        ctx = self.ctx
+        if not ctx.running or ctx.stopping:
+            raise NoLeader(f"node {ctx.name} is not running")
+        if ctx.inflight_requests >= ctx.limits.inflight_requests_per_node_max:
+            raise Backpressure(f"node {ctx.name}: too many requests in flight")
+        ctx.inflight_requests += 1
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.ctx.inflight_requests -= 1
+
+
+def _time_out(future: asyncio.Future[object], name: str) -> None:
+    """A proposal got no answer within ``proposal_timeout_ms``."""
+    if not future.done():
+        future.set_exception(NoLeader(f"queue {name}: no quorum in time; the outcome is unknown"))
+
+
+__all__ = ["Admission", "NodeContext"]

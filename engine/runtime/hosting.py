@@ -361,6 +361,7 @@ class Hosting:
     def on_wal_batch(self, batch: WalBatch) -> None:
         ctx = self.ctx
         storage = ctx.storage
+        durable: dict[str, Replica] = {}
         for event in storage.complete(batch):
             if isinstance(event, Removed):
                 waiter = ctx.removed.get(event.uid)
@@ -385,7 +386,12 @@ class Hosting:
             else:
                 assert isinstance(event, HardStateSaved)
                 rep.driver.written(None)
-            self.schedule(rep)
+            durable[rep.uid] = rep
+        # Processed now, not at the next turn of the loop: what this batch made durable
+        # commits, applies and answers its callers without waiting for another turn.
+        for rep in durable.values():
+            if not rep.scheduled:
+                self.process(rep)
         if storage.rolled_wal_files() and self.flush_task is None and ctx.running:
             self.flush_task = ctx.loop.create_task(self.flush_segments())
 
@@ -457,9 +463,9 @@ class ReplicaIo:
         self.ctx.hosting.submit(rep, AppendOp(rep.uid, tuple(entries)))
 
     def writes_queued(self) -> None:
-        writer = self.ctx.writer
-        assert writer is not None
-        writer.wake()
+        """Nothing to do: the submit that found the WAL idle woke its writer already
+        (``Wal.waker``), and a busy writer takes what is pending when its sync ends. A
+        second notify per ``Ready`` cost a lock and a futex wake on every publish."""
 
     def send(self, message: Message) -> None:
         self.ctx.hosting.send(self.rep, message)

@@ -101,6 +101,10 @@ class QueueOps:
         call = PublishCall(name, messages)
         self.check(call)
         async with ctx.admit():
+            rep = ctx.replicas.get(name)
+            if rep is not None and rep.raft.role is Role.LEADER:
+                # Led here (always, on a single node): ``route`` would find the same.
+                return await self.publish_local(rep, messages)
             result = await ctx.router.route(call)
         assert isinstance(result, list)
         return result

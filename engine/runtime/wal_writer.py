@@ -31,11 +31,19 @@ class WalWriter:
         self._stopping = False
         self._abandon = False
         self._roll_wanted = False
+        self._writing = False
         self._thread = threading.Thread(target=self._run, name="quorra-wal", daemon=True)
         wal.waker = self.wake  # a submit that finds nothing pending (also from storage) wakes it
 
     def start(self) -> None:
         self._thread.start()
+
+    @property
+    def idle(self) -> bool:
+        """Nothing pending and no batch being written: a write submitted now starts at
+        once. Read on the loop without the lock: a stale answer only changes how the
+        next proposals are grouped, never what is durable."""
+        return not self._writing and not self._wal.pending()
 
     def wake(self) -> None:
         with self._cond:
@@ -69,8 +77,11 @@ class WalWriter:
                 roll = idle and not self._wal.pending()
                 if roll:
                     self._roll_wanted = False
+                else:
+                    self._writing = True
             if not roll:
                 self._on_batch(self._wal.write_batch())
+                self._writing = False
             elif (rolled := self._wal.roll_if_written()) is not None:
                 self._on_batch(rolled)
 

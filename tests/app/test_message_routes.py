@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.api.message_route import MessageDispatch, MessageRoute
-from app.main import SecurityHeadersMiddleware, create_app
+from app.main import ResponseHeadersMiddleware, create_app
 from app.settings import Settings
 from engine.queue.receipts import RECEIPT_CHARS
 
@@ -40,7 +40,7 @@ PASSWORD = "message-route-password"
 MSGPACK = "application/msgpack"
 PROBLEM = "application/problem+json"
 MESSAGES = "/api/v1/queues/{name}/messages"
-SECURITY_HEADERS = {k.decode(): v.decode() for k, v in SecurityHeadersMiddleware.HEADERS}
+SECURITY_HEADERS = {k.decode(): v.decode() for k, v in ResponseHeadersMiddleware.HEADERS}
 COMPARED_HEADERS = ("content-type", "retry-after", "www-authenticate", "quorra-leader")
 
 

@@ -3,13 +3,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from starlette.types import Message, Receive, Scope, Send
 
 from app.names import segment_queue_name
+from app.queue_api import QueueNameGuard
 from engine.errors import ValidationFailed
 from engine.names import QUEUE_NAME_PATTERN, QUEUE_NAME_RULE, check_queue_name, is_queue_name
 
@@ -66,3 +69,32 @@ def test_the_schema_pattern_states_the_rule_but_for_dot_segments(name: str) -> N
 )
 def test_a_raw_segment_names_a_queue_once_decoded(segment: bytes, name: str | None) -> None:
     assert segment_queue_name(segment) == name
+
+
+def test_the_guard_remembers_only_valid_segments_and_a_bounded_number() -> None:
+    passed: list[str] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        passed.append(scope["path"])
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": b""}
+
+    sent: list[Message] = []
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    guard = QueueNameGuard(app)
+    guard.NAMES_MAX = 3
+
+    def request(segment: str) -> None:
+        path = f"/api/v1/queues/{segment}/messages"
+        scope = {"type": "http", "path": path, "raw_path": path.encode(), "headers": []}
+        asyncio.run(guard(scope, receive, send))
+
+    for segment in ("a", "a", "..", "b", "c", "d", "..", "a%20b", "d"):
+        request(segment)
+    assert [p.split("/")[4] for p in passed] == ["a", "a", "b", "c", "d", "d"]
+    assert [m["status"] for m in sent if m["type"] == "http.response.start"] == [422] * 3
+    assert len(guard._valid) <= guard.NAMES_MAX and b".." not in guard._valid

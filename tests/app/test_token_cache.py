@@ -1,10 +1,14 @@
-"""The token cache: a hit skips the database, entries expire, and any flush that touches a
-user or a token empties it (so revocations and permission changes apply at once)."""
+"""The token cache: a hit skips the database, entries expire, misses that meet share one
+lookup, and any flush that touches a user or a token empties it (so revocations and
+permission changes apply at once)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
+
+import pytest
 
 from app.auth import Principal
 from app.db import repo
@@ -32,6 +36,64 @@ def test_bounded() -> None:
         cache.put(f"d{i}", ALICE)
     cache.put("d3", ALICE)
     assert len(cache) <= 3 and cache.get("d3") == ALICE
+
+
+class Lookups:
+    """A stand-in for the database read: counts calls, answers when released."""
+
+    def __init__(self, answer: Principal | Exception) -> None:
+        self.answer = answer
+        self.calls = 0
+        self.release = asyncio.Event()
+
+    async def fetch(self) -> Principal:
+        self.calls += 1
+        await self.release.wait()
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer
+
+
+def test_misses_that_meet_share_one_lookup() -> None:
+    async def run() -> None:
+        cache, lookups = TokenCache(), Lookups(ALICE)
+        waiters = [asyncio.ensure_future(cache.load("d1", lookups.fetch)) for _ in range(64)]
+        await asyncio.sleep(0)
+        waiters[0].cancel()  # a waiter that leaves does not end the lookup of the others
+        lookups.release.set()
+        got = await asyncio.gather(*waiters[1:])
+        assert got == [ALICE] * 63 and lookups.calls == 1
+        assert cache.get("d1") == ALICE
+        assert await cache.load("d1", lookups.fetch) == ALICE and lookups.calls == 2
+
+    asyncio.run(run())
+
+
+def test_a_shared_lookup_fails_every_waiter_and_keeps_nothing() -> None:
+    async def run() -> None:
+        cache, lookups = TokenCache(), Lookups(LookupError("no such token"))
+        waiters = [asyncio.ensure_future(cache.load("d1", lookups.fetch)) for _ in range(3)]
+        await asyncio.sleep(0)
+        lookups.release.set()
+        for waiter in waiters:
+            with pytest.raises(LookupError):
+                await waiter
+        assert lookups.calls == 1 and cache.get("d1") is None
+
+    asyncio.run(run())
+
+
+def test_a_lookup_that_a_clear_overtook_is_not_kept() -> None:
+    async def run() -> None:
+        cache, lookups = TokenCache(), Lookups(ALICE)
+        waiter = asyncio.ensure_future(cache.load("d1", lookups.fetch))
+        await asyncio.sleep(0)
+        cache.clear()  # e.g. the token was revoked while it was being read
+        lookups.release.set()
+        assert await waiter == ALICE
+        assert cache.get("d1") is None
+
+    asyncio.run(run())
 
 
 def test_a_flush_touching_users_or_tokens_empties_it(tmp_path: Path) -> None:
