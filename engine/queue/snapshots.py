@@ -227,8 +227,8 @@ def _read_with_views(data: bytes) -> list[Any]:
     count, pos = _array_header(data, pos)
     lanes: list[list[object]] = []
     for _ in range(count):
-        size, pos = _array_header(data, pos)
-        if size not in (2, 3):
+        fields, pos = _array_header(data, pos)
+        if fields not in (2, 3):
             raise _Unexpected
         head_pos, pos = _uint(data, pos)
         length, pos = _bin_header(data, pos)
@@ -237,7 +237,7 @@ def _read_with_views(data: bytes) -> list[Any]:
         refs = np.frombuffer(data, dtype=np.uint64, count=length // 8, offset=pos)
         pos += length
         spilled: list[Any] = []
-        if size == 3:
+        if fields == 3:
             length, pos = _bin_header(data, pos)
             if pos + length > len(data):
                 raise _Unexpected
