@@ -188,7 +188,11 @@ def _spilled(wire: list[Any]) -> list[tuple[int, SpilledPage]]:
 def page_handles_of(data: bytes) -> list[int]:
     """The stored pages a snapshot names (none unless it is format 3): what the page
     store keeps for the machine restored from it (``PageFiles(..., live=...)``)."""
-    state = read_snapshot(data)
+    return page_handles(read_snapshot(data))
+
+
+def page_handles(state: SnapshotState) -> list[int]:
+    """``page_handles_of`` the snapshot ``read_snapshot`` gave ``state``."""
     return [page.handle for _head, _refs, spilled in state.lanes for _at, page in spilled]
 
 
@@ -286,6 +290,7 @@ __all__ = [
     "MachineClock",
     "SnapshotState",
     "inline_snapshot",
+    "page_handles",
     "page_handles_of",
     "read_snapshot",
 ]
