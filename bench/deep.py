@@ -1,14 +1,21 @@
-"""``quorra bench deep [--messages N] [--queues Q] [--json] [--rss-wait-s S] [--quick]``: a deep queue, or many idle queues, on a real server: memory, rates, restart to first receive.
+"""``quorra bench deep [--messages N] [--queues Q] [--restarts R] [--json] [--rss-wait-s S] [--quick]``: a deep queue, or many idle queues, on a real server: memory, rates, restart to first receive.
 
 A real ``quorra serve`` process (``bench.restart.Server``: 127.0.0.1, a free port, a
 temporary data directory, default limits) is started empty, a queue created, and the
-server restarted once empty to time its recovery. N messages of 64 bytes are published
+server restarted once empty, its memory then read. N messages of 64 bytes are published
 (8 clients, batches of 1,000, JSON), the server left idle ``--rss-wait-s`` seconds (its
 WAL rolls, its entries reach segments) and its memory read from ``/proc/<pid>/status``.
-It is then stopped (SIGTERM) and started again, timed from the exec to the first
-receive that returns a message, and every message is consumed (4 clients, receive 1,000
-then acknowledge them). ``--quick`` runs 20,000 messages with pages of 256 references and
-16 pages per queue (``QUICK_PAGES``), so that the smoke run pages its index out and back.
+It is then stopped (SIGTERM) and started again ``--restarts`` times, each timed from the
+exec to the first receive that returns a message (acknowledged, so R restarts take R
+messages); every restart at depth follows one of a twin server, started on a data
+directory of its own that holds the same queue empty, timed from the exec to the first
+receive answered. A restart costs seconds, most of them importing the server's modules,
+and on a shared machine the same restart varies by more than the 100 ms that depth may
+add: each figure is the median of its restarts, taken in turns so that both see the
+same load. Every message is then consumed (4 clients, receive 1,000 then acknowledge
+them). ``--quick`` runs 20,000 messages with pages of 256 references and 16 pages per
+queue (``QUICK_PAGES``), so that the smoke run pages its index out and back, and 2
+restarts of each.
 
 With ``--queues Q`` (many queues per node) a second server, on a data directory of its
 own, holds Q queues: one is created, 10 messages published to it, and the server
@@ -39,9 +46,20 @@ full depth):
 * ``paged_out_pages``: its pages in page files at full depth;
 * ``disk_mb``: the data directory at full depth, in MiB;
 * ``publish_msgs_per_s``: the rate of the publish of N;
-* ``empty_recovery_ms``: exec to the first receive answered, the queue empty;
+* ``restarts``: restarts timed at depth, and as many of the empty twin (``--restarts``);
+* ``empty_recovery_ms``: exec to the first receive answered, the queue empty (the twin,
+  after a SIGTERM; median of ``restarts``);
+* ``empty_recovery_ms_runs``: each of them, in order;
 * ``recovery_ms``: exec to the first receive that returns a message, after a SIGTERM at
-  full depth (its difference to ``empty_recovery_ms`` is what depth costs a restart);
+  full depth (median of ``restarts``; its difference to ``empty_recovery_ms`` is what
+  depth costs a restart);
+* ``recovery_ms_runs``: each of them, in order;
+* ``recovery_cpu_ms``: the CPU time (user and system) the restarted server had used when
+  that receive returned (median, to 10 ms): it does not count the time the server
+  waited for a CPU, so it depends far less on the load of the machine than the wall
+  time, and its difference to ``empty_recovery_cpu_ms`` shows what depth costs where
+  that of the wall times is lost in the noise;
+* ``empty_recovery_cpu_ms``: the same of the empty twin;
 * ``consume_msgs_per_s``: the rate of receiving and acknowledging all N after the restart;
 * ``page_waits``: pages a consumer reached before read-ahead loaded them, over the consume;
 * ``read_ahead_hits``: pages read-ahead loaded in time, over the consume;
@@ -68,6 +86,7 @@ import asyncio
 import json
 import os
 import signal
+import statistics
 import sys
 import tempfile
 import time
@@ -93,8 +112,13 @@ JSON_KEYS: tuple[str, ...] = (
     "paged_out_pages",
     "disk_mb",
     "publish_msgs_per_s",
+    "restarts",
     "empty_recovery_ms",
+    "empty_recovery_ms_runs",
     "recovery_ms",
+    "recovery_ms_runs",
+    "recovery_cpu_ms",
+    "empty_recovery_cpu_ms",
     "consume_msgs_per_s",
     "page_waits",
     "read_ahead_hits",
@@ -116,6 +140,7 @@ PUBLISHERS = 8
 CONSUMERS = 4
 QUEUE = "bench-deep"
 MIB = 1024 * 1024
+CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 QUICK_PAGES = {
     "QUORRA_PAGE_REFS": "256",
     "QUORRA_PAGED_INDEX_BYTES_PER_QUEUE_MAX": str(16 * 256 * 8),
@@ -131,6 +156,8 @@ TARGETS = {
     "rss_bytes_per_idle_queue": 4096,
     "restart_ms_minus_empty_restart_ms": 2000,
 }
+RESTARTS = 3
+QUICK_RESTARTS = 2
 IDLE_MESSAGES = 10
 """Messages published to each of the many queues."""
 IDLE_CLIENTS = 16
@@ -143,6 +170,7 @@ class DeepServer(Server):
     def __init__(self, data_dir: Path, extra_env: dict[str, str]) -> None:
         super().__init__(data_dir)
         self.extra_env = extra_env
+        self.receive_cpu_ms = 0.0
 
     def env(self) -> dict[str, str]:
         return {**super().env(), **self.extra_env}
@@ -155,9 +183,17 @@ class DeepServer(Server):
                     return int(line.split()[1]) * 1024
         raise RuntimeError("no VmRSS in /proc/<pid>/status")
 
+    def cpu_ms(self) -> float:
+        """CPU time the server process has used (user and system, every thread)."""
+        assert self.proc is not None
+        with open(f"/proc/{self.proc.pid}/stat", encoding="ascii") as f:
+            fields = f.read().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) * 1000 / CLOCK_TICKS_PER_S
+
     def first_receive(self, token: str, *, message: bool) -> float:
         """Poll a receive of one message until answered (with a message when
-        ``message``, which is acknowledged at once); milliseconds since the exec."""
+        ``message``, which is acknowledged at once); milliseconds since the exec. The
+        server's CPU time then is kept in ``receive_cpu_ms``."""
         headers = {"Authorization": f"Bearer {token}"}
         url = f"/api/v1/queues/{QUEUE}/messages"
         while True:
@@ -168,6 +204,7 @@ class DeepServer(Server):
                 )
                 if got.status_code == 200 and (got.json()["messages"] or not message):
                     elapsed = self.since_start_ms()
+                    self.receive_cpu_ms = self.cpu_ms()
                     receipts = [m["receipt"] for m in got.json()["messages"]]
                     if receipts:
                         acked = self.http.post(
@@ -224,9 +261,9 @@ def _token(server: Server) -> str:
     return token
 
 
-def measure_deep(server: DeepServer, args: argparse.Namespace) -> dict[str, Any]:
-    """The deep queue's figures."""
-    server.compile()
+def _with_queue(server: DeepServer) -> str:
+    """Start a new server, make a token and the (empty) queue, and restart it once, as
+    every timed restart is (a SIGTERM, then an exec); the token."""
     server.start()
     server.wait_ready()
     token = _token(server)
@@ -236,7 +273,70 @@ def measure_deep(server: DeepServer, args: argparse.Namespace) -> dict[str, Any]
     assert created.status_code in (200, 201), created.text
     server.stop(signal.SIGTERM)
     server.start()
-    empty_recovery_ms = server.first_receive(token, message=False)
+    server.first_receive(token, message=False)
+    return token
+
+
+class Restarts:
+    """Timed restarts of the empty twin and of the deep server, in milliseconds."""
+
+    def __init__(self) -> None:
+        self.empty: list[float] = []
+        self.empty_cpu: list[float] = []
+        self.deep: list[float] = []
+        self.deep_cpu: list[float] = []
+
+    def figures(self) -> dict[str, Any]:
+        median = statistics.median
+        return dict(
+            restarts=len(self.deep),
+            empty_recovery_ms=round(median(self.empty), 1),
+            empty_recovery_ms_runs=self.empty,
+            empty_recovery_cpu_ms=round(median(self.empty_cpu), 1),
+            recovery_ms=round(median(self.deep), 1),
+            recovery_ms_runs=self.deep,
+            recovery_cpu_ms=round(median(self.deep_cpu), 1),
+        )
+
+
+def _timed_restarts(
+    server: DeepServer, token: str, twin: DeepServer, twin_token: str, restarts: int
+) -> Restarts:
+    """``restarts`` times: the stopped twin started and stopped (exec to the first receive
+    answered), then the stopped deep server (exec to the first receive that returns a
+    message), which is left running after the last."""
+    timed = Restarts()
+    for n in range(restarts):
+        twin.start()
+        timed.empty.append(round(twin.first_receive(twin_token, message=False), 1))
+        timed.empty_cpu.append(twin.receive_cpu_ms)
+        twin.stop(signal.SIGTERM)
+        if n:
+            server.stop(signal.SIGTERM)
+        server.start()
+        timed.deep.append(round(server.first_receive(token, message=True), 1))
+        timed.deep_cpu.append(server.receive_cpu_ms)
+    return timed
+
+
+def measure_deep(server: DeepServer, args: argparse.Namespace) -> dict[str, Any]:
+    """The deep queue's figures."""
+    server.compile()
+    twin = DeepServer(server.data_dir.parent / "empty-twin", server.extra_env)
+    twin.log_path = server.data_dir.parent / "empty-twin.log"
+    try:
+        twin_token = _with_queue(twin)
+        twin.stop(signal.SIGTERM)
+        token = _with_queue(server)
+        return _measure_deep(server, token, twin, twin_token, args)
+    finally:
+        twin.stop(signal.SIGTERM)
+        twin.http.close()
+
+
+def _measure_deep(
+    server: DeepServer, token: str, twin: DeepServer, twin_token: str, args: argparse.Namespace
+) -> dict[str, Any]:
     time.sleep(min(args.rss_wait_s, 5.0))
     rss_empty, anon_empty = server.vm_rss_bytes(), server.rss_anon_bytes()
 
@@ -250,12 +350,12 @@ def measure_deep(server: DeepServer, args: argparse.Namespace) -> dict[str, Any]
     disk = _disk_bytes(server.data_dir)
 
     server.stop(signal.SIGTERM)
-    server.start()
-    recovery_ms = server.first_receive(token, message=True)
+    timed = _timed_restarts(server, token, twin, twin_token, args.restarts)
     before = _queue_stats(server, token)["paging"]
+    left = args.messages - args.restarts
     started = time.perf_counter()
-    asyncio.run(_consume(server.url, token, args.messages - 1))
-    consume_rate = (args.messages - 1) / (time.perf_counter() - started)
+    asyncio.run(_consume(server.url, token, left))
+    consume_rate = left / (time.perf_counter() - started)
     after = _queue_stats(server, token)
     assert after["messages_ready"] == 0 and after["messages_unacked"] == 0, after
     return dict(
@@ -269,8 +369,7 @@ def measure_deep(server: DeepServer, args: argparse.Namespace) -> dict[str, Any]
         paged_out_pages=paging["paged_out_pages"],
         disk_mb=round(disk / MIB, 1),
         publish_msgs_per_s=round(publish_rate, 1),
-        empty_recovery_ms=round(empty_recovery_ms, 1),
-        recovery_ms=round(recovery_ms, 1),
+        **timed.figures(),
         consume_msgs_per_s=round(consume_rate, 1),
         page_waits=after["paging"]["page_waits"] - before["page_waits"],
         read_ahead_hits=after["paging"]["read_ahead_hits"] - before["read_ahead_hits"],
@@ -446,15 +545,24 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--rss-wait-s", type=float, default=10.0, help="idle seconds before reading memory"
     )
+    parser.add_argument(
+        "--restarts",
+        type=int,
+        default=RESTARTS,
+        help=f"timed restarts at depth, and of the empty twin ({RESTARTS})",
+    )
     args = parser.parse_args(argv)
     extra_env: dict[str, str] = {}
     if args.quick:
         args.messages, args.queues, args.rss_wait_s = 20_000, QUICK_QUEUES, 1.0
+        args.restarts = QUICK_RESTARTS
         extra_env = QUICK_PAGES
     elif args.messages is None and args.queues is None:
         args.messages = 1_000_000
     if args.messages is not None and (args.messages < BATCH or args.messages % BATCH):
         parser.error(f"--messages must be a positive multiple of {BATCH}")
+    if args.messages is not None and not 1 <= args.restarts <= args.messages:
+        parser.error("--restarts must be at least 1 and at most --messages")
     if args.queues is not None and args.queues < 2:
         parser.error("--queues must be at least 2")
     result = bench.header("deep")

@@ -206,7 +206,11 @@ class QueueMachine:
     def restore(self, data: bytes) -> None:
         """The ready lanes' pages become read-only views into ``data`` (no copy; see
         ``engine.queue.snapshots``), so ``data`` must not change afterwards."""
-        state = read_snapshot(data)
+        self.restore_state(read_snapshot(data))
+
+    def restore_state(self, state: SnapshotState) -> None:
+        """``restore`` from the snapshot as ``read_snapshot`` read it: a caller that needs
+        its fields too (the page handles it names) reads a deep queue's snapshot once."""
         assert state.version in (1, self.version, PAGED_VERSION), state.version
         assert state.version != PAGED_VERSION or self._paging is not None, (
             "a snapshot that names stored pages needs their page store"

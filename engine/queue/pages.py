@@ -48,6 +48,7 @@ FIFO moves on: a checkpoint of a deep queue does not hold up the event loop.
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
@@ -300,10 +301,12 @@ class RefFifo:
         self.head_pos = head_pos
         if self._pager is not None:
             pages = len(self._pages)
+            # One pass over the deque: indexing it costs in proportion to the position.
+            between = itertools.islice(self._pages, 1, max(1, pages - 1))
             self._warm = [
                 n
-                for n in range(1, pages - 1)
-                if not isinstance(p := self._pages[n], SpilledPage) or p.resident is not None
+                for n, p in enumerate(between, 1)
+                if not isinstance(p, SpilledPage) or p.resident is not None
             ]
             self._pager.note(resident=pages - self._cold, warm=len(self._warm))
 

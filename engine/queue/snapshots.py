@@ -188,7 +188,11 @@ def _spilled(wire: list[Any]) -> list[tuple[int, SpilledPage]]:
 def page_handles_of(data: bytes) -> list[int]:
     """The stored pages a snapshot names (none unless it is format 3): what the page
     store keeps for the machine restored from it (``PageFiles(..., live=...)``)."""
-    state = read_snapshot(data)
+    return page_handles(read_snapshot(data))
+
+
+def page_handles(state: SnapshotState) -> list[int]:
+    """``page_handles_of`` the snapshot ``read_snapshot`` gave ``state``."""
     return [page.handle for _head, _refs, spilled in state.lanes for _at, page in spilled]
 
 
@@ -227,8 +231,8 @@ def _read_with_views(data: bytes) -> list[Any]:
     count, pos = _array_header(data, pos)
     lanes: list[list[object]] = []
     for _ in range(count):
-        size, pos = _array_header(data, pos)
-        if size not in (2, 3):
+        fields, pos = _array_header(data, pos)
+        if fields not in (2, 3):
             raise _Unexpected
         head_pos, pos = _uint(data, pos)
         length, pos = _bin_header(data, pos)
@@ -237,7 +241,7 @@ def _read_with_views(data: bytes) -> list[Any]:
         refs = np.frombuffer(data, dtype=np.uint64, count=length // 8, offset=pos)
         pos += length
         spilled: list[Any] = []
-        if size == 3:
+        if fields == 3:
             length, pos = _bin_header(data, pos)
             if pos + length > len(data):
                 raise _Unexpected
@@ -286,6 +290,7 @@ __all__ = [
     "MachineClock",
     "SnapshotState",
     "inline_snapshot",
+    "page_handles",
     "page_handles_of",
     "read_snapshot",
 ]

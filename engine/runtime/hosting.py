@@ -35,6 +35,7 @@ from engine.errors import (
 )
 from engine.ids import NodeName, ServerId
 from engine.queue import QueueMachine, ReceiptSeal
+from engine.queue.snapshots import page_handles, read_snapshot
 from engine.raft.config import EMPTY_CONFIGURATION, Configuration
 from engine.raft.entry import Entry
 from engine.raft.events import (
@@ -94,13 +95,18 @@ class Hosting:
         storage = ctx.storage
         # A lone member cannot be repaired: damage then refuses it, its files untouched.
         rec = storage.open_server(meta.uid, repairable=len(meta.members) > 1)
-        paging = ctx.pages.paging(meta.uid, rec.log, rec.checkpoint)
+        # Read once: a deep queue's checkpoint names thousands of stored pages, which
+        # the page files keep and the machine restores. The state may be a view of a
+        # mapped file: it is read where it lies, not copied.
+        state = None if rec.checkpoint is None else read_snapshot(cast(bytes, rec.checkpoint.state))
+        live = [] if state is None else page_handles(state)
+        paging = ctx.pages.paging(meta.uid, rec.log, live)
         machine = QueueMachine(policy_of(meta.args, ctx.limits), ctx.limits, paging)
         base = 0
         checkpoint = CheckpointInfo()
         if rec.checkpoint is not None:
-            # The state may be a view of a mapped file: msgpack reads it without a copy.
-            machine.restore(cast(bytes, rec.checkpoint.state))
+            assert state is not None
+            machine.restore_state(state)
             base = rec.checkpoint.index
             checkpoint = CheckpointInfo(base, 0, rec.checkpoint.file_bytes)
         snapshot, checkpoint_meta = self.raft_metas(meta.uid, rec.log, rec.checkpoint)

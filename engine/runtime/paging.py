@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from typing import TYPE_CHECKING, cast
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from engine.queue.machine import FrozenMachine
 from engine.queue.paging import NodePages, PageLoad, Paging, QueuePager, load_plan
-from engine.queue.snapshots import inline_snapshot, page_handles_of
+from engine.queue.snapshots import inline_snapshot
 from engine.runtime.replica import Replica
-from engine.storage import Checkpoint, ServerLog
+from engine.storage import ServerLog
 from engine.storage.page_files import PageFiles, log_reader
 
 if TYPE_CHECKING:
@@ -42,12 +43,10 @@ class Pages:
         self._capturing: dict[str, Counter[int]] = {}
         """Tags (checkpoint indexes) pinned by a capture whose file is not written yet."""
 
-    def paging(self, uid: str, server_log: ServerLog, checkpoint: Checkpoint | None) -> Paging:
-        """The ``Paging`` of the machine of ``uid``, restored from ``checkpoint``: its
-        page files keep the pages the checkpoint names (read from the checkpoint's list
-        of stored pages, not from the pages: no work in proportion to the depth)."""
-        # The state may be a view of a mapped file: read where it lies, not copied.
-        live = page_handles_of(cast(bytes, checkpoint.state)) if checkpoint is not None else []
+    def paging(self, uid: str, server_log: ServerLog, live: Sequence[int]) -> Paging:
+        """The ``Paging`` of the machine of ``uid``, restored from a checkpoint that names
+        the stored pages ``live`` (``page_handles``: its list of stored pages, not the
+        pages); its page files keep them."""
         files = PageFiles(self.ctx.storage.disk, uid, live)
         self.files[uid] = files
         return Paging(files, self.node, log_reader(server_log))

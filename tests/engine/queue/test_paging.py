@@ -264,7 +264,11 @@ def test_a_checkpoint_names_stored_pages_instead_of_copying_them() -> None:
     q.spill.pin(1, frozen.page_handles())
     checkpoint = frozen.encode()
     full = q.paged.snapshot()
-    assert read_snapshot(checkpoint).version == PAGED_VERSION
+    state = read_snapshot(checkpoint)
+    assert state.version == PAGED_VERSION
+    whole = np.frombuffer(checkpoint, dtype=np.uint8)
+    # Read without msgpack's copies: the held refs are views into the checkpoint.
+    assert all(np.shares_memory(refs, whole) for _h, refs, _s in state.lanes if len(refs))
     assert len(checkpoint) * 5 < len(full)
     assert inline_snapshot(checkpoint, q.spill.load) == full == q.plain.snapshot()
     assert inline_snapshot(full, q.spill.load) is full

@@ -78,8 +78,11 @@ def test_read_snapshot_equals_msgpack(counts: list[int], priorities: int, taken:
     data = filled(counts, priorities, taken).snapshot()
     state = read_snapshot(data)
     assert as_plain(state) == msgpack.unpackb(data, raw=False, strict_map_key=False)
+    whole = np.frombuffer(data, dtype=np.uint8)
     for _head, refs, spilled in state[LANES_AT]:
         assert refs.dtype == np.uint64 and not refs.flags.writeable
+        # A view into the snapshot, not a copy: the fast path read it (not msgpack).
+        assert not len(refs) or np.shares_memory(refs, whole)
         assert spilled == []
 
 

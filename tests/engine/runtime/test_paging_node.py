@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+import engine.queue.snapshots as snapshots_module
 import engine.runtime.paging as paging_module
 from engine.queue.snapshots import inline_snapshot, page_handles_of
 from engine.runtime import InMemoryNetwork, Node
@@ -160,3 +161,47 @@ def test_a_follower_behind_a_snapshot_naming_pages_is_sent_them(
             await asyncio.gather(*(n.stop() for n in nodes.values()))
 
     run(body(), timeout_s=120)
+
+
+def test_a_restart_reads_a_paged_checkpoint_once_without_copying_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The page files and the machine share one reading of the checkpoint's snapshot (at
+    50 million messages it names 12,000 stored pages), taken on the path that makes the
+    held refs views of the file, not msgpack's copies; every message is still there."""
+
+    async def body() -> None:
+        node = await started(tmp_path, PAGED)
+        await fill(node, "deep", 3000)
+        assert paging(node, "deep")["paged_out_pages"] > 0
+        await node.checkpoint("deep")
+        await node.stop()
+        reads: list[bool] = []
+        fast = snapshots_module._read_with_views
+
+        def counted(data: bytes) -> list[Any]:
+            try:
+                state = fast(data)
+            except Exception:
+                reads.append(False)
+                raise
+            reads.append(True)
+            return state
+
+        monkeypatch.setattr(snapshots_module, "_read_with_views", counted)
+        node = await started(tmp_path, PAGED)
+        try:
+            assert reads == [True]
+            monkeypatch.undo()
+            bodies: list[bytes] = []
+            while len(bodies) < 3000:
+                got = await node.receive(
+                    "deep", consumer="c", max_messages=500, wait_ms=0, lease_ms=None
+                )
+                bodies += [m.body for m in got]
+                await node.ack("deep", [m.receipt for m in got])
+            assert bodies == [f"deep{k}".encode() for k in range(3000)]
+        finally:
+            await node.stop()
+
+    run(body())
