@@ -58,7 +58,7 @@ from app.problems import AppProblem, Forbidden, typed_problem
 from app.state import node_or_none, settings_of
 from engine.errors import InvalidRequest, NoLeader, QueueNotFound, QuorraError, ValidationFailed
 from engine.limits import Limits
-from engine.runtime.api import OutgoingMessage, QueueEngine, ReceivedMessage
+from engine.runtime.api import OutgoingMessage, QueueEngine, ReceivedBatch
 
 log = logging.getLogger("quorra.app")
 
@@ -249,10 +249,14 @@ class StreamConnection:
 
     async def send(self, frame: dict[str, object]) -> None:
         """Send one frame; a connection gone meanwhile only marks it closed."""
+        await self.send_packed(msgpack.packb(frame, use_bin_type=True))
+
+    async def send_packed(self, frame: bytes) -> None:
+        """``send`` of a frame already packed."""
         if self.closed:
             return
         try:
-            await self.ws.send_bytes(msgpack.packb(frame, use_bin_type=True))
+            await self.ws.send_bytes(frame)
         except (WebSocketDisconnect, RuntimeError, OSError):
             self.closed = True
             self.work.set()
@@ -429,8 +433,9 @@ class StreamConnection:
                 await self.credit.wait()
                 continue
             try:
-                received = await self.node.receive(
+                batch = await self.node.ack_and_receive(
                     self.name,
+                    ack=[],
                     consumer=self.consumer,
                     max_messages=min(room, limits.receive_messages_max),
                     wait_ms=limits.stream_receive_wait_ms,
@@ -440,12 +445,11 @@ class StreamConnection:
                 await self._consume_failed(e)
                 continue
             if self.closed:
-                await self._give_back([m.receipt for m in received])
+                await self._give_back(batch.receipts)
                 return
-            if received:
-                for m in received:
-                    self.outstanding[m.receipt] = None
-                await self.send({"op": "deliver", "messages": [_delivery(m) for m in received]})
+            if batch.ids:
+                self.outstanding.update(dict.fromkeys(batch.receipts))
+                await self.send_packed(deliver_frame(batch))
 
     async def _consume_failed(self, e: QuorraError) -> None:
         """Tell the client; wait and try again after a passing error (no leader, full),
@@ -520,17 +524,34 @@ def _is_text(value: str) -> bool:
     return True
 
 
-def _delivery(m: ReceivedMessage) -> dict[str, object]:
-    return {
-        "id": m.id,
-        "receipt": m.receipt,
-        "body": m.body,
-        "headers": m.headers,
-        "priority": m.priority,
-        "delivery_count": m.delivery_count,
-        "published_at_ms": m.published_at_ms,
-        "lease_expires_at_ms": m.lease_expires_at_ms,
-    }
+def deliver_frame(batch: ReceivedBatch) -> bytes:
+    """The ``deliver`` frame of a received batch, packed: one map per message built
+    straight from the batch's lists (no message object in between)."""
+    expires_ms = batch.lease_expires_at_ms
+    messages = [
+        {
+            "id": id_,
+            "receipt": receipt,
+            "body": body,
+            "headers": headers,
+            "priority": priority,
+            "delivery_count": count,
+            "published_at_ms": published_ms,
+            "lease_expires_at_ms": expires_ms,
+        }
+        for id_, receipt, body, headers, priority, count, published_ms in zip(
+            batch.ids,
+            batch.receipts,
+            batch.bodies,
+            batch.headers,
+            batch.priorities,
+            batch.delivery_counts,
+            batch.published_at_ms,
+            strict=True,
+        )
+    ]
+    packed: bytes = msgpack.packb({"op": "deliver", "messages": messages}, use_bin_type=True)
+    return packed
 
 
 async def admit(state: State, websocket: WebSocket, name: str) -> tuple[QueueEngine, Principal]:
