@@ -23,7 +23,10 @@ Rules:
   frame, whatever the client sends.
 - Consuming: ``consume`` sets the prefetch credit; the server keeps at most that many
   messages delivered and not yet acked or nacked on the connection, pushing more as they
-  arrive. ``ack``/``nack``/``extend`` settle receipts as the REST endpoints do.
+  arrive. ``ack``/``nack``/``extend`` settle receipts as the REST endpoints do. Acks
+  that come while the consumer waits for the credit they give ride on its next receive
+  (one Raft entry settles them and leases the next batch, as a REST receive carrying
+  ``ack``); each ack frame is still answered by itself, as if settled alone.
 - A frame that is no MessagePack map, names no known ``op`` or fails validation is
   answered with an ``error`` frame (the problem type, as REST) and changes nothing; the
   connection stays open.
@@ -58,7 +61,7 @@ from app.problems import AppProblem, Forbidden, typed_problem
 from app.state import node_or_none, settings_of
 from engine.errors import InvalidRequest, NoLeader, QueueNotFound, QuorraError, ValidationFailed
 from engine.limits import Limits
-from engine.runtime.api import OutgoingMessage, QueueEngine, ReceivedBatch
+from engine.runtime.api import OutgoingMessage, QueueEngine, ReceivedBatch, SettleResult
 
 log = logging.getLogger("quorra.app")
 
@@ -134,6 +137,15 @@ def _refusal(e: Exception) -> QuorraError:
 
 
 @dataclass(frozen=True, slots=True)
+class CarriedAck:
+    """An ack frame whose receipts the consumer's next receive settles."""
+
+    args: message_bodies.SettleArgs
+    about: dict[str, object]
+    """Its ``ref``, echoed in the answer."""
+
+
+@dataclass(frozen=True, slots=True)
 class PendingPublish:
     seq: int
     messages: list[OutgoingMessage]
@@ -203,6 +215,11 @@ class StreamConnection:
         self.credit = asyncio.Event()
         self.settle_slots = asyncio.Semaphore(limits.stream_settles_inflight_max)
         self.settles: set[asyncio.Task[None]] = set()
+        # acks for the consumer's next receive to carry (one Raft entry settles them and
+        # leases the next batch): taken only while it waits for the credit they give
+        self.carried: list[CarriedAck] = []
+        self.carried_receipts = 0
+        self.waiting_credit = False
 
     # --- the connection's life --------------------------------------------------------
 
@@ -230,6 +247,7 @@ class StreamConnection:
             # None of these is cancelled: a publish or checkout in flight may already be
             # applied, and what it did must be answered (or its leases returned).
             await asyncio.gather(publisher, consumer, *self.settles, return_exceptions=True)
+            await self.settle_carried()
             await self.return_leases()
 
     async def guarded(self, work: Coroutine[Any, Any, None]) -> None:
@@ -429,21 +447,32 @@ class StreamConnection:
         while not self.closed:
             room = self.prefetch - len(self.outstanding)
             if room <= 0:
+                if self.carried:  # the credit was taken back meanwhile (a lower prefetch)
+                    await self._settle_apart()
                 self.credit.clear()
-                await self.credit.wait()
+                self.waiting_credit = True
+                try:
+                    await self.credit.wait()
+                finally:
+                    self.waiting_credit = False
                 continue
+            carried, self.carried, self.carried_receipts = self.carried, [], 0
             try:
                 batch = await self.node.ack_and_receive(
                     self.name,
-                    ack=[],
+                    ack=[r for ack in carried for r in ack.args.receipts],
                     consumer=self.consumer,
                     max_messages=min(room, limits.receive_messages_max),
-                    wait_ms=limits.stream_receive_wait_ms,
+                    # carried acks are answered now, not after a long poll
+                    wait_ms=0 if carried else limits.stream_receive_wait_ms,
                     lease_ms=self.lease_ms,
                 )
             except QuorraError as e:
+                for ack in carried:
+                    await self.send(error_frame(e, of="ack", **ack.about))
                 await self._consume_failed(e)
                 continue
+            await self._answer_carried(carried, batch.settled)
             if self.closed:
                 await self._give_back(batch.receipts)
                 return
@@ -472,8 +501,17 @@ class StreamConnection:
             for receipt in args.receipts:
                 outstanding.pop(receipt, None)
             self.credit.set()
+            if how == "ack" and self._may_carry(args.receipts):
+                self.carried.append(CarriedAck(args, _ref(frame)))
+                self.carried_receipts += len(args.receipts)
+                return
+        await self._spawn_settle(how, args, _ref(frame))
+
+    async def _spawn_settle(
+        self, how: str, args: message_bodies.SettleArgs, about: dict[str, object]
+    ) -> None:
         await self.settle_slots.acquire()  # at the bound, the socket is not read
-        task = asyncio.get_running_loop().create_task(self._settle(how, args, _ref(frame)))
+        task = asyncio.get_running_loop().create_task(self._settle(how, args, about))
         self.settles.add(task)
         task.add_done_callback(self.settles.discard)
 
@@ -496,6 +534,54 @@ class StreamConnection:
         await self.send(
             {"op": "settled", "of": how, "settled": result.settled, "stale": stale, **about}
         )
+
+    def _may_carry(self, receipts: list[str]) -> bool:
+        """Whether the consumer's next receive is to carry these acks: it waits for the
+        credit they give (so it receives at once, settling them in the same entry) and
+        they fit one receive's acks."""
+        return (
+            self.waiting_credit
+            and not self.closed
+            and self.prefetch > len(self.outstanding)
+            and self.carried_receipts + len(receipts) <= self.limits.receive_messages_max
+        )
+
+    async def _answer_carried(self, carried: list[CarriedAck], result: SettleResult) -> None:
+        """A ``settled`` frame per carried ack, as if each had been settled alone: its own
+        stale receipts, the rest settled (a receipt repeated in a later frame is stale
+        there, as it would be settled after the first)."""
+        start = 0
+        stale = result.stale
+        for ack in carried:
+            receipts = ack.args.receipts
+            end = start + len(receipts)
+            mine = [receipts[p - start] for p in stale if start <= p < end]
+            await self.send(
+                {
+                    "op": "settled",
+                    "of": "ack",
+                    "settled": len(receipts) - len(mine),
+                    "stale": mine,
+                    **ack.about,
+                }
+            )
+            start = end
+
+    async def _settle_apart(self) -> None:
+        """Settle the acks left to carry each by itself, as if never carried."""
+        carried, self.carried, self.carried_receipts = self.carried, [], 0
+        for ack in carried:
+            await self._spawn_settle("ack", ack.args, ack.about)
+
+    async def settle_carried(self) -> None:
+        """Settle acks left to carry when the connection closed (the consumer stopped
+        before it took them); nobody is left to answer."""
+        carried, self.carried, self.carried_receipts = self.carried, [], 0
+        if carried:
+            try:
+                await self.node.ack(self.name, [r for a in carried for r in a.args.receipts])
+            except QuorraError as e:
+                log.warning("stream on %s: acks not settled at close: %s", self.name, e)
 
     async def return_leases(self) -> None:
         """Give back what was delivered here and not settled: at once, not at lease end."""
