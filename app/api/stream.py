@@ -55,10 +55,11 @@ from app.api import message_bodies
 from app.api.deps import API_PREFIX, bearer_principal
 from app.api.queue_schemas import CONSUMER_CHARS_MAX
 from app.auth import Principal
+from app.frame_packing import FramePacker
 from app.names import check_queue_name
 from app.negotiation import unpackb
 from app.problems import AppProblem, Forbidden, typed_problem
-from app.state import node_or_none, settings_of
+from app.state import frame_packer_of, node_or_none, settings_of
 from engine.errors import InvalidRequest, NoLeader, QueueNotFound, QuorraError, ValidationFailed
 from engine.limits import Limits
 from engine.runtime.api import OutgoingMessage, QueueEngine, ReceivedBatch, SettleResult
@@ -196,8 +197,10 @@ class StreamConnection:
         name: str,
         who: Principal,
         limits: Limits,
+        packer: FramePacker,
     ) -> None:
         self.ws, self.node, self.name, self.who, self.limits = websocket, node, name, who, limits
+        self.packer = packer
         self.closed = False
         # publishing: frames read and not yet answered, oldest first
         self.pending: deque[PendingPublish] = deque()
@@ -478,7 +481,7 @@ class StreamConnection:
                 return
             if batch.ids:
                 self.outstanding.update(dict.fromkeys(batch.receipts))
-                await self.send_packed(deliver_frame(batch))
+                await self.send_packed(deliver_frame(batch, self.packer))
 
     async def _consume_failed(self, e: QuorraError) -> None:
         """Tell the client; wait and try again after a passing error (no leader, full),
@@ -610,9 +613,10 @@ def _is_text(value: str) -> bool:
     return True
 
 
-def deliver_frame(batch: ReceivedBatch) -> bytes:
-    """The ``deliver`` frame of a received batch, packed: one map per message built
-    straight from the batch's lists (no message object in between)."""
+def deliver_frame(batch: ReceivedBatch, packer: FramePacker) -> bytes:
+    """The ``deliver`` frame of a received batch, packed (by the app's packer, whose
+    buffer is kept: app/frame_packing.py): one map per message built straight from the
+    batch's lists (no message object in between)."""
     expires_ms = batch.lease_expires_at_ms
     messages = [
         {
@@ -636,8 +640,7 @@ def deliver_frame(batch: ReceivedBatch) -> bytes:
             strict=True,
         )
     ]
-    packed: bytes = msgpack.packb({"op": "deliver", "messages": messages}, use_bin_type=True)
-    return packed
+    return packer.pack({"op": "deliver", "messages": messages})
 
 
 async def admit(state: State, websocket: WebSocket, name: str) -> tuple[QueueEngine, Principal]:
@@ -667,7 +670,7 @@ async def stream(websocket: WebSocket) -> None:
         return
     await websocket.accept()
     limits = settings_of(state).limits
-    await StreamConnection(websocket, node, name, who, limits).run()
+    await StreamConnection(websocket, node, name, who, limits, frame_packer_of(state)).run()
     with contextlib.suppress(RuntimeError, WebSocketDisconnect):  # gone already
         await websocket.close()
 
