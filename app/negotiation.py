@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from datetime import datetime
 from enum import Enum
 from typing import Any
@@ -138,13 +138,21 @@ def unpackb(raw: bytes) -> object:
 
 
 def _check_depth(value: object, depth: int) -> None:
+    """``InvalidRequest`` when anything in ``value`` (at ``depth``) lies deeper than
+    ``MSGPACK_DEPTH_MAX``. Only containers are visited: a list of a thousand receipts
+    is one call, not a thousand."""
     if depth > MSGPACK_DEPTH_MAX:
         raise InvalidRequest(f"the body nests deeper than {MSGPACK_DEPTH_MAX} levels")
     if isinstance(value, dict):
-        for v in value.values():
-            _check_depth(v, depth + 1)
+        items: Iterable[object] = value.values()
     elif isinstance(value, list):
-        for v in value:
+        items = value
+    else:
+        return
+    if value and depth + 1 > MSGPACK_DEPTH_MAX:  # its items lie too deep, whatever they are
+        raise InvalidRequest(f"the body nests deeper than {MSGPACK_DEPTH_MAX} levels")
+    for v in items:
+        if isinstance(v, dict | list):
             _check_depth(v, depth + 1)
 
 

@@ -33,6 +33,7 @@ from app.negotiation import JSON, MSGPACK, MSGPACK_ALIASES, media_type, unpackb
 from app.problems import UnsupportedMediaType
 from engine.errors import InvalidRequest, MessageTooLarge, QuorraError, ValidationFailed
 from engine.limits import Limits
+from engine.queue.receipts import RECEIPT_CHARS, are_receipt_texts
 from engine.runtime.api import OutgoingMessage
 
 # --- bytes to values ---------------------------------------------------------------
@@ -193,6 +194,8 @@ assert (
     and _ACK["items"]["pattern"] == _properties(SettleIn)["receipts"]["items"]["pattern"]
 ), _ACK
 _RECEIPTS_MIN, _RECEIPTS_MAX, _RECEIPT = _receipts_field(SettleIn)
+assert _RECEIPT.pattern == f"^[0-9a-f]{{{RECEIPT_CHARS}}}$", _RECEIPT.pattern
+"""The schema's rule is ``are_receipt_texts``' (which checks a whole list at once)."""
 SETTLE_MODELS: dict[str, type[BaseModel]] = {"ack": SettleIn, "nack": NackIn, "extend": ExtendIn}
 _SETTLE_KEYS = {how: BODY_FIELDS[model] for how, model in SETTLE_MODELS.items()}
 _EXTEND_LEASE_MS = int_field(ExtendIn, "lease_ms")
@@ -351,8 +354,7 @@ def _receipts(value: object, count_min: int, count_max: int) -> bool:
     """A list of ``count_min..count_max`` well-formed receipts."""
     if type(value) is not list or not count_min <= len(value) <= count_max:
         return False
-    match = _RECEIPT.fullmatch
-    return all(type(r) is str and match(r) is not None for r in value)
+    return are_receipt_texts(value)
 
 
 @dataclass(frozen=True, slots=True)

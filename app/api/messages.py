@@ -186,9 +186,8 @@ def _received_out(batch: ReceivedBatch, binary: bool) -> list[dict[str, object]]
     in between). The times are formatted once per value: a batch shares one lease end,
     and the messages of one publish one publish time."""
     expires = _iso(batch.lease_expires_at_ms)
-    times: dict[int, str] = {}
-    out: list[dict[str, object]] = []
-    for id_, receipt, body, headers, priority, count, published_ms in zip(
+    times = {ms: _iso(ms) for ms in set(batch.published_at_ms)}
+    columns = (
         batch.ids,
         batch.receipts,
         batch.bodies,
@@ -196,20 +195,62 @@ def _received_out(batch: ReceivedBatch, binary: bool) -> list[dict[str, object]]
         batch.priorities,
         batch.delivery_counts,
         batch.published_at_ms,
-        strict=True,
-    ):
-        item: dict[str, object] = {"id": id_, "receipt": receipt}
-        _put_body(item, body, binary)
-        published = times.get(published_ms)
-        if published is None:
-            published = times[published_ms] = _iso(published_ms)
-        item["headers"] = headers
-        item["priority"] = priority
-        item["delivery_count"] = count
-        item["published_at"] = published
-        item["lease_expires_at"] = expires
-        out.append(item)
-    return out
+    )
+    if binary:
+        return [
+            {
+                "id": id_,
+                "receipt": receipt,
+                "body": body,
+                "headers": headers,
+                "priority": priority,
+                "delivery_count": count,
+                "published_at": times[published_ms],
+                "lease_expires_at": expires,
+            }
+            for id_, receipt, body, headers, priority, count, published_ms in zip(
+                *columns, strict=True
+            )
+        ]
+    texts, encodings = _texts(batch.bodies)
+    return [
+        {
+            "id": id_,
+            "receipt": receipt,
+            "body": text,
+            "encoding": encoding,
+            "headers": headers,
+            "priority": priority,
+            "delivery_count": count,
+            "published_at": times[published_ms],
+            "lease_expires_at": expires,
+        }
+        for (id_, receipt, _body, headers, priority, count, published_ms), text, encoding in zip(
+            zip(*columns, strict=True), texts, encodings, strict=True
+        )
+    ]
+
+
+def _texts(bodies: list[bytes]) -> tuple[list[str], list[str]]:
+    """Bodies as JSON text and their ``encoding``: UTF-8 when the bytes are valid UTF-8
+    (decoded all at once while they are, the usual case), else base64."""
+    try:
+        return [body.decode("utf-8") for body in bodies], [_UTF8] * len(bodies)
+    except UnicodeDecodeError:
+        pass
+    texts: list[str] = []
+    encodings: list[str] = []
+    for body in bodies:
+        try:
+            texts.append(body.decode("utf-8"))
+            encodings.append(_UTF8)
+        except UnicodeDecodeError:
+            texts.append(base64.b64encode(body).decode("ascii"))
+            encodings.append(_BASE64)
+    return texts, encodings
+
+
+_UTF8, _BASE64 = "utf-8", "base64"
 
 
 async def settle(

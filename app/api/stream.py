@@ -23,7 +23,10 @@ Rules:
   frame, whatever the client sends.
 - Consuming: ``consume`` sets the prefetch credit; the server keeps at most that many
   messages delivered and not yet acked or nacked on the connection, pushing more as they
-  arrive. ``ack``/``nack``/``extend`` settle receipts as the REST endpoints do.
+  arrive. ``ack``/``nack``/``extend`` settle receipts as the REST endpoints do. Acks
+  that come while the consumer waits for the credit they give ride on its next receive
+  (one Raft entry settles them and leases the next batch, as a REST receive carrying
+  ``ack``); each ack frame is still answered by itself, as if settled alone.
 - A frame that is no MessagePack map, names no known ``op`` or fails validation is
   answered with an ``error`` frame (the problem type, as REST) and changes nothing; the
   connection stays open.
@@ -52,13 +55,14 @@ from app.api import message_bodies
 from app.api.deps import API_PREFIX, bearer_principal
 from app.api.queue_schemas import CONSUMER_CHARS_MAX
 from app.auth import Principal
+from app.frame_packing import FramePacker
 from app.names import check_queue_name
 from app.negotiation import unpackb
 from app.problems import AppProblem, Forbidden, typed_problem
-from app.state import node_or_none, settings_of
+from app.state import frame_packer_of, node_or_none, settings_of
 from engine.errors import InvalidRequest, NoLeader, QueueNotFound, QuorraError, ValidationFailed
 from engine.limits import Limits
-from engine.runtime.api import OutgoingMessage, QueueEngine, ReceivedMessage
+from engine.runtime.api import OutgoingMessage, QueueEngine, ReceivedBatch, SettleResult
 
 log = logging.getLogger("quorra.app")
 
@@ -134,6 +138,15 @@ def _refusal(e: Exception) -> QuorraError:
 
 
 @dataclass(frozen=True, slots=True)
+class CarriedAck:
+    """An ack frame whose receipts the consumer's next receive settles."""
+
+    args: message_bodies.SettleArgs
+    about: dict[str, object]
+    """Its ``ref``, echoed in the answer."""
+
+
+@dataclass(frozen=True, slots=True)
 class PendingPublish:
     seq: int
     messages: list[OutgoingMessage]
@@ -184,8 +197,10 @@ class StreamConnection:
         name: str,
         who: Principal,
         limits: Limits,
+        packer: FramePacker,
     ) -> None:
         self.ws, self.node, self.name, self.who, self.limits = websocket, node, name, who, limits
+        self.packer = packer
         self.closed = False
         # publishing: frames read and not yet answered, oldest first
         self.pending: deque[PendingPublish] = deque()
@@ -203,6 +218,11 @@ class StreamConnection:
         self.credit = asyncio.Event()
         self.settle_slots = asyncio.Semaphore(limits.stream_settles_inflight_max)
         self.settles: set[asyncio.Task[None]] = set()
+        # acks for the consumer's next receive to carry (one Raft entry settles them and
+        # leases the next batch): taken only while it waits for the credit they give
+        self.carried: list[CarriedAck] = []
+        self.carried_receipts = 0
+        self.waiting_credit = False
 
     # --- the connection's life --------------------------------------------------------
 
@@ -230,6 +250,7 @@ class StreamConnection:
             # None of these is cancelled: a publish or checkout in flight may already be
             # applied, and what it did must be answered (or its leases returned).
             await asyncio.gather(publisher, consumer, *self.settles, return_exceptions=True)
+            await self.settle_carried()
             await self.return_leases()
 
     async def guarded(self, work: Coroutine[Any, Any, None]) -> None:
@@ -249,10 +270,14 @@ class StreamConnection:
 
     async def send(self, frame: dict[str, object]) -> None:
         """Send one frame; a connection gone meanwhile only marks it closed."""
+        await self.send_packed(msgpack.packb(frame, use_bin_type=True))
+
+    async def send_packed(self, frame: bytes) -> None:
+        """``send`` of a frame already packed."""
         if self.closed:
             return
         try:
-            await self.ws.send_bytes(msgpack.packb(frame, use_bin_type=True))
+            await self.ws.send_bytes(frame)
         except (WebSocketDisconnect, RuntimeError, OSError):
             self.closed = True
             self.work.set()
@@ -425,27 +450,38 @@ class StreamConnection:
         while not self.closed:
             room = self.prefetch - len(self.outstanding)
             if room <= 0:
+                if self.carried:  # the credit was taken back meanwhile (a lower prefetch)
+                    await self._settle_apart()
                 self.credit.clear()
-                await self.credit.wait()
+                self.waiting_credit = True
+                try:
+                    await self.credit.wait()
+                finally:
+                    self.waiting_credit = False
                 continue
+            carried, self.carried, self.carried_receipts = self.carried, [], 0
             try:
-                received = await self.node.receive(
+                batch = await self.node.ack_and_receive(
                     self.name,
+                    ack=[r for ack in carried for r in ack.args.receipts],
                     consumer=self.consumer,
                     max_messages=min(room, limits.receive_messages_max),
-                    wait_ms=limits.stream_receive_wait_ms,
+                    # carried acks are answered now, not after a long poll
+                    wait_ms=0 if carried else limits.stream_receive_wait_ms,
                     lease_ms=self.lease_ms,
                 )
             except QuorraError as e:
+                for ack in carried:
+                    await self.send(error_frame(e, of="ack", **ack.about))
                 await self._consume_failed(e)
                 continue
+            await self._answer_carried(carried, batch.settled)
             if self.closed:
-                await self._give_back([m.receipt for m in received])
+                await self._give_back(batch.receipts)
                 return
-            if received:
-                for m in received:
-                    self.outstanding[m.receipt] = None
-                await self.send({"op": "deliver", "messages": [_delivery(m) for m in received]})
+            if batch.ids:
+                self.outstanding.update(dict.fromkeys(batch.receipts))
+                await self.send_packed(deliver_frame(batch, self.packer))
 
     async def _consume_failed(self, e: QuorraError) -> None:
         """Tell the client; wait and try again after a passing error (no leader, full),
@@ -468,8 +504,17 @@ class StreamConnection:
             for receipt in args.receipts:
                 outstanding.pop(receipt, None)
             self.credit.set()
+            if how == "ack" and self._may_carry(args.receipts):
+                self.carried.append(CarriedAck(args, _ref(frame)))
+                self.carried_receipts += len(args.receipts)
+                return
+        await self._spawn_settle(how, args, _ref(frame))
+
+    async def _spawn_settle(
+        self, how: str, args: message_bodies.SettleArgs, about: dict[str, object]
+    ) -> None:
         await self.settle_slots.acquire()  # at the bound, the socket is not read
-        task = asyncio.get_running_loop().create_task(self._settle(how, args, _ref(frame)))
+        task = asyncio.get_running_loop().create_task(self._settle(how, args, about))
         self.settles.add(task)
         task.add_done_callback(self.settles.discard)
 
@@ -492,6 +537,54 @@ class StreamConnection:
         await self.send(
             {"op": "settled", "of": how, "settled": result.settled, "stale": stale, **about}
         )
+
+    def _may_carry(self, receipts: list[str]) -> bool:
+        """Whether the consumer's next receive is to carry these acks: it waits for the
+        credit they give (so it receives at once, settling them in the same entry) and
+        they fit one receive's acks."""
+        return (
+            self.waiting_credit
+            and not self.closed
+            and self.prefetch > len(self.outstanding)
+            and self.carried_receipts + len(receipts) <= self.limits.receive_messages_max
+        )
+
+    async def _answer_carried(self, carried: list[CarriedAck], result: SettleResult) -> None:
+        """A ``settled`` frame per carried ack, as if each had been settled alone: its own
+        stale receipts, the rest settled (a receipt repeated in a later frame is stale
+        there, as it would be settled after the first)."""
+        start = 0
+        stale = result.stale
+        for ack in carried:
+            receipts = ack.args.receipts
+            end = start + len(receipts)
+            mine = [receipts[p - start] for p in stale if start <= p < end]
+            await self.send(
+                {
+                    "op": "settled",
+                    "of": "ack",
+                    "settled": len(receipts) - len(mine),
+                    "stale": mine,
+                    **ack.about,
+                }
+            )
+            start = end
+
+    async def _settle_apart(self) -> None:
+        """Settle the acks left to carry each by itself, as if never carried."""
+        carried, self.carried, self.carried_receipts = self.carried, [], 0
+        for ack in carried:
+            await self._spawn_settle("ack", ack.args, ack.about)
+
+    async def settle_carried(self) -> None:
+        """Settle acks left to carry when the connection closed (the consumer stopped
+        before it took them); nobody is left to answer."""
+        carried, self.carried, self.carried_receipts = self.carried, [], 0
+        if carried:
+            try:
+                await self.node.ack(self.name, [r for a in carried for r in a.args.receipts])
+            except QuorraError as e:
+                log.warning("stream on %s: acks not settled at close: %s", self.name, e)
 
     async def return_leases(self) -> None:
         """Give back what was delivered here and not settled: at once, not at lease end."""
@@ -520,17 +613,34 @@ def _is_text(value: str) -> bool:
     return True
 
 
-def _delivery(m: ReceivedMessage) -> dict[str, object]:
-    return {
-        "id": m.id,
-        "receipt": m.receipt,
-        "body": m.body,
-        "headers": m.headers,
-        "priority": m.priority,
-        "delivery_count": m.delivery_count,
-        "published_at_ms": m.published_at_ms,
-        "lease_expires_at_ms": m.lease_expires_at_ms,
-    }
+def deliver_frame(batch: ReceivedBatch, packer: FramePacker) -> bytes:
+    """The ``deliver`` frame of a received batch, packed (by the app's packer, whose
+    buffer is kept: app/frame_packing.py): one map per message built straight from the
+    batch's lists (no message object in between)."""
+    expires_ms = batch.lease_expires_at_ms
+    messages = [
+        {
+            "id": id_,
+            "receipt": receipt,
+            "body": body,
+            "headers": headers,
+            "priority": priority,
+            "delivery_count": count,
+            "published_at_ms": published_ms,
+            "lease_expires_at_ms": expires_ms,
+        }
+        for id_, receipt, body, headers, priority, count, published_ms in zip(
+            batch.ids,
+            batch.receipts,
+            batch.bodies,
+            batch.headers,
+            batch.priorities,
+            batch.delivery_counts,
+            batch.published_at_ms,
+            strict=True,
+        )
+    ]
+    return packer.pack({"op": "deliver", "messages": messages})
 
 
 async def admit(state: State, websocket: WebSocket, name: str) -> tuple[QueueEngine, Principal]:
@@ -560,7 +670,7 @@ async def stream(websocket: WebSocket) -> None:
         return
     await websocket.accept()
     limits = settings_of(state).limits
-    await StreamConnection(websocket, node, name, who, limits).run()
+    await StreamConnection(websocket, node, name, who, limits, frame_packer_of(state)).run()
     with contextlib.suppress(RuntimeError, WebSocketDisconnect):  # gone already
         await websocket.close()
 

@@ -86,7 +86,7 @@ from engine.queue.commands import (
     encode_settle,
     encode_settle_checkout,
     enqueue_count,
-    message_bytes,
+    message_run,
     read_message,
 )
 from engine.queue.effects import (
@@ -165,8 +165,8 @@ __all__ = [
     "encode_settle",
     "encode_settle_checkout",
     "enqueue_count",
-    "message_bytes",
     "message_id",
     "message_id_parts",
+    "message_run",
     "read_message",
 ]

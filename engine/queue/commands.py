@@ -65,8 +65,6 @@ assert RECORD_DTYPE.itemsize == RECORD_BYTES
 _RECORD = struct.Struct("<IIIHBBqq")
 assert _RECORD.size == RECORD_BYTES
 _ENQ_HEAD = struct.Struct("<BBH")
-_BODY_PLACE = struct.Struct("<IIIH")
-"""The leading fields of a record: body_len, headers_len, data_offset, dedup_len."""
 _RECEIPTS_HEAD = struct.Struct("<BBHI")
 _EXTEND_HEAD = struct.Struct("<BBHIq")
 _CHECKOUT_HEAD = struct.Struct("<BBHqH")
@@ -247,17 +245,27 @@ def read_message(entry: bytes, slot: int) -> MessageView:
     )
 
 
-def message_bytes(entry: bytes, slot: int) -> tuple[bytes, bytes]:
-    """(body, headers) of message ``slot`` as bytes: what a receive hands out, read as
-    ``read_message`` reads them without building a ``MessageView``."""
-    body_len, headers_len, off, dedup_len = _BODY_PLACE.unpack_from(
-        entry, _ENQ_HEAD.size + slot * RECORD_BYTES
-    )
-    assert entry[0] == _KIND_ENQUEUE and 0 <= slot < enqueue_count(entry), slot
-    headers_at = off + dedup_len
-    body_at = headers_at + headers_len
-    assert body_at + body_len <= len(entry)
-    return entry[body_at : body_at + body_len], entry[headers_at:body_at]
+def message_run(entry: bytes, first: int, count: int) -> tuple[list[bytes], list[bytes] | None]:
+    """(bodies, headers) of messages ``first .. first + count - 1`` of an enqueue entry
+    as bytes, what a receive hands out: the run's records parsed at once, no object per
+    message in between; headers ``None`` when none of them has any (the usual case)."""
+    size = len(entry)
+    assert entry[0] == _KIND_ENQUEUE and first >= 0 and count >= 1
+    assert first + count <= enqueue_count(entry)
+    at = _ENQ_HEAD.size + first * RECORD_BYTES
+    records = list(_RECORD.iter_unpack(memoryview(entry)[at : at + count * RECORD_BYTES]))
+    bodies: list[bytes] = []
+    headers_bytes = 0
+    for body_len, headers_len, off, dedup_len, _p, _f, _t, _d in records:
+        body_at = off + dedup_len + headers_len
+        end = body_at + body_len
+        if end > size:
+            raise AssertionError(f"a record of entry slot {first} points past its end")
+        bodies.append(entry[body_at:end])
+        headers_bytes |= headers_len
+    if not headers_bytes:
+        return bodies, None
+    return bodies, [entry[r[2] + r[3] : r[2] + r[3] + r[1]] for r in records]
 
 
 def dedup_id_at(entry: bytes, record: Any) -> bytes:
@@ -553,7 +561,7 @@ __all__ = [
     "enqueue_count",
     "enqueue_records",
     "enqueue_records_few",
-    "message_bytes",
+    "message_run",
     "read_message",
     "split_settle_checkout",
 ]

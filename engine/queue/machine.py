@@ -29,7 +29,7 @@ message that left, the checkpoint trigger), the snapshot and the queries.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import ClassVar
 
 import numpy as np
@@ -60,8 +60,10 @@ from engine.queue.pending import Pending
 from engine.queue.refs import (
     FallbackTable,
     RefParts,
+    SlotRun,
     live_spans,
     sizes_of,
+    slot_runs,
     total_size,
 )
 from engine.queue.snapshots import (
@@ -252,9 +254,10 @@ class QueueMachine:
         """(Raft index, slot, size) of a ref this machine handed out and still holds."""
         return self._fallback.unpack(ref)
 
-    def ref_place(self, ref: int) -> tuple[int, int]:
-        """(Raft index, slot) of a ref this machine handed out and still holds."""
-        return self._fallback.place(ref)
+    def slot_runs(self, refs: Iterable[int]) -> list[SlotRun]:
+        """Refs this machine handed out and still holds, in order, as runs of
+        consecutive slots of one entry (``engine.queue.refs.slot_runs``)."""
+        return slot_runs(refs, self._fallback)
 
     def stats(self) -> QueueStats:
         c = self._counters

@@ -258,17 +258,16 @@ class Pending:
             if self._page_live[p] == 0:
                 del self._pages[p], self._page_live[p]
         self._size -= n
-        ordered = sorted(tags.tolist())
         if self._overrides:
-            for tag in ordered:
+            for tag in tags.tolist():
                 self._overrides.pop(tag, None)
+        # Each tag's group starts at the last first tag at or below it: one search for
+        # them all (a settle of a thousand is a few numpy calls, not a loop per tag).
         starts = self._starts
-        i = bisect_right(starts, ordered[0]) - 1
-        done: dict[int, int] = {}
-        for tag in ordered:
-            while i + 1 < len(starts) and starts[i + 1] <= tag:
-                i += 1
-            done[starts[i]] = done.get(starts[i], 0) + 1
+        owner = np.searchsorted(np.array(starts, dtype=np.uint64), tags, side="right") - 1
+        at, counts = np.unique(owner, return_counts=True)
+        assert int(at[0]) >= 0, "a tag below every group"
+        done = {starts[i]: count for i, count in zip(at.tolist(), counts.tolist(), strict=True)}
         for first, count in done.items():
             group = self._groups[first]
             assert tag_in(group, first) and group.live >= count

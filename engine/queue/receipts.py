@@ -21,7 +21,10 @@ from __future__ import annotations
 
 import hmac
 import re
+import struct
+from collections.abc import Sequence
 from hashlib import blake2b
+from typing import cast
 
 from engine.errors import InvalidRequest
 
@@ -31,11 +34,13 @@ MAC_BYTES = 16
 RECEIPT_KEY_BYTES_MIN = 32
 _PERSON = b"quorra.receipt"
 _U64_MAX = (1 << 64) - 1
+_PAIR = struct.Struct(">QQ")
+"""A receipt's tag and ref, as they are sealed and printed."""
+_OPENED = struct.Struct(">QQ16s")
+"""A receipt's bytes: tag, ref, MAC."""
 _RECEIPT_TEXT = re.compile(f"[0-9a-f]{{{RECEIPT_CHARS}}}")
 """Matched in full: five times faster than comparing the set of its characters, and it
 runs for every receipt of every ack and every receive carrying acks."""
-_HEX_TEXT = re.compile("[0-9a-f]*")
-"""Receipts of the right length joined: all well formed iff this matches in full."""
 
 
 class ReceiptSeal:
@@ -72,6 +77,20 @@ class ReceiptSeal:
         mac.update(raw)
         return raw.hex() + mac.hexdigest()
 
+    def seal_many(self, tags: Sequence[int], refs: Sequence[int]) -> list[str]:
+        """``seal`` of each ``(tag, ref)``, in order, exactly its texts: a delivery's
+        receipts made in one loop (a quarter cheaper than a ``seal`` call each)."""
+        assert len(tags) == len(refs)
+        pack, copy = _PAIR.pack, self._keyed().copy
+        out: list[str] = []
+        for tag, ref in zip(tags, refs, strict=True):
+            assert 1 <= tag <= _U64_MAX and 1 <= ref <= _U64_MAX
+            raw = pack(tag, ref)
+            mac = copy()
+            mac.update(raw)
+            out.append((raw + mac.digest()).hex())
+        return out
+
     def open(self, receipt: str) -> tuple[int, int] | None:
         """``(tag, ref)`` of a receipt this seal made; ``None`` for any other text."""
         if len(receipt) != RECEIPT_CHARS:
@@ -91,8 +110,8 @@ class ReceiptSeal:
 
     def open_many(self, receipts: list[str]) -> list[tuple[int, int] | None]:
         """``open`` of each receipt, in order. The hex of a whole batch is decoded at
-        once, which makes it about three times cheaper per receipt (an ack or a receive
-        carries up to a thousand); a batch that does not decode whole (a receipt of
+        once and its tags and refs read in one go, which makes it about four times
+        cheaper per receipt (an ack or a receive carries up to a thousand); a batch that does not decode whole (a receipt of
         another length, a character that is no hex digit) is opened one by one."""
         n = len(receipts)
         if any(len(r) != RECEIPT_CHARS for r in receipts):
@@ -103,17 +122,21 @@ class ReceiptSeal:
             return [self.open(r) for r in receipts]
         if len(raw) != n * (RECEIPT_CHARS // 2):  # fromhex skips whitespace
             return [self.open(r) for r in receipts]
-        base, same, as_int = self._keyed(), hmac.compare_digest, int.from_bytes
-        out: list[tuple[int, int] | None] = []
+        copy = self._keyed().copy
+        macs: list[bytes] = []
         for at in range(0, len(raw), RECEIPT_CHARS // 2):
-            mac = base.copy()
+            mac = copy()
             mac.update(raw[at : at + 16])
-            if same(mac.digest(), raw[at + 16 : at + 32]):
-                both = as_int(raw[at : at + 16], "big")
-                out.append((both >> 64, both & _U64_MAX))
-            else:
-                out.append(None)
-        return out
+            macs.append(mac.digest())
+        opened = list(_OPENED.iter_unpack(raw))
+        # Usually every receipt is good: one comparison of all the MACs at once.
+        if hmac.compare_digest(b"".join(macs), b"".join([got for _t, _r, got in opened])):
+            return [(tag, ref) for tag, ref, _got in opened]
+        same = hmac.compare_digest
+        return [
+            (tag, ref) if same(mac, got) else None
+            for (tag, ref, got), mac in zip(opened, macs, strict=True)
+        ]
 
 
 def check_receipt_text(receipt: str) -> None:
@@ -123,20 +146,33 @@ def check_receipt_text(receipt: str) -> None:
         raise InvalidRequest("malformed receipt")
 
 
+def are_receipt_texts(values: list[object]) -> bool:
+    """Whether each value has a receipt's shape (``check_receipt_text``), decided for
+    them all at once: their text joined decodes as hex (no other character), is
+    twice as long as what it decodes to (no whitespace, which ``fromhex`` skips), and
+    has no capital letter. Some ten times cheaper than a match per receipt, and a
+    body of a thousand receipts is checked on every ack and receive carrying acks."""
+    if not all(type(r) is str and len(r) == RECEIPT_CHARS for r in values):
+        return False
+    joined = "".join(cast(list[str], values))
+    try:
+        raw = bytes.fromhex(joined)
+    except ValueError:
+        return False
+    return 2 * len(raw) == len(joined) and joined == joined.lower()
+
+
 def check_receipt_texts(receipts: list[str]) -> None:
-    """``check_receipt_text`` of each receipt: when each is a text of 64 characters,
-    one match over them all (a third of the cost of a match per receipt)."""
-    shaped = all(type(r) is str and len(r) == RECEIPT_CHARS for r in receipts)
-    if shaped and _HEX_TEXT.fullmatch("".join(receipts)) is not None:
-        return
-    for r in receipts:
-        check_receipt_text(r)
+    """``check_receipt_text`` of each receipt (``are_receipt_texts``, at once)."""
+    if not are_receipt_texts(cast(list[object], receipts)):
+        raise InvalidRequest("malformed receipt")
 
 
 __all__ = [
     "MAC_BYTES",
     "RECEIPT_CHARS",
     "ReceiptSeal",
+    "are_receipt_texts",
     "check_receipt_text",
     "check_receipt_texts",
 ]

@@ -202,6 +202,35 @@ class FallbackTable:
         return table
 
 
+SlotRun = tuple[int, int, int]
+"""``(index, first slot, count)``: messages ``first .. first + count - 1`` of entry
+``index``, one after the other."""
+
+
+def slot_runs(refs: Iterable[int], table: FallbackTable) -> list[SlotRun]:
+    """``refs`` in order as runs of consecutive slots of one entry: what a delivery reads
+    (a publish batch is one entry, usually handed out whole or in long stretches), so
+    that the reader parses a run's records at once instead of looking up each message."""
+    runs: list[SlotRun] = []
+    index = slot = first = -1
+    place = table.place
+    for ref in refs:
+        if ref >> 62 == 0b10:  # a slot of a batch of more than 16: the usual case
+            i = (ref >> (SLOT_BITS_LONG + SIZE_BITS)) & _INDEX_MASK_LONG
+            k = (ref >> SIZE_BITS) & _SLOT_MASK_LONG
+        else:
+            i, k = place(ref)
+        if i == index and k == slot + 1:
+            slot = k
+            continue
+        if index >= 0:
+            runs.append((index, first, slot - first + 1))
+        index, slot, first = i, k, k
+    if index >= 0:
+        runs.append((index, first, slot - first + 1))
+    return runs
+
+
 # --- vectorised forms over numpy arrays (hot paths) -------------------------------------
 
 
@@ -341,6 +370,7 @@ __all__ = [
     "SLOT_LIMIT_SHORT",
     "FallbackTable",
     "RefParts",
+    "SlotRun",
     "fallback_handle",
     "fallback_ref",
     "indexes_of",
@@ -351,6 +381,7 @@ __all__ = [
     "message_id_parts",
     "pack_batch",
     "sizes_of",
+    "slot_runs",
     "total_size",
     "try_pack",
     "unpack_compact",

@@ -41,8 +41,8 @@ from engine.queue import (
     encode_return,
     encode_settle,
     encode_settle_checkout,
-    message_bytes,
     message_id,
+    message_run,
     read_message,
 )
 from engine.raft.entry import Entry
@@ -240,34 +240,35 @@ class QueueOps:
 
     def deliveries(self, rep: Replica, reply: object) -> tuple[ReceivedBatch, int, Settled | None]:
         """Runs as the checkout (or settle-checkout) applies: read the leased messages
-        from the log, a run of entries at a time. (The batch, without its settle result;
-        the replica's availability count; the settle's reply.)"""
+        from the log, a run of entries at a time, and each run of consecutive messages
+        of one entry from one parse of its records. (The batch, without its settle
+        result; the replica's availability count; the settle's reply.)"""
         settled: Settled | None = None
         if isinstance(reply, SettledCheckedOut):
             settled, reply = reply.settled, reply.checked_out
         assert isinstance(reply, CheckedOut), reply
-        machine = rep.machine
-        place = machine.ref_place
-        places = [place(ref) for ref in reply.refs]
-        entries = self.entries(rep, sorted({index for index, _slot in places}))
-        seal = rep.seal.seal
+        runs = rep.machine.slot_runs(reply.refs)
+        entries = self.entries(rep, sorted({index for index, _first, _count in runs}))
         ids: list[int] = []
-        receipts: list[str] = []
         bodies: list[bytes] = []
         headers: list[dict[str, str]] = []
         published: list[int] = []
-        for tag, ref, (index, slot) in zip(reply.tags, reply.refs, places, strict=True):
+        for index, first, count in runs:
             entry = entries[index]
-            body, raw_headers = message_bytes(entry.data, slot)
-            ids.append(message_id(index, slot))
-            receipts.append(seal(tag, ref))
-            bodies.append(body)
-            headers.append(decode_headers(raw_headers) if raw_headers else {})
-            published.append(entry.now_ms)
+            run_bodies, run_headers = message_run(entry.data, first, count)
+            bodies += run_bodies
+            headers += (
+                [{} for _ in run_bodies]
+                if run_headers is None
+                else [decode_headers(raw) if raw else {} for raw in run_headers]
+            )
+            start = message_id(index, first)
+            ids += range(start, start + count)
+            published += [entry.now_ms] * count
         batch = ReceivedBatch(
             _NOTHING_SETTLED,
             ids,
-            receipts,
+            rep.seal.seal_many(reply.tags, reply.refs),
             bodies,
             headers,
             list(reply.priorities),

@@ -8,7 +8,7 @@ import msgpack
 import pytest
 from starlette.requests import Request
 
-from app.negotiation import packb, respond, unpackb, wants_msgpack
+from app.negotiation import MSGPACK_DEPTH_MAX, packb, respond, unpackb, wants_msgpack
 from engine.errors import InvalidRequest
 
 
@@ -79,3 +79,32 @@ def test_unpackb_refuses_deep_nesting() -> None:
         deep = [deep]
     with pytest.raises(InvalidRequest, match="nests deeper"):
         unpackb(packb(deep))
+
+
+def _deepest(value: object, depth: int = 0) -> int:
+    """The depth of the deepest value inside ``value`` (the root is at 0)."""
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, list):
+        return max((_deepest(v, depth + 1) for v in value), default=depth)
+    return depth
+
+
+@pytest.mark.parametrize(
+    "levels", [MSGPACK_DEPTH_MAX - 1, MSGPACK_DEPTH_MAX, MSGPACK_DEPTH_MAX + 1]
+)
+@pytest.mark.parametrize("bottom", [1, "r" * 64, [], {}, ["a", "b"], {"k": None}])
+@pytest.mark.parametrize("wrap", ["list", "map"])
+def test_unpackb_takes_exactly_what_lies_within_the_depth_bound(
+    levels: int, bottom: object, wrap: str
+) -> None:
+    """Anything at most ``MSGPACK_DEPTH_MAX`` levels down is taken, scalar or container,
+    and anything deeper refused, beside siblings that are shallow."""
+    value: object = bottom
+    for _ in range(levels):
+        value = [value, "shallow"] if wrap == "list" else {"x": value, "y": 2}
+    if _deepest(value) <= MSGPACK_DEPTH_MAX:
+        assert unpackb(packb(value)) == value
+    else:
+        with pytest.raises(InvalidRequest, match="nests deeper"):
+            unpackb(packb(value))

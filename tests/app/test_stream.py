@@ -340,6 +340,57 @@ def test_a_closed_socket_returns_its_leases_at_once(
     assert old.status_code == 409
 
 
+def _answers(ws: ClientConnection, settled: int) -> tuple[list[dict[str, Any]], list[Any]]:
+    """The next ``settled`` answers (in order) and the messages delivered meanwhile."""
+    answers: list[dict[str, Any]] = []
+    delivered: list[Any] = []
+    while len(answers) < settled:
+        frame = frame_of(ws)
+        if frame["op"] == "deliver":
+            delivered += frame["messages"]
+        else:
+            answers.append(frame)
+    return answers, delivered
+
+
+def test_acks_carried_by_the_next_receive_are_answered_each_as_alone(
+    srv: StreamServer, token: str, api: httpx.Client, queue: str
+) -> None:
+    """Acks that come while the consumer waits for their credit ride on its next receive
+    (one entry settles them and leases more); each frame still gets its own answer: its
+    forged and repeated receipts stale, the rest settled, its ``ref`` echoed."""
+    api.post(
+        f"/api/v1/queues/{queue}/messages",
+        json={"messages": [{"body": str(i)} for i in range(4)]},
+    )
+    with open_stream(srv, token, queue) as ws:
+        send(ws, {"op": "consume", "prefetch": 3})
+        a, b, c = (m["receipt"] for m in _deliveries(ws, 3))
+        forged = a[:-1] + ("0" if a[-1] != "0" else "1")
+        send(ws, {"op": "ack", "receipts": [a, forged], "ref": "one"})
+        send(ws, {"op": "ack", "receipts": [b, a], "ref": "two"})
+        answers, delivered = _answers(ws, 2)
+        assert answers == [
+            {"op": "settled", "of": "ack", "settled": 1, "stale": [forged], "ref": "one"},
+            {"op": "settled", "of": "ack", "settled": 1, "stale": [a], "ref": "two"},
+        ]
+        delivered += _deliveries(ws, 1 - len(delivered))
+        assert [m["body"] for m in delivered] == [b"3"]
+        last = delivered[0]["receipt"]
+        # an ack whose credit the client takes back at once (prefetch 0) is settled alone
+        send(ws, {"op": "consume", "prefetch": 2})  # c and 3 out: the consumer waits
+        assert no_frame(ws, 0.6)  # for credit once its long poll (0.3 s) ended
+        send(ws, {"op": "ack", "receipts": [c], "ref": 3})
+        send(ws, {"op": "consume", "prefetch": 0})
+        answers, delivered = _answers(ws, 1)
+        assert answers == [{"op": "settled", "of": "ack", "settled": 1, "stale": [], "ref": 3}]
+        assert delivered == [] and no_frame(ws, 0.5)
+        send(ws, {"op": "ack", "receipts": [last]})
+        assert frame_of(ws) == {"op": "settled", "of": "ack", "settled": 1, "stale": []}
+    stats = api.get(f"/api/v1/queues/{queue}").json()["stats"]
+    assert (stats["messages_ready"], stats["messages_unacked"]) == (0, 0)
+
+
 # --- who may ---------------------------------------------------------------------------
 
 

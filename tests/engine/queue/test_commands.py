@@ -28,7 +28,7 @@ from engine.queue import (
     encode_settle,
     encode_settle_checkout,
     enqueue_count,
-    message_bytes,
+    message_run,
     read_message,
 )
 from engine.queue.commands import (
@@ -62,7 +62,6 @@ def test_enqueue_entry_round_trip(messages: list[NewMessage]) -> None:
     for k, m in enumerate(messages):
         view = read_message(entry, k)
         assert bytes(view.body) == m.body and bytes(view.headers) == m.headers
-        assert message_bytes(entry, k) == (m.body, m.headers)
         assert (view.priority, view.ttl_ms, view.delay_ms, view.dedup_id) == (
             m.priority,
             m.ttl_ms,
@@ -72,6 +71,15 @@ def test_enqueue_entry_round_trip(messages: list[NewMessage]) -> None:
         assert int(recs["body_len"][k]) + int(recs["headers_len"][k]) == len(m.body) + len(
             m.headers
         )
+    for first in range(len(messages)):
+        for count in range(1, len(messages) - first + 1):
+            wanted = messages[first : first + count]
+            bodies, headers = message_run(entry, first, count)
+            assert bodies == [m.body for m in wanted]
+            if headers is None:
+                assert not any(m.headers for m in wanted)
+            else:
+                assert headers == [m.headers for m in wanted]
 
 
 def test_the_record_table_is_read_in_place() -> None:

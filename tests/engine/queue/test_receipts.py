@@ -122,6 +122,14 @@ def test_a_batch_is_checked_as_each_receipt_alone(
         assert alone
 
 
+@given(pairs=st.lists(st.tuples(U64, U64), max_size=20), uid=st.text(min_size=1, max_size=40))
+def test_a_batch_is_sealed_as_each_receipt_alone(pairs: list[tuple[int, int]], uid: str) -> None:
+    seal = ReceiptSeal(KEY, uid)
+    texts = seal.seal_many([tag for tag, _ref in pairs], [ref for _tag, ref in pairs])
+    assert texts == [ReceiptSeal(KEY, uid).seal(tag, ref) for tag, ref in pairs]
+    assert seal.open_many(texts) == pairs
+
+
 @given(pairs=st.lists(st.tuples(U64, U64), min_size=1, max_size=5))
 def test_a_fresh_seal_opens_a_batch_made_before(pairs: list[tuple[int, int]]) -> None:
     """A restarted node's seal opens the receipts its predecessor made, in a batch, before

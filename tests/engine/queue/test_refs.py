@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -22,6 +24,7 @@ from engine.queue.refs import (
     message_id_parts,
     pack_batch,
     sizes_of,
+    slot_runs,
     total_size,
     try_pack,
     unpack_compact,
@@ -113,6 +116,37 @@ def test_pack_batch_agrees_with_scalar_packing(index: int, batch: int, data: st.
     assert sizes_of(refs, vec_table).tolist() == sizes
     wire = FallbackTable.from_wire(vec_table.to_wire())
     assert [wire.unpack(r) for r in scalar] == [RefParts(index, k, s) for k, s in enumerate(sizes)]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    messages=st.lists(
+        st.tuples(
+            st.sampled_from([1, 2, 7, INDEX_LIMIT_LONG - 1, INDEX_LIMIT_LONG, 1 << 50]),
+            st.sampled_from([1, 2, SLOT_LIMIT_SHORT, SLOT_LIMIT_SHORT + 1, 100]),
+            st.integers(0, 99),
+            st.sampled_from([0, 1024, SIZE_LIMIT]),
+        ),
+        max_size=60,
+    )
+)
+def test_slot_runs_are_the_places_of_the_refs_in_order(
+    messages: list[tuple[int, int, int, int]],
+) -> None:
+    """Every form of ref (short, long, fallback), mixed: the runs list each ref's
+    (index, slot) in order, and no two neighbouring runs could have been one."""
+    table = FallbackTable()
+    refs: list[int] = []
+    places: list[tuple[int, int]] = []
+    for index, batch, slot, size in messages:
+        slot %= batch
+        refs.append(table.pack(index, slot, size, batch))
+        places.append((index, slot))
+    runs = slot_runs(refs, table)
+    assert [(i, first + k) for i, first, count in runs for k in range(count)] == places
+    assert all(count >= 1 for _i, _first, count in runs)
+    for (i, first, count), (j, nxt, _n) in itertools.pairwise(runs):
+        assert (i, first + count) != (j, nxt)
 
 
 @given(index=st.integers(1, 1 << 50), slot=st.integers(0, SLOTS_PER_ENTRY_MAX - 1))
