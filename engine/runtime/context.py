@@ -193,6 +193,8 @@ class NodeContext:
             raise NoLeader(f"queue {rep.name}: no quorum in time; the outcome is unknown") from None
         finally:
             rep.proposals.pop(request_id, None)
+            if not rep.proposals:
+                rep.proposals.clear()  # an emptied dict keeps its table (160 bytes) till then
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         """Run ``coro`` as a task of the node: a stop cancels it and waits for it."""
