@@ -83,6 +83,17 @@ class PageFiles:
     """The page files of queue ``uid`` (see the module's rule). ``live``: the handles the
     machine restored from its checkpoint holds."""
 
+    # Slots: one per queue, thousands on a node (no instance dict each).
+    __slots__ = (
+        "_disk",
+        "_dropped",
+        "_lock",
+        "_next_handle",
+        "_pins",
+        "_synced",
+        "dir",
+    )
+
     def __init__(self, disk: Disk, uid: str, live: Iterable[int] = ()) -> None:
         self._disk = disk
         self.dir = pages_dir(uid)
