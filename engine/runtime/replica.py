@@ -84,8 +84,8 @@ class Replica:
     samples: list[Sample] = field(default_factory=list)
     """(ms, published, delivered, acked) about once a second, as runs, for the rates
     (``engine.runtime.rates``; a list: a deque would hold 760 bytes even while empty)."""
-    disk_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    """Serialises checkpoint writes, cursor releases and compactions of this queue."""
+    _disk_lock: asyncio.Lock | None = None
+    """``disk_lock`` once made."""
     live_cache: tuple[object, int, float, BitMap64, float] | None = None
     """(machine, applied index, monotonic s, live indexes, seconds it took) of the last
     observation: the live set walks every queued reference, too slow for each stats read
@@ -95,6 +95,15 @@ class Replica:
     built from a frozen machine (see ``observe.live_set``)."""
     reading_ahead: bool = False
     """A read-ahead of the machine's ready pages is running (``engine.runtime.paging``)."""
+
+    @property
+    def disk_lock(self) -> asyncio.Lock:
+        """Serialises checkpoint writes, cursor releases and compactions of this queue;
+        made at the first use (an idle queue does without its 100 bytes)."""
+        lock = self._disk_lock
+        if lock is None:
+            lock = self._disk_lock = asyncio.Lock()
+        return lock
 
     @property
     def raft(self) -> RaftServer:
