@@ -35,6 +35,8 @@ PAUSE_S = 0.01
 (a bare ``sleep(0)`` would let a request take only one step of many)."""
 QUEUES_TRACKED_MAX = 20_000
 """Rings kept at most (two per node's queue limit would be generous)."""
+SHARED_SAMPLES_MAX = 256
+"""Distinct samples of a round that rings share (``SeriesStore.add``)."""
 
 log = logging.getLogger("quorra.ui")
 
@@ -149,7 +151,9 @@ class SeriesStore:
     ``at_ms``, numbered in order): a sample whose figures are those of the queue's
     sample of the round before extends that run. A node of 10,000 idle queues so keeps a
     run per queue, not 180 samples (250 bytes each: 45 KB a queue after 15 minutes).
-    ``queue`` gives back exactly the samples added, the last ``samples_max`` of them."""
+    ``queue`` gives back exactly the samples added, the last ``samples_max`` of them.
+    Runs that start in the same round with the same figures share one ``Sample`` (idle
+    queues look alike: 10,000 of them so hold a few samples, not 10,000 of 150 bytes)."""
 
     def __init__(self, samples_max: int = SAMPLES_MAX) -> None:
         assert samples_max >= 2
@@ -158,12 +162,16 @@ class SeriesStore:
         self._round_ats: dict[int, int] = {}
         """at_ms of each round still named by a run, by round number."""
         self._round = -1
+        self._shared: dict[Sample, Sample] = {}
+        """Samples of this round kept by a run, by their value (at most
+        ``SHARED_SAMPLES_MAX``)."""
         self.totals: deque[Totals] = deque(maxlen=samples_max)
 
     def _round_of(self, at_ms: int) -> int:
         if self._round < 0 or self._round_ats[self._round] != at_ms:
             self._round += 1
             self._round_ats[self._round] = at_ms
+            self._shared.clear()
             if self._round % self.samples_max == 0:
                 self._forget_rounds()
         return self._round
@@ -186,7 +194,7 @@ class SeriesStore:
         if last is not None and last.last == seq - 1 and _same_figures(sample, last.sample):
             last.last = seq
         else:
-            runs.append(_Run(seq, sample))
+            runs.append(_Run(seq, self._shared_sample(sample)))
         runs.held += 1
         while runs.held > self.samples_max:
             first = runs[0]
@@ -194,6 +202,15 @@ class SeriesStore:
             runs.held -= 1
             if first.first > first.last:
                 del runs[0]
+
+    def _shared_sample(self, sample: Sample) -> Sample:
+        """An equal sample another run of this round keeps, else ``sample``."""
+        shared = self._shared.get(sample)
+        if shared is not None:
+            return shared
+        if len(self._shared) < SHARED_SAMPLES_MAX:
+            self._shared[sample] = sample
+        return sample
 
     def _samples(self, run: _Run) -> list[Sample]:
         ats = self._round_ats

@@ -37,6 +37,10 @@ I64 = npt.NDArray[np.int64]
 FORMAT_1_RESOLUTION_MS = 1000
 """The enqueue time resolution of format-1 snapshots: one sample a second."""
 _NARROW_MAX = (1 << 32) - 1
+_NO_SAMPLES = array("I")
+"""The two arrays of every ``EnqueueTimes`` without a sample, shared (never appended to:
+``_append`` makes arrays of its own first): most queues have no TTL and keep none, and
+two empty arrays cost a queue 160 bytes."""
 _ARRAY_HEADER_BYTES = 64
 
 
@@ -48,9 +52,9 @@ class EnqueueTimes:
         self.resolution_ms = resolution_ms
         self._base_index = 0
         self._base_ms = 0
-        self._index = array("I")
+        self._index = _NO_SAMPLES
         """Offsets of the first index of each interval from ``_base_index``."""
-        self._ms = array("I")
+        self._ms = _NO_SAMPLES
         """Offsets of the latest time of each interval from ``_base_ms``."""
         self._open_ms: int | None = None
         """Opening time of the last interval; None: the next enqueue opens one."""
@@ -63,12 +67,14 @@ class EnqueueTimes:
         return self._index.typecode == "q"
 
     def nbytes(self) -> int:
-        """Resident bytes of the two arrays (their spare capacity not counted)."""
+        """Resident bytes of the two arrays (their spare capacity not counted); none
+        while they are the shared empty ones."""
+        if self._index is _NO_SAMPLES:
+            return 0
         return 2 * _ARRAY_HEADER_BYTES + self._index.itemsize * 2 * len(self._index)
 
     def clear(self) -> None:
-        self._index = array("I")
-        self._ms = array("I")
+        self._index = self._ms = _NO_SAMPLES
         self._base_index = self._base_ms = 0
         self._open_ms = None
 
@@ -90,6 +96,8 @@ class EnqueueTimes:
         self._append(index, max(now_ms, latest))
 
     def _append(self, index: int, ms: int) -> None:
+        if self._index is _NO_SAMPLES:
+            self._index, self._ms = array("I"), array("I")
         if not self._index:
             self._base_index, self._base_ms = index, ms
         if not self.wide and max(index - self._base_index, ms - self._base_ms) > _NARROW_MAX:
@@ -157,8 +165,9 @@ class EnqueueTimes:
         assert code in ("I", "q") and isinstance(index, bytes) and isinstance(ms, bytes)
         times = cls(resolution_ms)
         times._base_index, times._base_ms, times._open_ms = base_index, base_ms, open_ms
-        times._index = array(code, index)
-        times._ms = array(code, ms)
+        if index or ms or code != "I":
+            times._index = array(code, index)
+            times._ms = array(code, ms)
         return times
 
     @classmethod

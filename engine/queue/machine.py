@@ -82,6 +82,32 @@ U64 = npt.NDArray[np.uint64]
 class QueueMachine:
     """One queue. Constructed identically on every replica, then driven only by ``apply``."""
 
+    # Slots: one per queue, thousands on a node (no instance dict each).
+    __slots__ = (
+        "_bytes_delayed",
+        "_bytes_pending",
+        "_bytes_ready",
+        "_checkpoint_dead_bytes_min",
+        "_counters",
+        "_dead_bytes",
+        "_dead_letters",
+        "_dedup",
+        "_delayed",
+        "_delivered_before",
+        "_expires_at",
+        "_fallback",
+        "_lanes",
+        "_last_index",
+        "_limits",
+        "_now_ms",
+        "_paging",
+        "_pending",
+        "_ready",
+        "_times",
+        "pager",
+        "policy",
+    )
+
     version: ClassVar[int] = 2
     """Snapshot format: 2 keeps enqueue times as ``EnqueueTimes.to_wire``; 1 (still read)
     kept 1-second samples; a checkpoint of a paged machine may be ``PAGED_VERSION`` (3),

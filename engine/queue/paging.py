@@ -264,6 +264,27 @@ def load_plan(spill: PageSpill, plan: Sequence[PageLoad]) -> list[bytes | BaseEx
 class QueuePager:
     """The residency of one queue's lanes (see the module's rule)."""
 
+    # Slots: one per queue, thousands on a node (no instance dict each).
+    __slots__ = (
+        "_describe",
+        "_key",
+        "_rebuild",
+        "lanes",
+        "node",
+        "page_loads",
+        "page_waits",
+        "page_write_failures",
+        "page_writes",
+        "pages_max",
+        "pages_rebuilt",
+        "read_ahead_hits",
+        "read_ahead_pages",
+        "resident",
+        "spill",
+        "wants_read_ahead",
+        "warm",
+    )
+
     def __init__(
         self,
         spill: PageSpill,

@@ -25,9 +25,9 @@ COUNTERS = (
 _DICT_ENTRY_BYTES_ESTIMATE = 100
 _FIXED_BYTES_ESTIMATE = 2200
 _LEVEL_BYTES_ESTIMATE = 440
-"""An empty machine holds about ``_FIXED + _LEVEL * priorities`` bytes (tracemalloc: 2.6
-KB with one level, 6.6 KB with ten, the enqueue times' 128 bytes left out; each level
-has two lanes, whose empty FIFOs share one deque). ``test_an_idle_queue_is_small``
+"""An empty machine holds about ``_FIXED + _LEVEL * priorities`` bytes (tracemalloc: 2.9
+KB with one level and a few messages; each level has two lanes, whose empty FIFOs share
+one empty list; a queue without TTL keeps no enqueue times). ``test_an_idle_queue_is_small``
 holds the estimate to what tracemalloc measures."""
 
 

@@ -47,6 +47,8 @@ class Effects:
         """The proposal waiting on ``e``, if any, gets its outcome (``reply``: the
         machine's, None for an entry the machine did not apply)."""
         p = rep.waiting.pop(e.index, None)
+        if p is not None and not rep.waiting:
+            rep.waiting.clear()  # an emptied dict keeps its table (160 bytes) till then
         if p is not None and not p.future.done():
             self.resolve(rep, p, e, reply)
 

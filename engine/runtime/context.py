@@ -197,6 +197,8 @@ class NodeContext:
         finally:
             timer.cancel()
             rep.proposals.pop(request_id, None)
+            if not rep.proposals:
+                rep.proposals.clear()  # an emptied dict keeps its table (160 bytes) till then
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         """Run ``coro`` as a task of the node: a stop cancels it and waits for it."""

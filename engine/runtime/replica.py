@@ -22,9 +22,8 @@ from engine.raft.entry import Entry
 from engine.raft.server import RaftServer
 from engine.runtime.driver import ReplicaDriver
 from engine.runtime.meta import QueueMeta
+from engine.runtime.rates import Sample, add_sample, rates_of
 from engine.storage import ServerLog
-
-SAMPLES_MAX = 16
 
 
 @dataclass(slots=True)
@@ -82,11 +81,11 @@ class Replica:
     ``Limits.replay_bytes_max``."""
     installed_live: dict[int, Entry] = field(default_factory=dict)
     """Live entries of a snapshot being installed, readable until storage shows them."""
-    samples: list[tuple[int, int, int, int]] = field(default_factory=list)
-    """(ms, published, delivered, acked) about once a second, the last ``SAMPLES_MAX``,
-    for the rates (a list: a deque would hold 760 bytes even while empty)."""
-    disk_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    """Serialises checkpoint writes, cursor releases and compactions of this queue."""
+    samples: list[Sample] = field(default_factory=list)
+    """(ms, published, delivered, acked) about once a second, as runs, for the rates
+    (``engine.runtime.rates``; a list: a deque would hold 760 bytes even while empty)."""
+    _disk_lock: asyncio.Lock | None = None
+    """``disk_lock`` once made."""
     live_cache: tuple[object, int, float, BitMap64, float] | None = None
     """(machine, applied index, monotonic s, live indexes, seconds it took) of the last
     observation: the live set walks every queued reference, too slow for each stats read
@@ -96,6 +95,15 @@ class Replica:
     built from a frozen machine (see ``observe.live_set``)."""
     reading_ahead: bool = False
     """A read-ahead of the machine's ready pages is running (``engine.runtime.paging``)."""
+
+    @property
+    def disk_lock(self) -> asyncio.Lock:
+        """Serialises checkpoint writes, cursor releases and compactions of this queue;
+        made at the first use (an idle queue does without its 100 bytes)."""
+        lock = self._disk_lock
+        if lock is None:
+            lock = self._disk_lock = asyncio.Lock()
+        return lock
 
     @property
     def raft(self) -> RaftServer:
@@ -131,22 +139,16 @@ class Replica:
 
     def sample(self, now_ms: int, limits: Limits) -> None:
         if self.samples and now_ms - self.samples[-1][0] < limits.rate_sample_ms:
-            return
-        s = self.machine.stats()
-        self.samples.append((now_ms, s.published, s.delivered, s.acked))
-        if len(self.samples) > SAMPLES_MAX:
-            del self.samples[0]
+            return  # spares the stats
+        add_sample(self.samples, self._counters(now_ms), limits)
 
     def rates(self, now_ms: int, limits: Limits) -> tuple[float, float, float]:
         """Messages per second published, delivered and acked over the last seconds."""
+        return rates_of(self.samples, self._counters(now_ms), limits)
+
+    def _counters(self, now_ms: int) -> Sample:
         s = self.machine.stats()
-        current = (now_ms, s.published, s.delivered, s.acked)
-        old = next((x for x in self.samples if now_ms - x[0] <= limits.rate_window_ms), None)
-        if old is None or now_ms - old[0] < limits.rate_sample_ms // 2:
-            return 0.0, 0.0, 0.0
-        dt = (now_ms - old[0]) / 1000
-        rate = [round((current[k] - old[k]) / dt, 3) for k in (1, 2, 3)]
-        return rate[0], rate[1], rate[2]
+        return now_ms, s.published, s.delivered, s.acked
 
 
 def node_of(server: str) -> str:

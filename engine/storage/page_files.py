@@ -66,6 +66,15 @@ _PAGE_SUFFIX = ".page"
 _PIN_SUFFIX = ".pin"
 
 
+_NO_HANDLES: frozenset[int] = frozenset()
+"""What ``_dropped`` and ``_synced`` hold while empty, shared: every queue has both, most
+never spill a page, and an empty set costs 216 bytes."""
+
+
+def _shared_if_empty(handles: frozenset[int]) -> frozenset[int]:
+    return handles if handles else _NO_HANDLES
+
+
 def pages_dir(uid: str) -> str:
     return f"{server_root(uid)}/pages"
 
@@ -73,6 +82,17 @@ def pages_dir(uid: str) -> str:
 class PageFiles:
     """The page files of queue ``uid`` (see the module's rule). ``live``: the handles the
     machine restored from its checkpoint holds."""
+
+    # Slots: one per queue, thousands on a node (no instance dict each).
+    __slots__ = (
+        "_disk",
+        "_dropped",
+        "_lock",
+        "_next_handle",
+        "_pins",
+        "_synced",
+        "dir",
+    )
 
     def __init__(self, disk: Disk, uid: str, live: Iterable[int] = ()) -> None:
         self._disk = disk
@@ -96,9 +116,10 @@ class PageFiles:
         keep = self._pinned() | live
         for handle in sorted(on_disk - keep):
             self._unlink(handle)
-        self._dropped = (on_disk & keep) - live
-        """Pages the machine no longer holds that a checkpoint still names."""
-        self._synced = on_disk & self._pinned()
+        self._dropped = _shared_if_empty(frozenset((on_disk & keep) - live))
+        """Pages the machine no longer holds that a checkpoint still names (frozen, made
+        again at each change: pages are dropped and synced a few at a time)."""
+        self._synced = _shared_if_empty(frozenset(on_disk & self._pinned()))
         """Pages fsynced (those a pin file names were synced before it was written)."""
 
     # --- the PageSpill protocol -----------------------------------------------------------
@@ -141,9 +162,10 @@ class PageFiles:
     def drop(self, handle: int) -> None:
         with self._lock:
             if handle in self._pinned():
-                self._dropped.add(handle)
+                self._dropped = self._dropped | {handle}
                 return
-            self._synced.discard(handle)
+            if handle in self._synced:
+                self._synced = _shared_if_empty(self._synced - {handle})
         self._unlink(handle)
 
     # --- checkpoints ----------------------------------------------------------------------
@@ -173,8 +195,9 @@ class PageFiles:
             struct.pack("<Q", h) for h in sorted(handles)
         )
         write_file_atomic(self._disk, self._pin_path(tag), body + _CRC.pack(crc32c.crc32c(body)))
-        with self._lock:
-            self._synced.update(todo)
+        if todo:
+            with self._lock:
+                self._synced = self._synced | frozenset(todo)
 
     def unpin(self, tag: int) -> None:
         self.retain(t for t in list(self._pins) if t != tag)
@@ -189,8 +212,9 @@ class PageFiles:
                 del self._pins[tag]
             pinned = self._pinned()
             free = sorted(self._dropped - pinned)
-            self._dropped -= set(free)
-            self._synced -= set(free)
+            if free:
+                self._dropped = _shared_if_empty(self._dropped - set(free))
+                self._synced = _shared_if_empty(self._synced - set(free))
         for tag in gone:
             if self._disk.exists(self._pin_path(tag)):
                 self._disk.remove(self._pin_path(tag))

@@ -43,6 +43,14 @@ class MemTable:
     worth) neither make full collections more frequent nor longer. Reads build the
     entries again."""
 
+    # Slots: one per queue, thousands on a node (no instance dict each).
+    __slots__ = (
+        "_rows",
+        "_wal_seqs",
+        "bytes",
+        "lo",
+    )
+
     def __init__(self) -> None:
         self.lo = 0
         self._rows: list[tuple[int, int, int, bytes]] = []
@@ -135,6 +143,29 @@ class _Segment:
 
 class ServerLog:
     """The ``LogStore`` of one server (see ``engine.raft.entry``), plus payload reads."""
+
+    # Slots: one per queue, thousands on a node (no instance dict each).
+    __slots__ = (
+        "_cache",
+        "_disk",
+        "_his_max",
+        "_last",
+        "_los",
+        "_segments",
+        "_snapshot_index",
+        "_snapshot_term",
+        "cache_hits",
+        "failed",
+        "hard_state",
+        "mem",
+        "next_segment_seq",
+        "reads",
+        "reads_in_memory",
+        "segment_bytes",
+        "segment_reads",
+        "snapshot_live",
+        "uid",
+    )
 
     def __init__(self, uid: str, disk: Disk, cache: ReaderCache) -> None:
         self.uid = uid

@@ -93,7 +93,8 @@ def test_rings_kept_as_runs_give_back_what_was_added(
 
 
 def test_idle_queues_rings_stay_small() -> None:
-    """A full ring of an idle queue (the same figures each round) is one run."""
+    """A full ring of an idle queue (the same figures each round) is one run, and the
+    runs of queues alike share one sample."""
     store = SeriesStore()
     names = [f"q{n}" for n in range(200)]
     gc.collect()
@@ -108,7 +109,7 @@ def test_idle_queues_rings_stay_small() -> None:
     finally:
         tracemalloc.stop()
     per_queue = sum(s.size_diff for s in after.compare_to(before, "filename")) / len(names)
-    assert per_queue < 600, per_queue
+    assert per_queue < 400, per_queue  # 356: the runs share their sample (500 each apart)
     assert len(store.queue("q7")) == 180
     assert store.queue("q7")[-1].at_ms == 359 * 5000
 

@@ -83,3 +83,19 @@ def test_format_1_samples_keep_their_bound() -> None:
     assert [times.bound_ms(i) for i in (3, 6, 7, 9)] == [1_999, 1_999, 3_499, 3_499]
     times.note(10, 3_000)  # opens a new interval: not 499 ms late
     assert times.bound_ms(10) == 3_499  # never before an earlier entry's bound
+
+
+def test_times_without_samples_share_their_arrays_and_cost_nothing() -> None:
+    """No TTL, no samples: the arrays are the shared empty ones (160 bytes a queue
+    otherwise); the first sample makes arrays of its own, a clear gives them back."""
+    a, b = EnqueueTimes(10), EnqueueTimes(10)
+    assert a.nbytes() == 0 and a.to_wire() == b.to_wire()
+    a.note(5, 1_000)
+    assert a.bound_ms(5) == 1_000 and b.nbytes() == 0 and len(b) == 0
+    assert a.nbytes() > 0
+    restored = EnqueueTimes.from_wire(10, b.to_wire())
+    assert restored.nbytes() == 0 and restored.to_wire() == b.to_wire()
+    a.clear()
+    assert a.nbytes() == 0 and a.to_wire() == b.to_wire()
+    a.restart(2_000)
+    assert a.bound_ms(7) == 2_000 and b.nbytes() == 0

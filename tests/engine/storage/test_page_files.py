@@ -222,3 +222,25 @@ def test_a_damaged_page_file_is_rebuilt_from_the_stored_log() -> None:
         )
     assert machine.stats().paging.pages_rebuilt == len(on_disk[::2])
     assert machine.snapshot() == plain.snapshot()
+
+
+def test_pins_drops_and_syncs_come_back_to_the_shared_empty_sets() -> None:
+    """A queue that spills nothing holds no set of its own (216 bytes each); one that
+    did holds none again once its checkpoints no longer name its dropped pages."""
+    disk = FakeDisk()
+    idle = PageFiles(disk, "idle")
+    files = PageFiles(disk, UID)
+    assert idle._dropped is idle._synced is files._dropped is files._synced
+    a, b = files.store(page_bytes(1)), files.store(page_bytes(2))
+    files.pin(7, [a, b])
+    files.sync(7)
+    files.drop(a)  # pinned: kept until the checkpoint goes
+    assert files._dropped == {a} and files._synced == {a, b}
+    assert files.load(a) == page_bytes(1)
+    files.drop(b)
+    files.retain([])
+    assert files.files() == 0
+    assert files._dropped is files._synced is idle._dropped
+    c = files.store(page_bytes(3))
+    files.drop(c)  # never pinned: deleted at once
+    assert files.files() == 0 and files._dropped is idle._dropped

@@ -1,0 +1,76 @@
+"""What an idle queue costs a node: its replica (Raft core, machine, storage log, page
+files, rate samples) measured by tracemalloc on a running node."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import gc
+import tracemalloc
+from pathlib import Path
+
+from engine.runtime import Node
+from engine.runtime.api import QueueArgs
+from tests.engine.runtime.util import FAST, eventually, msgs, run
+
+IDLE_REPLICA_BYTES_MAX = 10_000
+"""An idle queue of 10 messages on a node, everything the engine keeps for it: about
+8.9-9.0 KB; 12.1 KB before its Raft core made its ``Ready`` lazily, its pages left their
+deque, its rate samples became runs and its empty tables were shared or cleared."""
+QUEUES = 60
+
+
+def test_an_idle_queue_costs_the_node_a_bounded_few_kilobytes(tmp_path: Path) -> None:
+    limits = dataclasses.replace(
+        FAST, wal_idle_roll_ms=200, rate_sample_ms=100, rate_window_ms=1_000
+    )
+
+    async def body() -> float:
+        node = Node(tmp_path, limits=limits)
+        await node.start()
+        try:
+
+            async def idle_queue(n: int) -> None:
+                await node.create_queue(f"q{n}", QueueArgs())
+                await node.publish(f"q{n}", msgs(*[b"m" * 64] * 10))
+
+            async def sampled(names: list[str]) -> None:
+                """Stats read over a few rate periods, as the dashboard does."""
+                for _ in range(6):
+                    for name in names:
+                        node.summary(name)
+                    await asyncio.sleep(0.12)
+
+            async def flushed() -> None:
+                """The WAL rolled and its entries are in segments (what a mem table and
+                a flush running hold is not a queue's own)."""
+
+                def done() -> bool:
+                    empty = node.memory()["mem_table_bytes"] == 0
+                    return empty and node.context.hosting.flush_task is None
+
+                await eventually(done, timeout_s=30, what="the mem tables flushed")
+
+            await idle_queue(0)  # first uses (caches, the WAL writer) are not a queue's
+            await sampled(["q0"])
+            await flushed()
+            gc.collect()
+            tracemalloc.start()
+            try:
+                before = tracemalloc.take_snapshot()
+                for n in range(1, QUEUES + 1):
+                    await idle_queue(n)
+                await flushed()
+                await sampled([f"q{n}" for n in range(1, QUEUES + 1)])
+                gc.collect()
+                after = tracemalloc.take_snapshot()
+            finally:
+                tracemalloc.stop()
+            stats = node.summary("q1")
+            assert stats["messages_ready"] == 10 and stats["publish_rate"] == 0.0
+            return sum(s.size_diff for s in after.compare_to(before, "filename")) / QUEUES
+        finally:
+            await node.stop()
+
+    per_queue = run(body())
+    assert per_queue <= IDLE_REPLICA_BYTES_MAX, per_queue
