@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TypeVar
 
 import anyio
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from app.auth import Principal, require_flow
@@ -164,8 +165,27 @@ def reconcile(db: Database, infos: list[QueueInfo]) -> ReconcileReport:
 # never waits on SQLite's busy timeout.
 
 
+SQLITE_LOCKED_ATTEMPTS_MAX = 4
+SQLITE_LOCKED_RETRY_S = 0.05
+"""A write SQLite refused as locked is tried again in a new transaction, that many times
+in all, after that pause times the attempt."""
+
+
 async def _in_transaction(db: Database, work: Callable[[Session], _T]) -> _T:
-    return await db.run(work)
+    """``work`` in a transaction of its own on a worker thread. When many writers queue
+    on SQLite's lock (16 clients creating queues while the server is busy) one may wait
+    out the busy timeout (SQLite polls the lock, it does not queue its waiters): the
+    engine already made the change, so the mirror and audit are written again rather
+    than answered 500. ``work`` here is database work only, safe to run again."""
+    for attempt in range(1, SQLITE_LOCKED_ATTEMPTS_MAX + 1):
+        try:
+            return await db.run(work)
+        except OperationalError as e:
+            if "database is locked" not in str(e) or attempt == SQLITE_LOCKED_ATTEMPTS_MAX:
+                raise
+            log.warning("SQLite locked (attempt %d), the transaction runs again", attempt)
+        await anyio.sleep(SQLITE_LOCKED_RETRY_S * attempt)
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 async def create_queue(

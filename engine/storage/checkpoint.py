@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import crc32c
 from pyroaring import BitMap64
 
-from engine.storage.disk import Disk, write_file_atomic
+from engine.storage.disk import Disk, ensure_dir, write_file_atomic
 
 _MAGIC = b"QCHK"
 _VERSION = 1
@@ -99,8 +99,8 @@ class CheckpointStore:
         self._kept_max = kept_max
         self.checkpoint_dir = f"queues/{uid}/checkpoints"
         self.snapshot_dir = f"queues/{uid}/snapshots"
-        disk.makedirs(self.checkpoint_dir)
-        disk.makedirs(self.snapshot_dir)
+        # Both directories are made with their first file (``ensure_dir``); a missing one
+        # lists as empty.
         for d in (self.checkpoint_dir, self.snapshot_dir):
             for name in disk.listdir(d):
                 if name.endswith(".tmp"):
@@ -117,6 +117,7 @@ class CheckpointStore:
         """Write ``cp`` durably, then thin the older ones out; the size of the file.
         Touches only the disk: it may run in a worker thread."""
         data = encode_checkpoint(cp)
+        ensure_dir(self._disk, self.checkpoint_dir)
         write_file_atomic(self._disk, self._path(self.checkpoint_dir, cp.index), data)
         indexes = self.checkpoint_indexes()
         while len(indexes) > self._kept_max:
@@ -130,6 +131,7 @@ class CheckpointStore:
         """A snapshot received from the leader: written straight to ``snapshots/``;
         every checkpoint and older snapshot is dropped. The bytes of its file."""
         data = encode_checkpoint(cp)
+        ensure_dir(self._disk, self.snapshot_dir)
         write_file_atomic(self._disk, self._path(self.snapshot_dir, cp.index), data)
         self._drop_below(self.snapshot_dir, cp.index)
         self._drop_below(self.checkpoint_dir, cp.index + 1)
@@ -142,6 +144,7 @@ class CheckpointStore:
         if not candidates:
             return None
         index = candidates[-1]
+        ensure_dir(self._disk, self.snapshot_dir)
         self._disk.rename(
             self._path(self.checkpoint_dir, index), self._path(self.snapshot_dir, index)
         )

@@ -93,6 +93,16 @@ def parent(path: str) -> str:
     return path.rpartition("/")[0]
 
 
+def ensure_dir(disk: Disk, path: str) -> None:
+    """Make directory ``path`` if it is missing, its entry durable (the parent synced)
+    before anything is written into it. A server's checkpoint, snapshot and page
+    directories are made so, with their first file, not when it opens: a start of a
+    node of 10,000 queues would otherwise try to make 30,000 directories."""
+    if not disk.exists(path):
+        disk.makedirs(path)
+        disk.sync_dir(parent(path))
+
+
 def write_file_atomic(disk: Disk, path: str, data: bytes) -> None:
     """Temporary name, write, fsync, rename, directory fsync: all of ``data`` or nothing."""
     tmp = path + ".tmp"
@@ -436,4 +446,4 @@ class FakeDisk:
         return name in self._dirs.get(d, {})
 
 
-__all__ = ["Disk", "DiskFile", "FakeDisk", "OsDisk", "parent", "write_file_atomic"]
+__all__ = ["Disk", "DiskFile", "FakeDisk", "OsDisk", "ensure_dir", "parent", "write_file_atomic"]

@@ -20,7 +20,7 @@ from engine.errors import StorageFailed
 from engine.limits import Limits
 from engine.raft.entry import Entry
 from engine.storage.checkpoint import Checkpoint, CheckpointStore
-from engine.storage.disk import Disk, parent, write_file_atomic
+from engine.storage.disk import Disk, ensure_dir, parent, write_file_atomic
 from engine.storage.reaper import Reaper
 from engine.storage.segment import (
     OVERWRITES,
@@ -82,7 +82,7 @@ class SegmentFlush:
         for chunk in segment_chunks(entries, self.limits):
             path = segment_path(uid, seq)
             paths.append(path)
-            self.disk.makedirs(parent(path))
+            ensure_dir(self.disk, parent(path))
             data = encode_segment(seq, chunk, OVERWRITES, lo)
             write_file_atomic(self.disk, path, data)
             lo = None

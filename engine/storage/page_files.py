@@ -49,7 +49,7 @@ import crc32c
 
 from engine.errors import PageDamaged, StorageFailed
 from engine.raft.entry import EntryKind
-from engine.storage.disk import Disk, write_file_atomic
+from engine.storage.disk import Disk, ensure_dir, write_file_atomic
 from engine.storage.reaper import server_root
 from engine.storage.server_log import ServerLog
 
@@ -98,8 +98,8 @@ class PageFiles:
         self._disk = disk
         self.dir = pages_dir(uid)
         self._lock = threading.Lock()
-        disk.makedirs(self.dir)
-        names = disk.listdir(self.dir)
+        names = disk.listdir(self.dir)  # made with its first file: missing lists empty
+        self._dir_made = bool(names)
         self._pins: dict[int, frozenset[int]] = {}
         for name in names:
             if name.endswith(_PIN_SUFFIX):
@@ -131,6 +131,7 @@ class PageFiles:
         head = _HEADER.pack(_MAGIC, _VERSION, 0, handle, len(data))
         crc = crc32c.crc32c(data, crc32c.crc32c(head))
         try:
+            self._make_dir()
             f = self._disk.open(self._path(handle), create=True)
             try:
                 f.append(b"".join([head, _CRC.pack(crc), data]))
@@ -183,6 +184,7 @@ class PageFiles:
         with self._lock:
             handles = self._pins[tag]
             todo = sorted(handles - self._synced)
+        self._make_dir()
         for handle in todo:
             f = self._disk.open(self._path(handle))
             try:
@@ -230,6 +232,13 @@ class PageFiles:
         return sum(1 for n in self._disk.listdir(self.dir) if n.endswith(_PAGE_SUFFIX))
 
     # --- helpers --------------------------------------------------------------------------
+
+    def _make_dir(self) -> None:
+        """The directory, made (and its entry synced) before the first file is written
+        into it. Idempotent: the loop and a worker may both get here first."""
+        if not self._dir_made:
+            ensure_dir(self._disk, self.dir)
+            self._dir_made = True
 
     def _pinned(self) -> frozenset[int]:
         return frozenset().union(*self._pins.values())

@@ -37,7 +37,7 @@ from pyroaring import BitMap64
 
 from engine.errors import RecoveryRefused, StorageFailed
 from engine.storage.checkpoint import Checkpoint
-from engine.storage.disk import Disk, write_file_atomic
+from engine.storage.disk import Disk, ensure_dir, parent, write_file_atomic
 from engine.storage.server_log import ServerLog
 
 _MAGIC = b"QREP"
@@ -126,7 +126,9 @@ def read_marker(disk: Disk, uid: str, wal_seq: int) -> RepairMarker | None:
 
 
 def write_marker(disk: Disk, uid: str, marker: RepairMarker) -> None:
-    write_file_atomic(disk, repair_path(uid), encode_marker(marker))
+    path = repair_path(uid)
+    ensure_dir(disk, parent(path))
+    write_file_atomic(disk, path, encode_marker(marker))
 
 
 def reset_marker(log: ServerLog, reason: str, wal_seq: int) -> RepairMarker:

@@ -39,7 +39,7 @@ import numpy.typing as npt
 
 from engine.errors import EntryDamaged
 from engine.raft.entry import Entry, EntryKind
-from engine.storage.disk import Disk, DiskFile, parent, write_file_atomic
+from engine.storage.disk import Disk, DiskFile, ensure_dir, parent, write_file_atomic
 from engine.storage.read_cache import ReadCache
 
 _KINDS = tuple(EntryKind)
@@ -147,7 +147,7 @@ def encode_header(
 
 def write_segment(disk: Disk, uid: str, seq: int, entries: Sequence[Entry], flags: int) -> None:
     path = segment_path(uid, seq)
-    disk.makedirs(parent(path))
+    ensure_dir(disk, parent(path))
     write_file_atomic(disk, path, encode_segment(seq, entries, flags))
 
 
