@@ -85,6 +85,7 @@ class PageFiles:
 
     # Slots: one per queue, thousands on a node (no instance dict each).
     __slots__ = (
+        "_dir_made",
         "_disk",
         "_dropped",
         "_lock",
