@@ -4,7 +4,9 @@ secret and password; and (with the TCP transport) a real three-node run."""
 from __future__ import annotations
 
 import os
+import random
 import signal
+import socket
 import stat
 import subprocess
 import time
@@ -14,7 +16,7 @@ import httpx
 import pytest
 
 from app.dev_cluster import _kept, command, environment, plan
-from tests.app.conftest import QUORRA, ROOT, free_port
+from tests.app.conftest import QUORRA, ROOT
 
 
 def test_nodes_get_consecutive_ports_and_their_own_directories(tmp_path: Path) -> None:
@@ -52,13 +54,31 @@ def test_the_secret_and_password_are_made_once_private_and_reused(
     assert env["QUORRA_ADMIN_PASSWORD"] == "pw"
 
 
+def consecutive_free_ports(count: int = 3) -> int:
+    """The first of ``count`` consecutive ports free now, below the kernel's ephemeral range:
+    a port next to one the kernel handed out may become the source port of the nodes' own
+    connections to each other before the node that should listen on it starts."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    rng = random.Random()
+    for _ in range(200):
+        first = rng.randrange(10_000, low - count)
+        try:
+            for port in range(first, first + count):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return first
+    raise AssertionError("no run of free ports below the ephemeral range")
+
+
 @pytest.mark.integration
 def test_three_local_nodes_form_a_cluster_and_stop_together(tmp_path: Path) -> None:
     """``quorra dev-cluster 3``: every node ready and connected to the others, a queue
     replicated on all three served through any node, and Ctrl-C stops every node."""
-    port, cluster_port = free_port(), free_port()
+    port, cluster_port = consecutive_free_ports(), consecutive_free_ports()
     while abs(cluster_port - port) < 3:
-        cluster_port = free_port()
+        cluster_port = consecutive_free_ports()
     env = {k: v for k, v in os.environ.items() if not k.startswith("QUORRA_")}
     root = tmp_path / "dc"
     proc = subprocess.Popen(
