@@ -187,15 +187,7 @@ def _received_out(batch: ReceivedBatch, binary: bool) -> list[dict[str, object]]
     and the messages of one publish one publish time."""
     expires = _iso(batch.lease_expires_at_ms)
     times = {ms: _iso(ms) for ms in set(batch.published_at_ms)}
-    columns = (
-        batch.ids,
-        batch.receipts,
-        batch.bodies,
-        batch.headers,
-        batch.priorities,
-        batch.delivery_counts,
-        batch.published_at_ms,
-    )
+    columns = batch.columns()
     if binary:
         return [
             {

@@ -630,14 +630,7 @@ def deliver_frame(batch: ReceivedBatch, packer: FramePacker) -> bytes:
             "lease_expires_at_ms": expires_ms,
         }
         for id_, receipt, body, headers, priority, count, published_ms in zip(
-            batch.ids,
-            batch.receipts,
-            batch.bodies,
-            batch.headers,
-            batch.priorities,
-            batch.delivery_counts,
-            batch.published_at_ms,
-            strict=True,
+            *batch.columns(), strict=True
         )
     ]
     return packer.pack({"op": "deliver", "messages": messages})

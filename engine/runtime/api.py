@@ -113,20 +113,27 @@ class ReceivedBatch:
     published_at_ms: list[int]
     lease_expires_at_ms: int
 
+    def columns(
+        self,
+    ) -> tuple[
+        list[int], list[str], list[bytes], list[dict[str, str]], list[int], list[int], list[int]
+    ]:
+        """The per-message lists, in the order of ``ReceivedMessage``'s fields: one
+        row per message by ``zip(*batch.columns())`` (an answer is built from them)."""
+        return (
+            self.ids,
+            self.receipts,
+            self.bodies,
+            self.headers,
+            self.priorities,
+            self.delivery_counts,
+            self.published_at_ms,
+        )
+
     def consistent(self) -> bool:
         """Every list has one item per message (a batch from a peer is checked)."""
         n = len(self.ids)
-        return all(
-            len(column) == n
-            for column in (
-                self.receipts,
-                self.bodies,
-                self.headers,
-                self.priorities,
-                self.delivery_counts,
-                self.published_at_ms,
-            )
-        )
+        return all(len(column) == n for column in self.columns())
 
     @property
     def messages(self) -> list[ReceivedMessage]:
@@ -134,14 +141,7 @@ class ReceivedBatch:
         return [
             ReceivedMessage(id_, receipt, body, headers, priority, count, published, expires_ms)
             for id_, receipt, body, headers, priority, count, published in zip(
-                self.ids,
-                self.receipts,
-                self.bodies,
-                self.headers,
-                self.priorities,
-                self.delivery_counts,
-                self.published_at_ms,
-                strict=True,
+                *self.columns(), strict=True
             )
         ]
 
