@@ -25,11 +25,13 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-__all__ = ["CONTENT_TYPE_LATEST", "AppMetrics", "MetricsMiddleware"]
+__all__ = ["CONTENT_TYPE_LATEST", "STATUS_KEY", "AppMetrics", "MetricsMiddleware"]
 
 UNMATCHED_ROUTE = "<unmatched>"
+STATUS_KEY = "quorra.status"
+"""The scope's key for the status of the response sent, set as it starts."""
 QUEUE_LABEL = "queue"
 
 
@@ -84,7 +86,12 @@ class _QueuesSeen(Collector):
 
 
 class MetricsMiddleware:
-    """Counts every HTTP request by its route template, never by its raw path."""
+    """Counts every HTTP request by its route template, never by its raw path.
+
+    The status is the one the layer inside notes in the scope (``STATUS_KEY``: the
+    response headers' layer, app/main.py, which wraps ``send`` anyway); a request
+    answered by no response (an exception, answered by Starlette's error layer outside)
+    counts as 500."""
 
     def __init__(self, app: ASGIApp, metrics: AppMetrics) -> None:
         self.app = app
@@ -99,19 +106,12 @@ class MetricsMiddleware:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
-        status = 500
-
-        async def send_wrapper(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
         try:
-            await self.app(scope, receive, send_wrapper)
+            await self.app(scope, receive, send)
         finally:
             route = scope.get("route")
             template = getattr(route, "path", None) or UNMATCHED_ROUTE
+            status = scope.get(STATUS_KEY, 500)
             self._count(scope["method"], template, status, time.perf_counter() - started)
 
     def _count(self, method: str, template: str, status: int, seconds: float) -> None:
