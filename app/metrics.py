@@ -10,21 +10,23 @@ A series labelled ``queue`` is shown only to a caller who may see that queue (th
 
 from __future__ import annotations
 
+import bisect
 import copy
+import itertools
 import time
 from collections.abc import Callable, Iterator
 
 from prometheus_client import (
     CollectorRegistry,
-    Counter,
     Gauge,
-    Histogram,
     Metric,
     disable_created_metrics,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 __all__ = ["CONTENT_TYPE_LATEST", "STATUS_KEY", "AppMetrics", "MetricsMiddleware"]
@@ -40,19 +42,8 @@ class AppMetrics:
         # Process-wide in prometheus_client; the *_created series are noise for Quorra.
         disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry(auto_describe=True)
-        self.http_requests = Counter(
-            "quorra_http_requests",
-            "HTTP requests served, by route template and status.",
-            ["method", "route", "status"],
-            registry=self.registry,
-        )
-        self.http_request_duration = Histogram(
-            "quorra_http_request_duration_seconds",
-            "Time to the end of the response, by route template.",
-            ["method", "route"],
-            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
-            registry=self.registry,
-        )
+        self.http = HttpRequests(HTTP_DURATION_BUCKETS_S)
+        self.registry.register(self.http)
         self.ready = Gauge(
             "quorra_ready", "1 when the node serves requests (see /readyz).", registry=self.registry
         )
@@ -85,6 +76,64 @@ class _QueuesSeen(Collector):
             yield metric
 
 
+HTTP_DURATION_BUCKETS_S = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
+)  # fmt: skip
+
+
+class HttpRequests(Collector):
+    """``quorra_http_requests_total`` (by method, route template and status) and the
+    histogram ``quorra_http_request_duration_seconds`` (by method and route template),
+    counted in plain dicts and lists and turned into series when scraped.
+
+    prometheus_client's ``Counter.inc`` and ``Histogram.observe`` take a lock and check
+    their child on each call (three locked increments per request); these counts are
+    only ever changed on the event loop, and a scrape copies each of them in one step
+    (a dict's items, a list: atomic under the GIL), so a scrape from another thread sees
+    whole counts."""
+
+    def __init__(self, buckets_s: tuple[float, ...]) -> None:
+        assert list(buckets_s) == sorted(set(buckets_s)), buckets_s
+        self.buckets_s = buckets_s
+        self.counts: dict[tuple[str, str, int], int] = {}
+        self.timings: dict[tuple[str, str], list[float]] = {}
+        """Per bucket (the last: over every bound) the requests it holds, then their sum
+        of seconds."""
+
+    def observe(self, method: str, template: str, status: int, seconds: float) -> None:
+        key = (method, template, status)
+        self.counts[key] = self.counts.get(key, 0) + 1
+        timing = self.timings.get((method, template))
+        if timing is None:
+            timing = self.timings[method, template] = [0.0] * (len(self.buckets_s) + 2)
+        timing[bisect.bisect_left(self.buckets_s, seconds)] += 1  # bounds are inclusive
+        timing[-1] += seconds
+
+    def collect(self) -> Iterator[Metric]:
+        counts = sorted(list(self.counts.items()))
+        timings = sorted((key, list(timing)) for key, timing in list(self.timings.items()))
+        requests = CounterMetricFamily(
+            "quorra_http_requests",
+            "HTTP requests served, by route template and status.",
+            labels=["method", "route", "status"],
+        )
+        for (method, template, status), count in counts:
+            requests.add_metric([method, template, str(status)], count)
+        yield requests
+        duration = HistogramMetricFamily(
+            "quorra_http_request_duration_seconds",
+            "Time to the end of the response, by route template.",
+            labels=["method", "route"],
+        )
+        bounds = [floatToGoString(b) for b in self.buckets_s] + ["+Inf"]  # type: ignore[no-untyped-call]
+        for (method, template), timing in timings:
+            cumulative = list(itertools.accumulate(timing[:-1]))
+            duration.add_metric(
+                [method, template], list(zip(bounds, cumulative, strict=True)), timing[-1]
+            )
+        yield duration
+
+
 class MetricsMiddleware:
     """Counts every HTTP request by its route template, never by its raw path.
 
@@ -95,11 +144,7 @@ class MetricsMiddleware:
 
     def __init__(self, app: ASGIApp, metrics: AppMetrics) -> None:
         self.app = app
-        self.metrics = metrics
-        # The labelled children, by their labels: ``labels()`` takes a lock and checks
-        # its arguments on every call, a cost on every request. One entry per series.
-        self._counted: dict[tuple[str, str, int], Counter] = {}
-        self._timed: dict[tuple[str, str], Histogram] = {}
+        self.http = metrics.http
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -112,16 +157,4 @@ class MetricsMiddleware:
             route = scope.get("route")
             template = getattr(route, "path", None) or UNMATCHED_ROUTE
             status = scope.get(STATUS_KEY, 500)
-            self._count(scope["method"], template, status, time.perf_counter() - started)
-
-    def _count(self, method: str, template: str, status: int, seconds: float) -> None:
-        counter = self._counted.get((method, template, status))
-        if counter is None:
-            counter = self.metrics.http_requests.labels(method, template, str(status))
-            self._counted[method, template, status] = counter
-        counter.inc()
-        timer = self._timed.get((method, template))
-        if timer is None:
-            timer = self.metrics.http_request_duration.labels(method, template)
-            self._timed[method, template] = timer
-        timer.observe(seconds)
+            self.http.observe(scope["method"], template, status, time.perf_counter() - started)
