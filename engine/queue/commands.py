@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import itertools
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from functools import wraps
@@ -129,14 +129,22 @@ class NewMessage:
         assert self.dedup_id is None or 1 <= len(self.dedup_id) <= DEDUP_ID_BYTES_MAX
 
 
-def encode_enqueue(messages: list[NewMessage]) -> bytes:
-    """One log entry for a publish batch (all or nothing when applied)."""
+def encode_enqueue(messages: Sequence[NewMessage | bytes]) -> bytes:
+    """One log entry for a publish batch (all or nothing when applied). A message given
+    as its body alone (``bytes``) has every other field at its default: most messages
+    are published so, and a ``NewMessage`` each cost more than encoding them."""
     n = len(messages)
     assert 1 <= n <= SLOTS_PER_ENTRY_MAX, n
     records: list[bytes] = []
     data: list[bytes] = []
     offset = _ENQ_HEAD.size + n * RECORD_BYTES
     for m in messages:
+        if type(m) is bytes:
+            records.append(_RECORD.pack(len(m), 0, offset, 0, 0, 0, -1, 0))
+            data.append(m)
+            offset += len(m)
+            continue
+        assert isinstance(m, NewMessage), type(m)
         dedup = m.dedup_id or b""
         records.append(
             _RECORD.pack(

@@ -126,13 +126,15 @@ class QueueOps:
         assert isinstance(reply, Enqueued), reply
         return list(reply.ids)
 
-    def new_messages(self, rep: Replica, messages: list[OutgoingMessage]) -> list[NewMessage]:
+    def new_messages(
+        self, rep: Replica, messages: list[OutgoingMessage]
+    ) -> list[NewMessage | bytes]:
         """The batch to encode, each message checked. A message with a ``bytes`` body and
-        every other field at its default (most of them) needs only its size checked;
-        the others go through ``check_message``."""
+        every other field at its default (most of them) needs only its size checked,
+        and is encoded from its body alone; the others go through ``check_message``."""
         policy = rep.machine.policy
         body_bytes_max = policy.max_message_bytes
-        batch: list[NewMessage] = []
+        batch: list[NewMessage | bytes] = []
         for m in messages:
             body = m.body
             if (
@@ -147,7 +149,7 @@ class QueueOps:
             ):
                 if len(body) > body_bytes_max:
                     raise MessageTooLarge(f"a message is larger than {body_bytes_max} bytes")
-                batch.append(NewMessage(body))
+                batch.append(body)
                 continue
             batch.append(
                 NewMessage(

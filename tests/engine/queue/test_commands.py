@@ -82,6 +82,16 @@ def test_enqueue_entry_round_trip(messages: list[NewMessage]) -> None:
                 assert headers == [m.headers for m in wanted]
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.one_of(new_messages, st.binary(max_size=300)), min_size=1, max_size=40))
+def test_a_body_alone_encodes_as_a_message_with_defaults(
+    messages: list[NewMessage | bytes],
+) -> None:
+    """A bare ``bytes`` in a batch is the same entry as ``NewMessage(body)`` there."""
+    spelled = [NewMessage(m) if isinstance(m, bytes) else m for m in messages]
+    assert encode_enqueue(messages) == encode_enqueue(spelled)
+
+
 def test_the_record_table_is_read_in_place() -> None:
     entry = encode_enqueue([NewMessage(b"x" * 1000) for _ in range(3)])
     recs = enqueue_records(entry)
