@@ -288,7 +288,14 @@ def _publish(payload: object, limits: Limits) -> list[OutgoingMessage]:
     out: list[OutgoingMessage] = []
     total = 0
     for position, m in enumerate(messages):
-        message = _message(m, position)
+        body = m.get("body") if type(m) is dict and len(m) == 1 else None
+        if type(body) is str and body.isascii():
+            # The usual message, its body alone as ASCII text: what ``_message`` makes of
+            # it (utf-8, the default encoding; every other field at its default), without
+            # its calls, for each message of a batch.
+            message = OutgoingMessage(body.encode(), {}, 0, None, 0, None)
+        else:
+            message = _message(m, position)
         total += len(message.body)
         out.append(message)
     if total > limits.batch_bytes_max:
