@@ -21,12 +21,13 @@ Rules:
   WebSocket protocol under it reads nothing more (uvicorn's websockets-sansio), so TCP
   pushes back on the client. Memory per connection is bounded by the window plus one
   frame, whatever the client sends.
-- Consuming: ``consume`` sets the prefetch credit; the server keeps at most that many
-  messages delivered and not yet acked or nacked on the connection, pushing more as they
-  arrive. ``ack``/``nack``/``extend`` settle receipts as the REST endpoints do. Acks
-  that come while the consumer waits for the credit they give ride on its next receive
-  (one Raft entry settles them and leases the next batch, as a REST receive carrying
-  ``ack``); each ack frame is still answered by itself, as if settled alone.
+- Consuming (app/api/stream_consume.py): ``consume`` sets the prefetch credit; the
+  server keeps at most that many messages delivered and not yet acked or nacked on the
+  connection, pushing more as they arrive. ``ack``/``nack``/``extend`` settle receipts
+  as the REST endpoints do. Acks that come while the consumer waits for the credit they
+  give ride on its next receive (one Raft entry settles them and leases the next batch,
+  as a REST receive carrying ``ack``); each ack frame is still answered by itself, as if
+  settled alone.
 - A frame that is no MessagePack map, names no known ``op`` or fails validation is
   answered with an ``error`` frame (the problem type, as REST) and changes nothing; the
   connection stays open.
@@ -200,12 +201,13 @@ class StreamConnection:
         """Send one frame; a connection gone meanwhile only marks it closed."""
         await self.send_packed(msgpack.packb(frame, use_bin_type=True))
 
-    async def send_packed(self, frame: bytes) -> None:
-        """``send`` of a frame already packed."""
+    async def send_packed(self, frame: bytes | memoryview) -> None:
+        """``send`` of a frame already packed (a view of the packer's buffer goes out
+        as it is: app/ws_protocol.py)."""
         if self.closed:
             return
         try:
-            await self.ws.send_bytes(frame)
+            await self.ws.send({"type": "websocket.send", "bytes": frame})
         except (WebSocketDisconnect, RuntimeError, OSError):
             self.closed = True
             self.work.set()

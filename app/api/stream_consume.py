@@ -43,7 +43,7 @@ class FrameLink(Protocol):
 
     async def send(self, frame: dict[str, object]) -> None: ...
 
-    async def send_packed(self, frame: bytes) -> None: ...
+    async def send_packed(self, frame: bytes | memoryview) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,7 +295,7 @@ def _is_text(value: str) -> bool:
     return True
 
 
-def deliver_frame(batch: ReceivedBatch, packer: FramePacker) -> bytes:
+def deliver_frame(batch: ReceivedBatch, packer: FramePacker) -> memoryview:
     """The ``deliver`` frame of a received batch, packed (by the app's packer, whose
     buffer is kept: app/frame_packing.py): one map per message built straight from the
     batch's lists (no message object in between)."""
