@@ -7,6 +7,12 @@ the consumer waits for the credit they give ride on its next receive (one Raft e
 settles them and leases the next batch, as a REST receive carrying ``ack``); each ack
 frame is still answered by itself, as if settled alone. At close, acks left to carry
 are settled and the leases still held here are returned at once (nack with requeue).
+
+The connection remembers which seal made each receipt it delivered
+(engine/queue/receipts.py): an ack or nack whose receipts were all delivered here, once
+each, by the queue's seal hands them back as ``SealedReceipts`` of that seal, whose MACs
+are then not computed a second time. Any other receipt (forged, another connection's,
+repeated) goes as a plain list, each MAC checked; staleness is the machine's either way.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from fastapi.exceptions import RequestValidationError
@@ -26,6 +32,7 @@ from app.auth import Principal
 from app.frame_packing import FramePacker
 from engine.errors import QuorraError, ValidationFailed
 from engine.limits import Limits
+from engine.queue.receipts import ReceiptSeal, SealedReceipts
 from engine.runtime.api import QueueEngine, ReceivedBatch, SettleResult
 
 log = logging.getLogger("quorra.app")
@@ -81,7 +88,8 @@ class StreamConsumer:
         self.prefetch = 0
         self.lease_ms: int | None = None
         self.consumer = who.token_id or who.name
-        self.outstanding: dict[str, None] = {}
+        self.outstanding: dict[str, ReceiptSeal | None] = {}
+        """By receipt: the seal that made it (None: one of a peer's, not known here)."""
         self.credit = asyncio.Event()
         self.settle_slots = asyncio.Semaphore(limits.stream_settles_inflight_max)
         self.settles: set[asyncio.Task[None]] = set()
@@ -148,7 +156,7 @@ class StreamConsumer:
             try:
                 batch = await self.node.ack_and_receive(
                     self.name,
-                    ack=[r for ack in carried for r in ack.args.receipts],
+                    ack=_joined([ack.args.receipts for ack in carried]),
                     consumer=self.consumer,
                     max_messages=min(room, limits.receive_messages_max),
                     # carried acks are answered now, not after a long poll
@@ -165,7 +173,7 @@ class StreamConsumer:
                 await self._give_back(batch.receipts)
                 return
             if batch.ids:
-                self.outstanding.update(dict.fromkeys(batch.receipts))
+                self.outstanding.update(dict.fromkeys(batch.receipts, _seal_of(batch.receipts)))
                 await self.link.send_packed(deliver_frame(batch, self.packer))
 
     async def _consume_failed(self, e: QuorraError) -> None:
@@ -185,15 +193,24 @@ class StreamConsumer:
             raise FrameError(forbidden(self.who, self.name, "read"), of=how, **ref_of(frame))
         args = settle_frame(how, frame)
         if how != "extend":  # settled or stale: either way no longer this connection's
-            outstanding = self.outstanding
-            for receipt in args.receipts:
-                outstanding.pop(receipt, None)
+            args = self._taken(args)
             self.credit.set()
             if how == "ack" and self._may_carry(args.receipts):
                 self.carried.append(CarriedAck(args, ref_of(frame)))
                 self.carried_receipts += len(args.receipts)
                 return
         await self._spawn_settle(how, args, ref_of(frame))
+
+    def _taken(self, args: message_bodies.SettleArgs) -> message_bodies.SettleArgs:
+        """``args``, its receipts no longer outstanding here; as ``SealedReceipts`` when
+        each was outstanding (so delivered here, and named once) and one seal made them
+        all."""
+        pop = self.outstanding.pop
+        seals = [pop(receipt, None) for receipt in args.receipts]
+        seal = seals[0] if seals else None
+        if seal is None or seals.count(seal) != len(seals):
+            return args
+        return replace(args, receipts=SealedReceipts(args.receipts, seal))
 
     async def _spawn_settle(
         self, how: str, args: message_bodies.SettleArgs, about: dict[str, object]
@@ -284,6 +301,23 @@ class StreamConsumer:
             except QuorraError as e:
                 # Not returned now: the leases end by themselves (lease_ms) instead.
                 log.warning("stream on %s: leases not returned at close: %s", self.name, e)
+
+
+def _seal_of(receipts: list[str]) -> ReceiptSeal | None:
+    """The seal that made a delivery's receipts (None for a batch from a peer)."""
+    return receipts.seal if type(receipts) is SealedReceipts else None
+
+
+def _joined(lists: list[list[str]]) -> list[str]:
+    """The receipts of several acks in one list: ``SealedReceipts`` when each list was,
+    all of one seal."""
+    if len(lists) == 1:
+        return lists[0]
+    joined = [r for receipts in lists for r in receipts]
+    seals = {_seal_of(receipts) for receipts in lists}
+    if len(seals) == 1 and (seal := seals.pop()) is not None:
+        return SealedReceipts(joined, seal)
+    return joined
 
 
 def _is_text(value: str) -> bool:
