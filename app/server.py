@@ -11,6 +11,7 @@ from app.http_protocol import http_protocol
 from app.main import StartupReport, create_app
 from app.memory_trim import libc
 from app.settings import Settings, reachable
+from app.ws_protocol import DirectFrameProtocol
 
 REFUSED_EXIT_STATUS = 3
 """As a start that ``app.cluster_identity`` refuses: this node may not serve here."""
@@ -69,10 +70,11 @@ def tune_malloc() -> bool:
 def websocket_options(settings: Settings) -> dict[str, Any]:
     """uvicorn's WebSocket settings for the stream endpoint (app/api/stream.py):
     websockets' sans-I/O protocol, which reads no further frame until the app asks for
-    one (the stream's back-pressure); a frame as large as a request body; no compression
+    one (the stream's back-pressure), with binary frames written as they are
+    (app/ws_protocol.py); a frame as large as a request body; no compression
     (CPU for every frame, and message bodies are usually compressed already or small)."""
     return {
-        "ws": "websockets-sansio",
+        "ws": DirectFrameProtocol,
         "ws_max_size": settings.request_body_bytes_max,
         "ws_per_message_deflate": False,
     }

@@ -44,3 +44,17 @@ def test_a_frame_that_fails_to_pack_leaves_nothing_behind() -> None:
     with pytest.raises(TypeError):
         packer.pack({"a": [1, object()]})
     assert packer.pack({"b": 2}) == msgpack.packb({"b": 2})
+
+
+def test_a_frame_held_is_never_overwritten_and_the_packer_is_reused_once_let_go() -> None:
+    packer = FramePacker()
+    first = packer.pack({"op": "deliver", "messages": [b"a" * 100]})
+    kept = packer._packer
+    second = packer.pack({"op": "deliver", "messages": [b"b" * 100]})
+    assert packer._packer is not kept  # the first frame's view lives: a new packer
+    assert first == msgpack.packb({"op": "deliver", "messages": [b"a" * 100]})
+    assert second == msgpack.packb({"op": "deliver", "messages": [b"b" * 100]})
+    again = packer._packer
+    del first, second
+    assert packer.pack([3]) == msgpack.packb([3])
+    assert packer._packer is again  # no view left: its buffer is used again

@@ -391,6 +391,27 @@ def test_acks_carried_by_the_next_receive_are_answered_each_as_alone(
     assert (stats["messages_ready"], stats["messages_unacked"]) == (0, 0)
 
 
+def test_a_receipt_delivered_here_whose_lease_ended_is_stale_when_acked_here(
+    srv: StreamServer, token: str, api: httpx.Client, queue: str
+) -> None:
+    """A receipt the connection delivered (handed back without its MAC checked again) is
+    still settled only while its lease lasts: once it ended and the message went to
+    another consumer, the stream's ack reports it stale and settles nothing."""
+    api.post(f"/api/v1/queues/{queue}/messages", json={"messages": [{"body": "x"}]})
+    with open_stream(srv, token, queue) as ws:
+        send(ws, {"op": "consume", "prefetch": 1, "lease_ms": 300})
+        (old,) = (m["receipt"] for m in _deliveries(ws, 1))
+        again = api.post(
+            f"/api/v1/queues/{queue}/messages/receive", json={"max_messages": 1, "wait_ms": 5000}
+        ).json()["messages"]
+        assert [(m["body"], m["delivery_count"]) for m in again] == [("x", 2)]
+        send(ws, {"op": "ack", "receipts": [old], "ref": 1})
+        answers, _delivered = _answers(ws, 1)
+        assert answers == [{"op": "settled", "of": "ack", "settled": 0, "stale": [old], "ref": 1}]
+    stats = api.get(f"/api/v1/queues/{queue}").json()["stats"]
+    assert (stats["messages_ready"], stats["messages_unacked"]) == (0, 1)
+
+
 # --- who may ---------------------------------------------------------------------------
 
 

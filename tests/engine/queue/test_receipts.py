@@ -11,6 +11,7 @@ from engine.errors import InvalidRequest
 from engine.queue.receipts import (
     RECEIPT_CHARS,
     ReceiptSeal,
+    SealedReceipts,
     check_receipt_text,
     check_receipt_texts,
 )
@@ -136,3 +137,27 @@ def test_a_fresh_seal_opens_a_batch_made_before(pairs: list[tuple[int, int]]) ->
     it has sealed anything itself (its keyed state is made on first use)."""
     texts = [ReceiptSeal(KEY, UID).seal(tag, ref) for tag, ref in pairs]
     assert ReceiptSeal(KEY, UID).open_many(texts) == pairs
+
+
+@given(pairs=st.lists(st.tuples(U64, U64), max_size=20))
+def test_receipts_given_back_sealed_open_as_the_same_texts_checked(
+    pairs: list[tuple[int, int]],
+) -> None:
+    """A delivery's receipts name their seal; given back so, they open (without their
+    MACs checked again) exactly as the same texts in a plain list, whose MACs are."""
+    seal = ReceiptSeal(KEY, UID)
+    texts = seal.seal_many([tag for tag, _ref in pairs], [ref for _tag, ref in pairs])
+    assert type(texts) is SealedReceipts and texts.seal is seal
+    assert seal.open_many(texts) == seal.open_many(list(texts)) == pairs
+
+
+@given(pairs=st.lists(st.tuples(U64, U64), min_size=1, max_size=5))
+def test_receipts_naming_another_seal_are_checked(pairs: list[tuple[int, int]]) -> None:
+    """Only the seal named opens without checking: the queue made again (a new uid) or
+    any other seal checks each MAC, and refuses what it did not make."""
+    made = ReceiptSeal(KEY, UID).seal_many([t for t, _r in pairs], [r for _t, r in pairs])
+    again = ReceiptSeal(KEY, UID + "-again")
+    assert again.open_many(made) == [None] * len(pairs)
+    assert ReceiptSeal(KEY, UID).open_many(made) == pairs
+    forged = SealedReceipts([t[:-1] + ("0" if t[-1] != "0" else "1") for t in made], again)
+    assert ReceiptSeal(KEY, UID).open_many(forged) == [None] * len(pairs)
