@@ -25,8 +25,9 @@ from typing import TYPE_CHECKING, Any, Literal, assert_never
 
 from engine.cluster import meta_commands as mc
 from engine.cluster.records import split_address
+from engine.cluster.rejoin import rejoin_refusal
 from engine.cluster.replies import MembersChanged, Ok, QueueCreated, QueueDeleting, QueueExists
-from engine.errors import NoLeader, QueueNotFound, ValidationFailed, WireError
+from engine.errors import Conflict, NoLeader, QueueNotFound, ValidationFailed, WireError
 from engine.ids import NodeName
 from engine.raft.server import Role
 from engine.runtime import observe, wire
@@ -330,8 +331,11 @@ class Router:
     async def join(self, call: JoinCall) -> Joined:
         """Record the joining node in the metadata (through its leader), and tell it the
         cluster: the metadata group's leader then adds it (``engine.runtime.meta_members``).
-        The same node at the same address again is answered the same; at another
-        address, ``Conflict``."""
+        A node the metadata records already is refused (``Conflict``) where it votes, a
+        node that lost its data (``engine.cluster.rejoin``): checked before its
+        ``AddNode`` and again once it applied here (this replica's configuration then
+        holds every change committed before it); otherwise the same node at the same
+        address again is answered the same, at another address refused."""
         ctx = self.ctx
         group = ctx.meta_group
         if group is None:
@@ -340,10 +344,21 @@ class Router:
             raise ValidationFailed(f"{call.address!r:.80} is not host:port")
         async with ctx.admit():
             await group.wait_bootstrapped()
+            self._check_rejoin(call.node)
             await group.propose(mc.AddNode(call.node, call.address))
+            self._check_rejoin(call.node)
         machine = group.machine
         members = {n: r.address for n, r in sorted(machine.nodes.items()) if r.state != "forgotten"}
         return Joined(machine.cluster_id, members)
+
+    def _check_rejoin(self, node: str) -> None:
+        group = self.ctx.meta_group
+        assert group is not None
+        machine = group.machine
+        voters = [node_of(s) for s in group.raft.config.voters]
+        why = rejoin_refusal(machine.nodes, machine.queues, voters, node)
+        if why is not None:
+            raise Conflict(why)
 
     async def local(self, call: LeaderCall) -> object:
         """Run ``call`` on this node, whose replica must lead."""

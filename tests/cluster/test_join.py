@@ -4,6 +4,8 @@ does (issue 15, "add a fourth node with --join")."""
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 import time
 from collections.abc import Callable
 from typing import Any
@@ -63,3 +65,33 @@ def test_a_node_joins_takes_a_replica_serves_it_and_restarts(start_cluster: Star
     checker.check()
     assert "n4" in _members(cluster, queue, "n1")
     assert "n4" in cluster.output("n4") and "Cluster qc-" in cluster.output("n4")
+
+
+def test_a_voter_that_lost_its_data_directory_is_refused_when_it_joins_again(
+    start_cluster: StartCluster,
+) -> None:
+    cluster = start_cluster(3)
+    queue = cluster.create_queue("everywhere", replicas=3)
+    _wait("three members", lambda: len(_members(cluster, queue, "n1")) == 3)
+    # n3 (a voter of the metadata and of the queue's group) loses its data directory and
+    # comes back under its name and address with --join.
+    node = cluster.nodes["n3"]
+    cluster.kill9("n3")
+    shutil.rmtree(node.data_dir)
+    node.peers = {}
+    node.join = (HOST, cluster.nodes["n1"].cluster_port)
+    with contextlib.suppress(AssertionError):  # it exits before it is ready
+        cluster.restart("n3")
+    assert node.proc is not None
+    assert node.proc.wait(WAIT_S) == 3
+    output = cluster.output("n3")
+    assert "node n3 is already a member of this cluster" in output, output
+    assert "the replica groups of 1 queues (everywhere)" in output
+    assert "/api/v1/cluster/nodes/n3/forget" in output
+    assert not (node.data_dir / "cluster.json").exists()
+    # The others serve on; n3 stays the member it was, down.
+    published = cluster.client("n1").post(
+        f"/api/v1/queues/{queue}/messages", json={"messages": [{"body": "x"}]}
+    )
+    assert published.status_code == 201, published.text
+    assert _nodes(cluster, "n2")["n3"]["state"] == "active"
