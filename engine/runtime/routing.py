@@ -31,7 +31,13 @@ from engine.errors import Conflict, NoLeader, QueueNotFound, ValidationFailed, W
 from engine.ids import NodeName
 from engine.raft.server import Role
 from engine.runtime import observe, wire
-from engine.runtime.api import OutgoingMessage
+from engine.runtime.api import (
+    CheckpointRecord,
+    CompactionPhase,
+    CompactionRecord,
+    OutgoingMessage,
+    SegmentInfo,
+)
 from engine.runtime.meta import QueueMeta, check_meta, check_uid
 from engine.runtime.replica import Replica, node_of
 
@@ -99,6 +105,30 @@ class StatsCall:
     """The queue's stats on its leader (for a node without a replica of it)."""
 
     name: str
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentsCall:
+    """The segments of the queue's log on its leader (for a node without a replica)."""
+
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointCall:
+    """Checkpoint the leader's replica now (for a node without a replica of the queue);
+    answers the ``CheckpointRecord``, which the leader's record listener hears too."""
+
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class CompactCall:
+    """Compact the leader's replica now (as ``CheckpointCall``); answers the
+    ``CompactionRecord``."""
+
+    name: str
+    phase: CompactionPhase
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +206,7 @@ class MetaProposed:
 
 
 wire.register((Ok, QueueCreated, QueueExists, QueueDeleting, MembersChanged, MetaProposed, Joined))
+wire.register((SegmentInfo, CheckpointRecord, CompactionRecord))
 
 LeaderCall = (
     PublishCall
@@ -183,6 +214,9 @@ LeaderCall = (
     | SettleCall
     | BrowseCall
     | StatsCall
+    | SegmentsCall
+    | CheckpointCall
+    | CompactCall
     | PurgeCall
     | UpdatePolicyCall
     | TransferCall
@@ -210,6 +244,7 @@ PROPOSING_CALL_TYPES = (
     SettleCall,
     BrowseCall,
     StatsCall,
+    SegmentsCall,
     PurgeCall,
     UpdatePolicyCall,
 )
@@ -228,6 +263,9 @@ CALL_TYPES: tuple[type[Any], ...] = (
     SettleCall,
     BrowseCall,
     StatsCall,
+    SegmentsCall,
+    CheckpointCall,
+    CompactCall,
     LeaderOfCall,
     PurgeCall,
     UpdatePolicyCall,
@@ -351,6 +389,19 @@ class Router:
         members = {n: r.address for n, r in sorted(machine.nodes.items()) if r.state != "forgotten"}
         return Joined(machine.cluster_id, members)
 
+    async def run_job(self, rep: Replica, call: CheckpointCall | CompactCall) -> object:
+        """A checkpoint or compaction another node asked for: its record also goes to
+        this node's record listener, which keeps the queue's history where its replica
+        is (as it does for those this node runs by itself)."""
+        jobs = self.ctx.checkpoints
+        record: CheckpointRecord | CompactionRecord
+        if isinstance(call, CheckpointCall):
+            record = await jobs.checkpoint(rep.name, "manual")
+        else:
+            record = await jobs.compact(rep.name, call.phase, "manual")
+        await jobs.notify(record)
+        return record
+
     def _check_rejoin(self, node: str) -> None:
         group = self.ctx.meta_group
         assert group is not None
@@ -379,6 +430,10 @@ class Router:
             return ops.browse_local(rep, call.after, call.limit)
         if isinstance(call, StatsCall):
             return observe.queue_stats(rep, ctx.clock.monotonic_ms(), ctx.limits)
+        if isinstance(call, SegmentsCall):
+            return observe.segment_infos(rep, observe.live_indexes(rep))
+        if isinstance(call, CheckpointCall | CompactCall):
+            return await self.run_job(rep, call)
         if isinstance(call, PurgeCall):
             return await ops.purge_local(rep)
         if isinstance(call, AddMemberCall):
@@ -398,6 +453,8 @@ __all__ = [
     "PROPOSING_CALL_TYPES",
     "AddMemberCall",
     "BrowseCall",
+    "CheckpointCall",
+    "CompactCall",
     "CreateReplica",
     "DeleteReplica",
     "JoinCall",
@@ -414,6 +471,7 @@ __all__ = [
     "ReceiveCall",
     "RemoveMemberCall",
     "Router",
+    "SegmentsCall",
     "SettleCall",
     "SettleHow",
     "StatsCall",
