@@ -371,9 +371,11 @@ class Router:
         cluster: the metadata group's leader then adds it (``engine.runtime.meta_members``).
         A node the metadata records already is refused (``Conflict``) where it votes, a
         node that lost its data (``engine.cluster.rejoin``): checked before its
-        ``AddNode`` and again once it applied here (this replica's configuration then
-        holds every change committed before it); otherwise the same node at the same
-        address again is answered the same, at another address refused."""
+        ``AddNode`` and, for a node known then, again once it applied here (this
+        replica's configuration then holds every change committed before it: a
+        placement or a promotion in between). A new node is not checked again: a queue
+        placed on it meanwhile holds nothing it could have forgotten. Otherwise the same
+        node at the same address again is answered the same, at another address refused."""
         ctx = self.ctx
         group = ctx.meta_group
         if group is None:
@@ -383,8 +385,10 @@ class Router:
         async with ctx.admit():
             await group.wait_bootstrapped()
             self._check_rejoin(call.node)
+            known = group.machine.nodes.get(call.node)
             await group.propose(mc.AddNode(call.node, call.address))
-            self._check_rejoin(call.node)
+            if known is not None and known.state != "forgotten":
+                self._check_rejoin(call.node)
         machine = group.machine
         members = {n: r.address for n, r in sorted(machine.nodes.items()) if r.state != "forgotten"}
         return Joined(machine.cluster_id, members)
