@@ -136,7 +136,9 @@ def test_a_draining_voter_hands_its_vote_to_a_learner_and_learns_on(tmp_path: Pa
             await group(nodes["n1"]).propose(mc.AddNode("n4", address("n4")))
             await eventually(lambda: names(config(nodes).learners) == ["n4"], 20)
             # The leader itself drains: it hands its leadership over, then its vote.
-            drained = node_of(group(nodes["n4"]).raft.leader or "")
+            n4 = group(nodes["n4"])
+            await eventually(lambda: n4.raft.leader is not None, what="n4 hears the leader")
+            drained = node_of(n4.raft.leader or "")
             await group(nodes["n4"]).propose(mc.SetNodeState(drained, "draining"))
             voters = sorted({*founders, "n4"} - {drained})
             await eventually(lambda: names(config(nodes).voters) == voters, 30)
