@@ -24,7 +24,7 @@ the cluster port, dials the peers) before ``node.start()`` and closes it after
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Protocol, cast
 
@@ -33,10 +33,17 @@ import anyio
 from app.cluster_settings import ClusterSettings, format_address
 from app.db import repo
 from app.db.session import Database
+from app.queue_admin import mirror_definition
 from app.settings import Settings
 from engine.ids import NodeName
 from engine.node_key import RECEIPT_KEY_LABEL, derive_key
-from engine.runtime.api import CheckpointRecord, CompactionRecord, QueueEngine, RecordListener
+from engine.runtime.api import (
+    CheckpointRecord,
+    CompactionRecord,
+    QueueEngine,
+    QueueInfo,
+    RecordListener,
+)
 from engine.runtime.transport import Transport
 
 if TYPE_CHECKING:
@@ -152,12 +159,19 @@ async def running_network(node: QueueEngine | None) -> AsyncIterator[NodeNetwork
         await network.close()
 
 
-def store_record(db: Database, record: CheckpointRecord | CompactionRecord) -> bool:
-    """Add an engine record to the queue's history; False when the queue is unknown here."""
+def store_record(
+    db: Database, record: CheckpointRecord | CompactionRecord, listed: Sequence[QueueInfo] = ()
+) -> bool:
+    """Add an engine record to the queue's history; False when the queue is unknown here.
+    A queue the engine lists (``listed``) but SQLite does not hold yet (created through
+    another node of a cluster) gets its row first."""
     with db.transaction() as session:
         queue = repo.get_queue(session, record.queue)
         if queue is None:
-            return False
+            info = next((q for q in listed if q.name == record.queue), None)
+            if info is None:
+                return False
+            queue = mirror_definition(session, info)
         if isinstance(record, CheckpointRecord):
             repo.record_snapshot(session, queue.uid, repo.snapshot_facts(record))
         else:
@@ -165,12 +179,14 @@ def store_record(db: Database, record: CheckpointRecord | CompactionRecord) -> b
     return True
 
 
-def record_listener(db: Database) -> RecordListener:
-    """The listener the node calls after each automatic checkpoint or compaction (manual
-    ones come back from `node.checkpoint`/`node.compact`; the router stores those)."""
+def record_listener(db: Database, node: QueueEngine | None = None) -> RecordListener:
+    """The listener the node calls after each automatic checkpoint or compaction, and
+    after each one another node of a cluster asked its replica for (manual ones run here
+    come back from `node.checkpoint`/`node.compact`; the router stores those)."""
 
     async def listener(record: CheckpointRecord | CompactionRecord) -> None:
-        stored = await anyio.to_thread.run_sync(store_record, db, record)
+        listed = [] if node is None else node.queues()  # on the loop, which owns the engine
+        stored = await anyio.to_thread.run_sync(store_record, db, record, listed)
         if not stored:
             log.warning("history record for unknown queue %r dropped", record.queue)
 

@@ -156,7 +156,7 @@ async def engine_serving(
     try:
         if node is not None:
             state.engine_status = "recovering"
-            node.set_record_listener(record_listener(db))
+            node.set_record_listener(record_listener(db, node))
             if refuse is not None:
                 on_forgotten(node, refuse)
             await node.start()

@@ -95,7 +95,8 @@ def _uid(session: SessionDep, node: QueueEngine, name: str) -> str:
 async def take_snapshot(
     name: QueueName, request: Request, db: DatabaseDep, who: CanConfigure, node: NodeDep
 ) -> SnapshotOut:
-    """Take a checkpoint now (the log is not truncated; compaction reclaims dead entries)."""
+    """Take a checkpoint now (the log is not truncated; compaction reclaims dead entries).
+    On a cluster node that holds no replica of the queue, of its leader's replica."""
     record = await queue_admin.take_checkpoint(node, db, actor(request, who), name)
     return snapshot_out(record)
 
@@ -104,7 +105,9 @@ async def take_snapshot(
 def list_snapshots(
     name: QueueName, session: SessionDep, _who: CanSee, node: NodeDep
 ) -> list[SnapshotOut]:
-    """Checkpoint history, newest first."""
+    """Checkpoint history, newest first: of this node's replica, and the runs made
+    through this node (a node without a replica keeps those; the leader's node keeps
+    the runs of its replica)."""
     return [snapshot_out(r) for r in repo.list_snapshots(session, _uid(session, node, name))]
 
 
@@ -125,7 +128,8 @@ async def compact(
     node: NodeDep,
     body: Annotated[CompactionIn | None, Body()] = None,
 ) -> CompactionOut:
-    """Run compaction now: ``auto`` (phases until dead entries are few enough) or 1, 2, 3."""
+    """Run compaction now: ``auto`` (phases until dead entries are few enough) or 1, 2, 3.
+    On a cluster node that holds no replica of the queue, on its leader's replica."""
     phase = (body or CompactionIn()).phase
     record = await queue_admin.run_compaction(node, db, actor(request, who), name, phase)
     return compaction_out(record)
@@ -135,7 +139,9 @@ async def compact(
 def list_compactions(
     name: QueueName, session: SessionDep, _who: CanSee, node: NodeDep
 ) -> CompactionsOut:
-    """The log now and the compaction runs, newest first."""
+    """The log now and the compaction runs, newest first (as for snapshots: the runs of
+    this node's replica and those made through it; the log now is the leader's on a
+    node without a replica)."""
     uid = _uid(session, node, name)
     log = from_thread.run_sync(node.stats, name).get("log", {})
     return CompactionsOut(
@@ -146,9 +152,11 @@ def list_compactions(
 
 @router.get("/queues/{name}/segments", response_model=list[SegmentOut], responses=PROBLEMS)
 async def list_segments(name: QueueName, _who: CanSee, node: NodeDep) -> list[SegmentOut]:
-    """Each segment file of the queue's log: index range, bytes, live and dead entries."""
+    """Each segment file of the queue's log: index range, bytes, live and dead entries. On
+    a cluster node that holds no replica of the queue: those of its leader's replica."""
     info_of(node, name)
-    return [SegmentOut.model_validate(s, from_attributes=True) for s in node.segments(name)]
+    segments = await node.fresh_segments(name)
+    return [SegmentOut.model_validate(s, from_attributes=True) for s in segments]
 
 
 # --- cluster -----------------------------------------------------------------------

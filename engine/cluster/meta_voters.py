@@ -13,10 +13,19 @@ again, until the answer is ``None``. In order:
    then stops; removing it first would leave it serving, never told;
 2. an active node that is no member joins as a learner (the oldest joiner first);
 3. while there are fewer voters than the limit, the active learner that joined first
-   is promoted (it catches up first), which also replaces a removed voter.
+   is promoted (it catches up first), which also replaces a removed voter;
+4. a draining voter hands its vote over, so that the group keeps its number of voters:
+   while it votes, an active learner is promoted (up to one voter beyond the limit),
+   and once there are more voters than the limit, the draining voter is demoted to a
+   learner (it still applies the metadata: a draining node serves on). The leader does
+   not demote itself: it transfers its leadership to an active voter it hears first.
+   With no active learner (every node votes already) the draining voter keeps its vote:
+   fewer voters would tolerate fewer failures.
 
 Only active nodes join or are promoted: a draining node is on its way out, and a lost
-one could not catch up. Pure: the configuration is given as node names.
+one could not catch up. A demoted node that is activated again stays a learner while
+the voters are at the limit (nothing moves back by itself). Pure: the configuration is
+given as node names.
 """
 
 from __future__ import annotations
@@ -27,7 +36,7 @@ from typing import Literal
 
 from engine.cluster.records import NodeRecord
 
-ChangeKind = Literal["remove", "add_learner", "promote"]
+ChangeKind = Literal["remove", "add_learner", "promote", "demote", "transfer"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,12 +66,21 @@ def next_change(
     )
     if joiners:
         return VoterChange("add_learner", joiners[0])
-    if len(voters) < voters_max:
-        ready = _by_joining(
-            nodes[name] for name in learners if name in nodes and nodes[name].state == "active"
+    ready = _by_joining(
+        nodes[name] for name in learners if name in nodes and nodes[name].state == "active"
+    )
+    draining = sorted(v for v in voters if v in nodes and nodes[v].state == "draining")
+    if ready and (len(voters) < voters_max or (draining and len(voters) <= voters_max)):
+        return VoterChange("promote", ready[0])
+    if draining and len(voters) > voters_max:
+        others = [d for d in draining if d != leader]
+        if others:
+            return VoterChange("demote", others[0])
+        targets = sorted(
+            v for v in voters if v in heard and v in nodes and nodes[v].state == "active"
         )
-        if ready:
-            return VoterChange("promote", ready[0])
+        if targets:
+            return VoterChange("transfer", targets[0])
     return None
 
 

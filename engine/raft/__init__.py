@@ -1,7 +1,7 @@
 """engine.raft: a sans-IO Raft core (see engine/__init__.py for the layering).
 
 Drive a ``RaftServer`` with events (``Tick``, ``Receive``, ``Propose``, ``ReadIndex``,
-``AddServer``, ``RemoveServer``, ``TransferLeadership``, ``Persisted``,
+``AddServer``, ``RemoveServer``, ``DemoteServer``, ``TransferLeadership``, ``Persisted``,
 ``SnapshotTaken``, ``SnapshotInstalled``) and act on the ``Ready`` it returns, in the
 order ``engine.raft.events`` states.
 """
@@ -12,6 +12,7 @@ from engine.raft.events import (
     Accepted,
     AddServer,
     Completed,
+    DemoteServer,
     Event,
     HardState,
     Persisted,
@@ -40,6 +41,7 @@ __all__ = [
     "ApplyMeta",
     "Completed",
     "Configuration",
+    "DemoteServer",
     "Entry",
     "EntryKind",
     "Event",

@@ -79,6 +79,16 @@ class RemoveServer:
 
 
 @dataclass(frozen=True, slots=True)
+class DemoteServer:
+    """Make voter ``server`` a learner: it keeps replicating the log and votes no more
+    (one server's change of the voters, as a removal is). Never the leader itself:
+    transfer its leadership first."""
+
+    request_id: int
+    server: ServerId
+
+
+@dataclass(frozen=True, slots=True)
 class TransferLeadership:
     request_id: int
     target: ServerId
@@ -118,6 +128,7 @@ Event = (
     | ReadIndex
     | AddServer
     | RemoveServer
+    | DemoteServer
     | TransferLeadership
     | Persisted
     | SnapshotTaken
@@ -207,6 +218,7 @@ __all__ = [
     "Accepted",
     "AddServer",
     "Completed",
+    "DemoteServer",
     "Event",
     "HardState",
     "Persisted",

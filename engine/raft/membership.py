@@ -9,6 +9,8 @@ Rules:
   the leader's last index of one round within the minimum election timeout (thesis
   section 4.2.1), or reached the leader's last index at all. After
   ``catch_up_rounds_max`` slow rounds the addition is refused (the learner stays).
+- A voter is demoted to a learner (it replicates on, votes no more) by one change of
+  the voters, as a removal is; never the leader itself.
 - A change completes when its configuration entry commits; a leader that removed
   itself leads until then (thesis section 4.2.2).
 - Leadership transfer (thesis section 3.10): the leader stops taking proposals, brings
@@ -26,7 +28,14 @@ from typing import TYPE_CHECKING
 from engine.ids import ServerId
 from engine.raft import replication
 from engine.raft.entry import EntryKind
-from engine.raft.events import AddServer, Completed, Rejected, RemoveServer, TransferLeadership
+from engine.raft.events import (
+    AddServer,
+    Completed,
+    DemoteServer,
+    Rejected,
+    RemoveServer,
+    TransferLeadership,
+)
 from engine.raft.messages import TimeoutNow
 from engine.raft.progress import Progress
 
@@ -132,6 +141,25 @@ def on_remove_server(s: RaftServer, event: RemoveServer) -> None:
         return
     index = s.append_as_leader([(EntryKind.CONFIG, config.without(event.server).encode())])
     s.progress.pop(event.server, None)
+    s.membership.change = Change(event.request_id, index)
+    replication.maybe_commit(s)
+    replication.broadcast_append(s)
+
+
+def on_demote_server(s: RaftServer, event: DemoteServer) -> None:
+    """A voter becomes a learner: like a removal it takes one server out of the voters,
+    so two consecutive configurations still share a majority; unlike one, the server
+    keeps its progress and goes on replicating. The leader demotes others only (a leader
+    without a vote would have to step down: transfer first)."""
+    reason = _refusal(s)
+    config = s.config
+    if reason is None and (event.server not in config.voters or event.server == s.id):
+        reason = "bad_request"
+    if reason is not None:
+        s.rd.rejected.append(Rejected(event.request_id, reason, s.leader))
+        return
+    demoted = config.without(event.server).with_learner(event.server)
+    index = s.append_as_leader([(EntryKind.CONFIG, demoted.encode())])
     s.membership.change = Change(event.request_id, index)
     replication.maybe_commit(s)
     replication.broadcast_append(s)

@@ -56,6 +56,7 @@ from engine.raft.entry import Entry, EntryKind, LogStore
 from engine.raft.events import (
     Accepted,
     AddServer,
+    DemoteServer,
     Event,
     HardState,
     Persisted,
@@ -263,6 +264,8 @@ class RaftServer:
             membership.on_add_server(self, event)
         elif type(event) is RemoveServer:
             membership.on_remove_server(self, event)
+        elif type(event) is DemoteServer:
+            membership.on_demote_server(self, event)
         elif type(event) is TransferLeadership:
             membership.on_transfer(self, event)
         elif type(event) is SnapshotTaken:

@@ -283,6 +283,11 @@ class QueueEngine(Protocol):
 
     def segments(self, name: str) -> list[SegmentInfo]: ...
 
+    async def fresh_segments(self, name: str) -> list[SegmentInfo]:
+        """``segments``; on a cluster node without a replica of the queue, its leader's
+        (``checkpoint`` and ``compact`` run on the leader's replica there too)."""
+        ...
+
     def cluster(self) -> dict[str, object]:
         """Nodes, their health, and the queues each leads (``GET /cluster``)."""
         ...

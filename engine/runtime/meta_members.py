@@ -12,7 +12,9 @@ and every ``Limits.reconcile_interval_ms``) makes the group's configuration foll
 records, one Raft change at a time, as ``engine.cluster.meta_voters.next_change``
 decides: forgotten members removed once they stopped, joined nodes added as learners,
 learners promoted while there are fewer voters than ``Limits.meta_voters_max`` (so a
-learner takes a forgotten voter's place). A change that fails (a
+learner takes a forgotten voter's place), a draining voter's vote handed to a learner
+(the learner promoted, then the draining voter demoted, after a transfer of the
+leadership if it leads). A change that fails (a
 learner not caught up, leadership lost) is tried again by a later pass.
 """
 
@@ -27,7 +29,7 @@ from engine.cluster.meta_voters import VoterChange, next_change
 from engine.cluster.records import split_address
 from engine.errors import QuorraError
 from engine.ids import NodeName
-from engine.raft.events import AddServer, RemoveServer
+from engine.raft.events import AddServer, DemoteServer, RemoveServer, TransferLeadership
 from engine.raft.server import Role
 from engine.runtime.passes import Passes
 from engine.runtime.replica import Proposal, node_of, server_id
@@ -96,9 +98,13 @@ class MetaMembers(Passes):
         sid = server_id(change.node, group.uid)
         request_id = group.next_request_id
         group.next_request_id += 1
-        event: AddServer | RemoveServer
+        event: AddServer | RemoveServer | DemoteServer | TransferLeadership
         if change.kind == "remove":
             event = RemoveServer(request_id, sid)
+        elif change.kind == "demote":
+            event = DemoteServer(request_id, sid)
+        elif change.kind == "transfer":
+            event = TransferLeadership(request_id, sid)
         else:
             event = AddServer(request_id, sid, learner_only=change.kind == "add_learner")
         future: asyncio.Future[object] = ctx.loop.create_future()

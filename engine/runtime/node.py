@@ -90,7 +90,7 @@ from engine.runtime.clock import SYSTEM_CLOCK, Clock
 from engine.runtime.context import NodeContext
 from engine.runtime.meta_group import MetaBootstrap, MetaGroup
 from engine.runtime.replica import node_of
-from engine.runtime.routing import NodeCall
+from engine.runtime.routing import CheckpointCall, CompactCall, NodeCall, SegmentsCall
 from engine.runtime.transport import LocalTransport, PeerBook, Transport
 from engine.runtime.wal_writer import WalWriter
 from engine.storage import NodeStorage
@@ -305,13 +305,33 @@ class Node:
     # === checkpoints and compaction ==================================================
 
     async def checkpoint(self, name: str, *, trigger: Trigger = "manual") -> CheckpointRecord:
-        return await self.context.checkpoints.checkpoint(name, trigger)
+        """A checkpoint of the queue's replica here; on a cluster node without one, of
+        its leader's (forwarded, as a client operation is)."""
+        ctx = self.context
+        if self._remote(name):
+            record = await ctx.forwarder.forward(CheckpointCall(name))
+            if not isinstance(record, CheckpointRecord):  # peer bytes: checked, not asserted
+                raise NoLeader(f"queue {name}: its leader sent no checkpoint record")
+            return record
+        return await ctx.checkpoints.checkpoint(name, trigger)
 
     async def compact(
         self, name: str, *, phase: CompactionPhase = "auto", trigger: Trigger = "manual"
     ) -> CompactionRecord:
-        """Storage compaction (``engine.storage.compaction``); see ``Checkpoints.compact``."""
-        return await self.context.checkpoints.compact(name, phase, trigger)
+        """Storage compaction (``engine.storage.compaction``); see ``Checkpoints.compact``.
+        On a cluster node without a replica of the queue, its leader's (forwarded)."""
+        ctx = self.context
+        if self._remote(name):
+            record = await ctx.forwarder.forward(CompactCall(name, phase))
+            if not isinstance(record, CompactionRecord):
+                raise NoLeader(f"queue {name}: its leader sent no compaction record")
+            return record
+        return await ctx.checkpoints.compact(name, phase, trigger)
+
+    def _remote(self, name: str) -> bool:
+        """Whether queue ``name`` is served here by forwarding (no replica here)."""
+        ctx = self.context
+        return name not in ctx.replicas and ctx.forwarder.remote(name) is not None
 
     # === observation =================================================================
 
@@ -348,6 +368,15 @@ class Node:
     def segments(self, name: str) -> list[SegmentInfo]:
         rep = self.context.replica(name)
         return observe.segment_infos(rep, observe.live_indexes(rep))
+
+    async def fresh_segments(self, name: str) -> list[SegmentInfo]:
+        """``segments``; on a cluster node without a replica of the queue, its leader's."""
+        if not self._remote(name):
+            return self.segments(name)
+        answer = await self.context.forwarder.forward(SegmentsCall(name))
+        if not isinstance(answer, list) or not all(isinstance(s, SegmentInfo) for s in answer):
+            raise NoLeader(f"queue {name}: its leader sent no segments")
+        return answer
 
     def cluster(self) -> dict[str, object]:
         now = self.clock.monotonic_ms()

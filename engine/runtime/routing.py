@@ -25,12 +25,19 @@ from typing import TYPE_CHECKING, Any, Literal, assert_never
 
 from engine.cluster import meta_commands as mc
 from engine.cluster.records import split_address
+from engine.cluster.rejoin import rejoin_refusal
 from engine.cluster.replies import MembersChanged, Ok, QueueCreated, QueueDeleting, QueueExists
-from engine.errors import NoLeader, QueueNotFound, ValidationFailed, WireError
+from engine.errors import Conflict, NoLeader, QueueNotFound, ValidationFailed, WireError
 from engine.ids import NodeName
 from engine.raft.server import Role
 from engine.runtime import observe, wire
-from engine.runtime.api import OutgoingMessage
+from engine.runtime.api import (
+    CheckpointRecord,
+    CompactionPhase,
+    CompactionRecord,
+    OutgoingMessage,
+    SegmentInfo,
+)
 from engine.runtime.meta import QueueMeta, check_meta, check_uid
 from engine.runtime.replica import Replica, node_of
 
@@ -98,6 +105,30 @@ class StatsCall:
     """The queue's stats on its leader (for a node without a replica of it)."""
 
     name: str
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentsCall:
+    """The segments of the queue's log on its leader (for a node without a replica)."""
+
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointCall:
+    """Checkpoint the leader's replica now (for a node without a replica of the queue);
+    answers the ``CheckpointRecord``, which the leader's record listener hears too."""
+
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class CompactCall:
+    """Compact the leader's replica now (as ``CheckpointCall``); answers the
+    ``CompactionRecord``."""
+
+    name: str
+    phase: CompactionPhase
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +206,7 @@ class MetaProposed:
 
 
 wire.register((Ok, QueueCreated, QueueExists, QueueDeleting, MembersChanged, MetaProposed, Joined))
+wire.register((SegmentInfo, CheckpointRecord, CompactionRecord))
 
 LeaderCall = (
     PublishCall
@@ -182,6 +214,9 @@ LeaderCall = (
     | SettleCall
     | BrowseCall
     | StatsCall
+    | SegmentsCall
+    | CheckpointCall
+    | CompactCall
     | PurgeCall
     | UpdatePolicyCall
     | TransferCall
@@ -209,6 +244,7 @@ PROPOSING_CALL_TYPES = (
     SettleCall,
     BrowseCall,
     StatsCall,
+    SegmentsCall,
     PurgeCall,
     UpdatePolicyCall,
 )
@@ -227,6 +263,9 @@ CALL_TYPES: tuple[type[Any], ...] = (
     SettleCall,
     BrowseCall,
     StatsCall,
+    SegmentsCall,
+    CheckpointCall,
+    CompactCall,
     LeaderOfCall,
     PurgeCall,
     UpdatePolicyCall,
@@ -330,8 +369,13 @@ class Router:
     async def join(self, call: JoinCall) -> Joined:
         """Record the joining node in the metadata (through its leader), and tell it the
         cluster: the metadata group's leader then adds it (``engine.runtime.meta_members``).
-        The same node at the same address again is answered the same; at another
-        address, ``Conflict``."""
+        A node the metadata records already is refused (``Conflict``) where it votes, a
+        node that lost its data (``engine.cluster.rejoin``): checked before its
+        ``AddNode`` and, for a node known then, again once it applied here (this
+        replica's configuration then holds every change committed before it: a
+        placement or a promotion in between). A new node is not checked again: a queue
+        placed on it meanwhile holds nothing it could have forgotten. Otherwise the same
+        node at the same address again is answered the same, at another address refused."""
         ctx = self.ctx
         group = ctx.meta_group
         if group is None:
@@ -340,10 +384,36 @@ class Router:
             raise ValidationFailed(f"{call.address!r:.80} is not host:port")
         async with ctx.admit():
             await group.wait_bootstrapped()
+            self._check_rejoin(call.node)
+            known = group.machine.nodes.get(call.node)
             await group.propose(mc.AddNode(call.node, call.address))
+            if known is not None and known.state != "forgotten":
+                self._check_rejoin(call.node)
         machine = group.machine
         members = {n: r.address for n, r in sorted(machine.nodes.items()) if r.state != "forgotten"}
         return Joined(machine.cluster_id, members)
+
+    async def run_job(self, rep: Replica, call: CheckpointCall | CompactCall) -> object:
+        """A checkpoint or compaction another node asked for: its record also goes to
+        this node's record listener, which keeps the queue's history where its replica
+        is (as it does for those this node runs by itself)."""
+        jobs = self.ctx.checkpoints
+        record: CheckpointRecord | CompactionRecord
+        if isinstance(call, CheckpointCall):
+            record = await jobs.checkpoint(rep.name, "manual")
+        else:
+            record = await jobs.compact(rep.name, call.phase, "manual")
+        await jobs.notify(record)
+        return record
+
+    def _check_rejoin(self, node: str) -> None:
+        group = self.ctx.meta_group
+        assert group is not None
+        machine = group.machine
+        voters = [node_of(s) for s in group.raft.config.voters]
+        why = rejoin_refusal(machine.nodes, machine.queues, voters, node)
+        if why is not None:
+            raise Conflict(why)
 
     async def local(self, call: LeaderCall) -> object:
         """Run ``call`` on this node, whose replica must lead."""
@@ -364,6 +434,10 @@ class Router:
             return ops.browse_local(rep, call.after, call.limit)
         if isinstance(call, StatsCall):
             return observe.queue_stats(rep, ctx.clock.monotonic_ms(), ctx.limits)
+        if isinstance(call, SegmentsCall):
+            return observe.segment_infos(rep, observe.live_indexes(rep))
+        if isinstance(call, CheckpointCall | CompactCall):
+            return await self.run_job(rep, call)
         if isinstance(call, PurgeCall):
             return await ops.purge_local(rep)
         if isinstance(call, AddMemberCall):
@@ -383,6 +457,8 @@ __all__ = [
     "PROPOSING_CALL_TYPES",
     "AddMemberCall",
     "BrowseCall",
+    "CheckpointCall",
+    "CompactCall",
     "CreateReplica",
     "DeleteReplica",
     "JoinCall",
@@ -399,6 +475,7 @@ __all__ = [
     "ReceiveCall",
     "RemoveMemberCall",
     "Router",
+    "SegmentsCall",
     "SettleCall",
     "SettleHow",
     "StatsCall",

@@ -12,7 +12,8 @@ decoding with every check costs no more than decoding without them did.
 What an annotation admits:
 
 * ``int``: an int, never a bool, within the field's bounds (none unless given);
-  ``bool``, ``str``, ``bytes``, ``None``: exactly that type;
+  ``float``: a finite float, or an int (never a bool; a duration built from whole
+  numbers); ``bool``, ``str``, ``bytes``, ``None``: exactly that type;
 * a ``NewType`` as its supertype; an ``IntEnum`` as one of its members, or an int that
   is the value of one; a ``Literal`` as one of its values, of the same type;
 * ``list[X]`` as a list, ``tuple[X, ...]`` as a list or a tuple, ``dict[K, V]`` as a
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import types
 import typing
 from collections.abc import Callable, Iterable, Mapping
@@ -205,6 +207,8 @@ def _exact_class(hint: Any, shapes: Mapping[type[Any], Shape]) -> type[Any] | No
 def _plain(hint: Any, shapes: Mapping[type[Any], Shape], ints: Bounds | None) -> Convert:
     if hint is int:
         return _int(ints)
+    if hint is float:
+        return _float
     if hint is object:
         return _scalar
     if hint is None or hint is type(None):
@@ -215,6 +219,14 @@ def _plain(hint: Any, shapes: Mapping[type[Any], Shape], ints: Bounds | None) ->
     if exact is not None:
         return _exactly(exact)
     raise AssertionError(f"no converter for {hint!r}")
+
+
+def _float(value: Any) -> Any:
+    if type(value) is not float and type(value) is not int:
+        raise _mismatch(value, "float")
+    if not math.isfinite(value):
+        raise WireError(f"{value} where a finite float is expected")
+    return value
 
 
 def _mismatch(value: object, what: str) -> WireError:

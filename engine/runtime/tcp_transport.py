@@ -19,10 +19,11 @@ if configured); after it, frames of items (``engine.runtime.tcp_frames``).
   ``Limits.cluster_send_buffer_bytes_max``: a Raft message beyond it, or to a peer not
   connected, is dropped and counted (Raft sends again); a call beyond it is refused
   with ``Backpressure``. A slow or dead peer costs a bounded amount of memory.
-* **Calls** are multiplexed by id on the bulk lane; each has a deadline
-  (``call_deadline_ms``: the default, plus its wait for a long-poll receive). A passed
-  deadline or a dropped connection raises ``OutcomeUnknown``: the call may have run.
-  A call to a peer known to be down raises ``NoLeader`` at once (it was never sent).
+* **Calls** are multiplexed by id on the bulk lane (``engine.runtime.tcp_calls``); each
+  has a deadline (``call_deadline_ms``: the default, plus its wait for a long-poll
+  receive). A passed deadline or a dropped connection raises ``OutcomeUnknown``: the
+  call may have run. A call to a peer known to be down raises ``NoLeader`` at once (it
+  was never sent).
 * **Liveness.** Each connection pings when it sent nothing for a ping interval (the
   control one always, for the round trip) and is closed after an idle timeout with
   nothing received. The dialer redials with jittered exponential back-off.
@@ -46,13 +47,14 @@ import random
 from collections.abc import Callable, Collection, Mapping
 from typing import Any, cast
 
-from engine.errors import Backpressure, MessageTooLarge, NoLeader, OutcomeUnknown, QuorraError
+from engine.errors import NoLeader
 from engine.ids import NodeName
 from engine.limits import Limits
 from engine.raft.messages import Message
 from engine.runtime import tcp_handshake as handshake
 from engine.runtime.rate_log import RateLimitedLog
-from engine.runtime.routing import PROPOSING_CALL_TYPES, NodeCall, ReceiveCall
+from engine.runtime.routing import NodeCall
+from engine.runtime.tcp_calls import Calls, call_deadline_ms
 from engine.runtime.tcp_conn import Conn, Link, describe
 from engine.runtime.tcp_frames import (
     HANDSHAKE_FRAME_BYTES_MAX,
@@ -71,18 +73,6 @@ from engine.runtime.tcp_join import serve_join
 from engine.runtime.transport import Peer, PeerHealth
 
 log = logging.getLogger("quorra.engine")
-
-
-def call_deadline_ms(call: NodeCall, limits: Limits) -> int:
-    """How long a call may take, by method. A client operation forwarded to the leader's
-    node is bounded by what the leader itself allows it (a leader to appear, then its
-    proposal), plus a long-poll receive's wait: past that the answer is lost (a frame
-    dropped), and the client hears so then rather than at the default deadline, which
-    covers the administrative calls (a membership change creates a replica first)."""
-    if isinstance(call, PROPOSING_CALL_TYPES):
-        wait_ms = call.wait_ms if isinstance(call, ReceiveCall) else 0
-        return limits.leader_wait_ms + limits.proposal_timeout_ms + wait_ms
-    return limits.cluster_call_deadline_ms
 
 
 class TcpTransport:
@@ -125,10 +115,10 @@ class TcpTransport:
         their connections at close."""
         self._handshakes = 0
         """Accepted connections not authenticated yet."""
-        self._next_call_id = 1
         self._closing = False
         self._random = random.Random()
         self.rate_log = RateLimitedLog(log)
+        self._calls = Calls(self.name, limits, self.rate_log, lambda: self._receiver)
         self.frames_sent = 0
         self.frames_received = 0
         self.strangers_refused = 0
@@ -174,25 +164,7 @@ class TcpTransport:
             deadline_ms = call_deadline_ms(call, self.limits)
         deadline = loop.time() + deadline_ms / 1000
         conn = await self._call_conn(dst, deadline)
-        if len(conn.calls) >= self.limits.cluster_calls_inflight_per_peer_max:
-            raise Backpressure(f"node {dst}: too many calls in flight")
-        call_id = self._next_call_id
-        self._next_call_id += 1
-        item = encode_item(Kind.CALL, call_id, call)
-        if not item_fits(item, self.limits.cluster_frame_bytes_max):
-            raise MessageTooLarge(f"a call of {len(item)} bytes fits no frame")
-        if not conn.enqueue(item):
-            raise Backpressure(f"node {dst}: too many bytes waiting to be sent")
-        future: asyncio.Future[object] = loop.create_future()
-        conn.calls[call_id] = future
-        try:
-            async with asyncio.timeout_at(deadline):
-                return await future
-        except TimeoutError:
-            what = type(call).__name__
-            raise OutcomeUnknown(f"node {dst}: no answer to {what} in {deadline_ms} ms") from None
-        finally:
-            conn.calls.pop(call_id, None)
+        return await self._calls.send(conn, call, deadline, deadline_ms)
 
     async def _call_conn(self, dst: NodeName, deadline: float) -> Conn:
         link = self._links.get(dst)
@@ -492,14 +464,9 @@ class TcpTransport:
         if kind is Kind.RAFT:
             self._deliver(conn.link.name, cast(str, key), cast(Message, value))
         elif kind is Kind.CALL:
-            self._serve(conn, cast(int, key), cast(NodeCall, value))
+            self._calls.serve(conn, cast(int, key), cast(NodeCall, value))
         elif kind is Kind.ANSWER or kind is Kind.FAILURE:
-            future = conn.calls.pop(cast(int, key), None)
-            if future is not None and not future.done():
-                if kind is Kind.ANSWER:
-                    future.set_result(value)
-                else:
-                    future.set_exception(cast(QuorraError, value))
+            self._calls.settle(conn, kind, cast(int, key), value)
         elif kind is Kind.PING:
             conn.enqueue(encode_item(Kind.PONG, key, None))
         elif kind is Kind.PONG and conn.lane is Lane.CONTROL:
@@ -517,34 +484,6 @@ class TcpTransport:
             # The node's contract is not to raise here; if it does, one message is lost
             # and the connection serves on.
             self.rate_log.log(logging.ERROR, "deliver", "a message from %s", src, exc_info=True)
-
-    def _serve(self, conn: Conn, call_id: int, call: NodeCall) -> None:
-        if len(conn.serving) >= self.limits.cluster_calls_inflight_per_peer_max:
-            busy = Backpressure(f"node {self.name}: too many calls from {conn.link.name}")
-            conn.answer(encode_item(Kind.FAILURE, call_id, busy))
-            return
-        task = self._need_loop().create_task(self._run_call(conn, call_id, call))
-        conn.serving.add(task)
-        task.add_done_callback(conn.serving.discard)
-
-    async def _run_call(self, conn: Conn, call_id: int, call: NodeCall) -> None:
-        what = type(call).__name__
-        receiver = self._receiver
-        try:
-            if receiver is None:
-                raise NoLeader(f"node {self.name} is not serving")
-            answer = await receiver.on_call(conn.link.name, call)
-            item = encode_item(Kind.ANSWER, call_id, answer)
-        except QuorraError as e:
-            item = encode_item(Kind.FAILURE, call_id, e)
-        except Exception:
-            self.rate_log.log(logging.ERROR, "call-bug", "serving %s", what, exc_info=True)
-            failed = QuorraError(f"node {self.name} failed on {what}; see its log")
-            item = encode_item(Kind.FAILURE, call_id, failed)
-        if not item_fits(item, self.limits.cluster_frame_bytes_max):
-            large = MessageTooLarge(f"the answer to {what} is {len(item)} bytes: too large")
-            item = encode_item(Kind.FAILURE, call_id, large)
-        conn.answer(item)
 
     # === timers =======================================================================
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from engine.ids import ServerId
-from engine.raft.events import AddServer, Event, RemoveServer, TransferLeadership
+from engine.raft.events import AddServer, DemoteServer, Event, RemoveServer, TransferLeadership
 
 if TYPE_CHECKING:
     from engine.sim.world import World
@@ -149,7 +149,12 @@ class Nemesis:
             learner_only = world.rng.random() < 0.3
             event = AddServer(self.next_admin_request, outside[0], learner_only=learner_only)
         elif len(config.voters) >= 3 and not self._repairing():
-            event = RemoveServer(self.next_admin_request, world.rng.choice(config.members))
+            others = [v for v in config.voters if v != leader.id]
+            if world.rng.random() < 0.3:
+                # A voter becomes a learner (a drained metadata voter): it replicates on.
+                event = DemoteServer(self.next_admin_request, world.rng.choice(others))
+            else:
+                event = RemoveServer(self.next_admin_request, world.rng.choice(config.members))
         else:
             return
         world.log(f"{leader.id} asked to {type(event).__name__} {event.server}")

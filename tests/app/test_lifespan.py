@@ -18,7 +18,13 @@ from app.db.session import Database
 from app.engine_seam import record_listener, store_record
 from app.main import StartupReport, create_app
 from app.settings import Settings
-from engine.runtime.api import CheckpointRecord, CompactionRecord, RecordListener
+from engine.runtime.api import (
+    CheckpointRecord,
+    CompactionRecord,
+    QueueArgs,
+    QueueInfo,
+    RecordListener,
+)
 
 
 @dataclass
@@ -189,6 +195,17 @@ def test_engine_records_land_in_the_history_of_their_queue(db: Database) -> None
             repo.list_snapshots(session, "q0001") == []
             and repo.list_compactions(session, "q0001") == []
         )
+
+
+def test_a_record_of_a_queue_sqlite_lacks_but_the_engine_lists_makes_its_row(db: Database) -> None:
+    # A queue created through another node of a cluster: this node's engine leads it.
+    info = QueueInfo("far", "u" * 32, QueueArgs(replicas=2), 9)
+    record = CheckpointRecord("far", 5, 1, 1_700_000_000_000, 512, 2, "manual", 0.5)
+    assert store_record(db, record, [info])
+    with db.transaction() as session:
+        row = repo.get_queue(session, "far")
+        assert row is not None and row.uid == info.uid
+        assert [s.raft_index for s in repo.list_snapshots(session, info.uid)] == [5]
 
 
 def test_queue_definitions_round_trip(db: Database) -> None:

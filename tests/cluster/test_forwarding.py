@@ -105,6 +105,21 @@ def test_a_node_without_a_replica_serves_the_queue(start_cluster: StartCluster) 
     assert patched.json()["arguments"]["delivery_limit"] == 7
     assert _node(cluster, "n1", outsider)["replicas"] == []
 
+    # The replica-local views and jobs come from the leader's replica.
+    snapshot = via.post("/api/v1/queues/far/snapshots")
+    assert snapshot.status_code == 202, snapshot.text
+    compaction = via.post("/api/v1/queues/far/compactions", json={"phase": 1})
+    assert compaction.status_code == 202 and compaction.json()["phase"] == "1", compaction.text
+    segments = via.get("/api/v1/queues/far/segments")
+    assert segments.status_code == 200, segments.text  # none flushed yet, most likely
+    assert segments.json() == cluster.client(leader).get("/api/v1/queues/far/segments").json()
+    # The leader's history holds the runs it made for n3.
+    history = cluster.client(leader).get("/api/v1/queues/far/snapshots").json()
+    assert snapshot.json()["index"] in [h["index"] for h in history], history
+    runs = cluster.client(leader).get("/api/v1/queues/far/compactions").json()["history"]
+    assert [r["phase"] for r in runs] == ["1"], runs
+    assert _node(cluster, "n1", outsider)["replicas"] == []
+
     # A stream on n3: a publish confirmed, delivered, acked.
     ws_url = cluster.url(outsider).replace("http://", "ws://") + "/api/v1/queues/far/stream"
     headers = {"Authorization": f"Bearer {cluster.token(outsider)}"}

@@ -4,12 +4,16 @@ does (issue 15, "add a fourth node with --join")."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
 import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
+from tests.app.conftest import ROOT
 from tests.cluster.checker import Checker
 from tests.cluster.harness import HOST, Cluster
 
@@ -17,6 +21,8 @@ pytestmark = pytest.mark.integration
 
 StartCluster = Callable[[int], Cluster]
 WAIT_S = 30.0
+REFUSED_S_MAX = 120.0
+"""A refused join's whole run: start, handshake, the metadata's answer, exit."""
 
 
 def _wait(what: str, ready: Callable[[], bool], timeout_s: float = WAIT_S) -> None:
@@ -63,3 +69,38 @@ def test_a_node_joins_takes_a_replica_serves_it_and_restarts(start_cluster: Star
     checker.check()
     assert "n4" in _members(cluster, queue, "n1")
     assert "n4" in cluster.output("n4") and "Cluster qc-" in cluster.output("n4")
+
+
+def test_a_voter_that_lost_its_data_directory_is_refused_when_it_joins_again(
+    start_cluster: StartCluster,
+) -> None:
+    cluster = start_cluster(3)
+    queue = cluster.create_queue("everywhere", replicas=3)
+    _wait("three members", lambda: len(_members(cluster, queue, "n1")) == 3)
+    # n3 (a voter of the metadata and of the queue's group) loses its data directory and
+    # comes back under its name and address with --join.
+    node = cluster.nodes["n3"]
+    cluster.kill9("n3")
+    shutil.rmtree(node.data_dir)
+    node.peers = {}
+    node.join = (HOST, cluster.nodes["n1"].cluster_port)
+    # Run to its end (it never serves): no readiness wait to time out on a loaded machine.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QUORRA_")}
+    env["QUORRA_CLUSTER_SECRET"] = node.secret
+    run = subprocess.run(
+        node.command(), cwd=ROOT, env=env, capture_output=True, text=True, timeout=REFUSED_S_MAX
+    )
+    assert run.returncode == 3, run.stderr
+    assert "node n3 is already a member of this cluster" in run.stderr, run.stderr
+    assert (
+        "votes in the cluster's metadata and in the replica groups of 1 queues (everywhere)"
+        in run.stderr
+    )
+    assert "/api/v1/cluster/nodes/n3/forget" in run.stderr
+    assert not (node.data_dir / "cluster.json").exists()
+    # The others serve on; n3 stays the member it was, down.
+    published = cluster.client("n1").post(
+        f"/api/v1/queues/{queue}/messages", json={"messages": [{"body": "x"}]}
+    )
+    assert published.status_code == 201, published.text
+    assert _nodes(cluster, "n2")["n3"]["state"] == "active"

@@ -64,3 +64,32 @@ def test_the_leader_never_removes_itself_and_only_active_nodes_join_or_vote() ->
     recs = nodes(*spec, ("n5", "lost"))
     assert next_change(recs, ["n1", "n2", "n3"], ["n5"], "n1", 5, []) is None
     assert next_change(recs, ["n1", "n2", "n3"], ["n5"], "n2", 5, []) == VoterChange("remove", "n1")
+
+
+def test_a_draining_voter_hands_its_vote_to_an_active_learner() -> None:
+    names = ["n1", "n2", "n3", "n4", "n5", "n6"]
+    recs = nodes(*((n, "draining" if n == "n3" else ACTIVE) for n in names))
+    voters, heard = names[:5], names
+    # The learner is promoted first (one voter beyond the limit), then n3 demoted.
+    assert next_change(recs, voters, ["n6"], "n1", 5, heard) == VoterChange("promote", "n6")
+    assert next_change(recs, names, [], "n1", 5, heard) == VoterChange("demote", "n3")
+    after = [n for n in names if n != "n3"]
+    assert next_change(recs, after, ["n3"], "n1", 5, heard) is None, "it stays a learner"
+    # Activated again, it votes no more while the voters are at the limit.
+    active = nodes(*((n, ACTIVE) for n in names))
+    assert next_change(active, after, ["n3"], "n1", 5, heard) is None
+
+
+def test_a_draining_leader_transfers_its_leadership_before_it_is_demoted() -> None:
+    names = ["n1", "n2", "n3", "n4"]
+    recs = nodes(*((n, "draining" if n == "n1" else ACTIVE) for n in names))
+    assert next_change(recs, names, [], "n1", 3, ["n3", "n4"]) == VoterChange("transfer", "n3")
+    assert next_change(recs, names, [], "n1", 3, []) is None, "no active voter heard"
+    assert next_change(recs, names, [], "n2", 3, []) == VoterChange("demote", "n1")
+
+
+def test_a_draining_voter_with_no_learner_to_replace_it_keeps_its_vote() -> None:
+    recs = nodes(("n1", ACTIVE), ("n2", ACTIVE), ("n3", "draining"))
+    assert next_change(recs, ["n1", "n2", "n3"], [], "n1", 5, ["n2", "n3"]) is None
+    lost = nodes(("n1", ACTIVE), ("n2", ACTIVE), ("n3", "draining"), ("n4", "lost"))
+    assert next_change(lost, ["n1", "n2", "n3"], ["n4"], "n1", 3, ["n2"]) is None

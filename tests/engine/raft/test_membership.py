@@ -5,7 +5,13 @@ from __future__ import annotations
 import dataclasses
 
 from engine.raft.config import Configuration
-from engine.raft.events import AddServer, Propose, RemoveServer, TransferLeadership
+from engine.raft.events import (
+    AddServer,
+    DemoteServer,
+    Propose,
+    RemoveServer,
+    TransferLeadership,
+)
 from engine.raft.messages import TimeoutNow
 from engine.raft.server import Role
 from engine.sim.storage import MemStorage
@@ -98,6 +104,42 @@ def test_a_removed_follower_is_no_longer_counted() -> None:
     c.step("a", Propose(1, (b"x",)))
     c.stabilize()
     assert c["a"].commit == c["a"].log.last_index()
+
+
+def test_a_demoted_voter_replicates_on_as_a_learner_and_counts_for_no_quorum() -> None:
+    c = Cluster(["a", "b", "c"])
+    c.elect("a")
+    rd = c.step("a", DemoteServer(5, sid("c")))
+    assert not rd.rejected
+    c.stabilize()
+    c.tick(c.limits.heartbeat_interval_ms, deliver=True)
+    demoted = Configuration(_ids("a", "b"), _ids("c"))
+    assert c["a"].config == demoted == c["c"].config
+    done = [x.request_id for rd in c.nodes["a"].readies for x in rd.completed]
+    assert done == [5]
+    c.step("a", Propose(1, (b"x",)))
+    c.stabilize()
+    assert c["c"].log.last_index() == c["a"].log.last_index(), "it still replicates"
+    c.cut = {"b"}
+    c.step("a", Propose(2, (b"y",)))
+    c.stabilize()
+    assert c["a"].commit < c["a"].log.last_index(), "a learner's copy makes no quorum"
+    c.cut = {"a", "b"}
+    c.tick(3 * c.limits.election_timeout_ms_max, ["c"])
+    assert c["c"].role is Role.FOLLOWER, "a learner never campaigns"
+
+
+def test_only_a_voter_other_than_the_leader_is_demoted_one_change_at_a_time() -> None:
+    c = Cluster(["a", "b", "c", "d"], voters=["a", "b", "c"])
+    c.elect("a")
+    for request_id, who in ((1, "a"), (2, "d")):
+        rd = c.step("a", DemoteServer(request_id, sid(who)))
+        assert [(r.request_id, r.reason) for r in rd.rejected] == [(request_id, "bad_request")]
+    c.step("a", DemoteServer(3, sid("b")))
+    rd = c.step("a", DemoteServer(4, sid("c")))
+    assert [(r.request_id, r.reason) for r in rd.rejected] == [(4, "change_pending")]
+    rd = c.step("b", DemoteServer(5, sid("c")))
+    assert [r.request_id for r in rd.rejected] == [5], "only a leader changes members"
 
 
 def test_a_leader_that_removes_itself_steps_down_once_the_change_commits() -> None:

@@ -6,10 +6,12 @@ forgotten voter is removed with a learner promoted in its place."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 
 from engine.cluster import meta_commands as mc
 from engine.cluster.records import split_address
+from engine.limits import Limits
 from engine.raft.config import Configuration
 from engine.runtime import InMemoryNetwork, Node
 from engine.runtime.api import QueueArgs
@@ -29,7 +31,9 @@ def group(node: Node) -> MetaGroup:
     return g
 
 
-async def start(root: Path, network: InMemoryNetwork, founders: list[str]) -> dict[str, Node]:
+async def start(
+    root: Path, network: InMemoryNetwork, founders: list[str], limits: Limits = LIMITS
+) -> dict[str, Node]:
     """Every node of ``network``: ``founders`` formed the cluster, the others will join."""
     boot = MetaBootstrap("test-cluster", {n: address(n) for n in founders})
     joined = MetaBootstrap("test-cluster", {}, joined=True)
@@ -37,7 +41,7 @@ async def start(root: Path, network: InMemoryNetwork, founders: list[str]) -> di
         name: Node(
             root / name,
             node_name=name,
-            limits=LIMITS,
+            limits=limits,
             transport=network.transport(name),
             cluster=boot if name in founders else joined,
         )
@@ -119,3 +123,31 @@ def test_addresses_in_the_metadata_parse_or_are_left_alone() -> None:
     assert split_address("host.example:80") == ("host.example", 80)
     for bad in ["", "host", "host:", ":80", "host:0", "host:99999", "host:x"]:
         assert split_address(bad) is None, bad
+
+
+def test_a_draining_voter_hands_its_vote_to_a_learner_and_learns_on(tmp_path: Path) -> None:
+    limits = dataclasses.replace(LIMITS, meta_voters_max=3)
+    founders = ["n1", "n2", "n3"]
+
+    async def body() -> None:
+        network = InMemoryNetwork([*founders, "n4"])
+        nodes = await start(tmp_path, network, founders, limits)
+        try:
+            await group(nodes["n1"]).propose(mc.AddNode("n4", address("n4")))
+            await eventually(lambda: names(config(nodes).learners) == ["n4"], 20)
+            # The leader itself drains: it hands its leadership over, then its vote.
+            n4 = group(nodes["n4"])
+            await eventually(lambda: n4.raft.leader is not None, what="n4 hears the leader")
+            drained = node_of(n4.raft.leader or "")
+            await group(nodes["n4"]).propose(mc.SetNodeState(drained, "draining"))
+            voters = sorted({*founders, "n4"} - {drained})
+            await eventually(lambda: names(config(nodes).voters) == voters, 30)
+            assert names(config(nodes).learners) == [drained]
+            # It still applies the metadata, as a learner.
+            await group(nodes["n4"]).propose(mc.AddNode("n5", address("n5")))
+            mine = group(nodes[drained])
+            await eventually(lambda: "n5" in mine.machine.nodes, what="the drained node learns")
+        finally:
+            await asyncio.gather(*(n.stop() for n in nodes.values()))
+
+    run(body(), 120)

@@ -28,11 +28,14 @@ from engine.raft.messages import (
 from engine.runtime import wire
 from engine.runtime.api import (
     BrowsedMessage,
+    CheckpointRecord,
+    CompactionRecord,
     OutgoingMessage,
     QueueArgs,
     QueueInfo,
     ReceivedBatch,
     ReceivedMessage,
+    SegmentInfo,
     SettleResult,
 )
 from engine.runtime.meta import QueueMeta
@@ -147,6 +150,9 @@ SAMPLES: list[object] = [
     *META_ANSWERS,
     Entry(1, 1, EntryKind.CONFIG, 0, b"\x92\x90\x90"),
     QueueArgs(),
+    [SegmentInfo("00000001.seg", 1, 90, 4096, 80, 10)],
+    CheckpointRecord("q", 90, 2, 1_700_000_000_000, 4096, 80, "manual", 1.5),
+    CompactionRecord("q", "1,2", "auto", 1_700_000_000_000, 0, 3, 1, 9000, 4096, 80, 10, 0),
     NoLeader("no leader"),
 ]
 """A value of every wire type (and an error): what the fuzz tests mutate."""
@@ -287,6 +293,10 @@ def _dataclass(name: str, fields: list[object]) -> bytes:
         ("PublishCall", ["q", (b"x",)], r"PublishCall\.messages"),
         ("QueueMeta", ["q", "u", {"replicas": 1}, 0, ["n1"]], r"QueueMeta\.args: dict"),
         ("UpdatePolicyCall", ["q", {"max_length": [1]}], r"UpdatePolicyCall\.changes"),
+        ("CompactCall", ["q", 4], r"CompactCall\.phase"),
+        ("CheckpointRecord", ["q", 1, 1, 0, 0, 0, "manual", "1"], r"duration_ms: str"),
+        ("CheckpointRecord", ["q", 1, 1, 0, 0, 0, "auto", float("nan")], r"finite float"),
+        ("CheckpointRecord", ["q", 1, 1, 0, 0, 0, "auto", True], r"duration_ms: bool"),
         ("Nothing", [], "not a wire type"),
         ("TimeoutNow", ["n1/q", "n2/q"], "TimeoutNow: 2 fields, expected 3"),
     ],

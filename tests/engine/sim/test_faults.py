@@ -14,7 +14,7 @@ from engine.sim.world import SimConfig, World
 FAULTS = {
     "crash": re.compile(r"^t=\d+ crash s\d"),
     "partition": re.compile(r"^t=\d+ partition "),
-    "membership": re.compile(r"^t=\d+ s\d asked to (AddServer|RemoveServer) "),
+    "membership": re.compile(r"^t=\d+ s\d asked to (AddServer|RemoveServer|DemoteServer) "),
     "transfer": re.compile(r"^t=\d+ s\d asked to transfer leadership "),
     "damage": re.compile(r"^t=\d+ damage s\d: "),
     "rot": re.compile(r"^t=\d+ damage s\d: .* \(while running\)$"),

@@ -1,0 +1,65 @@
+"""Whether a node the metadata records may join again (pure): refused where it votes,
+since a voter that lost its data directory would vote with an empty log."""
+
+from __future__ import annotations
+
+from engine.cluster.records import NodeRecord, NodeState, QueueRecord, QueueState
+from engine.cluster.rejoin import LISTED_QUEUES_MAX, rejoin_refusal
+from engine.queue import QueuePolicy
+
+
+def node(name: str, state: NodeState = "active") -> NodeRecord:
+    return NodeRecord(name, f"127.0.0.1:700{name[-1]}", state, 1, 1)
+
+
+def queue(name: str, members: tuple[str, ...], state: QueueState = "live") -> QueueRecord:
+    return QueueRecord(
+        name, f"uid-{name}", len(members), QueuePolicy(), state, members, members[0], 1,
+        members, members, members, (), 0, 1,
+    )  # fmt: skip
+
+
+NODES = {n: node(n) for n in ("n1", "n2", "n3", "n4")}
+
+
+def test_a_node_the_metadata_does_not_know_joins() -> None:
+    assert rejoin_refusal(NODES, {}, ["n1", "n2", "n3"], "n5") is None
+
+
+def test_a_metadata_voter_joining_again_is_refused_with_the_way_out() -> None:
+    why = rejoin_refusal(NODES, {}, ["n1", "n2", "n3"], "n3")
+    assert why is not None
+    assert "node n3 is already a member" in why and "the cluster's metadata" in why
+    assert "empty log" in why and "/api/v1/cluster/nodes/n3/forget" in why
+
+
+def test_a_member_of_a_queue_group_joining_again_is_refused_naming_its_queues() -> None:
+    queues = {q: queue(q, ("n1", "n4")) for q in ("a", "b")}
+    queues["c"] = queue("c", ("n1", "n2"))
+    why = rejoin_refusal(NODES, queues, ["n1", "n2", "n3"], "n4")
+    assert why is not None
+    assert "the replica groups of 2 queues (a, b)" in why
+    assert "metadata" not in why  # a learner of the metadata: no vote lost there
+    many = {f"q{k}": queue(f"q{k}", ("n4",)) for k in range(LISTED_QUEUES_MAX + 2)}
+    listed = rejoin_refusal(NODES, many, [], "n4")
+    assert listed is not None and f"{LISTED_QUEUES_MAX + 2} queues" in listed
+    assert "(q0, q1, q2, q3, q4, ...)" in listed
+
+
+def test_a_queue_being_created_or_deleted_counts_a_tombstone_does_not() -> None:
+    for state in ("creating", "deleting"):
+        queues = {"x": queue("x", ("n4",), state)}  # type: ignore[arg-type]
+        assert rejoin_refusal(NODES, queues, [], "n4") is not None
+    assert rejoin_refusal(NODES, {"x": queue("x", ("n4",), "tombstone")}, [], "n4") is None
+
+
+def test_a_node_that_votes_nowhere_is_answered_as_its_first_join_was() -> None:
+    # Its first join committed but its answer was lost: a learner holding no replica.
+    assert rejoin_refusal(NODES, {"x": queue("x", ("n1", "n2"))}, ["n1", "n2", "n3"], "n4") is None
+
+
+def test_a_forgotten_node_joins_again_once_it_left_the_metadata_group() -> None:
+    nodes = {**NODES, "n3": node("n3", "forgotten")}
+    waiting = rejoin_refusal(nodes, {}, ["n1", "n2", "n3"], "n3")
+    assert waiting is not None and "forgotten but still votes" in waiting
+    assert rejoin_refusal(nodes, {}, ["n1", "n2"], "n3") is None
