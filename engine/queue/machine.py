@@ -73,7 +73,20 @@ from engine.queue.snapshots import (
     SnapshotState,
     read_snapshot,
 )
-from engine.queue.stats import COUNTERS, BrowseItem, MemoryUse, QueueStats
+from engine.queue.stats import (
+    ACKED,
+    COUNTERS,
+    DEAD_LETTERED,
+    DELIVERED,
+    DROPPED,
+    DUPLICATES,
+    EXPIRED,
+    PUBLISHED,
+    RETURNED,
+    BrowseItem,
+    MemoryUse,
+    QueueStats,
+)
 from engine.raft.state_machine import ApplyMeta, CheckpointRequest, MachineEffect, ReleaseCursor
 
 U64 = npt.NDArray[np.uint64]
@@ -167,7 +180,8 @@ class QueueMachine:
         self._bytes_ready = 0
         self._bytes_delayed = 0
         self._bytes_pending = 0
-        self._counters = dict.fromkeys(COUNTERS, 0)
+        self._counters = [0] * len(COUNTERS)
+        """By their places in ``COUNTERS`` (``engine.queue.stats.PUBLISHED``, ...)."""
 
     # === the Machine contract ======================================================
 
@@ -218,7 +232,7 @@ class QueueMachine:
             version=self.version,
             policy=self.policy.to_wire(),
             clock=MachineClock(self._now_ms, self._last_index, self._dead_bytes, self._delayed.seq),
-            counters=[self._counters[name] for name in COUNTERS],
+            counters=list(self._counters),
             lanes=[],  # filled in by encode
             fallback=self._fallback.to_wire(),
             pending=self._pending.to_wire(),
@@ -248,7 +262,8 @@ class QueueMachine:
         clock = MachineClock(*state.clock)
         self._now_ms, self._last_index = clock.now_ms, clock.last_index
         self._dead_bytes = clock.dead_bytes
-        self._counters = dict(zip(COUNTERS, state.counters, strict=True))
+        assert len(state.counters) == len(COUNTERS), state.counters
+        self._counters = [int(n) for n in state.counters]
         self._lanes.adopt(state.lanes)
         self._fallback = FallbackTable.from_wire(state.fallback)
         self._pending = Pending.from_wire(self._limits.page_refs, state.pending)
@@ -296,14 +311,14 @@ class QueueMachine:
             bytes_ready=self._bytes_ready,
             bytes_unacked=self._bytes_pending,
             consumers=self._pending.consumers(),
-            published=c["published"],
-            duplicates=c["duplicates"],
-            delivered=c["delivered"],
-            acked=c["acked"],
-            returned=c["returned"],
-            dead_lettered=c["dead_lettered"],
-            expired=c["expired"],
-            dropped=c["dropped"],
+            published=c[PUBLISHED],
+            duplicates=c[DUPLICATES],
+            delivered=c[DELIVERED],
+            acked=c[ACKED],
+            returned=c[RETURNED],
+            dead_lettered=c[DEAD_LETTERED],
+            expired=c[EXPIRED],
+            dropped=c[DROPPED],
             memory_bytes=memory.total_bytes,
             memory=memory,
             last_applied=self._last_index,
@@ -396,7 +411,7 @@ class QueueMachine:
             self._forget_many(chunk)
         self._dead_bytes += unread_bytes + RECORD_BYTES * unread
         count = sum(len(chunk) for chunk in chunks) + unread
-        self._counters["dropped"] += count
+        self._counters[DROPPED] += count
         return Purged(count)
 
     def _on_dead_letter_confirm(
@@ -415,14 +430,14 @@ class QueueMachine:
         if not refs:
             return
         if reason == REASON_EXPIRED:
-            self._counters["expired"] += len(refs)
+            self._counters[EXPIRED] += len(refs)
         target = self.policy.dead_letter_queue
         if target is None:
             self._forget_many(np.array(refs, dtype=np.uint64))
-            self._counters["dropped"] += len(refs)
+            self._counters[DROPPED] += len(refs)
             return
         counts = tuple(self._delivered_before.get(ref, 0) for ref in refs)
-        self._counters["dead_lettered"] += len(refs)
+        self._counters[DEAD_LETTERED] += len(refs)
         effects.append(self._dead_letters.hand_over(target, reason, refs, counts, self._now_ms))
 
     # === bookkeeping ===============================================================
