@@ -126,7 +126,7 @@ def _place_few(
             ref = m._fallback.pack(index, k, size, n)
         level = min(priority, top)
         if ttl_ms >= 0:
-            m._expires_at[ref] = m._now_ms + ttl_ms
+            m._own_expires_at()[ref] = m._now_ms + ttl_ms
         if delay_ms > 0:
             m._delayed.push(m._now_ms + delay_ms, ref, level)
             m._bytes_delayed += size
@@ -159,7 +159,7 @@ def _place_new(
         level = int(prios[k])
         ttl_ms = int(recs["ttl_ms"][k])
         if ttl_ms >= 0:
-            m._expires_at[ref] = m._now_ms + ttl_ms
+            m._own_expires_at()[ref] = m._now_ms + ttl_ms
         delay_ms = int(recs["delay_ms"][k])
         if delay_ms > 0:
             m._delayed.push(m._now_ms + delay_ms, ref, level)

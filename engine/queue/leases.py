@@ -68,7 +68,7 @@ def on_discard(
     for tag in live:
         ref, _level = m._pending.remove(tag)
         m._bytes_pending -= m._size(ref)
-        m._delivered_before[ref] = m._delivered_before.get(ref, 0) + 1
+        m._own_delivered_before()[ref] = m._delivered_before.get(ref, 0) + 1
         rejected.append(ref)
     m._dead_letter(rejected, REASON_REJECTED, effects)
     return Settled(len(rejected), stale)
@@ -95,7 +95,7 @@ def give_back(m: QueueMachine, tags: list[int], effects: list[MachineEffect]) ->
         size = m._size(ref)
         m._bytes_pending -= size
         count = m._delivered_before.get(ref, 0) + 1
-        m._delivered_before[ref] = count
+        m._own_delivered_before()[ref] = count
         if limit is not None and count >= limit:
             over.append(ref)
             continue

@@ -59,6 +59,11 @@ _INDEX_MASK_LONG = INDEX_LIMIT_LONG - 1
 _HANDLE_MASK = (1 << HANDLE_BITS) - 1
 _NO_INDEXES = np.empty(0, dtype=np.int64)
 
+NO_EXTRAS: dict[int, int] = {}
+"""The sparse per-ref table (``QueueMachine._delivered_before``, ``_expires_at``) of a
+queue that has no entry in it: shared by every such queue and never changed (each takes
+a dict of its own before its first entry), so an idle queue does without two empty dicts."""
+
 
 @dataclass(frozen=True, slots=True)
 class RefParts:
@@ -364,6 +369,7 @@ def pack_batch(index: int, sizes: U64, table: FallbackTable) -> U64:
 __all__ = [
     "INDEX_LIMIT_LONG",
     "INDEX_LIMIT_SHORT",
+    "NO_EXTRAS",
     "SIZE_LIMIT",
     "SLOTS_PER_ENTRY_MAX",
     "SLOT_LIMIT_LONG",
