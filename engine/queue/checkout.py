@@ -20,6 +20,7 @@ from engine.queue.expiry import advance_time, is_expired
 from engine.queue.leases import on_settle
 from engine.queue.pages import RefFifo
 from engine.queue.refs import sizes_of
+from engine.queue.stats import DELIVERED
 from engine.raft.state_machine import ApplyMeta, MachineEffect
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ def on_checkout(
     levels_out: list[int] = []
     counts: list[int] = []
     expired: list[int] = []
-    for level, returns, main in m._lanes.by_level:
+    for level, returns, main in m._lanes.by_level():
         if len(tags) >= wanted:
             break
         first_lane = _take(m, returns, wanted - len(tags), expired)
@@ -71,7 +72,7 @@ def on_checkout(
         before = m._delivered_before
         counts += [before.get(ref, 0) + 1 for ref in taken] if before else [1] * len(taken)
     m._dead_letter(expired, REASON_EXPIRED, effects)
-    m._counters["delivered"] += len(tags)
+    m._counters[DELIVERED] += len(tags)
     return CheckedOut(tuple(tags), tuple(refs_out), tuple(levels_out), tuple(counts), expires_ms)
 
 

@@ -12,6 +12,10 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
+_NO_IDS: dict[bytes, int] = {}
+"""The ids of a window that remembers none: shared by every such queue (most publish
+without dedup ids) and never changed (a window takes its own dict with its order)."""
+
 
 class DedupWindow:
     __slots__ = ("_first_ids", "_ids_max", "_order", "_window_ms")
@@ -19,7 +23,7 @@ class DedupWindow:
     def __init__(self, window_ms: int, ids_max: int) -> None:
         self._window_ms = window_ms
         self._ids_max = ids_max
-        self._first_ids: dict[bytes, int] = {}
+        self._first_ids: dict[bytes, int] = _NO_IDS
         """dedup id -> message id of the first message that carried it."""
         self._order: deque[tuple[int, bytes]] | None = None
         """(expiry ms, dedup id), oldest first; made by the first id remembered and
@@ -39,6 +43,7 @@ class DedupWindow:
             del self._first_ids[key]
         if not order:
             self._order = None
+            self._first_ids = _NO_IDS
 
     def find_duplicates(
         self, keys: list[tuple[int, bytes]], ids: list[int], duplicate: list[bool]
@@ -65,6 +70,7 @@ class DedupWindow:
                 continue
             if self._order is None:
                 self._order = deque()
+                self._first_ids = {}
             self._first_ids[key] = ids[k]
             self._order.append((expiry, key))
             if len(self._first_ids) > self._ids_max:
@@ -80,11 +86,13 @@ class DedupWindow:
         assert not self._order
         if wire:
             self._order = deque((expiry, key) for expiry, key, _mid in wire)
+            self._first_ids = {}
         for _expiry, key, mid in wire:
             self._first_ids[key] = mid
 
     def check(self) -> None:
         assert len(self._first_ids) == len(self._order or ())
+        assert not _NO_IDS and (self._order is None) == (self._first_ids is _NO_IDS)
         assert self._order is None or self._order, "an empty order is dropped"
 
 

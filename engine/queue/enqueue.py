@@ -31,6 +31,7 @@ from engine.queue.refs import (
     message_id,
     pack_batch,
 )
+from engine.queue.stats import DUPLICATES, PUBLISHED
 from engine.raft.state_machine import ApplyMeta, MachineEffect
 
 if TYPE_CHECKING:
@@ -92,8 +93,8 @@ def on_enqueue(
         m._times.note(index, m._now_ms)
     if dup_slots:
         m._dead_bytes += dup_bytes + RECORD_BYTES * len(dup_slots)
-        m._counters["duplicates"] += len(dup_slots)
-    m._counters["published"] += count_new
+        m._counters[DUPLICATES] += len(dup_slots)
+    m._counters[PUBLISHED] += count_new
     if count_new and few is not None:
         _place_few(m, index, few, duplicate)
     elif count_new:
@@ -112,7 +113,7 @@ def _place_few(
     n = len(records)
     assert n <= SLOT_LIMIT_SHORT
     top = m.policy.priorities - 1
-    main_lanes = m._lanes.main
+    lanes = m._lanes
     compact = index < INDEX_LIMIT_SHORT
     head = index << (SIZE_BITS + SLOT_BITS_SHORT)
     for k, (body_len, headers_len, _o, _d, priority, _f, ttl_ms, delay_ms) in enumerate(records):
@@ -125,12 +126,12 @@ def _place_few(
             ref = m._fallback.pack(index, k, size, n)
         level = min(priority, top)
         if ttl_ms >= 0:
-            m._expires_at[ref] = m._now_ms + ttl_ms
+            m._own_expires_at()[ref] = m._now_ms + ttl_ms
         if delay_ms > 0:
             m._delayed.push(m._now_ms + delay_ms, ref, level)
             m._bytes_delayed += size
         else:
-            main_lanes[level].push(ref)
+            lanes.main(level).push(ref)
             m._bytes_ready += size
             m._ready += 1
 
@@ -148,7 +149,7 @@ def _place_new(
     )
     if simple:
         refs = pack_batch(index, sizes, m._fallback)
-        m._lanes.main[int(prios[0])].push_many(refs)
+        m._lanes.main(int(prios[0])).push_many(refs)
         m._bytes_ready += int(sizes.sum())
         m._ready += len(refs)
         return
@@ -158,13 +159,13 @@ def _place_new(
         level = int(prios[k])
         ttl_ms = int(recs["ttl_ms"][k])
         if ttl_ms >= 0:
-            m._expires_at[ref] = m._now_ms + ttl_ms
+            m._own_expires_at()[ref] = m._now_ms + ttl_ms
         delay_ms = int(recs["delay_ms"][k])
         if delay_ms > 0:
             m._delayed.push(m._now_ms + delay_ms, ref, level)
             m._bytes_delayed += size
         else:
-            m._lanes.main[level].push(ref)
+            m._lanes.main(level).push(ref)
             m._bytes_ready += size
             m._ready += 1
 

@@ -40,7 +40,7 @@ def advance_time(m: QueueMachine, effects: list[MachineEffect]) -> tuple[int, in
         m._bytes_delayed -= size
         m._bytes_ready += size
         m._ready += 1
-        m._lanes.main[level].push(ref)
+        m._lanes.main(level).push(ref)
         released += 1
     tags = m._pending.take_expired(m._now_ms)
     give_back(m, tags, effects)

@@ -32,28 +32,40 @@ _CURSOR_POS_BITS = 48
 class Lanes:
     """The lanes of a queue with ``levels`` priority levels (0 is the lowest)."""
 
-    __slots__ = ("by_level", "fifos", "main", "returns")
+    # One slot: the lanes of each level are found from their numbers, not kept in tuples
+    # of their own (an idle queue would hold ~200 bytes of tuples naming the same lanes).
+    __slots__ = ("fifos",)
 
     def __init__(self, levels: int, page_refs: int, pager: QueuePager | None = None) -> None:
-        top = levels - 1
         self.fifos = tuple(RefFifo(page_refs, pager) for _ in range(2 * levels))
         """Every lane, in delivery order."""
         if pager is not None:
             pager.lanes = self.fifos
-        self.returns = tuple(self.fifos[2 * (top - level)] for level in range(levels))
-        """The returns lane of each level, indexed by level."""
-        self.main = tuple(self.fifos[2 * (top - level) + 1] for level in range(levels))
-        """The main lane of each level, indexed by level."""
-        self.by_level = tuple(
-            (level, self.returns[level], self.main[level]) for level in range(top, -1, -1)
-        )
+
+    @property
+    def levels(self) -> int:
+        return len(self.fifos) // 2
+
+    def returns(self, level: int) -> RefFifo:
+        """The returns lane of ``level``."""
+        return self.fifos[2 * (self.levels - 1 - level)]
+
+    def main(self, level: int) -> RefFifo:
+        """The main lane of ``level``."""
+        return self.fifos[2 * (self.levels - 1 - level) + 1]
+
+    def by_level(self) -> Iterator[tuple[int, RefFifo, RefFifo]]:
         """(level, returns lane, main lane) from the highest level down: delivery order."""
+        fifos = self.fifos
+        top = len(fifos) // 2 - 1
+        for k in range(0, len(fifos), 2):
+            yield top - k // 2, fifos[k], fifos[k + 1]
 
     def drop_order(self) -> list[RefFifo]:
         """The lanes from the lowest level up, each level's returns lane first: the order
         in which overflow ``drop-head`` takes messages."""
-        levels = range(len(self.main))
-        return [lane for level in levels for lane in (self.returns[level], self.main[level])]
+        fifos = self.fifos
+        return [lane for k in range(len(fifos) - 2, -1, -2) for lane in fifos[k : k + 2]]
 
     def count(self) -> int:
         return sum(len(lane) for lane in self.fifos)
@@ -97,7 +109,7 @@ class Lanes:
         the one at ``after`` (a cursor; None = from the start)."""
         lane_no, pos = (0, 0) if after is None else _split_cursor(after + 1)
         out: list[tuple[int, int, int]] = []
-        top = len(self.main) - 1
+        top = self.levels - 1
         while lane_no < len(self.fifos) and len(out) < limit:
             lane = self.fifos[lane_no]
             pos = max(pos, lane.head_pos)

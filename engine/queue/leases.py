@@ -18,6 +18,7 @@ import numpy as np
 from engine.queue import commands as cmd
 from engine.queue.effects import REASON_DELIVERY_LIMIT, REASON_REJECTED, Settled
 from engine.queue.refs import sizes_of
+from engine.queue.stats import ACKED, RETURNED
 from engine.raft.state_machine import ApplyMeta, MachineEffect
 
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ def on_settle(
         ref, _level = m._pending.remove(tag)
         m._bytes_pending -= m._size(ref)
         m._forget(ref)
-    m._counters["acked"] += len(live)
+    m._counters[ACKED] += len(live)
     return Settled(len(live), stale)
 
 
@@ -47,7 +48,7 @@ def _settle_many(m: QueueMachine, command: bytes) -> object:
     m._bytes_pending -= int(sizes_of(settled, m._fallback).sum())
     m._forget_many(settled)
     count = len(settled)
-    m._counters["acked"] += count
+    m._counters[ACKED] += count
     return Settled(count, tuple(np.flatnonzero(~ok).tolist()))
 
 
@@ -67,7 +68,7 @@ def on_discard(
     for tag in live:
         ref, _level = m._pending.remove(tag)
         m._bytes_pending -= m._size(ref)
-        m._delivered_before[ref] = m._delivered_before.get(ref, 0) + 1
+        m._own_delivered_before()[ref] = m._delivered_before.get(ref, 0) + 1
         rejected.append(ref)
     m._dead_letter(rejected, REASON_REJECTED, effects)
     return Settled(len(rejected), stale)
@@ -86,7 +87,7 @@ def on_extend(
 def give_back(m: QueueMachine, tags: list[int], effects: list[MachineEffect]) -> None:
     """Return leased messages to the returns lane of their level, or dead-letter those
     that reached the delivery limit."""
-    returns = m._lanes.returns
+    lanes = m._lanes
     limit = m.policy.delivery_limit
     over: list[int] = []
     for tag in tags:
@@ -94,14 +95,14 @@ def give_back(m: QueueMachine, tags: list[int], effects: list[MachineEffect]) ->
         size = m._size(ref)
         m._bytes_pending -= size
         count = m._delivered_before.get(ref, 0) + 1
-        m._delivered_before[ref] = count
+        m._own_delivered_before()[ref] = count
         if limit is not None and count >= limit:
             over.append(ref)
             continue
-        returns[level].push(ref)
+        lanes.returns(level).push(ref)
         m._bytes_ready += size
         m._ready += 1
-    m._counters["returned"] += len(tags) - len(over)
+    m._counters[RETURNED] += len(tags) - len(over)
     m._dead_letter(over, REASON_DELIVERY_LIMIT, effects)
 
 

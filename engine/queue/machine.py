@@ -58,6 +58,7 @@ from engine.queue.pages import SpilledPage
 from engine.queue.paging import NOT_PAGED, Paging, QueuePager, summarize
 from engine.queue.pending import Pending
 from engine.queue.refs import (
+    NO_EXTRAS,
     FallbackTable,
     RefParts,
     SlotRun,
@@ -73,7 +74,20 @@ from engine.queue.snapshots import (
     SnapshotState,
     read_snapshot,
 )
-from engine.queue.stats import COUNTERS, BrowseItem, MemoryUse, QueueStats
+from engine.queue.stats import (
+    ACKED,
+    COUNTERS,
+    DEAD_LETTERED,
+    DELIVERED,
+    DROPPED,
+    DUPLICATES,
+    EXPIRED,
+    PUBLISHED,
+    RETURNED,
+    BrowseItem,
+    MemoryUse,
+    QueueStats,
+)
 from engine.raft.state_machine import ApplyMeta, CheckpointRequest, MachineEffect, ReleaseCursor
 
 U64 = npt.NDArray[np.uint64]
@@ -153,8 +167,8 @@ class QueueMachine:
         self._lanes = Lanes(self.policy.priorities, self._limits.page_refs, self.pager)
         self._fallback = FallbackTable()
         self._pending = Pending(self._limits.page_refs)
-        self._delivered_before: dict[int, int] = {}
-        self._expires_at: dict[int, int] = {}
+        self._delivered_before: dict[int, int] = NO_EXTRAS
+        self._expires_at: dict[int, int] = NO_EXTRAS
         self._delayed = Delayed()
         self._dead_letters = DeadLetters(self._limits.dead_letter_retry_ms)
         self._dedup = DedupWindow(self._limits.dedup_window_ms, self._limits.dedup_ids_max)
@@ -167,7 +181,8 @@ class QueueMachine:
         self._bytes_ready = 0
         self._bytes_delayed = 0
         self._bytes_pending = 0
-        self._counters = dict.fromkeys(COUNTERS, 0)
+        self._counters = [0] * len(COUNTERS)
+        """By their places in ``COUNTERS`` (``engine.queue.stats.PUBLISHED``, ...)."""
 
     # === the Machine contract ======================================================
 
@@ -218,7 +233,7 @@ class QueueMachine:
             version=self.version,
             policy=self.policy.to_wire(),
             clock=MachineClock(self._now_ms, self._last_index, self._dead_bytes, self._delayed.seq),
-            counters=[self._counters[name] for name in COUNTERS],
+            counters=list(self._counters),
             lanes=[],  # filled in by encode
             fallback=self._fallback.to_wire(),
             pending=self._pending.to_wire(),
@@ -248,12 +263,13 @@ class QueueMachine:
         clock = MachineClock(*state.clock)
         self._now_ms, self._last_index = clock.now_ms, clock.last_index
         self._dead_bytes = clock.dead_bytes
-        self._counters = dict(zip(COUNTERS, state.counters, strict=True))
+        assert len(state.counters) == len(COUNTERS), state.counters
+        self._counters = [int(n) for n in state.counters]
         self._lanes.adopt(state.lanes)
         self._fallback = FallbackTable.from_wire(state.fallback)
         self._pending = Pending.from_wire(self._limits.page_refs, state.pending)
-        self._delivered_before = {ref: n for ref, n in state.delivered_before}
-        self._expires_at = {ref: ms for ref, ms in state.expires_at}
+        self._delivered_before = dict(state.delivered_before) or NO_EXTRAS
+        self._expires_at = dict(state.expires_at) or NO_EXTRAS
         self._delayed.adopt(state.delayed, clock.delayed_seq)
         self._dead_letters.adopt(state.dead_letters)
         self._dedup.adopt(state.dedup)
@@ -296,14 +312,14 @@ class QueueMachine:
             bytes_ready=self._bytes_ready,
             bytes_unacked=self._bytes_pending,
             consumers=self._pending.consumers(),
-            published=c["published"],
-            duplicates=c["duplicates"],
-            delivered=c["delivered"],
-            acked=c["acked"],
-            returned=c["returned"],
-            dead_lettered=c["dead_lettered"],
-            expired=c["expired"],
-            dropped=c["dropped"],
+            published=c[PUBLISHED],
+            duplicates=c[DUPLICATES],
+            delivered=c[DELIVERED],
+            acked=c[ACKED],
+            returned=c[RETURNED],
+            dead_lettered=c[DEAD_LETTERED],
+            expired=c[EXPIRED],
+            dropped=c[DROPPED],
             memory_bytes=memory.total_bytes,
             memory=memory,
             last_applied=self._last_index,
@@ -380,6 +396,7 @@ class QueueMachine:
         assert len(np.unique(refs)) == len(refs), "a message is in two places"
         self._dedup.check()
         held = set(refs.tolist())
+        assert not NO_EXTRAS, "the shared empty table was changed"
         assert set(self._delivered_before) <= held
         assert set(self._expires_at) <= held
 
@@ -396,7 +413,7 @@ class QueueMachine:
             self._forget_many(chunk)
         self._dead_bytes += unread_bytes + RECORD_BYTES * unread
         count = sum(len(chunk) for chunk in chunks) + unread
-        self._counters["dropped"] += count
+        self._counters[DROPPED] += count
         return Purged(count)
 
     def _on_dead_letter_confirm(
@@ -415,14 +432,14 @@ class QueueMachine:
         if not refs:
             return
         if reason == REASON_EXPIRED:
-            self._counters["expired"] += len(refs)
+            self._counters[EXPIRED] += len(refs)
         target = self.policy.dead_letter_queue
         if target is None:
             self._forget_many(np.array(refs, dtype=np.uint64))
-            self._counters["dropped"] += len(refs)
+            self._counters[DROPPED] += len(refs)
             return
         counts = tuple(self._delivered_before.get(ref, 0) for ref in refs)
-        self._counters["dead_lettered"] += len(refs)
+        self._counters[DEAD_LETTERED] += len(refs)
         effects.append(self._dead_letters.hand_over(target, reason, refs, counts, self._now_ms))
 
     # === bookkeeping ===============================================================
@@ -462,6 +479,18 @@ class QueueMachine:
                 self._delivered_before.pop(ref, None)
                 self._expires_at.pop(ref, None)
                 self._fallback.release(ref)
+
+    def _own_delivered_before(self) -> dict[int, int]:
+        """``_delivered_before``, made the queue's own before an entry is stored."""
+        if self._delivered_before is NO_EXTRAS:
+            self._delivered_before = {}
+        return self._delivered_before
+
+    def _own_expires_at(self) -> dict[int, int]:
+        """``_expires_at``, made the queue's own before an entry is stored."""
+        if self._expires_at is NO_EXTRAS:
+            self._expires_at = {}
+        return self._expires_at
 
     def _size(self, ref: int) -> int:
         return self._fallback.size(ref)

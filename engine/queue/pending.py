@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_right
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -27,6 +28,12 @@ import numpy.typing as npt
 from engine.queue import commands as cmd
 
 U64 = npt.NDArray[np.uint64]
+
+_NONE: dict[int, object] = {}
+_NO_STARTS: list[int] = []
+"""Shared by every ``Pending`` that holds no lease (never changed: ``_own`` gives a
+table its own containers before its first lease), so that a queue without leases, an
+idle one, does without seven empty containers (~400 bytes)."""
 
 _GROUP_BYTES_ESTIMATE = 200
 _OVERRIDE_BYTES_ESTIMATE = 150
@@ -67,17 +74,34 @@ class Pending:
         assert page_refs >= 16 and page_refs & (page_refs - 1) == 0
         self._page_refs = page_refs
         self._shift = page_refs.bit_length() - 1
-        self._pages: dict[int, U64] = {}
-        self._page_live: dict[int, int] = {}
+        self._pages: dict[int, U64] = cast(dict[int, U64], _NONE)
+        self._page_live: dict[int, int] = cast(dict[int, int], _NONE)
         self._size = 0
         self.next_tag = 1
-        self._groups: dict[int, LeaseGroup] = {}
-        self._starts: list[int] = []
+        self._groups: dict[int, LeaseGroup] = cast(dict[int, LeaseGroup], _NONE)
+        self._starts: list[int] = _NO_STARTS
         """First tags of live groups, increasing."""
-        self._heap: list[tuple[int, int, int]] = []
+        self._heap: list[tuple[int, int, int]] = cast(list[tuple[int, int, int]], _NO_STARTS)
         """(expires_ms, 0, group first tag) or (expires_ms, 1, tag of an override)."""
-        self._overrides: dict[int, int] = {}
-        self._consumers: dict[str, int] = {}
+        self._overrides: dict[int, int] = cast(dict[int, int], _NONE)
+        self._consumers: dict[str, int] = cast(dict[str, int], _NONE)
+
+    def _own(self) -> None:
+        """Give the tables their own containers before a lease is stored."""
+        if self._starts is _NO_STARTS:
+            self._pages, self._page_live, self._groups = {}, {}, {}
+            self._starts, self._heap = [], []
+            self._overrides, self._consumers = {}, {}
+
+    def _maybe_release(self) -> None:
+        """Once the last lease is settled, hand the containers back: what is left in the
+        heap are stale entries, which ``next_expiry_ms`` would only skip."""
+        if self._size == 0 and not self._overrides:
+            assert not self._groups and not self._pages and not self._consumers
+            self._pages = self._page_live = self._groups = self._overrides = cast(Any, _NONE)
+            self._consumers = cast(dict[str, int], _NONE)
+            self._starts = _NO_STARTS
+            self._heap = cast(list[tuple[int, int, int]], _NO_STARTS)
 
     def __len__(self) -> int:
         return self._size
@@ -99,6 +123,7 @@ class Pending:
         """Lease ``refs`` (tags ``first..first+n-1``); returns the first tag."""
         n = len(refs)
         assert n >= 1
+        self._own()
         first = self.next_tag
         done = 0
         while done < n:
@@ -240,6 +265,7 @@ class Pending:
             del self._groups[group.first_tag]
             i = bisect_right(self._starts, group.first_tag) - 1
             del self._starts[i]
+            self._maybe_release()
         return ref, group.priority
 
     def remove_many(self, tags: U64) -> None:
@@ -280,8 +306,10 @@ class Pending:
             if group.live == 0:
                 del self._groups[first]
                 del starts[bisect_right(starts, first) - 1]
+        self._maybe_release()
 
     def extend(self, tag: int, expires_ms: int) -> None:
+        self._own()
         self._overrides[tag] = expires_ms
         heapq.heappush(self._heap, (expires_ms, 1, tag))
 
@@ -339,6 +367,7 @@ class Pending:
         assert isinstance(next_tag, int) and isinstance(pages, list)
         assert isinstance(groups, list) and isinstance(overrides, list)
         pending.next_tag = next_tag
+        pending._own()
         for p, raw in pages:
             page = np.frombuffer(raw, dtype=np.uint64).copy()
             assert len(page) == page_refs
@@ -357,6 +386,7 @@ class Pending:
             pending._overrides[tag] = expires_ms
             pending._heap.append((expires_ms, 1, tag))
         heapq.heapify(pending._heap)
+        pending._maybe_release()
         return pending
 
     def _live_between(self, lo: int, hi: int) -> int:
@@ -373,6 +403,7 @@ class Pending:
         return live
 
     def check(self) -> None:
+        assert not _NONE and not _NO_STARTS, "a shared empty container was changed"
         assert self._size == sum(self._page_live.values())
         assert self._size == sum(g.live for g in self._groups.values())
         assert self._size == sum(self._consumers.values())

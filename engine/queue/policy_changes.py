@@ -20,6 +20,7 @@ from engine.queue import commands as cmd
 from engine.queue.commands import QueuePolicy
 from engine.queue.effects import PolicyChanged, Rejected
 from engine.queue.overflow import drop_head
+from engine.queue.stats import DROPPED
 from engine.raft.state_machine import ApplyMeta, MachineEffect
 
 if TYPE_CHECKING:
@@ -56,7 +57,7 @@ def on_policy(
     if policy.dead_letter_queue is None and m._dead_letters:
         dropped = m._dead_letters.clear()
         m._forget_many(dropped)
-        m._counters["dropped"] += len(dropped)
+        m._counters[DROPPED] += len(dropped)
     if policy.overflow == cmd.OVERFLOW_DROP_HEAD:
         drop_head(m, effects)
     return PolicyChanged(policy)

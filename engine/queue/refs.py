@@ -59,6 +59,11 @@ _INDEX_MASK_LONG = INDEX_LIMIT_LONG - 1
 _HANDLE_MASK = (1 << HANDLE_BITS) - 1
 _NO_INDEXES = np.empty(0, dtype=np.int64)
 
+NO_EXTRAS: dict[int, int] = {}
+"""The sparse per-ref table (``QueueMachine._delivered_before``, ``_expires_at``) of a
+queue that has no entry in it: shared by every such queue and never changed (each takes
+a dict of its own before its first entry), so an idle queue does without two empty dicts."""
+
 
 @dataclass(frozen=True, slots=True)
 class RefParts:
@@ -122,6 +127,11 @@ def message_id_parts(mid: int) -> tuple[int, int]:
     return mid >> SLOT_BITS_LONG, mid & _SLOT_MASK_LONG
 
 
+_NO_ENTRIES: dict[int, tuple[int, int, int]] = {}
+"""Shared by every table without entries (most queues: their messages are below 32
+KiB); never changed (``pack`` and ``from_wire`` take a dict of their own first)."""
+
+
 class FallbackTable:
     """Refs that do not fit a compact form: handle -> (index, slot, size).
 
@@ -132,7 +142,7 @@ class FallbackTable:
     __slots__ = ("_entries", "_next_handle")
 
     def __init__(self) -> None:
-        self._entries: dict[int, tuple[int, int, int]] = {}
+        self._entries: dict[int, tuple[int, int, int]] = _NO_ENTRIES
         self._next_handle = 0
 
     def __len__(self) -> int:
@@ -145,6 +155,8 @@ class FallbackTable:
             return ref
         handle = self._next_handle
         self._next_handle += 1
+        if self._entries is _NO_ENTRIES:
+            self._entries = {}
         self._entries[handle] = (index, slot, size)
         return fallback_ref(handle)
 
@@ -196,6 +208,8 @@ class FallbackTable:
         next_handle, rows = wire
         assert isinstance(next_handle, int) and isinstance(rows, list)
         table._next_handle = next_handle
+        if rows:
+            table._entries = {}
         for row in rows:
             handle, index, slot, size = row
             table._entries[handle] = (index, slot, size)
@@ -364,6 +378,7 @@ def pack_batch(index: int, sizes: U64, table: FallbackTable) -> U64:
 __all__ = [
     "INDEX_LIMIT_LONG",
     "INDEX_LIMIT_SHORT",
+    "NO_EXTRAS",
     "SIZE_LIMIT",
     "SLOTS_PER_ENTRY_MAX",
     "SLOT_LIMIT_LONG",

@@ -11,7 +11,7 @@ loses its role answers every read it holds with a rejection.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 from engine.ids import ServerId
 from engine.raft import quorum, replication
@@ -20,6 +20,12 @@ from engine.raft.role import Role
 
 if TYPE_CHECKING:
     from engine.raft.server import RaftServer
+
+
+_NONE: list[Any] = []
+"""The lists of a ``ReadOnly`` with no read of that kind: shared by every replica (never
+changed: a list of its own is taken before the first item), so that an idle replica
+does without three empty lists."""
 
 
 class ReadOnly:
@@ -32,11 +38,11 @@ class ReadOnly:
         """The sequence number of the latest read; heartbeats carry it."""
         # Lists, not deques: an empty deque holds a block of 64 slots (760 bytes), and
         # every replica of a node has a ``ReadOnly`` whether it is read or not.
-        self.pending: list[tuple[int, int, int]] = []
+        self.pending: list[tuple[int, int, int]] = cast(list[tuple[int, int, int]], _NONE)
         """(read seq, request id, read index), waiting for a quorum to echo the seq."""
-        self.confirmed: list[tuple[int, int]] = []
+        self.confirmed: list[tuple[int, int]] = cast(list[tuple[int, int]], _NONE)
         """(request id, read index), waiting for the leader to apply the index."""
-        self.waiting_term_commit: list[int] = []
+        self.waiting_term_commit: list[int] = cast(list[int], _NONE)
         """Request ids that arrived before the leader committed an entry of its term."""
 
     def is_empty(self) -> bool:
@@ -44,7 +50,18 @@ class ReadOnly:
 
     def add(self, request_id: int, index: int) -> None:
         self.seq += 1
+        if self.pending is _NONE:
+            self.pending = []
         self.pending.append((self.seq, request_id, index))
+
+    def wait_term_commit(self, request_id: int) -> None:
+        if self.waiting_term_commit is _NONE:
+            self.waiting_term_commit = []
+        self.waiting_term_commit.append(request_id)
+
+    def take_waiting_term_commit(self) -> list[int]:
+        waiting, self.waiting_term_commit = self.waiting_term_commit, cast(list[int], _NONE)
+        return waiting
 
     def confirm(self, seq: int) -> None:
         """A quorum echoed ``seq``: every read numbered up to it may be answered."""
@@ -52,9 +69,14 @@ class ReadOnly:
         k = 0
         while k < len(pending) and pending[k][0] <= seq:
             _seq, request_id, index = pending[k]
+            if self.confirmed is _NONE:
+                self.confirmed = []
             self.confirmed.append((request_id, index))
             k += 1
-        del pending[:k]
+        if k:
+            del pending[:k]
+            if not pending:
+                self.pending = cast(list[tuple[int, int, int]], _NONE)
 
     def take_ready(self, applied: int) -> list[ReadReady]:
         """The confirmed reads whose index is applied."""
@@ -63,7 +85,10 @@ class ReadOnly:
         while len(out) < len(confirmed) and confirmed[len(out)][1] <= applied:
             request_id, index = confirmed[len(out)]
             out.append(ReadReady(request_id, index))
-        del confirmed[: len(out)]
+        if out:
+            del confirmed[: len(out)]
+            if not confirmed:
+                self.confirmed = cast(list[tuple[int, int]], _NONE)
         return out
 
     def drop(self) -> list[int]:
@@ -71,10 +96,14 @@ class ReadOnly:
         ids = [request_id for _seq, request_id, _index in self.pending]
         ids += [request_id for request_id, _index in self.confirmed]
         ids += self.waiting_term_commit
-        self.pending.clear()
-        self.confirmed.clear()
-        self.waiting_term_commit = []
+        self.pending = cast(list[tuple[int, int, int]], _NONE)
+        self.confirmed = cast(list[tuple[int, int]], _NONE)
+        self.waiting_term_commit = cast(list[int], _NONE)
         return ids
+
+    @staticmethod
+    def check_shared() -> None:
+        assert not _NONE, "the shared empty list was changed"
 
 
 def on_read_index(s: RaftServer, request_id: int) -> None:
@@ -84,7 +113,7 @@ def on_read_index(s: RaftServer, request_id: int) -> None:
         s.rd.rejected.append(Rejected(request_id, "not_leader", s.leader))
         return
     if s.commit < s.term_start_index:
-        s.reads.waiting_term_commit.append(request_id)
+        s.reads.wait_term_commit(request_id)
         return
     s.reads.add(request_id, s.commit)
     if s.config.voters == (s.id,):
@@ -95,7 +124,7 @@ def on_read_index(s: RaftServer, request_id: int) -> None:
 
 def on_term_committed(s: RaftServer) -> None:
     """The leader committed an entry of its term: the reads that waited for it start."""
-    waiting, s.reads.waiting_term_commit = s.reads.waiting_term_commit, []
+    waiting = s.reads.take_waiting_term_commit()
     for request_id in waiting:
         on_read_index(s, request_id)
 

@@ -182,7 +182,10 @@ def _commit_to(s: RaftServer, index: int) -> None:
     while k < len(uncommitted) and uncommitted[k][0] <= index:
         s.uncommitted_bytes -= uncommitted[k][1]
         k += 1
-    del uncommitted[:k]
+    if k:
+        del uncommitted[:k]
+        if not uncommitted:
+            s.forget_uncommitted()
     membership.on_commit(s, index)
     if s.reads.waiting_term_commit and index >= s.term_start_index:
         read_only.on_term_committed(s)

@@ -48,7 +48,7 @@ class Effects:
         machine's, None for an entry the machine did not apply)."""
         p = rep.waiting.pop(e.index, None)
         if p is not None and not rep.waiting:
-            rep.waiting.clear()  # an emptied dict keeps its table (160 bytes) till then
+            rep.release_waiting()  # an emptied dict keeps its table (160 bytes)
         if p is not None and not p.future.done():
             self.resolve(rep, p, e, reply)
 

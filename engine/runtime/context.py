@@ -176,7 +176,7 @@ class NodeContext:
         request_id = rep.next_request_id
         rep.next_request_id += 1
         future: asyncio.Future[object] = self.loop.create_future()
-        rep.proposals[request_id] = Proposal(future, on_applied)
+        rep.own_proposals()[request_id] = Proposal(future, on_applied)
         self.timers.tick(rep)
         rep.raft.step(Propose(request_id, (command,)))
         # One timer that fails the future, not ``asyncio.wait_for``: that builds a waiter
@@ -198,7 +198,7 @@ class NodeContext:
             timer.cancel()
             rep.proposals.pop(request_id, None)
             if not rep.proposals:
-                rep.proposals.clear()  # an emptied dict keeps its table (160 bytes) till then
+                rep.release_proposals()  # an emptied dict keeps its table (160 bytes)
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         """Run ``coro`` as a task of the node: a stop cancels it and waits for it."""

@@ -242,6 +242,7 @@ class Hosting:
         for f in [*rep.available_waiters, *rep.leader_waiters]:
             if not f.done():
                 f.set_result(None)
+        rep.check_shared()
 
     # --- the Raft loop -----------------------------------------------------------------
 
@@ -486,7 +487,7 @@ class ReplicaIo:
         p = self.rep.proposals.pop(accepted.request_id, None)
         if p is not None and not p.future.done():
             p.term, p.index = accepted.term, accepted.last_index
-            self.rep.waiting[accepted.last_index] = p
+            self.rep.own_waiting()[accepted.last_index] = p
 
     def rejected(self, rejected: RaftRejected) -> None:
         self.ctx.hosting.on_rejected(self.rep, rejected)

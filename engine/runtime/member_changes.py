@@ -189,7 +189,7 @@ class Membership:
         refusal, raised as the operating error it maps to)."""
         ctx = self.ctx
         future: asyncio.Future[object] = ctx.loop.create_future()
-        rep.proposals[event.request_id] = Proposal(future, None)
+        rep.own_proposals()[event.request_id] = Proposal(future, None)
         ctx.timers.tick(rep)
         rep.raft.step(event)
         ctx.hosting.schedule(rep)

@@ -24,7 +24,7 @@ from engine.queue.paging import NodePages, PageLoad, Paging, QueuePager, load_pl
 from engine.queue.snapshots import inline_snapshot
 from engine.runtime.replica import Replica
 from engine.storage import ServerLog
-from engine.storage.page_files import PageFiles, log_reader
+from engine.storage.page_files import PageFiles, StoredLogReader
 
 if TYPE_CHECKING:
     from engine.runtime.context import NodeContext
@@ -49,7 +49,7 @@ class Pages:
         pages); its page files keep them."""
         files = PageFiles(self.ctx.storage.disk, uid, live)
         self.files[uid] = files
-        return Paging(files, self.node, log_reader(server_log))
+        return Paging(files, self.node, StoredLogReader(server_log))
 
     def forget(self, uid: str) -> None:
         """The queue left this node (its directory goes with it)."""

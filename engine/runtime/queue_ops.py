@@ -228,7 +228,7 @@ class QueueOps:
                 return replace(batch, settled=settled)
             while rep.available_seq <= seq and not rep.closed and not ctx.stopping:
                 waiter: asyncio.Future[None] = loop.create_future()
-                rep.available_waiters.append(waiter)
+                rep.own_available_waiters().append(waiter)
                 try:
                     await asyncio.wait_for(waiter, max(0.0, deadline - loop.time()))
                 except TimeoutError:

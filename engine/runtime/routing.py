@@ -309,7 +309,7 @@ class Router:
             if remaining <= 0:
                 raise NoLeader(f"queue {rep.name} has no leader yet")
             waiter: asyncio.Future[None] = loop.create_future()
-            rep.leader_waiters.append(waiter)
+            rep.own_leader_waiters().append(waiter)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(waiter, remaining)
 

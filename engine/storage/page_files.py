@@ -43,7 +43,7 @@ from __future__ import annotations
 import logging
 import struct
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 import crc32c
 
@@ -272,23 +272,29 @@ class PageFiles:
         return frozenset(h for (h,) in struct.iter_unpack("<Q", raw[_PIN_HEAD.size : end]))
 
 
-def log_reader(log: ServerLog) -> Callable[[list[int]], list[tuple[int, bytes]]]:
+class StoredLogReader:
     """``Paging.read_log`` over a server's stored log, to rebuild a damaged page: the
     command entries at the indexes asked that are still stored and sound (one that is
-    not is left out, and the rebuild then fails its check). On the node's loop."""
+    not is left out, and the rebuild then fails its check). On the node's loop.
 
-    def read(indexes: list[int]) -> list[tuple[int, bytes]]:
+    A slotted object rather than a closure: one per queue, and a closure with its cell
+    costs an idle queue 200 bytes, this 48."""
+
+    __slots__ = ("log",)
+
+    def __init__(self, log: ServerLog) -> None:
+        self.log = log
+
+    def __call__(self, indexes: list[int]) -> list[tuple[int, bytes]]:
         out: list[tuple[int, bytes]] = []
         for index in indexes:
             try:
-                entry = log.read(index)
+                entry = self.log.read(index)
             except (LookupError, StorageFailed):
                 continue
             if entry.kind is EntryKind.COMMAND:
                 out.append((index, entry.data))
         return out
 
-    return read
 
-
-__all__ = ["HEADER_BYTES", "PageFiles", "log_reader", "pages_dir"]
+__all__ = ["HEADER_BYTES", "PageFiles", "StoredLogReader", "pages_dir"]
