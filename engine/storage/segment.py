@@ -84,8 +84,12 @@ class SegmentInfo:
     bytes: int
 
 
+SEGMENTS_DIR = "segments"
+"""The segments' folder in their server's directory."""
+
+
 def segment_dir(uid: str) -> str:
-    return f"queues/{uid}/segments"
+    return f"queues/{uid}/{SEGMENTS_DIR}"
 
 
 def segment_path(uid: str, seq: int) -> str:
@@ -357,6 +361,7 @@ __all__ = [
     "HEADER_BYTES",
     "INDEX_DTYPE",
     "OVERWRITES",
+    "SEGMENTS_DIR",
     "SLOT_BYTES",
     "ReaderCache",
     "SegmentInfo",
