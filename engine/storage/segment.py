@@ -233,6 +233,12 @@ class SegmentReader:
         chosen = (rows["kind"] == int(kind)) & (rows["index"] >= lo) & (rows["index"] < hi)
         return [int(i) for i in rows["index"][chosen]]
 
+    def run_bytes(self, lo: int, hi: int) -> int:
+        """Data bytes of the entries this segment holds from ``lo`` below ``hi``."""
+        rows = self.index
+        chosen = (rows["index"] >= lo) & (rows["index"] < hi)
+        return int(rows["length"][chosen].sum(dtype=np.int64))
+
     def read(self, index: int) -> Entry | None:
         row = self.position(index)
         if row is None:
