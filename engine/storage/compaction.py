@@ -448,8 +448,12 @@ def _live_bytes_bound(s: SegmentStat) -> int:
 # --- intents ------------------------------------------------------------------------------
 
 
+INTENT_SUFFIX = ".cmp"
+"""How an intent file's name ends."""
+
+
 def intent_path(uid: str, out_seq: int) -> str:
-    return f"{segment_dir(uid)}/{out_seq:08d}.cmp"
+    return f"{segment_dir(uid)}/{out_seq:08d}{INTENT_SUFFIX}"
 
 
 def encode_intent(out_seq: int, input_seqs: list[int]) -> bytes:
@@ -477,7 +481,7 @@ def recover_intents(disk: Disk, uid: str) -> list[str]:
     directory = segment_dir(uid)
     done: list[str] = []
     for name in disk.listdir(directory):
-        if not name.endswith(".cmp"):
+        if not name.endswith(INTENT_SUFFIX):
             continue
         path = f"{directory}/{name}"
         decoded = decode_intent(disk.read(path))
@@ -547,6 +551,7 @@ def new_job(
 
 
 __all__ = [
+    "INTENT_SUFFIX",
     "CompactionJob",
     "CompactionResult",
     "Phase",

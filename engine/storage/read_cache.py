@@ -108,18 +108,24 @@ class ReadCache:
     def __len__(self) -> int:
         return len(self._lru)
 
-    def find(self, info: SegmentInfo, index: int) -> Block | None:
-        """The block of segment ``info`` holding ``index``, made most recently used."""
+    def find(self, info: SegmentInfo, index: int, *, counted: bool = True) -> Block | None:
+        """The block of segment ``info`` holding ``index``, made most recently used;
+        counted in ``hits`` and ``misses`` unless not ``counted`` (a read that is no
+        delivery: the replay after a restart, whose misses say nothing of deliveries)."""
         blocks = self._current(info)
         if blocks is not None:
             k = bisect.bisect_right(blocks.los, index) - 1
             if k >= 0 and index < blocks.blocks[k].end:
                 block = blocks.blocks[k]
                 self._lru.move_to_end((info.path, block.lo))
-                self.hits += 1
+                self.hits += counted
                 return block
-        self.misses += 1
+        self.misses += counted
         return None
+
+    def holds(self, info: SegmentInfo) -> bool:
+        """Whether any block of segment ``info`` is cached."""
+        return self._current(info) is not None
 
     def next_lo(self, info: SegmentInfo, index: int) -> int | None:
         """The first index after ``index`` that starts a cached block of ``info``: a

@@ -25,10 +25,11 @@ import dataclasses
 from engine.errors import EntryDamaged, RecoveryRefused
 from engine.limits import Limits
 from engine.storage.checkpoint import Checkpoint, CheckpointStore
-from engine.storage.compaction import recover_intents
+from engine.storage.compaction import INTENT_SUFFIX, recover_intents
 from engine.storage.disk import Disk, ensure_dir
 from engine.storage.reaper import QUEUES_DIR, Reaper, server_root
 from engine.storage.repair import (
+    REPAIR_FILE,
     RepairKind,
     RepairMarker,
     Repairs,
@@ -37,7 +38,7 @@ from engine.storage.repair import (
     refusal,
     reset_marker,
 )
-from engine.storage.segment import SegmentInfo, read_segment_info, segment_dir
+from engine.storage.segment import SEGMENTS_DIR, SegmentInfo, read_segment_info, segment_dir
 from engine.storage.server_log import ServerLog, ServerLogs
 from engine.storage.storage_events import Recovered
 from engine.storage.wal import ForgetOp, HardStateOp, WalOp, read_wal_file, wal_path, wal_seqs
@@ -62,6 +63,8 @@ class Recovery:
         """(WAL seq, byte) of the first corrupt record of synced data."""
         self._damaged_at: dict[str, tuple[int, int]] = {}
         """(last index, commit index) of each server at the corrupt record."""
+        self._held: dict[str, list[str]] = {}
+        """What each server's directory held when ``replay`` listed it, until opened."""
 
     # -- the node's files -----------------------------------------------------------------
 
@@ -73,8 +76,14 @@ class Recovery:
         seqs = sorted(wal_seqs(self.disk))
         next_seq = (seqs[-1] + 1) if seqs else 1
         for uid in self.disk.listdir(QUEUES_DIR):
-            marker = self.repairs.load(uid, next_seq)
-            self._load_segments(self.logs.get(uid), marker.segment_seq if marker else None)
+            # One listing of the server's directory says which of its files and folders
+            # exist (each made with its first file): the marker is read and the segments
+            # listed only where they are, and ``open_server`` listing it again is spared.
+            held = self._held[uid] = self.disk.listdir(server_root(uid))
+            marker = self.repairs.load(uid, next_seq) if REPAIR_FILE in held else None
+            log = self.logs.get(uid)
+            if SEGMENTS_DIR in held:
+                self._load_segments(log, marker.segment_seq if marker else None)
         for k, seq in enumerate(seqs):
             self._apply_cuts(seq)
             wal_file = read_wal_file(self.disk, seq)
@@ -111,11 +120,15 @@ class Recovery:
         """Put the server's segments in its view; those from seq ``later_from`` on (written
         during a repair) wait for the repair's cut (``_apply_cuts``)."""
         directory = segment_dir(log.uid)
-        for name in self.disk.listdir(directory):
-            if name.endswith(".tmp"):
-                self.disk.remove(f"{directory}/{name}")
-        recover_intents(self.disk, log.uid)
-        for name in self.disk.listdir(directory):
+        names = self.disk.listdir(directory)
+        leftovers = [name for name in names if name.endswith((".tmp", INTENT_SUFFIX))]
+        if leftovers:  # rare (a crash during a write): cleaned up, then listed again
+            for name in names:
+                if name.endswith(".tmp"):
+                    self.disk.remove(f"{directory}/{name}")
+            recover_intents(self.disk, log.uid)
+            names = self.disk.listdir(directory)
+        for name in names:
             path = f"{directory}/{name}"
             if not name.endswith(".seg"):
                 continue
@@ -241,7 +254,11 @@ class Recovery:
 
     def _open_server(self, uid: str, wal_seq: int) -> Recovered:
         log = self.logs.get(uid)
-        held = self.disk.listdir(server_root(uid))
+        # What ``replay`` listed: nothing made or removed a checkpoint or snapshot folder
+        # since (a reset empties them; an empty one reads as holding none).
+        held = self._held.pop(uid, None)
+        if held is None:
+            held = self.disk.listdir(server_root(uid))
         if not held:
             # A new server: its directory makes it known to a later recovery (a corrupt
             # WAL record puts every known server into repair).

@@ -81,8 +81,12 @@ class RepairMarker:
         return self.kind in (RepairKind.RESET, RepairKind.RESETTING)
 
 
+REPAIR_FILE = "repair"
+"""The marker's name in its server's directory."""
+
+
 def repair_path(uid: str) -> str:
-    return f"queues/{uid}/repair"
+    return f"queues/{uid}/{REPAIR_FILE}"
 
 
 def encode_marker(m: RepairMarker) -> bytes:
@@ -265,6 +269,7 @@ class Repairs:
 
 
 __all__ = [
+    "REPAIR_FILE",
     "RepairKind",
     "RepairMarker",
     "Repairs",

@@ -84,8 +84,12 @@ class SegmentInfo:
     bytes: int
 
 
+SEGMENTS_DIR = "segments"
+"""The segments' folder in their server's directory."""
+
+
 def segment_dir(uid: str) -> str:
-    return f"queues/{uid}/segments"
+    return f"queues/{uid}/{SEGMENTS_DIR}"
 
 
 def segment_path(uid: str, seq: int) -> str:
@@ -229,6 +233,12 @@ class SegmentReader:
         chosen = (rows["kind"] == int(kind)) & (rows["index"] >= lo) & (rows["index"] < hi)
         return [int(i) for i in rows["index"][chosen]]
 
+    def run_bytes(self, lo: int, hi: int) -> int:
+        """Data bytes of the entries this segment holds from ``lo`` below ``hi``."""
+        rows = self.index
+        chosen = (rows["index"] >= lo) & (rows["index"] < hi)
+        return int(rows["length"][chosen].sum(dtype=np.int64))
+
     def read(self, index: int) -> Entry | None:
         row = self.position(index)
         if row is None:
@@ -357,6 +367,7 @@ __all__ = [
     "HEADER_BYTES",
     "INDEX_DTYPE",
     "OVERWRITES",
+    "SEGMENTS_DIR",
     "SLOT_BYTES",
     "ReaderCache",
     "SegmentInfo",

@@ -223,7 +223,10 @@ class ServerLog:
         if entry is not None:
             return entry.term
         seg = self._segment_for(index)
-        return None if seg is None else self._cache.get(seg.info).term(index)
+        if seg is None:
+            return None
+        cached = self._cached_run(seg.info, index, index + 1)
+        return cached[0].term if cached else self._cache.get(seg.info).term(index)
 
     def entries(self, lo: int, hi: int, max_bytes: int) -> list[Entry]:
         if lo < self.first_index():
@@ -252,6 +255,9 @@ class ServerLog:
         if seg is None:
             return []
         stop = min(end, seg.hi + 1, self.mem.lo if len(self.mem) else end)
+        cached = self._cached_run(seg.info, index, stop)
+        if cached:
+            return cached
         return self._cache.get(seg.info).read_run(index, stop, max(max_bytes, 1))
 
     def config_indexes(self, lo: int, hi: int) -> list[int]:
@@ -291,13 +297,41 @@ class ServerLog:
                 return index, f"entry {index} is missing"
             stop = min(end, seg.hi + 1, self.mem.lo if len(self.mem) else end)
             try:
-                after = self._cache.get(seg.info).check_run(index, stop, max(max_bytes, 1))
+                after = self._check_into_cache(seg.info, index, stop)
+                if after is None:
+                    after = self._cache.get(seg.info).check_run(index, stop, max(max_bytes, 1))
             except EntryDamaged as e:
                 return e.index or index, e.detail
             if after == index:
                 return index, f"entry {index} is missing"
             index = after
         return None, ""
+
+    def _check_into_cache(self, info: SegmentInfo, index: int, stop: int) -> int | None:
+        """``check_run`` of entries ``index`` below ``stop`` of segment ``info`` that
+        together fit in one block of the node's read cache, the entries kept there as
+        that block: the replay after recovery and a first delivery then read them from
+        memory, where a node of thousands of queues would open each segment again (its
+        reader long closed by the bounded ``ReaderCache``). ``None`` when not kept
+        (no cache, a larger run, blocks of the segment cached already): check it then."""
+        blocks = self._cache.blocks
+        if not blocks.bytes_max or blocks.holds(info):
+            return None
+        reader = self._cache.get(info)
+        if reader.run_bytes(index, stop) > blocks.block_bytes:
+            return None
+        read = reader.read_block(index, stop, stop, blocks.block_bytes, 0)
+        if read:
+            blocks.put(block_of(info, read))
+        return index + len(read)
+
+    def _cached_run(self, info: SegmentInfo, index: int, stop: int) -> list[Entry]:
+        """Entries from ``index`` below ``stop`` that the node's read cache holds in one
+        block of segment ``info`` (none if it does not hold ``index``)."""
+        block = self._cache.blocks.find(info, index, counted=False)
+        if block is None:
+            return []
+        return list(block.entries[index - block.lo : stop - block.lo])
 
     # -- payload reads ------------------------------------------------------------------------
 

@@ -160,3 +160,63 @@ def test_blocks_are_evicted_least_recently_used_first_and_dropped_with_their_fil
     cache = ReaderCache(disk, 2, blocks)
     cache.evict(info.path)
     assert len(blocks) == 0 and blocks.bytes == 0
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    data=st.data(),
+    bytes_max=st.integers(0, 3000),
+    block_bytes=st.integers(1, 1200),
+)
+def test_the_recovery_check_keeps_small_runs_and_reads_after_it_equal_plain_reads(
+    data: st.DataObject, bytes_max: int, block_bytes: int
+) -> None:
+    """``first_damaged`` (recovery's check of the log after the checkpoint) keeps a run
+    that fits in a block; the replay's ``entries``, ``term`` and deliveries then read
+    exactly what a log without a read cache reads, within the budget."""
+    disk = FakeDisk()
+    blocks = ReadCache(bytes_max, block_bytes)
+    cache = ReaderCache(disk, 2, blocks)
+    layout, mem = data.draw(_layouts(term=1))
+    cached, plain = _logs(disk, cache, layout, mem)
+    lo = data.draw(st.integers(1, max(1, cached.last_index())))
+    assert cached.first_damaged(lo, RUN_BYTES_MAX) == plain.first_damaged(lo, RUN_BYTES_MAX)
+    assert blocks.bytes <= bytes_max and blocks.stats().hits == blocks.stats().misses == 0
+    assert cached.first_damaged(lo, RUN_BYTES_MAX) == plain.first_damaged(lo, RUN_BYTES_MAX)
+    readable = _readable(layout, mem)
+    for index in readable:
+        assert cached.term(index) == plain.term(index)
+        end = cached.last_index() + 1
+        assert _outcome(cached, index, end) == _outcome(plain, index, end)
+    for indexes in data.draw(_reads(readable)):
+        assert cached.read_many(indexes, RUN_BYTES_MAX) == plain.read_many(indexes, 1)
+        assert blocks.bytes <= bytes_max
+
+
+def _outcome(log: ServerLog, lo: int, hi: int) -> object:
+    """``entries(lo, hi)``, or why it failed (a sparse log lacks its dead entries)."""
+    try:
+        return log.entries(lo, hi, RUN_BYTES_MAX)
+    except LookupError as e:
+        return str(e)
+
+
+def test_after_the_recovery_check_a_small_tail_is_replayed_and_delivered_from_memory() -> None:
+    """A queue's log after its checkpoint, small (an idle queue's few entries over two
+    segments): once recovery checked it, neither the replay nor the first receive opens
+    a segment again (a node of 10,000 queues had closed each reader long before)."""
+    disk = FakeDisk()
+    blocks = ReadCache(1 << 20, 64 * 1024)
+    cache = ReaderCache(disk, 64, blocks)
+    log = ServerLog(UID, disk, cache)
+    log.add_segment(_segment(disk, 1, _entries(1, [300] * 4, 1)))
+    log.add_segment(_segment(disk, 2, _entries(5, [100] * 3, 1)))
+    log.last_from_segments()
+    assert log.first_damaged(2, RUN_BYTES_MAX) == (None, "")
+    assert len(blocks) == 2
+    cache.close()  # every reader closed, as on a node of thousands of queues
+    assert [e.index for e in log.entries(2, 8, RUN_BYTES_MAX)] == [2, 3, 4, 5, 6, 7]
+    assert log.term(7) == 1
+    assert [e.index for e in log.read_many([3, 4, 5], RUN_BYTES_MAX)] == [3, 4, 5]
+    assert cache.open_count() == 0 and log.segment_reads == 0
+    assert log.cache_hits == 3
