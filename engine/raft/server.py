@@ -44,6 +44,7 @@ from engine.errors import RecoveryRefused
 from engine.ids import ServerId
 from engine.raft import (
     election,
+    invariants,
     membership,
     quorum,
     read_only,
@@ -341,58 +342,11 @@ class RaftServer:
         self.uncommitted = _NO_UNCOMMITTED
 
     def check_invariants(self) -> None:
+        """Assert what holds between any two events (the simulator calls it after every
+        step); an ``AssertionError`` names the broken rule (``engine.raft.invariants``)."""
         assert not _NO_VOTES and not _NO_UNCOMMITTED, "a shared empty container changed"
         ReadOnly.check_shared()
-        """Assert what holds between any two events (the simulator calls it after every
-        step); an ``AssertionError`` names the broken rule."""
-        log = self.log
-        last = log.last_index()
-        assert log.snapshot_index <= self.applied <= self.commit <= last, (
-            f"{self.id}: snapshot {log.snapshot_index} <= applied {self.applied} "
-            f"<= commit {self.commit} <= last index {last}"
-        )
-        assert log.snapshot_index - 1 <= log.stable_last <= last, f"{self.id}: stable_last"
-        configs = self.configs
-        assert configs[-1][0] <= last, f"{self.id}: a configuration past the log"
-        if len(configs) > 1:
-            for k in range(1, len(configs)):
-                assert configs[k - 1][0] < configs[k][0], f"{self.id}: configurations out of order"
-        assert not self.repairing or self.role is Role.FOLLOWER, "a repairing server follows"
-        if self.role is Role.LEADER:
-            self._check_leader_invariants()
-            return
-        assert self.leader != self.id, f"{self.id}: {self.role.name} names itself leader"
-        assert not self.progress and not self.uncommitted, f"{self.id}: leader state kept"
-        assert not self.uncommitted_bytes, f"{self.id}: uncommitted bytes without entries"
-        assert self.reads.is_empty(), f"{self.id}: reads held by a non-leader"
-        ms = self.membership
-        assert ms.catch_up is None and ms.change is None and ms.transfer is None
-        if self.role is not Role.FOLLOWER:
-            assert self.leader is None, f"{self.id}: a candidate knows no leader"
-        if self.role is Role.CANDIDATE:
-            assert self.vote == self.id, f"{self.id}: a candidate votes for itself"
-
-    def _check_leader_invariants(self) -> None:
-        assert self.leader == self.id and self.vote == self.id, f"{self.id}: leader's vote"
-        last = self.log.last_index()
-        assert 0 < self.term_start_index <= last, f"{self.id}: term start"
-        config = self.config
-        for peer, pr in self.progress.items():
-            member = peer in config.voters or peer in config.learners
-            assert member and peer != self.id, f"{self.id}: progress of a non-member {peer}"
-            assert pr.match < pr.next and pr.match <= last, f"{self.id}: progress of {peer}"
-        cu = self.membership.catch_up
-        assert cu is None or cu.server in self.progress, f"{self.id}: catch-up of a stranger"
-        pending = self.reads.pending
-        # Reads record the commit index, which never decreases: the last is the highest.
-        assert not pending or pending[-1][2] <= self.commit, f"{self.id}: read above commit"
-        uncommitted = self.uncommitted
-        if uncommitted:
-            assert uncommitted[-1][0] <= last, f"{self.id}: uncommitted past the log"
-            size = sum(size for _last, size in uncommitted)
-            assert self.uncommitted_bytes == size, f"{self.id}: uncommitted bytes"
-        else:
-            assert not self.uncommitted_bytes, f"{self.id}: uncommitted bytes without entries"
+        invariants.check(self)
 
     # --- repair ----------------------------------------------------------------------
 
