@@ -16,7 +16,7 @@ from engine.queue.snapshots import page_handles_of
 from engine.raft.entry import Entry, EntryKind
 from engine.raft.state_machine import ApplyMeta
 from engine.storage import FakeDisk, HardState, NodeStorage, OsDisk
-from engine.storage.page_files import HEADER_BYTES, PageFiles, log_reader, pages_dir
+from engine.storage.page_files import HEADER_BYTES, PageFiles, StoredLogReader, pages_dir
 from tests.engine.storage.conftest import small_limits
 
 UID = "q1"
@@ -183,7 +183,7 @@ def test_a_paged_machine_on_page_files_restarts_from_a_checkpoint() -> None:
 
 def test_a_damaged_page_file_is_rebuilt_from_the_stored_log() -> None:
     """The log entries of the messages of a damaged page are live: the machine reads
-    them back through ``log_reader`` and goes on as if nothing happened."""
+    them back through ``StoredLogReader`` and goes on as if nothing happened."""
     limits = Limits(
         page_refs=64,
         paged_index_bytes_per_queue_max=64 * 8,
@@ -204,7 +204,7 @@ def test_a_damaged_page_file_is_rebuilt_from_the_stored_log() -> None:
     storage.flush_segments()
     files = PageFiles(disk, UID)
     node = NodePages.from_limits(limits)
-    machine = QueueMachine(None, limits, Paging(files, node, log_reader(storage.log(UID))))
+    machine = QueueMachine(None, limits, Paging(files, node, StoredLogReader(storage.log(UID))))
     plain = QueueMachine(None, limits)
     for m in (machine, plain):
         for e in written:
