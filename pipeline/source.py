@@ -23,11 +23,13 @@ not duplicate either.
 
 from __future__ import annotations
 
+import itertools
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
 from pyspark.sql.datasource import (
     DataSource,
@@ -42,7 +44,7 @@ from pyspark.sql.types import StructType
 
 from pipeline import queues
 from pipeline.options import Options
-from quorra.client import Client, Delivery, Message, Stream
+from quorra.client import Client, Delivery, Stream
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -112,7 +114,7 @@ def to_record_batch(messages: list[Delivery], text: bool = True) -> pa.RecordBat
         [
             pa.array([m.id for m in messages], pa.int64()),
             pa.array([m.body for m in messages], pa.binary()),
-            pa.array([list(m.headers.items()) for m in messages], ARROW_READ_SCHEMA[3].type),
+            headers_array(messages),
             pa.array([m.priority for m in messages], pa.int32()),
             pa.array([m.delivery_count for m in messages], pa.int32()),
             pa.array([m.published_at_ms * 1000 for m in messages], ARROW_READ_SCHEMA[6].type),
@@ -120,6 +122,25 @@ def to_record_batch(messages: list[Delivery], text: bool = True) -> pa.RecordBat
         schema=ARROW_SHIPPED_SCHEMA,
     )
     return with_text(batch) if text else batch
+
+
+def headers_array(messages: list[Delivery]) -> pa.MapArray:
+    """The ``headers`` column from flat keys, values and offsets (most messages have
+    none: no Python list per row, unlike a list of pairs per message)."""
+    offsets = [0]
+    keys: list[str] = []
+    values: list[str] = []
+    for m in messages:
+        if m.headers:
+            keys.extend(m.headers)
+            values.extend(m.headers.values())
+        offsets.append(len(keys))
+    return pa.MapArray.from_arrays(
+        pa.array(offsets, pa.int32()),
+        pa.array(keys, pa.string()),
+        pa.array(values, pa.string()),
+        type=ARROW_READ_SCHEMA[3].type,
+    )
 
 
 def with_text(batch: pa.RecordBatch) -> pa.RecordBatch:
@@ -206,35 +227,68 @@ def _column(batch: pa.RecordBatch, name: str) -> list[Any] | None:
     return None if index < 0 else batch.column(index).to_pylist()
 
 
-def outgoing(batch: pa.RecordBatch, dedup_base: str, first_row: int) -> list[Message]:
-    """The publish messages of one Arrow batch; rows numbered from ``first_row``."""
-    bodies = _column(batch, "body")
-    if bodies is None:
+Wire = dict[str, object]
+"""A message as a publish frame carries it (``quorra.client``'s ``message_map`` shape)."""
+
+
+def outgoing(batch: pa.RecordBatch, dedup_base: str, first_row: int) -> list[Wire]:
+    """The publish messages of one Arrow batch, in wire form; rows numbered from
+    ``first_row``. Bodies are views into the batch's buffer (no copy until the frame is
+    packed) and no ``Message`` is made per row: this runs once per row written."""
+    index = batch.schema.get_field_index("body")
+    if index < 0:
         raise ValueError("quorra data source: the DataFrame needs a 'body' column")
+    bodies = body_views(batch.column(index))
     headers = _column(batch, "headers")
     priorities = _column(batch, "priority")
     dedup_ids = _column(batch, "dedup_id")
     if headers is None and priorities is None and dedup_ids is None:
         return [
-            Message(
-                body.encode("utf-8") if isinstance(body, str) else bytes(body or b""),
-                dedup_id=f"{dedup_base}-{first_row + i}",
-            )
-            for i, body in enumerate(bodies)
+            {"body": body, "dedup_id": f"{dedup_base}-{row}"}
+            for row, body in enumerate(bodies, first_row)
         ]
-    messages: list[Message] = []
+    messages: list[Wire] = []
     for i, body in enumerate(bodies):
+        message: Wire = {"body": body}
         pairs = headers[i] if headers and headers[i] else {}
-        messages.append(
-            Message(
-                body.encode("utf-8") if isinstance(body, str) else bytes(body or b""),
-                headers={str(k): str(v) for k, v in _items(pairs)},
-                priority=int(priorities[i] or 0) if priorities else 0,
-                dedup_id=(dedup_ids[i] if dedup_ids and dedup_ids[i] else None)
-                or f"{dedup_base}-{first_row + i}",
-            )
-        )
+        if pairs:
+            message["headers"] = {str(k): str(v) for k, v in _items(pairs)}
+        priority = int(priorities[i] or 0) if priorities else 0
+        if priority:
+            message["priority"] = priority
+        own = dedup_ids[i] if dedup_ids and dedup_ids[i] else None
+        message["dedup_id"] = own or f"{dedup_base}-{first_row + i}"
+        messages.append(message)
     return messages
+
+
+_OFFSET_TYPES = {
+    pa.binary(): np.int32,
+    pa.string(): np.int32,
+    pa.large_binary(): np.int64,
+    pa.large_string(): np.int64,
+}
+
+
+def body_views(column: pa.Array) -> list[bytes | memoryview]:
+    """Each row's body as bytes: a view into the column's data buffer for binary and
+    string columns (a string column's buffer already holds UTF-8), ``b""`` for null;
+    other types (a view's slot, a dictionary) through Python objects."""
+    width = _OFFSET_TYPES.get(column.type)
+    if width is None:
+        return [
+            body.encode("utf-8") if isinstance(body, str) else bytes(body or b"")
+            for body in column.to_pylist()
+        ]
+    _, offset_buffer, data_buffer = column.buffers()
+    offsets = np.frombuffer(offset_buffer, dtype=width)
+    bounds = offsets[column.offset : column.offset + len(column) + 1].tolist()
+    data = memoryview(data_buffer if data_buffer is not None else b"")
+    views: list[bytes | memoryview] = [data[a:b] for a, b in itertools.pairwise(bounds)]
+    if column.null_count:
+        for i in np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False)).tolist():
+            views[i] = b""
+    return views
 
 
 def _items(
@@ -255,11 +309,11 @@ def publish_all(options: Options, batches: Iterator[pa.RecordBatch], dedup_base:
     if context is None or context.attemptNumber() > 0:
         fail_after = None
     queued = 0
-    pending: list[Message] = []
+    pending: list[Wire] = []
     with Stream(options.url, options.token, options.queue) as stream:
 
-        def send(chunk: list[Message]) -> None:
-            stream.publish(chunk)
+        def send(chunk: list[Wire]) -> None:
+            stream.publish_maps(chunk)
             if fail_after is not None and queued - len(pending) >= fail_after:
                 stream.flush()
                 raise RuntimeError(f"injected failure after {fail_after} rows (first attempt)")

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self
 
@@ -107,6 +107,14 @@ class Stream:
         while not self.ledger.room_for(len(messages)):
             self.read(None)
         seq, frame = self.ledger.publish_frame(messages)
+        self._send(frame)
+        return seq
+
+    def publish_maps(self, maps: Sequence[Mapping[str, object]]) -> int:
+        """As ``publish`` for messages in their wire form (``Ledger.publish_frame_of_maps``)."""
+        while not self.ledger.room_for(len(maps)):
+            self.read(None)
+        seq, frame = self.ledger.publish_frame_of_maps(maps)
         self._send(frame)
         return seq
 
