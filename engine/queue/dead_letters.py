@@ -16,13 +16,9 @@ import numpy as np
 import numpy.typing as npt
 
 from engine.queue.effects import DeadLetter
+from engine.shared_empty import EMPTY_DICT
 
 U64 = npt.NDArray[np.uint64]
-
-
-_NO_WAITING: dict[int, tuple[str, int, int]] = {}
-"""Shared by every queue with nothing to dead-letter; never changed (``hand_over`` takes
-a dict of its own first)."""
 
 
 class DeadLetters:
@@ -30,7 +26,7 @@ class DeadLetters:
 
     def __init__(self, retry_ms: int) -> None:
         self._retry_ms = retry_ms
-        self._waiting: dict[int, tuple[str, int, int]] = _NO_WAITING
+        self._waiting: dict[int, tuple[str, int, int]] = EMPTY_DICT
         """ref -> (reason, delivery count, ms of the last DeadLetter effect)."""
 
     def __len__(self) -> int:
@@ -41,7 +37,7 @@ class DeadLetters:
     ) -> DeadLetter:
         """Hold ``refs`` (with their delivery counts) until confirmed; the effect that
         asks the runtime to publish their copies to ``target``."""
-        if self._waiting is _NO_WAITING:
+        if self._waiting is EMPTY_DICT:
             self._waiting = {}
         for ref, count in zip(refs, counts, strict=True):
             self._waiting[ref] = (reason, count, now_ms)
@@ -82,7 +78,7 @@ class DeadLetters:
     def clear(self) -> U64:
         """Stop holding every message (the target was removed); returns their refs."""
         refs = self.refs()
-        self._waiting = _NO_WAITING
+        self._waiting = EMPTY_DICT
         return refs
 
     def to_wire(self) -> list[list[object]]:
@@ -91,7 +87,7 @@ class DeadLetters:
     def adopt(self, wire: list[Any]) -> None:
         """Fill an empty table from ``to_wire``'s form."""
         assert not self._waiting
-        self._waiting = {ref: (reason, n, ms) for ref, reason, n, ms in wire} or _NO_WAITING
+        self._waiting = {ref: (reason, n, ms) for ref, reason, n, ms in wire} or EMPTY_DICT
 
 
 __all__ = ["DeadLetters"]

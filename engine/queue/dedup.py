@@ -12,9 +12,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-_NO_IDS: dict[bytes, int] = {}
-"""The ids of a window that remembers none: shared by every such queue (most publish
-without dedup ids) and never changed (a window takes its own dict with its order)."""
+from engine.shared_empty import EMPTY_DICT, check_shared_empties
 
 
 class DedupWindow:
@@ -23,7 +21,7 @@ class DedupWindow:
     def __init__(self, window_ms: int, ids_max: int) -> None:
         self._window_ms = window_ms
         self._ids_max = ids_max
-        self._first_ids: dict[bytes, int] = _NO_IDS
+        self._first_ids: dict[bytes, int] = EMPTY_DICT
         """dedup id -> message id of the first message that carried it."""
         self._order: deque[tuple[int, bytes]] | None = None
         """(expiry ms, dedup id), oldest first; made by the first id remembered and
@@ -43,7 +41,7 @@ class DedupWindow:
             del self._first_ids[key]
         if not order:
             self._order = None
-            self._first_ids = _NO_IDS
+            self._first_ids = EMPTY_DICT
 
     def find_duplicates(
         self, keys: list[tuple[int, bytes]], ids: list[int], duplicate: list[bool]
@@ -92,7 +90,8 @@ class DedupWindow:
 
     def check(self) -> None:
         assert len(self._first_ids) == len(self._order or ())
-        assert not _NO_IDS and (self._order is None) == (self._first_ids is _NO_IDS)
+        check_shared_empties()
+        assert (self._order is None) == (self._first_ids is EMPTY_DICT)
         assert self._order is None or self._order, "an empty order is dropped"
 
 

@@ -15,20 +15,17 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from engine.shared_empty import EMPTY_LIST
+
 U64 = npt.NDArray[np.uint64]
 _NONE_DUE: tuple[tuple[int, int], ...] = ()
-
-
-_NO_HEAP: list[tuple[int, int, int, int]] = []
-"""Shared by every queue with no delayed message; never changed (``push`` takes a list of
-its own first)."""
 
 
 class Delayed:
     __slots__ = ("_heap", "seq")
 
     def __init__(self) -> None:
-        self._heap: list[tuple[int, int, int, int]] = _NO_HEAP
+        self._heap: list[tuple[int, int, int, int]] = EMPTY_LIST
         """Heap of (due_ms, seq, ref, level)."""
         self.seq = 0
         """The sequence number of the next message delayed."""
@@ -37,7 +34,7 @@ class Delayed:
         return len(self._heap)
 
     def push(self, due_ms: int, ref: int, level: int) -> None:
-        if self._heap is _NO_HEAP:
+        if self._heap is EMPTY_LIST:
             self._heap = []
         heapq.heappush(self._heap, (due_ms, self.seq, ref, level))
         self.seq += 1
@@ -67,7 +64,7 @@ class Delayed:
     def clear(self) -> U64:
         """Take every message out; returns their refs (in heap order)."""
         refs = self.refs()
-        self._heap = _NO_HEAP
+        self._heap = EMPTY_LIST
         return refs
 
     def to_wire(self) -> list[list[int]]:
@@ -76,7 +73,7 @@ class Delayed:
     def adopt(self, wire: list[Any], seq: int) -> None:
         """Fill an empty heap from ``to_wire``'s form (already a heap)."""
         assert not self._heap
-        self._heap = [(d, s, r, lv) for d, s, r, lv in wire] or _NO_HEAP
+        self._heap = [(d, s, r, lv) for d, s, r, lv in wire] or EMPTY_LIST
         self.seq = seq
 
 

@@ -58,7 +58,6 @@ from engine.queue.pages import SpilledPage
 from engine.queue.paging import NOT_PAGED, Paging, QueuePager, summarize
 from engine.queue.pending import Pending
 from engine.queue.refs import (
-    NO_EXTRAS,
     FallbackTable,
     RefParts,
     SlotRun,
@@ -89,6 +88,7 @@ from engine.queue.stats import (
     QueueStats,
 )
 from engine.raft.state_machine import ApplyMeta, CheckpointRequest, MachineEffect, ReleaseCursor
+from engine.shared_empty import EMPTY_DICT, check_shared_empties
 
 U64 = npt.NDArray[np.uint64]
 
@@ -167,8 +167,8 @@ class QueueMachine:
         self._lanes = Lanes(self.policy.priorities, self._limits.page_refs, self.pager)
         self._fallback = FallbackTable()
         self._pending = Pending(self._limits.page_refs)
-        self._delivered_before: dict[int, int] = NO_EXTRAS
-        self._expires_at: dict[int, int] = NO_EXTRAS
+        self._delivered_before: dict[int, int] = EMPTY_DICT
+        self._expires_at: dict[int, int] = EMPTY_DICT
         self._delayed = Delayed()
         self._dead_letters = DeadLetters(self._limits.dead_letter_retry_ms)
         self._dedup = DedupWindow(self._limits.dedup_window_ms, self._limits.dedup_ids_max)
@@ -268,8 +268,8 @@ class QueueMachine:
         self._lanes.adopt(state.lanes)
         self._fallback = FallbackTable.from_wire(state.fallback)
         self._pending = Pending.from_wire(self._limits.page_refs, state.pending)
-        self._delivered_before = dict(state.delivered_before) or NO_EXTRAS
-        self._expires_at = dict(state.expires_at) or NO_EXTRAS
+        self._delivered_before = dict(state.delivered_before) or EMPTY_DICT
+        self._expires_at = dict(state.expires_at) or EMPTY_DICT
         self._delayed.adopt(state.delayed, clock.delayed_seq)
         self._dead_letters.adopt(state.dead_letters)
         self._dedup.adopt(state.dedup)
@@ -396,7 +396,7 @@ class QueueMachine:
         assert len(np.unique(refs)) == len(refs), "a message is in two places"
         self._dedup.check()
         held = set(refs.tolist())
-        assert not NO_EXTRAS, "the shared empty table was changed"
+        check_shared_empties()
         assert set(self._delivered_before) <= held
         assert set(self._expires_at) <= held
 
@@ -482,13 +482,13 @@ class QueueMachine:
 
     def _own_delivered_before(self) -> dict[int, int]:
         """``_delivered_before``, made the queue's own before an entry is stored."""
-        if self._delivered_before is NO_EXTRAS:
+        if self._delivered_before is EMPTY_DICT:
             self._delivered_before = {}
         return self._delivered_before
 
     def _own_expires_at(self) -> dict[int, int]:
         """``_expires_at``, made the queue's own before an entry is stored."""
-        if self._expires_at is NO_EXTRAS:
+        if self._expires_at is EMPTY_DICT:
             self._expires_at = {}
         return self._expires_at
 

@@ -20,20 +20,15 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_right
-from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
 
 from engine.queue import commands as cmd
+from engine.shared_empty import EMPTY_DICT, EMPTY_LIST, check_shared_empties
 
 U64 = npt.NDArray[np.uint64]
 
-_NONE: dict[int, object] = {}
-_NO_STARTS: list[int] = []
-"""Shared by every ``Pending`` that holds no lease (never changed: ``_own`` gives a
-table its own containers before its first lease), so that a queue without leases, an
-idle one, does without seven empty containers (~400 bytes)."""
 
 _GROUP_BYTES_ESTIMATE = 200
 _OVERRIDE_BYTES_ESTIMATE = 150
@@ -74,21 +69,21 @@ class Pending:
         assert page_refs >= 16 and page_refs & (page_refs - 1) == 0
         self._page_refs = page_refs
         self._shift = page_refs.bit_length() - 1
-        self._pages: dict[int, U64] = cast(dict[int, U64], _NONE)
-        self._page_live: dict[int, int] = cast(dict[int, int], _NONE)
+        self._pages: dict[int, U64] = EMPTY_DICT
+        self._page_live: dict[int, int] = EMPTY_DICT
         self._size = 0
         self.next_tag = 1
-        self._groups: dict[int, LeaseGroup] = cast(dict[int, LeaseGroup], _NONE)
-        self._starts: list[int] = _NO_STARTS
+        self._groups: dict[int, LeaseGroup] = EMPTY_DICT
+        self._starts: list[int] = EMPTY_LIST
         """First tags of live groups, increasing."""
-        self._heap: list[tuple[int, int, int]] = cast(list[tuple[int, int, int]], _NO_STARTS)
+        self._heap: list[tuple[int, int, int]] = EMPTY_LIST
         """(expires_ms, 0, group first tag) or (expires_ms, 1, tag of an override)."""
-        self._overrides: dict[int, int] = cast(dict[int, int], _NONE)
-        self._consumers: dict[str, int] = cast(dict[str, int], _NONE)
+        self._overrides: dict[int, int] = EMPTY_DICT
+        self._consumers: dict[str, int] = EMPTY_DICT
 
     def _own(self) -> None:
         """Give the tables their own containers before a lease is stored."""
-        if self._starts is _NO_STARTS:
+        if self._starts is EMPTY_LIST:
             self._pages, self._page_live, self._groups = {}, {}, {}
             self._starts, self._heap = [], []
             self._overrides, self._consumers = {}, {}
@@ -98,10 +93,10 @@ class Pending:
         heap are stale entries, which ``next_expiry_ms`` would only skip."""
         if self._size == 0 and not self._overrides:
             assert not self._groups and not self._pages and not self._consumers
-            self._pages = self._page_live = self._groups = self._overrides = cast(Any, _NONE)
-            self._consumers = cast(dict[str, int], _NONE)
-            self._starts = _NO_STARTS
-            self._heap = cast(list[tuple[int, int, int]], _NO_STARTS)
+            self._pages = self._page_live = self._groups = self._overrides = EMPTY_DICT
+            self._consumers = EMPTY_DICT
+            self._starts = EMPTY_LIST
+            self._heap = EMPTY_LIST
 
     def __len__(self) -> int:
         return self._size
@@ -403,7 +398,7 @@ class Pending:
         return live
 
     def check(self) -> None:
-        assert not _NONE and not _NO_STARTS, "a shared empty container was changed"
+        check_shared_empties()
         assert self._size == sum(self._page_live.values())
         assert self._size == sum(g.live for g in self._groups.values())
         assert self._size == sum(self._consumers.values())

@@ -31,6 +31,7 @@ import numpy.typing as npt
 from pyroaring import BitMap64
 
 from engine.index_sets import add_indexes
+from engine.shared_empty import EMPTY_DICT
 
 U64 = npt.NDArray[np.uint64]
 I64 = npt.NDArray[np.int64]
@@ -58,11 +59,6 @@ _SLOT_MASK_LONG = SLOT_LIMIT_LONG - 1
 _INDEX_MASK_LONG = INDEX_LIMIT_LONG - 1
 _HANDLE_MASK = (1 << HANDLE_BITS) - 1
 _NO_INDEXES = np.empty(0, dtype=np.int64)
-
-NO_EXTRAS: dict[int, int] = {}
-"""The sparse per-ref table (``QueueMachine._delivered_before``, ``_expires_at``) of a
-queue that has no entry in it: shared by every such queue and never changed (each takes
-a dict of its own before its first entry), so an idle queue does without two empty dicts."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,11 +123,6 @@ def message_id_parts(mid: int) -> tuple[int, int]:
     return mid >> SLOT_BITS_LONG, mid & _SLOT_MASK_LONG
 
 
-_NO_ENTRIES: dict[int, tuple[int, int, int]] = {}
-"""Shared by every table without entries (most queues: their messages are below 32
-KiB); never changed (``pack`` and ``from_wire`` take a dict of their own first)."""
-
-
 class FallbackTable:
     """Refs that do not fit a compact form: handle -> (index, slot, size).
 
@@ -142,7 +133,7 @@ class FallbackTable:
     __slots__ = ("_entries", "_next_handle")
 
     def __init__(self) -> None:
-        self._entries: dict[int, tuple[int, int, int]] = _NO_ENTRIES
+        self._entries: dict[int, tuple[int, int, int]] = EMPTY_DICT
         self._next_handle = 0
 
     def __len__(self) -> int:
@@ -155,7 +146,7 @@ class FallbackTable:
             return ref
         handle = self._next_handle
         self._next_handle += 1
-        if self._entries is _NO_ENTRIES:
+        if self._entries is EMPTY_DICT:
             self._entries = {}
         self._entries[handle] = (index, slot, size)
         return fallback_ref(handle)
@@ -378,7 +369,6 @@ def pack_batch(index: int, sizes: U64, table: FallbackTable) -> U64:
 __all__ = [
     "INDEX_LIMIT_LONG",
     "INDEX_LIMIT_SHORT",
-    "NO_EXTRAS",
     "SIZE_LIMIT",
     "SLOTS_PER_ENTRY_MAX",
     "SLOT_LIMIT_LONG",

@@ -11,21 +11,16 @@ loses its role answers every read it holds with a rejection.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING
 
 from engine.ids import ServerId
 from engine.raft import quorum, replication
 from engine.raft.events import ReadReady, Rejected
 from engine.raft.role import Role
+from engine.shared_empty import EMPTY_LIST
 
 if TYPE_CHECKING:
     from engine.raft.server import RaftServer
-
-
-_NONE: list[Any] = []
-"""The lists of a ``ReadOnly`` with no read of that kind: shared by every replica (never
-changed: a list of its own is taken before the first item), so that an idle replica
-does without three empty lists."""
 
 
 class ReadOnly:
@@ -38,11 +33,11 @@ class ReadOnly:
         """The sequence number of the latest read; heartbeats carry it."""
         # Lists, not deques: an empty deque holds a block of 64 slots (760 bytes), and
         # every replica of a node has a ``ReadOnly`` whether it is read or not.
-        self.pending: list[tuple[int, int, int]] = cast(list[tuple[int, int, int]], _NONE)
+        self.pending: list[tuple[int, int, int]] = EMPTY_LIST
         """(read seq, request id, read index), waiting for a quorum to echo the seq."""
-        self.confirmed: list[tuple[int, int]] = cast(list[tuple[int, int]], _NONE)
+        self.confirmed: list[tuple[int, int]] = EMPTY_LIST
         """(request id, read index), waiting for the leader to apply the index."""
-        self.waiting_term_commit: list[int] = cast(list[int], _NONE)
+        self.waiting_term_commit: list[int] = EMPTY_LIST
         """Request ids that arrived before the leader committed an entry of its term."""
 
     def is_empty(self) -> bool:
@@ -50,17 +45,17 @@ class ReadOnly:
 
     def add(self, request_id: int, index: int) -> None:
         self.seq += 1
-        if self.pending is _NONE:
+        if self.pending is EMPTY_LIST:
             self.pending = []
         self.pending.append((self.seq, request_id, index))
 
     def wait_term_commit(self, request_id: int) -> None:
-        if self.waiting_term_commit is _NONE:
+        if self.waiting_term_commit is EMPTY_LIST:
             self.waiting_term_commit = []
         self.waiting_term_commit.append(request_id)
 
     def take_waiting_term_commit(self) -> list[int]:
-        waiting, self.waiting_term_commit = self.waiting_term_commit, cast(list[int], _NONE)
+        waiting, self.waiting_term_commit = self.waiting_term_commit, EMPTY_LIST
         return waiting
 
     def confirm(self, seq: int) -> None:
@@ -69,14 +64,14 @@ class ReadOnly:
         k = 0
         while k < len(pending) and pending[k][0] <= seq:
             _seq, request_id, index = pending[k]
-            if self.confirmed is _NONE:
+            if self.confirmed is EMPTY_LIST:
                 self.confirmed = []
             self.confirmed.append((request_id, index))
             k += 1
         if k:
             del pending[:k]
             if not pending:
-                self.pending = cast(list[tuple[int, int, int]], _NONE)
+                self.pending = EMPTY_LIST
 
     def take_ready(self, applied: int) -> list[ReadReady]:
         """The confirmed reads whose index is applied."""
@@ -88,7 +83,7 @@ class ReadOnly:
         if out:
             del confirmed[: len(out)]
             if not confirmed:
-                self.confirmed = cast(list[tuple[int, int]], _NONE)
+                self.confirmed = EMPTY_LIST
         return out
 
     def drop(self) -> list[int]:
@@ -96,14 +91,10 @@ class ReadOnly:
         ids = [request_id for _seq, request_id, _index in self.pending]
         ids += [request_id for request_id, _index in self.confirmed]
         ids += self.waiting_term_commit
-        self.pending = cast(list[tuple[int, int, int]], _NONE)
-        self.confirmed = cast(list[tuple[int, int]], _NONE)
-        self.waiting_term_commit = cast(list[int], _NONE)
+        self.pending = EMPTY_LIST
+        self.confirmed = EMPTY_LIST
+        self.waiting_term_commit = EMPTY_LIST
         return ids
-
-    @staticmethod
-    def check_shared() -> None:
-        assert not _NONE, "the shared empty list was changed"
 
 
 def on_read_index(s: RaftServer, request_id: int) -> None:

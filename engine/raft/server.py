@@ -90,12 +90,7 @@ from engine.raft.raft_log import RaftLog
 from engine.raft.read_only import ReadOnly
 from engine.raft.role import Role
 from engine.raft.snapshot import Snapshot, SnapshotMeta
-
-_NO_VOTES: dict[ServerId, bool] = {}
-_NO_UNCOMMITTED: list[tuple[int, int]] = []
-"""Shared by every server not campaigning, and every one with no proposal in flight
-(never changed: a server takes its own before it adds to them), so that an idle replica
-does without two empty containers."""
+from engine.shared_empty import EMPTY_DICT, EMPTY_LIST, check_shared_empties
 
 
 class RaftServer:
@@ -207,7 +202,7 @@ class RaftServer:
             )
         self.progress: dict[ServerId, Progress] = {}
         """The leader's view of each other member; empty unless leading."""
-        self.votes: dict[ServerId, bool] = _NO_VOTES
+        self.votes: dict[ServerId, bool] = EMPTY_DICT
         """Granted or refused, by voter, while campaigning (a new dict per campaign)."""
         self.election_deadline_ms = 0
         self.leader_contact_ms = -(1 << 40)
@@ -215,7 +210,7 @@ class RaftServer:
         self.check_quorum_due_ms = 0
         self.term_start_index = 0
         """The index of the leader's first entry of its term (its no-op)."""
-        self.uncommitted: list[tuple[int, int]] = _NO_UNCOMMITTED
+        self.uncommitted: list[tuple[int, int]] = EMPTY_LIST
         """(last index, bytes) of each accepted proposal not yet committed, oldest first
         (a list: an idle replica's empty deque would hold 760 bytes)."""
         self.uncommitted_bytes = 0
@@ -339,13 +334,12 @@ class RaftServer:
     def forget_uncommitted(self) -> None:
         """Every accepted proposal committed: back to the shared empty list."""
         assert not self.uncommitted and not self.uncommitted_bytes
-        self.uncommitted = _NO_UNCOMMITTED
+        self.uncommitted = EMPTY_LIST
 
     def check_invariants(self) -> None:
         """Assert what holds between any two events (the simulator calls it after every
         step); an ``AssertionError`` names the broken rule (``engine.raft.invariants``)."""
-        assert not _NO_VOTES and not _NO_UNCOMMITTED, "a shared empty container changed"
-        ReadOnly.check_shared()
+        check_shared_empties()
         invariants.check(self)
 
     # --- repair ----------------------------------------------------------------------
@@ -408,20 +402,20 @@ class RaftServer:
             self.term, self.vote = term, None
         self.role = Role.FOLLOWER
         self.leader = leader
-        self.votes = _NO_VOTES
+        self.votes = EMPTY_DICT
         self.progress = {}
         self.reset_election_timer()
         if was_leader:
             for request_id in self.reads.drop():
                 self.rd.rejected.append(Rejected(request_id, "lost_leadership", self.leader))
             self.membership.drop(self.rd.rejected, self.rd.completed)
-            self.uncommitted = _NO_UNCOMMITTED
+            self.uncommitted = EMPTY_LIST
             self.uncommitted_bytes = 0
 
     def become_leader(self) -> None:
         self.role = Role.LEADER
         self.leader = self.id
-        self.votes = _NO_VOTES
+        self.votes = EMPTY_DICT
         last = self.log.last_index()
         self.progress = {
             peer: Progress(last + 1, self.now_ms) for peer in self.config.members if peer != self.id
@@ -446,7 +440,7 @@ class RaftServer:
             return
         first = self.log.last_index() + 1
         last = self._append_commands(event.commands)
-        if self.uncommitted is _NO_UNCOMMITTED:
+        if self.uncommitted is EMPTY_LIST:
             self.uncommitted = []
         self.uncommitted.append((last, size))
         self.uncommitted_bytes += size

@@ -58,6 +58,7 @@ from engine.runtime import observe
 from engine.runtime.driver import ReplicaDriver
 from engine.runtime.meta import QueueMeta, policy_of
 from engine.runtime.replica import CheckpointInfo, Replica, node_of, server_id
+from engine.shared_empty import check_shared_empties
 from engine.storage import (
     Checkpoint,
     HardStateSaved,
@@ -242,7 +243,7 @@ class Hosting:
         for f in [*rep.available_waiters, *rep.leader_waiters]:
             if not f.done():
                 f.set_result(None)
-        rep.check_shared()
+        check_shared_empties()
 
     # --- the Raft loop -----------------------------------------------------------------
 

@@ -23,6 +23,7 @@ from engine.raft.server import RaftServer
 from engine.runtime.driver import ReplicaDriver
 from engine.runtime.meta import QueueMeta
 from engine.runtime.rates import Sample, add_sample, rates_of
+from engine.shared_empty import EMPTY_DICT, EMPTY_LIST, empty_dict, empty_list
 from engine.storage import ServerLog
 
 
@@ -41,26 +42,6 @@ class CheckpointInfo:
     bytes: int = 0
 
 
-_NO_PROPOSALS: dict[int, Proposal] = {}
-_NO_WAITERS: list[asyncio.Future[None]] = []
-_NO_ENTRIES: dict[int, Entry] = {}
-"""Shared by every replica that has none (never changed: ``own_*`` gives a replica a
-container of its own before its first item), so that an idle queue does without five
-empty containers (~300 bytes)."""
-
-
-def _no_proposals() -> dict[int, Proposal]:
-    return _NO_PROPOSALS
-
-
-def _no_waiters() -> list[asyncio.Future[None]]:
-    return _NO_WAITERS
-
-
-def _no_entries() -> dict[int, Entry]:
-    return _NO_ENTRIES
-
-
 @dataclass(slots=True)
 class Replica:
     meta: QueueMeta
@@ -76,9 +57,9 @@ class Replica:
     close_error: Exception | None = None
     """Raised to callers once closed: ``QueueNotFound`` (deleted) or ``NoLeader`` (stop)."""
     next_request_id: int = 1
-    proposals: dict[int, Proposal] = field(default_factory=_no_proposals)
+    proposals: dict[int, Proposal] = field(default_factory=empty_dict)
     """By request id, until the core accepts or rejects them (added to by ``own_proposals``)."""
-    waiting: dict[int, Proposal] = field(default_factory=_no_proposals)
+    waiting: dict[int, Proposal] = field(default_factory=empty_dict)
     """By log index, until it applies (added to by ``own_waiting``)."""
     scheduled: bool = False
     tick_handle: asyncio.TimerHandle | None = None
@@ -89,10 +70,10 @@ class Replica:
     building_snapshot: bool = False
     """A worker reads the pages of the snapshot for a lagging follower (one at a time)."""
     available_seq: int = 0
-    available_waiters: list[asyncio.Future[None]] = field(default_factory=_no_waiters)
+    available_waiters: list[asyncio.Future[None]] = field(default_factory=empty_list)
     seen: tuple[int, str | None, int] = (-1, None, -1)
     """(role, leader, term) last seen: a change wakes ``leader_waiters``."""
-    leader_waiters: list[asyncio.Future[None]] = field(default_factory=_no_waiters)
+    leader_waiters: list[asyncio.Future[None]] = field(default_factory=empty_list)
     inflight_publish_bytes: int = 0
     checkpoint: CheckpointInfo = field(default_factory=CheckpointInfo)
     meta_task: asyncio.Task[None] | None = None
@@ -101,7 +82,7 @@ class Replica:
     """Log bytes applied since the machine was last captured for a checkpoint (or
     restored): what a restart would apply again, bounded by
     ``Limits.replay_bytes_max``."""
-    installed_live: dict[int, Entry] = field(default_factory=_no_entries)
+    installed_live: dict[int, Entry] = field(default_factory=empty_dict)
     """Live entries of a snapshot being installed, readable until storage shows them."""
     samples: list[Sample] = field(default_factory=list)
     """(ms, published, delivered, acked) about once a second, as runs, for the rates
@@ -119,12 +100,12 @@ class Replica:
     """A read-ahead of the machine's ready pages is running (``engine.runtime.paging``)."""
 
     def own_proposals(self) -> dict[int, Proposal]:
-        if self.proposals is _NO_PROPOSALS:
+        if self.proposals is EMPTY_DICT:
             self.proposals = {}
         return self.proposals
 
     def own_waiting(self) -> dict[int, Proposal]:
-        if self.waiting is _NO_PROPOSALS:
+        if self.waiting is EMPTY_DICT:
             self.waiting = {}
         return self.waiting
 
@@ -132,26 +113,21 @@ class Replica:
         """Once none is left: back to the shared empty dict (an emptied dict keeps its
         table, and even a new one costs an idle queue 64 bytes)."""
         assert not self.proposals
-        self.proposals = _NO_PROPOSALS
+        self.proposals = EMPTY_DICT
 
     def release_waiting(self) -> None:
         assert not self.waiting
-        self.waiting = _NO_PROPOSALS
+        self.waiting = EMPTY_DICT
 
     def own_available_waiters(self) -> list[asyncio.Future[None]]:
-        if self.available_waiters is _NO_WAITERS:
+        if self.available_waiters is EMPTY_LIST:
             self.available_waiters = []
         return self.available_waiters
 
     def own_leader_waiters(self) -> list[asyncio.Future[None]]:
-        if self.leader_waiters is _NO_WAITERS:
+        if self.leader_waiters is EMPTY_LIST:
             self.leader_waiters = []
         return self.leader_waiters
-
-    @staticmethod
-    def check_shared() -> None:
-        """The shared empty containers are still empty."""
-        assert not _NO_PROPOSALS and not _NO_WAITERS and not _NO_ENTRIES
 
     @property
     def disk_lock(self) -> asyncio.Lock:
