@@ -185,8 +185,12 @@ def record_listener(db: Database, node: QueueEngine | None = None) -> RecordList
     come back from `node.checkpoint`/`node.compact`; the router stores those)."""
 
     async def listener(record: CheckpointRecord | CompactionRecord) -> None:
-        listed = [] if node is None else node.queues()  # on the loop, which owns the engine
-        stored = await anyio.to_thread.run_sync(store_record, db, record, listed)
+        stored = await anyio.to_thread.run_sync(store_record, db, record)
+        if not stored and node is not None:
+            # Its row may not be mirrored yet: the engine's listing (on the loop, which
+            # owns the engine) is taken only then, not for every record.
+            listed = [q for q in node.queues() if q.name == record.queue]
+            stored = await anyio.to_thread.run_sync(store_record, db, record, listed)
         if not stored:
             log.warning("history record for unknown queue %r dropped", record.queue)
 
