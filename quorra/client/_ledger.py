@@ -90,8 +90,6 @@ class Ledger:
         return not self.outstanding or self.outstanding_messages + count <= self.window
 
     def publish_frame(self, messages: Sequence[Publishable]) -> tuple[int, bytes]:
-        if not 1 <= len(messages) <= self.batch_messages_max:
-            raise ValueError(f"a publish holds 1..{self.batch_messages_max} messages")
         return self.publish_frame_of_maps([message_map(m) for m in messages])
 
     def publish_frame_of_maps(self, maps: Sequence[Mapping[str, object]]) -> tuple[int, bytes]:

@@ -25,7 +25,7 @@ from websockets.sync.client import ClientConnection
 from websockets.sync.client import connect as sync_connect
 
 from quorra.client._ledger import Ledger, PublishFailed, consume_frame, stream_url, unpack
-from quorra.client._types import Delivery, Problem, Publishable
+from quorra.client._types import Delivery, Problem, Publishable, message_map
 
 OPEN_TIMEOUT_S = 10.0
 FRAME_BYTES_MAX = 64 * 1024 * 1024
@@ -104,11 +104,7 @@ class Stream:
     def publish(self, messages: Sequence[Publishable]) -> int:
         """Send one publish frame (1..1000 messages, all or nothing) once the window has
         room; its seq. Durable once confirmed: see ``wait`` and ``flush``."""
-        while not self.ledger.room_for(len(messages)):
-            self.read(None)
-        seq, frame = self.ledger.publish_frame(messages)
-        self._send(frame)
-        return seq
+        return self.publish_maps([message_map(m) for m in messages])
 
     def publish_maps(self, maps: Sequence[Mapping[str, object]]) -> int:
         """As ``publish`` for messages in their wire form (``Ledger.publish_frame_of_maps``)."""
