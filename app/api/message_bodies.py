@@ -34,7 +34,7 @@ from app.problems import UnsupportedMediaType
 from engine.errors import InvalidRequest, MessageTooLarge, QuorraError, ValidationFailed
 from engine.limits import Limits
 from engine.queue.receipts import RECEIPT_CHARS, are_receipt_texts
-from engine.runtime.api import OutgoingMessage
+from engine.runtime.api import OutgoingMessage, body_only
 
 # --- bytes to values ---------------------------------------------------------------
 
@@ -255,7 +255,7 @@ def _message(m: object, position: int) -> OutgoingMessage:
         raise _Refused
     body = _body(m.get("body"), m.get("encoding", "utf-8"), position)
     if len(m) == 1:  # the body alone: every other field at its default
-        return OutgoingMessage(body, {}, 0, None, 0, None)
+        return body_only(body)
     headers = _headers(m.get("headers", {}), f"messages[{position}].headers")
     priority = m.get("priority", _PRIORITY.default)
     ttl_ms = m.get("ttl_ms")
@@ -289,11 +289,16 @@ def _publish(payload: object, limits: Limits) -> list[OutgoingMessage]:
     total = 0
     for position, m in enumerate(messages):
         body = m.get("body") if type(m) is dict and len(m) == 1 else None
-        if type(body) is str and body.isascii():
-            # The usual message, its body alone as ASCII text: what ``_message`` makes of
-            # it (utf-8, the default encoding; every other field at its default), without
-            # its calls, for each message of a batch.
-            message = OutgoingMessage(body.encode(), {}, 0, None, 0, None)
+        if type(body) is bytes:
+            # The usual stream message, its body alone as MessagePack bytes: what
+            # ``_message`` makes of it (the default encoding takes bytes as they are),
+            # without its calls.
+            message = body_only(body)
+        elif type(body) is str and body.isascii():
+            # The usual JSON message, its body alone as ASCII text: what ``_message``
+            # makes of it (utf-8, the default encoding; every other field at its
+            # default), without its calls, for each message of a batch.
+            message = body_only(body.encode())
         else:
             message = _message(m, position)
         total += len(message.body)

@@ -38,7 +38,7 @@ from app.settings import Settings
 from engine.errors import InvalidRequest, QuorraError
 from engine.limits import DEFAULT_LIMITS, Limits
 from engine.queue.receipts import RECEIPT_CHARS
-from engine.runtime.api import OutgoingMessage
+from engine.runtime.api import OutgoingMessage, body_only
 
 SMALL_LIMITS = dataclasses.replace(
     DEFAULT_LIMITS,
@@ -231,6 +231,7 @@ _MESSAGE = st.fixed_dictionaries(
     None,
     False,
 )
+@example([{"body": b"x"}, {"body": b""}, {"body": b"\xff", "encoding": "base64"}], None, False)
 @example([{"body": "%%", "encoding": "base64"}, {"body": 1}], None, False)
 @example([{"body": "x", "headers": {"k": "\ud800"}}], None, False)
 @example([{"body": "abcde"}, {"body": "fghij"}], SMALL_LIMITS, False)
@@ -239,6 +240,16 @@ def test_the_publish_parser_is_the_schema(messages: Any, limits: Limits | None, 
     limits = limits or DEFAULT_LIMITS
     payload = messages if bare else {"messages": messages}
     assert parsed(publish_messages, payload, limits) == reference_publish(payload, limits)
+
+
+@given(st.binary(max_size=8))
+def test_a_body_alone_is_the_message_of_its_body(body: bytes) -> None:
+    message = body_only(body)
+    assert message == OutgoingMessage(body)
+    assert message.body is body
+    assert message.headers is not body_only(body).headers  # each its own, as the default
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        message.priority = 1  # type: ignore[misc]
 
 
 _RECEIPT = st.one_of(
