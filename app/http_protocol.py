@@ -10,6 +10,11 @@ copy); closing sends what is gathered first. Nothing else of the protocol change
 It is uvicorn's httptools protocol (a C parser; h11, pure Python, where httptools is
 missing).
 
+It keeps a request's body as the chunks that arrived (``ReceivedBody``) rather than
+uvicorn's growing ``bytearray``, which the app's read then copied once more: a batch of
+100 messages (some 100 KiB, two or three chunks) was copied twice into freshly mapped
+memory on its way in, about a twentieth of the server's CPU per published batch.
+
 It also bounds the time to send a request's headers, which uvicorn does not: a
 connection that sends no bytes, or only part of a request line or of its headers, would
 otherwise stay open for ever (a few thousand such sockets exhaust the process's file
@@ -79,6 +84,31 @@ class CoalescingTransport:
         return getattr(self._transport, name)
 
 
+class ReceivedBody:
+    """What arrived of a request's body since the app last read it, in the three ways
+    uvicorn's cycle uses its ``body``: ``+=`` a chunk, ``len``, and ``bytes`` when the
+    app reads (``receive``). The chunks are kept as they are: ``bytes`` of one chunk is
+    that chunk (no copy), of several one join."""
+
+    __slots__ = ("chunks", "size")
+
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+        self.size = 0
+
+    def __iadd__(self, chunk: bytes) -> ReceivedBody:
+        self.chunks.append(chunk)
+        self.size += len(chunk)
+        return self
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __bytes__(self) -> bytes:
+        chunks = self.chunks
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
 class CoalescingProtocol(_Base):
     """uvicorn's HTTP/1.1 protocol (httptools' parser when installed, else h11) over a
     ``CoalescingTransport``, with a header-read timeout (``http_protocol`` sets it)."""
@@ -95,6 +125,15 @@ class CoalescingProtocol(_Base):
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_header_timer()
         super().connection_lost(exc)
+
+    def on_body(self, body: bytes) -> None:
+        """uvicorn's, into a ``ReceivedBody``: the cycle starts with an empty
+        ``bytearray`` and gets a new one after each read, the only times it holds one."""
+        cycle = self.cycle
+        if type(cycle.body) is bytearray:
+            assert not cycle.body, len(cycle.body)
+            cycle.body = ReceivedBody()  # type: ignore[assignment]
+        super().on_body(body)
 
     def on_response_complete(self) -> None:
         super().on_response_complete()

@@ -34,7 +34,7 @@ from app.problems import UnsupportedMediaType
 from engine.errors import InvalidRequest, MessageTooLarge, QuorraError, ValidationFailed
 from engine.limits import Limits
 from engine.queue.receipts import RECEIPT_CHARS, are_receipt_texts
-from engine.runtime.api import OutgoingMessage, body_only
+from engine.runtime.api import OutgoingMessage, PublishItem, body_only
 
 # --- bytes to values ---------------------------------------------------------------
 
@@ -276,7 +276,7 @@ def _message(m: object, position: int) -> OutgoingMessage:
     )
 
 
-def _publish(payload: object, limits: Limits) -> list[OutgoingMessage]:
+def _publish(payload: object, limits: Limits) -> list[PublishItem]:
     if type(payload) is not dict or len(payload) != 1:
         raise _Refused
     messages = payload.get("messages")
@@ -285,22 +285,26 @@ def _publish(payload: object, limits: Limits) -> list[OutgoingMessage]:
     if len(messages) > limits.batch_messages_max:
         why = f"{len(messages)} messages in one batch; at most {limits.batch_messages_max}"
         raise _Refused(MessageTooLarge(why))
-    out: list[OutgoingMessage] = []
+    out: list[PublishItem] = []
     total = 0
     for position, m in enumerate(messages):
         body = m.get("body") if type(m) is dict and len(m) == 1 else None
         if type(body) is bytes:
             # The usual stream message, its body alone as MessagePack bytes: what
             # ``_message`` makes of it (the default encoding takes bytes as they are),
-            # without its calls.
-            message = body_only(body)
-        elif type(body) is str and body.isascii():
-            # The usual JSON message, its body alone as ASCII text: what ``_message``
-            # makes of it (utf-8, the default encoding; every other field at its
-            # default), without its calls, for each message of a batch.
-            message = body_only(body.encode())
-        else:
-            message = _message(m, position)
+            # as the ``PublishItem`` of such a message: its bytes alone.
+            total += len(body)
+            out.append(body)
+            continue
+        if type(body) is str and body.isascii():
+            # The usual JSON message, its body alone as ASCII text (utf-8, the default
+            # encoding; every other field at its default): its bytes alone, without
+            # ``_message``'s calls.
+            data = body.encode()
+            total += len(data)
+            out.append(data)
+            continue
+        message = _message(m, position)
         total += len(message.body)
         out.append(message)
     if total > limits.batch_bytes_max:
@@ -309,14 +313,20 @@ def _publish(payload: object, limits: Limits) -> list[OutgoingMessage]:
     return out
 
 
-def publish_messages(payload: object, limits: Limits) -> list[OutgoingMessage]:
-    """The engine's messages of a ``PublishIn`` body: all or nothing. A batch over
-    ``limits`` (messages or body bytes) is 413; the node checks each message against
-    its queue's ``max_message_bytes``."""
+def publish_items(payload: object, limits: Limits) -> list[PublishItem]:
+    """The engine's messages of a ``PublishIn`` body, all or nothing: a message with
+    only a body as ASCII text is its bytes (engine/runtime/api.py ``PublishItem``). A
+    batch over ``limits`` (messages or body bytes) is 413; the node checks each message
+    against its queue's ``max_message_bytes``."""
     try:
         return _publish(payload, limits)
     except _Refused as refused:
         raise _explained(PublishIn, payload, refused.reason) from None
+
+
+def publish_messages(payload: object, limits: Limits) -> list[OutgoingMessage]:
+    """``publish_items``, each message an ``OutgoingMessage``."""
+    return [body_only(m) if isinstance(m, bytes) else m for m in publish_items(payload, limits)]
 
 
 # --- receive and settle ----------------------------------------------------------

@@ -30,7 +30,7 @@ queue's ``max_message_bytes`` is 413 from the engine, and nothing of the batch i
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
@@ -68,7 +68,7 @@ from app.state import settings_of
 from engine.limits import Limits
 from engine.runtime.api import (
     BrowsedMessage,
-    OutgoingMessage,
+    PublishItem,
     QueueEngine,
     ReceivedBatch,
     SettleResult,
@@ -160,7 +160,7 @@ def _settled(result: SettleResult, receipts: list[str]) -> Response | dict[str, 
 
 
 async def publish_batch(
-    node: QueueEngine, name: str, messages: list[OutgoingMessage]
+    node: QueueEngine, name: str, messages: Sequence[PublishItem]
 ) -> dict[str, object]:
     return {"ids": await node.publish(name, messages)}
 
@@ -305,7 +305,7 @@ def _message_route(
 async def publish(name: QueueName, request: Request) -> Response:
     """Publish a batch, all or nothing; 201 once it is durable on a quorum."""
     a = await admitted(request, name, "write")
-    batch = message_bodies.publish_messages(a.payload, limits_of(request))
+    batch = message_bodies.publish_items(a.payload, limits_of(request))
     return answer_in(await publish_batch(a.node, name, batch), a.binary, status.HTTP_201_CREATED)
 
 

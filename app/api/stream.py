@@ -64,7 +64,7 @@ from app.problems import AppProblem, Forbidden, typed_problem
 from app.state import frame_packer_of, node_or_none, settings_of
 from engine.errors import InvalidRequest, NoLeader, QueueNotFound, QuorraError, ValidationFailed
 from engine.limits import Limits
-from engine.runtime.api import OutgoingMessage, QueueEngine
+from engine.runtime.api import PublishItem, QueueEngine
 
 log = logging.getLogger("quorra.app")
 
@@ -103,7 +103,7 @@ gets an `error` frame and changes nothing. A closed socket's leases return at on
 @dataclass(frozen=True, slots=True)
 class PendingPublish:
     seq: int
-    messages: list[OutgoingMessage]
+    messages: list[PublishItem]
     body_bytes: int
 
 
@@ -121,10 +121,11 @@ def publish_frame(frame: dict[str, Any], last_seq: int, limits: Limits) -> Pendi
         raise FrameError(ValidationFailed(f"unknown fields {unknown}"), of="publish", seq=seq)
     payload = {"messages": frame.get("messages")}
     try:
-        messages = message_bodies.publish_messages(payload, limits)
+        messages = message_bodies.publish_items(payload, limits)
     except (RequestValidationError, QuorraError) as e:
         raise FrameError(refusal(e), of="publish", seq=seq) from None
-    return PendingPublish(seq, messages, sum(len(m.body) for m in messages))
+    size = sum(len(m) if isinstance(m, bytes) else len(m.body) for m in messages)
+    return PendingPublish(seq, messages, size)
 
 
 class StreamConnection:

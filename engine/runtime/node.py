@@ -58,7 +58,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from engine.cluster import meta_commands as mc
@@ -75,7 +75,7 @@ from engine.runtime.api import (
     CheckpointRecord,
     CompactionPhase,
     CompactionRecord,
-    OutgoingMessage,
+    PublishItem,
     QueueArgs,
     QueueEngine,
     QueueInfo,
@@ -244,7 +244,7 @@ class Node:
 
     # === messages ====================================================================
 
-    async def publish(self, name: str, messages: list[OutgoingMessage]) -> list[int]:
+    async def publish(self, name: str, messages: Sequence[PublishItem]) -> list[int]:
         return await self.context.ops.publish(name, messages)
 
     async def receive(

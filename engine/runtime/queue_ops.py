@@ -12,6 +12,7 @@ never copied into the machine.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -50,6 +51,7 @@ from engine.raft.server import Role
 from engine.runtime.api import (
     BrowsedMessage,
     OutgoingMessage,
+    PublishItem,
     ReceivedBatch,
     SettleResult,
 )
@@ -81,10 +83,7 @@ class QueueOps:
         half trusts them). Each message is checked once, where the batch is encoded."""
         limits = self.ctx.limits
         if isinstance(call, PublishCall):
-            if not call.messages:
-                raise ValidationFailed("a publish holds at least one message")
-            if len(call.messages) > limits.batch_messages_max:
-                raise MessageTooLarge(f"a batch holds at most {limits.batch_messages_max}")
+            _check_publish(len(call.messages), limits)
         elif isinstance(call, ReceiveCall):
             _check_receive(call, limits)
         elif isinstance(call, SettleCall):
@@ -95,21 +94,22 @@ class QueueOps:
             if call.after is not None and call.after < 0:
                 raise ValidationFailed("after must be a cursor from an earlier page")
 
-    async def publish(self, name: str, messages: list[OutgoingMessage]) -> list[int]:
+    async def publish(self, name: str, messages: Sequence[PublishItem]) -> list[int]:
         ctx = self.ctx
         ctx.router.check_known(name)
-        call = PublishCall(name, messages)
-        self.check(call)
+        _check_publish(len(messages), ctx.limits)  # what ``check`` checks of a PublishCall
         async with ctx.admit():
             rep = ctx.replicas.get(name)
             if rep is not None and rep.raft.role is Role.LEADER:
                 # Led here (always, on a single node): ``route`` would find the same.
                 return await self.publish_local(rep, messages)
-            result = await ctx.router.route(call)
+            # A call crosses the wire with whole messages (engine/runtime/wire.py).
+            whole = [OutgoingMessage(m) if isinstance(m, bytes) else m for m in messages]
+            result = await ctx.router.route(PublishCall(name, whole))
         assert isinstance(result, list)
         return result
 
-    async def publish_local(self, rep: Replica, messages: list[OutgoingMessage]) -> list[int]:
+    async def publish_local(self, rep: Replica, messages: Sequence[PublishItem]) -> list[int]:
         limits = self.ctx.limits
         command = encode_enqueue(self.new_messages(rep, messages))
         size = len(command)
@@ -127,15 +127,22 @@ class QueueOps:
         return list(reply.ids)
 
     def new_messages(
-        self, rep: Replica, messages: list[OutgoingMessage]
+        self, rep: Replica, messages: Sequence[PublishItem]
     ) -> list[NewMessage | bytes]:
-        """The batch to encode, each message checked. A message with a ``bytes`` body and
-        every other field at its default (most of them) needs only its size checked,
-        and is encoded from its body alone; the others go through ``check_message``."""
+        """The batch to encode, each message checked. A message given as its body alone
+        (``bytes``), or with a ``bytes`` body and every other field at its default (most
+        of them), needs only its size checked, and is encoded from its body alone; the
+        others go through ``check_message``."""
         policy = rep.machine.policy
         body_bytes_max = policy.max_message_bytes
         batch: list[NewMessage | bytes] = []
         for m in messages:
+            if type(m) is bytes:
+                if len(m) > body_bytes_max:
+                    raise MessageTooLarge(f"a message is larger than {body_bytes_max} bytes")
+                batch.append(m)
+                continue
+            assert isinstance(m, OutgoingMessage), type(m)
             body = m.body
             if (
                 type(body) is bytes
@@ -433,3 +440,10 @@ def _check_receipts(receipts: list[str], limits: Limits) -> None:
 
 
 __all__ = ["QueueOps"]
+
+
+def _check_publish(messages: int, limits: Limits) -> None:
+    if not messages:
+        raise ValidationFailed("a publish holds at least one message")
+    if messages > limits.batch_messages_max:
+        raise MessageTooLarge(f"a batch holds at most {limits.batch_messages_max}")

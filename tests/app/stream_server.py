@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
@@ -23,7 +24,7 @@ from app.main import create_app
 from app.server import tune_malloc, websocket_options
 from app.settings import Settings
 from engine.limits import DEFAULT_LIMITS
-from engine.runtime.api import OutgoingMessage, QueueEngine
+from engine.runtime.api import PublishItem, QueueEngine
 
 STREAM_LIMITS = replace(
     DEFAULT_LIMITS,
@@ -47,7 +48,7 @@ class GatedNode:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._node, name)
 
-    async def publish(self, name: str, messages: list[OutgoingMessage]) -> list[int]:
+    async def publish(self, name: str, messages: Sequence[PublishItem]) -> list[int]:
         while self._gate.exists():
             await asyncio.sleep(GATE_POLL_S)
         return await self._node.publish(name, messages)

@@ -65,3 +65,98 @@ def test_nothing_is_written_to_a_closing_transport() -> None:
         assert under.calls == []
 
     asyncio.run(go())
+
+
+# --- the request body as it arrives --------------------------------------------------
+
+
+class Socketless:
+    """What uvicorn's protocol asks of its transport; what it writes is kept."""
+
+    def __init__(self) -> None:
+        self.written = b""
+
+    def get_extra_info(self, name: str) -> Any:
+        return ("127.0.0.1", 8000) if name in ("sockname", "peername") else None
+
+    def write(self, data: bytes) -> None:
+        self.written += data
+
+    def writelines(self, pieces: list[bytes]) -> None:
+        self.written += b"".join(pieces)
+
+    def is_closing(self) -> bool:
+        return False
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+async def _echo(scope: Any, receive: Any, send: Any) -> None:
+    """Answers each request with its body as the app read it, and how many reads."""
+    chunks = []
+    while True:
+        message = await receive()
+        chunks.append(message["body"])
+        if not message["more_body"]:
+            break
+    answer = b"%d:" % len(chunks) + b"".join(chunks)
+    length = [(b"content-length", b"%d" % len(answer))]
+    await send({"type": "http.response.start", "status": 200, "headers": length})
+    await send({"type": "http.response.body", "body": answer})
+
+
+def _request(body: bytes) -> bytes:
+    return b"POST /x HTTP/1.1\r\nHost: q\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+
+
+def test_a_body_in_pieces_reaches_the_app_whole_and_exact() -> None:
+    """The body arrives in pieces (one, several, and a next request in the same
+    read); the app reads each body once, byte for byte, in order."""
+    import uvicorn
+    from uvicorn.server import ServerState
+
+    from app.http_protocol import http_protocol
+
+    async def go() -> bytes:
+        config = uvicorn.Config(_echo, lifespan="off", log_level="error")
+        config.load()
+        protocol = http_protocol(10.0)(config=config, server_state=ServerState(), app_state={})
+        socketless = Socketless()
+        protocol.connection_made(cast(Any, socketless))
+        big = bytes(range(256)) * 400
+        first, second = _request(big), _request(b"small")
+        protocol.data_received(first[:50])
+        protocol.data_received(first[50:70_000])
+        protocol.data_received(first[70_000:] + second[:60])
+        for _ in range(5):
+            await asyncio.sleep(0)
+        protocol.data_received(second[60:])
+        for _ in range(5):
+            await asyncio.sleep(0)
+        protocol.connection_lost(None)
+        return socketless.written
+
+    written = asyncio.run(go())
+    answers = written.split(b"HTTP/1.1 200 OK\r\n")[1:]
+    assert len(answers) == 2
+    assert answers[0].endswith(b"\r\n\r\n1:" + bytes(range(256)) * 400)
+    assert answers[1].endswith(b"\r\n\r\n1:small")
+
+
+def test_received_body_joins_only_several_chunks() -> None:
+    from app.http_protocol import ReceivedBody
+
+    assert bytes(ReceivedBody()) == b""
+    one = b"x" * 1000
+    held = ReceivedBody()
+    held += one
+    assert bytes(held) is one  # the chunk itself, not a copy
+    held += b"yz"
+    assert (len(held), bytes(held)) == (1002, one + b"yz")

@@ -27,6 +27,7 @@ from app.api.message_bodies import (
     SettleArgs,
     UnexplainedRefusal,
     decoded,
+    publish_items,
     publish_messages,
     receive_args,
     settle_args,
@@ -240,6 +241,26 @@ def test_the_publish_parser_is_the_schema(messages: Any, limits: Limits | None, 
     limits = limits or DEFAULT_LIMITS
     payload = messages if bare else {"messages": messages}
     assert parsed(publish_messages, payload, limits) == reference_publish(payload, limits)
+    # The route's items are the same messages, a message of defaults as its body alone.
+    assert _whole(parsed(publish_items, payload, limits)) == reference_publish(payload, limits)
+
+
+def _whole(outcome: Any) -> Any:
+    """``publish_items``'s outcome with each ``bytes`` item the message it stands for."""
+    if not isinstance(outcome, list):
+        return outcome
+    return [OutgoingMessage(m) if isinstance(m, bytes) else m for m in outcome]
+
+
+def test_a_message_of_ascii_text_alone_is_its_bytes() -> None:
+    """What the publish route hands the engine: no ``OutgoingMessage`` for the usual
+    message, and one for any other."""
+    payload = {"messages": [{"body": "plain"}, {"body": "h\u00e9"}, {"body": "x", "priority": 2}]}
+    assert publish_items(payload, DEFAULT_LIMITS) == [
+        b"plain",
+        OutgoingMessage("hé".encode()),
+        OutgoingMessage(b"x", priority=2),
+    ]
 
 
 @given(st.binary(max_size=8))

@@ -103,8 +103,9 @@ def test_errors_for_bad_input(tmp_path: Path) -> None:
 
 
 def test_plain_and_other_messages_are_checked_alike(tmp_path: Path) -> None:
-    """A message with every field at its default takes a shorter check than one with
-    headers; both refuse the same way, and a refused message keeps its whole batch out."""
+    """A message with every field at its default, whether given as its body alone
+    (``bytes``, a ``PublishItem``) or whole, takes a shorter check than one with
+    headers; all refuse the same way, and a refused message keeps its whole batch out."""
 
     async def body() -> None:
         node = await started(tmp_path)
@@ -112,7 +113,7 @@ def test_plain_and_other_messages_are_checked_alike(tmp_path: Path) -> None:
             await node.create_queue("q", QueueArgs(max_message_bytes=10))
             plain = OutgoingMessage(b"x" * 11, {}, 0, None, 0, None)
             headed = OutgoingMessage(b"x" * 11, {"h": ""}, 0, None, 0, None)
-            for big in (plain, headed):
+            for big in (b"x" * 11, plain, headed):
                 with pytest.raises(MessageTooLarge) as refused:
                     await node.publish("q", [*msgs("ok"), big])
                 assert "larger than 10 bytes" in refused.value.detail
@@ -124,12 +125,13 @@ def test_plain_and_other_messages_are_checked_alike(tmp_path: Path) -> None:
                     await node.publish("q", [*msgs("ok"), bad])
             assert node.stats("q")["messages_ready"] == 0
             ids = await node.publish(
-                "q", [*msgs("a"), OutgoingMessage(b"b", {"k": "v"}, 0, None, 0, None)]
+                "q", [*msgs("a"), OutgoingMessage(b"b", {"k": "v"}, 0, None, 0, None), b"c"]
             )
-            got = await node.receive("q", consumer="c", max_messages=2, wait_ms=0, lease_ms=None)
-            assert [(m.id, m.body, m.headers) for m in got] == [
-                (ids[0], b"a", {}),
-                (ids[1], b"b", {"k": "v"}),
+            got = await node.receive("q", consumer="c", max_messages=3, wait_ms=0, lease_ms=None)
+            assert [(m.id, m.body, m.headers, m.priority) for m in got] == [
+                (ids[0], b"a", {}, 0),
+                (ids[1], b"b", {"k": "v"}, 0),
+                (ids[2], b"c", {}, 0),
             ]
         finally:
             await node.stop()

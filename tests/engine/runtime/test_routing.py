@@ -45,7 +45,7 @@ from engine.runtime.routing import (
     UpdatePolicyCall,
     check_call,
 )
-from tests.engine.runtime.util import FAST, msgs, run
+from tests.engine.runtime.util import FAST, drain, msgs, run
 
 META = QueueMeta("q", "uid", QueueArgs(replicas=3, dead_letter_queue="d"), 5, ("n1", "n2"))
 BATCH = [OutgoingMessage(b"b", {"k": "v"}, 2, 100, 5, "id")]
@@ -139,9 +139,12 @@ def test_a_peer_refuses_a_malformed_call_before_it_runs(tmp_path: Path) -> None:
                 await transport.call(nodes[1].name, bad)
             with pytest.raises(ValidationFailed, match="not a call"):
                 await transport.call(nodes[1].name, META)  # type: ignore[arg-type]
-            # Well-formed calls still run: one of the two publishes is forwarded.
-            assert len(await nodes[0].publish("q", msgs("a"))) == 1
-            assert len(await nodes[1].publish("q", msgs("b"))) == 1
+            # Well-formed calls still run: one of the two publishes is forwarded, a body
+            # alone (``PublishItem``) crossing as a whole message.
+            assert len(await nodes[0].publish("q", [*msgs("a"), b"c"])) == 2
+            assert len(await nodes[1].publish("q", [*msgs("b"), b"d"])) == 2
+            leader = next(n for n in nodes if n.leader_of("q") == n.name)
+            assert await drain(leader, "q") == [b"a", b"c", b"b", b"d"]
         finally:
             for node in nodes:
                 await node.stop()
