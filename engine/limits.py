@@ -237,6 +237,12 @@ class Limits:
     """A list or map with more items than this does not decode."""
     wire_str_bytes_max: int = 64 * KIB
     """A string longer than this does not decode (bodies and entries are bytes)."""
+    wire_packers_kept_per_thread_max: int = 4
+    """Msgpack packers each thread keeps for ``wire.encode`` to use again (one per level of
+    nested dataclasses being encoded at once; more are made and dropped)."""
+    wire_packer_kept_bytes_max: int = 2 * MIB
+    """A packer that has just encoded a larger document is dropped, not kept: its buffer
+    grew to the document's size (the kept ones hold at most about twice this)."""
     peer_refusal_log_interval_ms: int = 10_000
     """A node logs the messages it refuses from peers at most once per interval (and
     counts each in ``Node.cluster()``), so a peer sending junk cannot flood the log."""
@@ -296,6 +302,7 @@ class Limits:
         assert self.wire_document_bytes_max >= self.entry_bytes_max + MIB
         assert self.wire_document_bytes_max >= self.batch_bytes_max + MIB
         assert self.wire_depth_max >= 4
+        assert self.wire_packers_kept_per_thread_max >= 1
         assert self.wire_items_max >= max(
             self.batch_messages_max,
             self.receive_messages_max,
