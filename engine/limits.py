@@ -225,6 +225,10 @@ class Limits:
     remote_stats_max_age_ms: int = 2_000
     """A queue with no replica on a node shows its leader's stats as fetched last
     (``engine.runtime.forwarding``); older than this, they are fetched again."""
+    leader_stats_deadline_ms: int = 1_000
+    """Deadline of a ``StatsCall`` to a queue's leader's node: a follower then shows its own
+    copy marked stale (``engine.runtime.leader_stats``), a node without a replica its kept
+    copy (``engine.runtime.forwarding``)."""
 
     # --- from peers: what a node decodes and takes (runtime wire, receiving) --------
     wire_document_bytes_max: int = 64 * MIB
@@ -237,6 +241,12 @@ class Limits:
     """A list or map with more items than this does not decode."""
     wire_str_bytes_max: int = 64 * KIB
     """A string longer than this does not decode (bodies and entries are bytes)."""
+    wire_packers_kept_per_thread_max: int = 4
+    """Msgpack packers each thread keeps for ``wire.encode`` to use again (one per level of
+    nested dataclasses being encoded at once; more are made and dropped)."""
+    wire_packer_kept_bytes_max: int = 2 * MIB
+    """A packer that has just encoded a larger document is dropped, not kept: its buffer
+    grew to the document's size (the kept ones hold at most about twice this)."""
     peer_refusal_log_interval_ms: int = 10_000
     """A node logs the messages it refuses from peers at most once per interval (and
     counts each in ``Node.cluster()``), so a peer sending junk cannot flood the log."""
@@ -282,6 +292,7 @@ class Limits:
         assert 2 * self.entry_bytes_max <= self.cluster_frame_bytes_max
         assert self.cluster_frame_bytes_max <= self.cluster_send_buffer_bytes_max
         assert self.cluster_call_deadline_ms >= 2 * self.proposal_timeout_ms
+        assert 0 < self.leader_stats_deadline_ms <= self.cluster_call_deadline_ms
         assert self.cluster_calls_inflight_per_peer_max >= 1
         assert self.cluster_handshakes_inflight_max >= 1
         assert 1 <= self.cluster_reconnect_ms_min <= self.cluster_reconnect_ms_max
@@ -296,6 +307,7 @@ class Limits:
         assert self.wire_document_bytes_max >= self.entry_bytes_max + MIB
         assert self.wire_document_bytes_max >= self.batch_bytes_max + MIB
         assert self.wire_depth_max >= 4
+        assert self.wire_packers_kept_per_thread_max >= 1
         assert self.wire_items_max >= max(
             self.batch_messages_max,
             self.receive_messages_max,

@@ -157,7 +157,13 @@ class QueueOut(BaseModel):
         "entries read for deliveries (and browsing, page rebuilds) since the node started; "
         "hits were served from memory (the mem table, or the node's byte-bounded read "
         "cache of segment blocks), misses read from segment files by segment_reads reads "
-        "of segment_bytes in all (the entries read ahead with them included). " + LIVE_ENTRIES_NOTE
+        "of segment_bytes in all (the entries read ahead with them included). "
+        + LIVE_ENTRIES_NOTE
+        + " On a cluster node that does not lead the queue, GET /queues/{name} shows the "
+        "leader's stats, with remote{from_node: the leader's node, age_ms: 0}; when the "
+        "leader cannot answer in time, the node's own copy (or, without a replica of the "
+        'queue, the leader\'s stats as last fetched) with status "stale" and '
+        "remote{from_node, age_ms}: how old that copy may be (null if unknown)."
     )
 
 

@@ -88,6 +88,7 @@ from engine.runtime.api import (
 )
 from engine.runtime.clock import SYSTEM_CLOCK, Clock
 from engine.runtime.context import NodeContext
+from engine.runtime.leader_stats import leader_stats
 from engine.runtime.meta_group import MetaBootstrap, MetaGroup
 from engine.runtime.replica import node_of
 from engine.runtime.routing import CheckpointCall, CompactCall, NodeCall, SegmentsCall
@@ -346,10 +347,14 @@ class Node:
         return observe.queue_stats(ctx.replica(name), self.clock.monotonic_ms(), self.limits)
 
     async def fresh_stats(self, name: str) -> dict[str, object]:
-        """``stats``, but a queue without a replica here asks its leader now (the kept
-        stats, or stale ones, if it cannot be asked)."""
+        """``stats``, but asked of the queue's leader now when another node leads it: by
+        a follower here (``leader_stats``: its own copy marked stale if the leader does
+        not answer), or with no replica here (the kept stats, or stale ones)."""
         ctx = self.context
-        if name in ctx.replicas or ctx.forwarder.remote(name) is None:
+        rep = ctx.replicas.get(name)
+        if rep is not None and name not in ctx.failed and self.transport.nodes() != [self.name]:
+            return await leader_stats(ctx, rep)
+        if rep is not None or ctx.forwarder.remote(name) is None:
             return self.stats(name)
         try:
             return await ctx.forwarder.fetch_stats(name)

@@ -107,10 +107,7 @@ class FrameDecoder:
         buffer = self._buffer
         if len(buffer) < HEADER_BYTES:
             return None
-        length = int.from_bytes(buffer[:HEADER_BYTES], "big")
-        if length > self.frame_bytes_max:
-            raise FrameError(f"a frame of {length} bytes (at most {self.frame_bytes_max})")
-        end = HEADER_BYTES + length
+        end = HEADER_BYTES + frame_length(buffer[:HEADER_BYTES], self.frame_bytes_max)
         if len(buffer) < end:
             return None
         payload = bytes(buffer[HEADER_BYTES:end])
@@ -120,6 +117,14 @@ class FrameDecoder:
     @property
     def buffered_bytes(self) -> int:
         return len(self._buffer)
+
+
+def frame_length(header: bytes | bytearray, frame_bytes_max: int) -> int:
+    """The payload length a frame's header gives, or ``FrameError`` above the cap."""
+    length = int.from_bytes(header, "big")
+    if length > frame_bytes_max:
+        raise FrameError(f"a frame of {length} bytes (at most {frame_bytes_max})")
+    return length
 
 
 def frame(payload: bytes) -> bytes:
@@ -336,6 +341,7 @@ __all__ = [
     "encode_hello",
     "encode_item",
     "frame",
+    "frame_length",
     "frames_of",
     "hello_of",
     "item_fits",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from concurrent.futures import ThreadPoolExecutor
 
 import msgpack
 import pytest
@@ -122,6 +123,48 @@ def test_errors_keep_their_class_and_detail() -> None:
 def test_only_registered_types_encode() -> None:
     with pytest.raises(TypeError):
         wire.encode(object())
+
+
+def _packb_encode(value: object) -> bytes:
+    """What ``wire.encode`` did before it kept packers: a fresh packer per call."""
+    return bytes(msgpack.packb(value, default=_packb_default, use_bin_type=True))
+
+
+def _packb_default(value: object) -> msgpack.ExtType:
+    shape = [f.name for f in dataclasses.fields(value)]  # type: ignore[arg-type]
+    fields = [getattr(value, name) for name in shape]
+    return msgpack.ExtType(wire.DATACLASS, _packb_encode([type(value).__name__, fields]))
+
+
+def test_kept_packers_encode_as_fresh_ones_after_errors_and_from_threads() -> None:
+    """Encoding nests (a dataclass's fields are encoded by a call of their own) and runs
+    on several threads: each call must write into a packer no other call is using, and a
+    packer left by a failed call must not carry bytes into the next document."""
+    entries = [
+        Entry(index=k, term=1, kind=EntryKind.COMMAND, now_ms=5, data=bytes([k]) * 300_000)
+        for k in (1, 2, 3)
+    ]
+    append = AppendRequest(
+        src=ServerId("n1/q"),
+        dst=ServerId("n2/q"),
+        term=1,
+        prev_index=0,
+        prev_term=0,
+        entries=entries,
+        commit=0,
+    )
+    values = [v for v in VALUES if not isinstance(v, Exception)] + [append]
+    expected = [_packb_encode(v) for v in values]
+    with pytest.raises(TypeError):
+        wire.encode([append, object()])
+    assert [wire.encode(v) for v in values] == expected
+
+    def encode_all(_: int) -> list[bytes]:
+        return [wire.encode(v) for _ in range(20) for v in values]
+
+    with ThreadPoolExecutor(4) as pool:
+        for encoded in pool.map(encode_all, range(4)):
+            assert encoded == expected * 20
 
 
 def test_a_message_travels_as_its_field_values_in_order() -> None:
