@@ -1,0 +1,93 @@
+"""A sleeping queue: the compact record an idle replica is swapped for (issue 17).
+
+An idle queue's resident form (machine, Raft server, log, lanes, tables) costs several
+KiB even when it holds ten messages; what must survive an idle spell is far smaller: the
+machine's snapshot bytes (the same inline format 2 that replicas compare and a follower is
+sent, ``QueueMachine.snapshot``), the Raft positions a rebuilt replica starts from, and
+the stats the dashboard, ``GET /queues/{name}`` and ``/metrics`` read, so a sleeping queue
+is described without waking it.
+
+Rules of this module: pure, no I/O; a record is immutable and taken only from a machine
+that ``may_sleep`` (nothing it would do on its own later: no leases out, no delayed
+messages, no TTL, no dead letters in flight, so no timer of it can come due while it
+sleeps); ``wake`` gives a machine that behaves exactly as the one put to sleep (same
+deliveries, receipts and snapshot bytes: ``tests/engine/runtime/test_sleeping.py``).
+
+Leases are not kept inside the record: a lease out has a deadline (a timer) and its
+consumer is likely to settle it soon, so such a queue is not idle; this keeps the
+record's only machine state the snapshot bytes, and a sleeping queue timer-free.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from engine.ids import ServerId
+from engine.limits import DEFAULT_LIMITS, Limits
+from engine.queue import QueueMachine
+from engine.queue.paging import Paging
+from engine.queue.stats import QueueStats
+from engine.raft.config import Configuration
+from engine.raft.server import RaftServer
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RaftPositions:
+    """What a replica rebuilt after sleeping starts its Raft server from."""
+
+    term: int
+    vote: ServerId | None
+    commit: int
+    applied: int
+    last_index: int
+    last_term: int
+    configuration: Configuration
+
+
+def raft_positions(raft: RaftServer) -> RaftPositions:
+    return RaftPositions(
+        term=raft.term,
+        vote=raft.vote,
+        commit=raft.commit,
+        applied=raft.applied,
+        last_index=raft.log.last_index(),
+        last_term=raft.log.last_term(),
+        configuration=raft.config,
+    )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SleepingQueue:
+    """One idle queue, compact: ``snapshot`` is the machine's state, ``stats`` what it
+    reported when it fell asleep (nothing changes it until it wakes)."""
+
+    snapshot: bytes
+    stats: QueueStats
+    raft: RaftPositions | None
+
+
+def may_sleep(machine: QueueMachine) -> bool:
+    """True when nothing in ``machine`` waits on time or on a consumer: no leases out,
+    no delayed or expiring messages, no dead letters awaiting their target queue."""
+    s = machine.stats()
+    return (
+        s.messages_unacked == 0
+        and s.messages_delayed == 0
+        and s.messages_dead_lettering == 0
+        and machine.next_deadline_ms() is None
+    )
+
+
+def put_to_sleep(machine: QueueMachine, raft: RaftPositions | None = None) -> SleepingQueue:
+    """The record of ``machine`` (which the caller then drops)."""
+    assert may_sleep(machine), "a queue with timers or leases out does not sleep"
+    return SleepingQueue(machine.snapshot(), machine.stats(), raft)
+
+
+def wake(
+    record: SleepingQueue, limits: Limits = DEFAULT_LIMITS, paging: Paging | None = None
+) -> QueueMachine:
+    """A machine restored from ``record``: its policy comes from the snapshot."""
+    machine = QueueMachine(None, limits, paging)
+    machine.restore(record.snapshot)
+    return machine
