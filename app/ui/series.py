@@ -2,7 +2,7 @@
 one for the node's totals, kept in the app (never in the engine) and lost on restart.
 
 A task started with the app (``sampler_lifespan``) reads ``node.summary`` of every queue
-each ``SAMPLE_INTERVAL_S`` on the event loop (the engine's one-thread rule), in slices of
+each ``SAMPLE_INTERVAL_S`` (longer after a long round: ``wait_after``) on the event loop (the engine's one-thread rule), in slices of
 ``SLICE_S`` with pauses between them, so that a node with thousands of queues never
 stalls a request for a whole round. Pages read the rings; the newest
 totals also spare the overview from visiting every queue on each render.
@@ -33,6 +33,11 @@ SLICE_S = 0.01
 PAUSE_S = 0.01
 """A round works at most ``SLICE_S`` at a time, then lets requests run for ``PAUSE_S``
 (a bare ``sleep(0)`` would let a request take only one step of many)."""
+WAIT_PER_ROUND_S = 4.0
+"""After a round, the sampler waits at least this many times the round's duration
+(besides ``SAMPLE_INTERVAL_S``): a round works at most half its duration (``SLICE_S``,
+``PAUSE_S``), so sampling takes at most a tenth of the loop however many queues there
+are (a round of 10,000 queues every 5 s took a fair share of a restart's receives)."""
 QUEUES_TRACKED_MAX = 20_000
 """Rings kept at most (two per node's queue limit would be generous)."""
 SHARED_SAMPLES_MAX = 256
@@ -307,15 +312,25 @@ async def sample_round(node: QueueEngine, store: SeriesStore, reads: EngineReads
     return totals
 
 
+def wait_after(round_s: float, interval_s: float) -> float:
+    """Seconds to wait after a round of ``round_s`` seconds before the next one."""
+    return max(interval_s, round_s * WAIT_PER_ROUND_S)
+
+
 async def _run(app: FastAPI, store: SeriesStore, interval_s: float) -> None:
+    # The first round waits an interval too: just after a start, every client comes back
+    # at once, and the overview reads every queue itself until a round has run.
+    round_s = 0.0
     while True:
+        await asyncio.sleep(wait_after(round_s, interval_s))
         node = node_or_none(app.state)
         if node is not None:
+            started = time.monotonic()
             try:
                 await sample_round(node, store, reads_of(app))
             except Exception:
                 log.exception("dashboard sampling failed")
-        await asyncio.sleep(interval_s)
+            round_s = time.monotonic() - started
 
 
 @asynccontextmanager

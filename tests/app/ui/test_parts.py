@@ -14,7 +14,15 @@ from hypothesis import strategies as st
 from app.ui.actions import parse_headers
 from app.ui.charts import history_chart, human_bytes, human_count, human_rate, line_chart
 from app.ui.pages import decode_body
-from app.ui.series import Sample, SeriesStore, sample_of
+from app.ui.series import (
+    PAUSE_S,
+    SLICE_S,
+    WAIT_PER_ROUND_S,
+    Sample,
+    SeriesStore,
+    sample_of,
+    wait_after,
+)
 from engine.errors import ValidationFailed
 
 
@@ -128,6 +136,16 @@ def test_sample_of_engine_stats() -> None:
     with_parts = {**stats, "memory": {"index_bytes": 10, "fixed_bytes": 30}}
     assert sample_of(with_parts, 7) == Sample(7, 3, 2, 1.5, 1.0, 0.5, 40, 1, 30)
     assert sample_of({"status": "failed"}, 7) == Sample(7, 0, 0, 0.0, 0.0, 0.0, 0, 0)
+
+
+@given(st.floats(0, 100), st.floats(0.1, 10))
+def test_sampling_takes_at_most_a_tenth_of_the_loop(round_s: float, interval_s: float) -> None:
+    wait_s = wait_after(round_s, interval_s)
+    assert wait_s >= interval_s
+    worked_s = round_s * SLICE_S / (SLICE_S + PAUSE_S)  # a round works in slices
+    assert worked_s <= (round_s + wait_s) / 10 + 1e-9
+    assert wait_after(0.01, 5.0) == 5.0  # a small node: every interval
+    assert wait_after(2.0, 5.0) == WAIT_PER_ROUND_S * 2.0
 
 
 def test_bodies_are_shown_as_json_text_or_hex() -> None:
