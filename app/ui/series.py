@@ -2,9 +2,9 @@
 one for the node's totals, kept in the app (never in the engine) and lost on restart.
 
 A task started with the app (``sampler_lifespan``) reads ``node.summary`` of every queue
-each ``SAMPLE_INTERVAL_S`` (longer after a long round: ``wait_after``) on the event loop (the engine's one-thread rule), in slices of
-``SLICE_S`` with pauses between them, so that a node with thousands of queues never
-stalls a request for a whole round. Pages read the rings; the newest
+each ``SAMPLE_INTERVAL_S`` (longer after a long round: ``wait_after``) on the event loop
+(the engine's one-thread rule), in slices of ``SLICE_S`` with pauses between them, so
+that a node with thousands of queues never stalls a request for a whole round. Pages read the rings; the newest
 totals also spare the overview from visiting every queue on each render.
 """
 

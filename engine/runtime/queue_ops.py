@@ -54,6 +54,7 @@ from engine.runtime.api import (
     PublishItem,
     ReceivedBatch,
     SettleResult,
+    body_only,
 )
 from engine.runtime.meta import CONSUMER_BYTES_MAX, check_message, decode_headers
 from engine.runtime.replica import Replica
@@ -104,7 +105,7 @@ class QueueOps:
                 # Led here (always, on a single node): ``route`` would find the same.
                 return await self.publish_local(rep, messages)
             # A call crosses the wire with whole messages (engine/runtime/wire.py).
-            whole = [OutgoingMessage(m) if isinstance(m, bytes) else m for m in messages]
+            whole = [body_only(m) if isinstance(m, bytes) else m for m in messages]
             result = await ctx.router.route(PublishCall(name, whole))
         assert isinstance(result, list)
         return result
@@ -439,11 +440,11 @@ def _check_receipts(receipts: list[str], limits: Limits) -> None:
     check_receipt_texts(receipts)
 
 
-__all__ = ["QueueOps"]
-
-
 def _check_publish(messages: int, limits: Limits) -> None:
     if not messages:
         raise ValidationFailed("a publish holds at least one message")
     if messages > limits.batch_messages_max:
         raise MessageTooLarge(f"a batch holds at most {limits.batch_messages_max}")
+
+
+__all__ = ["QueueOps"]
