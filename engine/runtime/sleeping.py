@@ -1,4 +1,5 @@
-"""A sleeping queue: the compact record an idle replica is swapped for (issue 17).
+"""A sleeping queue: the compact record an idle replica is to be swapped for (issue 17).
+Hosting does not use it yet: no queue sleeps until it is wired in (the next step).
 
 An idle queue's resident form (machine, Raft server, log, lanes, tables) costs several
 KiB even when it holds ten messages; what must survive an idle spell is far smaller: the
