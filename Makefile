@@ -10,6 +10,8 @@ HTMX := static/vendor/htmx.min.js
 DATA_DIR ?= ./data
 HOST ?= 127.0.0.1
 PORT ?= 8000
+# The slowest tests are listed after every run, to keep the suite within its time budget.
+PYTEST_ARGS ?= --durations=25
 
 .PHONY: run test lint system-test-deps clean
 

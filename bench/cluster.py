@@ -14,10 +14,12 @@ dev-cluster``), creates a queue with 3 replicas, and drives it with the load gen
 * ``--kills`` failovers: ``kill -9`` of the queue's leader, then publishes of one message
   (each with a ``dedup_id``) through the other nodes in turn, each request bounded by
   ``FAILOVER_REQUEST_S``, until one is confirmed (201): the time from the kill to that
-  confirm; the killed node is restarted and waited for (caught up) before the next kill;
-* catch-up: a follower is killed, ``--catch-up-messages`` messages are published, the
-  follower restarted, and the time from its exec until the leader counts it within
-  ``CAUGHT_UP_LAG_MAX`` entries is taken (it may come by snapshot when compaction moved on).
+  confirm; the killed node is restarted and waited for (caught up) before the next kill,
+  except the last one, which stays down for the catch-up;
+* catch-up: with the node killed last still down (a follower is killed when none is),
+  ``--catch-up-messages`` messages are published, the node restarted, and the time from its
+  exec until the leader counts it within ``CAUGHT_UP_LAG_MAX`` entries is taken (it may
+  come by snapshot when compaction moved on).
 
 Every message confirmed during the failovers is then received from the queue: one that is
 missing is counted in ``lost_messages`` (a confirmed message must survive any kill).
@@ -315,7 +317,8 @@ def _publish_one(cluster: ClusterProcesses, via: str, body: str) -> bool:
 
 def failovers(cluster: ClusterProcesses, kills: int, confirmed: set[str]) -> list[float]:
     """``kills`` times: kill -9 the leader, time the first confirmed publish elsewhere,
-    restart the killed node and wait for it; the bodies confirmed go into ``confirmed``."""
+    restart the killed node and wait for it; the bodies confirmed go into ``confirmed``.
+    The node killed last is left down: ``catch_up`` restarts it (one start fewer)."""
     runs: list[float] = []
     for k in range(kills):
         leader = cluster.leader(FAILOVER_QUEUE)
@@ -332,9 +335,10 @@ def failovers(cluster: ClusterProcesses, kills: int, confirmed: set[str]) -> lis
                 confirmed.add(body)
                 runs.append(round((time.monotonic() - killed_at) * 1000, 1))
                 break
-        cluster.start(leader)
-        cluster.wait_ready(leader)
-        cluster.wait_caught_up(FAILOVER_QUEUE, leader)
+        if k < kills - 1:
+            cluster.start(leader)
+            cluster.wait_ready(leader)
+            cluster.wait_caught_up(FAILOVER_QUEUE, leader)
     return runs
 
 
@@ -358,10 +362,15 @@ def lost(cluster: ClusterProcesses, confirmed: set[str]) -> int:
 
 
 def catch_up(cluster: ClusterProcesses, messages: int) -> float:
-    """Seconds from the exec of a follower left ``messages`` behind to caught up."""
+    """Seconds from the exec of a follower left ``messages`` behind to caught up: the node
+    still down from ``failovers``, or a follower killed here when every node is up."""
+    down = [n.name for n in cluster.nodes if n.name not in cluster.procs]
     leader = cluster.leader(QUEUE)
-    follower = next(n for n in cluster.live() if n != leader)
-    cluster.kill9(follower)
+    if down:
+        follower = down[0]
+    else:
+        follower = next(n for n in cluster.live() if n != leader)
+        cluster.kill9(follower)
     body = "x" * rest.MESSAGE_BYTES
     with cluster.client(leader, 30.0) as c:
         for start in range(0, messages, FILL_BATCH):
