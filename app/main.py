@@ -55,7 +55,6 @@ from app.engine_seam import (
     record_listener,
     running_network,
 )
-from app.frame_packing import FramePacker
 from app.memory_trim import trim_forever
 from app.metrics import STATUS_KEY, AppMetrics, MetricsMiddleware
 from app.passwords import PasswordWorkers
@@ -391,7 +390,6 @@ def create_app(
     # Templates are part of the release: checking each file's mtime on every render
     # (Jinja's default) costs a system call per page and per included template.
     app.state.templates.env.auto_reload = False
-    app.state.frame_packer = FramePacker()
     app.state.ready, app.state.node, app.state.engine_status, app.state.migrations = (
         False,
         None,

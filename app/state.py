@@ -6,7 +6,7 @@ which Starlette types as ``Any``. An accessor names the item's type once, so tha
 renamed or retyped item fails ``mypy`` here instead of at a reader.
 
 The items, in the order the app sets them: ``settings``, ``metrics``,
-``login_throttle``, ``token_cache``, ``templates``, ``frame_packer`` (create_app);
+``login_throttle``, ``token_cache``, ``templates`` (create_app);
 ``ready``, ``node``, ``engine`` (the node's start-up status), ``migrations``,
 ``session_signer``, ``passwords``, ``db`` (the lifespan). The dashboard adds
 ``series`` and ``engine_reads`` itself (app/ui/series.py, app/ui/reads.py).
@@ -23,7 +23,6 @@ if TYPE_CHECKING:
 
     from app.cluster_mirror import ClusterMirror
     from app.db.session import Database
-    from app.frame_packing import FramePacker
     from app.metrics import AppMetrics
     from app.passwords import PasswordWorkers
     from app.settings import Settings
@@ -36,11 +35,6 @@ if TYPE_CHECKING:
 def settings_of(state: State) -> Settings:
     settings: Settings = state.settings
     return settings
-
-
-def frame_packer_of(state: State) -> FramePacker:
-    packer: FramePacker = state.frame_packer
-    return packer
 
 
 def metrics_of(state: State) -> AppMetrics:
@@ -114,7 +108,6 @@ __all__ = [
     "EngineStatus",
     "db_of",
     "engine_status_of",
-    "frame_packer_of",
     "login_throttle_of",
     "metrics_of",
     "migrations_of",

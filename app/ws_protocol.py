@@ -11,9 +11,12 @@ masked, and the stream negotiates no extension (no compression: ``websocket_opti
 so a binary frame is a head of 2 to 10 bytes and the payload unchanged: ``send`` writes
 the two with ``writelines`` (one ``writev`` under uvloop; a payload the socket does not
 take at once is kept by the transport, not copied), after anything websockets had
-queued, so frames leave in order. The payload may be any bytes-like object, such as a
-view of the packer's buffer (``app/frame_packing.py``). Everything else, and a binary
-frame on a connection that is not open or uses an extension, takes uvicorn's path.
+queued, so frames leave in order. The payload may be any bytes-like object, or a
+``FrameChunks`` (``app/deliver_frames.py``: a ``deliver`` frame as chunks around its
+message bodies), whose chunks follow the head in the same ``writelines``; uvloop keeps
+references to what the socket does not take at once, which is why the chunks are
+``bytes``. Everything else, and a binary frame on a connection that is not open or uses
+an extension, takes uvicorn's path (chunks joined first).
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from typing import Any
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.protocol import State
+
+from app.deliver_frames import FrameChunks
 
 _FIN_BINARY = 0x82
 """The first byte of a whole (FIN) binary frame."""
@@ -43,7 +48,8 @@ def binary_frame_head(length: int) -> bytes:
 
 
 class DirectFrameProtocol(WebSocketsSansIOProtocol):
-    """uvicorn's sans-I/O WebSocket protocol, binary frames written without a copy."""
+    """uvicorn's sans-I/O WebSocket protocol, binary frames written without a copy (a
+    ``FrameChunks`` as its chunks)."""
 
     async def send(self, message: Any) -> None:
         data = message.get("bytes") if message["type"] == "websocket.send" else None
@@ -51,9 +57,15 @@ class DirectFrameProtocol(WebSocketsSansIOProtocol):
             await self.writable.wait()  # the transport's high-water mark, as uvicorn waits
             if self._sends_direct():
                 queued = self.conn.data_to_send()
+                if type(data) is FrameChunks:
+                    head = binary_frame_head(data.size)
+                    self.transport.writelines([*queued, head, *data.chunks])
+                    return
                 size = data.nbytes if isinstance(data, memoryview) else len(data)
                 self.transport.writelines([*queued, binary_frame_head(size), data])
                 return
+        if type(data) is FrameChunks:
+            message = {**message, "bytes": data.joined()}
         await super().send(message)
 
     def _sends_direct(self) -> bool:

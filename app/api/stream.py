@@ -57,11 +57,11 @@ from app.api.deps import API_PREFIX, bearer_principal
 from app.api.stream_consume import StreamConsumer
 from app.api.stream_frames import FrameError, error_frame, forbidden, refusal
 from app.auth import Principal
-from app.frame_packing import FramePacker
+from app.deliver_frames import FrameChunks
 from app.names import check_queue_name
 from app.negotiation import unpackb
 from app.problems import AppProblem, Forbidden, typed_problem
-from app.state import frame_packer_of, node_or_none, settings_of
+from app.state import node_or_none, settings_of
 from engine.errors import InvalidRequest, NoLeader, QueueNotFound, QuorraError, ValidationFailed
 from engine.limits import Limits
 from engine.runtime.api import PublishItem, QueueEngine
@@ -138,10 +138,8 @@ class StreamConnection:
         name: str,
         who: Principal,
         limits: Limits,
-        packer: FramePacker,
     ) -> None:
         self.ws, self.node, self.name, self.who, self.limits = websocket, node, name, who, limits
-        self.packer = packer
         self.closed = False
         # publishing: frames read and not yet answered, oldest first
         self.pending: deque[PendingPublish] = deque()
@@ -151,7 +149,7 @@ class StreamConnection:
         self.room = asyncio.Event()
         self.room.set()
         self.work = asyncio.Event()
-        self.consuming = StreamConsumer(self, node, name, who, limits, packer)
+        self.consuming = StreamConsumer(self, node, name, who, limits)
 
     # --- the connection's life --------------------------------------------------------
 
@@ -202,9 +200,9 @@ class StreamConnection:
         """Send one frame; a connection gone meanwhile only marks it closed."""
         await self.send_packed(msgpack.packb(frame, use_bin_type=True))
 
-    async def send_packed(self, frame: bytes | memoryview) -> None:
-        """``send`` of a frame already packed (a view of the packer's buffer goes out
-        as it is: app/ws_protocol.py)."""
+    async def send_packed(self, frame: bytes | FrameChunks) -> None:
+        """``send`` of a frame already packed (a ``deliver`` frame's chunks go out as
+        they are: app/ws_protocol.py)."""
         if self.closed:
             return
         try:
@@ -369,7 +367,7 @@ async def stream(websocket: WebSocket) -> None:
         return
     await websocket.accept()
     limits = settings_of(state).limits
-    await StreamConnection(websocket, node, name, who, limits, frame_packer_of(state)).run()
+    await StreamConnection(websocket, node, name, who, limits).run()
     with contextlib.suppress(RuntimeError, WebSocketDisconnect):  # gone already
         await websocket.close()
 

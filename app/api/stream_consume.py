@@ -29,11 +29,11 @@ from app.api import message_bodies
 from app.api.queue_schemas import CONSUMER_CHARS_MAX
 from app.api.stream_frames import FrameError, error_frame, forbidden, ref_of, refusal
 from app.auth import Principal
-from app.frame_packing import FramePacker
+from app.deliver_frames import FrameChunks, deliver_chunks
 from engine.errors import QuorraError, ValidationFailed
 from engine.limits import Limits
 from engine.queue.receipts import ReceiptSeal, SealedReceipts
-from engine.runtime.api import QueueEngine, ReceivedBatch, SettleResult
+from engine.runtime.api import QueueEngine, SettleResult
 
 log = logging.getLogger("quorra.app")
 
@@ -50,7 +50,7 @@ class FrameLink(Protocol):
 
     async def send(self, frame: dict[str, object]) -> None: ...
 
-    async def send_packed(self, frame: bytes | memoryview) -> None: ...
+    async def send_packed(self, frame: bytes | FrameChunks) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,10 +80,8 @@ class StreamConsumer:
         name: str,
         who: Principal,
         limits: Limits,
-        packer: FramePacker,
     ) -> None:
         self.link, self.node, self.name, self.who, self.limits = link, node, name, who, limits
-        self.packer = packer
         # receipts delivered here and not yet acked or nacked
         self.prefetch = 0
         self.lease_ms: int | None = None
@@ -174,7 +172,7 @@ class StreamConsumer:
                 return
             if batch.ids:
                 self.outstanding.update(dict.fromkeys(batch.receipts, _seal_of(batch.receipts)))
-                await self.link.send_packed(deliver_frame(batch, self.packer))
+                await self.link.send_packed(deliver_chunks(batch))
 
     async def _consume_failed(self, e: QuorraError) -> None:
         """Tell the client; wait and try again after a passing error (no leader, full),
@@ -329,27 +327,4 @@ def _is_text(value: str) -> bool:
     return True
 
 
-def deliver_frame(batch: ReceivedBatch, packer: FramePacker) -> memoryview:
-    """The ``deliver`` frame of a received batch, packed (by the app's packer, whose
-    buffer is kept: app/frame_packing.py): one map per message built straight from the
-    batch's lists (no message object in between)."""
-    expires_ms = batch.lease_expires_at_ms
-    messages = [
-        {
-            "id": id_,
-            "receipt": receipt,
-            "body": body,
-            "headers": headers,
-            "priority": priority,
-            "delivery_count": count,
-            "published_at_ms": published_ms,
-            "lease_expires_at_ms": expires_ms,
-        }
-        for id_, receipt, body, headers, priority, count, published_ms in zip(
-            *batch.columns(), strict=True
-        )
-    ]
-    return packer.pack({"op": "deliver", "messages": messages})
-
-
-__all__ = ["CONSUME_KEYS", "CarriedAck", "StreamConsumer", "deliver_frame", "settle_frame"]
+__all__ = ["CONSUME_KEYS", "CarriedAck", "StreamConsumer", "settle_frame"]

@@ -42,6 +42,11 @@ class DiskFile(Protocol):
 
     def pread(self, offset: int, length: int) -> bytes: ...
 
+    def pread_into(self, offset: int, into: memoryview) -> int:
+        """Read up to ``len(into)`` bytes at ``offset`` into ``into``; how many were
+        read (fewer only at the end of the file)."""
+        ...
+
     def size(self) -> int: ...
 
     def sync(self) -> None:
@@ -138,6 +143,15 @@ class _OsFile:
 
     def pread(self, offset: int, length: int) -> bytes:
         return os.pread(self._fd, length, offset)
+
+    def pread_into(self, offset: int, into: memoryview) -> int:
+        done = 0
+        while done < len(into):
+            n = os.preadv(self._fd, [into[done:]], offset + done)
+            if n == 0:  # the end of the file
+                break
+            done += n
+        return done
 
     def size(self) -> int:
         return self._size
@@ -295,6 +309,11 @@ class _FakeFile:
 
     def pread(self, offset: int, length: int) -> bytes:
         return bytes(self._check().data[offset : offset + length])
+
+    def pread_into(self, offset: int, into: memoryview) -> int:
+        data = self._check().data[offset : offset + len(into)]
+        into[: len(data)] = data
+        return len(data)
 
     def size(self) -> int:
         return len(self._check().data)

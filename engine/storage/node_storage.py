@@ -82,7 +82,9 @@ class NodeStorage:
         self.disk = disk
         self.limits = limits
         blocks = ReadCache(limits.read_cache_bytes_max, limits.read_cache_block_bytes)
-        self.cache = ReaderCache(disk, limits.segment_readers_open_max, blocks)
+        self.cache = ReaderCache(
+            disk, limits.segment_readers_open_max, blocks, limits.read_run_bytes_max
+        )
         self._logs = ServerLogs(disk, self.cache)
         self._reaper = Reaper(disk, self.cache)
         self._repairs = Repairs(disk, self._reaper.remove)

@@ -196,11 +196,47 @@ def _slot(path: str, head: bytes, size: int) -> SegmentInfo | None:
     )
 
 
-class SegmentReader:
-    """An open segment: its index in memory (checked once), entries read by ``pread``."""
+class ReadScratch:
+    """The buffer that a node's runs of entries are read into, kept from one read to the
+    next, out of which each entry's data is copied (``SegmentReader.read_block``).
 
-    def __init__(self, disk: Disk, info: SegmentInfo) -> None:
+    A run is read whole with one ``pread`` (a block of the read cache, up to
+    ``Limits.read_run_bytes_max``), and each entry's data copied out of it as
+    ``bytes``. Read into a fresh ``bytes`` each time, a run is a fresh mapping of its
+    size (the server's malloc maps every buffer over 64 KiB: app/server.py
+    ``tune_malloc``), whose pages fault in as the kernel copies into it: on this
+    virtual machine that cost about as much as the read. The kept buffer faults in once.
+    Nothing read through it outlives the read: the entries' data are copies, so the
+    buffer is reused at the next read with no view of it left. Used on the node's
+    thread only, as the ``ReaderCache`` whose readers share it."""
+
+    __slots__ = ("_buffer", "_bytes_max")
+
+    def __init__(self, bytes_max: int) -> None:
+        assert bytes_max >= 1
+        self._bytes_max = bytes_max
+        """A longer run is read into a buffer of its own, as without a scratch."""
+        self._buffer = bytearray()
+        """Grown to the longest run read so far (up to ``bytes_max``), at first use."""
+
+    def read(self, file: DiskFile, offset: int, length: int) -> memoryview:
+        """``length`` bytes of ``file`` at ``offset`` (fewer at its end): a view valid
+        until the next ``read``."""
+        if length > self._bytes_max:
+            return memoryview(file.pread(offset, length))
+        if len(self._buffer) < length:
+            self._buffer = bytearray(min(self._bytes_max, max(length, 2 * len(self._buffer))))
+        view = memoryview(self._buffer)[:length]
+        return view[: file.pread_into(offset, view)]
+
+
+class SegmentReader:
+    """An open segment: its index in memory (checked once), entries read by ``pread``
+    (runs through the node's ``ReadScratch``, when given one)."""
+
+    def __init__(self, disk: Disk, info: SegmentInfo, scratch: ReadScratch | None = None) -> None:
         self.info = info
+        self._scratch = scratch
         self._file: DiskFile = disk.open(info.path)
         raw = self._file.pread(info.index_offset, info.count * INDEX_DTYPE.itemsize)
         if len(raw) != info.count * INDEX_DTYPE.itemsize or crc32c.crc32c(raw) != info.index_crc:
@@ -287,7 +323,8 @@ class SegmentReader:
         self, lo: int, want_hi: int, hi: int, want_bytes_max: int, block_bytes: int
     ) -> tuple[npt.NDArray[np.void], list[memoryview]]:
         """The index rows and bodies of ``read_block``'s entries, each body checked
-        against its CRC32C (``EntryDamaged`` at the first that fails)."""
+        against its CRC32C (``EntryDamaged`` at the first that fails). The bodies are
+        views of the scratch when there is one: valid until the next read."""
         assert want_hi <= hi
         start = self.position(lo)
         if start is None or want_hi <= lo:
@@ -300,7 +337,13 @@ class SegmentReader:
         ahead = int(np.searchsorted(ends, block_bytes, side="right")) if block_bytes else 0
         n = max(1, wanted, ahead)
         rows = rows[:n]
-        data = memoryview(self._file.pread(int(rows["offset"][0]), int(ends[n - 1])))
+        offset, length = int(rows["offset"][0]), int(ends[n - 1])
+        scratch = self._scratch
+        data = (
+            memoryview(self._file.pread(offset, length))
+            if scratch is None
+            else scratch.read(self._file, offset, length)
+        )
         bodies: list[memoryview] = []
         at = 0
         for length, crc in zip(rows["length"].tolist(), rows["crc"].tolist(), strict=True):
@@ -321,11 +364,19 @@ class SegmentReader:
 
 class ReaderCache:
     """A bounded LRU of open segment readers, shared by every server of a node, and the
-    node's cache of what deliveries read from them (``blocks``)."""
+    node's cache of what deliveries read from them (``blocks``). Its readers read runs
+    of entries through one ``ReadScratch`` of up to ``scratch_bytes_max`` (none: 0)."""
 
-    def __init__(self, disk: Disk, open_max: int, blocks: ReadCache | None = None) -> None:
-        assert open_max >= 1
+    def __init__(
+        self,
+        disk: Disk,
+        open_max: int,
+        blocks: ReadCache | None = None,
+        scratch_bytes_max: int = 0,
+    ) -> None:
+        assert open_max >= 1 and scratch_bytes_max >= 0
         self._disk = disk
+        self._scratch = ReadScratch(scratch_bytes_max) if scratch_bytes_max else None
         self._open_max = open_max
         self._readers: OrderedDict[str, SegmentReader] = OrderedDict()
         self.blocks = ReadCache(0, 1) if blocks is None else blocks
@@ -338,7 +389,7 @@ class ReaderCache:
             return reader
         if reader is not None:  # the file changed (compaction cut it)
             self.evict(info.path)
-        reader = SegmentReader(self._disk, info)
+        reader = SegmentReader(self._disk, info, self._scratch)
         self._readers[info.path] = reader
         while len(self._readers) > self._open_max:
             _, old = self._readers.popitem(last=False)
@@ -369,6 +420,7 @@ __all__ = [
     "OVERWRITES",
     "SEGMENTS_DIR",
     "SLOT_BYTES",
+    "ReadScratch",
     "ReaderCache",
     "SegmentInfo",
     "SegmentReader",

@@ -17,6 +17,10 @@ def _roundtrip(disk: Disk) -> None:
     f.pwrite(0, b"H")
     f.sync()
     assert f.size() == 11 and f.pread(6, 5) == b"world"
+    into = bytearray(b"-" * 8)
+    assert f.pread_into(3, memoryview(into)[:4]) == 4 and into == b"lo w----"
+    assert f.pread_into(9, memoryview(into)) == 2 and into == b"ld w----"  # the end
+    assert f.pread_into(11, memoryview(into)) == 0
     f.truncate(5)
     f.close()
     assert disk.read("a/b/x") == b"Hello"

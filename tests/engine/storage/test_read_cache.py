@@ -1,8 +1,9 @@
 """The node's read cache of segment blocks against plain reads: whatever the reads, the
 segments (dense or sparse, some entries still in the mem table) and the changes to the
 files (a segment replaced at the same path, a log removed and made again), a log reading
-through the cache returns exactly what a log without one returns, and the cache never
-holds more bytes than its budget."""
+through the cache (and through the node's kept read buffer, ``ReadScratch``) returns
+exactly what a log without one returns, entries read earlier stay as they were while
+later reads reuse that buffer, and the cache never holds more bytes than its budget."""
 
 from __future__ import annotations
 
@@ -92,20 +93,26 @@ def _reads(draw: st.DrawFn, readable: list[int]) -> list[list[int]]:
     data=st.data(),
     bytes_max=st.integers(0, 3000),
     block_bytes=st.integers(1, 1200),
+    scratch_bytes_max=st.integers(0, 2000),
 )
 def test_reads_through_the_cache_equal_plain_reads_and_stay_in_budget(
-    data: st.DataObject, bytes_max: int, block_bytes: int
+    data: st.DataObject, bytes_max: int, block_bytes: int, scratch_bytes_max: int
 ) -> None:
     disk = FakeDisk()
     blocks = ReadCache(bytes_max, block_bytes)
-    cache = ReaderCache(disk, 2, blocks)
+    cache = ReaderCache(disk, 2, blocks, scratch_bytes_max)
     layout, mem = data.draw(_layouts(term=1))
     cached, plain = _logs(disk, cache, layout, mem)
     readable = _readable(layout, mem)
+    kept: list[tuple[list[Entry], list[Entry]]] = []
     for indexes in data.draw(_reads(readable)):
-        assert cached.read_many(indexes, RUN_BYTES_MAX) == plain.read_many(indexes, 1)
+        got, expected = cached.read_many(indexes, RUN_BYTES_MAX), plain.read_many(indexes, 1)
+        assert got == expected
+        kept.append((got, [Entry(e.index, e.term, e.kind, e.now_ms, bytes(e.data)) for e in got]))
         assert blocks.bytes <= bytes_max
         assert blocks.bytes == sum(b.bytes for b in _all_blocks(blocks))
+    # what was read stays as it was read, whatever the reads after it
+    assert all(got == copied and all(type(e.data) is bytes for e in got) for got, copied in kept)
     assert cached.reads == plain.reads
     assert cached.reads_in_memory == plain.reads_in_memory
     # Another incarnation of the log (removed, then made again) writes other entries at
