@@ -46,6 +46,10 @@ class NodeRecord:
     joined_index: int
     state_index: int
     """The index of the entry that set ``state``."""
+    incarnation: str = ""
+    """The id of the data directory the node runs from, as it reported once started
+    (``NodeStarted``); empty until then. A peer refuses the node from another data
+    directory under this name (``engine.cluster.rejoin.lost_data_refusal``)."""
 
 
 @dataclass(frozen=True, slots=True)

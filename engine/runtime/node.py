@@ -64,6 +64,7 @@ from pathlib import Path
 from engine.cluster import meta_commands as mc
 from engine.cluster import moving
 from engine.cluster.records import NodeState
+from engine.cluster.rejoin import lost_data_refusal
 from engine.errors import Conflict, EntryDamaged, NoLeader, QuorraError
 from engine.ids import NodeName
 from engine.limits import DEFAULT_LIMITS, Limits
@@ -168,6 +169,9 @@ class Node:
             hosting.schedule(rep)
         if isinstance(self.transport, PeerBook):
             self.transport.on_forgotten = self._told_forgotten
+            self.transport.on_lost_data = self._told_lost_data
+            if group is not None:
+                self.transport.refuse_stale(self._stale_peer)
         if group is not None:
             group.listeners.append(self._maybe_forgotten)
             group.listeners.append(ctx.meta_members.on_change)
@@ -442,6 +446,24 @@ class Node:
         log.error("%s", message)
         if self.on_forgotten is not None:
             self.on_forgotten(message)
+
+    def _told_lost_data(self, why: str) -> None:
+        """A peer says the cluster knows this node from another data directory: it
+        stops (once), since it would vote with an empty log."""
+        if self.forgotten:
+            return
+        self.forgotten = True
+        message = f"node {self.name} is refused by its cluster: {why}"
+        log.error("%s", message)
+        if self.on_forgotten is not None:
+            self.on_forgotten(message)
+
+    def _stale_peer(self, name: str, incarnation: str) -> str | None:
+        """Why peer ``name``, from data directory ``incarnation``, is refused."""
+        group = self.context.meta_group
+        if group is None or group.driver is None:
+            return None
+        return lost_data_refusal(group.machine.nodes, name, incarnation)
 
     def _placed_on(self, node: str) -> dict[str, object]:
         """The node's state in the metadata and the queues it should host (a single

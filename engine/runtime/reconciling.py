@@ -8,7 +8,8 @@ asks for one more). A pass plans only once the node's metadata replica is caught
 then proposes the reports of the actions that ran. Every action is idempotent and keyed
 by uid, so a crash anywhere in a pass, or a report that never committed, is finished by
 a later pass: a create writes the replica's definition before it hosts it (the catalog's
-rule), a delete removes the definition first.
+rule), a delete removes the definition first. A pass also reports, once, the data
+directory the node runs from (``NodeStarted``: ``engine.cluster.rejoin``).
 """
 
 from __future__ import annotations
@@ -19,12 +20,14 @@ import logging
 from typing import TYPE_CHECKING
 
 from engine.cluster import MetaChanged, QueueRecord, reconcile
+from engine.cluster import meta_commands as mc
 from engine.errors import QuorraError
 from engine.runtime.api import QueueArgs
 from engine.runtime.meta import QueueMeta
 from engine.runtime.passes import Passes
 
 if TYPE_CHECKING:
+    from engine.cluster.meta_machine import MetaMachine
     from engine.runtime.context import NodeContext
 
 log = logging.getLogger("quorra.engine")
@@ -97,7 +100,7 @@ class Reconciler(Passes):
                 log.warning("reconcile: %s of %s failed: %s", type(action).__name__, action.uid, e)
                 break
             done.append(action)
-        for command in reconcile.reports(ctx.name, done):
+        for command in [*reconcile.reports(ctx.name, done), *self.started(group.machine)]:
             try:
                 await group.propose(command)
             except QuorraError as e:
@@ -105,6 +108,16 @@ class Reconciler(Passes):
                 log.info("reconcile: report %s not committed: %s", type(command).__name__, e)
                 return False
         return False
+
+    def started(self, machine: MetaMachine) -> list[mc.MetaCommand]:
+        """``NodeStarted`` while the metadata records this node without the data
+        directory it runs from (``engine.cluster.rejoin``)."""
+        group = self.ctx.meta_group
+        incarnation = "" if group is None else group.boot.incarnation
+        rec = machine.nodes.get(self.ctx.name)
+        if not incarnation or rec is None or rec.state == "forgotten" or rec.incarnation:
+            return []
+        return [mc.NodeStarted(self.ctx.name, incarnation)]
 
     async def perform(self, action: reconcile.Action) -> None:
         catalog = self.ctx.catalog

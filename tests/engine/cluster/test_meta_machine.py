@@ -191,6 +191,34 @@ def test_a_node_is_forgotten_only_once_it_holds_no_replica() -> None:
     assert log.machine.nodes["n3"].joined_index == log.index
 
 
+def test_a_node_records_its_data_directory_once_until_forgotten() -> None:
+    log = Log()
+    assert log.do(mc.NodeStarted("n1", "d1")) == Ok(True)
+    assert log.machine.nodes["n1"].incarnation == "d1"
+    assert log.do(mc.NodeStarted("n1", "d1")) == Ok(False)
+    reply = log.do(mc.NodeStarted("n1", "d2"))
+    assert isinstance(reply, Rejected) and reply.error is Conflict
+    assert "another data directory" in reply.detail
+    assert log.machine.nodes["n1"].incarnation == "d1"
+    for bad, error in [
+        (mc.NodeStarted("n9", "d9"), NotFound),
+        (mc.NodeStarted("n2", ""), ValidationFailed),
+    ]:
+        reply = log.do(bad)
+        assert isinstance(reply, Rejected) and reply.error is error
+    # Forgotten, the name joins again as a new node, which reports its own directory.
+    log.do(mc.SetNodeState("n1", "lost"))
+    log.do(mc.SetNodeState("n1", "forgotten"))
+    assert isinstance(log.do(mc.NodeStarted("n1", "d2")), Rejected)
+    log.do(mc.AddNode("n1", "127.0.0.1:7001"))
+    assert log.machine.nodes["n1"].incarnation == ""
+    assert log.do(mc.NodeStarted("n1", "d2")) == Ok(True)
+    # The snapshot keeps it.
+    copy = MetaMachine(Limits())
+    copy.restore(log.machine.snapshot())
+    assert copy.nodes == log.machine.nodes
+
+
 def test_a_known_node_at_another_address_is_refused() -> None:
     log = Log()
     assert log.do(mc.AddNode("n1", "127.0.0.1:7001")) == Ok(False)

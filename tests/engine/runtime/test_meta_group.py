@@ -35,7 +35,8 @@ BOOT = MetaBootstrap("test-cluster", {n: f"127.0.0.1:{7000 + i}" for i, n in enu
 
 def node_on(root: Path, name: str, network: InMemoryNetwork, limits: Limits = LIMITS) -> Node:
     transport = network.transport(name)
-    return Node(root / name, node_name=name, limits=limits, transport=transport, cluster=BOOT)
+    boot = dataclasses.replace(BOOT, incarnation=f"dir{name}")
+    return Node(root / name, node_name=name, limits=limits, transport=transport, cluster=boot)
 
 
 async def cluster(root: Path, network: InMemoryNetwork) -> dict[str, Node]:
@@ -67,6 +68,15 @@ def test_the_first_leader_bootstraps_and_every_node_applies_it(tmp_path: Path) -
                 lambda: all(group(n).caught_up() for n in nodes.values()), what="bootstrap"
             )
             await eventually(lambda: all(len(group(n).machine.nodes) == 3 for n in nodes.values()))
+            # Each node reports the data directory it runs from, once (reconcile loop).
+            await eventually(
+                lambda: all(
+                    r.incarnation == f"dir{r.name}"
+                    for n in nodes.values()
+                    for r in group(n).machine.nodes.values()
+                ),
+                what="started",
+            )
             for node in nodes.values():
                 machine = group(node).machine
                 assert machine.cluster_id == "test-cluster"
