@@ -143,6 +143,49 @@ def test_creates_and_deletes_go_through_the_metadata_and_replicas_follow(tmp_pat
     run(body())
 
 
+def test_a_policy_change_reaches_the_metadata_and_a_lagging_record_is_repaired(
+    tmp_path: Path,
+) -> None:
+    """The queue's log applies the change, then its leader records it in the metadata:
+    a node without a replica lists it. A record left behind (a crash between the two
+    commits, played here by proposing the old policy again) is repaired by the
+    leader's reconcile pass; a replica created later starts from the first policy."""
+
+    async def body() -> None:
+        network = InMemoryNetwork(NAMES)
+        nodes = await cluster(tmp_path, network)
+        try:
+            info, _ = await retrying(lambda: nodes["n1"].create_queue("p", QueueArgs(replicas=2)))
+            record = group(nodes["n1"]).machine.queue_by_uid(info.uid)
+            assert record is not None
+            first = record.policy
+            outsider = next(n for n in NAMES if n not in record.members)
+            await eventually(
+                lambda: group(nodes["n1"]).machine.queues["p"].state == "live", what="live"
+            )
+            changed = await retrying(lambda: nodes[outsider].update_policy("p", {"max_length": 7}))
+            assert changed.args.max_length == 7
+            for node in nodes.values():
+                await eventually(
+                    lambda n=node: group(n).machine.queues["p"].policy.max_length == 7,  # type: ignore[misc]
+                    what="recorded",
+                )
+            rec = group(nodes[outsider]).machine.queues["p"]
+            assert rec.created_policy == first and rec.first_policy == first
+            listed = [q for q in nodes[outsider].queues() if q.name == "p"]
+            assert listed[0].args.max_length == 7
+            # The metadata falls behind the queue's log: the leader's pass repairs it.
+            await group(nodes[outsider]).propose(mc.SetQueuePolicy(info.uid, first))
+            await eventually(
+                lambda: group(nodes[outsider]).machine.queues["p"].policy.max_length == 7,
+                what="repaired",
+            )
+        finally:
+            await stop_all(nodes)
+
+    run(body())
+
+
 def test_a_node_down_creates_on_return_and_drops_orphans(tmp_path: Path) -> None:
     """The reconcile loop finishes what a node missed: a queue created while it was
     down, a delete it missed, and a replica no record places on it (an orphan, as a
