@@ -90,6 +90,7 @@ from engine.runtime.api import (
 from engine.runtime.clock import SYSTEM_CLOCK, Clock
 from engine.runtime.context import NodeContext
 from engine.runtime.leader_stats import leader_stats
+from engine.runtime.led_stats import LedStats
 from engine.runtime.meta_group import MetaBootstrap, MetaGroup
 from engine.runtime.replica import node_of
 from engine.runtime.routing import CheckpointCall, CompactCall, NodeCall, SegmentsCall
@@ -131,6 +132,8 @@ class Node:
             # A cluster node: the metadata group decides which queues exist, and the
             # reconcile loop makes this node's replicas follow it.
             self.context.meta_group = MetaGroup(self.context, cluster)
+        self.led_stats = LedStats(self.context)
+        """The leaders' stats of the queues this node follows (``engine.runtime.led_stats``)."""
         self._heard_ms: dict[str, int] = {}
         """Monotonic time of the last Raft message from each node."""
         self.on_forgotten: Callable[[str], None] | None = None
@@ -177,6 +180,7 @@ class Node:
             group.listeners.append(ctx.meta_members.on_change)
             group.schedule()
             ctx.reconciler.start()
+            self.led_stats.start()
         await hosting.await_recovered()
 
     async def stop(self) -> None:
@@ -348,7 +352,11 @@ class Node:
         if name not in ctx.replicas and ctx.forwarder.remote(name) is not None:
             kept = ctx.forwarder.cached_stats(name)
             return remote_stats_unknown(name) if kept is None else kept
-        return observe.queue_stats(ctx.replica(name), self.clock.monotonic_ms(), self.limits)
+        rep = ctx.replica(name)
+        led = None if ctx.meta_group is None else self.led_stats.stats_of(rep)
+        if led is not None:
+            return led  # a follower: its leader's, as last fetched
+        return observe.queue_stats(rep, self.clock.monotonic_ms(), self.limits)
 
     async def fresh_stats(self, name: str) -> dict[str, object]:
         """``stats``, but asked of the queue's leader now when another node leads it: by

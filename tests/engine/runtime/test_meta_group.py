@@ -186,6 +186,48 @@ def test_a_policy_change_reaches_the_metadata_and_a_lagging_record_is_repaired(
     run(body())
 
 
+def test_queues_are_listed_with_their_leaders_stats_or_stale_ones(tmp_path: Path) -> None:
+    """A follower, and a node without a replica, list the queue with the stats its
+    leader's node last answered to their periodic call (``led_stats``); cut off from
+    the leader, the follower's turn stale."""
+
+    async def body() -> None:
+        network = InMemoryNetwork(NAMES)
+        nodes = await cluster(tmp_path, network)
+        try:
+            info, _ = await retrying(lambda: nodes["n1"].create_queue("s", QueueArgs(replicas=2)))
+            record = group(nodes["n1"]).machine.queue_by_uid(info.uid)
+            assert record is not None
+            await eventually(
+                lambda: group(nodes["n1"]).machine.queues["s"].state == "live", what="live"
+            )
+            leader = await retrying(lambda: leader_of(nodes, "s"))
+            follower = next(m for m in record.members if m != leader)
+            outsider = next(n for n in NAMES if n not in record.members)
+            await retrying(lambda: nodes[leader].publish("s", msgs("a", "b", "c")))
+
+            def from_leader(name: str) -> bool:
+                stats = nodes[name].stats("s")
+                remote = stats.get("remote")
+                return (
+                    isinstance(remote, dict)
+                    and remote["from_node"] == leader
+                    and stats["messages_ready"] == 3
+                    and stats["status"] == "ok"
+                )
+
+            await eventually(lambda: from_leader(follower), what="the follower's listing")
+            await eventually(lambda: from_leader(outsider), what="the outsider's listing")
+            assert "remote" not in nodes[leader].stats("s")  # the leader's own
+            network.isolate(leader)
+            await eventually(lambda: nodes[follower].stats("s")["status"] == "stale", what="stale")
+            network.heal(leader)
+        finally:
+            await stop_all(nodes)
+
+    run(body())
+
+
 def test_a_node_down_creates_on_return_and_drops_orphans(tmp_path: Path) -> None:
     """The reconcile loop finishes what a node missed: a queue created while it was
     down, a delete it missed, and a replica no record places on it (an orphan, as a
