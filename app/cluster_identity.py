@@ -34,6 +34,12 @@ or queues exist) stays single-node: started with peers, it is refused, because i
 queues' Raft groups have this node as their only member; turning a single-node server
 into a cluster node is not supported. Users and tokens made with ``quorra user add``
 before the first start do not count as use.
+
+``cluster.json`` also holds the data directory's ``incarnation``, random, made with the
+file (and added to a file from before it had one). The node names it to its peers, and
+the metadata records it once the node runs: a node that lost its data directory and
+forms again from an empty one comes with another id, and its peers refuse it
+(``engine.cluster.rejoin``) rather than let it vote with an empty log.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ import dataclasses
 import hmac
 import json
 import os
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -64,6 +71,7 @@ CLUSTER_FILE = "cluster.json"
 CLUSTER_FILE_VERSION = 1
 CLUSTER_ID_LABEL = b"quorra/cluster-id/v1\n"
 CLUSTER_ID_HEX_DIGITS = 20
+INCARNATION_BYTES = 12
 SINGLE_NODE_MARKERS = ("wal", "queues")
 """What the engine creates in a data directory at its first start."""
 
@@ -88,6 +96,8 @@ class ClusterIdentity:
     """The members the cluster was formed with: node id to ``host:port``; for a node
     that joined, the nodes the cluster had when it joined (itself included)."""
     joined: bool = False
+    incarnation: str = ""
+    """The id of this data directory (see the module's rule)."""
 
 
 def derive_cluster_id(secret: bytes, members: list[str]) -> str:
@@ -114,6 +124,7 @@ def settled_settings(settings: Settings) -> Settings:
             if name != identity.node_id
         }
         cluster = dataclasses.replace(cluster, peers={**known, **cluster.peers}, joined=True)
+    cluster = dataclasses.replace(cluster, incarnation=identity.incarnation)
     return dataclasses.replace(settings, cluster=cluster)
 
 
@@ -147,7 +158,14 @@ def settle_identity(
             f" given, {cluster.cluster_id}: use a data directory of that cluster, or an"
             " empty one to form a new cluster"
         )
+    if not recorded.incarnation:
+        recorded = dataclasses.replace(recorded, incarnation=new_incarnation())
+        write_identity(data_dir, recorded)
     return recorded
+
+
+def new_incarnation() -> str:
+    return secrets.token_hex(INCARNATION_BYTES)
 
 
 def form_cluster(data_dir: Path, cluster: ClusterSettings) -> ClusterIdentity:
@@ -162,6 +180,7 @@ def form_cluster(data_dir: Path, cluster: ClusterSettings) -> ClusterIdentity:
             cluster.node_id: format_address(cluster.listen),
             **{name: format_address(address) for name, address in cluster.peers.items()},
         },
+        incarnation=new_incarnation(),
     )
     write_identity(data_dir, identity)
     return identity
@@ -205,6 +224,7 @@ def join_cluster(data_dir: Path, cluster: ClusterSettings, limits: Limits) -> Cl
         node_id=cluster.node_id,
         initial_members={**joined.members, cluster.node_id: format_address(cluster.listen)},
         joined=True,
+        incarnation=new_incarnation(),
     )
     write_identity(data_dir, identity)
     return identity
@@ -238,6 +258,8 @@ def write_identity(data_dir: Path, identity: ClusterIdentity) -> None:
     }
     if identity.joined:
         body["joined"] = True
+    if identity.incarnation:
+        body["incarnation"] = identity.incarnation
     path = data_dir / CLUSTER_FILE
     tmp = path.with_suffix(".tmp")
     with tmp.open("w", encoding="utf-8") as f:
@@ -284,7 +306,10 @@ def _identity(body: object) -> ClusterIdentity | None:
     if not isinstance(members, dict) or node_id not in members:
         return None
     joined = body.get("joined", False)
-    if not isinstance(joined, bool):
+    incarnation = body.get("incarnation", "")
+    if not isinstance(joined, bool) or not isinstance(incarnation, str):
+        return None
+    if incarnation and not (len(incarnation) <= 64 and incarnation.isalnum()):
         return None
     try:
         for name, address in members.items():
@@ -296,4 +321,4 @@ def _identity(body: object) -> ClusterIdentity | None:
         check_node_id(node_id, "node_id")
     except StartRefused:
         return None
-    return ClusterIdentity(cluster_id, node_id, dict(members), joined)
+    return ClusterIdentity(cluster_id, node_id, dict(members), joined, incarnation)

@@ -81,11 +81,18 @@ class ClusterMirror:
             with contextlib.suppress(asyncio.CancelledError):
                 await self.task
 
-    async def wait_adopted(self, timeout_s: float) -> bool:
+    async def wait_adopted(self, timeout_s: float, given_up: asyncio.Event | None = None) -> bool:
         """Until this node's SQLite follows the metadata (at start: ``/readyz`` waits for
-        it, so that the bootstrap admin mints tokens at once), at most ``timeout_s``."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.adopted.wait(), timeout_s)
+        it, so that the bootstrap admin mints tokens at once), at most ``timeout_s``, or
+        until ``given_up`` is set."""
+        waits = [asyncio.ensure_future(self.adopted.wait())]
+        if given_up is not None:
+            waits.append(asyncio.ensure_future(given_up.wait()))
+        try:
+            await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
         return self.adopted.is_set()
 
     def on_change(self, change: MetaChanged | None) -> None:

@@ -91,6 +91,9 @@ class ClusterSettings:
     """``--join``: a node of the running cluster this node joins on its first start."""
     joined: bool = False
     """This node joined a running cluster (settled from its data directory)."""
+    incarnation: str = ""
+    """The id of this node's data directory (settled from it): a node that lost its data
+    directory comes back with another one, which its peers refuse."""
 
     def __post_init__(self) -> None:
         assert (self.peers or self.join) and self.node_id not in self.peers

@@ -93,10 +93,10 @@ def meta_bootstrap(cluster: ClusterSettings) -> MetaBootstrap:
     assert cluster.cluster_id is not None, "start-up settles the cluster id first"
     if cluster.joined:
         # Not an initial member: the metadata's leader adds it, and knows the others.
-        return MetaBootstrap(cluster.cluster_id, {}, joined=True)
+        return MetaBootstrap(cluster.cluster_id, {}, joined=True, incarnation=cluster.incarnation)
     members = {name: format_address(address) for name, address in cluster.peers.items()}
     members[cluster.node_id] = format_address(cluster.listen)
-    return MetaBootstrap(cluster.cluster_id, members)
+    return MetaBootstrap(cluster.cluster_id, members, incarnation=cluster.incarnation)
 
 
 def tcp_transport(cluster: ClusterSettings, settings: Settings) -> TcpTransport:
@@ -112,6 +112,7 @@ def tcp_transport(cluster: ClusterSettings, settings: Settings) -> TcpTransport:
         cluster_id=cluster.cluster_id,
         secret=cluster.secret,
         limits=settings.limits,
+        incarnation=cluster.incarnation,
         tls=None
         if tls is None
         else TlsConfig(

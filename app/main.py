@@ -152,12 +152,19 @@ async def engine_serving(
     """The node recovered and in ``state.node`` for the body (``/readyz`` says
     ``engine: recovering`` meanwhile), taken out and stopped after it."""
     started = False
+    refused = asyncio.Event()
+
+    def refused_by_cluster(message: str) -> None:
+        refused.set()
+        if refuse is not None:
+            refuse(message)
+
     try:
         if node is not None:
             state.engine_status = "recovering"
             node.set_record_listener(record_listener(db, node))
             if refuse is not None:
-                on_forgotten(node, refuse)
+                on_forgotten(node, refused_by_cluster)
             await node.start()
             started = True
             await queue_api.on_node_started(db, node)
@@ -166,7 +173,8 @@ async def engine_serving(
                 # A cluster node: its users and tokens are the cluster metadata's.
                 state.mirror = ClusterMirror(db, group)
                 state.mirror.start()
-                if not await state.mirror.wait_adopted(MIRROR_WAIT_S):
+                # A node its cluster refused stops at once: nothing to wait for.
+                if not await state.mirror.wait_adopted(MIRROR_WAIT_S, refused):
                     log.warning("ready before the cluster metadata's users reached SQLite")
             state.node, state.engine_status = node, "recovered"
         yield

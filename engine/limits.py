@@ -226,6 +226,9 @@ class Limits:
     """A queue with no replica on a node shows its leader's stats as fetched last
     (``engine.runtime.forwarding``); older than this, they are fetched again."""
     leader_stats_deadline_ms: int = 1_000
+    led_stats_queues_max: int = 500
+    """Queues named in one ``LedStatsCall`` (``engine.runtime.led_stats``): bounds the
+    answer's size; a node leading more is asked in several calls."""
     """Deadline of a ``StatsCall`` to a queue's leader's node: a follower then shows its own
     copy marked stale (``engine.runtime.leader_stats``), a node without a replica its kept
     copy (``engine.runtime.forwarding``)."""
@@ -293,6 +296,7 @@ class Limits:
         assert self.cluster_frame_bytes_max <= self.cluster_send_buffer_bytes_max
         assert self.cluster_call_deadline_ms >= 2 * self.proposal_timeout_ms
         assert 0 < self.leader_stats_deadline_ms <= self.cluster_call_deadline_ms
+        assert self.led_stats_queues_max >= 1
         assert self.cluster_calls_inflight_per_peer_max >= 1
         assert self.cluster_handshakes_inflight_max >= 1
         assert 1 <= self.cluster_reconnect_ms_min <= self.cluster_reconnect_ms_max

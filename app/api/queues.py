@@ -55,7 +55,11 @@ def queue_out(
 
 @router.get("", response_model=list[QueueOut], responses=PROBLEMS)
 async def list_queues(who: PrincipalDep, node: NodeDep) -> list[QueueOut]:
-    """The queues the caller holds any permission on, by name, with their stats."""
+    """The queues the caller holds any permission on, by name, with their stats. In a
+    cluster each queue's stats are its leader's as this node last fetched them (one
+    periodic call per leader node, not one per queue): ``stats.remote`` names the leader
+    (``from_node``) and their age (``age_ms``); older than 2 s, or a follower's own copy
+    when nothing came from its leader yet, they are marked ``status: "stale"``."""
     infos = sorted(node.queues(), key=lambda q: q.name)
     return [queue_out(node, q) for q in infos if who.can_see(q.name)]
 
@@ -101,6 +105,11 @@ async def patch_queue(
     who: CanConfigure,
     node: NodeDep,
 ) -> QueueOut:
+    """Change some of the queue's policies (the others stay). The change commits in the
+    queue's own Raft log, so that every replica applies it in order with the messages;
+    in a cluster its leader then records it in the cluster metadata, which every node
+    lists the queue from (a node that crashed in between records it on its next
+    reconcile pass)."""
     changes = body.changes()
     if not changes:
         raise ValidationFailed("send at least one policy to change")

@@ -67,6 +67,15 @@ class SetNodeState(MetaCommand):
 
 
 @dataclass(frozen=True, slots=True)
+class NodeStarted(MetaCommand):
+    """A node runs from data directory ``incarnation`` (set once per node record)."""
+
+    TAG: ClassVar[str] = "node_started"
+    name: str
+    incarnation: str
+
+
+@dataclass(frozen=True, slots=True)
 class CreateQueue(MetaCommand):
     """Define a queue; the machine assigns its uid and places its replicas."""
 
@@ -191,6 +200,7 @@ COMMANDS: tuple[type[MetaCommand], ...] = (
     Bootstrap,
     AddNode,
     SetNodeState,
+    NodeStarted,
     CreateQueue,
     DeleteQueue,
     SetQueuePolicy,
@@ -300,6 +310,7 @@ __all__ = [
     "DeleteToken",
     "DeleteUser",
     "MetaCommand",
+    "NodeStarted",
     "PutToken",
     "PutUser",
     "RemoveMember",

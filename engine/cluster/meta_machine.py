@@ -204,6 +204,7 @@ _HANDLERS: dict[type[mc.MetaCommand], _Handler] = {
     mc.Bootstrap: node_changes.on_bootstrap,
     mc.AddNode: node_changes.on_add_node,
     mc.SetNodeState: node_changes.on_set_node_state,
+    mc.NodeStarted: node_changes.on_node_started,
     mc.CreateQueue: queue_changes.on_create_queue,
     mc.DeleteQueue: queue_changes.on_delete_queue,
     mc.SetQueuePolicy: queue_changes.on_set_queue_policy,

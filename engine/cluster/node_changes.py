@@ -72,6 +72,25 @@ def on_set_node_state(
     return Ok(True)
 
 
+def on_node_started(
+    m: MetaMachine, meta: ApplyMeta, cmd: mc.NodeStarted, touched: Touched
+) -> object:
+    """Record the data directory a node runs from: once, so that a node that comes back
+    from another one (it lost its data) is told apart from one that never started."""
+    if not cmd.incarnation:
+        raise ValidationFailed("an incarnation is not empty")
+    known = m.nodes.get(cmd.name)
+    if known is None or known.state == "forgotten":
+        raise NotFound(f"no node {cmd.name}")
+    if known.incarnation == cmd.incarnation:
+        return Ok(False)
+    if known.incarnation:
+        raise Conflict(f"node {cmd.name} started already, from another data directory")
+    m.nodes[cmd.name] = dataclasses.replace(known, incarnation=cmd.incarnation)
+    touched.nodes.add(cmd.name)
+    return Ok(True)
+
+
 def _count_as_dropped(m: MetaMachine, node: str, index: int, touched: Touched) -> None:
     """A forgotten node holds nothing: every queue being deleted stops waiting for it."""
     waiting = [
@@ -108,4 +127,4 @@ def _check_forgettable(m: MetaMachine, node: str) -> None:
         )
 
 
-__all__ = ["on_add_node", "on_bootstrap", "on_set_node_state"]
+__all__ = ["on_add_node", "on_bootstrap", "on_node_started", "on_set_node_state"]

@@ -104,7 +104,8 @@ def on_set_queue_policy(
         raise ValidationFailed("priorities is fixed when the queue is created")
     if cmd.policy == rec.policy:
         return Ok(False)
-    _store(m, dataclasses.replace(rec, policy=cmd.policy), touched)
+    first = rec.created_policy
+    _store(m, dataclasses.replace(rec, policy=cmd.policy, first_policy=first), touched)
     return Ok(True)
 
 

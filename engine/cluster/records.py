@@ -46,6 +46,10 @@ class NodeRecord:
     joined_index: int
     state_index: int
     """The index of the entry that set ``state``."""
+    incarnation: str = ""
+    """The id of the data directory the node runs from, as it reported once started
+    (``NodeStarted``); empty until then. A peer refuses the node from another data
+    directory under this name (``engine.cluster.rejoin.lost_data_refusal``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +77,15 @@ class QueueRecord:
     live_index: int = 0
     deleting_index: int = 0
     tombstone_index: int = 0
+    first_policy: QueuePolicy | None = None
+    """The policy the queue was created with, once a change replaced ``policy`` (``None``
+    until then): what a replica created later starts from, since it replays the queue's
+    log from its start, the policy changes included (replicas that started from
+    different policies could apply the same entries differently)."""
+
+    @property
+    def created_policy(self) -> QueuePolicy:
+        return self.first_policy or self.policy
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,8 +137,11 @@ def record_to_wire(record: Record) -> list[Any]:
 
 def queue_from_wire(values: list[Any]) -> QueueRecord:
     names = [f.name for f in fields(QueueRecord)]
-    known = dict(zip(names, values, strict=True))
+    # A snapshot from before a field with a default was added lacks it.
+    known = dict(zip(names[: len(values)], values, strict=True))
     known["policy"] = QueuePolicy(**known["policy"])
+    if known.get("first_policy") is not None:
+        known["first_policy"] = QueuePolicy(**known["first_policy"])
     for name in ("members", "bootstrap", "founders", "created", "dropped"):
         known[name] = tuple(known[name])
     return QueueRecord(**known)

@@ -16,7 +16,14 @@ learns the metadata) has nothing to forget: its join is answered as the first on
 Refusing rather than rejoining as a new incarnation keeps every group's membership
 change where it is today, in ``forget`` (one change at a time, replicas replaced before
 the node goes): a new incarnation would have to replace the old one's vote in every
-group at once, which ``forget`` already does, with the operator's say. Pure.
+group at once, which ``forget`` already does, with the operator's say.
+
+A founding member that lost its data directory and starts again with ``--peers`` does
+not join: it forms with the others, from an empty log. Its peers tell it apart from a
+founder that never started by the id of the data directory each node reports once it
+runs (``NodeStarted``, ``NodeRecord.incarnation``) and names in its handshake: a name
+the metadata records as started from another data directory is refused
+(``lost_data_refusal``), with the same way out. Pure.
 """
 
 from __future__ import annotations
@@ -67,4 +74,21 @@ def rejoin_refusal(
     )
 
 
-__all__ = ["LISTED_QUEUES_MAX", "rejoin_refusal"]
+def lost_data_refusal(nodes: Mapping[str, NodeRecord], name: str, incarnation: str) -> str | None:
+    """Why node ``name``, running from data directory ``incarnation``, is refused by its
+    peers, or ``None``: the metadata records that it started from another one. A node
+    not recorded, forgotten (refused as such) or not started yet is not refused here."""
+    known = nodes.get(name)
+    if known is None or known.state == "forgotten" or not known.incarnation:
+        return None
+    if known.incarnation == incarnation:
+        return None
+    return (
+        f"node {name} started before from another data directory, and this one would vote"
+        f" with an empty log (was its data directory lost?). Restore its data directory,"
+        f" or forget it (POST /api/v1/cluster/nodes/{name}/forget) and start it again"
+        f" from an empty data directory with --join"
+    )
+
+
+__all__ = ["LISTED_QUEUES_MAX", "lost_data_refusal", "rejoin_refusal"]

@@ -274,6 +274,7 @@ class Catalog:
         args_with(rep.meta.args, changes, self.ctx.limits)
         reply = await self.ctx.propose(rep, encode_policy(changes))
         assert isinstance(reply, PolicyChanged), reply
+        await self.registry.record_policy(rep)  # a cluster's metadata follows the log
         return queue_info(rep.meta)
 
     def policy_changed(self, rep: Replica) -> None:

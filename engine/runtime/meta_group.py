@@ -92,6 +92,9 @@ class MetaBootstrap:
     a node that joined later: it starts with no configuration, and the group's leader
     adds it (``engine.runtime.meta_members``)."""
     joined: bool = False
+    incarnation: str = ""
+    """The id of this node's data directory, reported once the metadata records the
+    node (``NodeStarted``, by the reconcile loop)."""
 
 
 class MetaGroup:

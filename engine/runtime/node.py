@@ -64,6 +64,7 @@ from pathlib import Path
 from engine.cluster import meta_commands as mc
 from engine.cluster import moving
 from engine.cluster.records import NodeState
+from engine.cluster.rejoin import lost_data_refusal
 from engine.errors import Conflict, EntryDamaged, NoLeader, QuorraError
 from engine.ids import NodeName
 from engine.limits import DEFAULT_LIMITS, Limits
@@ -89,6 +90,7 @@ from engine.runtime.api import (
 from engine.runtime.clock import SYSTEM_CLOCK, Clock
 from engine.runtime.context import NodeContext
 from engine.runtime.leader_stats import leader_stats
+from engine.runtime.led_stats import LedStats
 from engine.runtime.meta_group import MetaBootstrap, MetaGroup
 from engine.runtime.replica import node_of
 from engine.runtime.routing import CheckpointCall, CompactCall, NodeCall, SegmentsCall
@@ -130,6 +132,8 @@ class Node:
             # A cluster node: the metadata group decides which queues exist, and the
             # reconcile loop makes this node's replicas follow it.
             self.context.meta_group = MetaGroup(self.context, cluster)
+        self.led_stats = LedStats(self.context)
+        """The leaders' stats of the queues this node follows (``engine.runtime.led_stats``)."""
         self._heard_ms: dict[str, int] = {}
         """Monotonic time of the last Raft message from each node."""
         self.on_forgotten: Callable[[str], None] | None = None
@@ -168,11 +172,15 @@ class Node:
             hosting.schedule(rep)
         if isinstance(self.transport, PeerBook):
             self.transport.on_forgotten = self._told_forgotten
+            self.transport.on_lost_data = self._told_lost_data
+            if group is not None:
+                self.transport.refuse_stale(self._stale_peer)
         if group is not None:
             group.listeners.append(self._maybe_forgotten)
             group.listeners.append(ctx.meta_members.on_change)
             group.schedule()
             ctx.reconciler.start()
+            self.led_stats.start()
         await hosting.await_recovered()
 
     async def stop(self) -> None:
@@ -344,7 +352,11 @@ class Node:
         if name not in ctx.replicas and ctx.forwarder.remote(name) is not None:
             kept = ctx.forwarder.cached_stats(name)
             return remote_stats_unknown(name) if kept is None else kept
-        return observe.queue_stats(ctx.replica(name), self.clock.monotonic_ms(), self.limits)
+        rep = ctx.replica(name)
+        led = None if ctx.meta_group is None else self.led_stats.stats_of(rep)
+        if led is not None:
+            return led  # a follower: its leader's, as last fetched
+        return observe.queue_stats(rep, self.clock.monotonic_ms(), self.limits)
 
     async def fresh_stats(self, name: str) -> dict[str, object]:
         """``stats``, but asked of the queue's leader now when another node leads it: by
@@ -442,6 +454,24 @@ class Node:
         log.error("%s", message)
         if self.on_forgotten is not None:
             self.on_forgotten(message)
+
+    def _told_lost_data(self, why: str) -> None:
+        """A peer says the cluster knows this node from another data directory: it
+        stops (once), since it would vote with an empty log."""
+        if self.forgotten:
+            return
+        self.forgotten = True
+        message = f"node {self.name} is refused by its cluster: {why}"
+        log.error("%s", message)
+        if self.on_forgotten is not None:
+            self.on_forgotten(message)
+
+    def _stale_peer(self, name: str, incarnation: str) -> str | None:
+        """Why peer ``name``, from data directory ``incarnation``, is refused."""
+        group = self.context.meta_group
+        if group is None or group.driver is None:
+            return None
+        return lost_data_refusal(group.machine.nodes, name, incarnation)
 
     def _placed_on(self, node: str) -> dict[str, object]:
         """The node's state in the metadata and the queues it should host (a single

@@ -8,7 +8,8 @@ asks for one more). A pass plans only once the node's metadata replica is caught
 then proposes the reports of the actions that ran. Every action is idempotent and keyed
 by uid, so a crash anywhere in a pass, or a report that never committed, is finished by
 a later pass: a create writes the replica's definition before it hosts it (the catalog's
-rule), a delete removes the definition first.
+rule), a delete removes the definition first. A pass also reports, once, the data
+directory the node runs from (``NodeStarted``: ``engine.cluster.rejoin``).
 """
 
 from __future__ import annotations
@@ -19,12 +20,16 @@ import logging
 from typing import TYPE_CHECKING
 
 from engine.cluster import MetaChanged, QueueRecord, reconcile
+from engine.cluster import meta_commands as mc
 from engine.errors import QuorraError
+from engine.queue import QueuePolicy
+from engine.raft.role import Role
 from engine.runtime.api import QueueArgs
 from engine.runtime.meta import QueueMeta
 from engine.runtime.passes import Passes
 
 if TYPE_CHECKING:
+    from engine.cluster.meta_machine import MetaMachine
     from engine.runtime.context import NodeContext
 
 log = logging.getLogger("quorra.engine")
@@ -97,7 +102,8 @@ class Reconciler(Passes):
                 log.warning("reconcile: %s of %s failed: %s", type(action).__name__, action.uid, e)
                 break
             done.append(action)
-        for command in reconcile.reports(ctx.name, done):
+        reports = [*reconcile.reports(ctx.name, done), *self.started(group.machine)]
+        for command in [*reports, *self.policies(group.machine)]:
             try:
                 await group.propose(command)
             except QuorraError as e:
@@ -105,6 +111,31 @@ class Reconciler(Passes):
                 log.info("reconcile: report %s not committed: %s", type(command).__name__, e)
                 return False
         return False
+
+    def started(self, machine: MetaMachine) -> list[mc.MetaCommand]:
+        """``NodeStarted`` while the metadata records this node without the data
+        directory it runs from (``engine.cluster.rejoin``)."""
+        group = self.ctx.meta_group
+        incarnation = "" if group is None else group.boot.incarnation
+        rec = machine.nodes.get(self.ctx.name)
+        if not incarnation or rec is None or rec.state == "forgotten" or rec.incarnation:
+            return []
+        return [mc.NodeStarted(self.ctx.name, incarnation)]
+
+    def policies(self, machine: MetaMachine) -> list[mc.MetaCommand]:
+        """``SetQueuePolicy`` for each queue this node leads whose record lags the policy
+        its log applied: a crash between the queue's commit and the metadata's (or a
+        lost proposal), ``engine.runtime.registry.record_policy``. Only the leader's
+        replica proposes; a deposed one that proposed an older policy is corrected by
+        the next leader's pass."""
+        commands: list[mc.MetaCommand] = []
+        for rep in self.ctx.replicas.values():
+            rec = machine.queue_by_uid(rep.uid)
+            if rec is None or rec.state != "live" or rep.raft.role is not Role.LEADER:
+                continue
+            if rec.policy != rep.machine.policy:
+                commands.append(mc.SetQueuePolicy(rep.uid, rep.machine.policy))
+        return commands
 
     async def perform(self, action: reconcile.Action) -> None:
         catalog = self.ctx.catalog
@@ -127,13 +158,16 @@ class Reconciler(Passes):
         members = bootstrap
         if not members:
             members = tuple(m for m in rec.members if m != self.ctx.name) or rec.bootstrap
-        return QueueMeta(rec.name, rec.uid, args_of(rec), rec.created_at_ms, members)
+        args = args_of(rec, rec.created_policy)
+        return QueueMeta(rec.name, rec.uid, args, rec.created_at_ms, members)
 
 
-def args_of(rec: QueueRecord) -> QueueArgs:
-    """The ``PUT /queues/{name}`` arguments a queue record stands for."""
-    policy = {f.name: getattr(rec.policy, f.name) for f in dataclasses.fields(rec.policy)}
-    return QueueArgs(replicas=rec.replicas, **policy)
+def args_of(rec: QueueRecord, policy: QueuePolicy | None = None) -> QueueArgs:
+    """The ``PUT /queues/{name}`` arguments a queue record stands for (with ``policy``
+    in place of its current one)."""
+    chosen = rec.policy if policy is None else policy
+    fields = {f.name: getattr(chosen, f.name) for f in dataclasses.fields(chosen)}
+    return QueueArgs(replicas=rec.replicas, **fields)
 
 
 __all__ = ["Reconciler", "args_of"]

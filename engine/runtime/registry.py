@@ -9,16 +9,26 @@ reconcile loop (``engine.runtime.reconciling``) then creates or drops its replic
 member that is down does so when it comes back. The caller waits for this node's own
 pass: once a create answers, the queue is served here if this node is a member (its
 group elected a leader: the first entry applied here), up to ``Limits.leader_wait_ms``.
+
+A policy change commits in the queue's own log first (its replicas apply it in order
+with the messages, as on a single node), then the queue's leader proposes the policy it
+applied to the metadata (``record_policy``), so that every node lists it and a replica
+created later is defined with it. A crash, or a metadata without a leader, between the
+two leaves the metadata behind the queue's log; the leader's reconcile pass proposes it
+again (``Reconciler.policies``), so the two agree once the pass runs. The record keeps
+the policy the queue was created with (``QueueRecord.created_policy``): a replica
+created later starts from it and replays the change from the log.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import TYPE_CHECKING
 
 from engine.cluster import QueueCreated, QueueDeleting, QueueExists
 from engine.cluster import meta_commands as mc
-from engine.errors import NoLeader
+from engine.errors import NoLeader, QuorraError
 from engine.runtime.api import QueueArgs, QueueInfo
 from engine.runtime.meta import policy_of
 from engine.runtime.reconciling import args_of
@@ -26,6 +36,9 @@ from engine.runtime.reconciling import args_of
 if TYPE_CHECKING:
     from engine.runtime.context import NodeContext
     from engine.runtime.meta_group import MetaGroup
+    from engine.runtime.replica import Replica
+
+log = logging.getLogger("quorra.engine")
 
 
 class Registry:
@@ -71,6 +84,21 @@ class Registry:
             if rep is not None and (rep.applied_index > 0 or rep.closed):
                 return
             await asyncio.sleep(ctx.limits.poll_interval_ms / 1000)
+
+    async def record_policy(self, rep: Replica) -> None:
+        """The metadata's record takes the policy ``rep``'s log applied (see the
+        module's rule); a failure is left to the reconcile pass."""
+        group = self.ctx.meta_group
+        if group is None:
+            return
+        rec = group.machine.queue_by_uid(rep.uid)
+        if rec is None or rec.policy == rep.machine.policy:
+            return
+        try:
+            await group.propose(mc.SetQueuePolicy(rep.uid, rep.machine.policy))
+        except QuorraError as e:
+            log.warning("queue %s: policy not recorded in the metadata yet: %s", rep.name, e)
+            self.ctx.reconciler.trigger()
 
     async def delete_queue(self, name: str) -> None:
         """Returns once the delete committed and this node dropped its replica (up to

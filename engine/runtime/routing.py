@@ -140,6 +140,14 @@ class LeaderOfCall:
 
 
 @dataclass(frozen=True, slots=True)
+class LedStatsCall:
+    """The stats of those of queues ``names`` that this node's replicas lead, by name
+    (``engine.runtime.led_stats``: one call per leader node refreshes a queue list)."""
+
+    names: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class PurgeCall:
     name: str
 
@@ -231,6 +239,7 @@ NodeCall = (
     | MetaPropose
     | JoinCall
     | LeaderOfCall
+    | LedStatsCall
     | LeaderCall
 )
 """Every call a node makes to another."""
@@ -267,6 +276,7 @@ CALL_TYPES: tuple[type[Any], ...] = (
     CheckpointCall,
     CompactCall,
     LeaderOfCall,
+    LedStatsCall,
     PurgeCall,
     UpdatePolicyCall,
     TransferCall,
@@ -291,6 +301,17 @@ class Router:
 
     def __init__(self, ctx: NodeContext) -> None:
         self.ctx = ctx
+
+    def led_stats(self, names: tuple[str, ...]) -> dict[str, dict[str, object]]:
+        """The stats of those of ``names`` whose replica here leads (``LedStatsCall``)."""
+        ctx = self.ctx
+        now = ctx.clock.monotonic_ms()
+        out: dict[str, dict[str, object]] = {}
+        for name in names:
+            rep = ctx.replicas.get(name)
+            if rep is not None and name not in ctx.failed and rep.raft.role is Role.LEADER:
+                out[name] = observe.queue_stats(rep, now, ctx.limits)
+        return out
 
     async def leader_node(self, rep: Replica) -> NodeName:
         """The node of the replica's leader; waits for an election up to the limit."""
@@ -352,6 +373,8 @@ class Router:
             return await ctx.ops.publish(call.name, call.messages)
         if isinstance(call, LeaderOfCall):
             return await self.leader_node(ctx.replica(call.name))
+        if isinstance(call, LedStatsCall):
+            return self.led_stats(call.names[: ctx.limits.led_stats_queues_max])
         if isinstance(call, MetaPropose):
             group = ctx.meta_group
             if group is None:
@@ -465,6 +488,7 @@ __all__ = [
     "Joined",
     "LeaderCall",
     "LeaderOfCall",
+    "LedStatsCall",
     "MetaPropose",
     "MetaProposed",
     "MetaReply",

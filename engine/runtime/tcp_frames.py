@@ -10,12 +10,14 @@ bytes, these functions return or raise ``FrameError``, nothing else.
 
 Handshake frames are plain msgpack maps (no extension types), tagged by ``"t"``:
 ``hello`` (dialer: magic, protocol version, cluster id, both node names, lane, limits
-fingerprint, nonce), ``challenge`` (acceptor: its nonce and its MAC), ``proof`` (dialer:
-its MAC), ``welcome``, or ``refused`` with a reason; ``forgotten`` (either side, with a
-MAC of its own role) in place of a proof or a welcome tells the other node that the
-cluster forgot it. Each MAC is HMAC-SHA256 with the
-cluster secret over a role label and the transcript (``transcript``): both nonces, both
-names, the cluster id, the version, the lane and the fingerprint. Each side proves it
+fingerprint, nonce, the id of its data directory), ``challenge`` (acceptor: its nonce,
+the id of its data directory and its MAC), ``proof`` (dialer: its MAC), ``welcome``, or
+``refused`` with a reason; ``forgotten`` (either side, with a MAC of its own role) in
+place of a proof or a welcome tells the other node that the cluster forgot it, and
+``lost_data`` likewise that the cluster knows it from another data directory. Each MAC
+is HMAC-SHA256 with the cluster secret over a role label and the transcript
+(``transcript``): both nonces, both names, both data directory ids, the cluster id, the
+version, the lane and the fingerprint. Each side proves it
 knows the secret over the other's fresh nonce, so a recorded handshake cannot be
 replayed, and the role label keeps one side's MAC from serving as the other's.
 """
@@ -221,6 +223,8 @@ class Hello:
     lane: int
     limits: str
     nonce: bytes
+    incarnation: str = ""
+    """The id of the dialer's data directory (``NodeRecord.incarnation``)."""
 
 
 _SCHEMAS: dict[str, dict[str, type[Any]]] = {
@@ -233,11 +237,13 @@ _SCHEMAS: dict[str, dict[str, type[Any]]] = {
         "lane": int,
         "limits": str,
         "nonce": bytes,
+        "incarnation": str,
     },
-    "challenge": {"nonce": bytes, "mac": bytes},
+    "challenge": {"nonce": bytes, "incarnation": str, "mac": bytes},
     "proof": {"mac": bytes},
     "welcome": {},
     "forgotten": {"mac": bytes},
+    "lost_data": {"mac": bytes},
     "refused": {"reason": str},
 }
 
@@ -258,6 +264,7 @@ def encode_hello(hello: Hello) -> bytes:
         lane=hello.lane,
         limits=hello.limits,
         nonce=hello.nonce,
+        incarnation=hello.incarnation,
     )
 
 
@@ -300,14 +307,16 @@ def hello_of(fields: dict[str, Any]) -> Hello:
         lane=fields["lane"],
         limits=fields["limits"],
         nonce=fields["nonce"],
+        incarnation=fields["incarnation"],
     )
 
 
-def transcript(hello: Hello, nonce_b: bytes) -> bytes:
+def transcript(hello: Hello, nonce_b: bytes, incarnation_b: str) -> bytes:
     """What both MACs cover: the dialer's hello as each side sees it, and the acceptor's
-    nonce. Each side builds it from its own values, so any difference fails the MAC."""
+    nonce and data directory id. Each side builds it from its own values, so any
+    difference fails the MAC."""
     parts = [MAGIC, hello.version, hello.cluster_id, hello.src, hello.dst, hello.lane]
-    parts += [hello.limits, hello.nonce, nonce_b]
+    parts += [hello.limits, hello.nonce, hello.incarnation, nonce_b, incarnation_b]
     return bytes(msgpack.packb(parts, use_bin_type=True))
 
 

@@ -19,6 +19,13 @@ without the secret can tell a node that): in place of the welcome when it dials 
 that knows it was forgotten, in place of the proof when such a node dials it (only to
 tell it). Its side raises ``HandshakeRefused`` with ``forgotten`` set.
 
+A node that comes back from another data directory than the one the metadata records
+for it (it lost its data, ``engine.cluster.rejoin.lost_data_refusal``) is told so the
+same way, by a MAC'd ``lost_data`` frame: each side names its data directory (the
+hello, the challenge) and the other checks it (``Identity.stale``, this node's view of
+the metadata) before it goes on. Its side raises ``HandshakeRefused`` with
+``lost_data`` set: the node must not serve, and exits.
+
 TLS, when configured, is under the handshake, never instead of it: certificates must
 chain to the cluster's CA, and with ``mutual`` the listener requires one from the
 dialer too. Host names are not checked (peers are often addressed by IP); the node's
@@ -30,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import os
 import ssl
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from engine.ids import NodeName
@@ -94,6 +101,11 @@ class Identity:
     secret: bytes = field(repr=False)
     fingerprint: str
     """Of its limits (``limits_fingerprint``)."""
+    incarnation: str = ""
+    """The id of this node's data directory (``cluster.json``)."""
+    stale: Callable[[str, str], str | None] = field(default=lambda _name, _inc: None)
+    """Why a peer named so, from that data directory, is refused (``lost_data_refusal``
+    over this node's metadata), or ``None``."""
 
 
 class HandshakeRefused(Exception):
@@ -101,13 +113,20 @@ class HandshakeRefused(Exception):
     concerns, if any (a stranger's attempt concerns none)."""
 
     def __init__(
-        self, reason: str, peer: NodeName | None = None, *, forgotten: bool = False
+        self,
+        reason: str,
+        peer: NodeName | None = None,
+        *,
+        forgotten: bool = False,
+        lost_data: bool = False,
     ) -> None:
         super().__init__(reason)
         self.reason = reason
         self.peer = peer
         self.forgotten = forgotten
         """The peer proved that the cluster forgot this node."""
+        self.lost_data = lost_data
+        """The peer proved that the cluster knows this node from another data directory."""
 
 
 async def read_frame(reader: asyncio.StreamReader, decoder: FrameDecoder) -> bytes:
@@ -133,18 +152,24 @@ async def dial(
     ``tell_forgotten``, tell ``peer`` that the cluster forgot it instead of proving
     ``me``, and return (the connection is good for nothing else)."""
     hello = Hello(
-        PROTOCOL_VERSION, me.cluster_id, me.name, peer, int(lane), me.fingerprint, _nonce()
-    )
+        PROTOCOL_VERSION, me.cluster_id, me.name, peer, int(lane), me.fingerprint, _nonce(),
+        me.incarnation,
+    )  # fmt: skip
     writer.write(encode_hello(hello))
     tag, fields = decode_handshake(await read_frame(reader, decoder))
     if tag == "refused":
         raise HandshakeRefused(f"refused by {peer}: {printable(fields['reason'])}", peer)
     if tag != "challenge" or len(fields["nonce"]) != NONCE_BYTES:
         raise FrameError(f"{peer}: expected a challenge, got {tag}")
-    text = transcript(hello, fields["nonce"])
+    text = transcript(hello, fields["nonce"], fields["incarnation"])
     if not mac_ok(me.secret, "accept", text, fields["mac"]):
         _refuse(writer, "bad MAC: the cluster secret differs")
         raise HandshakeRefused(f"{peer} failed to prove the cluster secret (bad MAC)", peer)
+    stale = None if tell_forgotten else me.stale(peer, fields["incarnation"])
+    if stale is not None:
+        writer.write(encode_handshake("lost_data", mac=mac(me.secret, "lost-data-dial", text)))
+        await writer.drain()
+        raise HandshakeRefused(f"told {peer} that {stale}", peer)
     if tell_forgotten:
         writer.write(encode_handshake("forgotten", mac=mac(me.secret, "forgotten-dial", text)))
         await writer.drain()
@@ -153,6 +178,8 @@ async def dial(
     tag, fields = decode_handshake(await read_frame(reader, decoder))
     if tag == "forgotten" and mac_ok(me.secret, "forgotten-accept", text, fields["mac"]):
         raise HandshakeRefused(_forgotten_by(peer, me.name), peer, forgotten=True)
+    if tag == "lost_data" and mac_ok(me.secret, "lost-data-accept", text, fields["mac"]):
+        raise HandshakeRefused(_lost_data_by(peer, me.name), peer, lost_data=True)
     if tag == "refused":
         raise HandshakeRefused(f"refused by {peer}: {printable(fields['reason'])}", peer)
     if tag != "welcome":
@@ -187,13 +214,22 @@ async def accept(
         _refuse(writer, why)
         raise HandshakeRefused(f"refused {printable(hello.src)!r}: {why}", peer)
     nonce = _nonce()
-    text = transcript(hello, nonce)
-    writer.write(encode_handshake("challenge", nonce=nonce, mac=mac(me.secret, "accept", text)))
+    text = transcript(hello, nonce, me.incarnation)
+    writer.write(
+        encode_handshake(
+            "challenge",
+            nonce=nonce,
+            incarnation=me.incarnation,
+            mac=mac(me.secret, "accept", text),
+        )
+    )
     tag, fields = decode_handshake(await read_frame(reader, decoder))
     if tag == "refused":
         raise HandshakeRefused(f"refused by {hello.src}: {printable(fields['reason'])}", peer)
     if tag == "forgotten" and mac_ok(me.secret, "forgotten-dial", text, fields["mac"]):
         raise HandshakeRefused(_forgotten_by(hello.src, me.name), peer, forgotten=True)
+    if tag == "lost_data" and mac_ok(me.secret, "lost-data-dial", text, fields["mac"]):
+        raise HandshakeRefused(_lost_data_by(hello.src, me.name), peer, lost_data=True)
     if tag != "proof":
         raise FrameError(f"expected a proof, got {tag}")
     if not mac_ok(me.secret, "dial", text, fields["mac"]):
@@ -203,6 +239,10 @@ async def accept(
     if told:
         writer.write(encode_handshake("forgotten", mac=mac(me.secret, "forgotten-accept", text)))
         raise HandshakeRefused(f"told {printable(hello.src)} that the cluster forgot it")
+    stale = None if joining else me.stale(hello.src, hello.incarnation)
+    if stale is not None:
+        writer.write(encode_handshake("lost_data", mac=mac(me.secret, "lost-data-accept", text)))
+        raise HandshakeRefused(f"told {printable(hello.src)} that {stale}", peer)
     writer.write(encode_handshake("welcome"))
     assert peer is not None
     return peer, Lane(hello.lane), joining
@@ -248,6 +288,15 @@ def _check_hello(hello: Hello, me: Identity, dialers: Collection[str]) -> str | 
 
 def _forgotten_by(peer: str, me: str) -> str:
     return f"{printable(peer)} says the cluster forgot node {me} (its replicas were replaced)"
+
+
+def _lost_data_by(peer: str, me: str) -> str:
+    return (
+        f"{printable(peer)} says the cluster knows node {me} from another data directory:"
+        f" this one would vote with an empty log. Restore its data directory, or forget"
+        f" the node (POST /api/v1/cluster/nodes/{me}/forget) and start it again from an"
+        f" empty data directory with --join"
+    )
 
 
 def _refuse(writer: asyncio.StreamWriter, reason: str) -> None:

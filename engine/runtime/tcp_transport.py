@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import random
 from collections.abc import Callable, Collection, Mapping
@@ -88,12 +89,15 @@ class TcpTransport:
         secret: bytes,
         limits: Limits,
         tls: TlsConfig | None = None,
+        incarnation: str = "",
     ) -> None:
         assert name not in peers, "a node is not its own peer"
         assert secret, "the cluster secret is not empty"
         self.name = NodeName(name)
         self.limits = limits
-        self.identity = Identity(self.name, cluster_id, secret, limits_fingerprint(limits))
+        self.identity = Identity(
+            self.name, cluster_id, secret, limits_fingerprint(limits), incarnation
+        )
         self._listen = listen
         self._tls = tls
         self._links = {NodeName(p): Link(NodeName(p), addr) for p, addr in peers.items()}
@@ -105,6 +109,9 @@ class TcpTransport:
         """The nodes the cluster forgot."""
         self.on_forgotten: Callable[[str], None] | None = None
         """Told, with the reason, when a peer proves that the cluster forgot this node."""
+        self.on_lost_data: Callable[[str], None] | None = None
+        """Told, with the reason, when a peer proves that the cluster knows this node
+        from another data directory."""
         self._receiver: Peer | None = None
         self._server: asyncio.Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -287,6 +294,11 @@ class TcpTransport:
                 self._dialing[name] = [self._spawn(self._tell_loop(name, link.address))]
         self._dialers = frozenset(p for p in self._links if p < self.name)
 
+    def refuse_stale(self, check: Callable[[str, str], str | None]) -> None:
+        """Refuse, and tell so, a peer that ``check`` says runs from a data directory
+        the cluster does not know it from (``engine.runtime.tcp_handshake``)."""
+        self.identity = dataclasses.replace(self.identity, stale=check)
+
     def _maybe_dial(self, link: Link) -> None:
         """Dial ``link`` on both lanes if this node is the one that dials it."""
         if self.name < link.name and link.name not in self._dialing:
@@ -439,10 +451,11 @@ class TcpTransport:
             )  # fmt: skip
 
     def _refused(self, e: HandshakeRefused, where: str) -> None:
-        if e.forgotten:
+        if e.forgotten or e.lost_data:
             log.error("%s: %s", self.name, e.reason)
-            if self.on_forgotten is not None:
-                self.on_forgotten(e.reason)
+            told = self.on_forgotten if e.forgotten else self.on_lost_data
+            if told is not None:
+                told(e.reason)
         link = None if e.peer is None else self._links.get(e.peer)
         if link is None:
             self.strangers_refused += 1

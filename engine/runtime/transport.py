@@ -90,14 +90,21 @@ class Transport(Protocol):
 class PeerBook(Protocol):
     """A transport whose peers change while it runs (``TcpTransport``): the node tells
     it the cluster's nodes as its metadata records them, and hears from it when a peer
-    says the cluster forgot this node (``on_forgotten``, with the reason)."""
+    says the cluster forgot this node, or knows it from another data directory
+    (``on_forgotten``, with the reason)."""
 
     on_forgotten: Callable[[str], None] | None
+    on_lost_data: Callable[[str], None] | None
 
     def learn_peers(
         self, peers: Mapping[NodeName, tuple[str, int]], gone: Collection[NodeName]
     ) -> None:
         """Reach ``peers`` (node -> host and port) from now on, and ``gone`` no more."""
+        ...
+
+    def refuse_stale(self, check: Callable[[str, str], str | None]) -> None:
+        """From now on refuse a peer (node name, data directory id) when ``check`` gives
+        the reason (``engine.cluster.rejoin.lost_data_refusal``)."""
         ...
 
 

@@ -63,8 +63,12 @@ def test_the_nodes_of_a_new_cluster_derive_the_same_id(tmp_path: Path) -> None:
 
 def test_first_start_writes_the_identity_and_later_starts_read_it(tmp_path: Path) -> None:
     formed = settle_identity(tmp_path, cluster("n1", cluster_id="prod"))
+    assert formed is not None and len(formed.incarnation) == 24
     assert formed == ClusterIdentity(
-        "prod", "n1", {"n1": "127.0.0.1:7001", "n2": "127.0.0.1:7002", "n3": "127.0.0.1:7003"}
+        "prod",
+        "n1",
+        {"n1": "127.0.0.1:7001", "n2": "127.0.0.1:7002", "n3": "127.0.0.1:7003"},
+        incarnation=formed.incarnation,
     )
     assert json.loads((tmp_path / CLUSTER_FILE).read_text())["cluster_id"] == "prod"
     assert not list(tmp_path.glob("*.tmp"))
@@ -72,6 +76,25 @@ def test_first_start_writes_the_identity_and_later_starts_read_it(tmp_path: Path
     assert settle_identity(tmp_path, cluster("n1")) == formed
     assert settle_identity(tmp_path, cluster("n1", cluster_id="prod")) == formed
     assert read_identity(tmp_path) == formed
+
+
+def test_each_data_directory_gets_an_id_of_its_own_kept_across_starts(tmp_path: Path) -> None:
+    first = settle_identity(tmp_path / "a", cluster("n1"))
+    again = settle_identity(tmp_path / "b", cluster("n1"))
+    assert first is not None and again is not None
+    assert first.incarnation != again.incarnation  # a lost directory comes back as another
+    assert settle_identity(tmp_path / "a", cluster("n1")) == first
+    # A file from before the id existed gets one, written, and keeps it.
+    path = tmp_path / "a" / CLUSTER_FILE
+    body = json.loads(path.read_text())
+    del body["incarnation"]
+    path.write_text(json.dumps(body))
+    added = settle_identity(tmp_path / "a", cluster("n1"))
+    assert added is not None and added.incarnation and added.incarnation != first.incarnation
+    assert read_identity(tmp_path / "a") == added
+    given = Settings(data_dir=tmp_path / "a", cluster=cluster("n1"), node_name="n1")
+    settings = settled_settings(given)
+    assert settings.cluster is not None and settings.cluster.incarnation == added.incarnation
 
 
 @pytest.mark.parametrize(
@@ -144,8 +167,13 @@ def test_a_joining_node_writes_what_the_cluster_answered_and_restarts_from_it(
     calls = asked(monkeypatch, Joined("qc-prod", {**MEMBERS, "n4": "127.0.0.1:7004"}))
     identity = settle_identity(tmp_path, JOINER)
     assert calls == [JoinCall("n4", "127.0.0.1:7004")]
+    assert identity is not None and identity.incarnation
     assert identity == ClusterIdentity(
-        "qc-prod", "n4", {**MEMBERS, "n4": "127.0.0.1:7004"}, joined=True
+        "qc-prod",
+        "n4",
+        {**MEMBERS, "n4": "127.0.0.1:7004"},
+        joined=True,
+        incarnation=identity.incarnation,
     )
     assert json.loads((tmp_path / CLUSTER_FILE).read_text())["joined"] is True
     assert read_identity(tmp_path) == identity

@@ -71,22 +71,31 @@ def test_a_node_joins_takes_a_replica_serves_it_and_restarts(start_cluster: Star
     assert "n4" in cluster.output("n4") and "Cluster qc-" in cluster.output("n4")
 
 
-def test_a_voter_that_lost_its_data_directory_is_refused_when_it_joins_again(
+def test_a_voter_that_lost_its_data_directory_is_refused_with_peers_or_join(
     start_cluster: StartCluster,
 ) -> None:
     cluster = start_cluster(3)
     queue = cluster.create_queue("everywhere", replicas=3)
     _wait("three members", lambda: len(_members(cluster, queue, "n1")) == 3)
     # n3 (a voter of the metadata and of the queue's group) loses its data directory and
-    # comes back under its name and address with --join.
+    # comes back under its name and address: first as the founder it was, with --peers.
     node = cluster.nodes["n3"]
     cluster.kill9("n3")
     shutil.rmtree(node.data_dir)
-    node.peers = {}
-    node.join = (HOST, cluster.nodes["n1"].cluster_port)
     # Run to its end (it never serves): no readiness wait to time out on a loaded machine.
     env = {k: v for k, v in os.environ.items() if not k.startswith("QUORRA_")}
     env["QUORRA_CLUSTER_SECRET"] = node.secret
+    run = subprocess.run(
+        node.command(), cwd=ROOT, env=env, capture_output=True, text=True, timeout=REFUSED_S_MAX
+    )
+    assert run.returncode == 3, run.stderr
+    assert "node n3 is refused by its cluster" in run.stderr, run.stderr
+    assert "knows node n3 from another data directory" in run.stderr
+    assert "/api/v1/cluster/nodes/n3/forget" in run.stderr
+    # Then with --join, from an empty data directory again.
+    shutil.rmtree(node.data_dir)
+    node.peers = {}
+    node.join = (HOST, cluster.nodes["n1"].cluster_port)
     run = subprocess.run(
         node.command(), cwd=ROOT, env=env, capture_output=True, text=True, timeout=REFUSED_S_MAX
     )

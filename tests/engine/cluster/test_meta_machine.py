@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from engine.cluster import MetaMachine, encode_command
 from engine.cluster import meta_commands as mc
 from engine.cluster.queue_changes import queue_uid
+from engine.cluster.records import queue_from_wire, record_to_wire
 from engine.cluster.replies import (
     MembersChanged,
     MetaChanged,
@@ -189,6 +191,53 @@ def test_a_node_is_forgotten_only_once_it_holds_no_replica() -> None:
     assert _error(log.do(mc.SetNodeState("n3", "active"))) is Conflict
     assert log.do(mc.AddNode("n3", "127.0.0.1:7013")) == Ok(True)
     assert log.machine.nodes["n3"].joined_index == log.index
+
+
+def test_a_node_records_its_data_directory_once_until_forgotten() -> None:
+    log = Log()
+    assert log.do(mc.NodeStarted("n1", "d1")) == Ok(True)
+    assert log.machine.nodes["n1"].incarnation == "d1"
+    assert log.do(mc.NodeStarted("n1", "d1")) == Ok(False)
+    reply = log.do(mc.NodeStarted("n1", "d2"))
+    assert isinstance(reply, Rejected) and reply.error is Conflict
+    assert "another data directory" in reply.detail
+    assert log.machine.nodes["n1"].incarnation == "d1"
+    for bad, error in [
+        (mc.NodeStarted("n9", "d9"), NotFound),
+        (mc.NodeStarted("n2", ""), ValidationFailed),
+    ]:
+        reply = log.do(bad)
+        assert isinstance(reply, Rejected) and reply.error is error
+    # Forgotten, the name joins again as a new node, which reports its own directory.
+    log.do(mc.SetNodeState("n1", "lost"))
+    log.do(mc.SetNodeState("n1", "forgotten"))
+    assert isinstance(log.do(mc.NodeStarted("n1", "d2")), Rejected)
+    log.do(mc.AddNode("n1", "127.0.0.1:7001"))
+    assert log.machine.nodes["n1"].incarnation == ""
+    assert log.do(mc.NodeStarted("n1", "d2")) == Ok(True)
+    # The snapshot keeps it.
+    copy = MetaMachine(Limits())
+    copy.restore(log.machine.snapshot())
+    assert copy.nodes == log.machine.nodes
+
+
+def test_a_policy_change_keeps_the_first_policy_for_replicas_created_later() -> None:
+    log = Log()
+    uid = log.create("q").uid
+    changed = QueuePolicy(max_length=9)
+    assert log.do(mc.SetQueuePolicy(uid, changed)) == Ok(True)
+    rec = log.machine.queues["q"]
+    assert rec.policy == changed and rec.first_policy == P and rec.created_policy == P
+    assert log.do(mc.SetQueuePolicy(uid, QueuePolicy(max_length=3))) == Ok(True)
+    assert log.machine.queues["q"].created_policy == P
+    reply = log.do(mc.SetQueuePolicy(uid, QueuePolicy(priorities=3)))
+    assert isinstance(reply, Rejected) and reply.error is ValidationFailed
+    copy = MetaMachine(Limits())
+    copy.restore(log.machine.snapshot())
+    assert copy.queues == log.machine.queues
+    # A snapshot from before the field existed restores without it.
+    old = record_to_wire(dataclasses.replace(log.machine.queues["q"], first_policy=None))
+    assert queue_from_wire(old[:-1]).first_policy is None
 
 
 def test_a_known_node_at_another_address_is_refused() -> None:

@@ -4,7 +4,7 @@ since a voter that lost its data directory would vote with an empty log."""
 from __future__ import annotations
 
 from engine.cluster.records import NodeRecord, NodeState, QueueRecord, QueueState
-from engine.cluster.rejoin import LISTED_QUEUES_MAX, rejoin_refusal
+from engine.cluster.rejoin import LISTED_QUEUES_MAX, lost_data_refusal, rejoin_refusal
 from engine.queue import QueuePolicy
 
 
@@ -63,3 +63,16 @@ def test_a_forgotten_node_joins_again_once_it_left_the_metadata_group() -> None:
     waiting = rejoin_refusal(nodes, {}, ["n1", "n2", "n3"], "n3")
     assert waiting is not None and "forgotten but still votes" in waiting
     assert rejoin_refusal(nodes, {}, ["n1", "n2"], "n3") is None
+
+
+def test_a_node_from_another_data_directory_than_recorded_is_refused() -> None:
+    started = {"n1": NodeRecord("n1", "h:1", "active", 1, 1, "d1"), "n2": node("n2")}
+    assert lost_data_refusal(started, "n1", "d1") is None
+    why = lost_data_refusal(started, "n1", "d9")
+    assert why is not None and "another data directory" in why and "empty log" in why
+    assert "/api/v1/cluster/nodes/n1/forget" in why and "--join" in why
+    # Not started yet (a founder that never ran), unknown, or forgotten: not this rule's.
+    assert lost_data_refusal(started, "n2", "d2") is None
+    assert lost_data_refusal(started, "n5", "d5") is None
+    gone = {"n1": NodeRecord("n1", "h:1", "forgotten", 1, 2, "d1")}
+    assert lost_data_refusal(gone, "n1", "d9") is None

@@ -35,7 +35,8 @@ BOOT = MetaBootstrap("test-cluster", {n: f"127.0.0.1:{7000 + i}" for i, n in enu
 
 def node_on(root: Path, name: str, network: InMemoryNetwork, limits: Limits = LIMITS) -> Node:
     transport = network.transport(name)
-    return Node(root / name, node_name=name, limits=limits, transport=transport, cluster=BOOT)
+    boot = dataclasses.replace(BOOT, incarnation=f"dir{name}")
+    return Node(root / name, node_name=name, limits=limits, transport=transport, cluster=boot)
 
 
 async def cluster(root: Path, network: InMemoryNetwork) -> dict[str, Node]:
@@ -67,6 +68,15 @@ def test_the_first_leader_bootstraps_and_every_node_applies_it(tmp_path: Path) -
                 lambda: all(group(n).caught_up() for n in nodes.values()), what="bootstrap"
             )
             await eventually(lambda: all(len(group(n).machine.nodes) == 3 for n in nodes.values()))
+            # Each node reports the data directory it runs from, once (reconcile loop).
+            await eventually(
+                lambda: all(
+                    r.incarnation == f"dir{r.name}"
+                    for n in nodes.values()
+                    for r in group(n).machine.nodes.values()
+                ),
+                what="started",
+            )
             for node in nodes.values():
                 machine = group(node).machine
                 assert machine.cluster_id == "test-cluster"
@@ -127,6 +137,91 @@ def test_creates_and_deletes_go_through_the_metadata_and_replicas_follow(tmp_pat
             )
             assert created and again.uid != uid
             await eventually(lambda: all(held(n) == {again.uid} for n in nodes.values()))
+        finally:
+            await stop_all(nodes)
+
+    run(body())
+
+
+def test_a_policy_change_reaches_the_metadata_and_a_lagging_record_is_repaired(
+    tmp_path: Path,
+) -> None:
+    """The queue's log applies the change, then its leader records it in the metadata:
+    a node without a replica lists it. A record left behind (a crash between the two
+    commits, played here by proposing the old policy again) is repaired by the
+    leader's reconcile pass; a replica created later starts from the first policy."""
+
+    async def body() -> None:
+        network = InMemoryNetwork(NAMES)
+        nodes = await cluster(tmp_path, network)
+        try:
+            info, _ = await retrying(lambda: nodes["n1"].create_queue("p", QueueArgs(replicas=2)))
+            record = group(nodes["n1"]).machine.queue_by_uid(info.uid)
+            assert record is not None
+            first = record.policy
+            outsider = next(n for n in NAMES if n not in record.members)
+            await eventually(
+                lambda: group(nodes["n1"]).machine.queues["p"].state == "live", what="live"
+            )
+            changed = await retrying(lambda: nodes[outsider].update_policy("p", {"max_length": 7}))
+            assert changed.args.max_length == 7
+            for node in nodes.values():
+                await eventually(
+                    lambda n=node: group(n).machine.queues["p"].policy.max_length == 7,  # type: ignore[misc]
+                    what="recorded",
+                )
+            rec = group(nodes[outsider]).machine.queues["p"]
+            assert rec.created_policy == first and rec.first_policy == first
+            listed = [q for q in nodes[outsider].queues() if q.name == "p"]
+            assert listed[0].args.max_length == 7
+            # The metadata falls behind the queue's log: the leader's pass repairs it.
+            await group(nodes[outsider]).propose(mc.SetQueuePolicy(info.uid, first))
+            await eventually(
+                lambda: group(nodes[outsider]).machine.queues["p"].policy.max_length == 7,
+                what="repaired",
+            )
+        finally:
+            await stop_all(nodes)
+
+    run(body())
+
+
+def test_queues_are_listed_with_their_leaders_stats_or_stale_ones(tmp_path: Path) -> None:
+    """A follower, and a node without a replica, list the queue with the stats its
+    leader's node last answered to their periodic call (``led_stats``); cut off from
+    the leader, the follower's turn stale."""
+
+    async def body() -> None:
+        network = InMemoryNetwork(NAMES)
+        nodes = await cluster(tmp_path, network)
+        try:
+            info, _ = await retrying(lambda: nodes["n1"].create_queue("s", QueueArgs(replicas=2)))
+            record = group(nodes["n1"]).machine.queue_by_uid(info.uid)
+            assert record is not None
+            await eventually(
+                lambda: group(nodes["n1"]).machine.queues["s"].state == "live", what="live"
+            )
+            leader = await retrying(lambda: leader_of(nodes, "s"))
+            follower = next(m for m in record.members if m != leader)
+            outsider = next(n for n in NAMES if n not in record.members)
+            await retrying(lambda: nodes[leader].publish("s", msgs("a", "b", "c")))
+
+            def from_leader(name: str) -> bool:
+                stats = nodes[name].stats("s")
+                remote = stats.get("remote")
+                return (
+                    isinstance(remote, dict)
+                    and remote["from_node"] == leader
+                    and stats["messages_ready"] == 3
+                    and stats["status"] == "ok"
+                )
+
+            await eventually(lambda: from_leader(follower), what="the follower's listing")
+            await eventually(lambda: from_leader(outsider), what="the outsider's listing")
+            assert "remote" not in nodes[leader].stats("s")  # the leader's own
+            network.isolate(leader)
+            await eventually(lambda: nodes[follower].stats("s")["status"] == "stale", what="stale")
+            network.heal(leader)
         finally:
             await stop_all(nodes)
 

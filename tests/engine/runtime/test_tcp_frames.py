@@ -189,7 +189,7 @@ def test_random_frames_raise_only_frame_errors(body: bytes, chunk: int) -> None:
 
 VALID = (
     stream_of(ITEMS)
-    + encode_handshake("challenge", nonce=b"n" * 32, mac=b"m" * 32)
+    + encode_handshake("challenge", nonce=b"n" * 32, incarnation="i", mac=b"m" * 32)
     + encode_handshake("refused", reason="no")
 )
 

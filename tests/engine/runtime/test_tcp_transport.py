@@ -732,6 +732,68 @@ def test_peers_learned_later_are_reached_and_forgotten_ones_no_longer() -> None:
     run(body(), 30)
 
 
+def lost(name: str, incarnation: str) -> str | None:
+    """The check of a node whose metadata knows n1 from "d1" and n2 from "d2"."""
+    recorded = {"n1": "d1", "n2": "d2"}
+    if recorded.get(name, incarnation) == incarnation:
+        return None
+    return f"node {name} started before from another data directory"
+
+
+@pytest.mark.parametrize("stale", ["n1", "n2"])
+def test_a_peer_from_another_data_directory_is_told_so_whichever_side_dials(stale: str) -> None:
+    """n1 dials n2. The node whose data directory the other does not know it from is
+    told so by a MAC'd frame (as dialer or as acceptor) and never connects."""
+
+    async def body() -> None:
+        c = Cluster()
+        try:
+            ids = {"n1": "d1", "n2": "d2", stale: "fresh"}
+            b = await c.start("n2", ["n1"], incarnation=ids["n2"])
+            a = await c.start("n1", [], incarnation=ids["n1"])
+            told: dict[str, list[str]] = {"n1": [], "n2": []}
+            for name, transport in (("n1", a), ("n2", b)):
+                transport.refuse_stale(lost)
+                transport.on_lost_data = told[name].append
+                transport.on_forgotten = told[name].append
+            a.learn_peers({NodeName("n2"): (LOCAL, c.ports["n2"])}, [])
+            await eventually(lambda: bool(told[stale]), what=f"{stale} told")
+            other = "n2" if stale == "n1" else "n1"
+            assert told[stale][0].startswith(
+                f"{other} says the cluster knows node {stale} from another data directory"
+            )
+            assert "/api/v1/cluster/nodes/" in told[stale][0] and not told[other]
+            assert not c.connected("n1", "n2")
+            assert not c.receivers["n1"].calls and not c.receivers["n2"].calls
+        finally:
+            await c.close()
+
+    run(body(), 30)
+
+
+def test_a_made_up_lost_data_frame_is_refused() -> None:
+    async def body() -> None:
+        async with cluster(["n1", "n2"]) as c:
+            await c.all_connected()
+            told: list[str] = []
+            c.transports["n2"].on_lost_data = told.append
+            reader, writer = await asyncio.open_connection(LOCAL, c.ports["n2"])
+            hello = Hello(
+                1, "c1", "n1", "n2", int(Lane.CONTROL), limits_fingerprint(LIMITS), os.urandom(32)
+            )
+            writer.write(encode_hello(hello))
+            decoder = FrameDecoder(HANDSHAKE_FRAME_BYTES_MAX)
+            tag, _fields = decode_handshake(await handshake.read_frame(reader, decoder))
+            assert tag == "challenge"
+            writer.write(encode_handshake("lost_data", mac=b"x" * 32))
+            await eventually(lambda: c.transports["n2"].strangers_refused > 0 or reader.at_eof())
+            writer.close()
+            await asyncio.sleep(0.2)
+            assert told == [] and c.connected("n1", "n2")
+
+    run(body(), 30)
+
+
 class JoinDesk(Recorder):
     """Answers a ``JoinCall``: n9 is known elsewhere (``Conflict``), others join."""
 
