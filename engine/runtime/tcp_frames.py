@@ -38,6 +38,7 @@ from engine.limits import KIB, Limits
 from engine.raft.messages import AppendRequest, Message, SnapshotChunk
 from engine.runtime import wire
 from engine.runtime.routing import CALL_TYPES
+from engine.runtime.wire import Chunks
 
 PROTOCOL_VERSION = 1
 MAGIC = "quorra-cluster"
@@ -131,41 +132,45 @@ def frame(payload: bytes) -> bytes:
     return len(payload).to_bytes(HEADER_BYTES, "big") + payload
 
 
-def _array_header(count: int) -> bytes:
-    if count < 16:
-        return bytes([0x90 | count])
-    if count < 1 << 16:
-        return b"\xdc" + count.to_bytes(2, "big")
-    return b"\xdd" + count.to_bytes(4, "big")
+_ITEM_HEADER = wire.array_header(3)
 
 
-def encode_item(kind: Kind, key: int | str, value: object) -> bytes:
-    """One item's bytes; ``frames_of`` joins items into frames without encoding again."""
-    return wire.encode([int(kind), key, value])
+def encode_item(kind: Kind, key: int | str, value: object) -> Chunks:
+    """One item's bytes, as buffers (``wire.encode_chunks``: an append's entries are not
+    copied); ``frames_of`` puts items into frames without encoding or joining them."""
+    head = wire.encode([int(kind), key])
+    body = wire.encode_chunks(value)
+    # [kind, key] and [kind, key, value] differ only in the array's first byte.
+    parts = [_ITEM_HEADER + head[1:], *body.parts]
+    return Chunks(parts, len(head) + body.size)
 
 
-def item_fits(item: bytes, frame_bytes_max: int) -> bool:
-    return len(item) + ARRAY_HEADER_BYTES_MAX <= frame_bytes_max
+def item_fits(item: Chunks, frame_bytes_max: int) -> bool:
+    return item.size + ARRAY_HEADER_BYTES_MAX <= frame_bytes_max
 
 
-def frames_of(items: list[bytes], frame_bytes_max: int) -> list[bytes]:
-    """The items (each ``item_fits``), in order, in as few whole frames as fit the cap."""
-    out: list[bytes] = []
+def frames_of(items: list[Chunks], frame_bytes_max: int) -> list[Chunks]:
+    """The items (each ``item_fits``), in order, in as few whole frames as fit the cap,
+    each frame as buffers to write in order."""
+    out: list[Chunks] = []
     start, size = 0, 0
     for k, item in enumerate(items):
-        if k > start and size + len(item) + ARRAY_HEADER_BYTES_MAX > frame_bytes_max:
+        if k > start and size + item.size + ARRAY_HEADER_BYTES_MAX > frame_bytes_max:
             out.append(_frame_of(items[start:k]))
             start, size = k, 0
-        size += len(item)
+        size += item.size
     if start < len(items):
         out.append(_frame_of(items[start:]))
     return out
 
 
-def _frame_of(items: list[bytes]) -> bytes:
-    header = _array_header(len(items))
-    size = len(header) + sum(len(i) for i in items)
-    return b"".join([size.to_bytes(HEADER_BYTES, "big"), header, *items])
+def _frame_of(items: list[Chunks]) -> Chunks:
+    header = wire.array_header(len(items))
+    size = len(header) + sum(i.size for i in items)
+    parts = [size.to_bytes(HEADER_BYTES, "big"), header]
+    for item in items:
+        parts += item.parts
+    return Chunks(wire.coalesced(parts), HEADER_BYTES + size)
 
 
 def decode_items(payload: bytes) -> list[Item]:

@@ -65,7 +65,7 @@ FRAME_BYTES_MAX = 4096
 
 def stream_of(items: list[Item], frame_bytes_max: int = FRAME_BYTES_MAX) -> bytes:
     encoded = [encode_item(i.kind, i.key, i.value) for i in items]
-    return b"".join(frames_of(encoded, frame_bytes_max))
+    return b"".join(f.joined() for f in frames_of(encoded, frame_bytes_max))
 
 
 def decode_stream(data: bytes, chunk: int, frame_bytes_max: int = FRAME_BYTES_MAX) -> list[Item]:
@@ -94,8 +94,9 @@ def test_frames_split_at_the_cap_in_order() -> None:
     encoded = [encode_item(i.kind, i.key, i.value) for i in items]
     frames = frames_of(encoded, FRAME_BYTES_MAX)
     assert len(frames) == 5  # four items of ~1 KiB per 4 KiB frame
-    assert all(len(f) - 4 <= FRAME_BYTES_MAX for f in frames)
-    assert decode_stream(b"".join(frames), 100) == items
+    assert all(f.size - 4 <= FRAME_BYTES_MAX for f in frames)
+    assert all(f.size == len(f.joined()) for f in frames)
+    assert decode_stream(b"".join(f.joined() for f in frames), 100) == items
 
 
 def test_a_length_above_the_cap_is_refused_before_its_bytes_arrive() -> None:
@@ -116,7 +117,7 @@ def test_a_length_above_the_cap_is_refused_before_its_bytes_arrive() -> None:
         msgpack.packb([[9, 5, None]]),
         msgpack.packb([[0, 5]]),
         msgpack.packb({"t": "hello"}),
-        encode_item(Kind.PING, 1, None) + b"trailing",
+        encode_item(Kind.PING, 1, None).joined() + b"trailing",
     ],
 )
 def test_bad_frames_are_frame_errors(payload: bytes) -> None:
@@ -127,7 +128,7 @@ def test_bad_frames_are_frame_errors(payload: bytes) -> None:
 def test_a_call_item_must_hold_a_call() -> None:
     vote = VoteRequest(src=A, dst=B, term=1, last_index=0, last_term=0, pre=False, transfer=False)
     with pytest.raises(FrameError, match="not a call"):
-        decode_items(b"\x91" + encode_item(Kind.CALL, 1, vote))
+        decode_items(b"\x91" + encode_item(Kind.CALL, 1, vote).joined())
 
 
 def test_lanes() -> None:

@@ -353,9 +353,9 @@ def test_a_peer_sending_bad_frames_is_cut_off_and_the_others_served() -> None:
     bad_frames = [
         frame(os.urandom(500)),
         (LIMITS.cluster_frame_bytes_max + 1).to_bytes(4, "big"),
-        frame(b"\x91" + encode_item(Kind.RAFT, "g", DeleteReplica("u"))),
+        frame(b"\x91" + encode_item(Kind.RAFT, "g", DeleteReplica("u")).joined()),
         frame(b"\x91\x93\x07\x01\xc0"),
-        frame(b"\x92" + encode_item(Kind.RAFT, "g", heartbeat("n0", "n2")) + b"\x93\x01"),
+        frame(b"\x92" + encode_item(Kind.RAFT, "g", heartbeat("n0", "n2")).joined() + b"\x93\x01"),
     ]
 
     async def body() -> None:

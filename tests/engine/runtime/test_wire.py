@@ -167,6 +167,58 @@ def test_kept_packers_encode_as_fresh_ones_after_errors_and_from_threads() -> No
             assert encoded == expected * 20
 
 
+_ENTRY_DATA = st.one_of(
+    st.binary(max_size=40),
+    st.integers(wire.CHUNK_BYTES_MIN - 2, 70_000).map(lambda n: b"\xab" * n),
+)
+_ENTRIES = st.lists(
+    st.builds(
+        Entry,
+        index=st.integers(1, INT_MAX),
+        term=st.integers(1, INT_MAX),
+        kind=st.sampled_from(EntryKind),
+        now_ms=st.integers(0, INT_MAX),
+        data=_ENTRY_DATA,
+    ),
+    max_size=20,
+)
+_APPENDS = st.builds(
+    AppendRequest,
+    src=st.just(A),
+    dst=st.just(B),
+    term=st.integers(0, INT_MAX),
+    prev_index=st.integers(0, INT_MAX),
+    prev_term=st.integers(0, INT_MAX),
+    entries=_ENTRIES,
+    commit=st.integers(0, INT_MAX),
+)
+_CHUNKS = st.builds(
+    SnapshotChunk,
+    src=st.just(A),
+    dst=st.just(B),
+    term=st.integers(0, INT_MAX),
+    snapshot_index=st.integers(0, INT_MAX),
+    snapshot_term=st.integers(0, INT_MAX),
+    offset=st.integers(-1, INT_MAX),
+    data=_ENTRY_DATA,
+    done=st.booleans(),
+    entries=_ENTRIES,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(_APPENDS, _CHUNKS, st.sampled_from(VALUES)))
+def test_chunks_are_the_encoding_with_large_bytes_not_copied(value: object) -> None:
+    chunks = wire.encode_chunks(value)
+    assert chunks.joined() == wire.encode(value)
+    assert chunks.size == sum(len(p) for p in chunks.parts)
+    large = [e.data for e in getattr(value, "entries", []) if len(e.data) >= wire.CHUNK_BYTES_MIN]
+    if isinstance(value, SnapshotChunk) and len(value.data) >= wire.CHUNK_BYTES_MIN:
+        large.insert(0, value.data)
+    assert [p for p in chunks.parts if any(p is d for d in large)] == large
+    assert all(len(p) >= wire.CHUNK_BYTES_MIN for p in chunks.parts[1::2])
+
+
 def test_a_message_travels_as_its_field_values_in_order() -> None:
     """The wire format does not depend on how messages are constructed: a positional
     list of field values, as before constructors became keyword-only."""
