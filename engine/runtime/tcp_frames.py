@@ -119,8 +119,14 @@ class FrameDecoder:
     def buffered_bytes(self) -> int:
         return len(self._buffer)
 
+    def take_buffered(self) -> bytes:
+        """The bytes fed and not cut yet, which the decoder no longer holds."""
+        data = bytes(self._buffer)
+        self._buffer.clear()
+        return data
 
-def frame_length(header: bytes | bytearray, frame_bytes_max: int) -> int:
+
+def frame_length(header: bytes | bytearray | memoryview, frame_bytes_max: int) -> int:
     """The payload length a frame's header gives, or ``FrameError`` above the cap."""
     length = int.from_bytes(header, "big")
     if length > frame_bytes_max:
@@ -173,7 +179,7 @@ def _frame_of(items: list[Chunks]) -> Chunks:
     return Chunks(wire.coalesced(parts), HEADER_BYTES + size)
 
 
-def decode_items(payload: bytes) -> list[Item]:
+def decode_items(payload: bytes | bytearray) -> list[Item]:
     """The items of one frame after the handshake, each checked, or ``FrameError``."""
     try:
         value = wire.decode(payload)

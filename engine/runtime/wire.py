@@ -296,7 +296,7 @@ class Codec:
         """The extension hook of each depth of nesting: it decodes the payload with the
         next one; the last refuses. No state changes while a document decodes."""
 
-    def decode(self, data: bytes) -> Any:
+    def decode(self, data: bytes | bytearray) -> Any:
         """The value ``data`` encodes, or ``WireError``."""
         if len(data) > self.document_bytes_max:
             raise WireError(f"a document of {len(data)} bytes (at most {self.document_bytes_max})")
@@ -307,7 +307,7 @@ class Codec:
         except (ValueError, TypeError, msgpack.UnpackException) as e:
             raise WireError(f"undecodable: {type(e).__name__}: {e}") from None
 
-    def _unpack(self, data: bytes, hook: Callable[[int, bytes], object]) -> Any:
+    def _unpack(self, data: bytes | bytearray, hook: Callable[[int, bytes], object]) -> Any:
         if len(data) <= self._small:
             return msgpack.unpackb(data, ext_hook=hook)
         return msgpack.unpackb(data, ext_hook=hook, **self._bounds)
@@ -351,7 +351,7 @@ def _error(name: str, detail: object) -> errors.QuorraError:
 _DEFAULT = Codec(DEFAULT_LIMITS)
 
 
-def decode(data: bytes) -> Any:
+def decode(data: bytes | bytearray) -> Any:
     """The value ``data`` encodes, within the default limits, or ``WireError``."""
     return _DEFAULT.decode(data)
 
