@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.errors import Backpressure, NoLeader, QueueNotFound
+from engine.errors import Backpressure, NoLeader, QueueNotFound, WireError
 from engine.ids import ServerId
 from engine.limits import DEFAULT_LIMITS
 from engine.raft.entry import Entry, EntryKind
@@ -199,7 +199,7 @@ _CHUNKS = st.builds(
     term=st.integers(0, INT_MAX),
     snapshot_index=st.integers(0, INT_MAX),
     snapshot_term=st.integers(0, INT_MAX),
-    offset=st.integers(-1, INT_MAX),
+    offset=st.integers(0, INT_MAX),
     data=_ENTRY_DATA,
     done=st.booleans(),
     entries=_ENTRIES,
@@ -208,15 +208,37 @@ _CHUNKS = st.builds(
 
 @settings(max_examples=200, deadline=None)
 @given(st.one_of(_APPENDS, _CHUNKS, st.sampled_from(VALUES)))
-def test_chunks_are_the_encoding_with_large_bytes_not_copied(value: object) -> None:
+def test_chunks_leave_large_bytes_out_of_the_document_and_decode_back(value: object) -> None:
     chunks = wire.encode_chunks(value)
-    assert chunks.joined() == wire.encode(value)
-    assert chunks.size == sum(len(p) for p in chunks.parts)
     large = [e.data for e in getattr(value, "entries", []) if len(e.data) >= wire.CHUNK_BYTES_MIN]
     if isinstance(value, SnapshotChunk) and len(value.data) >= wire.CHUNK_BYTES_MIN:
         large.insert(0, value.data)
-    assert [p for p in chunks.parts if any(p is d for d in large)] == large
-    assert all(len(p) >= wire.CHUNK_BYTES_MIN for p in chunks.parts[1::2])
+    assert len(chunks.blobs) == len(large)
+    assert all(blob is data for blob, data in zip(chunks.blobs, large, strict=True))
+    document = chunks.joined()
+    assert chunks.document_bytes == len(document)
+    assert chunks.blobs_bytes == sum(map(len, large))
+    blobs = memoryview(b"".join(chunks.blobs)) if large else None
+    assert wire.decode(document, blobs) == value
+    if not large:
+        assert document == wire.encode(value)
+
+
+def test_blobs_are_taken_each_once_and_only_from_a_frame_of_blobs() -> None:
+    data = b"\x01" * wire.CHUNK_BYTES_MIN
+    entry = Entry(index=1, term=1, kind=EntryKind.COMMAND, now_ms=0, data=data)
+    chunks = wire.encode_chunks(
+        AppendRequest(src=A, dst=B, term=1, prev_index=0, prev_term=0, entries=[entry], commit=0)
+    )
+    document = chunks.joined()
+    with pytest.raises(WireError, match="without blobs"):
+        wire.decode(document)
+    with pytest.raises(WireError, match="past the end"):
+        wire.decode(document, memoryview(data[:-1]))
+    with pytest.raises(WireError, match="1 bytes of blobs stood for by nothing"):
+        wire.decode(document, memoryview(data + b"x"))
+    with pytest.raises(WireError, match="not its length"):
+        wire.decode(msgpack.packb(msgpack.ExtType(wire.BLOB, b"\x00")), memoryview(b""))
 
 
 def test_a_message_travels_as_its_field_values_in_order() -> None:
