@@ -173,9 +173,9 @@ def _give_packer(packer: msgpack.Packer, packed_bytes: int) -> None:
 # --- chunks: what is sent, without copying large byte strings -------------------------
 
 CHUNK_BYTES_MIN = 4 * KIB
-"""A byte string at least this long inside a chunked type is a chunk of its own in
-``encode_chunks`` (the object itself); shorter ones are cheaper to copy than to send as
-separate buffers."""
+"""A byte string at least this long inside a chunked type is a blob in
+``encode_chunks``; shorter ones are cheaper to copy than to send as separate buffers.
+Runs of shorter parts are joined into one buffer."""
 _CHUNKED: frozenset[type[Any]] = frozenset({AppendRequest, Entry, SnapshotChunk})
 """The types whose fields ``encode_chunks`` encodes one by one: those that carry entries
 and snapshot bytes. Any other value is encoded whole (one chunk)."""
@@ -184,8 +184,8 @@ _BLOB_HEADER = bytes([_FIXEXT_CODES[4], BLOB])
 
 
 class Chunks(NamedTuple):
-    """A document's bytes as buffers to write in order (``parts``, ``size`` bytes), and
-    the blobs it stands for (``encode_chunks``), to write after it."""
+    """A document's bytes as buffers to write in order (``parts``, ``document_bytes``
+    long), and the blobs it stands for (``encode_chunks``), to write after it."""
 
     parts: list[bytes]
     document_bytes: int
