@@ -191,8 +191,9 @@ class Conn:
     def _heard(self) -> None:
         self.last_received_s = self.link.last_heard_s = self.loop.time()
 
-    def _dispatch(self, payload: bytes | bytearray) -> bool:
-        """Hand a frame's items to the owner; False once the connection is closed."""
+    def _dispatch(self, payload: memoryview) -> bool:
+        """Hand a frame's items to the owner; False once the connection is closed. The
+        payload is the reader's buffer: the items decoded from it keep none of it."""
         self._heard()
         owner = self.owner
         owner.frames_received += 1

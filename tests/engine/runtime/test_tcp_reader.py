@@ -8,21 +8,26 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.runtime.tcp_frames import FrameError, frame
-from engine.runtime.tcp_reader import DIRECT_FRAME_BYTES_MIN, FrameReader
+from engine.runtime.tcp_reader import (
+    DIRECT_FRAME_BYTES_MIN,
+    LARGE_BUFFER_KEPT_BYTES_MAX,
+    SCRATCH_BYTES,
+    FrameReader,
+)
 
 FRAME_BYTES_MAX = 4 * DIRECT_FRAME_BYTES_MIN
 
 
 class Sink:
     def __init__(self, refuse_at: int | None = None) -> None:
-        self.frames: list[bytes | bytearray] = []
+        self.frames: list[bytes] = []
         self.ends: list[BaseException | None] = []
         self.refuse_at = refuse_at
 
-    def on_frame(self, payload: bytes | bytearray) -> bool:
+    def on_frame(self, payload: memoryview) -> bool:
         if len(self.frames) == self.refuse_at:
             raise FrameError("refused")
-        self.frames.append(payload)
+        self.frames.append(bytes(payload))  # a view valid during the call only
         return True
 
     def reader(self) -> FrameReader:
@@ -62,26 +67,41 @@ def test_frames_arrive_whole_and_in_order_whatever_the_reads(
         reader.feed(data[: len(data) // 3])
         data = data[len(data) // 3 :]
     read(reader, data, cuts)
-    assert [bytes(f) for f in sink.frames] == payloads
-    assert [type(f) for f in sink.frames] == [
-        bytearray if len(p) >= DIRECT_FRAME_BYTES_MIN else bytes for p in payloads
-    ]
+    assert sink.frames == payloads
     assert sink.ends == []
     reader.connection_lost(None)
     reader.connection_lost(None)
     assert sink.ends == [None]
 
 
-def test_a_large_frame_is_read_into_its_own_buffer_by_the_socket() -> None:
+def test_a_large_frame_is_read_into_its_own_buffer_by_the_socket_and_it_is_kept() -> None:
     sink = Sink()
     reader = sink.reader()
-    payload = b"\x07" * (2 * DIRECT_FRAME_BYTES_MIN)
-    read(reader, frame(payload)[:1000], [1000])
-    buffer = reader.get_buffer(-1)
-    assert len(buffer) == len(payload) - (1000 - 4)  # the rest of the frame, nothing more
-    buffer[:] = payload[996:]
-    reader.buffer_updated(len(buffer))
+    for k in (3, 2):  # the second, smaller, is read into the first one's buffer
+        payload = bytes([k]) * (k * DIRECT_FRAME_BYTES_MIN)
+        read(reader, frame(payload)[:1000], [1000])
+        buffer = reader.get_buffer(-1)
+        assert len(buffer) == len(payload) - (1000 - 4)  # the rest of the frame, no more
+        assert buffer.obj is reader.get_buffer(-1).obj
+        if k == 3:
+            first = buffer.obj
+        assert buffer.obj is first
+        buffer[:] = payload[996:]
+        reader.buffer_updated(len(buffer))
+        assert sink.frames[-1] == payload
+
+
+def test_a_frame_larger_than_the_kept_buffer_gets_one_of_its_own() -> None:
+    sink = Sink()
+    reader = FrameReader(2 * LARGE_BUFFER_KEPT_BYTES_MAX, sink.on_frame, sink.ends.append)
+    payload = b"\x05" * (LARGE_BUFFER_KEPT_BYTES_MAX + 1)
+    read(reader, frame(payload), [SCRATCH_BYTES])
     assert sink.frames == [payload]
+    smaller = b"\x06" * (2 * DIRECT_FRAME_BYTES_MIN)
+    read(reader, frame(smaller)[:1000], [1000])
+    buffer = reader.get_buffer(-1).obj
+    assert isinstance(buffer, bytearray) and len(buffer) == len(smaller)  # not the larger's
+    assert sink.ends == []
 
 
 def test_a_length_above_the_cap_ends_the_reading_once() -> None:
