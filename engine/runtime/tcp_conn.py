@@ -13,23 +13,22 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, cast
 
 from engine.errors import OutcomeUnknown
 from engine.ids import NodeName
 from engine.limits import Limits
 from engine.runtime.rate_log import RateLimitedLog
 from engine.runtime.tcp_frames import (
-    HEADER_BYTES,
     FrameDecoder,
     FrameError,
     Item,
     Lane,
     decode_items,
-    frame_length,
     frames_of,
 )
-from engine.runtime.tcp_handshake import READ_BYTES
+from engine.runtime.tcp_reader import FrameReader
+from engine.runtime.wire import Chunks
 
 
 class ConnOwner(Protocol):
@@ -81,7 +80,7 @@ class Conn:
         self.decoder = decoder
         self.loop = loop
         self.cap_bytes = owner.limits.cluster_send_buffer_bytes_max
-        self.pending: list[bytes] = []
+        self.pending: list[Chunks] = []
         self.pending_bytes = 0
         self.flush_scheduled = False
         self.calls: dict[int, asyncio.Future[object]] = {}
@@ -91,24 +90,26 @@ class Conn:
         self.last_received_s = self.last_sent_s = self.loop.time()
         self.frames_sent = 0
         self.closed = False
+        self._ended: asyncio.Future[str] | None = None
+        """Why the connection ended, once it did (``run`` awaits it)."""
 
     def buffered_bytes(self) -> int:
         if self.closed:
             return 0
         return self.pending_bytes + self.writer.transport.get_write_buffer_size()
 
-    def enqueue(self, item: bytes) -> bool:
+    def enqueue(self, item: Chunks) -> bool:
         """Queue ``item`` for this turn's frame; False if the buffer has no room."""
-        if self.closed or self.buffered_bytes() + len(item) > self.cap_bytes:
+        if self.closed or self.buffered_bytes() + item.size > self.cap_bytes:
             return False
         self.pending.append(item)
-        self.pending_bytes += len(item)
+        self.pending_bytes += item.size
         if not self.flush_scheduled:
             self.flush_scheduled = True
             self.loop.call_soon(self.flush)
         return True
 
-    def answer(self, item: bytes) -> None:
+    def answer(self, item: Chunks) -> None:
         if not self.enqueue(item):
             self.link.drops += 1
 
@@ -121,8 +122,9 @@ class Conn:
             self.close("the connection is closing")
             return
         frames = frames_of(items, self.owner.limits.cluster_frame_bytes_max)
-        for data in frames:
-            self.writer.write(data)
+        # One write of every frame's buffers (writev): an entry's bytes are not copied
+        # before the socket's.
+        self.writer.writelines([part for data in frames for part in data.parts])
         self.frames_sent += len(frames)
         self.owner.frames_sent += len(frames)
         self.last_sent_s = self.loop.time()
@@ -131,10 +133,40 @@ class Conn:
         """Read and dispatch until the connection ends; then close it."""
         reason = "cancelled"
         try:
-            await self._read()
+            reason = await self._read()
+        except OSError as e:
+            reason = describe(e)
+        finally:
+            self.close(reason)
+
+    async def _read(self) -> str:
+        """Frames until the connection ends; why it did. A ``FrameReader`` takes the
+        connection over from the handshake's stream: first the bytes the handshake's
+        reads left (in the decoder, in the stream), then the socket's."""
+        ended: asyncio.Future[str] = self.loop.create_future()
+        self._ended = ended
+        transport = cast(asyncio.Transport, self.writer.transport)
+        reader = FrameReader(self.decoder.frame_bytes_max, self._dispatch, self._read_ended)
+        # Nothing arrives while the reader takes over, so no byte overtakes another.
+        transport.pause_reading()
+        transport.set_protocol(reader)
+        self.reader.feed_eof()
+        left = self.decoder.take_buffered() + await self.reader.read()
+        if left:
+            self._heard()
+            reader.feed(left)
+        if transport.is_closing():
+            self._read_ended(None)
+        else:
+            transport.resume_reading()
+        return await ended
+
+    def _read_ended(self, error: BaseException | None) -> None:
+        """From the reader: the connection ended, or what it read was refused."""
+        if error is None:
             reason = "closed by the peer"
-        except FrameError as e:
-            reason = f"bad frame: {e}"
+        elif isinstance(error, FrameError):
+            reason = f"bad frame: {error}"
             self.owner.rate_log.warning(
                 "bad-frame",
                 "%s: closing the connection to %s: %s",
@@ -142,49 +174,27 @@ class Conn:
                 self.link.name,
                 reason,
             )
-        except OSError as e:
-            reason = describe(e)
-        except Exception:
+        elif isinstance(error, OSError):
+            reason = describe(error)
+        else:
             reason = "internal error"
             self.owner.rate_log.log(
-                logging.ERROR, "read-bug", "reading from %s", self.link.name, exc_info=True
+                logging.ERROR,
+                "read-bug",
+                "reading from %s: %s",
+                self.link.name,
+                describe(error),
+                exc_info=True,  # the reader tells from within its ``except``
             )
-        finally:
-            self.close(reason)
-
-    async def _read(self) -> None:
-        """Frames until the end of the stream. The handshake's reads may have taken the
-        first frames, or a part of one, into the decoder: those are cut from it; then
-        each frame is read whole from the stream (its header, then its payload): one
-        copy of the payload out of the stream's buffer, not three (read, decoder, cut),
-        which cost a follower a third of its loop's time in a replicated publish."""
-        decoder, reader = self.decoder, self.reader
-        while not self.closed:
-            while (payload := decoder.next_frame()) is not None:
-                if not self._dispatch(payload):
-                    return
-            if decoder.buffered_bytes:
-                data = await reader.read(READ_BYTES)
-                if not data:
-                    return
-                self._heard()
-                decoder.feed(data)
-                continue
-            try:
-                header = await reader.readexactly(HEADER_BYTES)
-                length = frame_length(header, decoder.frame_bytes_max)
-                payload = await reader.readexactly(length)
-            except asyncio.IncompleteReadError:
-                return
-            self._heard()
-            if not self._dispatch(payload):
-                return
+        self.close(reason)
 
     def _heard(self) -> None:
         self.last_received_s = self.link.last_heard_s = self.loop.time()
 
-    def _dispatch(self, payload: bytes) -> bool:
-        """Hand a frame's items to the owner; False once the connection is closed."""
+    def _dispatch(self, payload: memoryview) -> bool:
+        """Hand a frame's items to the owner; False once the connection is closed. The
+        payload is the reader's buffer: the items decoded from it keep none of it."""
+        self._heard()
         owner = self.owner
         owner.frames_received += 1
         for item in decode_items(payload):
@@ -202,6 +212,8 @@ class Conn:
         else:
             self.writer.close()
         self.pending, self.pending_bytes = [], 0
+        if self._ended is not None and not self._ended.done():
+            self._ended.set_result(reason)
         calls, self.calls = self.calls, {}
         for future in calls.values():
             if not future.done():

@@ -5,8 +5,11 @@ unsigned length, then that many bytes of one msgpack document; ``FrameDecoder`` 
 byte stream into frames and refuses a length above its cap. After the handshake a frame
 is a msgpack array of items ``[kind, key, value]`` (``Kind``), encoded through
 ``engine.runtime.wire``; each frame stands alone, so losing one whole frame loses what
-it carried and nothing else. ``decode_items`` checks every item's shape. Whatever the
-bytes, these functions return or raise ``FrameError``, nothing else.
+it carried and nothing else. A frame that carries blobs (an append's entries, a
+snapshot's bytes: ``wire.encode_chunks``) is instead ``BLOBS_MARK``, the document's
+length, the document, then the blobs it stands for. ``decode_items`` checks every
+item's shape. Whatever the bytes, these functions return or raise ``FrameError``,
+nothing else.
 
 Handshake frames are plain msgpack maps (no extension types), tagged by ``"t"``:
 ``hello`` (dialer: magic, protocol version, cluster id, both node names, lane, limits
@@ -40,8 +43,9 @@ from engine.limits import KIB, Limits
 from engine.raft.messages import AppendRequest, Message, SnapshotChunk
 from engine.runtime import wire
 from engine.runtime.routing import CALL_TYPES
+from engine.runtime.wire import Chunks
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 MAGIC = "quorra-cluster"
 HEADER_BYTES = 4
 HANDSHAKE_FRAME_BYTES_MAX = 4 * KIB
@@ -49,6 +53,11 @@ HANDSHAKE_FRAME_BYTES_MAX = 4 * KIB
 NONCE_BYTES = 32
 REASON_CHARS_MAX = 200
 ARRAY_HEADER_BYTES_MAX = 5
+BLOBS_MARK = b"\xc1"
+"""Starts a frame whose document is followed by blobs (``wire.encode_chunks``): then
+come the document's length (4 bytes, big-endian), the document, the blobs. No msgpack
+document starts with this byte (msgpack never uses it)."""
+FRAME_HEADERS_BYTES_MAX = len(BLOBS_MARK) + 4 + ARRAY_HEADER_BYTES_MAX
 MESSAGE_TYPES: tuple[type[Any], ...] = typing.get_args(Message)
 
 
@@ -120,8 +129,14 @@ class FrameDecoder:
     def buffered_bytes(self) -> int:
         return len(self._buffer)
 
+    def take_buffered(self) -> bytes:
+        """The bytes fed and not cut yet, which the decoder no longer holds."""
+        data = bytes(self._buffer)
+        self._buffer.clear()
+        return data
 
-def frame_length(header: bytes | bytearray, frame_bytes_max: int) -> int:
+
+def frame_length(header: bytes | bytearray | memoryview, frame_bytes_max: int) -> int:
     """The payload length a frame's header gives, or ``FrameError`` above the cap."""
     length = int.from_bytes(header, "big")
     if length > frame_bytes_max:
@@ -133,47 +148,66 @@ def frame(payload: bytes) -> bytes:
     return len(payload).to_bytes(HEADER_BYTES, "big") + payload
 
 
-def _array_header(count: int) -> bytes:
-    if count < 16:
-        return bytes([0x90 | count])
-    if count < 1 << 16:
-        return b"\xdc" + count.to_bytes(2, "big")
-    return b"\xdd" + count.to_bytes(4, "big")
+_ITEM_HEADER = wire.array_header(3)
 
 
-def encode_item(kind: Kind, key: int | str, value: object) -> bytes:
-    """One item's bytes; ``frames_of`` joins items into frames without encoding again."""
-    return wire.encode([int(kind), key, value])
+def encode_item(kind: Kind, key: int | str, value: object) -> Chunks:
+    """One item's bytes, as buffers, and the blobs it stands for (``wire.encode_chunks``:
+    an append's entries are neither copied nor nested); ``frames_of`` puts items into
+    frames without encoding or joining them."""
+    head = wire.encode([int(kind), key])
+    body = wire.encode_chunks(value)
+    # [kind, key] and [kind, key, value] differ only in the array's first byte.
+    parts = [_ITEM_HEADER + head[1:], *body.parts]
+    return Chunks(parts, len(head) + body.document_bytes, body.blobs, body.blobs_bytes)
 
 
-def item_fits(item: bytes, frame_bytes_max: int) -> bool:
-    return len(item) + ARRAY_HEADER_BYTES_MAX <= frame_bytes_max
+def item_fits(item: Chunks, frame_bytes_max: int) -> bool:
+    return item.size + FRAME_HEADERS_BYTES_MAX <= frame_bytes_max
 
 
-def frames_of(items: list[bytes], frame_bytes_max: int) -> list[bytes]:
-    """The items (each ``item_fits``), in order, in as few whole frames as fit the cap."""
-    out: list[bytes] = []
+def frames_of(items: list[Chunks], frame_bytes_max: int) -> list[Chunks]:
+    """The items (each ``item_fits``), in order, in as few whole frames as fit the cap,
+    each frame as buffers to write in order (its ``parts``)."""
+    out: list[Chunks] = []
     start, size = 0, 0
     for k, item in enumerate(items):
-        if k > start and size + len(item) + ARRAY_HEADER_BYTES_MAX > frame_bytes_max:
+        if k > start and size + item.size + FRAME_HEADERS_BYTES_MAX > frame_bytes_max:
             out.append(_frame_of(items[start:k]))
             start, size = k, 0
-        size += len(item)
+        size += item.size
     if start < len(items):
         out.append(_frame_of(items[start:]))
     return out
 
 
-def _frame_of(items: list[bytes]) -> bytes:
-    header = _array_header(len(items))
-    size = len(header) + sum(len(i) for i in items)
-    return b"".join([size.to_bytes(HEADER_BYTES, "big"), header, *items])
+def _frame_of(items: list[Chunks]) -> Chunks:
+    header = wire.array_header(len(items))
+    size = len(header) + sum(i.document_bytes for i in items)
+    """The document's."""
+    blobs = [blob for item in items for blob in item.blobs]
+    payload = size
+    head = [header]
+    if blobs:
+        payload += len(BLOBS_MARK) + 4 + sum(i.blobs_bytes for i in items)
+        head = [BLOBS_MARK, size.to_bytes(4, "big"), header]
+    parts = [payload.to_bytes(HEADER_BYTES, "big"), *head]
+    for item in items:
+        parts += item.parts
+    return Chunks(wire.coalesced(parts) + blobs, HEADER_BYTES + payload, [], 0)
 
 
-def decode_items(payload: bytes) -> list[Item]:
+def decode_items(payload: wire.Buffer) -> list[Item]:
     """The items of one frame after the handshake, each checked, or ``FrameError``."""
+    view = memoryview(payload)
+    blobs = None
+    if view[:1] == BLOBS_MARK:
+        size = int.from_bytes(view[1:5], "big")
+        if len(view) < 5 + size:
+            raise FrameError("a frame shorter than its document")
+        view, blobs = view[5 : 5 + size], view[5 + size :]
     try:
-        value = wire.decode(payload)
+        value = wire.decode(view, blobs)
     except Exception as e:
         # Peer bytes: whatever the decoder raises (msgpack's errors, a wire type's
         # constructor refusing its fields, a recursion too deep) is a bad frame.

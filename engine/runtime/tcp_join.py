@@ -59,7 +59,7 @@ async def request_join(
             await handshake.dial(reader, writer, decoder, joining, NodeName(""), Lane.BULK)
             decoder.frame_bytes_max = limits.cluster_frame_bytes_max
             item = encode_item(Kind.CALL, CALL_ID, call)
-            writer.write(frames_of([item], limits.cluster_frame_bytes_max)[0])
+            writer.writelines(frames_of([item], limits.cluster_frame_bytes_max)[0].parts)
             answer = _only_item(decode_items(await handshake.read_frame(reader, decoder)))
         finally:
             writer.close()
@@ -92,7 +92,7 @@ async def serve_join(
             item = encode_item(Kind.ANSWER, key, await on_call(joiner, call))
         except QuorraError as e:
             item = encode_item(Kind.FAILURE, key, e)
-        writer.write(frames_of([item], limits.cluster_frame_bytes_max)[0])
+        writer.writelines(frames_of([item], limits.cluster_frame_bytes_max)[0].parts)
         await writer.drain()
 
 

@@ -24,13 +24,13 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 
 from engine import errors
 from engine.errors import WireError
-from engine.limits import DEFAULT_LIMITS, Limits
+from engine.limits import DEFAULT_LIMITS, KIB, Limits
 from engine.raft.entry import Entry
 from engine.raft.messages import (
     INT_MAX,
@@ -56,8 +56,13 @@ from engine.runtime.api import (
 )
 from engine.runtime.meta import QueueMeta
 
+Buffer = bytes | bytearray | memoryview
+"""What a document is decoded from."""
 DATACLASS = 1
 ERROR = 2
+BLOB = 3
+"""Stands for the next byte string of the blobs that follow a document
+(``encode_chunks``); its payload is the string's length, 4 bytes big-endian."""
 
 _SHAPES: dict[str, shapes.Shape] = {}
 """Every type that decodes, by name."""
@@ -146,15 +151,145 @@ _PACKER_KEPT_BYTES_MAX = DEFAULT_LIMITS.wire_packer_kept_bytes_max
 
 
 def encode(value: object) -> bytes:
+    packer = _take_packer()
+    data = bytes(packer.pack(value))
+    _give_packer(packer, len(data))
+    return data
+
+
+def _take_packer() -> msgpack.Packer:
     idle = _PACKERS.idle
     if idle:
-        packer = idle.pop()
-    else:
-        packer = msgpack.Packer(default=_default, use_bin_type=True, autoreset=True)
-    data = bytes(packer.pack(value))
-    if len(data) <= _PACKER_KEPT_BYTES_MAX and len(idle) < _PACKERS_KEPT_MAX:
+        return idle.pop()
+    return msgpack.Packer(default=_default, use_bin_type=True, autoreset=True)
+
+
+def _give_packer(packer: msgpack.Packer, packed_bytes: int) -> None:
+    idle = _PACKERS.idle
+    if packed_bytes <= _PACKER_KEPT_BYTES_MAX and len(idle) < _PACKERS_KEPT_MAX:
         idle.append(packer)
-    return data
+
+
+# --- chunks: what is sent, without copying large byte strings -------------------------
+
+CHUNK_BYTES_MIN = 4 * KIB
+"""A byte string at least this long inside a chunked type is a blob in
+``encode_chunks``; shorter ones are cheaper to copy than to send as separate buffers.
+Runs of shorter parts are joined into one buffer."""
+_CHUNKED: frozenset[type[Any]] = frozenset({AppendRequest, Entry, SnapshotChunk})
+"""The types whose fields ``encode_chunks`` encodes one by one: those that carry entries
+and snapshot bytes. Any other value is encoded whole (one chunk)."""
+_FIXEXT_CODES = {1: 0xD4, 2: 0xD5, 4: 0xD6, 8: 0xD7, 16: 0xD8}
+_BLOB_HEADER = bytes([_FIXEXT_CODES[4], BLOB])
+
+
+class Chunks(NamedTuple):
+    """A document's bytes as buffers to write in order (``parts``, ``document_bytes``
+    long), and the blobs it stands for (``encode_chunks``), to write after it."""
+
+    parts: list[bytes]
+    document_bytes: int
+    blobs: list[bytes]
+    blobs_bytes: int
+
+    @property
+    def size(self) -> int:
+        """The bytes of the document and its blobs."""
+        return self.document_bytes + self.blobs_bytes
+
+    def joined(self) -> bytes:
+        """The document alone."""
+        return b"".join(self.parts)
+
+
+def encode_chunks(value: object) -> Chunks:
+    """``value`` encoded as by ``encode``, except that each byte string of a chunked
+    type (an entry's data, a snapshot's bytes) that is ``CHUNK_BYTES_MIN`` or longer is
+    left out of the document, a ``BLOB`` extension in its place, and listed in ``blobs``
+    (the object itself, not a copy), in the document's order; ``decode`` takes them back.
+    ``encode`` nests a packer per dataclass, and each level copies the level below into
+    a fresh buffer: a leader's append of 100 KiB entries was copied six times per
+    follower, in fresh (page-faulting) memory, over a third of its loop in a replicated
+    publish; and decoding copied each entry once per level again (three times), a third
+    of a follower's loop. Out of the document, a blob is copied once, by ``decode``."""
+    parts: list[bytes] = []
+    blobs: list[bytes] = []
+    packer = _take_packer()
+    size = _chunk(value, parts, blobs, packer.pack, inner=False)
+    _give_packer(packer, 0)
+    return Chunks(coalesced(parts), size, blobs, sum(len(b) for b in blobs))
+
+
+def coalesced(parts: list[bytes]) -> list[bytes]:
+    """``parts`` with each run of buffers shorter than ``CHUNK_BYTES_MIN`` joined."""
+    out: list[bytes] = []
+    run: list[bytes] = []
+    for part in parts:
+        if len(part) < CHUNK_BYTES_MIN:
+            run.append(part)
+            continue
+        if run:
+            out.append(b"".join(run))
+            run = []
+        out.append(part)
+    if run:
+        out.append(b"".join(run))
+    return out
+
+
+def _chunk(
+    value: object,
+    parts: list[bytes],
+    blobs: list[bytes],
+    pack: Callable[[object], bytes],
+    *,
+    inner: bool,
+) -> int:
+    """Append the encoding of ``value`` (by ``pack`` where whole) to ``parts``; its
+    length. ``inner``: ``value`` is a field of a chunked type, or an item of a list that
+    is one."""
+    if inner and type(value) is bytes and len(value) >= CHUNK_BYTES_MIN:
+        blobs.append(value)
+        parts.append(_BLOB_HEADER + len(value).to_bytes(4, "big"))
+        return len(_BLOB_HEADER) + 4
+    if inner and type(value) is list:
+        header = array_header(len(value))
+        parts.append(header)
+        return len(header) + sum(_chunk(item, parts, blobs, pack, inner=True) for item in value)
+    shape = _BY_CLASS.get(type(value)) if type(value) in _CHUNKED else None
+    if shape is None:
+        data = pack(value)
+        parts.append(data)
+        return len(data)
+    name = pack(shape.name)
+    body = [b"\x92", name, array_header(len(shape.fields))]
+    size = 1 + len(name) + len(body[-1])
+    for field, _convert in shape.fields:
+        size += _chunk(getattr(value, field), body, blobs, pack, inner=True)
+    header = _ext_header(size)
+    parts.append(header)
+    parts += body
+    return len(header) + size
+
+
+def array_header(count: int) -> bytes:
+    """The bytes msgpack starts an array of ``count`` items with."""
+    if count < 16:
+        return bytes([0x90 | count])
+    if count < 1 << 16:
+        return b"\xdc" + count.to_bytes(2, "big")
+    return b"\xdd" + count.to_bytes(4, "big")
+
+
+def _ext_header(length: int) -> bytes:
+    code = _FIXEXT_CODES.get(length)
+    if code is not None:
+        return bytes([code, DATACLASS])
+    if length < 1 << 8:
+        return bytes([0xC7, length, DATACLASS])
+    if length < 1 << 16:
+        return b"\xc8" + length.to_bytes(2, "big") + bytes([DATACLASS])
+    return b"\xc9" + length.to_bytes(4, "big") + bytes([DATACLASS])
 
 
 class Codec:
@@ -173,20 +308,30 @@ class Codec:
         longer than this needs no bound of ours (each costs time on every call)."""
         self._hooks = [self._hook(depth) for depth in range(self.depth_max + 1)]
         """The extension hook of each depth of nesting: it decodes the payload with the
-        next one; the last refuses. No state changes while a document decodes."""
+        next one; the last refuses. Only the blobs' cursor changes while a document
+        decodes."""
+        self._blobs = _Blobs()
 
-    def decode(self, data: bytes) -> Any:
-        """The value ``data`` encodes, or ``WireError``."""
+    def decode(self, data: Buffer, blobs: memoryview | None = None) -> Any:
+        """The value ``data`` encodes, taking its ``BLOB`` extensions in order from
+        ``blobs`` (each one and no more), or ``WireError``."""
         if len(data) > self.document_bytes_max:
             raise WireError(f"a document of {len(data)} bytes (at most {self.document_bytes_max})")
+        cursor = self._blobs
+        cursor.view, cursor.at = blobs, 0
         try:
-            return self._unpack(data, self._hooks[0])
+            value = self._unpack(data, self._hooks[0])
+            if blobs is not None and cursor.at != len(blobs):
+                raise WireError(f"{len(blobs) - cursor.at} bytes of blobs stood for by nothing")
+            return value
         except WireError:
             raise
         except (ValueError, TypeError, msgpack.UnpackException) as e:
             raise WireError(f"undecodable: {type(e).__name__}: {e}") from None
+        finally:
+            cursor.view = None
 
-    def _unpack(self, data: bytes, hook: Callable[[int, bytes], object]) -> Any:
+    def _unpack(self, data: Buffer, hook: Callable[[int, bytes], object]) -> Any:
         if len(data) <= self._small:
             return msgpack.unpackb(data, ext_hook=hook)
         return msgpack.unpackb(data, ext_hook=hook, **self._bounds)
@@ -202,6 +347,8 @@ class Codec:
         def ext_hook(code: int, payload: bytes) -> object:
             # msgpack decodes the payload of an extension by this recursive call: the
             # innermost dataclasses are built (and checked) first.
+            if code == BLOB:
+                return self._blobs.take(payload)
             if code != DATACLASS and code != ERROR:
                 raise WireError(f"unknown extension type {code}")
             value = self._unpack(payload, self._hooks[depth + 1])
@@ -212,6 +359,27 @@ class Codec:
             return _error(value[0], value[1])
 
         return ext_hook
+
+
+class _Blobs(threading.local):
+    """Where the document being decoded on this thread takes its next blob from."""
+
+    def __init__(self) -> None:
+        self.view: memoryview | None = None
+        self.at = 0
+
+    def take(self, payload: bytes) -> bytes:
+        view = self.view
+        if view is None:
+            raise WireError("a blob in a document without blobs")
+        if len(payload) != 4:
+            raise WireError("a blob's extension is not its length")
+        end = self.at + int.from_bytes(payload, "big")
+        if end > len(view):
+            raise WireError(f"a blob past the end of the blobs ({end} > {len(view)} bytes)")
+        blob = bytes(view[self.at : end])
+        self.at = end
+        return blob
 
 
 def _build(name: str, fields: object) -> object:
@@ -230,9 +398,24 @@ def _error(name: str, detail: object) -> errors.QuorraError:
 _DEFAULT = Codec(DEFAULT_LIMITS)
 
 
-def decode(data: bytes) -> Any:
+def decode(data: Buffer, blobs: memoryview | None = None) -> Any:
     """The value ``data`` encodes, within the default limits, or ``WireError``."""
-    return _DEFAULT.decode(data)
+    return _DEFAULT.decode(data, blobs)
 
 
-__all__ = ["DATACLASS", "ERROR", "Codec", "WireError", "decode", "encode", "register"]
+__all__ = [
+    "BLOB",
+    "CHUNK_BYTES_MIN",
+    "DATACLASS",
+    "ERROR",
+    "Buffer",
+    "Chunks",
+    "Codec",
+    "WireError",
+    "array_header",
+    "coalesced",
+    "decode",
+    "encode",
+    "encode_chunks",
+    "register",
+]

@@ -20,6 +20,8 @@ from engine.raft.messages import AppendRequest, Heartbeat, SnapshotChunk, VoteRe
 from engine.runtime.api import OutgoingMessage
 from engine.runtime.routing import PublishCall, ReceiveCall
 from engine.runtime.tcp_frames import (
+    BLOBS_MARK,
+    PROTOCOL_VERSION,
     FrameDecoder,
     FrameError,
     Hello,
@@ -36,6 +38,7 @@ from engine.runtime.tcp_frames import (
     lane_of,
     limits_fingerprint,
 )
+from engine.runtime.wire import CHUNK_BYTES_MIN
 
 A, B = ServerId("n1/g"), ServerId("n2/g")
 ITEMS = [
@@ -65,7 +68,7 @@ FRAME_BYTES_MAX = 4096
 
 def stream_of(items: list[Item], frame_bytes_max: int = FRAME_BYTES_MAX) -> bytes:
     encoded = [encode_item(i.kind, i.key, i.value) for i in items]
-    return b"".join(frames_of(encoded, frame_bytes_max))
+    return b"".join(f.joined() for f in frames_of(encoded, frame_bytes_max))
 
 
 def decode_stream(data: bytes, chunk: int, frame_bytes_max: int = FRAME_BYTES_MAX) -> list[Item]:
@@ -94,8 +97,9 @@ def test_frames_split_at_the_cap_in_order() -> None:
     encoded = [encode_item(i.kind, i.key, i.value) for i in items]
     frames = frames_of(encoded, FRAME_BYTES_MAX)
     assert len(frames) == 5  # four items of ~1 KiB per 4 KiB frame
-    assert all(len(f) - 4 <= FRAME_BYTES_MAX for f in frames)
-    assert decode_stream(b"".join(frames), 100) == items
+    assert all(f.size - 4 <= FRAME_BYTES_MAX for f in frames)
+    assert all(f.size == len(f.joined()) for f in frames)
+    assert decode_stream(b"".join(f.joined() for f in frames), 100) == items
 
 
 def test_a_length_above_the_cap_is_refused_before_its_bytes_arrive() -> None:
@@ -116,7 +120,7 @@ def test_a_length_above_the_cap_is_refused_before_its_bytes_arrive() -> None:
         msgpack.packb([[9, 5, None]]),
         msgpack.packb([[0, 5]]),
         msgpack.packb({"t": "hello"}),
-        encode_item(Kind.PING, 1, None) + b"trailing",
+        encode_item(Kind.PING, 1, None).joined() + b"trailing",
     ],
 )
 def test_bad_frames_are_frame_errors(payload: bytes) -> None:
@@ -127,7 +131,7 @@ def test_bad_frames_are_frame_errors(payload: bytes) -> None:
 def test_a_call_item_must_hold_a_call() -> None:
     vote = VoteRequest(src=A, dst=B, term=1, last_index=0, last_term=0, pre=False, transfer=False)
     with pytest.raises(FrameError, match="not a call"):
-        decode_items(b"\x91" + encode_item(Kind.CALL, 1, vote))
+        decode_items(b"\x91" + encode_item(Kind.CALL, 1, vote).joined())
 
 
 def test_lanes() -> None:
@@ -140,12 +144,13 @@ def test_lanes() -> None:
 
 
 def test_handshake_frames_are_checked() -> None:
-    hello = Hello(1, "c", "n1", "n2", 0, "f" * 16, b"n" * 32)
+    hello = Hello(PROTOCOL_VERSION, "c", "n1", "n2", 0, "f" * 16, b"n" * 32)
     tag, fields = decode_handshake(encode_hello(hello)[4:])
     assert tag == "hello" and fields["src"] == "n1" and fields["nonce"] == b"n" * 32
     assert decode_handshake(encode_handshake("welcome")[4:]) == ("welcome", {})
-    future = msgpack.packb({"t": "hello", "magic": "quorra-cluster", "version": 2, "x": 1})
-    assert decode_handshake(future) == ("hello", {"version": 2})
+    later = PROTOCOL_VERSION + 1
+    future = msgpack.packb({"t": "hello", "magic": "quorra-cluster", "version": later, "x": 1})
+    assert decode_handshake(future) == ("hello", {"version": later})
     wrong_type = msgpack.packb({"t": "proof", "mac": "text"})
     extra = msgpack.packb({"t": "welcome", "x": 1})
     not_ours = msgpack.packb({"t": "hello", "magic": "http", "version": 1})
@@ -162,8 +167,8 @@ def test_the_limits_fingerprint_follows_every_limit() -> None:
     assert limits_fingerprint(DEFAULT_LIMITS) != limits_fingerprint(other)
 
 
-def _only_frame_errors(data: bytes, chunk: int) -> None:
-    decoder = FrameDecoder(FRAME_BYTES_MAX)
+def _only_frame_errors(data: bytes, chunk: int, frame_bytes_max: int = FRAME_BYTES_MAX) -> None:
+    decoder = FrameDecoder(frame_bytes_max)
     try:
         for k in range(0, len(data), chunk):
             decoder.feed(data[k : k + chunk])
@@ -264,3 +269,51 @@ def test_items_of_wire_types_with_wrong_fields_raise_only_frame_errors(
     payload = msgpack.packb([list(i) for i in items])
     with contextlib.suppress(FrameError):
         decode_items(payload)
+
+
+BLOBS_FRAME_BYTES_MAX = 64 * 1024
+BLOB_ITEMS = [
+    Item(
+        Kind.RAFT,
+        "g",
+        AppendRequest(
+            src=A,
+            dst=B,
+            term=3,
+            prev_index=9,
+            prev_term=2,
+            entries=[
+                Entry(10, 3, EntryKind.COMMAND, 1, b"\x01" * CHUNK_BYTES_MIN),
+                Entry(11, 3, EntryKind.COMMAND, 2, b"small"),
+                Entry(12, 3, EntryKind.COMMAND, 3, b"\x02" * (CHUNK_BYTES_MIN + 1)),
+            ],
+            commit=9,
+        ),
+    ),
+    Item(Kind.PING, 1, None),
+]
+VALID_BLOBS = stream_of(BLOB_ITEMS, BLOBS_FRAME_BYTES_MAX)
+
+
+def test_a_frame_with_blobs_carries_the_entries_after_its_document() -> None:
+    assert VALID_BLOBS[4:5] == BLOBS_MARK
+    assert VALID_BLOBS.endswith(b"\x01" * CHUNK_BYTES_MIN + b"\x02" * (CHUNK_BYTES_MIN + 1))
+    for chunk in (1, 999, len(VALID_BLOBS)):
+        assert decode_stream(VALID_BLOBS, chunk, BLOBS_FRAME_BYTES_MAX) == BLOB_ITEMS
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(st.tuples(st.integers(0, 200), st.integers(0, 255)), max_size=6),
+    st.integers(0, len(VALID_BLOBS)),
+    st.integers(0, 16),
+)
+def test_mutated_frames_with_blobs_raise_only_frame_errors(
+    flips: list[tuple[int, int]], cut: int, gap: int
+) -> None:
+    """The document's bytes and lengths changed, a few removed, the stream cut short."""
+    data = bytearray(VALID_BLOBS)
+    for position, value in flips:
+        data[position] = value
+    _only_frame_errors(bytes(data[:cut] + data[cut + gap :]), 997, BLOBS_FRAME_BYTES_MAX)
+    _only_frame_errors(bytes(data[:cut]), 997, BLOBS_FRAME_BYTES_MAX)

@@ -33,6 +33,7 @@ from engine.runtime.routing import (
 )
 from engine.runtime.tcp_frames import (
     HANDSHAKE_FRAME_BYTES_MAX,
+    PROTOCOL_VERSION,
     FrameDecoder,
     Hello,
     Kind,
@@ -308,7 +309,7 @@ async def _cut_off(port: int, data: bytes) -> bytes:
 
 
 def test_strangers_speaking_garbage_are_cut_off_and_the_peers_served() -> None:
-    hello = Hello(1, "c1", "n1", "n2", 0, limits_fingerprint(LIMITS), os.urandom(32))
+    hello = Hello(PROTOCOL_VERSION, "c1", "n1", "n2", 0, limits_fingerprint(LIMITS), os.urandom(32))
     garbage = [
         os.urandom(2000),
         b"\xff\xff\xff\xff" + os.urandom(100),
@@ -353,9 +354,9 @@ def test_a_peer_sending_bad_frames_is_cut_off_and_the_others_served() -> None:
     bad_frames = [
         frame(os.urandom(500)),
         (LIMITS.cluster_frame_bytes_max + 1).to_bytes(4, "big"),
-        frame(b"\x91" + encode_item(Kind.RAFT, "g", DeleteReplica("u"))),
+        frame(b"\x91" + encode_item(Kind.RAFT, "g", DeleteReplica("u")).joined()),
         frame(b"\x91\x93\x07\x01\xc0"),
-        frame(b"\x92" + encode_item(Kind.RAFT, "g", heartbeat("n0", "n2")) + b"\x93\x01"),
+        frame(b"\x92" + encode_item(Kind.RAFT, "g", heartbeat("n0", "n2")).joined() + b"\x93\x01"),
     ]
 
     async def body() -> None:
@@ -839,7 +840,13 @@ def test_only_a_node_with_the_secret_can_tell_a_node_it_was_forgotten() -> None:
             # A stranger that read a challenge answers with a made-up "forgotten" MAC.
             reader, writer = await asyncio.open_connection(LOCAL, c.ports["n2"])
             hello = Hello(
-                1, "c1", "n1", "n2", int(Lane.CONTROL), limits_fingerprint(LIMITS), os.urandom(32)
+                PROTOCOL_VERSION,
+                "c1",
+                "n1",
+                "n2",
+                int(Lane.CONTROL),
+                limits_fingerprint(LIMITS),
+                os.urandom(32),
             )
             writer.write(encode_hello(hello))
             decoder = FrameDecoder(HANDSHAKE_FRAME_BYTES_MAX)

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.errors import Backpressure, NoLeader, QueueNotFound
+from engine.errors import Backpressure, NoLeader, QueueNotFound, WireError
 from engine.ids import ServerId
 from engine.limits import DEFAULT_LIMITS
 from engine.raft.entry import Entry, EntryKind
@@ -165,6 +165,80 @@ def test_kept_packers_encode_as_fresh_ones_after_errors_and_from_threads() -> No
     with ThreadPoolExecutor(4) as pool:
         for encoded in pool.map(encode_all, range(4)):
             assert encoded == expected * 20
+
+
+_ENTRY_DATA = st.one_of(
+    st.binary(max_size=40),
+    st.integers(wire.CHUNK_BYTES_MIN - 2, 70_000).map(lambda n: b"\xab" * n),
+)
+_ENTRIES = st.lists(
+    st.builds(
+        Entry,
+        index=st.integers(1, INT_MAX),
+        term=st.integers(1, INT_MAX),
+        kind=st.sampled_from(EntryKind),
+        now_ms=st.integers(0, INT_MAX),
+        data=_ENTRY_DATA,
+    ),
+    max_size=20,
+)
+_APPENDS = st.builds(
+    AppendRequest,
+    src=st.just(A),
+    dst=st.just(B),
+    term=st.integers(0, INT_MAX),
+    prev_index=st.integers(0, INT_MAX),
+    prev_term=st.integers(0, INT_MAX),
+    entries=_ENTRIES,
+    commit=st.integers(0, INT_MAX),
+)
+_CHUNKS = st.builds(
+    SnapshotChunk,
+    src=st.just(A),
+    dst=st.just(B),
+    term=st.integers(0, INT_MAX),
+    snapshot_index=st.integers(0, INT_MAX),
+    snapshot_term=st.integers(0, INT_MAX),
+    offset=st.integers(0, INT_MAX),
+    data=_ENTRY_DATA,
+    done=st.booleans(),
+    entries=_ENTRIES,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(_APPENDS, _CHUNKS, st.sampled_from(VALUES)))
+def test_chunks_leave_large_bytes_out_of_the_document_and_decode_back(value: object) -> None:
+    chunks = wire.encode_chunks(value)
+    large = [e.data for e in getattr(value, "entries", []) if len(e.data) >= wire.CHUNK_BYTES_MIN]
+    if isinstance(value, SnapshotChunk) and len(value.data) >= wire.CHUNK_BYTES_MIN:
+        large.insert(0, value.data)
+    assert len(chunks.blobs) == len(large)
+    assert all(blob is data for blob, data in zip(chunks.blobs, large, strict=True))
+    document = chunks.joined()
+    assert chunks.document_bytes == len(document)
+    assert chunks.blobs_bytes == sum(map(len, large))
+    blobs = memoryview(b"".join(chunks.blobs)) if large else None
+    assert wire.decode(document, blobs) == value
+    if not large:
+        assert document == wire.encode(value)
+
+
+def test_blobs_are_taken_each_once_and_only_from_a_frame_of_blobs() -> None:
+    data = b"\x01" * wire.CHUNK_BYTES_MIN
+    entry = Entry(index=1, term=1, kind=EntryKind.COMMAND, now_ms=0, data=data)
+    chunks = wire.encode_chunks(
+        AppendRequest(src=A, dst=B, term=1, prev_index=0, prev_term=0, entries=[entry], commit=0)
+    )
+    document = chunks.joined()
+    with pytest.raises(WireError, match="without blobs"):
+        wire.decode(document)
+    with pytest.raises(WireError, match="past the end"):
+        wire.decode(document, memoryview(data[:-1]))
+    with pytest.raises(WireError, match="1 bytes of blobs stood for by nothing"):
+        wire.decode(document, memoryview(data + b"x"))
+    with pytest.raises(WireError, match="not its length"):
+        wire.decode(msgpack.packb(msgpack.ExtType(wire.BLOB, b"\x00")), memoryview(b""))
 
 
 def test_a_message_travels_as_its_field_values_in_order() -> None:
