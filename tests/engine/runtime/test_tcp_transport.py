@@ -780,7 +780,13 @@ def test_a_made_up_lost_data_frame_is_refused() -> None:
             c.transports["n2"].on_lost_data = told.append
             reader, writer = await asyncio.open_connection(LOCAL, c.ports["n2"])
             hello = Hello(
-                1, "c1", "n1", "n2", int(Lane.CONTROL), limits_fingerprint(LIMITS), os.urandom(32)
+                PROTOCOL_VERSION,
+                "c1",
+                "n1",
+                "n2",
+                int(Lane.CONTROL),
+                limits_fingerprint(LIMITS),
+                os.urandom(32),
             )
             writer.write(encode_hello(hello))
             decoder = FrameDecoder(HANDSHAKE_FRAME_BYTES_MAX)
