@@ -183,6 +183,11 @@ class QueueCollector(Collector):
 NODE_MEMORY: tuple[tuple[str, str, str], ...] = (
     ("engine_memory_bytes", "Engine memory of every queue on this node.", "memory_bytes"),
     (
+        "queues_sleeping",
+        "Idle queues of this node asleep: kept as a compact record until a request.",
+        "queues_sleeping",
+    ),
+    (
         "engine_memory_bytes_max",
         "The node's engine memory limit: publishes beyond it are refused (memory alarm).",
         "memory_bytes_max",

@@ -36,10 +36,12 @@ LIMITS_FROM_ENV = (
     "page_read_ahead",
     "engine_memory_bytes_max",
     "read_cache_bytes_max",
+    "queue_sleep_idle_ms",
 )
 """The engine limits a server takes from its environment, each as ``QUORRA_<NAME>``
 (upper case): the memory budgets an operator sizes to the machine (and tests make
-tiny). The others keep their defaults."""
+tiny), and how long a queue stays idle before it sleeps. The others keep their
+defaults."""
 
 
 @dataclass(frozen=True, slots=True)

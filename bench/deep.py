@@ -77,7 +77,10 @@ full depth):
   holding one queue of 10 messages;
 * ``restart_ms``: exec until every one of the Q queues has answered a receive with a
   message (target: at most 2 s more than ``empty_restart_ms``);
-* ``rss_wait_s``: the idle wait before each memory reading;
+* ``rss_wait_s``: the idle wait before each memory reading (the many-queues server
+  waits longer if its sweep needs longer to put every queue to sleep: ``sleep_wait_s``);
+* ``sleep_wait_s``: the many-queues server's wait before each memory reading;
+* ``queues_sleeping``: the queues asleep (``/metrics``) after the last memory reading;
 * ``targets``: what the issue holds the figures to;
 * ``load_average``: the machine's 1, 5 and 15 minute load averages at the end.
 """
@@ -102,6 +105,7 @@ import httpx
 import bench
 from bench._lean_http import LeanHttp
 from bench.restart import ADMIN_PASSWORD, Server, batch_body, publish_all
+from engine.limits import DEFAULT_LIMITS
 
 JSON_KEYS: tuple[str, ...] = (
     "bench",
@@ -133,6 +137,8 @@ JSON_KEYS: tuple[str, ...] = (
     "empty_restart_ms",
     "restart_ms",
     "rss_wait_s",
+    "sleep_wait_s",
+    "queues_sleeping",
     "targets",
     "load_average",
 )
@@ -166,6 +172,10 @@ IDLE_MESSAGES = 10
 """Messages published to each of the many queues."""
 IDLE_CLIENTS = 16
 QUICK_QUEUES = 500
+SLEEP_IDLE_MS = 1_000
+"""The many-queues server puts a queue to sleep after this idle time
+(``QUORRA_QUEUE_SLEEP_IDLE_MS``; 30 s by default), so that its queues sleep within the
+bench's wait: its sweep puts at most ``Limits.queue_sleep_sweep_max`` to sleep a second."""
 
 
 class DeepServer(Server):
@@ -499,9 +509,23 @@ def _restart_until_received(server: DeepServer, token: str, names: list[str]) ->
     return elapsed
 
 
+def _sleeping(server: DeepServer, token: str) -> int | None:
+    """The server's ``quorra_queues_sleeping`` (read after the memory readings: a scrape
+    reads every queue's stats)."""
+    got = server.http.get("/metrics", headers={"Authorization": f"Bearer {token}"})
+    for line in got.text.splitlines():
+        if line.startswith("quorra_queues_sleeping "):
+            return int(float(line.split()[1]))
+    return None
+
+
 def measure_queues(server: DeepServer, args: argparse.Namespace) -> dict[str, Any]:
     """The many idle queues' figures."""
     names = [_idle_name(n) for n in range(args.queues)]
+    # Idle queues sleep: the wait covers the idle time and the sweep's turns over them.
+    sweep = DEFAULT_LIMITS.queue_sleep_sweep_ms / 1000
+    turns = -(-args.queues // DEFAULT_LIMITS.queue_sleep_sweep_max)
+    wait_s = max(args.rss_wait_s, SLEEP_IDLE_MS / 1000 + (turns + 2) * sweep)
     body = batch_body(MESSAGE_BYTES, IDLE_MESSAGES)
     server.compile()
     server.start()
@@ -510,20 +534,22 @@ def measure_queues(server: DeepServer, args: argparse.Namespace) -> dict[str, An
     asyncio.run(_each_queue(server.url, token, names[:1], _create))
     asyncio.run(_each_queue(server.url, token, names[:1], _publisher(body)))
     empty_restart_ms = _restart_until_received(server, token, names[:1])
-    time.sleep(args.rss_wait_s)
+    time.sleep(wait_s)
     rss_one = server.vm_rss_bytes()
 
     started = time.perf_counter()
     asyncio.run(_each_queue(server.url, token, names[1:], _create))
     create_rate = (len(names) - 1) / (time.perf_counter() - started)
     asyncio.run(_each_queue(server.url, token, names[1:], _publisher(body)))
-    time.sleep(args.rss_wait_s)
+    time.sleep(wait_s)
     rss_all = server.vm_rss_bytes()
 
     restart_ms = _restart_until_received(server, token, names)
-    time.sleep(args.rss_wait_s)
+    time.sleep(wait_s)
     rss_restarted = server.vm_rss_bytes()
     return dict(
+        sleep_wait_s=wait_s,
+        queues_sleeping=_sleeping(server, token),
         queues=args.queues,
         create_queues_per_s=round(create_rate, 1),
         rss_bytes_per_idle_queue=round((rss_all - rss_one) / (len(names) - 1), 1),
@@ -587,7 +613,8 @@ def main(argv: list[str]) -> int:
     if args.messages is not None:
         result.update(_run("deep", extra_env, lambda server: measure_deep(server, args)))
     if args.queues is not None:
-        result.update(_run("idle", {}, lambda server: measure_queues(server, args)))
+        sleepy = {"QUORRA_QUEUE_SLEEP_IDLE_MS": str(SLEEP_IDLE_MS)}
+        result.update(_run("idle", sleepy, lambda server: measure_queues(server, args)))
     result.update(
         rss_wait_s=args.rss_wait_s,
         targets=TARGETS,

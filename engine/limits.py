@@ -149,6 +149,14 @@ class Limits:
     stop_checkpoint_bytes_min: int = 1 * MIB
     """A clean stop checkpoints every queue that applied at least this much of its log
     since its last checkpoint (so that the next start applies next to nothing)."""
+    queue_sleep_idle_ms: int = 30_000
+    """A queue of one member sleeps (``engine.runtime.hibernation``) once it has been idle
+    this long: no request, Raft event, lease, timer or waiter."""
+    queue_sleep_sweep_ms: int = 1_000
+    """The idle sweep runs this often, and looks at enough queues each time to see each
+    about once per ``queue_sleep_idle_ms`` (10,000 queues, 30 s: 334 a run);"""
+    queue_sleep_sweep_max: int = 500
+    """it puts at most this many to sleep per run (about 50 us each: 25 ms of the loop)."""
     rate_sample_ms: int = 1_000
     """Rates (published, delivered, acked per second) are sampled at most this often."""
     rate_window_ms: int = 10_000
@@ -265,6 +273,7 @@ class Limits:
         assert self.append_bytes_per_message_max <= self.inflight_bytes_per_follower_max
         assert self.entry_bytes_max <= self.wal_batch_bytes_max
         assert self.read_run_bytes_max > 0
+        assert self.queue_sleep_sweep_ms > 0 and self.queue_sleep_sweep_max > 0
         assert 0 < self.read_cache_block_bytes <= self.read_run_bytes_max
         assert self.read_cache_bytes_max >= 0
         assert self.segment_flush_writers_max >= 1

@@ -150,6 +150,9 @@ class Checkpoints:
         rep = ctx.replica(name)
         if phase not in ("auto", 1, 2, 3):
             raise ValidationFailed("phase is auto, 1, 2 or 3")
+        # Awake, so that the log it compacts is the one its Raft core reads (a sleeping
+        # core is rebuilt from the log as it finds it).
+        rep.wake()
         async with ctx.admit(), rep.disk_lock:
             return await self.compact_locked(rep, phase, trigger)
 
@@ -177,6 +180,7 @@ class Checkpoints:
             if (
                 rep.failed is not None
                 or rep.closed
+                or rep.dormant is not None  # slept under the stop minimum (hibernation)
                 or rep.applied_term == 0
                 or rep.bytes_since_capture < self.ctx.limits.stop_checkpoint_bytes_min
             ):

@@ -2,7 +2,7 @@
 
 Rule: a node is split by concept into parts (``hosting``, ``applying``, ``timers``,
 ``routing``, ``queue_ops``, ``catalog``, ``member_changes``, ``dead_letter_routing``,
-``checkpoints``, ``paging``, ``memory_alarm``). Each part is given the node's one ``NodeContext`` and reaches the node's
+``checkpoints``, ``paging``, ``memory_alarm``, ``hibernation``). Each part is given the node's one ``NodeContext`` and reaches the node's
 state and the other parts only through the public members below; ``Node`` owns the
 context, runs the lifecycle (it opens ``storage`` and sets ``running``) and implements
 ``QueueEngine`` over the parts. Everything here is touched only on the node's event loop.
@@ -28,6 +28,7 @@ from engine.runtime.checkpoints import Checkpoints
 from engine.runtime.clock import Clock
 from engine.runtime.dead_letter_routing import DeadLetters
 from engine.runtime.forwarding import Forwarder
+from engine.runtime.hibernation import Hibernation
 from engine.runtime.hosting import Hosting
 from engine.runtime.member_changes import Membership
 from engine.runtime.memory_alarm import MemoryWatch
@@ -96,6 +97,7 @@ class NodeContext:
         self.pages = Pages(self)
         self.memory = MemoryWatch(self)
         self.hosting = Hosting(self)
+        self.hibernation = Hibernation(self)
         self.effects = Effects(self)
         self.timers = Timers(self)
         self.router = Router(self)

@@ -119,9 +119,11 @@ class Hosting:
         sid = server_id(ctx.name, meta.uid)
         # A replica created to join an existing group starts with no configuration: it
         # neither votes nor campaigns until the leader's entries tell it the members.
+        # Its own id is the one string of it (an idle queue keeps both).
         bootstrap = EMPTY_CONFIGURATION
         if ctx.name in meta.members:
-            bootstrap = Configuration(tuple(sorted(server_id(n, meta.uid) for n in meta.members)))
+            ids = (sid if n == ctx.name else server_id(n, meta.uid) for n in meta.members)
+            bootstrap = Configuration(tuple(sorted(ids)))
         now, wall = ctx.clock.monotonic_ms(), ctx.clock.wall_ms()
         lone = meta.members == (ctx.name,)
         # A lone voter campaigns on its first tick instead of after an election timeout.
@@ -143,6 +145,7 @@ class Hosting:
         assert ctx.receipt_key is not None, "start() loads the key before hosting"
         seal = ReceiptSeal(ctx.receipt_key, meta.uid)
         rep = Replica(meta, sid, rec.log, seal, checkpoint=checkpoint)
+        rep.waker = ctx.hibernation.waker
         rep.driver = ReplicaDriver(
             raft,
             machine,
@@ -231,7 +234,8 @@ class Hosting:
     def close_replica(rep: Replica, error: QuorraError) -> None:
         rep.closed = True
         rep.close_error = error
-        rep.machine.close()  # its resident pages stop counting against the node
+        if rep.dormant is None:  # a sleeping one closed its machine as it fell asleep
+            rep.machine.close()  # its resident pages stop counting against the node
         for handle in (rep.tick_handle, rep.expire_handle):
             if handle is not None:
                 handle.cancel()
@@ -254,6 +258,7 @@ class Hosting:
 
     def process(self, rep: Replica) -> None:
         rep.scheduled = False
+        rep.touched = True  # not idle: the idle sweep starts its count again
         if rep.closed or isinstance(rep.failed, EntryDamaged):
             return
         ctx = self.ctx

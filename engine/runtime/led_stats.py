@@ -58,6 +58,8 @@ class LedStats:
         ctx = self.ctx
         asked: dict[NodeName, list[str]] = {}
         for name, rep in ctx.replicas.items():
+            if rep.dormant is not None:
+                continue  # a sleeping queue is a lone voter, its own leader: nothing to ask
             leader = rep.raft.leader
             if rep.raft.role is Role.LEADER or leader is None or name in ctx.failed:
                 continue
@@ -110,6 +112,8 @@ class LedStats:
         """The leader's stats of follower ``rep``'s queue, with their age (see the
         module's rule); ``None`` when ``rep`` leads (its own are the leader's)."""
         ctx = self.ctx
+        if rep.dormant is not None:
+            return None  # sleeping: a lone voter that leads (read without waking it)
         leader = rep.raft.leader
         if rep.raft.role is Role.LEADER:
             return None

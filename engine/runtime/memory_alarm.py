@@ -47,7 +47,13 @@ class MemoryWatch:
         ctx = self.ctx
         reps = [rep for rep in ctx.replicas.values() if not rep.closed]
         queues = sum(
-            rep.machine.memory_use().total_bytes + rep.inflight_publish_bytes for rep in reps
+            rep.inflight_publish_bytes
+            + (
+                rep.machine.memory_use().total_bytes
+                if rep.dormant is None
+                else len(rep.dormant.record.snapshot)  # asleep: its record, not waking it
+            )
+            for rep in reps
         )
         return queues + (ctx.storage.mem_table_bytes() if ctx.has_storage else 0)
 

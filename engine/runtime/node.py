@@ -181,6 +181,7 @@ class Node:
             group.schedule()
             ctx.reconciler.start()
             self.led_stats.start()
+        ctx.hibernation.start()
         await hosting.await_recovered()
 
     async def stop(self) -> None:
@@ -404,7 +405,7 @@ class Node:
             led = sorted(
                 rep.name
                 for rep in self.context.replicas.values()
-                if rep.raft.leader is not None and node_of(rep.raft.leader) == node
+                if (leader := rep.leader_id) is not None and node_of(leader) == node
             )
             entry: dict[str, object] = {"name": node, "leads": led, "self": node == self.name}
             if node == self.name:
@@ -503,7 +504,7 @@ class Node:
         rep = self.context.replicas.get(name)
         if rep is None:
             return self.context.forwarder.leaders.get(name)
-        leader = rep.raft.leader
+        leader = rep.leader_id
         return None if leader is None else node_of(leader)
 
     def memory(self) -> dict[str, object]:
@@ -517,6 +518,7 @@ class Node:
         memory = observe.node_memory(replicas, ctx.pages.node.pages_max, self.limits, cache)
         memory["mem_table_bytes"] = ctx.storage.mem_table_bytes() if ctx.has_storage else 0
         memory["alarm"] = ctx.memory.alarmed()
+        memory["queues_sleeping"] = sum(rep.dormant is not None for rep in replicas)
         memory["publishes_refused"] = ctx.memory.refused
         return memory
 

@@ -23,6 +23,7 @@ from engine.queue.snapshots import FrozenMachine
 from engine.raft.server import Role
 from engine.runtime.api import CompactionRecord, SegmentInfo, Trigger
 from engine.runtime.replica import Replica, node_of
+from engine.runtime.sleeping import Dormant
 from engine.storage.read_cache import ReadCacheStats
 
 LIVE_SET_REUSE_S = 1.0
@@ -61,6 +62,9 @@ def live_set(rep: Replica) -> tuple[BitMap64, int]:
     entry. An entry that held no message at the build never holds one again (a message
     stays in the entry that published it), so a reused set only counts as live, for that
     long, entries that died since or that never held a message."""
+    dormant = rep.dormant
+    if dormant is not None:  # a sleeping queue's, kept as it fell asleep
+        return BitMap64.deserialize(dormant.live), dormant.applied_index
     _take_finished_build(rep)
     now = time.monotonic()
     cached = rep.live_cache
@@ -181,7 +185,7 @@ def queue_summary(rep: Replica, now: int, limits: Limits) -> dict[str, object]:
     """The part of ``queue_stats`` read from the machine alone: counts, rates and memory,
     without the log's live set and segments. The dashboard's sampler reads it for every
     queue every 5 s: the whole stats of 10,000 queues took longer than that."""
-    s = rep.machine.stats()
+    s = rep.queue_stats()
     rep.sample(now, limits)
     publish_rate, deliver_rate, ack_rate = rep.rates(now, limits)
     memory = s.memory
@@ -199,8 +203,8 @@ def queue_summary(rep: Replica, now: int, limits: Limits) -> dict[str, object]:
 
 
 def queue_stats(rep: Replica, now: int, limits: Limits) -> dict[str, object]:
-    """The stats of API.md for one replica."""
-    s = rep.machine.stats()
+    """The stats of API.md for one replica (a sleeping one's without waking it)."""
+    s = rep.queue_stats()
     live, live_at = live_set(rep)
     segments = segment_infos(rep, live)
     rep.sample(now, limits)
@@ -247,7 +251,7 @@ def node_memory(
     """The node's totals over its queues: engine memory (and its limit), pages of the
     ready indexes in memory (within the node's budget) and out, loads waited for, log
     reads from memory, and the node's read cache of segment blocks (``cache``)."""
-    stats = [rep.machine.stats() for rep in replicas]
+    stats = [rep.queue_stats() for rep in replicas]
     reads = sum(rep.log.reads for rep in replicas)
     hits = sum(rep.log.reads_in_memory + rep.log.cache_hits for rep in replicas)
     resident = sum(s.paging.resident_pages for s in stats)
@@ -326,6 +330,9 @@ NO_READS: dict[str, object] = {
 
 
 def raft_stats(rep: Replica) -> dict[str, object]:
+    dormant = rep.dormant
+    if dormant is not None:
+        return sleeping_raft_stats(rep, dormant)
     raft = rep.raft
     last = raft.log.last_index()
     members = []
@@ -347,6 +354,22 @@ def raft_stats(rep: Replica) -> dict[str, object]:
         "last_applied": rep.applied_index,
         "members": members,
         "repairing": raft.repairing,
+    }
+
+
+def sleeping_raft_stats(rep: Replica, dormant: Dormant) -> dict[str, object]:
+    """``raft_stats`` of a sleeping queue: a lone voter, which leads while it sleeps."""
+    pos = dormant.record.raft
+    assert pos is not None
+    node = node_of(rep.server_id)
+    return {
+        "leader": node,
+        "role": "leader",
+        "term": pos.term,
+        "commit_index": pos.commit,
+        "last_applied": dormant.applied_index,
+        "members": [{"node": node, "role": "leader", "lag": 0}],
+        "repairing": False,
     }
 
 

@@ -51,6 +51,11 @@ class Pages:
         self.files[uid] = files
         return Paging(files, self.node, StoredLogReader(server_log))
 
+    def paging_again(self, uid: str, server_log: ServerLog) -> Paging:
+        """The ``Paging`` of a machine woken up (``engine.runtime.hibernation``): its
+        page files stayed open here while it slept."""
+        return Paging(self.files[uid], self.node, StoredLogReader(server_log))
+
     def forget(self, uid: str) -> None:
         """The queue left this node (its directory goes with it)."""
         self.files.pop(uid, None)

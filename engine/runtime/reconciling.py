@@ -130,6 +130,8 @@ class Reconciler(Passes):
         the next leader's pass."""
         commands: list[mc.MetaCommand] = []
         for rep in self.ctx.replicas.values():
+            if rep.dormant is not None:
+                continue  # sleeping: no change since the passes before it fell asleep
             rec = machine.queue_by_uid(rep.uid)
             if rec is None or rec.state != "live" or rep.raft.role is not Role.LEADER:
                 continue

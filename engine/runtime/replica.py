@@ -18,11 +18,13 @@ from pyroaring import BitMap64
 from engine.ids import ServerId
 from engine.limits import Limits
 from engine.queue import QueueMachine, ReceiptSeal
+from engine.queue.stats import QueueStats
 from engine.raft.entry import Entry
 from engine.raft.server import RaftServer
 from engine.runtime.driver import ReplicaDriver
 from engine.runtime.meta import QueueMeta
 from engine.runtime.rates import Sample, add_sample, rates_of
+from engine.runtime.sleeping import Dormant
 from engine.shared_empty import EMPTY_DICT, EMPTY_LIST, empty_dict, empty_list
 from engine.storage import ServerLog
 
@@ -49,9 +51,17 @@ class Replica:
     log: ServerLog
     seal: ReceiptSeal
     """Makes and checks this queue's receipts."""
-    driver: ReplicaDriver[QueueMachine] = field(init=False)
-    """Owns the Raft core and the machine, and acts on the core's ``Ready``s in the
-    order durability requires (``Hosting.host`` sets it, right after construction)."""
+    _driver: ReplicaDriver[QueueMachine] | None = None
+    """``driver``: None while the queue sleeps."""
+    dormant: Dormant | None = None
+    """The queue sleeps: its machine, Raft core and driver are dropped, this record
+    stands for them (``engine.runtime.hibernation``)."""
+    waker: Callable[[Replica], None] | None = None
+    """Wakes a sleeping replica (one bound method shared by every replica of a node)."""
+    touched: bool = True
+    """Something happened since the idle sweep last looked (a ``process``, a wake)."""
+    quiet_since_ms: int = 0
+    """Monotonic time from which the sweep saw it untouched."""
     failed: Exception | None = None
     closed: bool = False
     close_error: Exception | None = None
@@ -139,6 +149,60 @@ class Replica:
         return lock
 
     @property
+    def driver(self) -> ReplicaDriver[QueueMachine]:
+        """Owns the Raft core and the machine, and acts on the core's ``Ready``s in the
+        order durability requires (``Hosting.host`` sets it, right after construction).
+        Reading it wakes a sleeping queue: whatever needs its live state gets it, and
+        only readers of its stats look at ``dormant`` first (they do not wake it)."""
+        driver = self._driver
+        if driver is None:
+            assert self.waker is not None and self.dormant is not None, "hosted first"
+            self.waker(self)
+            driver = self._driver
+            assert driver is not None
+        return driver
+
+    @driver.setter
+    def driver(self, driver: ReplicaDriver[QueueMachine]) -> None:
+        self._driver = driver
+
+    def queue_stats(self) -> QueueStats:
+        """The machine's stats, or those it had when it fell asleep (not waking it)."""
+        dormant = self.dormant
+        return self.machine.stats() if dormant is None else dormant.record.stats
+
+    def fall_asleep(self, dormant: Dormant) -> None:
+        """Drop the driver (its core and machine) for ``dormant``; what pointed at them
+        goes too (the live set's cache, the role last seen)."""
+        self.dormant = dormant
+        self._driver = None
+        self.live_cache = None
+        self.seen = (-1, None, -1)
+        self.samples.clear()  # idle for longer than the rates' window: rates are zero
+
+    def wake_with(self, driver: ReplicaDriver[QueueMachine]) -> None:
+        """Awake again, with ``driver`` rebuilt from the record."""
+        self._driver = driver
+        self.dormant = None
+        self.touched = True
+
+    def wake(self) -> None:
+        """Wake it if it sleeps (what needs its live state wakes it by itself)."""
+        if self.dormant is not None:
+            assert self.driver is not None
+
+    @property
+    def disk_busy(self) -> bool:
+        """A checkpoint write, cursor release or compaction of this queue runs or waits."""
+        lock = self._disk_lock
+        return lock is not None and lock.locked()
+
+    @property
+    def leader_id(self) -> ServerId | None:
+        """The leader this replica knows of; a sleeping one (a lone voter) leads."""
+        return self.server_id if self.dormant is not None else self.raft.leader
+
+    @property
     def raft(self) -> RaftServer:
         """The replica's Raft core (the driver's)."""
         return self.driver.raft
@@ -158,19 +222,24 @@ class Replica:
 
     @property
     def applied_index(self) -> int:
-        return self.driver.applied_index
+        dormant = self.dormant
+        return self.driver.applied_index if dormant is None else dormant.applied_index
 
     @property
     def applied_term(self) -> int:
-        return self.driver.applied_term
+        dormant = self.dormant
+        return self.driver.applied_term if dormant is None else dormant.applied_term
 
     @property
     def base_index(self) -> int:
         """The machine was restored at this index (a checkpoint's or a snapshot's):
         entries up to it are in its state and are not applied again."""
-        return self.driver.base_index
+        dormant = self.dormant
+        return self.driver.base_index if dormant is None else dormant.applied_index
 
     def sample(self, now_ms: int, limits: Limits) -> None:
+        if self.dormant is not None:
+            return  # nothing changes while it sleeps: its rates are zero
         if self.samples and now_ms - self.samples[-1][0] < limits.rate_sample_ms:
             return  # spares the stats
         add_sample(self.samples, self._counters(now_ms), limits)
@@ -180,7 +249,7 @@ class Replica:
         return rates_of(self.samples, self._counters(now_ms), limits)
 
     def _counters(self, now_ms: int) -> Sample:
-        s = self.machine.stats()
+        s = self.queue_stats()
         return now_ms, s.published, s.delivered, s.acked
 
 

@@ -1,5 +1,5 @@
-"""A sleeping queue: the compact record an idle replica is to be swapped for (issue 17).
-Hosting does not use it yet: no queue sleeps until it is wired in (the next step).
+"""A sleeping queue: the compact record an idle replica is swapped for (issue 17; the
+node's side, when and how, is ``engine.runtime.hibernation``).
 
 An idle queue's resident form (machine, Raft server, log, lanes, tables) costs several
 KiB even when it holds ten messages; what must survive an idle spell is far smaller: the
@@ -22,12 +22,15 @@ record's only machine state the snapshot bytes, and a sleeping queue timer-free.
 from __future__ import annotations
 
 import dataclasses
+from typing import cast
+
+import msgpack
 
 from engine.ids import ServerId
 from engine.limits import DEFAULT_LIMITS, Limits
 from engine.queue import QueueMachine
-from engine.queue.paging import Paging
-from engine.queue.stats import QueueStats
+from engine.queue.paging import Paging, PagingStats
+from engine.queue.stats import MemoryUse, QueueStats
 from engine.raft.config import Configuration
 from engine.raft.server import RaftServer
 
@@ -60,11 +63,52 @@ def raft_positions(raft: RaftServer) -> RaftPositions:
 @dataclasses.dataclass(frozen=True, slots=True)
 class SleepingQueue:
     """One idle queue, compact: ``snapshot`` is the machine's state, ``stats`` what it
-    reported when it fell asleep (nothing changes it until it wakes)."""
+    reported when it fell asleep (nothing changes it until it wakes), kept packed
+    (``pack_stats``: about 80 bytes where the objects took 430)."""
 
     snapshot: bytes
-    stats: QueueStats
+    packed_stats: bytes
     raft: RaftPositions | None
+
+    @property
+    def stats(self) -> QueueStats:
+        return unpack_stats(self.packed_stats)
+
+
+_MEMORY_FIELDS = tuple(f.name for f in dataclasses.fields(MemoryUse))
+_PAGING_FIELDS = tuple(f.name for f in dataclasses.fields(PagingStats))
+_STATS_FIELDS = tuple(
+    f.name for f in dataclasses.fields(QueueStats) if f.name not in ("memory", "paging")
+)
+
+
+def pack_stats(stats: QueueStats) -> bytes:
+    """``stats`` as one msgpack array of its fields, ``memory``'s and ``paging``'s last."""
+    fields: list[object] = [getattr(stats, name) for name in _STATS_FIELDS]
+    fields += [getattr(stats.memory, name) for name in _MEMORY_FIELDS]
+    fields += [getattr(stats.paging, name) for name in _PAGING_FIELDS]
+    return cast(bytes, msgpack.packb(fields))
+
+
+def unpack_stats(packed: bytes) -> QueueStats:
+    fields = msgpack.unpackb(packed)
+    n, m = len(_STATS_FIELDS), len(_MEMORY_FIELDS)
+    memory = MemoryUse(*fields[n : n + m])
+    paging = PagingStats(*fields[n + m :])
+    own = dict(zip(_STATS_FIELDS, fields[:n], strict=True))
+    return QueueStats(**own, memory=memory, paging=paging)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Dormant:
+    """What a hosted replica keeps of itself while it sleeps: the record, where its
+    machine was applied to, and its live set (``BitMap64.serialize``: the log stats of a
+    sleeping queue read it, and a woken one starts from it)."""
+
+    record: SleepingQueue
+    applied_index: int
+    applied_term: int
+    live: bytes
 
 
 def may_sleep(machine: QueueMachine) -> bool:
@@ -82,7 +126,7 @@ def may_sleep(machine: QueueMachine) -> bool:
 def put_to_sleep(machine: QueueMachine, raft: RaftPositions | None = None) -> SleepingQueue:
     """The record of ``machine`` (which the caller then drops)."""
     assert may_sleep(machine), "a queue with timers or leases out does not sleep"
-    return SleepingQueue(machine.snapshot(), machine.stats(), raft)
+    return SleepingQueue(machine.snapshot(), pack_stats(machine.stats()), raft)
 
 
 def wake(

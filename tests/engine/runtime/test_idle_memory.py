@@ -1,5 +1,5 @@
 """What an idle queue costs a node: its replica (Raft core, machine, storage log, page
-files, rate samples) measured by tracemalloc on a running node."""
+files, rate samples) measured by tracemalloc on a running node, awake and asleep."""
 
 from __future__ import annotations
 
@@ -19,15 +19,25 @@ IDLE_REPLICA_BYTES_MAX = 7_600
 tuples, and its machine, Raft core and replica shared their empty lease tables, lists
 and dicts; 12.1 KB before its Raft core made its ``Ready`` lazily, its pages left their
 deque, its rate samples became runs and its empty tables were shared or cleared."""
+SLEEPING_REPLICA_BYTES_MAX = 4_600
+"""The same queue asleep (``engine.runtime.hibernation``): about 4.3 KB here (3.5 KB
+over 300 queues, the node's own tables growing in steps), its machine, Raft core and
+driver swapped for a record of about 0.8 KB (snapshot, packed stats, positions, live
+set); what is left is mostly its storage log, page files, definition and ``Replica``."""
 QUEUES = 60
 
 
 def test_an_idle_queue_costs_the_node_a_bounded_few_kilobytes(tmp_path: Path) -> None:
     limits = dataclasses.replace(
-        FAST, wal_idle_roll_ms=200, rate_sample_ms=100, rate_window_ms=1_000
+        FAST,
+        wal_idle_roll_ms=200,
+        rate_sample_ms=100,
+        rate_window_ms=1_000,
+        queue_sleep_idle_ms=3_000,  # after the awake measurement
+        queue_sleep_sweep_ms=50,
     )
 
-    async def body() -> float:
+    async def body() -> tuple[float, float]:
         node = Node(tmp_path, limits=limits)
         await node.start()
         try:
@@ -63,16 +73,30 @@ def test_an_idle_queue_costs_the_node_a_bounded_few_kilobytes(tmp_path: Path) ->
                 for n in range(1, QUEUES + 1):
                     await idle_queue(n)
                 await flushed()
-                await sampled([f"q{n}" for n in range(1, QUEUES + 1)])
+                names = [f"q{n}" for n in range(1, QUEUES + 1)]
+                await sampled(names)
                 gc.collect()
                 after = tracemalloc.take_snapshot()
+                reps = node.context.replicas
+                await eventually(
+                    lambda: all(reps[n].dormant is not None for n in names), what="asleep"
+                )
+                await sampled(names)  # read without waking them
+                gc.collect()
+                asleep = tracemalloc.take_snapshot()
             finally:
                 tracemalloc.stop()
             stats = node.summary("q1")
             assert stats["messages_ready"] == 10 and stats["publish_rate"] == 0.0
-            return sum(s.size_diff for s in after.compare_to(before, "filename")) / QUEUES
+            assert all(reps[n].dormant is not None for n in names)
+
+            def per_queue(snapshot: tracemalloc.Snapshot) -> float:
+                return sum(s.size_diff for s in snapshot.compare_to(before, "filename")) / QUEUES
+
+            return per_queue(after), per_queue(asleep)
         finally:
             await node.stop()
 
-    per_queue = run(body())
-    assert per_queue <= IDLE_REPLICA_BYTES_MAX, per_queue
+    awake, asleep = run(body())
+    assert awake <= IDLE_REPLICA_BYTES_MAX, awake
+    assert asleep <= SLEEPING_REPLICA_BYTES_MAX, asleep

@@ -30,7 +30,9 @@ def _node(queues: int, ms_per_queue: int) -> tuple[MemoryWatch, Clock, list[int]
 
     machine = SimpleNamespace(memory_use=memory_use)
     replicas = {
-        f"q{n}": SimpleNamespace(closed=False, machine=machine, inflight_publish_bytes=0)
+        f"q{n}": SimpleNamespace(
+            closed=False, machine=machine, inflight_publish_bytes=0, dormant=None
+        )
         for n in range(queues)
     }
     ctx = SimpleNamespace(

@@ -60,7 +60,12 @@ class _Log:
 
 def _replica(machine: _Machine, applied: int) -> Any:
     return SimpleNamespace(
-        machine=machine, applied_index=applied, live_cache=None, live_build=None, log=_Log()
+        machine=machine,
+        applied_index=applied,
+        live_cache=None,
+        live_build=None,
+        log=_Log(),
+        dormant=None,
     )
 
 

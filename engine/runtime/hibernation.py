@@ -1,0 +1,201 @@
+"""Hibernation: an idle queue of one member sleeps, and wakes on the first thing that
+needs it (issue 17).
+
+A sleeping replica keeps its ``Replica`` (the name, the uid, the receipt seal, the
+storage log, the checkpoint it knows of) and swaps its machine, Raft core and driver
+for a ``Dormant`` record: the machine's snapshot bytes, the Raft positions, the stats it
+had and its live set (``engine.runtime.sleeping``). Stats, listings, the dashboard and
+``/metrics`` read the record; anything else that reaches for the driver (a publish, a
+receive, a settle, a browse, a policy change, a checkpoint or compaction by hand, a Raft
+message) wakes it first, synchronously (``Replica.driver``), so concurrent requests
+find it awake: the first one woke it, the others wait for its leader like the first.
+
+Why the record stays in memory (rather than a checkpoint and a closed replica): the
+storage log of every server stays open in ``NodeStorage`` whatever the replica does, so
+closing the replica would save only the record (a few hundred bytes) and make every
+wake a disk read and a replay; sleeping writes nothing, so the disk is exactly as it was
+awake and a crash while sleeping is recovery as usual. Nothing is compacted while it
+sleeps (compaction follows checkpoints, which a sleeping queue does not take), and it
+sleeps only once what it applied since its last checkpoint is under
+``Limits.stop_checkpoint_bytes_min`` (else it is checkpointed first), so a clean stop
+has nothing to checkpoint for it either.
+
+Only a lone voter sleeps: its leadership needs no heartbeat, and waking is an election
+of one (a term, its no-op entry: one group commit). The idle sweep runs on a timer and
+looks at ``Limits.queue_sleep_sweep_max`` replicas per run, in turns, never at every
+queue of the node at once; a replica touched since its last look (``Replica.touched``,
+set by each ``process``) starts its idle time again. A queue sleeps only when nothing of
+it would happen by itself: no proposal, waiter, long poll, lease, timer, write, read-ahead,
+snapshot or checkpoint in flight, and it leads with everything applied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from pyroaring import BitMap64
+
+from engine.raft.events import HardState as RaftHardState
+from engine.raft.events import Tick
+from engine.raft.options import SplitMix64
+from engine.raft.server import RaftOptions, RaftServer, Role
+from engine.raft.snapshot import SnapshotMeta
+from engine.runtime import observe
+from engine.runtime.driver import ReplicaDriver
+from engine.runtime.hosting import ReplicaIo
+from engine.runtime.replica import Replica
+from engine.runtime.sleeping import Dormant, may_sleep, put_to_sleep, raft_positions, wake
+
+if TYPE_CHECKING:
+    from engine.runtime.context import NodeContext
+
+log = logging.getLogger("quorra.engine")
+
+
+class Hibernation:
+    """The node's idle sweep, and the sleep and wake of its replicas."""
+
+    def __init__(self, ctx: NodeContext) -> None:
+        self.ctx = ctx
+        self.order: list[str] = []
+        """The names the current round of sweeps goes through (taken at its start)."""
+        self.cursor = 0
+        self.slept = 0
+        self.woken = 0
+        self.waker = self.wake
+        """``wake`` as one bound method that every replica of the node shares."""
+
+    def start(self) -> None:
+        """Run the sweep until the node stops (``Node.start``)."""
+        self.ctx.spawn(self._sweeping())
+
+    async def _sweeping(self) -> None:
+        ctx = self.ctx
+        while True:
+            await asyncio.sleep(ctx.limits.queue_sleep_sweep_ms / 1000)
+            if ctx.running and not ctx.stopping:
+                self.sweep(ctx.clock.monotonic_ms())
+
+    def sweep(self, now_ms: int) -> int:
+        """Look at the next few replicas: those idle long enough fall asleep, those that
+        need a checkpoint first are given one (see ``Limits.queue_sleep_sweep_ms`` for how
+        many it looks at). How many fell asleep."""
+        ctx = self.ctx
+        limits = ctx.limits
+        if self.cursor >= len(self.order):
+            self.order, self.cursor = list(ctx.replicas), 0
+        # Each queue looked at about once per idle time: a look is a few field reads.
+        per_idle = limits.queue_sleep_idle_ms // limits.queue_sleep_sweep_ms
+        looks = len(self.order) // max(1, per_idle) + 1
+        slept = 0
+        while self.cursor < len(self.order) and looks and slept < limits.queue_sleep_sweep_max:
+            name = self.order[self.cursor]
+            self.cursor += 1
+            looks -= 1
+            rep = ctx.replicas.get(name)
+            if rep is None or rep.dormant is not None:
+                continue
+            if rep.touched:
+                rep.touched, rep.quiet_since_ms = False, now_ms
+                continue
+            if now_ms - rep.quiet_since_ms < limits.queue_sleep_idle_ms or not self.idle(rep):
+                continue
+            if rep.bytes_since_capture >= limits.stop_checkpoint_bytes_min:
+                # Checkpointed first, so that neither a stop nor a restart has to apply
+                # its log again; it sleeps at a later sweep.
+                cp = ctx.checkpoints.capture(rep, rep.applied_index, rep.applied_term)
+                ctx.spawn(ctx.checkpoints.auto_checkpoint(rep, cp, None))
+                continue
+            self.sleep(rep)
+            slept += 1
+        return slept
+
+    def idle(self, rep: Replica) -> bool:
+        """Whether ``rep`` (awake) may sleep now: see the module's rules."""
+        ctx = self.ctx
+        if rep.closed or rep.failed is not None or rep.meta.members != (ctx.name,):
+            return False
+        if rep.scheduled or rep.proposals or rep.waiting or rep.installed_live:
+            return False
+        if rep.available_waiters or rep.leader_waiters or rep.inflight_publish_bytes:
+            return False
+        if rep.building_snapshot or rep.reading_ahead or rep.live_build is not None:
+            return False
+        if (rep.meta_task is not None and not rep.meta_task.done()) or rep.disk_busy:
+            return False
+        driver = rep.driver
+        raft = driver.raft
+        if raft.role is not Role.LEADER or raft.has_ready() or raft.uncommitted:
+            return False
+        if driver.writes_pending() or driver.after_persist:
+            return False
+        last = raft.log.last_index()
+        if raft.commit != last or driver.applied_index != last:
+            return False
+        machine = driver.machine
+        return may_sleep(machine) and machine.stats().paging.paged_out_pages == 0
+
+    def sleep(self, rep: Replica) -> None:
+        """Swap ``rep``'s machine, core and driver for its record."""
+        driver = rep.driver
+        live = observe.live_indexes(rep)
+        record = put_to_sleep(driver.machine, raft_positions(driver.raft))
+        dormant = Dormant(record, driver.applied_index, driver.applied_term, live.serialize())
+        driver.machine.close()  # its resident pages stop counting against the node
+        for handle in (rep.tick_handle, rep.expire_handle):
+            if handle is not None:
+                handle.cancel()
+        rep.tick_handle = rep.expire_handle = None
+        rep.fall_asleep(dormant)
+        self.slept += 1
+
+    def wake(self, rep: Replica) -> None:
+        """Rebuild ``rep``'s machine, core and driver from its record, as ``Hosting.host``
+        does from a checkpoint: the machine restored at the applied index, the core from
+        the positions; a lone voter campaigns at once."""
+        ctx = self.ctx
+        dormant = rep.dormant
+        assert dormant is not None and not rep.closed
+        record, pos = dormant.record, dormant.record.raft
+        assert pos is not None, "a hosted replica sleeps with its positions"
+        machine = wake(record, ctx.limits, ctx.pages.paging_again(rep.uid, rep.log))
+        server_log = rep.log
+        config = pos.configuration
+        snap_index = server_log.snapshot_index()
+        snapshot = None
+        if snap_index:  # the core reads only its index and term; the log is unchanged
+            snapshot = SnapshotMeta(snap_index, server_log.snapshot_term(), config)
+        base = SnapshotMeta(dormant.applied_index, dormant.applied_term, config)
+        now, wall = ctx.clock.monotonic_ms(), ctx.clock.wall_ms()
+        options = RaftOptions(
+            rep.server_id, SplitMix64(ctx.hosting.rng.getrandbits(64)), ctx.limits
+        )
+        raft = RaftServer(
+            options,
+            server_log,
+            RaftHardState(pos.term, pos.vote, pos.commit),
+            snapshot,
+            config,
+            max(0, now - ctx.limits.election_timeout_ms_max),  # campaigns at its first tick
+            base,
+            wall_ms=wall,
+        )
+        rep.wake_with(
+            ReplicaDriver(
+                raft,
+                machine,
+                ReplicaIo(ctx, rep),
+                base_index=dormant.applied_index,
+                replay_until=server_log.last_index(),
+                hard_state_written=(pos.term, pos.vote),
+            )
+        )
+        observe.seed_live_set(rep, dormant.applied_index, BitMap64.deserialize(dormant.live))
+        raft.step(Tick(now, wall))
+        self.woken += 1
+        ctx.hosting.schedule(rep)
+
+
+__all__ = ["Hibernation"]

@@ -1,0 +1,166 @@
+"""Idle queues sleep and wake (engine/runtime/hibernation.py) on a real node: each kind
+of request wakes a sleeping queue and gets what it would have got awake; stats are read
+without waking it; a crash or a stop while it sleeps loses nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from engine.errors import QueueFull, QueueNotFound
+from engine.runtime import Node
+from engine.runtime.api import QueueArgs
+from engine.runtime.replica import Replica
+from tests.engine.runtime.util import FAST, drain, eventually, msgs, run, started
+
+SLEEPY = dataclasses.replace(FAST, queue_sleep_idle_ms=100, queue_sleep_sweep_ms=20)
+BODIES = [b"one", b"two", b"three"]
+
+
+def rep_of(node: Node, name: str) -> Replica:
+    return node.context.replicas[name]
+
+
+def asleep(node: Node, name: str) -> bool:
+    return rep_of(node, name).dormant is not None
+
+
+async def all_asleep(node: Node, names: list[str]) -> None:
+    await eventually(lambda: all(asleep(node, n) for n in names), what=f"{names} asleep")
+
+
+async def filled(node: Node, names: list[str]) -> None:
+    for name in names:
+        await node.create_queue(name, QueueArgs())
+        await node.publish(name, msgs(*BODIES))
+
+
+def test_a_sleeping_queue_serves_its_stats_without_waking(tmp_path: Path) -> None:
+    async def body() -> None:
+        node = await started(tmp_path, SLEEPY)
+        try:
+            await filled(node, ["s"])
+            awake = node.stats("s")
+            await all_asleep(node, ["s"])
+            woken = node.context.hibernation.woken
+            stats = node.stats("s")
+            summary = node.summary("s")
+            fresh = await node.fresh_stats("s")
+            assert node.memory()["queues"] == 1
+            assert node.leader_of("s") == node.name
+            assert [q.name for q in node.queues()] == ["s"]
+            assert node.segments("s") is not None
+            assert node.context.hibernation.woken == woken and asleep(node, "s")
+            for key in ("messages_ready", "bytes_ready", "published", "checkpoint", "log"):
+                assert stats[key] == awake[key] == fresh[key], key
+            raft, was = stats["raft"], awake["raft"]
+            assert isinstance(raft, dict) and isinstance(was, dict)
+            assert (raft["role"], raft["term"], raft["leader"]) == (
+                was["role"],
+                was["term"],
+                was["leader"],
+            )
+            assert summary["messages_ready"] == 3 and summary["publish_rate"] == 0.0
+        finally:
+            await node.stop()
+
+    run(body())
+
+
+def test_each_kind_of_request_wakes_a_sleeping_queue(tmp_path: Path) -> None:
+    names = ["pub", "recv", "browse", "policy", "purge", "cp", "compact", "delete"]
+
+    async def body() -> None:
+        node = await started(tmp_path, SLEEPY)
+        try:
+            await filled(node, names)
+            await all_asleep(node, names)
+            hib = node.context.hibernation
+            woken = hib.woken
+
+            # Concurrent requests during one wake: one wake, every publish answered.
+            ids = await asyncio.gather(*[node.publish("pub", msgs(b"four")) for _ in range(4)])
+            assert len({i for batch in ids for i in batch}) == 4
+            assert hib.woken == woken + 1 and not asleep(node, "pub")
+            assert await drain(node, "pub") == [*BODIES, *[b"four"] * 4]
+
+            got = await node.receive(
+                "recv", consumer="c", max_messages=10, wait_ms=0, lease_ms=None
+            )
+            assert [m.body for m in got] == BODIES
+            assert (await node.ack("recv", [m.receipt for m in got])).settled == 3
+
+            page = await node.browse("browse", after=None, limit=10)
+            assert [m.body for m in page] == BODIES
+
+            info = await node.update_policy("policy", {"max_length": 3})
+            assert info.args.max_length == 3
+
+            assert await node.purge("purge") == 3
+            applied = rep_of(node, "cp").applied_index  # read from the record
+            assert (await node.checkpoint("cp")).index == applied
+            await node.compact("compact", phase="auto")
+            await node.delete_queue("delete")
+            with pytest.raises(QueueNotFound):
+                await node.browse("delete", after=None, limit=1)
+            assert hib.woken >= woken + 7
+
+            # Awake again, they sleep again once idle, and wake as before.
+            await all_asleep(node, ["pub", "recv", "browse", "policy"])
+            await node.publish("browse", msgs(b"four"))
+            assert await drain(node, "browse") == [*BODIES, b"four"]
+            with pytest.raises(QueueFull):  # its policy slept and woke with it
+                await node.publish("policy", msgs(b"four"))
+        finally:
+            await node.stop()
+
+    run(body())
+
+
+def test_a_busy_queue_does_not_sleep(tmp_path: Path) -> None:
+    async def body() -> None:
+        node = await started(tmp_path, SLEEPY)
+        try:
+            await filled(node, ["leased", "polled", "idle"])
+            got = await node.receive(
+                "leased", consumer="c", max_messages=1, wait_ms=0, lease_ms=None
+            )
+            await drain(node, "polled")
+            poll = asyncio.ensure_future(
+                node.receive("polled", consumer="c", max_messages=1, wait_ms=2_000, lease_ms=None)
+            )
+            await all_asleep(node, ["idle"])
+            await asyncio.sleep(0.3)
+            assert not asleep(node, "leased") and not asleep(node, "polled")
+            await node.publish("polled", msgs(b"late"))
+            assert [m.body for m in await poll] == [b"late"]
+            await node.ack("leased", [m.receipt for m in got])
+        finally:
+            await node.stop()
+
+    run(body())
+
+
+@pytest.mark.parametrize("crash", [True, False])
+def test_a_crash_or_a_stop_while_asleep_loses_nothing(tmp_path: Path, crash: bool) -> None:
+    async def body() -> None:
+        node = await started(tmp_path, SLEEPY)
+        await filled(node, ["a", "b"])
+        got = await node.receive("b", consumer="c", max_messages=1, wait_ms=0, lease_ms=None)
+        await node.ack("b", [m.receipt for m in got])
+        await all_asleep(node, ["a", "b"])
+        await (node.halt() if crash else node.stop())
+        node = await started(tmp_path, SLEEPY)
+        try:
+            assert await drain(node, "a") == BODIES
+            assert await drain(node, "b") == BODIES[1:]
+            await all_asleep(node, ["a", "b"])  # after a restart they sleep again
+            await node.publish("a", msgs(b"after"))
+            assert await drain(node, "a") == [b"after"]
+        finally:
+            await node.stop()
+
+    run(body())
