@@ -76,7 +76,10 @@ def on_enqueue(
             MessageTooLarge, f"a message is larger than {m.policy.max_message_bytes} bytes"
         )
     index = meta.index
-    ids = [message_id(index, k) for k in range(n)] if n > 1 else [message_id(index, 0)]
+    # Slots are the low bits of an id: a batch's ids are one run of integers.
+    first_id = message_id(index, 0)
+    ids = list(range(first_id, first_id + n)) if n > 1 else [first_id]
+    assert ids[-1] == message_id(index, n - 1)
     duplicate = [False] * n
     if keys:
         m._dedup.prune(m._now_ms)
