@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from functools import wraps
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar, cast
 
 import msgpack
 import numpy as np
@@ -135,6 +135,8 @@ def encode_enqueue(messages: Sequence[NewMessage | bytes]) -> bytes:
     are published so, and a ``NewMessage`` each cost more than encoding them."""
     n = len(messages)
     assert 1 <= n <= SLOTS_PER_ENTRY_MAX, n
+    if n > ENQUEUE_FEW_MAX and set(map(type, messages)) == _BYTES_ONLY:
+        return _encode_bodies(cast("Sequence[bytes]", messages))
     records: list[bytes] = []
     data: list[bytes] = []
     offset = _ENQ_HEAD.size + n * RECORD_BYTES
@@ -164,6 +166,29 @@ def encode_enqueue(messages: Sequence[NewMessage | bytes]) -> bytes:
     return b"".join([_ENQ_HEAD.pack(Kind.ENQUEUE[0], FORMAT_VERSION, n), *records, *data])
 
 
+_BYTES_ONLY = {bytes}
+_BODY_RECORD = np.frombuffer(_RECORD.pack(0, 0, 0, 0, 0, 0, -1, 0), "<u4")
+"""A record of a message that is its body alone, as u32 words: only its body_len (word
+0) and data_offset (word 2) differ from one message to the next."""
+
+
+def _encode_bodies(bodies: Sequence[bytes]) -> bytes:
+    """``encode_enqueue`` of messages that are their bodies alone, the record table
+    made in one pass of array operations instead of a ``struct.pack`` per message: the
+    same bytes (tests/engine/queue/test_commands.py compares them)."""
+    n = len(bodies)
+    lengths = np.fromiter(map(len, bodies), np.int64, count=n)
+    ends = lengths.cumsum()  # the methods: numpy's functions add a Python-level call
+    data_at = _ENQ_HEAD.size + n * RECORD_BYTES
+    assert data_at + int(ends[-1]) < 1 << 32
+    words = np.empty((n, len(_BODY_RECORD)), "<u4")
+    words[:] = _BODY_RECORD
+    words[:, 0] = lengths
+    words[:, 2] = ends - lengths + data_at
+    head = _ENQ_HEAD.pack(_KIND_ENQUEUE, FORMAT_VERSION, n)
+    return b"".join([head, words.tobytes(), *bodies])
+
+
 @_decoder
 def enqueue_records(command: bytes) -> npt.NDArray[Any]:
     """The record table of an enqueue entry as a numpy structured array (no copy)."""
@@ -186,6 +211,35 @@ def enqueue_records(command: bytes) -> npt.NDArray[Any]:
 ENQUEUE_FEW_MAX = 16
 """Entries of at most this many messages are decoded with ``struct`` into tuples: for so
 few records numpy's fixed cost per call is larger than the work."""
+
+ENQUEUE_BODIES_MIN = ENQUEUE_FEW_MAX + 1
+"""Entries of at least this many messages, all of them bodies alone, are read by
+``enqueue_body_sizes`` (set past ``SLOTS_PER_ENTRY_MAX`` to read them all as records)."""
+_BODY_FIXED_WORDS = np.array([1, 3, 4, 5, 6, 7])
+"""The words of ``_BODY_RECORD`` that every message that is its body alone has."""
+
+
+@_decoder
+def enqueue_body_sizes(command: bytes) -> npt.NDArray[np.uint64] | None:
+    """The body sizes of an enqueue entry of at least ``ENQUEUE_BODIES_MIN`` messages
+    that are all their bodies alone (every other field at its default: what a publish of
+    plain bodies gives), checked as ``enqueue_records`` checks them, in a few array
+    operations on the record table read as words; ``None`` for any other entry."""
+    kind, version, n = _ENQ_HEAD.unpack_from(command, 0)
+    assert kind == _KIND_ENQUEUE and version == FORMAT_VERSION
+    if not ENQUEUE_BODIES_MIN <= n <= SLOTS_PER_ENTRY_MAX:
+        return None
+    if len(command) < _ENQ_HEAD.size + n * RECORD_BYTES:
+        raise InvalidRequest("malformed enqueue entry")
+    words = np.frombuffer(command, "<u4", count=n * len(_BODY_RECORD), offset=_ENQ_HEAD.size)
+    words = words.reshape(n, len(_BODY_RECORD))
+    if not (words[:, _BODY_FIXED_WORDS] == _BODY_RECORD[_BODY_FIXED_WORDS]).all():
+        return None
+    sizes = words[:, 0].astype(np.uint64)
+    if int((sizes + words[:, 2]).max()) > len(command):
+        raise InvalidRequest("malformed enqueue entry")
+    return sizes
+
 
 Record = tuple[int, int, int, int, int, int, int, int]
 """One record as ``_RECORD`` reads it: (body_len, headers_len, data_offset, dedup_len,
@@ -537,6 +591,7 @@ def command_kind(command: bytes) -> Kind:
 
 
 __all__ = [
+    "ENQUEUE_BODIES_MIN",
     "ENQUEUE_FEW_MAX",
     "OVERFLOW_DROP_HEAD",
     "OVERFLOW_REJECT_PUBLISH",

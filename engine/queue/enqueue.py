@@ -6,7 +6,8 @@ a duplicate (its dedup id was seen within the window, ``engine.queue.dedup``: it
 acknowledged with the first message's id and not enqueued) or placed: in the delayed
 heap if it has a ``delay_ms``, else at the tail of its level's main lane. Batches of up
 to ``ENQUEUE_FEW_MAX`` messages are read as tuples and placed one by one; larger ones as
-numpy arrays. Both reach the same state: the stateful test and
+numpy arrays, in fewer operations when every message is its body alone (the usual
+publish: ``enqueue_body_sizes``). All reach the same state: the stateful test and
 tests/engine/queue/test_fast_paths.py compare them.
 """
 
@@ -58,6 +59,9 @@ def on_enqueue(
         keys = [
             (k, bytes(command[rec[2] : rec[2] + rec[3]])) for k, rec in enumerate(few) if rec[3]
         ]
+    elif (bare := cmd.enqueue_body_sizes(command)) is not None:
+        n, size_max, bytes_total = len(bare), int(bare.max()), int(bare.sum())
+        keys, sizes = [], bare
     else:
         recs = cmd.enqueue_records(command)
         batch_sizes = recs["body_len"].astype(np.uint64) + recs["headers_len"].astype(np.uint64)
@@ -76,7 +80,10 @@ def on_enqueue(
             MessageTooLarge, f"a message is larger than {m.policy.max_message_bytes} bytes"
         )
     index = meta.index
-    ids = [message_id(index, k) for k in range(n)] if n > 1 else [message_id(index, 0)]
+    # Slots are the low bits of an id: a batch's ids are one run of integers.
+    first_id = message_id(index, 0)
+    ids = list(range(first_id, first_id + n)) if n > 1 else [first_id]
+    assert ids[-1] == message_id(index, n - 1)
     duplicate = [False] * n
     if keys:
         m._dedup.prune(m._now_ms)
@@ -97,6 +104,9 @@ def on_enqueue(
     m._counters[PUBLISHED] += count_new
     if count_new and few is not None:
         _place_few(m, index, few, duplicate)
+    elif count_new and recs is None:
+        assert count_new == n and not isinstance(sizes, list)
+        _place_bodies(m, index, sizes, bytes_total)
     elif count_new:
         assert recs is not None and not isinstance(sizes, list)
         _place_new(m, index, recs, sizes, duplicate)
@@ -134,6 +144,15 @@ def _place_few(
             lanes.main(level).push(ref)
             m._bytes_ready += size
             m._ready += 1
+
+
+def _place_bodies(m: QueueMachine, index: int, sizes: U64, bytes_total: int) -> None:
+    """``_place_new`` for messages that are their bodies alone (priority 0, no delay, no
+    TTL, no dedup id): the refs at once, at the tail of level 0's main lane."""
+    refs = pack_batch(index, sizes, m._fallback)
+    m._lanes.main(0).push_many(refs)
+    m._bytes_ready += bytes_total
+    m._ready += len(refs)
 
 
 def _place_new(

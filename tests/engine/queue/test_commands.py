@@ -92,6 +92,23 @@ def test_a_body_alone_encodes_as_a_message_with_defaults(
     assert encode_enqueue(messages) == encode_enqueue(spelled)
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    st.one_of(
+        st.lists(st.binary(max_size=300), min_size=1, max_size=40),
+        st.integers(1, 1024).flatmap(
+            lambda n: st.lists(st.binary(max_size=64), min_size=n, max_size=n)
+        ),
+    )
+)
+def test_a_batch_of_bodies_alone_is_the_entry_of_its_messages(bodies: list[bytes]) -> None:
+    """A batch of bare bodies, past ``ENQUEUE_FEW_MAX`` encoded by array operations in
+    one pass, is byte for byte the entry of the same ``NewMessage``s, record by record."""
+    entry = encode_enqueue(bodies)
+    assert entry == encode_enqueue([NewMessage(b) for b in bodies])
+    assert message_run(entry, 0, len(bodies)) == (bodies, None)
+
+
 def test_the_record_table_is_read_in_place() -> None:
     entry = encode_enqueue([NewMessage(b"x" * 1000) for _ in range(3)])
     recs = enqueue_records(entry)

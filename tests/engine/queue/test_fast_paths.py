@@ -39,18 +39,33 @@ from engine.queue import (
 )
 from engine.queue import checkout as checkout_module
 from engine.queue import commands as cmd
-from engine.queue.refs import INDEX_LIMIT_SHORT, SIZE_LIMIT, is_fallback
+from engine.queue.refs import INDEX_LIMIT_SHORT, SIZE_LIMIT, SLOTS_PER_ENTRY_MAX, is_fallback
 from engine.raft.state_machine import ApplyMeta
 
 
 @contextmanager
 def general_paths_only() -> Iterator[None]:
-    saved = cmd.ENQUEUE_FEW_MAX, cmd.RECEIPTS_FEW_MAX, checkout_module._CHECKOUT_FEW_MAX
-    cmd.ENQUEUE_FEW_MAX, cmd.RECEIPTS_FEW_MAX, checkout_module._CHECKOUT_FEW_MAX = 0, -1, 0
+    saved = (
+        cmd.ENQUEUE_FEW_MAX,
+        cmd.ENQUEUE_BODIES_MIN,
+        cmd.RECEIPTS_FEW_MAX,
+        checkout_module._CHECKOUT_FEW_MAX,
+    )
+    (
+        cmd.ENQUEUE_FEW_MAX,
+        cmd.ENQUEUE_BODIES_MIN,
+        cmd.RECEIPTS_FEW_MAX,
+        checkout_module._CHECKOUT_FEW_MAX,
+    ) = (0, SLOTS_PER_ENTRY_MAX + 1, -1, 0)
     try:
         yield
     finally:
-        cmd.ENQUEUE_FEW_MAX, cmd.RECEIPTS_FEW_MAX, checkout_module._CHECKOUT_FEW_MAX = saved
+        (
+            cmd.ENQUEUE_FEW_MAX,
+            cmd.ENQUEUE_BODIES_MIN,
+            cmd.RECEIPTS_FEW_MAX,
+            checkout_module._CHECKOUT_FEW_MAX,
+        ) = saved
 
 
 class Twin:
@@ -99,9 +114,34 @@ def test_the_switch_reaches_the_general_paths() -> None:
     one = encode_enqueue([msg()])
     assert cmd.enqueue_records_few(one) is not None
     assert cmd.decode_receipts_few(encode_settle([(1, 2)])) is not None
+    bodies = encode_enqueue([b"x"] * cmd.ENQUEUE_BODIES_MIN)
+    assert cmd.enqueue_body_sizes(bodies) is not None
     with general_paths_only():
         assert cmd.enqueue_records_few(one) is None
         assert cmd.decode_receipts_few(encode_settle([(1, 2)])) is None
+        assert cmd.enqueue_body_sizes(bodies) is None
+
+
+def test_batches_of_bodies_alone_agree_with_their_records() -> None:
+    """Batches past ``ENQUEUE_FEW_MAX`` whose messages are all bodies alone (read by
+    ``enqueue_body_sizes``), next to batches where one message is not."""
+    t = Twin(max_message_bytes=50_000, max_length=2_500, overflow="drop-head")
+    n = cmd.ENQUEUE_BODIES_MIN
+    t.publish(*[msg(k) for k in range(n)])
+    t.apply(encode_enqueue([b"b" * k for k in range(100)]))
+    t.apply(encode_enqueue([b"", b"c" * SIZE_LIMIT, b"d" * 40_000] * 10))  # fallback refs
+    for odd in (msg(priority=1), msg(headers=b"h"), msg(ttl_ms=5), msg(delay_ms=5)):
+        t.publish(*[msg() for _ in range(n - 1)], odd)
+    t.publish(*[msg(dedup_id=b"k")] * n)
+    assert t.take(300).tags
+    t.apply(encode_enqueue([b"e" * 7] * 1000))
+    t.apply(encode_enqueue([b"f"] * 1000))  # past max_length: the head is dropped
+    t.take(1000)
+    reject = Twin(max_length=30)
+    assert isinstance(reject.apply(encode_enqueue([b"g"] * 31)), Rejected)
+    too_large = Twin(max_message_bytes=10)
+    reply = too_large.apply(encode_enqueue([b"h"] * 20 + [b"i" * 11]))
+    assert isinstance(reply, Rejected) and reply.error is MessageTooLarge
 
 
 def test_single_messages_and_the_batch_size_boundary() -> None:
@@ -193,7 +233,11 @@ def test_malformed_entries_are_rejected_alike() -> None:
     bad_offset = bytearray(good)
     struct.pack_into("<I", bad_offset, 4 + 8, len(good))
     zero = struct.pack("<BBH", ord("E"), 1, 0)
-    for command in (good[:3], good[:40], good[:-1], bytes(bad_offset), zero):
+    bare = encode_enqueue([b"x"] * cmd.ENQUEUE_BODIES_MIN)
+    bare_offset = bytearray(bare)
+    struct.pack_into("<I", bare_offset, 4 + 32 * 5 + 8, len(bare))
+    malformed = (good[:3], good[:40], good[:-1], bytes(bad_offset), zero, bare[:-1])
+    for command in (*malformed, bare[:100], bytes(bare_offset)):
         reply = t.apply(command)
         assert isinstance(reply, Rejected) and reply.error is InvalidRequest
     settle = encode_settle([(1, 2)])
