@@ -46,6 +46,18 @@ class Limits:
     """A WAL file that holds anything and has had nothing to write for this long rolls, so
     that its entries are flushed to segments and leave the mem tables: an idle server
     keeps no message bodies in memory (up to ``wal_file_bytes_max`` of them otherwise)."""
+    wal_carry_entries_max: int = 2
+    wal_carry_log_bytes_max: int = 512
+    """A log that wrote at most this many entries and bytes of data to a WAL file that
+    rolls has them carried into the next file instead of written to a segment
+    (``engine.storage.wal_carry``): a restart of 10,000 idle queues wrote a leader's
+    first entry of each, and a receive, and made 10,000 segment files at each of the
+    next rolls. Small, as carried entries stay in memory: a queue that wrote more (a
+    publish, or the ack after the receive) reaches a segment at the next roll, and its
+    mem table empties as before."""
+    wal_carry_bytes_max: int = 4 * MIB
+    """What a new WAL file carries at most, in all, and never more than a quarter of
+    ``wal_file_bytes_max``, so that a file that carries still has room to fill."""
     wal_batch_bytes_max: int = 32 * MIB
     """The WAL writer takes at most this much into one write + fdatasync."""
     segment_file_bytes_max: int = 64 * MIB
@@ -271,6 +283,7 @@ class Limits:
         assert 0 < self.read_cache_block_bytes <= self.read_run_bytes_max
         assert self.read_cache_bytes_max >= 0
         assert self.segment_flush_writers_max >= 1
+        assert self.wal_carry_entries_max >= 0 and self.wal_carry_log_bytes_max >= 0
         assert self.segment_flush_batch_plans_min >= 1
         assert self.batch_bytes_max <= self.entry_bytes_max
         assert self.message_bytes_max <= self.message_bytes_max_ceiling <= self.batch_bytes_max
