@@ -21,6 +21,7 @@ the removal durable, and files a crash left in the trash are unlinked at the nex
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import logging
 import mmap
@@ -79,6 +80,12 @@ class Disk(Protocol):
 
     def sync_dir(self, path: str) -> None: ...
 
+    def sync_all(self) -> None:
+        """Everything written so far, every file's data and every directory entry, on
+        the whole disk, survives a crash: one sync for a batch of many files instead of
+        an fsync of each file and of each directory (``write_files_atomic``)."""
+        ...
+
     def listdir(self, path: str) -> list[str]:
         """Names in the directory, sorted; empty if it does not exist."""
         ...
@@ -120,6 +127,31 @@ def write_file_atomic(disk: Disk, path: str, data: bytes) -> None:
         f.close()
     disk.rename(tmp, path)
     disk.sync_dir(parent(path))
+
+
+def write_files_atomic(disk: Disk, files: list[tuple[str, bytes]], written: list[str]) -> None:
+    """``write_file_atomic`` of many files at once, each all or nothing, with two syncs
+    of the whole disk instead of two fsyncs per file: every file under its temporary
+    name, a sync (their data is durable), the renames, a sync (the names are). A crash
+    in between leaves some files under their final name, each whole, and temporary
+    files, which recovery removes, as after a crash in ``write_file_atomic``. Their
+    directories are made here, durable with the second sync. Each path written to is
+    added to ``written`` as it is, so that a caller may remove them after an error."""
+    for path, data in files:
+        disk.makedirs(parent(path))
+        tmp = path + ".tmp"
+        written.append(tmp)
+        f = disk.open(tmp, create=True)
+        try:
+            f.truncate(0)
+            f.append(data)
+        finally:
+            f.close()
+    disk.sync_all()
+    for path, _ in files:
+        written.append(path)
+        disk.rename(path + ".tmp", path)
+    disk.sync_all()
 
 
 # --- the real disk --------------------------------------------------------------------
@@ -210,6 +242,21 @@ def _reap(path: str) -> None:
     _reaper.put(path)
 
 
+_SYNCFS = getattr(ctypes.CDLL(None, use_errno=True), "syncfs", None)
+"""``syncfs(2)`` of the C library; Python has no binding of its own."""
+
+
+def _syncfs(fd: int) -> None:
+    """Sync the file system of ``fd``. Linux reports a writeback error of any of its
+    files since 5.8; without ``syncfs`` (not Linux), ``sync`` of every file system."""
+    if _SYNCFS is None:
+        os.sync()
+        return
+    if _SYNCFS(fd) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+
+
 class OsDisk:
     """Files under ``root`` on the real file system."""
 
@@ -252,6 +299,13 @@ class OsDisk:
         fd = os.open(self._p(path) if path else self.root, os.O_RDONLY | os.O_DIRECTORY)
         try:
             os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def sync_all(self) -> None:
+        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            _syncfs(fd)
         finally:
             os.close(fd)
 
@@ -429,6 +483,14 @@ class FakeDisk:
         self.syncs += 1
         self._synced_dirs[path] = dict(self._dirs[path])
 
+    def sync_all(self) -> None:
+        self.before_write(0)
+        self.syncs += 1
+        for entries in self._dirs.values():
+            for inode in entries.values():
+                inode.synced = bytes(inode.data)
+        self._synced_dirs = {d: dict(entries) for d, entries in self._dirs.items()}
+
     def listdir(self, path: str) -> list[str]:
         prefix = path + "/" if path else ""
         names = set(self._dirs.get(path, {}))
@@ -465,4 +527,13 @@ class FakeDisk:
         return name in self._dirs.get(d, {})
 
 
-__all__ = ["Disk", "DiskFile", "FakeDisk", "OsDisk", "ensure_dir", "parent", "write_file_atomic"]
+__all__ = [
+    "Disk",
+    "DiskFile",
+    "FakeDisk",
+    "OsDisk",
+    "ensure_dir",
+    "parent",
+    "write_file_atomic",
+    "write_files_atomic",
+]

@@ -20,18 +20,26 @@ from engine.errors import StorageFailed
 from engine.limits import Limits
 from engine.raft.entry import Entry
 from engine.storage.checkpoint import Checkpoint, CheckpointStore
-from engine.storage.disk import Disk, ensure_dir, parent, write_file_atomic
+from engine.storage.disk import (
+    Disk,
+    ensure_dir,
+    parent,
+    write_file_atomic,
+    write_files_atomic,
+)
 from engine.storage.reaper import Reaper
 from engine.storage.segment import (
     OVERWRITES,
     SegmentInfo,
     encode_segment,
     read_segment_info,
+    segment_info_of,
     segment_path,
 )
 from engine.storage.server_log import ServerLogs
 
 _DATA = attrgetter("data")
+_Plan = tuple[str, int, int, list[Entry], int]
 
 
 @dataclass(slots=True)
@@ -42,22 +50,25 @@ class SegmentFlush:
     disk: Disk
     limits: Limits
     wal_seq: int
-    plans: list[tuple[str, int, int, list[Entry], int]]
+    plans: list[_Plan]
     """(uid, log generation, first segment seq, entries, first index flushed): dead
     entries are left out, the first segment still answers from the first index."""
     written: list[tuple[str, int, list[SegmentInfo]]] = field(default_factory=list)
 
     def write(self) -> None:
-        """Write the segments, the queues' on several threads where the disk allows it
-        (``Limits.segment_flush_writers_max``): a flush of 10,000 idle queues is 20,000
-        fsyncs. On a disk error, remove what this flush wrote and raise
-        ``StorageFailed``: the entries stay in the mem tables and the WAL file stays,
-        so a later flush can try again."""
+        """Write the segments. A flush of many logs (``segment_flush_batch_plans_min``)
+        writes them all and syncs them together; a smaller one writes each segment
+        atomically on its own, the queues' on several threads where the disk allows it
+        (``Limits.segment_flush_writers_max``). On a disk error, remove what this flush
+        wrote and raise ``StorageFailed``: the entries stay in the mem tables and the
+        WAL file stays, so a later flush can try again."""
         paths: list[str] = []
         """Every path written to (appended to by the writer threads: atomic)."""
         threads = min(self.limits.segment_flush_writers_max, len(self.plans))
         try:
-            if threads <= 1 or not self.disk.concurrent:
+            if len(self.plans) >= self.limits.segment_flush_batch_plans_min:
+                written = self._write_batched(paths)
+            elif threads <= 1 or not self.disk.concurrent:
                 written = [self._write_plan(plan, paths) for plan in self.plans]
             else:
                 # Leaving the block waits for every thread, failed or not: the cleanup
@@ -72,9 +83,26 @@ class SegmentFlush:
                     self.disk.remove(path)
             raise StorageFailed(f"segment flush of WAL file {self.wal_seq} failed: {exc}") from exc
 
-    def _write_plan(
-        self, plan: tuple[str, int, int, list[Entry], int], paths: list[str]
-    ) -> tuple[str, int, list[SegmentInfo]]:
+    def _write_batched(self, paths: list[str]) -> list[tuple[str, int, list[SegmentInfo]]]:
+        """Every segment of every plan written at once by ``write_files_atomic``, one
+        thread: two syncs in all, where one queue's segment costs two fsyncs."""
+        files: list[tuple[str, bytes]] = []
+        written: list[tuple[str, int, list[SegmentInfo]]] = []
+        for uid, generation, seq, entries, first in self.plans:
+            infos: list[SegmentInfo] = []
+            lo: int | None = first
+            for chunk in segment_chunks(entries, self.limits):
+                path = segment_path(uid, seq)
+                data = encode_segment(seq, chunk, OVERWRITES, lo)
+                files.append((path, data))
+                infos.append(segment_info_of(path, data))
+                lo = None
+                seq += 1
+            written.append((uid, generation, infos))
+        write_files_atomic(self.disk, files, paths)
+        return written
+
+    def _write_plan(self, plan: _Plan, paths: list[str]) -> tuple[str, int, list[SegmentInfo]]:
         """The segments of one log, in order."""
         uid, generation, seq, entries, first = plan
         infos: list[SegmentInfo] = []

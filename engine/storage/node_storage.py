@@ -223,6 +223,10 @@ class NodeStorage:
                 events.append(Removed(op.uid))
         if batch.rolled is not None:
             self._rolled.append(batch.rolled)
+            for uid in batch.carried:
+                log = self._logs.find(uid)
+                if log is not None:
+                    log.mem.carry(batch.rolled)
         return events
 
     def sync(self) -> list[StorageEvent]:

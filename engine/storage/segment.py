@@ -181,6 +181,13 @@ def read_segment_info(disk: Disk, path: str) -> SegmentInfo | None:
     return max(valid, key=lambda info: info.generation) if valid else None
 
 
+def segment_info_of(path: str, data: bytes) -> SegmentInfo:
+    """The header of a segment ``encode_segment`` just made, read from its bytes."""
+    info = _slot(path, data[:SLOT_BYTES], len(data))
+    assert info is not None, f"segment {path} unreadable as encoded"
+    return info
+
+
 def _slot(path: str, head: bytes, size: int) -> SegmentInfo | None:
     if len(head) < SLOT_BYTES or crc32c.crc32c(head[:60]) != struct.unpack_from("<I", head, 60)[0]:
         return None
@@ -428,6 +435,7 @@ __all__ = [
     "encode_segment",
     "read_segment_info",
     "segment_dir",
+    "segment_info_of",
     "segment_path",
     "segment_seq",
     "slot_offset",

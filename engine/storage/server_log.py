@@ -105,6 +105,12 @@ class MemTable:
         n = bisect.bisect_right(self._wal_seqs, wal_seq)
         return self.slice(self.lo, self.lo + n)
 
+    def carry(self, wal_seq: int) -> None:
+        """The rows of WAL file ``wal_seq`` were carried into the next file when it rolled
+        (``engine.storage.wal_carry``): they leave with that file's flush."""
+        n = bisect.bisect_left(self._wal_seqs, wal_seq)
+        self._wal_seqs[n:] = [s + 1 if s == wal_seq else s for s in self._wal_seqs[n:]]
+
     def drop_flushed(self, wal_seq: int) -> None:
         n = bisect.bisect_right(self._wal_seqs, wal_seq)
         self._cut(0, n)

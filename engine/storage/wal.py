@@ -18,7 +18,8 @@ written once per file before that server's first record), ``RUN``, ``HARD_STATE`
 ``RESET`` (the log of a server restarts after an installed snapshot) and ``FORGET`` (the
 server is deleted). When the file reaches ``wal_file_bytes_max`` the WAL rolls to the next
 file, which starts with the hard state of every server, so that an old file may be
-deleted once its entries are in segments.
+deleted once its entries are in segments, then with the short runs of entries it
+carries over (``engine.storage.wal_carry``): those leave with the next file instead.
 
 A ``RUN`` record holds one append of one server, ``count`` contiguous entries from
 ``first``, in columns so that writing and reading it costs a few calls, not a few per
@@ -49,6 +50,7 @@ from engine.errors import RecoveryRefused, StorageFailed
 from engine.limits import Limits
 from engine.raft.entry import Entry, EntryKind
 from engine.storage.disk import Disk, DiskFile
+from engine.storage.wal_carry import CarryRuns
 from engine.storage.wal_stats import WalStats, WalTimes
 
 WAL_DIR = "wal"
@@ -130,6 +132,8 @@ class WalBatch:
     bytes_written: int
     wal_seq: int
     """The WAL file the ops went to."""
+    carried: tuple[str, ...] = ()
+    """Servers whose entries in the rolled file were carried into the next one."""
 
 
 def wal_path(seq: int) -> str:
@@ -250,7 +254,8 @@ class Wal:
         waking it once per idle period is enough (and spares a notify per submit)."""
         self._seq = seq
         self._size_at_create = 0
-        self._file, self._refs, self._size = self._create(seq)
+        self._carry = CarryRuns(limits.wal_carry_entries_max, limits.wal_carry_log_bytes_max)
+        self._file, self._refs, self._size = self._create(seq, {})
 
     @property
     def seq(self) -> int:
@@ -305,19 +310,25 @@ class Wal:
         self.times.record(time.perf_counter() - started, len(data))
         self._size += len(data)
         self._refs.update(new_refs)
+        carry = self._carry
         for op in ops:
-            if isinstance(op, HardStateOp):
+            if isinstance(op, AppendOp):
+                carry.appended(op.uid, op.entries)
+            elif isinstance(op, HardStateOp):
                 self._hard_states[op.uid] = op.hard_state
-            elif isinstance(op, ForgetOp):
-                self._hard_states.pop(op.uid, None)
-        rolled = self._maybe_roll()
-        return WalBatch(ops, None, rolled, len(data), seq)
+            else:
+                carry.not_carried(op.uid)
+                if isinstance(op, ForgetOp):
+                    self._hard_states.pop(op.uid, None)
+        rolled, carried = self._maybe_roll()
+        return WalBatch(ops, None, rolled, len(data), seq, carried)
 
     def roll(self) -> int:
         """Close the current file now (a clean shutdown); returns its seq. Call it from
         the writer's side, with no batch in progress."""
         old_seq, old_file = self._seq, self._file
-        self._file, self._refs, self._size = self._create(old_seq + 1)
+        self._carry.clear()
+        self._file, self._refs, self._size = self._create(old_seq + 1, {})
         old_file.close()
         return old_seq
 
@@ -327,8 +338,8 @@ class Wal:
         now leaves the current one in use, as ``_maybe_roll`` does."""
         if self._size <= self._size_at_create or self._broken is not None:
             return None
-        rolled = self._roll_to_next()
-        return None if rolled is None else WalBatch((), None, rolled, 0, rolled)
+        rolled, carried = self._roll_to_next()
+        return None if rolled is None else WalBatch((), None, rolled, 0, rolled, carried)
 
     @property
     def idle_roll_s(self) -> float:
@@ -374,9 +385,11 @@ class Wal:
             return self._broken
         return error
 
-    def _create(self, seq: int) -> tuple[DiskFile, dict[str, int], int]:
-        """A new WAL file that starts with every server's hard state, durable with its
-        directory entry before any batch is reported done."""
+    def _create(
+        self, seq: int, carried: dict[str, tuple[Entry, ...]]
+    ) -> tuple[DiskFile, dict[str, int], int]:
+        """A new WAL file that starts with every server's hard state, then the runs it
+        carries, durable with its directory entry before any batch is reported done."""
         self._disk.makedirs(WAL_DIR)
         f = self._disk.open(wal_path(seq), create=True)
         f.truncate(0)
@@ -388,6 +401,9 @@ class Wal:
         for uid in sorted(self._hard_states):
             ref = _ref_in(uid, out, {}, refs)
             _encode_hard_state(ref, self._hard_states[uid], out)
+        for uid, run in carried.items():
+            tail = _run_tail(run, self._limits.entry_bytes_max)
+            _encode_op(AppendOp(uid, run), tail, _ref_in(uid, out, {}, refs), out)
         data = b"".join(out)
         f.append(data)
         f.sync()
@@ -395,23 +411,28 @@ class Wal:
         self._size_at_create = len(data)
         return f, refs, len(data)
 
-    def _maybe_roll(self) -> int | None:
+    def _maybe_roll(self) -> tuple[int | None, tuple[str, ...]]:
         if self._size < self._limits.wal_file_bytes_max:
-            return None
+            return None, ()
         return self._roll_to_next()
 
-    def _roll_to_next(self) -> int | None:
-        """Start the next file and close the current one; its seq, or None (and the
-        current file still in use) when the next cannot be made now."""
+    def _roll_to_next(self) -> tuple[int | None, tuple[str, ...]]:
+        """Start the next file, with the runs it carries, and close the current one; its
+        seq and the servers carried, or None (and the current file still in use, its
+        runs kept) when the next cannot be made now."""
         old_seq, old_file = self._seq, self._file
+        runs = dict(self._carry.runs)
+        limits = self._limits
+        carried = self._carry.take(min(limits.wal_carry_bytes_max, limits.wal_file_bytes_max // 4))
         try:
-            self._file, self._refs, self._size = self._create(old_seq + 1)
+            self._file, self._refs, self._size = self._create(old_seq + 1, carried)
         except OSError:
             # What was written is durable; keep writing the old file and try again later.
             self._seq = old_seq
-            return None
+            self._carry.runs = runs
+            return None, ()
         old_file.close()
-        return old_seq
+        return old_seq, tuple(carried)
 
 
 # --- reading at recovery ----------------------------------------------------------------
