@@ -75,6 +75,11 @@ class Settings:
     password_wait_ms_max: int = 500
     """How long a password check waits for a worker before it is refused (429)."""
     limits: Limits = DEFAULT_LIMITS
+    trace_publish_file: Path | None = None
+    """``QUORRA_TRACE_PUBLISH_FILE``: a measuring aid, off by default. When set, the stages
+    of publishes made one at a time (a window-1 stream) are stamped
+    (``engine.publish_trace``) and their summary is written to this file as JSON when the
+    server stops (``quorra bench rest --trace-publish``)."""
     templates_dir: Path = PROJECT_ROOT / "templates"
     static_dir: Path = PROJECT_ROOT / "static"
     migrations_dir: Path = PROJECT_ROOT / "migrations"
@@ -135,6 +140,9 @@ class Settings:
                 env.get("QUORRA_HEADER_READ_TIMEOUT_S") or HEADER_READ_TIMEOUT_S_DEFAULT
             ),
             limits=limits_from_env(env),
+            trace_publish_file=Path(trace)
+            if (trace := env.get("QUORRA_TRACE_PUBLISH_FILE"))
+            else None,
         )
 
 

@@ -6,7 +6,7 @@ which Starlette types as ``Any``. An accessor names the item's type once, so tha
 renamed or retyped item fails ``mypy`` here instead of at a reader.
 
 The items, in the order the app sets them: ``settings``, ``metrics``,
-``login_throttle``, ``token_cache``, ``templates`` (create_app);
+``login_throttle``, ``token_cache``, ``templates``, ``publish_trace`` (create_app);
 ``ready``, ``node``, ``engine`` (the node's start-up status), ``migrations``,
 ``session_signer``, ``passwords``, ``db`` (the lifespan). The dashboard adds
 ``series`` and ``engine_reads`` itself (app/ui/series.py, app/ui/reads.py).
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from app.throttle import FailureThrottle
     from app.token_cache import TokenCache
     from app.ui.sessions import SessionSigner
+    from engine.publish_trace import PublishTrace
     from engine.runtime.api import QueueEngine
 
 
@@ -59,6 +60,12 @@ def templates_of(state: State) -> Jinja2Templates:
 
 def ready_of(state: State) -> bool:
     return bool(state.ready)
+
+
+def publish_trace_of(state: State) -> PublishTrace | None:
+    """The trace of publishes' stages when ``Settings.trace_publish_file`` is set."""
+    trace: PublishTrace | None = state.publish_trace
+    return trace
 
 
 def node_or_none(state: State) -> QueueEngine | None:

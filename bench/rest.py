@@ -1,7 +1,7 @@
 """Messages per second and publish latency of the REST API end to end, on a real server.
 
 ``quorra bench rest [--json] [--quick] [--seconds S] [--procs P] [--phases ...]
-[--profile FILE]``: starts ``quorra serve`` (a subprocess, temporary data directory,
+[--profile FILE] [--trace-publish]``: starts ``quorra serve`` (a subprocess, temporary data directory,
 127.0.0.1) and drives it from separate load-generator processes over loopback, 1 KiB
 messages, JSON bodies. The generators speak HTTP/1.1 over keep-alive sockets with
 pre-encoded requests (``Connection``) and read and check every response: a general
@@ -52,6 +52,12 @@ server's (``server_cpu_per_wall``; above 1.0 only through the WAL writer thread)
 server's CPU per message of the phase (``server_cpu_us_per_msg``, from ``/proc/<pid>/stat``).
 ``--profile FILE`` runs the server under cProfile (main thread: the event loop) and
 writes its stats there, plus the top functions by cumulative time to stderr.
+``--trace-publish`` has the server stamp the stages of each window-1 publish
+(``engine.publish_trace``: frame read, proposed, submitted to the WAL, taken by its
+writer thread, written, synced, back on the loop, applied, task resumed, confirm sent)
+and adds their median, p99 and maximum per step to ``phases.stream_window1.trace``; run
+it with ``--phases stream_window1`` (the other phases' publishes overlap, and are not
+traced).
 ``--quick``: 1 s phases, one generator process, generators started 1.5 s ahead, 200
 window-1 publishes.
 
@@ -184,17 +190,21 @@ def _free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, data_dir: Path, profile: Path | None) -> None:
+    def __init__(self, data_dir: Path, profile: Path | None, trace: Path | None = None) -> None:
         self.data_dir = data_dir
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.profile = profile
+        self.trace = trace
+        """Where the server writes its publish trace when it stops (``--trace-publish``)."""
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = data_dir.parent / "server.log"
 
     def start(self) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("QUORRA_")}
         env["QUORRA_ADMIN_PASSWORD"] = ADMIN_PASSWORD
+        if self.trace is not None:
+            env["QUORRA_TRACE_PUBLISH_FILE"] = str(self.trace)
         serve = ["serve", "--data-dir", str(self.data_dir), "--host", "127.0.0.1"]
         serve += ["--port", str(self.port)]
         if self.profile is not None:
@@ -832,6 +842,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--window1-count", type=int, default=10_000, help="window-1 publishes")
     parser.add_argument("--profile", type=Path, default=None, help="cProfile the server to FILE")
     parser.add_argument(
+        "--trace-publish",
+        action="store_true",
+        help="stamp each window-1 publish's stages in the server (phases.stream_window1.trace)",
+    )
+    parser.add_argument(
         "--phases",
         type=lambda text: text.split(","),
         default=list(PHASES),
@@ -843,7 +858,8 @@ def main(argv: list[str]) -> int:
         args.window1_count = min(args.window1_count, QUICK_WINDOW1_COUNT)
     header = bench.header("rest")
     with tempfile.TemporaryDirectory(prefix="quorra-bench-rest-") as tmp:
-        server = ServerProcess(Path(tmp) / "data", args.profile)
+        trace = Path(tmp) / "publish-trace.json" if args.trace_publish else None
+        server = ServerProcess(Path(tmp) / "data", args.profile, trace)
         server.start()
         try:
             result = header | measure(args, server, _setup(server.url))
@@ -856,6 +872,8 @@ def main(argv: list[str]) -> int:
         if not alive:
             print(server.log_path.read_text(errors="replace")[-5000:], file=sys.stderr)
             raise RuntimeError("the server died during the run; its log is above")
+        if trace is not None and "stream_window1" in result["phases"]:
+            result["phases"]["stream_window1"]["trace"] = json.loads(trace.read_text())
     if args.profile is not None and args.profile.exists():
         _print_profile(args.profile)
     if args.json:

@@ -61,9 +61,10 @@ from app.deliver_frames import FrameChunks
 from app.names import check_queue_name
 from app.negotiation import unpackb
 from app.problems import AppProblem, Forbidden, typed_problem
-from app.state import node_or_none, settings_of
+from app.state import node_or_none, publish_trace_of, settings_of
 from engine.errors import InvalidRequest, NoLeader, QueueNotFound, QuorraError, ValidationFailed
 from engine.limits import Limits
+from engine.publish_trace import PublishTrace, Stage
 from engine.runtime.api import PublishItem, QueueEngine
 
 log = logging.getLogger("quorra.app")
@@ -138,8 +139,11 @@ class StreamConnection:
         name: str,
         who: Principal,
         limits: Limits,
+        trace: PublishTrace | None = None,
     ) -> None:
         self.ws, self.node, self.name, self.who, self.limits = websocket, node, name, who, limits
+        self.trace = trace
+        """Stamps a publish's first and last stages (``engine.publish_trace``), if set."""
         self.closed = False
         # publishing: frames read and not yet answered, oldest first
         self.pending: deque[PendingPublish] = deque()
@@ -258,6 +262,8 @@ class StreamConnection:
     # --- publishing -------------------------------------------------------------------
 
     def on_publish(self, frame: dict[str, Any]) -> None:
+        if self.trace is not None:
+            self.trace.stamp(Stage.RECEIVED)
         seq = frame.get("seq")
         about = {"seq": seq} if type(seq) is int else {}
         if not self.who.can("write", self.name):
@@ -336,6 +342,8 @@ class StreamConnection:
             await self.send(error_frame(outcome, of="publish", seq=frame.seq))
         if confirmed is not None:
             await self.send({"op": "confirm", "seq": confirmed})
+            if self.trace is not None:
+                self.trace.stamp(Stage.SENT)
 
     # --- consuming --------------------------------------------------------------------
 
@@ -367,7 +375,7 @@ async def stream(websocket: WebSocket) -> None:
         return
     await websocket.accept()
     limits = settings_of(state).limits
-    await StreamConnection(websocket, node, name, who, limits).run()
+    await StreamConnection(websocket, node, name, who, limits, publish_trace_of(state)).run()
     with contextlib.suppress(RuntimeError, WebSocketDisconnect):  # gone already
         await websocket.close()
 

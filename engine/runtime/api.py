@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, TypeAlias
 
+from engine.publish_trace import PublishTrace
 from engine.storage.wal_stats import WalStats
 
 Trigger = Literal["manual", "auto"]
@@ -239,6 +240,11 @@ class QueueEngine(Protocol):
         ...
 
     def set_record_listener(self, listener: RecordListener | None) -> None: ...
+
+    def trace_publishes(self, trace: PublishTrace) -> None:
+        """Stamp the stages of publishes into ``trace`` (``engine.publish_trace``), a
+        measuring aid the server turns on with ``QUORRA_TRACE_PUBLISH_FILE``."""
+        ...
 
     def leader_of(self, name: str) -> str | None:
         """The node that leads queue ``name`` as this node knows it; None when unknown

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from engine.errors import Backpressure, NoLeader, QueueNotFound, QuorraError
 from engine.ids import NodeName
 from engine.limits import Limits
+from engine.publish_trace import PublishTrace, Stage
 from engine.raft.events import Propose
 from engine.raft.server import Role
 from engine.runtime.applying import Effects
@@ -80,6 +81,8 @@ class NodeContext:
         """Deletions waiting for storage's ``Removed``, by uid."""
         self.writer: WalWriter | None = None
         """The WAL writer thread, from ``Node.start`` on."""
+        self.trace: PublishTrace | None = None
+        """Stamps the stages of publishes made one at a time (``Node.trace_publishes``)."""
         self.running = False
         """Started and not yet stopping: serves peers and Raft traffic."""
         self.stopping = False
@@ -180,6 +183,9 @@ class NodeContext:
         future: asyncio.Future[object] = self.loop.create_future()
         rep.own_proposals()[request_id] = Proposal(future, on_applied)
         self.timers.tick(rep)
+        trace = self.trace
+        if trace is not None:
+            trace.stamp(Stage.PROPOSED)
         rep.raft.step(Propose(request_id, (command,)))
         # One timer that fails the future, not ``asyncio.wait_for``: that builds a waiter
         # future, a timer and callbacks around every proposal, a cost on every publish.
@@ -195,7 +201,10 @@ class NodeContext:
                 self.hosting.process(rep)
             else:
                 self.hosting.schedule(rep)
-            return await future
+            reply = await future
+            if trace is not None:
+                trace.stamp(Stage.RESUMED)
+            return reply
         finally:
             timer.cancel()
             rep.proposals.pop(request_id, None)

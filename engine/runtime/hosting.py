@@ -34,6 +34,7 @@ from engine.errors import (
     StorageFailed,
 )
 from engine.ids import NodeName, ServerId
+from engine.publish_trace import Stage
 from engine.queue import QueueMachine, ReceiptSeal
 from engine.queue.snapshots import page_handles, read_snapshot
 from engine.raft.config import EMPTY_CONFIGURATION, Configuration
@@ -368,6 +369,9 @@ class Hosting:
             loop.call_soon_threadsafe(self.drain_batches)
 
     def drain_batches(self) -> None:
+        trace = self.ctx.trace
+        if trace is not None:
+            trace.stamp(Stage.ON_LOOP)
         while self.batches:
             self.on_wal_batch(self.batches.popleft())
 
@@ -484,7 +488,10 @@ class ReplicaIo:
         self.ctx.hosting.send(self.rep, message)
 
     def applied(self, entry: Entry, reply: object, effects: list[MachineEffect]) -> None:
-        self.ctx.effects.applied(self.rep, entry, reply, effects)
+        ctx = self.ctx
+        if ctx.trace is not None:
+            ctx.trace.stamp(Stage.APPLIED)
+        ctx.effects.applied(self.rep, entry, reply, effects)
 
     def passed(self, entry: Entry) -> None:
         self.ctx.effects.passed(self.rep, entry)

@@ -69,6 +69,7 @@ from engine.errors import Conflict, EntryDamaged, NoLeader, QuorraError
 from engine.ids import NodeName
 from engine.limits import DEFAULT_LIMITS, Limits
 from engine.node_key import receipt_key
+from engine.publish_trace import PublishTrace
 from engine.raft.messages import Message
 from engine.runtime import observe
 from engine.runtime.api import (
@@ -152,6 +153,7 @@ class Node:
             ctx.receipt_key = await asyncio.to_thread(receipt_key, self.data_dir)
         storage, metas = await asyncio.to_thread(ctx.catalog.open_storage)
         storage.take_over()
+        storage.wal.trace = ctx.trace
         ctx.storage = storage
         hosting = ctx.hosting
         for meta in metas:
@@ -237,6 +239,11 @@ class Node:
 
     def set_record_listener(self, listener: RecordListener | None) -> None:
         self.context.checkpoints.listener = listener
+
+    def trace_publishes(self, trace: PublishTrace) -> None:
+        """Stamp the stages of publishes into ``trace`` (a measuring aid); before ``start``."""
+        assert not self.context.has_storage, "trace_publishes before start"
+        self.context.trace = trace
 
     # === queues ======================================================================
 

@@ -48,6 +48,7 @@ import crc32c
 
 from engine.errors import RecoveryRefused, StorageFailed
 from engine.limits import Limits
+from engine.publish_trace import PublishTrace, Stage
 from engine.raft.entry import Entry, EntryKind
 from engine.storage.disk import Disk, DiskFile
 from engine.storage.wal_carry import CarryRuns
@@ -248,6 +249,8 @@ class Wal:
         self._hard_states = dict(hard_states)
         self._broken: StorageFailed | None = None
         self.times = WalTimes()
+        self.trace: PublishTrace | None = None
+        """Stamps the WAL's stages of a traced publish (``engine.publish_trace``)."""
         self.waker: Callable[[], None] | None = None
         """Called by a ``submit`` that found nothing pending; ``WalThread`` sets it to wake
         its writer. A writer checks ``pending()`` under its own lock before it waits, so
@@ -277,6 +280,8 @@ class Wal:
             idle = not self._pending
             self._pending.append((op, tail, size))
             self._pending_bytes += size
+        if self.trace is not None:
+            self.trace.stamp(Stage.SUBMITTED)
         if idle and self.waker is not None:
             self.waker()
 
@@ -291,6 +296,9 @@ class Wal:
         """One group commit: one write and one sync of every pending operation (up to the
         batch limit). Returns the batch, with ``error`` set if the disk refused it."""
         taken = self._take()
+        trace = self.trace
+        if trace is not None and taken:
+            trace.stamp(Stage.TAKEN)
         ops = tuple(op for op, _, _ in taken)
         seq = self._seq
         if self._broken is not None:
@@ -304,9 +312,13 @@ class Wal:
         started = time.perf_counter()
         try:
             self._file.append(data)
+            if trace is not None:
+                trace.stamp(Stage.WRITTEN)
             self._file.sync()
         except OSError as exc:
             return WalBatch(ops, self._fail(exc), None, 0, seq)
+        if trace is not None:
+            trace.stamp(Stage.SYNCED)
         self.times.record(time.perf_counter() - started, len(data))
         self._size += len(data)
         self._refs.update(new_refs)
