@@ -13,21 +13,84 @@ and the memory alarm, which counts them, clears by itself.
 
 ``stop`` writes what is pending and returns; ``stop(abandon=True)`` drops it, as a crash
 would (the in-process failover tests use it).
+
+The thread sleeps on an eventfd (a pipe where there is none, ``Wakeup``), not on a
+``threading.Condition``: a condition's notify and wait are a dozen Python steps on each
+side, each needing the GIL that the loop holds, around a fresh lock per wait. A wake-up
+and the batch back to the loop took 45-50 us (p50) and 50 us of CPU that way, 18-22 us
+and 20-25 us through the eventfd, on this 2-core machine (/tmp ping-pong of loop and
+thread, uvloop, three alternating rounds). A wake-up given while the thread is not yet
+asleep stays in the eventfd's counter, so none is lost between its check of ``pending``
+and its sleep.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import select
+import sys
 import threading
 from collections.abc import Callable
 
 from engine.storage import Wal, WalBatch
+
+_ONE = (1).to_bytes(8, sys.byteorder)
+"""What a wake-up writes: an eventfd adds this 8-byte count to its counter; a pipe takes
+the bytes as they are."""
+
+
+class Wakeup:
+    """A flag another thread sets (``set``) and the writer sleeps on (``wait``), through
+    the kernel: an eventfd, or a pipe where the platform has none."""
+
+    def __init__(self) -> None:
+        if hasattr(os, "eventfd"):
+            self._r = self._w = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        else:  # pragma: no cover - not Linux
+            self._r, self._w = os.pipe()
+            os.set_blocking(self._r, False)
+            os.set_blocking(self._w, False)
+        self._poll = select.poll()
+        self._poll.register(self._r, select.POLLIN)
+        self._lock = threading.Lock()
+        """Held to write and to close: a late ``set`` (a submit racing a stop) must not
+        write to a descriptor closed and perhaps reused meanwhile."""
+        self._closed = False
+
+    def set(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            # The counter or the pipe full: a wake-up is pending already.
+            with contextlib.suppress(BlockingIOError):
+                os.write(self._w, _ONE)
+
+    def wait(self, timeout_s: float) -> bool:
+        """Sleep until set or ``timeout_s`` passed (the GIL released meanwhile); whether
+        it was set. Clears it."""
+        if not self._poll.poll(max(0, round(timeout_s * 1000))):
+            return False
+        with contextlib.suppress(BlockingIOError):  # cleared meanwhile (nothing else reads)
+            os.read(self._r, 4096)
+        return True
+
+    def close(self) -> None:
+        """Once the sleeping thread has ended; a ``set`` after it does nothing."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            os.close(self._r)
+            if self._w != self._r:
+                os.close(self._w)
 
 
 class WalWriter:
     def __init__(self, wal: Wal, on_batch: Callable[[WalBatch], None]) -> None:
         self._wal = wal
         self._on_batch = on_batch
-        self._cond = threading.Condition()
+        self._wakeup = Wakeup()
         self._stopping = False
         self._abandon = False
         self._roll_wanted = False
@@ -46,39 +109,39 @@ class WalWriter:
         return not self._writing and not self._wal.pending()
 
     def wake(self) -> None:
-        with self._cond:
-            self._cond.notify()
+        self._wakeup.set()
 
     def request_roll(self) -> None:
         """Roll the current file once what is pending is written, as after an idle
         period: the memory alarm asks for it, so that the mem tables it counts empty
         even while consumers keep the WAL busy."""
-        with self._cond:
-            self._roll_wanted = True
-            self._cond.notify()
+        self._roll_wanted = True  # set before the wake-up, so the woken thread sees it
+        self._wakeup.set()
 
     def stop(self, *, abandon: bool = False) -> None:
-        with self._cond:
-            self._stopping = True
-            self._abandon = abandon
-            self._cond.notify()
+        self._abandon = abandon
+        self._stopping = True
+        self._wakeup.set()
         if self._thread.is_alive():
             self._thread.join()
         self._wal.waker = None
+        self._wakeup.close()
 
     def _run(self) -> None:
+        wal, wakeup = self._wal, self._wakeup
         while True:
             idle = False
-            with self._cond:
-                while not self._wal.pending() and not self._stopping and not idle:
-                    idle = self._roll_wanted or not self._cond.wait(self._wal.idle_roll_s)
-                if self._stopping and (self._abandon or not self._wal.pending()):
-                    return
-                roll = idle and not self._wal.pending()
-                if roll:
-                    self._roll_wanted = False
-                else:
-                    self._writing = True
+            # Checked after each wake-up, and a wake-up given before the sleep stays set:
+            # an operation submitted at any point here is written without waiting.
+            while not wal.pending() and not self._stopping and not idle:
+                idle = self._roll_wanted or not wakeup.wait(wal.idle_roll_s)
+            if self._stopping and (self._abandon or not wal.pending()):
+                return
+            roll = idle and not wal.pending()
+            if roll:
+                self._roll_wanted = False
+            else:
+                self._writing = True
             if not roll:
                 self._on_batch(self._wal.write_batch())
                 self._writing = False
@@ -86,4 +149,4 @@ class WalWriter:
                 self._on_batch(rolled)
 
 
-__all__ = ["WalWriter"]
+__all__ = ["Wakeup", "WalWriter"]

@@ -1,0 +1,104 @@
+"""The WAL writer thread: woken at once by a submit, never loses a wake-up given before
+it sleeps, rolls an idle file or when asked, writes what is pending at a stop."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+from engine.runtime.wal_writer import Wakeup, WalWriter
+from engine.storage import FakeDisk, NodeStorage, Persisted, WalBatch
+from engine.storage.wal import AppendOp
+from tests.engine.storage.conftest import entries, small_limits
+
+WAIT_S = 10.0
+
+
+def _storage(**limits: int) -> NodeStorage:
+    storage = NodeStorage.open(FakeDisk(), small_limits(wal_file_bytes_max=1 << 20, **limits))
+    storage.open_server("q")
+    return storage
+
+
+def test_a_wake_up_given_before_the_wait_is_kept_and_cleared_by_it() -> None:
+    wakeup = Wakeup()
+    try:
+        wakeup.set()
+        wakeup.set()
+        assert wakeup.wait(WAIT_S)
+        started = time.monotonic()
+        assert not wakeup.wait(0.05)  # cleared: the second set was the same wake-up
+        assert time.monotonic() - started >= 0.04
+    finally:
+        wakeup.close()
+    wakeup.set()  # after close: nothing, and no write to a descriptor reused meanwhile
+    wakeup.close()
+
+
+def test_a_wake_up_from_another_thread_ends_the_wait() -> None:
+    wakeup = Wakeup()
+    try:
+        timer = threading.Timer(0.05, wakeup.set)
+        timer.start()
+        started = time.monotonic()
+        assert wakeup.wait(WAIT_S)
+        assert time.monotonic() - started < WAIT_S / 2
+        timer.join()
+    finally:
+        wakeup.close()
+
+
+def test_each_submit_is_written_at_once_and_handed_back_in_order() -> None:
+    storage = _storage(wal_idle_roll_ms=60_000)
+    batches: queue.Queue[WalBatch] = queue.Queue()
+    writer = WalWriter(storage.wal, batches.put)
+    writer.start()
+    try:
+        for k in range(1, 51):
+            started = time.monotonic()
+            storage.append("q", entries(k, 1))
+            batch = batches.get(timeout=WAIT_S)
+            # Far below the idle-roll wait (a minute): the submit woke the writer.
+            assert time.monotonic() - started < WAIT_S
+            assert batch.error is None
+            assert storage.complete(batch) == [Persisted("q", k, 1)]
+            assert writer.idle
+    finally:
+        writer.stop()
+
+
+def test_an_idle_written_file_rolls_and_a_requested_roll_comes_at_once() -> None:
+    storage = _storage(wal_idle_roll_ms=50)
+    batches: queue.Queue[WalBatch] = queue.Queue()
+    writer = WalWriter(storage.wal, batches.put)
+    writer.start()
+    try:
+        storage.append("q", entries(1, 1))
+        storage.complete(batches.get(timeout=WAIT_S))
+        rolled = batches.get(timeout=WAIT_S)  # after 50 ms with nothing to write
+        assert rolled.ops == () and rolled.rolled is not None
+    finally:
+        writer.stop()
+    storage = _storage(wal_idle_roll_ms=60_000)
+    writer = WalWriter(storage.wal, batches.put)
+    writer.start()
+    try:
+        storage.append("q", entries(1, 1))
+        storage.complete(batches.get(timeout=WAIT_S))
+        writer.request_roll()
+        assert batches.get(timeout=WAIT_S).rolled is not None
+    finally:
+        writer.stop()
+
+
+def test_stop_writes_what_is_pending_first() -> None:
+    storage = _storage(wal_idle_roll_ms=60_000)
+    batches: list[WalBatch] = []
+    writer = WalWriter(storage.wal, batches.append)
+    writer.start()
+    storage.wal.submit(AppendOp("q", tuple(entries(1, 2))))
+    writer.stop()
+    assert [op for b in batches for op in b.ops] == [AppendOp("q", tuple(entries(1, 2)))]
+    assert not storage.wal.pending() and storage.wal.waker is None
+    writer.stop()  # a second stop does nothing
