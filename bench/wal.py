@@ -7,7 +7,7 @@ disk.
 Each server keeps ``--window`` entries in flight (a Raft leader pipelines its appends);
 when a ``Persisted`` comes back it submits as many new entries, as one append, as it
 has room for, building them as the Raft core does (one ``Entry`` each). The WAL runs in
-its writer thread (``WalThread``) exactly as in the runtime; batches are applied and
+its writer thread (``WalWriter``) exactly as in the runtime; batches are applied and
 servers refilled on the main thread. WAL rolls and segment flushes happen as they would
 (the flush runs in a worker thread). Data goes to a temporary directory next to the
 repository (same disk), removed afterwards. MB here are 10^6 bytes.
@@ -61,7 +61,8 @@ from typing import Any
 import bench
 from engine.limits import DEFAULT_LIMITS
 from engine.raft.entry import Entry, EntryKind
-from engine.storage import NodeStorage, OsDisk, Persisted, SegmentFlush, WalBatch, WalThread
+from engine.runtime.wal_writer import WalWriter
+from engine.storage import NodeStorage, OsDisk, Persisted, SegmentFlush, WalBatch
 from engine.storage.wal import AppendOp
 
 JSON_KEYS = (
@@ -122,7 +123,7 @@ def run_servers(
         repeat(payload),
     )
     inbox: queue.SimpleQueue[WalBatch] = queue.SimpleQueue()
-    writer = WalThread(storage.wal, inbox.put)
+    writer = WalWriter(storage.wal, inbox.put)
     next_index = dict.fromkeys(uids, 1)
     inflight = dict.fromkeys(uids, 0)
     pool = ThreadPoolExecutor(max_workers=1)
@@ -137,7 +138,7 @@ def run_servers(
         entries = tuple(map(Entry, range(first, first + n), ones, commands, zeros, payloads))
         next_index[uid] = first + n
         inflight[uid] += n
-        writer.submit(AppendOp(uid, entries))
+        storage.wal.submit(AppendOp(uid, entries))  # wakes the writer if it is idle
 
     writer.start()
     load = os.getloadavg()[0]

@@ -18,8 +18,8 @@ The thread sleeps on an eventfd (a pipe where there is none, ``Wakeup``), not on
 ``threading.Condition``: a condition's notify and wait are a dozen Python steps on each
 side, each needing the GIL that the loop holds, around a fresh lock per wait. A wake-up
 and the batch back to the loop took 45-50 us (p50) and 50 us of CPU that way, 18-22 us
-and 20-25 us through the eventfd, on this 2-core machine (/tmp ping-pong of loop and
-thread, uvloop, three alternating rounds). A wake-up given while the thread is not yet
+and 20-25 us through the eventfd, on a loaded 2-core machine (a ping-pong of loop and
+thread under uvloop, three alternating rounds). A wake-up given while the thread is not yet
 asleep stays in the eventfd's counter, so none is lost between its check of ``pending``
 and its sleep.
 """

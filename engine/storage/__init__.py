@@ -22,11 +22,12 @@ Using it (the runtime and the simulator do the same, the runtime with two thread
     storage.close()                                      # clean stop: roll + flush, so the
                                                          # next open replays no WAL
 
-Threads in the real runtime: ``WalThread(storage.wal, on_batch)`` calls
-``wal.write_batch`` whenever something is pending and passes each ``WalBatch`` to
-``on_batch`` in its thread; forward it with ``loop.call_soon_threadsafe`` and call
-``storage.complete(batch)`` on the loop (mem tables change only there; submit through
-``WalThread.submit`` so the writer wakes up). When ``rolled_wal_files()`` is non-empty:
+Threads in the real runtime: the writer thread (``engine.runtime.wal_writer.WalWriter(
+storage.wal, on_batch)``) calls ``wal.write_batch`` whenever something is pending and
+passes each ``WalBatch`` to ``on_batch`` in its thread; forward it with
+``loop.call_soon_threadsafe`` and call ``storage.complete(batch)`` on the loop (mem
+tables change only there; a submit that finds nothing pending wakes the writer through
+``Wal.waker``). When ``rolled_wal_files()`` is non-empty:
 ``flush = storage.prepare_segment_flush()`` on the loop, ``flush.write()`` in a worker,
 ``storage.finish_segment_flush(flush)`` back on the loop.
 
@@ -104,7 +105,7 @@ from engine.storage.node_storage import (
 )
 from engine.storage.reaper import PinnedReader
 from engine.storage.server_log import ServerLog
-from engine.storage.wal import HardState, Wal, WalBatch, WalThread
+from engine.storage.wal import HardState, Wal, WalBatch
 from engine.storage.wal_stats import SYNC_BUCKETS_S, WalStats
 
 __all__ = [
@@ -132,6 +133,5 @@ __all__ = [
     "Wal",
     "WalBatch",
     "WalStats",
-    "WalThread",
     "WriteFailed",
 ]

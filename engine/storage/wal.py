@@ -6,8 +6,8 @@ Rule: one ``write_batch`` call takes everything pending from every server (up to
 while the previous sync runs, so batches grow by themselves; when idle a batch holds one
 operation and the latency is one sync.
 
-The writer is synchronous (the simulator calls ``write_batch`` itself); ``WalThread`` is
-the thin wrapper that runs it in a thread for the real runtime.
+The writer is synchronous (the simulator calls ``write_batch`` itself); the runtime runs
+it in its writer thread (``engine.runtime.wal_writer.WalWriter``).
 
 File format (``wal/<seq:08>.wal``, version 2): a 20-byte header (magic ``QWAL``,
 version, seq, CRC32C of the first 16 bytes), then records ``[u32 body length][u32
@@ -252,7 +252,7 @@ class Wal:
         self.trace: PublishTrace | None = None
         """Stamps the WAL's stages of a traced publish (``engine.publish_trace``)."""
         self.waker: Callable[[], None] | None = None
-        """Called by a ``submit`` that found nothing pending; ``WalThread`` sets it to wake
+        """Called by a ``submit`` that found nothing pending; ``WalWriter`` sets it to wake
         its writer. A writer checks ``pending()`` under its own lock before it waits, so
         waking it once per idle period is enough (and spares a notify per submit)."""
         self._seq = seq
@@ -572,57 +572,6 @@ def _add_entries(
         owners.append(uid)
 
 
-# --- the writer thread ------------------------------------------------------------------
-
-
-class WalThread:
-    """Runs ``wal.write_batch`` in a thread whenever operations are pending and hands
-    each batch to ``on_batch`` (called in the writer thread: the runtime forwards it to
-    its event loop with ``loop.call_soon_threadsafe``). After ``wal_idle_roll_ms`` with
-    nothing to write it rolls a file that holds anything (``roll_if_written``) and hands
-    on that batch too."""
-
-    def __init__(self, wal: Wal, on_batch: Callable[[WalBatch], None]) -> None:
-        self._wal = wal
-        self._on_batch = on_batch
-        self._wake = threading.Condition()
-        self._stopping = False
-        self._thread = threading.Thread(target=self._run, name="quorra-wal", daemon=True)
-        wal.waker = self._notify
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def submit(self, op: WalOp) -> None:
-        """Same as ``wal.submit`` (which also wakes the writer)."""
-        self._wal.submit(op)
-
-    def _notify(self) -> None:
-        with self._wake:
-            self._wake.notify()
-
-    def stop(self) -> None:
-        """Write what is pending, then end the thread."""
-        with self._wake:
-            self._stopping = True
-            self._wake.notify()
-        self._thread.join()
-        self._wal.waker = None
-
-    def _run(self) -> None:
-        while True:
-            idle = False
-            with self._wake:
-                while not self._wal.pending() and not self._stopping and not idle:
-                    idle = not self._wake.wait(self._wal.idle_roll_s)
-                if self._stopping and not self._wal.pending():
-                    return
-            if not idle or self._wal.pending():
-                self._on_batch(self._wal.write_batch())
-            elif (rolled := self._wal.roll_if_written()) is not None:
-                self._on_batch(rolled)
-
-
 __all__ = [
     "AppendOp",
     "ForgetOp",
@@ -633,7 +582,6 @@ __all__ = [
     "WalBatch",
     "WalFile",
     "WalOp",
-    "WalThread",
     "read_wal_file",
     "wal_path",
     "wal_seqs",

@@ -9,6 +9,7 @@ import pytest
 from pyroaring import BitMap64
 
 from engine.raft.entry import EntryKind
+from engine.runtime.wal_writer import WalWriter
 from engine.storage import (
     Checkpoint,
     FakeDisk,
@@ -18,7 +19,6 @@ from engine.storage import (
     Removed,
     SnapshotReset,
     WalBatch,
-    WalThread,
 )
 from engine.storage.segment import SegmentReader
 from tests.engine.storage.conftest import entries, one_server, small_limits
@@ -176,7 +176,7 @@ def test_wal_thread_runs_group_commits_in_a_thread() -> None:
         if sum(len(b.ops) for b in batches) == 20:
             done.set()
 
-    thread = WalThread(storage.wal, on_batch)
+    thread = WalWriter(storage.wal, on_batch)
     thread.start()
     for k in range(20):
         storage.open_server(f"q{k}")
@@ -291,7 +291,7 @@ def test_an_idle_wal_rolls_once_so_the_mem_tables_empty() -> None:
     limits = small_limits(wal_file_bytes_max=1 << 20, wal_idle_roll_ms=100)
     storage = NodeStorage.open(FakeDisk(), limits)
     batches: list[WalBatch] = []
-    thread = WalThread(storage.wal, batches.append)
+    thread = WalWriter(storage.wal, batches.append)
     thread.start()
     try:
         storage.open_server("q")

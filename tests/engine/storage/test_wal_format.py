@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from engine.errors import RecoveryRefused
 from engine.raft.entry import Entry, EntryKind
-from engine.storage import FakeDisk, HardState, NodeStorage, Persisted, WalBatch, WalThread
+from engine.runtime.wal_writer import WalWriter
+from engine.storage import FakeDisk, HardState, NodeStorage, Persisted, WalBatch
 from engine.storage.wal import (
     AppendOp,
     ForgetOp,
@@ -323,7 +324,7 @@ def test_an_append_alone_is_one_batch_and_one_sync() -> None:
         batches.append(batch)
         arrived.release()
 
-    thread = WalThread(storage.wal, on_batch)
+    thread = WalWriter(storage.wal, on_batch)
     thread.start()
     for i in range(1, 6):
         syncs = disk.syncs
@@ -366,7 +367,7 @@ def test_the_writer_thread_misses_no_submit() -> None:
         if sum(len(b.ops) for b in batches) == submits:
             all_written.set()
 
-    thread = WalThread(storage.wal, on_batch)
+    thread = WalWriter(storage.wal, on_batch)
     thread.start()
     last = dict.fromkeys(uids, 0)
     for _ in range(submits):
