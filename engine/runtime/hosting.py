@@ -87,6 +87,9 @@ class Hosting:
         """Seeds each replica's core (election timeouts)."""
         self.batches: deque[WalBatch] = deque()
         """Finished WAL batches handed over by the writer thread, in order."""
+        self.drain_scheduled = False
+        """A ``drain_batches`` is scheduled on the loop and has not started: a batch the
+        writer hands over meanwhile is taken by it, without a wake-up of its own."""
         self.flush_task: asyncio.Task[None] | None = None
 
     # --- opening and closing -----------------------------------------------------------
@@ -362,13 +365,20 @@ class Hosting:
     # --- durability --------------------------------------------------------------------
 
     def on_wal_batch_threadsafe(self, batch: WalBatch) -> None:
-        """In the writer thread: hand the batch over in order (deque appends are atomic)."""
+        """In the writer thread: hand the batch over in order (deque appends are atomic),
+        waking the loop only if no drain is scheduled yet. The batch is appended before
+        the flag is read and the drain clears the flag before it takes any batch, so a
+        batch is either seen by a drain still to come or schedules one."""
         self.batches.append(batch)
+        if self.drain_scheduled:
+            return
+        self.drain_scheduled = True
         loop = self.ctx.loop
         with contextlib.suppress(RuntimeError):  # the loop closed after a halt
             loop.call_soon_threadsafe(self.drain_batches)
 
     def drain_batches(self) -> None:
+        self.drain_scheduled = False
         trace = self.ctx.trace
         if trace is not None:
             trace.stamp(Stage.ON_LOOP)
