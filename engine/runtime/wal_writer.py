@@ -66,14 +66,14 @@ class Wakeup:
             with contextlib.suppress(BlockingIOError):
                 os.write(self._w, _ONE)
 
+    def clear(self) -> None:
+        with contextlib.suppress(BlockingIOError):  # not set
+            os.read(self._r, 4096)
+
     def wait(self, timeout_s: float) -> bool:
         """Sleep until set or ``timeout_s`` passed (the GIL released meanwhile); whether
-        it was set. Clears it."""
-        if not self._poll.poll(max(0, round(timeout_s * 1000))):
-            return False
-        with contextlib.suppress(BlockingIOError):  # cleared meanwhile (nothing else reads)
-            os.read(self._r, 4096)
-        return True
+        it was set. It stays set: ``clear`` is a call of its own."""
+        return bool(self._poll.poll(max(0, round(timeout_s * 1000))))
 
     def close(self) -> None:
         """Once the sleeping thread has ended; a ``set`` after it does nothing."""
@@ -131,9 +131,15 @@ class WalWriter:
         wal, wakeup = self._wal, self._wakeup
         while True:
             idle = False
-            # Checked after each wake-up, and a wake-up given before the sleep stays set:
-            # an operation submitted at any point here is written without waiting.
             while not wal.pending() and not self._stopping and not idle:
+                # The last wake-up is cleared on the way to sleep, not after a wake: the
+                # read gives the GIL up and takes it back, which a woken writer would pay
+                # before its write (up to a switch interval, 5 ms, on a busy loop). The
+                # checks after the clear see a submit made before it; one made after it
+                # sets the wake-up again, and the wait returns at once.
+                wakeup.clear()
+                if wal.pending() or self._stopping:
+                    break
                 idle = self._roll_wanted or not wakeup.wait(wal.idle_roll_s)
             if self._stopping and (self._abandon or not wal.pending()):
                 return

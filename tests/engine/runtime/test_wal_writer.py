@@ -21,15 +21,17 @@ def _storage(**limits: int) -> NodeStorage:
     return storage
 
 
-def test_a_wake_up_given_before_the_wait_is_kept_and_cleared_by_it() -> None:
+def test_a_wake_up_given_before_the_wait_stays_until_cleared() -> None:
     wakeup = Wakeup()
     try:
         wakeup.set()
         wakeup.set()
-        assert wakeup.wait(WAIT_S)
+        assert wakeup.wait(WAIT_S) and wakeup.wait(WAIT_S)
+        wakeup.clear()  # both sets were one wake-up
         started = time.monotonic()
-        assert not wakeup.wait(0.05)  # cleared: the second set was the same wake-up
+        assert not wakeup.wait(0.05)
         assert time.monotonic() - started >= 0.04
+        wakeup.clear()  # clearing what is not set is nothing
     finally:
         wakeup.close()
     wakeup.set()  # after close: nothing, and no write to a descriptor reused meanwhile
