@@ -8,16 +8,20 @@ dozen generator steps, ~12% of a stream publish's server time in a profile. Most
 a client sends is one kind of frame: a whole (FIN) binary frame, masked, no reserved
 bits, within the size limit, on an open connection without extensions. ``IncomingFrames``
 reads those itself, unmasked once (websockets' C ``apply_mask``) straight out of the
-received chunk when the frame lies whole in it; it hands websockets every other frame
-byte for byte, so that websockets keeps every check and answer it had: control frames
-(ping answered with pong, close handshake and codes), text frames, fragmented messages,
-unmasked frames (1002), oversized ones (1009), reserved bits and bad opcodes (1002).
+received chunk when the frame lies whole in it, or out of its chunks' pieces joined once
+(a 100 KiB frame read in 64 KiB chunks: ~40 us instead of ~145 on this machine). It
+hands websockets every other frame byte for byte, so that websockets keeps every check
+and answer it had: control frames (ping answered with pong, close handshake and codes),
+text frames, fragmented messages, unmasked frames (1002), oversized ones (1009),
+reserved bits and bad opcodes (1002).
 
-Rule: websockets always sees whole frames, from a frame boundary. A frame's extent is
-known from its head alone (2 to 14 bytes), so the reader splits the stream at frame
-boundaries and feeds websockets the bytes of each frame it does not read itself, as
-they arrive. Once websockets fails the connection, or its state leaves OPEN for closing,
-every later byte goes to websockets, which discards or parses it as before.
+Rule: websockets parses from a frame boundary only. A frame's extent is known from its
+head alone (2 to 14 bytes), so the reader splits the stream at frame boundaries and
+feeds websockets the bytes of each frame it does not read itself, as they arrive; a
+frame websockets refuses on its first two bytes (unmasked, unknown opcode) is handed
+over at once, with everything after it. Once websockets fails the connection, or its
+state leaves OPEN for closing, every later byte goes to websockets, which discards or
+parses it as before.
 
 Memory: the reader keeps at most one frame it reads itself (bounded by the size limit,
 checked on the head before the payload is kept) plus the rest of the last chunk.
@@ -60,6 +64,12 @@ class IncomingFrames:
         self._on_message = on_message
         self._on_passed = on_passed
         self._kept = bytearray()
+        """The bytes of an incomplete head (and what followed it in its chunk)."""
+        self._pieces: list[bytes | memoryview] = []
+        """A frame read here whose head came and whose payload is still coming: its bytes
+        so far, the received chunks' own (joined once, when whole: a ``bytearray`` grown
+        chunk by chunk costs several copies and fresh pages, ~100 us a 100 KiB frame)."""
+        self._pieces_left = 0
         self._pass_left = 0
         """Bytes of the current frame still to hand to websockets."""
         self._all_to_websockets = False
@@ -68,21 +78,39 @@ class IncomingFrames:
         if self._all_to_websockets:
             self._pass(data)
             return
+        rest: bytes | memoryview = data
+        if self._pieces_left:
+            n = min(self._pieces_left, len(data))
+            self._pieces.append(memoryview(data)[:n])
+            self._pieces_left -= n
+            if self._pieces_left:
+                return
+            whole = b"".join(self._pieces)
+            self._pieces = []
+            done = self._split(whole)
+            assert done == len(whole)  # nothing passed to websockets since its head came
+            rest = memoryview(data)[n:]
         kept = self._kept
         if kept:
-            kept += data
+            kept += rest
             pos = self._split(kept)
-            del kept[:pos]
+            if self._pieces_left:
+                self._pieces = [bytes(kept[pos:])]
+                kept.clear()
+            else:
+                del kept[:pos]
         else:
-            pos = self._split(data)
-            if pos < len(data):
-                kept += data[pos:]
+            pos = self._split(rest)
+            if self._pieces_left:
+                self._pieces = [memoryview(rest)[pos:]]
+            elif pos < len(rest):
+                kept += memoryview(rest)[pos:]
         if self._all_to_websockets and kept:
-            rest = bytes(kept)
+            left = bytes(kept)
             kept.clear()
-            self._pass(rest)
+            self._pass(left)
 
-    def _split(self, buf: bytes | bytearray) -> int:
+    def _split(self, buf: bytes | bytearray | memoryview) -> int:
         """Reads or hands on every frame that begins in ``buf``; the position of the first
         byte left for later (an incomplete head, or a frame read here not yet whole)."""
         pos = 0
@@ -105,7 +133,8 @@ class IncomingFrames:
                 if first == _FIN_BINARY and length <= self._size_limit() and self._open():
                     start = pos + head_bytes
                     if end - start < length:
-                        break  # the head too: kept whole until the payload is
+                        self._pieces_left = start + length - end
+                        break
                     mask = bytes(view[start - _MASK_BYTES : start])
                     self._on_message(apply_mask(view[start : start + length], mask))
                     pos = start + length
