@@ -17,6 +17,13 @@ message bodies), whose chunks follow the head in the same ``writelines``; uvloop
 references to what the socket does not take at once, which is why the chunks are
 ``bytes``. Everything else, and a binary frame on a connection that is not open or uses
 an extension, takes uvicorn's path (chunks joined first).
+
+Incoming: once the handshake request has been parsed, and nothing came after it yet
+(websockets' frame parser then starts at a frame boundary), the connection's bytes go
+through ``IncomingFrames`` (``app/ws_incoming.py``), which reads whole binary frames
+itself and hands websockets every other frame whole; its events are handled as uvicorn
+handles them, in arrival order. A client that sends frames before the handshake's end
+keeps websockets' parser for the whole connection.
 """
 
 from __future__ import annotations
@@ -25,9 +32,13 @@ import struct
 from typing import Any
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from websockets.http11 import Request
 from websockets.protocol import State
 
 from app.deliver_frames import FrameChunks
+from app.ws_incoming import IncomingFrames
+
+_HEAD_END = b"\r\n\r\n"
 
 _FIN_BINARY = 0x82
 """The first byte of a whole (FIN) binary frame."""
@@ -49,7 +60,59 @@ def binary_frame_head(length: int) -> bytes:
 
 class DirectFrameProtocol(WebSocketsSansIOProtocol):
     """uvicorn's sans-I/O WebSocket protocol, binary frames written without a copy (a
-    ``FrameChunks`` as its chunks)."""
+    ``FrameChunks`` as its chunks) and whole incoming binary frames read by
+    ``IncomingFrames``."""
+
+    _incoming: IncomingFrames | None = None
+    _request_parsed = False
+    _failure_answered = False
+    _handshake_bytes: bytearray | None = None
+    """What came before the handshake request was parsed (bounded by websockets' own
+    limits on a request's lines and headers, the request itself refused past them)."""
+
+    def data_received(self, data: bytes) -> None:
+        if self._incoming is None:
+            self._before_frames(data)
+        else:
+            self._incoming.feed(data)
+
+    def _message(self, payload: bytes) -> None:
+        """A whole binary frame read by ``IncomingFrames``: as uvicorn's ``handle_bytes``."""
+        self.curr_msg_data_type = "bytes"
+        self.frames = [payload]
+        self.send_receive_event_to_app()
+
+    def _passed(self) -> None:
+        """After bytes handed to websockets: as uvicorn's ``data_received`` after its
+        ``receive_data`` (a failure answered once)."""
+        if self.conn.parser_exc is not None:
+            if not self._failure_answered:
+                self._failure_answered = True
+                self.handle_parser_exception()
+            return
+        self.handle_events()
+
+    def _before_frames(self, data: bytes) -> None:
+        """uvicorn's path until the request is parsed; then ``IncomingFrames`` if the
+        request ended the bytes received (nothing of a frame parsed by websockets)."""
+        if self._request_parsed or self.close_sent:
+            super().data_received(data)
+            return
+        seen = self._handshake_bytes
+        if seen is None:
+            seen = self._handshake_bytes = bytearray()
+        seen += data
+        super().data_received(data)
+        if not self._request_parsed:
+            return
+        self._handshake_bytes = None
+        whole = seen.find(_HEAD_END) + len(_HEAD_END) == len(seen)
+        if whole and self.conn.parser_exc is None and not self.close_sent:
+            self._incoming = IncomingFrames(self.conn, self._message, self._passed)
+
+    def handle_connect(self, event: Request) -> None:
+        self._request_parsed = True
+        super().handle_connect(event)
 
     async def send(self, message: Any) -> None:
         data = message.get("bytes") if message["type"] == "websocket.send" else None

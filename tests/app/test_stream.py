@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import sys
 import threading
 import time
@@ -19,6 +20,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
+from app.settings import Settings
 from quorra.client import (
     AsyncClient,
     Client,
@@ -597,3 +599,66 @@ def test_async_client_and_stream(srv: StreamServer, token: str, queue: str) -> N
             return seen
 
     assert asyncio.run(run()) == [f"r{i}".encode() for i in range(20)]
+
+
+# --- the WebSocket protocol under the stream ------------------------------------------
+
+
+def test_pings_fragments_and_the_close_handshake_around_publish_frames(
+    srv: StreamServer, token: str, queue: str
+) -> None:
+    with open_stream(srv, token, queue) as ws:
+        publish(ws, 1, b"whole")
+        assert ws.ping(b"p1").wait(10)
+        packed = bytes(msgpack.packb({"op": "publish", "seq": 2, "messages": [{"body": b"parts"}]}))
+        ws.send([packed[:3], packed[3:9], packed[9:]])  # one message in three frames
+        assert ws.ping(b"p2").wait(10)
+        assert frame_of(ws) == {"op": "confirm", "seq": 1}
+        assert frame_of(ws) == {"op": "confirm", "seq": 2}
+        ws.close(4000, "done")
+        assert (ws.close_code, ws.close_reason) == (4000, "done")  # echoed
+
+
+def upgrade_request(queue: str, token: str) -> bytes:
+    return (
+        f"GET /api/v1/queues/{queue}/stream HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        "Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
+        "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+        f"Authorization: Bearer {token}\r\n\r\n"
+    ).encode()
+
+
+def server_frames(sock: socket.socket, count: int) -> list[tuple[int, bytes]]:
+    """The first ``count`` frames (opcode, payload) after the 101 response: small ones,
+    unmasked, as the server sends them."""
+    received = b""
+    while True:
+        chunk = sock.recv(65536)
+        assert chunk, received
+        received += chunk
+        head_end = received.find(b"\r\n\r\n")
+        if head_end < 0:
+            continue
+        assert received.startswith(b"HTTP/1.1 101"), received
+        rest = received[head_end + 4 :]
+        frames = []
+        while len(rest) >= 2 and len(rest) >= 2 + rest[1]:
+            assert rest[1] < 126, rest  # small, unmasked
+            frames.append((rest[0] & 0x0F, rest[2 : 2 + rest[1]]))
+            rest = rest[2 + rest[1] :]
+        if len(frames) >= count:
+            return frames[:count]
+
+
+def test_a_frame_over_the_size_limit_closes_with_1009(
+    srv: StreamServer, token: str, queue: str
+) -> None:
+    too_big = Settings(data_dir=Path()).request_body_bytes_max + 1  # the server's default
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as sock:
+        sock.sendall(upgrade_request(queue, token))
+        (ready,) = server_frames(sock, 1)
+        assert msgpack.unpackb(ready[1])["op"] == "ready"
+        # the head alone: refused on it, before any of the payload arrives
+        sock.sendall(bytes([0x82, 0x80 | 127]) + too_big.to_bytes(8) + b"\x01\x02\x03\x04")
+        close = sock.recv(65536)
+        assert close[0] == 0x88 and int.from_bytes(close[2:4]) == 1009, close
