@@ -51,8 +51,9 @@ def tune_malloc() -> bool:
     freed (up to 32 MiB), so the next ones come from the heap, whose freed space it
     keeps: with glibc's defaults a server that took 100,000 messages of 64 bytes kept 145
     B per message (139 with a fixed threshold of 1 MiB), against 47 with a threshold of
-    64 KiB and 43 with 256 KiB (``quorra bench deep --messages 100000``; idle queues
-    cost 11.7-12.9 KiB each in all four). A fixed threshold keeps the WAL batches and
+    64 KiB and 43 with 256 KiB (``quorra bench deep --messages 100000``). An idle queue
+    cost the same under all four (``--queues 1000``: 11.7-13.4 KiB, 18.5-20.1 KiB after
+    a restart, within the spread of two runs). A fixed threshold keeps the WAL batches and
     segment files, the buffers that pile up, in mappings of their own, returned to the
     system by ``free``; two arenas (not eight per core) keep the threads' small
     allocations from holding freed space in arenas of their own.
