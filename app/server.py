@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import sys
 from typing import Any
 
@@ -77,6 +78,22 @@ def tune_malloc() -> bool:
     )
 
 
+GC_THRESHOLDS = (20_000, 20, 20)
+
+
+def tune_gc() -> None:
+    """Collect the youngest generation after 20,000 net allocations of tracked objects
+    instead of 700. Requests make almost no cyclic garbage, but a collection resets the
+    count, and the objects it promoted do not lower it when they die: under 700, single
+    publishes (quorra bench rest, ``publish_batch_1``, two runs) ran 55-98 young and 5-8
+    middle collections in 1,000-2,600 requests, 24-40 us of CPU per request (4-5%),
+    walking the in-flight requests' live objects. Under 20,000 the same phase ran none
+    (server CPU 487-626 us per request against 551-754, on a loaded machine).
+    What start-up built is frozen out of the collector's sight (app/main.py), and the
+    bound on uncollected cyclic garbage stays a number of objects."""
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
 def websocket_options(settings: Settings) -> dict[str, Any]:
     """uvicorn's WebSocket settings for the stream endpoint (app/api/stream.py):
     websockets' sans-I/O protocol, which reads no further frame until the app asks for
@@ -94,6 +111,7 @@ def run_server(settings: Settings) -> None:
     """Serve until interrupted, with settings checked and settled (``settled_settings``,
     app/cluster_identity.py)."""
     tune_malloc()
+    tune_gc()
     refused: list[str] = []
     server: uvicorn.Server | None = None
 
