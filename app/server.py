@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import sys
 from typing import Any
 
@@ -37,7 +38,7 @@ def announce(report: StartupReport) -> None:
 
 _M_MMAP_THRESHOLD = -3
 _M_ARENA_MAX = -8
-MALLOC_MMAP_THRESHOLD_BYTES = 64 * 1024
+MALLOC_MMAP_THRESHOLD_BYTES = 256 * 1024
 MALLOC_ARENAS_MAX = 2
 
 
@@ -47,16 +48,26 @@ def tune_malloc() -> bool:
     The server's large allocations are short-lived or released in bulk: request bodies,
     encoded publish batches (about 100 KiB for 100 messages of 1 KiB, held in the mem
     table until their WAL file is flushed to segments), WAL batches, segment files being
-    written. glibc raises its mmap threshold each time such a buffer is freed (up to
-    32 MiB), so the next ones come from the heap, whose freed space it keeps: a server
-    that took a million messages kept about 300 B per message of freed heap. A fixed
-    threshold of 64 KiB keeps those buffers in their own mappings, returned to the
+    written, stream frames. glibc raises its mmap threshold each time such a buffer is
+    freed (up to 32 MiB), so the next ones come from the heap, whose freed space it
+    keeps: with glibc's defaults a server that took 100,000 messages of 64 bytes kept 145
+    B per message (139 with a fixed threshold of 1 MiB), against 47 with a threshold of
+    64 KiB and 43 with 256 KiB (``quorra bench deep --messages 100000``). An idle queue
+    cost the same under all four (``--queues 1000``: 11.7-13.4 KiB, 18.5-20.1 KiB after
+    a restart, within the spread of two runs). A fixed threshold keeps the WAL batches and
+    segment files, the buffers that pile up, in mappings of their own, returned to the
     system by ``free``; two arenas (not eight per core) keep the threads' small
-    allocations from holding freed space in arenas of their own. The price is a mapping,
-    an unmapping and page faults per large buffer: without the fixed threshold the batch
-    publish rate was 65-78k msgs/s instead of 58-67k (``quorra bench rest``), but a server
-    holding a million messages kept 30-48 B per message instead of 13 (``quorra bench
-    restart``, the periodic ``malloc_trim`` of ``app/memory_trim.py`` notwithstanding).
+    allocations from holding freed space in arenas of their own.
+
+    The threshold is 256 KiB, not 64: a mapping costs an ``mmap``, page faults and a
+    ``munmap`` per buffer, and the buffers of every batch of 100 messages of 1 KiB (its
+    request body joined, the encoded entry, the answer) are over 64 KiB. Measured alone
+    (one process, CPU time), joining, parsing and encoding a publish of 100 took 425-455
+    us under 64 KiB against 180-205 under 256 KiB (150-185 with glibc's defaults), and
+    reading and answering a receive of 100 took 265-270 us against 115-140: about 2.5
+    and 1.3 us per message. Below 256 KiB such buffers come from the heap and
+    are reused there; what they leave free is given back by the periodic
+    ``malloc_trim`` (``app/memory_trim.py``).
     False where the C library is not glibc (nothing is changed there)."""
     mallopt = getattr(libc(), "mallopt", None)
     if mallopt is None:
@@ -65,6 +76,22 @@ def tune_malloc() -> bool:
         mallopt(_M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD_BYTES)
         and mallopt(_M_ARENA_MAX, MALLOC_ARENAS_MAX)
     )
+
+
+GC_THRESHOLDS = (20_000, 20, 20)
+
+
+def tune_gc() -> None:
+    """Collect the youngest generation after 20,000 net allocations of tracked objects
+    instead of 700. Requests make almost no cyclic garbage, but a collection resets the
+    count, and the objects it promoted do not lower it when they die: under 700, single
+    publishes (quorra bench rest, ``publish_batch_1``, two runs) ran 55-98 young and 5-8
+    middle collections in 1,000-2,600 requests, 24-40 us of CPU per request (4-5%),
+    walking the in-flight requests' live objects. Under 20,000 the same phase ran none
+    (server CPU 487-626 us per request against 551-754, on a loaded machine).
+    What start-up built is frozen out of the collector's sight (app/main.py), and the
+    bound on uncollected cyclic garbage stays a number of objects."""
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def websocket_options(settings: Settings) -> dict[str, Any]:
@@ -84,6 +111,7 @@ def run_server(settings: Settings) -> None:
     """Serve until interrupted, with settings checked and settled (``settled_settings``,
     app/cluster_identity.py)."""
     tune_malloc()
+    tune_gc()
     refused: list[str] = []
     server: uvicorn.Server | None = None
 

@@ -70,14 +70,11 @@ from engine.queue.commands import (
     OVERFLOW_REJECT_PUBLISH,
     POLICY_FIELDS,
     Kind,
-    MessageView,
-    NewMessage,
     QueuePolicy,
     command_kind,
     encode_checkout,
     encode_dead_letter_confirm,
     encode_discard,
-    encode_enqueue,
     encode_expire,
     encode_extend,
     encode_policy,
@@ -85,9 +82,6 @@ from engine.queue.commands import (
     encode_return,
     encode_settle,
     encode_settle_checkout,
-    enqueue_count,
-    message_run,
-    read_message,
 )
 from engine.queue.effects import (
     DEAD_LETTER_REASONS,
@@ -107,6 +101,14 @@ from engine.queue.effects import (
     Rejected,
     Settled,
     SettledCheckedOut,
+)
+from engine.queue.enqueue_codec import (
+    MessageView,
+    NewMessage,
+    encode_enqueue,
+    enqueue_count,
+    message_run,
+    read_message,
 )
 from engine.queue.machine import QueueMachine
 from engine.queue.paging import MemorySpill, NodePages, PageSpill, Paging, PagingStats

@@ -19,9 +19,10 @@ import numpy as np
 import numpy.typing as npt
 
 from engine.errors import MessageTooLarge, QueueFull
-from engine.queue import commands as cmd
-from engine.queue.commands import RECORD_BYTES
+from engine.queue import enqueue_codec as codec
+from engine.queue.commands import OVERFLOW_REJECT_PUBLISH
 from engine.queue.effects import Enqueued, Rejected
+from engine.queue.enqueue_codec import RECORD_BYTES
 from engine.queue.overflow import drop_head, over_limits
 from engine.queue.refs import (
     INDEX_LIMIT_SHORT,
@@ -45,7 +46,7 @@ def on_enqueue(
     m: QueueMachine, meta: ApplyMeta, command: bytes, effects: list[MachineEffect]
 ) -> object:
     """Reply ``Enqueued(ids, duplicate)`` for the whole batch, or ``Rejected``."""
-    few = cmd.enqueue_records_few(command)
+    few = codec.enqueue_records_few(command)
     recs: npt.NDArray[np.void] | None = None
     if few is not None and len(few) == 1:  # the most common publish, kept lean
         body_len, headers_len, offset, dedup_len, *_ = few[0]
@@ -59,15 +60,15 @@ def on_enqueue(
         keys = [
             (k, bytes(command[rec[2] : rec[2] + rec[3]])) for k, rec in enumerate(few) if rec[3]
         ]
-    elif (bare := cmd.enqueue_body_sizes(command)) is not None:
+    elif (bare := codec.enqueue_body_sizes(command)) is not None:
         n, size_max, bytes_total = len(bare), int(bare.max()), int(bare.sum())
         keys, sizes = [], bare
     else:
-        recs = cmd.enqueue_records(command)
+        recs = codec.enqueue_records(command)
         batch_sizes = recs["body_len"].astype(np.uint64) + recs["headers_len"].astype(np.uint64)
         n, size_max, bytes_total = len(recs), int(batch_sizes.max()), int(batch_sizes.sum())
         keys = [
-            (k, cmd.dedup_id_at(command, recs[k]))
+            (k, codec.dedup_id_at(command, recs[k]))
             for k in np.flatnonzero(recs["dedup_len"]).tolist()
         ]
         sizes = batch_sizes
@@ -92,7 +93,7 @@ def on_enqueue(
     dup_bytes = sum(int(sizes[k]) for k in dup_slots) if dup_slots else 0
     count_new = n - len(dup_slots)
     full = over_limits(m, count_new, bytes_total - dup_bytes)
-    if full and m.policy.overflow == cmd.OVERFLOW_REJECT_PUBLISH:
+    if full and m.policy.overflow == OVERFLOW_REJECT_PUBLISH:
         return Rejected(QueueFull, "the queue is at max_length or max_bytes")
     if keys:
         m._dedup.remember(keys, ids, duplicate, m._now_ms)
@@ -116,7 +117,7 @@ def on_enqueue(
 
 
 def _place_few(
-    m: QueueMachine, index: int, records: list[cmd.Record], duplicate: list[bool]
+    m: QueueMachine, index: int, records: list[codec.Record], duplicate: list[bool]
 ) -> None:
     """``_place_new`` for a few records, one by one with scalar arithmetic: the ref is
     what ``FallbackTable.pack`` gives (the first compact form, or a fallback handle)."""

@@ -40,7 +40,7 @@ from engine.errors import InvalidRequest, PageDamaged
 from engine.limits import DEFAULT_LIMITS, Limits
 from engine.queue import checkout, enqueue, expiry, leases, policy_changes
 from engine.queue import commands as cmd
-from engine.queue.commands import RECORD_BYTES, Kind, QueuePolicy
+from engine.queue.commands import Kind, QueuePolicy
 from engine.queue.dead_letters import DeadLetters
 from engine.queue.dedup import DedupWindow
 from engine.queue.delayed import Delayed
@@ -51,6 +51,7 @@ from engine.queue.effects import (
     Purged,
     Rejected,
 )
+from engine.queue.enqueue_codec import RECORD_BYTES
 from engine.queue.enqueue_times import EnqueueTimes
 from engine.queue.lanes import Lanes
 from engine.queue.page_rebuild import rebuild_refs

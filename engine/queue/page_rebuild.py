@@ -25,6 +25,7 @@ import numpy.typing as npt
 
 from engine.errors import InvalidRequest, PageDamaged
 from engine.queue import commands as cmd
+from engine.queue.enqueue_codec import enqueue_records
 from engine.queue.pages import SpilledPage, encode_page
 from engine.queue.refs import FallbackTable, try_pack
 
@@ -48,7 +49,7 @@ def rebuild_refs(
         try:
             if cmd.command_kind(command) is not cmd.Kind.ENQUEUE:
                 continue
-            records = cmd.enqueue_records(command)
+            records = enqueue_records(command)
         except InvalidRequest:
             continue
         n = len(records)

@@ -36,9 +36,9 @@ from engine.queue.commands import (
     decode_dead_letter_confirm,
     decode_policy,
     decode_receipts,
-    enqueue_records,
     split_settle_checkout,
 )
+from engine.queue.enqueue_codec import enqueue_records
 from engine.raft.state_machine import ApplyMeta
 
 new_messages = st.builds(

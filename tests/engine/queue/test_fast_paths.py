@@ -39,6 +39,7 @@ from engine.queue import (
 )
 from engine.queue import checkout as checkout_module
 from engine.queue import commands as cmd
+from engine.queue import enqueue_codec as codec
 from engine.queue.refs import INDEX_LIMIT_SHORT, SIZE_LIMIT, SLOTS_PER_ENTRY_MAX, is_fallback
 from engine.raft.state_machine import ApplyMeta
 
@@ -46,14 +47,14 @@ from engine.raft.state_machine import ApplyMeta
 @contextmanager
 def general_paths_only() -> Iterator[None]:
     saved = (
-        cmd.ENQUEUE_FEW_MAX,
-        cmd.ENQUEUE_BODIES_MIN,
+        codec.ENQUEUE_FEW_MAX,
+        codec.ENQUEUE_BODIES_MIN,
         cmd.RECEIPTS_FEW_MAX,
         checkout_module._CHECKOUT_FEW_MAX,
     )
     (
-        cmd.ENQUEUE_FEW_MAX,
-        cmd.ENQUEUE_BODIES_MIN,
+        codec.ENQUEUE_FEW_MAX,
+        codec.ENQUEUE_BODIES_MIN,
         cmd.RECEIPTS_FEW_MAX,
         checkout_module._CHECKOUT_FEW_MAX,
     ) = (0, SLOTS_PER_ENTRY_MAX + 1, -1, 0)
@@ -61,8 +62,8 @@ def general_paths_only() -> Iterator[None]:
         yield
     finally:
         (
-            cmd.ENQUEUE_FEW_MAX,
-            cmd.ENQUEUE_BODIES_MIN,
+            codec.ENQUEUE_FEW_MAX,
+            codec.ENQUEUE_BODIES_MIN,
             cmd.RECEIPTS_FEW_MAX,
             checkout_module._CHECKOUT_FEW_MAX,
         ) = saved
@@ -112,21 +113,21 @@ def msg(size: int = 10, **kw: Any) -> NewMessage:
 
 def test_the_switch_reaches_the_general_paths() -> None:
     one = encode_enqueue([msg()])
-    assert cmd.enqueue_records_few(one) is not None
+    assert codec.enqueue_records_few(one) is not None
     assert cmd.decode_receipts_few(encode_settle([(1, 2)])) is not None
-    bodies = encode_enqueue([b"x"] * cmd.ENQUEUE_BODIES_MIN)
-    assert cmd.enqueue_body_sizes(bodies) is not None
+    bodies = encode_enqueue([b"x"] * codec.ENQUEUE_BODIES_MIN)
+    assert codec.enqueue_body_sizes(bodies) is not None
     with general_paths_only():
-        assert cmd.enqueue_records_few(one) is None
+        assert codec.enqueue_records_few(one) is None
         assert cmd.decode_receipts_few(encode_settle([(1, 2)])) is None
-        assert cmd.enqueue_body_sizes(bodies) is None
+        assert codec.enqueue_body_sizes(bodies) is None
 
 
 def test_batches_of_bodies_alone_agree_with_their_records() -> None:
     """Batches past ``ENQUEUE_FEW_MAX`` whose messages are all bodies alone (read by
     ``enqueue_body_sizes``), next to batches where one message is not."""
     t = Twin(max_message_bytes=50_000, max_length=2_500, overflow="drop-head")
-    n = cmd.ENQUEUE_BODIES_MIN
+    n = codec.ENQUEUE_BODIES_MIN
     t.publish(*[msg(k) for k in range(n)])
     t.apply(encode_enqueue([b"b" * k for k in range(100)]))
     t.apply(encode_enqueue([b"", b"c" * SIZE_LIMIT, b"d" * 40_000] * 10))  # fallback refs
@@ -147,8 +148,8 @@ def test_batches_of_bodies_alone_agree_with_their_records() -> None:
 def test_single_messages_and_the_batch_size_boundary() -> None:
     t = Twin()
     assert t.publish(msg()) == Enqueued((1024,), (False,))
-    assert t.publish(*[msg(k) for k in range(cmd.ENQUEUE_FEW_MAX)]).ids[-1] == 2048 + 15
-    t.publish(*[msg(k) for k in range(cmd.ENQUEUE_FEW_MAX + 1)])
+    assert t.publish(*[msg(k) for k in range(codec.ENQUEUE_FEW_MAX)]).ids[-1] == 2048 + 15
+    t.publish(*[msg(k) for k in range(codec.ENQUEUE_FEW_MAX + 1)])
     t.publish(msg(0), msg(headers=b"hh"))
     for n in (1, 2, 16, 17, 1):
         t.take(n)
@@ -233,7 +234,7 @@ def test_malformed_entries_are_rejected_alike() -> None:
     bad_offset = bytearray(good)
     struct.pack_into("<I", bad_offset, 4 + 8, len(good))
     zero = struct.pack("<BBH", ord("E"), 1, 0)
-    bare = encode_enqueue([b"x"] * cmd.ENQUEUE_BODIES_MIN)
+    bare = encode_enqueue([b"x"] * codec.ENQUEUE_BODIES_MIN)
     bare_offset = bytearray(bare)
     struct.pack_into("<I", bare_offset, 4 + 32 * 5 + 8, len(bare))
     malformed = (good[:3], good[:40], good[:-1], bytes(bad_offset), zero, bare[:-1])
