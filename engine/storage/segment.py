@@ -210,7 +210,7 @@ class ReadScratch:
     A run is read whole with one ``pread`` (a block of the read cache, up to
     ``Limits.read_run_bytes_max``), and each entry's data copied out of it as
     ``bytes``. Read into a fresh ``bytes`` each time, a run is a fresh mapping of its
-    size (the server's malloc maps every buffer over 64 KiB: app/server.py
+    size (the server's malloc maps every buffer over 256 KiB: app/server.py
     ``tune_malloc``), whose pages fault in as the kernel copies into it: on this
     virtual machine that cost about as much as the read. The kept buffer faults in once.
     Nothing read through it outlives the read: the entries' data are copies, so the
