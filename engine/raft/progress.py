@@ -29,6 +29,7 @@ class Progress:
         "next",
         "probe_sent",
         "read_acked",
+        "received",
         "recent_active",
         "snapshot_data",
         "snapshot_index",
@@ -50,6 +51,11 @@ class Progress:
         self.recent_active = True
         self.read_acked = 0
         self.last_progress_ms = now_ms
+        """When the pipeline last moved: a match advanced, or more appends were seen to
+        have arrived (``maybe_arrived``). ``Limits.append_stall_ms`` without either:
+        something was lost."""
+        self.received = 0
+        """The highest last index of the leader's term a follower said it holds."""
         self.snapshot_data = b""
         self.snapshot_index = 0
         self.snapshot_missing: BitMap64 | None = None
@@ -86,6 +92,19 @@ class Progress:
         while inflight and inflight[0][0] <= match:
             self.inflight_bytes -= inflight.popleft()[1]
         return updated
+
+    def maybe_arrived(self, last_index: int, now_ms: int) -> bool:
+        """The follower holds the leader's log up to ``last_index``, durable or not (an
+        entry of the leader's term ends it). If more arrived since it last said so, or
+        every append sent did, the pipeline is alive however slowly the follower
+        persists; says whether it is."""
+        moved = last_index > self.received
+        if moved:
+            self.received = last_index
+        alive = moved or last_index >= self.next - 1
+        if alive:
+            self.last_progress_ms = now_ms
+        return alive
 
     def become_probe(self, next_index: int) -> None:
         self.state = ProgressState.PROBE

@@ -16,7 +16,12 @@ Rules:
 - A follower answers appends after what they made it write is durable; it answers
   heartbeats at once (they depend on nothing unpersisted).
 - Every heartbeat interval the leader resends what may be lost: a probe without answer,
-  a pipeline that made no progress for two intervals, a snapshot chunk.
+  a pipeline that made no progress for ``append_stall_ms``, a snapshot chunk. A
+  follower's heartbeat answer names the last entry it holds, durable or not: while
+  appends keep arriving, or all have, the pipeline is slow to persist, not lost, and is
+  not sent again (under load a follower's fsync can take longer than two heartbeat
+  intervals, and resending all in flight then doubled the entries sent). A lost append
+  in the middle is found sooner anyway: the next one fails the log check and is refused.
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ if TYPE_CHECKING:
 def unstick_followers(s: RaftServer) -> None:
     """Resend what was lost: a probe that got no answer, a silent pipeline, a chunk."""
     last = s.log.last_index()
-    stall_ms = 2 * s.limits.heartbeat_interval_ms
+    stall_ms = s.limits.append_stall_ms
     for peer, pr in s.progress.items():
         if pr.state is ProgressState.PROBE:
             pr.probe_sent = False
@@ -202,12 +207,15 @@ def on_heartbeat(s: RaftServer, msg: Heartbeat) -> None:
     s.heard_from_leader(msg.src)
     if msg.commit > s.commit and not s.repairing:
         s.commit = min(msg.commit, s.log.last_index())
+    log = s.log
     resp = HeartbeatResponse(
         src=s.id,
         dst=msg.src,
         term=s.term,
         read_seq=msg.read_seq,
         repairing=s.repairing,
+        last_index=log.last_index(),
+        last_term=log.last_term(),
     )
     s.rd.messages.append(resp)
 
@@ -219,6 +227,8 @@ def on_heartbeat_response(s: RaftServer, msg: HeartbeatResponse) -> None:
     if msg.read_seq > pr.read_acked:
         pr.read_acked = msg.read_seq
         read_only.maybe_confirm(s)
+    if pr.state is ProgressState.REPLICATE and msg.last_term == s.term:
+        pr.maybe_arrived(msg.last_index, s.now_ms)
     if pr.match < s.log.last_index() and pr.state is ProgressState.PROBE:
         maybe_send_append(s, msg.src, pr, allow_empty=False)
     elif msg.repairing and pr.state is not ProgressState.SNAPSHOT:
