@@ -14,7 +14,9 @@ Rules:
   (section 5.4.2). Heartbeats carry ``min(commit, match)``, which a follower adopts
   without a log check, and the ReadIndex sequence number.
 - A follower answers appends after what they made it write is durable; it answers
-  heartbeats at once (they depend on nothing unpersisted).
+  heartbeats at once (they depend on nothing unpersisted). Appends taken in one ``Ready``
+  are answered by one success, the last: the leader frees its in-flight slots up to the
+  match it names, so the earlier ones tell it nothing more.
 - Every heartbeat interval the leader resends what may be lost: a probe without answer,
   a pipeline that made no progress for ``append_stall_ms``, a snapshot chunk. A
   follower's heartbeat answer names the last entry it holds, durable or not: while
@@ -322,7 +324,19 @@ def answer_append(
         conflict_term=conflict_term,
         conflict_index=conflict_index,
     )
-    s.rd.messages_after_persist.append(resp)
+    waiting = s.rd.messages_after_persist
+    if success and waiting:
+        last = waiting[-1]
+        if (
+            type(last) is AppendResponse
+            and last.success
+            and last.dst == leader
+            and last.term == resp.term
+            and last.match_index <= match_index
+        ):
+            waiting[-1] = resp  # it says all the earlier one did
+            return
+    waiting.append(resp)
 
 
 __all__ = [

@@ -261,3 +261,24 @@ def test_a_lost_append_is_sent_again_after_the_stall_time() -> None:
     # at a heartbeat tick.
     assert stall_ms - heartbeat_ms <= resent[0][0] <= stall_ms + heartbeat_ms
     assert c["b"].log.last_index() == 2 and c["a"].progress[sid("b")].match == 2
+
+
+def test_appends_taken_in_one_ready_are_answered_once() -> None:
+    c = Cluster(["a", "b", "c"])
+    c.elect("a")
+    c.tick(c.limits.heartbeat_interval_ms, deliver=True)
+    c.nodes["b"].auto_persist = False
+    for n in range(3):
+        c.step("a", Propose(n, (b"x%d" % n,)))
+    appends = c.take(AppendRequest, dst="b")
+    assert [m.entries[0].index for m in appends] == [2, 3, 4]
+    b = c.nodes["b"].raft
+    for m in appends:
+        b.step(Receive(m))  # all three before b's next Ready
+    c.process("b")
+    c.persist("b")
+    responses = c.take(AppendResponse, dst="a")
+    assert [(m.success, m.match_index) for m in responses] == [(True, 4)]
+    c.deliver(responses)
+    pr = c["a"].progress[sid("b")]
+    assert pr.match == 4 and not pr.inflight and pr.inflight_bytes == 0
