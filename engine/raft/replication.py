@@ -230,7 +230,7 @@ def on_heartbeat_response(s: RaftServer, msg: HeartbeatResponse) -> None:
         pr.read_acked = msg.read_seq
         read_only.maybe_confirm(s)
     if pr.state is ProgressState.REPLICATE and msg.last_term == s.term:
-        pr.maybe_arrived(msg.last_index, s.now_ms)
+        pr.maybe_arrived(msg.last_index, s.now_ms, s.limits.append_unacked_ms_max)
     if pr.match < s.log.last_index() and pr.state is ProgressState.PROBE:
         maybe_send_append(s, msg.src, pr, allow_empty=False)
     elif msg.repairing and pr.state is not ProgressState.SNAPSHOT:

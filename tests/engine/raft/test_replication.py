@@ -239,8 +239,13 @@ def test_a_follower_slow_to_persist_is_not_sent_again_what_it_received() -> None
     c.step("a", Propose(1, (b"x",)))
     c.stabilize()
     assert c["a"].commit == 2 and c["a"].progress[sid("b")].match == 1
-    assert _appends_to_b_while_ticking(c, 3 * c.limits.append_stall_ms) == []
+    unacked_ms = c.limits.append_unacked_ms_max
+    assert _appends_to_b_while_ticking(c, unacked_ms - c.limits.heartbeat_interval_ms) == []
     assert c["a"].progress[sid("b")].received == 2
+    # Held but never acknowledged for append_unacked_ms_max: perhaps never to be durable
+    # (a failed disk); sent again.
+    resent = _appends_to_b_while_ticking(c, c.limits.append_stall_ms + unacked_ms)
+    assert [index for _ms, index in resent][:1] == [2]
     c.persist("b")
     c.stabilize()
     assert c["a"].progress[sid("b")].match == 2
