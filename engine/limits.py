@@ -25,6 +25,15 @@ class Limits:
     append_bytes_per_message_max: int = 1 * MIB
     inflight_messages_per_follower_max: int = 64
     inflight_bytes_per_follower_max: int = 16 * MIB
+    append_stall_ms: int = 300
+    """A pipeline to a follower that moved neither its match nor what it was seen to
+    receive for this long lost something: the leader sends from its match again. Two
+    heartbeat intervals were too few with three processes on two cores: a follower's
+    read or fsync took longer, and resending everything in flight doubled what was sent."""
+    append_unacked_ms_max: int = 1_000
+    """Appends seen to arrive keep a pipeline alive only while the follower's match moved
+    within this long: what it holds may never become durable (a failed or damaged disk),
+    and it is sent again."""
     uncommitted_bytes_max: int = 64 * MIB
     """Proposals beyond this many uncommitted bytes are rejected (back-pressure)."""
     snapshot_chunk_bytes: int = 1 * MIB
@@ -283,6 +292,8 @@ class Limits:
     def __post_init__(self) -> None:
         assert 0 < self.tick_ms <= self.heartbeat_interval_ms
         assert self.heartbeat_interval_ms * 2 < self.election_timeout_ms_min
+        assert self.heartbeat_interval_ms * 2 <= self.append_stall_ms
+        assert self.append_stall_ms <= self.append_unacked_ms_max
         assert self.election_timeout_ms_min < self.election_timeout_ms_max
         assert self.append_entries_per_message_max >= 1
         assert self.inflight_messages_per_follower_max >= 1

@@ -88,6 +88,11 @@ class HeartbeatResponse:
     repairing: bool = False
     """The follower is in repair mode: it takes a commit index only from an append that
     passed its log check, so the leader sends one (empty if there is nothing new)."""
+    last_index: int = 0
+    """The last entry in the follower's log, durable or not: what it has received."""
+    last_term: int = 0
+    """That entry's term. Of the leader's term, the log up to ``last_index`` is the
+    leader's (log matching): every append sent up to there arrived."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -24,11 +24,13 @@ class Progress:
     __slots__ = (
         "inflight",
         "inflight_bytes",
+        "last_match_ms",
         "last_progress_ms",
         "match",
         "next",
         "probe_sent",
         "read_acked",
+        "received",
         "recent_active",
         "snapshot_data",
         "snapshot_index",
@@ -49,7 +51,14 @@ class Progress:
         self.inflight_bytes = 0
         self.recent_active = True
         self.read_acked = 0
+        self.last_match_ms = now_ms
+        """When the match last advanced."""
         self.last_progress_ms = now_ms
+        """When the pipeline last moved: a match advanced, or more appends were seen to
+        have arrived (``maybe_arrived``). ``Limits.append_stall_ms`` without either:
+        something was lost."""
+        self.received = 0
+        """The highest last index of the leader's term a follower said it holds."""
         self.snapshot_data = b""
         self.snapshot_index = 0
         self.snapshot_missing: BitMap64 | None = None
@@ -79,13 +88,28 @@ class Progress:
         updated = match > self.match
         if updated:
             self.match = match
-            self.last_progress_ms = now_ms
+            self.last_match_ms = self.last_progress_ms = now_ms
         self.next = max(self.next, match + 1)
         self.probe_sent = False
         inflight = self.inflight
         while inflight and inflight[0][0] <= match:
             self.inflight_bytes -= inflight.popleft()[1]
         return updated
+
+    def maybe_arrived(self, last_index: int, now_ms: int, unacked_ms_max: int) -> bool:
+        """The follower holds the leader's log up to ``last_index``, durable or not (an
+        entry of the leader's term ends it). If more arrived since it last said so, or
+        every append sent did, the pipeline is alive however slowly the follower
+        persists, unless its match has not moved for ``unacked_ms_max`` (what it holds
+        may never become durable: a failed or damaged disk); says whether it is."""
+        moved = last_index > self.received
+        if moved:
+            self.received = last_index
+        alive = moved or last_index >= self.next - 1
+        alive = alive and now_ms - self.last_match_ms < unacked_ms_max
+        if alive:
+            self.last_progress_ms = now_ms
+        return alive
 
     def become_probe(self, next_index: int) -> None:
         self.state = ProgressState.PROBE

@@ -14,9 +14,16 @@ Rules:
   (section 5.4.2). Heartbeats carry ``min(commit, match)``, which a follower adopts
   without a log check, and the ReadIndex sequence number.
 - A follower answers appends after what they made it write is durable; it answers
-  heartbeats at once (they depend on nothing unpersisted).
+  heartbeats at once (they depend on nothing unpersisted). Appends taken in one ``Ready``
+  are answered by one success, the last: the leader frees its in-flight slots up to the
+  match it names, so the earlier ones tell it nothing more.
 - Every heartbeat interval the leader resends what may be lost: a probe without answer,
-  a pipeline that made no progress for two intervals, a snapshot chunk.
+  a pipeline that made no progress for ``append_stall_ms``, a snapshot chunk. A
+  follower's heartbeat answer names the last entry it holds, durable or not: while
+  appends keep arriving, or all have, the pipeline is slow to persist, not lost, and is
+  not sent again (under load a follower's fsync can take longer than two heartbeat
+  intervals, and resending all in flight then doubled the entries sent). A lost append
+  in the middle is found sooner anyway: the next one fails the log check and is refused.
 """
 
 from __future__ import annotations
@@ -46,7 +53,7 @@ if TYPE_CHECKING:
 def unstick_followers(s: RaftServer) -> None:
     """Resend what was lost: a probe that got no answer, a silent pipeline, a chunk."""
     last = s.log.last_index()
-    stall_ms = 2 * s.limits.heartbeat_interval_ms
+    stall_ms = s.limits.append_stall_ms
     for peer, pr in s.progress.items():
         if pr.state is ProgressState.PROBE:
             pr.probe_sent = False
@@ -202,12 +209,15 @@ def on_heartbeat(s: RaftServer, msg: Heartbeat) -> None:
     s.heard_from_leader(msg.src)
     if msg.commit > s.commit and not s.repairing:
         s.commit = min(msg.commit, s.log.last_index())
+    log = s.log
     resp = HeartbeatResponse(
         src=s.id,
         dst=msg.src,
         term=s.term,
         read_seq=msg.read_seq,
         repairing=s.repairing,
+        last_index=log.last_index(),
+        last_term=log.last_term(),
     )
     s.rd.messages.append(resp)
 
@@ -219,6 +229,8 @@ def on_heartbeat_response(s: RaftServer, msg: HeartbeatResponse) -> None:
     if msg.read_seq > pr.read_acked:
         pr.read_acked = msg.read_seq
         read_only.maybe_confirm(s)
+    if pr.state is ProgressState.REPLICATE and msg.last_term == s.term:
+        pr.maybe_arrived(msg.last_index, s.now_ms, s.limits.append_unacked_ms_max)
     if pr.match < s.log.last_index() and pr.state is ProgressState.PROBE:
         maybe_send_append(s, msg.src, pr, allow_empty=False)
     elif msg.repairing and pr.state is not ProgressState.SNAPSHOT:
@@ -312,7 +324,19 @@ def answer_append(
         conflict_term=conflict_term,
         conflict_index=conflict_index,
     )
-    s.rd.messages_after_persist.append(resp)
+    waiting = s.rd.messages_after_persist
+    if success and waiting:
+        last = waiting[-1]
+        if (
+            type(last) is AppendResponse
+            and last.success
+            and last.dst == leader
+            and last.term == resp.term
+            and last.match_index <= match_index
+        ):
+            waiting[-1] = resp  # it says all the earlier one did
+            return
+    waiting.append(resp)
 
 
 __all__ = [

@@ -45,7 +45,7 @@ from engine.runtime import wire
 from engine.runtime.routing import CALL_TYPES
 from engine.runtime.wire import Chunks
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 MAGIC = "quorra-cluster"
 HEADER_BYTES = 4
 HANDSHAKE_FRAME_BYTES_MAX = 4 * KIB

@@ -190,7 +190,8 @@ def test_a_missing_set_that_does_not_deserialize_is_refused() -> None:
     """Before: ``ValueError`` or ``IndexError`` from the bitmap."""
     c = _cluster()
     a = c["a"]
-    c.tick(3 * LIMITS.heartbeat_interval_ms)  # a starts sending its snapshot to c
+    # c stalled while cut off: a finds it and starts sending c its snapshot
+    c.tick(LIMITS.append_stall_ms + LIMITS.heartbeat_interval_ms)
     pr = a.progress[sid("c")]
     assert pr.snapshot_index
     for junk in (b"\x01junk", b"\x00"):

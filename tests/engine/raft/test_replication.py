@@ -212,3 +212,78 @@ def test_a_restarted_server_recovers_term_vote_and_log_and_reapplies() -> None:
     b = c["b"]
     assert (b.term, b.log.last_index()) == (1, 2)
     assert b.commit == 2 and b.applied == 2
+
+
+def _appends_to_b_while_ticking(c: Cluster, ms: int) -> list[tuple[int, int]]:
+    """Tick ``ms``, delivering everything after each tick; (time, first index) of each
+    append with entries the leader sent ``b`` meanwhile."""
+    seen: list[tuple[int, int]] = []
+    start = c.now_ms
+    while c.now_ms < start + ms:
+        c.tick(c.limits.tick_ms)
+        for m in c.sent:
+            if isinstance(m, AppendRequest) and m.dst == sid("b") and m.entries:
+                seen.append((c.now_ms - start, m.entries[0].index))
+        c.stabilize()
+    return seen
+
+
+def test_a_follower_slow_to_persist_is_not_sent_again_what_it_received() -> None:
+    # Its heartbeat answers name the last entry it holds, durable or not: the pipeline
+    # is alive, and resending what is in flight would only double the bytes sent.
+    c = Cluster(["a", "b", "c"])
+    c.elect("a")
+    c.tick(c.limits.heartbeat_interval_ms, deliver=True)
+    assert c["a"].progress[sid("b")].state is ProgressState.REPLICATE
+    c.nodes["b"].auto_persist = False
+    c.step("a", Propose(1, (b"x",)))
+    c.stabilize()
+    assert c["a"].commit == 2 and c["a"].progress[sid("b")].match == 1
+    unacked_ms = c.limits.append_unacked_ms_max
+    assert _appends_to_b_while_ticking(c, unacked_ms - c.limits.heartbeat_interval_ms) == []
+    assert c["a"].progress[sid("b")].received == 2
+    # Held but never acknowledged for append_unacked_ms_max: perhaps never to be durable
+    # (a failed disk); sent again.
+    resent = _appends_to_b_while_ticking(c, c.limits.append_stall_ms + unacked_ms)
+    assert [index for _ms, index in resent][:1] == [2]
+    c.persist("b")
+    c.stabilize()
+    assert c["a"].progress[sid("b")].match == 2
+
+
+def test_a_lost_append_is_sent_again_after_the_stall_time() -> None:
+    c = Cluster(["a", "b", "c"])
+    c.elect("a")
+    c.tick(c.limits.heartbeat_interval_ms, deliver=True)
+    c.step("a", Propose(1, (b"x",)))
+    lost = c.take(AppendRequest, dst="b")
+    assert [m.entries[0].index for m in lost] == [2]
+    c.stabilize()
+    resent = _appends_to_b_while_ticking(c, c.limits.append_stall_ms * 2)
+    stall_ms, heartbeat_ms = c.limits.append_stall_ms, c.limits.heartbeat_interval_ms
+    assert len(resent) == 1 and resent[0][1] == 2
+    # Counted from the pipeline's last move (the answer to the append before it), found
+    # at a heartbeat tick.
+    assert stall_ms - heartbeat_ms <= resent[0][0] <= stall_ms + heartbeat_ms
+    assert c["b"].log.last_index() == 2 and c["a"].progress[sid("b")].match == 2
+
+
+def test_appends_taken_in_one_ready_are_answered_once() -> None:
+    c = Cluster(["a", "b", "c"])
+    c.elect("a")
+    c.tick(c.limits.heartbeat_interval_ms, deliver=True)
+    c.nodes["b"].auto_persist = False
+    for n in range(3):
+        c.step("a", Propose(n, (b"x%d" % n,)))
+    appends = c.take(AppendRequest, dst="b")
+    assert [m.entries[0].index for m in appends] == [2, 3, 4]
+    b = c.nodes["b"].raft
+    for m in appends:
+        b.step(Receive(m))  # all three before b's next Ready
+    c.process("b")
+    c.persist("b")
+    responses = c.take(AppendResponse, dst="a")
+    assert [(m.success, m.match_index) for m in responses] == [(True, 4)]
+    c.deliver(responses)
+    pr = c["a"].progress[sid("b")]
+    assert pr.match == 4 and not pr.inflight and pr.inflight_bytes == 0

@@ -80,7 +80,7 @@ def test_a_new_follower_gets_every_live_entry() -> None:
     c.tick(limits.heartbeat_interval_ms, deliver=True)
     c.take_snapshot("a")
     c.cut = set()
-    c.tick(6 * limits.heartbeat_interval_ms, deliver=True)
+    c.tick(limits.append_stall_ms + 4 * limits.heartbeat_interval_ms, deliver=True)
     installs = [rd for rd in c.nodes["c"].readies if rd.snapshot_to_install is not None]
     assert [e.index for e in installs[0].snapshot_entries] == [2, 3, 4, 5, 6]
     assert c.nodes["c"].machine.keys == c.nodes["a"].machine.keys

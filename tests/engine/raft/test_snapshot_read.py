@@ -25,7 +25,8 @@ def test_a_lagging_follower_is_installed_from_a_snapshot_in_chunks() -> None:
     assert snap.index == 7 and list(snap.live_indexes) == [6, 7]
     assert c.nodes["a"].storage.first_index() == 8
     c.cut = set()
-    c.tick(4 * limits.heartbeat_interval_ms, deliver=True)
+    # a finds the pipeline to c stalled (what it lost stays lost), then sends the chunks
+    c.tick(limits.append_stall_ms + 2 * limits.heartbeat_interval_ms, deliver=True)
     sent = [m for rd in c.nodes["a"].readies for m in rd.messages]
     chunks = sum(1 for m in sent if type(m) is SnapshotChunk)
     assert chunks > 2, "the snapshot went in several chunks"
