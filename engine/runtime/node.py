@@ -76,6 +76,8 @@ from engine.runtime.api import (
     CheckpointRecord,
     CompactionPhase,
     CompactionRecord,
+    HistorySource,
+    LeaderHistory,
     PublishItem,
     QueueArgs,
     QueueEngine,
@@ -89,6 +91,7 @@ from engine.runtime.api import (
 )
 from engine.runtime.clock import SYSTEM_CLOCK, Clock
 from engine.runtime.context import NodeContext
+from engine.runtime.leader_history import leader_history
 from engine.runtime.leader_stats import leader_stats
 from engine.runtime.led_stats import LedStats
 from engine.runtime.meta_group import MetaBootstrap, MetaGroup
@@ -237,6 +240,10 @@ class Node:
 
     def set_record_listener(self, listener: RecordListener | None) -> None:
         self.context.checkpoints.listener = listener
+
+    def set_history_source(self, source: HistorySource | None) -> None:
+        """Where this node reads the history its peers ask of it (``HistoryCall``)."""
+        self.context.checkpoints.history = source
 
     # === queues ======================================================================
 
@@ -395,6 +402,12 @@ class Node:
         if not isinstance(answer, list) or not all(isinstance(s, SegmentInfo) for s in answer):
             raise NoLeader(f"queue {name}: its leader sent no segments")
         return answer
+
+    async def leader_history(self, name: str) -> LeaderHistory | None:
+        if not self._remote(name):
+            self.context.router.check_known(name)
+            return None
+        return await leader_history(self.context, name)
 
     def cluster(self) -> dict[str, object]:
         now = self.clock.monotonic_ms()
