@@ -256,7 +256,7 @@ class Limits:
     copy marked stale (``engine.runtime.leader_stats``), a node without a replica its kept
     copy (``engine.runtime.forwarding``)."""
     led_stats_queues_max: int = 500
-    """Queues named in one ``LedStatsCall`` (``engine.runtime.led_stats``): bounds the
+    """Queues named in one ``LedStatsCall`` (``engine.runtime.leader_stats``): bounds the
     answer's size; a node leading more is asked in several calls."""
     history_records_max: int = 100
     """Checkpoint runs, and compaction runs, in one answer to a ``HistoryCall``

@@ -92,8 +92,7 @@ from engine.runtime.api import (
 from engine.runtime.clock import SYSTEM_CLOCK, Clock
 from engine.runtime.context import NodeContext
 from engine.runtime.leader_history import leader_history
-from engine.runtime.leader_stats import leader_stats
-from engine.runtime.led_stats import LedStats
+from engine.runtime.leader_stats import LedStats, leader_stats
 from engine.runtime.meta_group import MetaBootstrap, MetaGroup
 from engine.runtime.replica import node_of
 from engine.runtime.routing import CheckpointCall, CompactCall, NodeCall, SegmentsCall
@@ -136,7 +135,7 @@ class Node:
             # reconcile loop makes this node's replicas follow it.
             self.context.meta_group = MetaGroup(self.context, cluster)
         self.led_stats = LedStats(self.context)
-        """The leaders' stats of the queues this node follows (``engine.runtime.led_stats``)."""
+        """The leaders' stats of the queues this node follows (``engine.runtime.leader_stats``)."""
         self._heard_ms: dict[str, int] = {}
         """Monotonic time of the last Raft message from each node."""
         self.on_forgotten: Callable[[str], None] | None = None

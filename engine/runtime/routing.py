@@ -151,7 +151,7 @@ class LeaderOfCall:
 @dataclass(frozen=True, slots=True)
 class LedStatsCall:
     """The stats of those of queues ``names`` that this node's replicas lead, by name
-    (``engine.runtime.led_stats``: one call per leader node refreshes a queue list)."""
+    (``engine.runtime.leader_stats``: one call per leader node refreshes a queue list)."""
 
     names: tuple[str, ...]
 

@@ -188,7 +188,7 @@ def test_a_policy_change_reaches_the_metadata_and_a_lagging_record_is_repaired(
 
 def test_queues_are_listed_with_their_leaders_stats_or_stale_ones(tmp_path: Path) -> None:
     """A follower, and a node without a replica, list the queue with the stats its
-    leader's node last answered to their periodic call (``led_stats``); cut off from
+    leader's node last answered to their periodic call (``leader_stats.LedStats``); cut off from
     the leader, the follower's turn stale."""
 
     async def body() -> None:
