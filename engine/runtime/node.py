@@ -480,8 +480,13 @@ class Node:
             self.on_forgotten(message)
 
     def _stale_peer(self, name: str, incarnation: str) -> str | None:
-        """Why peer ``name``, from data directory ``incarnation``, is refused."""
+        """Why peer ``name``, from data directory ``incarnation``, is refused (it proved
+        the secret: the metadata may record it, ``MetaGroup.heard``)."""
         group = self.context.meta_group
+        if group is not None and (
+            name in group.heard or len(group.heard) <= self.limits.cluster_nodes_max
+        ):
+            group.heard[name] = incarnation
         if group is None or group.driver is None:
             return None
         return lost_data_refusal(group.machine.nodes, name, incarnation)
