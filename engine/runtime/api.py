@@ -349,8 +349,9 @@ class QueueEngine(Protocol):
     def segments(self, name: str) -> list[SegmentInfo]: ...
 
     async def leader_history(self, name: str) -> LeaderHistory | None:
-        """``None`` when this node keeps the queue's history itself (it holds a replica);
-        on a cluster node without one, the runs its leader's node keeps, asked now."""
+        """``None`` when this node keeps the queue's history itself (it holds a replica,
+        or knows no such queue); on a cluster node without one, the runs its leader's
+        node keeps, asked now."""
         ...
 
     async def fresh_segments(self, name: str) -> list[SegmentInfo]:
