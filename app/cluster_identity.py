@@ -35,6 +35,11 @@ queues' Raft groups have this node as their only member; turning a single-node s
 into a cluster node is not supported. Users and tokens made with ``quorra user add``
 before the first start do not count as use.
 
+A node starts on the cluster address it formed or joined with (``--cluster-listen``, as
+``cluster.json`` records it): its peers and the cluster's metadata know it there, and
+the metadata records a node's address once. Another address is refused at start; moving
+a node means forgetting it and joining a new one.
+
 ``cluster.json`` also holds the data directory's ``incarnation``, random, made with the
 file (and added to a file from before it had one). The node names it to its peers, and
 the metadata records it once the node runs: a node that lost its data directory and
@@ -158,10 +163,28 @@ def settle_identity(
             f" given, {cluster.cluster_id}: use a data directory of that cluster, or an"
             " empty one to form a new cluster"
         )
+    _check_listen(recorded, cluster)
     if not recorded.incarnation:
         recorded = dataclasses.replace(recorded, incarnation=new_incarnation())
         write_identity(data_dir, recorded)
     return recorded
+
+
+def _check_listen(recorded: ClusterIdentity, cluster: ClusterSettings) -> None:
+    """Refuse a start on another cluster address than the one the node formed or joined
+    with: its peers and the cluster's metadata know it there (``AddNode`` records an
+    address once; a node may not move under the same name, see the module's rule)."""
+    known = recorded.initial_members.get(recorded.node_id)
+    given = format_address(cluster.listen)
+    if known is None or known == given:
+        return
+    raise IdentityRefused(
+        f"node {recorded.node_id} is known to its cluster at {known} (its {CLUSTER_FILE}"
+        f" and the cluster's metadata), not at --cluster-listen {given}: start it with"
+        f" --cluster-listen {known}; to move it, forget it"
+        f" (POST /api/v1/cluster/nodes/{recorded.node_id}/forget) and join a new node at"
+        " the new address from an empty data directory"
+    )
 
 
 def new_incarnation() -> str:

@@ -1,4 +1,5 @@
-"""Users, permissions and tokens of a cluster node: the metadata's, mirrored into SQLite.
+"""Users, permissions, tokens and queue definitions of a cluster node: the metadata's,
+mirrored into SQLite.
 
 Rule: on a cluster node the cluster metadata (``engine.runtime.meta_group``) holds the
 users, their permissions and the tokens' digests; SQLite stays the app's query store
@@ -7,6 +8,13 @@ users or tokens is written into SQLite by one writer task, in order (rows upsert
 the records, deleted when the record is gone), marked ``replicated``; after a snapshot,
 and once when the node's metadata replica first caught up, every row is rewritten
 (``replicated`` rows the metadata no longer holds are deleted).
+
+Queue definitions go the same way: a change naming a live queue writes its row from the
+record (``queue_admin.mirror_definitions``: its arguments and policies, as a policy change
+(``SetQueuePolicy``) or a create through another node left them), and a tombstoned
+queue's row (of that incarnation) is deleted with its history. A full rewrite writes
+every live queue's row; rows of queues the metadata no longer names at all are left to
+the start-up reconcile (``queue_admin.reconcile``), which drops them.
 
 A change made through the API goes to the metadata first (``commit``): the endpoint
 returns once the change committed and this node's SQLite holds it, so that what it reads
@@ -21,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -33,8 +41,11 @@ from app.db import repo
 from app.db.models import ApiToken, User
 from app.db.session import Database
 from app.problems import TokenNotFound, UserConflict, UserNotFound
-from engine.cluster import MetaChanged, TokenRecord, UserRecord
+from app.queue_admin import mirror_definitions
+from engine.cluster import MetaChanged, QueueRecord, TokenRecord, UserRecord
 from engine.cluster import meta_commands as mc
+from engine.runtime.api import QueueInfo
+from engine.runtime.reconciling import args_of
 
 if TYPE_CHECKING:
     from engine.runtime.meta_group import MetaGroup
@@ -50,6 +61,10 @@ class Rows:
     users: dict[str, UserRecord | None]
     tokens: dict[str, TokenRecord | None]
     full: bool
+    queues: dict[str, QueueInfo] = field(default_factory=dict)
+    """Live queues by name: their rows written from these."""
+    dropped: dict[str, str] = field(default_factory=dict)
+    """Tombstoned queues by name: the uid whose row goes."""
 
 
 class ClusterMirror:
@@ -100,16 +115,20 @@ class ClusterMirror:
         machine = self.group.machine
         if change is None:
             self.queue_full()
-        elif change.users or change.tokens:
+        elif change.users or change.tokens or change.queues:
             users = {name: machine.users.get(name) for name in change.users}
             tokens = {tid: machine.tokens.get(tid) for tid in change.tokens}
-            self.pending.put_nowait(Rows(change.index, users, tokens, full=False))
+            records = [machine.queues.get(name) for name in change.queues]
+            queues, dropped = _queue_rows([r for r in records if r is not None])
+            rows = Rows(change.index, users, tokens, False, queues, dropped)
+            self.pending.put_nowait(rows)
 
     def queue_full(self) -> None:
         machine = self.group.machine
         index = self.group.applied_index
         self.full_index = index
-        rows = Rows(index, dict(machine.users), dict(machine.tokens), full=True)
+        queues, dropped = _queue_rows(list(machine.queues.values()))
+        rows = Rows(index, dict(machine.users), dict(machine.tokens), True, queues, dropped)
         self.pending.put_nowait(rows)
 
     async def run(self) -> None:
@@ -230,6 +249,17 @@ class ClusterMirror:
             log.warning("cluster metadata: local users and tokens not adopted: %s", e)
 
 
+def _queue_rows(records: list[QueueRecord]) -> tuple[dict[str, QueueInfo], dict[str, str]]:
+    """The rows to write of ``records`` (live: as their record says) and to delete
+    (tombstoned: that uid's); a queue being created or deleted keeps its row as it is."""
+    live = {
+        r.name: QueueInfo(r.name, r.uid, args_of(r), r.created_at_ms)
+        for r in records
+        if r.state == "live"
+    }
+    return live, {r.name: r.uid for r in records if r.state == "tombstone"}
+
+
 @dataclass(frozen=True, slots=True)
 class LocalUser:
     name: str
@@ -280,6 +310,12 @@ def write_rows(db: Database, rows: Rows) -> None:
             for token in s.scalars(select(ApiToken).where(ApiToken.replicated.is_(True))):
                 if token.id not in rows.tokens:
                     s.delete(token)
+        for name, uid in sorted(rows.dropped.items()):
+            row = repo.get_queue(s, name)
+            if row is not None and row.uid == uid:
+                repo.delete_queue(s, row)
+        s.flush()
+        mirror_definitions(s, [rows.queues[name] for name in sorted(rows.queues)])
 
 
 def _write_user(s: Session, name: str, rec: UserRecord | None) -> None:
@@ -300,9 +336,9 @@ def _write_user(s: Session, name: str, rec: UserRecord | None) -> None:
         "read": rec.read,
         "replicated": True,
     }
-    for field, value in fields.items():
-        if getattr(row, field) != value:
-            setattr(row, field, value)
+    for column, value in fields.items():
+        if getattr(row, column) != value:
+            setattr(row, column, value)
 
 
 def _write_token(s: Session, tid: str, rec: TokenRecord | None) -> None:

@@ -40,6 +40,7 @@ from engine.node_key import RECEIPT_KEY_LABEL, derive_key
 from engine.runtime.api import (
     CheckpointRecord,
     CompactionRecord,
+    HistorySource,
     QueueEngine,
     QueueInfo,
     RecordListener,
@@ -134,6 +135,15 @@ def on_forgotten(node: QueueEngine, callback: Callable[[str], None]) -> None:
 
     if isinstance(node, Node):
         node.on_forgotten = callback
+
+
+def serve_history(node: QueueEngine, source: HistorySource) -> None:
+    """Have a cluster node answer its peers' questions about a queue's history (the
+    runs of its replicas) from ``source``."""
+    from engine.runtime.node import Node
+
+    if isinstance(node, Node):
+        node.set_history_source(source)
 
 
 def node_network(node: QueueEngine) -> NodeNetwork | None:

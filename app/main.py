@@ -56,11 +56,13 @@ from app.engine_seam import (
     on_forgotten,
     record_listener,
     running_network,
+    serve_history,
 )
 from app.memory_trim import trim_forever
 from app.metrics import STATUS_KEY, AppMetrics, MetricsMiddleware
 from app.passwords import PasswordWorkers
 from app.problems import install_problem_handlers, problem_response
+from app.queue_history import history_source
 from app.routing import add_routes
 from app.settings import Settings, load_secret_key
 from app.state import node_or_none, publish_trace_of
@@ -166,6 +168,7 @@ async def engine_serving(
         if node is not None:
             state.engine_status = "recovering"
             node.set_record_listener(record_listener(db, node))
+            serve_history(node, history_source(db))
             if refuse is not None:
                 on_forgotten(node, refused_by_cluster)
             await node.start()

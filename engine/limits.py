@@ -261,12 +261,20 @@ class Limits:
     """A queue with no replica on a node shows its leader's stats as fetched last
     (``engine.runtime.forwarding``); older than this, they are fetched again."""
     leader_stats_deadline_ms: int = 1_000
-    led_stats_queues_max: int = 500
-    """Queues named in one ``LedStatsCall`` (``engine.runtime.led_stats``): bounds the
-    answer's size; a node leading more is asked in several calls."""
     """Deadline of a ``StatsCall`` to a queue's leader's node: a follower then shows its own
     copy marked stale (``engine.runtime.leader_stats``), a node without a replica its kept
     copy (``engine.runtime.forwarding``)."""
+    led_stats_queues_max: int = 500
+    """Queues named in one ``LedStatsCall`` (``engine.runtime.leader_stats``): bounds the
+    answer's size; a node leading more is asked in several calls."""
+    history_records_max: int = 100
+    """Checkpoint runs, and compaction runs, in one answer to a ``HistoryCall``
+    (``engine.runtime.leader_history``): bounds the answer (a run encodes to a few hundred
+    bytes with its queue's name); a node without a replica shows its leader's newest."""
+    leader_history_deadline_ms: int = 2_000
+    """Deadline of a node without a replica of a queue asking its leader's node for the
+    queue's history, the leader's look-up included: past it the node answers with the
+    runs it keeps itself, marked ``absent``. The leader's node reads it from SQLite."""
 
     # --- from peers: what a node decodes and takes (runtime wire, receiving) --------
     wire_document_bytes_max: int = 64 * MIB
@@ -337,6 +345,8 @@ class Limits:
         assert self.cluster_call_deadline_ms >= 2 * self.proposal_timeout_ms
         assert 0 < self.leader_stats_deadline_ms <= self.cluster_call_deadline_ms
         assert self.led_stats_queues_max >= 1
+        assert self.history_records_max >= 1
+        assert 0 < self.leader_history_deadline_ms <= self.cluster_call_deadline_ms
         assert self.cluster_calls_inflight_per_peer_max >= 1
         assert self.cluster_handshakes_inflight_max >= 1
         assert 1 <= self.cluster_reconnect_ms_min <= self.cluster_reconnect_ms_max

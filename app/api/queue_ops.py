@@ -1,8 +1,10 @@
 """Snapshots (checkpoints), compaction, segments, the cluster, members and leadership.
 
 History (``GET .../snapshots``, ``GET .../compactions``) comes from SQLite, where manual
-runs are stored by these endpoints and automatic ones by the node's record listener;
-current state (segments, the log now, the cluster) comes from the engine.
+runs are stored by these endpoints and automatic ones by the node's record listener; a
+cluster node without a replica of the queue asks its leader's node for its SQLite's
+(``app.queue_history``). Current state (segments, the log now, the cluster) comes from
+the engine.
 
 Membership and leadership go through ``app.cluster_admin`` (shared with the dashboard),
 which answers once the change has committed, or 409 ``/problems/single-node-cluster``
@@ -13,11 +15,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from anyio import from_thread
-from fastapi import APIRouter, Body, Path, Request, status
+from fastapi import APIRouter, Body, Path, Request, Response, status
 
 from app import cluster_admin, queue_admin
-from app.api.deps import API_PREFIX, AdminDep, DatabaseDep, PrincipalDep, QueueName, SessionDep
+from app.api.deps import API_PREFIX, AdminDep, DatabaseDep, PrincipalDep, QueueName
 from app.api.queue_deps import CanConfigure, CanSee, NodeDep
 from app.api.queue_schemas import (
     CompactionIn,
@@ -37,6 +38,8 @@ from app.db import repo
 from app.db.models import CompactionEntry, SnapshotEntry
 from app.negotiation import NegotiatedRoute
 from app.problems import problem_responses
+from app.queue_history import HISTORY_HEADERS_DOC, History, queue_history
+from app.state import settings_of
 from engine.runtime.api import CheckpointRecord, CompactionRecord, QueueEngine
 
 router = APIRouter(
@@ -45,7 +48,7 @@ router = APIRouter(
 cluster_router = APIRouter(prefix=API_PREFIX, tags=["cluster"], route_class=NegotiatedRoute)
 
 
-def snapshot_out(row: SnapshotEntry | CheckpointRecord) -> SnapshotOut:
+def snapshot_out(row: repo.SnapshotFacts | SnapshotEntry | CheckpointRecord) -> SnapshotOut:
     facts = repo.snapshot_facts(row) if isinstance(row, CheckpointRecord) else row
     return SnapshotOut(
         index=facts.raft_index,
@@ -58,7 +61,7 @@ def snapshot_out(row: SnapshotEntry | CheckpointRecord) -> SnapshotOut:
     )
 
 
-def compaction_out(row: CompactionEntry | CompactionRecord) -> CompactionOut:
+def compaction_out(row: repo.CompactionFacts | CompactionEntry | CompactionRecord) -> CompactionOut:
     facts = repo.compaction_facts(row) if isinstance(row, CompactionRecord) else row
     return CompactionOut(
         phase=facts.phase,
@@ -75,12 +78,13 @@ def compaction_out(row: CompactionEntry | CompactionRecord) -> CompactionOut:
     )
 
 
-def _uid(session: SessionDep, node: QueueEngine, name: str) -> str:
-    """Called from a worker thread (the session is synchronous); the engine is read on
-    the event loop, the only thread that changes it."""
-    info = from_thread.run_sync(info_of, node, name)  # 404 when the engine has no such queue
-    row = repo.get_queue(session, name)
-    return row.uid if row is not None else info.uid
+async def _history(request: Request, db: DatabaseDep, node: QueueEngine, name: str) -> History:
+    info = info_of(node, name)  # 404 when the engine has no such queue
+    here = settings_of(request.app.state).node_name
+    return await queue_history(node, db, name, info.uid, here, repo.HISTORY_ROWS_MAX)
+
+
+HISTORY_RESPONSES = PROBLEMS | {200: {"headers": HISTORY_HEADERS_DOC}}
 
 
 # --- snapshots ---------------------------------------------------------------------
@@ -101,14 +105,25 @@ async def take_snapshot(
     return snapshot_out(record)
 
 
-@router.get("/queues/{name}/snapshots", response_model=list[SnapshotOut], responses=PROBLEMS)
-def list_snapshots(
-    name: QueueName, session: SessionDep, _who: CanSee, node: NodeDep
+@router.get(
+    "/queues/{name}/snapshots", response_model=list[SnapshotOut], responses=HISTORY_RESPONSES
+)
+async def list_snapshots(
+    name: QueueName,
+    request: Request,
+    response: Response,
+    db: DatabaseDep,
+    _who: CanSee,
+    node: NodeDep,
 ) -> list[SnapshotOut]:
-    """Checkpoint history, newest first: of this node's replica, and the runs made
-    through this node (a node without a replica keeps those; the leader's node keeps
-    the runs of its replica)."""
-    return [snapshot_out(r) for r in repo.list_snapshots(session, _uid(session, node, name))]
+    """Checkpoint history, newest first: of this node's replica of the queue (with the
+    runs asked through this node). A cluster node without a replica asks the queue's
+    leader's node for its replica's runs (at most 100; ``Quorra-History: leader``, and
+    ``Quorra-History-Node`` names it); when no leader answers within 2 s it lists the
+    runs asked through itself, with ``Quorra-History: absent``."""
+    history = await _history(request, db, node, name)
+    history.mark(response)
+    return [snapshot_out(r) for r in history.snapshots]
 
 
 # --- compaction --------------------------------------------------------------------
@@ -135,18 +150,26 @@ async def compact(
     return compaction_out(record)
 
 
-@router.get("/queues/{name}/compactions", response_model=CompactionsOut, responses=PROBLEMS)
-def list_compactions(
-    name: QueueName, session: SessionDep, _who: CanSee, node: NodeDep
+@router.get(
+    "/queues/{name}/compactions", response_model=CompactionsOut, responses=HISTORY_RESPONSES
+)
+async def list_compactions(
+    name: QueueName,
+    request: Request,
+    response: Response,
+    db: DatabaseDep,
+    _who: CanSee,
+    node: NodeDep,
 ) -> CompactionsOut:
-    """The log now and the compaction runs, newest first (as for snapshots: the runs of
-    this node's replica and those made through it; the log now is the leader's on a
-    node without a replica)."""
-    uid = _uid(session, node, name)
-    log = from_thread.run_sync(node.stats, name).get("log", {})
+    """The log now and the compaction runs, newest first. Whose runs, as for snapshots
+    (``Quorra-History``, ``Quorra-History-Node``): this node's replica's, or on a cluster
+    node without a replica its leader's node's (the log now is the leader's there too)."""
+    history = await _history(request, db, node, name)
+    history.mark(response)
+    log = node.stats(name).get("log", {})
     return CompactionsOut(
         current=dict(log) if isinstance(log, dict) else {},
-        history=[compaction_out(r) for r in repo.list_compactions(session, uid)],
+        history=[compaction_out(r) for r in history.compactions],
     )
 
 

@@ -108,7 +108,8 @@ async def patch_queue(
     """Change some of the queue's policies (the others stay). The change commits in the
     queue's own Raft log, so that every replica applies it in order with the messages;
     in a cluster its leader then records it in the cluster metadata, which every node
-    lists the queue from (a node that crashed in between records it on its next
+    lists the queue from, and each node's SQLite row of the queue follows once it
+    applied that record (a node that crashed in between records it on its next
     reconcile pass)."""
     changes = body.changes()
     if not changes:

@@ -293,6 +293,42 @@ def compaction_facts(record: CompactionRecord) -> CompactionFacts:
     )
 
 
+def _to_ms(at: datetime) -> int:
+    return round(at.timestamp() * 1000)
+
+
+def snapshot_record(name: str, row: SnapshotEntry) -> CheckpointRecord:
+    """A stored checkpoint run as the engine reported it (to answer a peer with)."""
+    return CheckpointRecord(
+        queue=name,
+        index=row.raft_index,
+        term=row.term,
+        taken_at_ms=_to_ms(row.taken_at),
+        bytes=row.bytes,
+        live_entries=row.live_entries,
+        trigger="auto" if row.trigger == "auto" else "manual",
+        duration_ms=row.duration_ms,
+    )
+
+
+def compaction_record(name: str, row: CompactionEntry) -> CompactionRecord:
+    """A stored compaction run as the engine reported it (to answer a peer with)."""
+    return CompactionRecord(
+        queue=name,
+        phase=row.phase,
+        trigger="auto" if row.trigger == "auto" else "manual",
+        started_at_ms=_to_ms(row.started_at),
+        duration_ms=row.duration_ms,
+        segments_before=row.segments_before,
+        segments_after=row.segments_after,
+        bytes_before=row.bytes_before,
+        bytes_after=row.bytes_after,
+        live_entries=row.live_entries,
+        dead_entries_before=row.dead_entries_before,
+        dead_entries_after=row.dead_entries_after,
+    )
+
+
 def record_snapshot(session: Session, queue_uid: str, facts: SnapshotFacts) -> SnapshotEntry:
     assert facts.trigger in ("manual", "auto")
     row = SnapshotEntry(queue_uid=queue_uid, **asdict(facts))

@@ -17,15 +17,13 @@ from typing import Annotated, Literal
 import anyio
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse
-from sqlalchemy.orm import Session
 
 from app.api.deps import QueueName
 from app.api.ops import readiness
 from app.api.queue_ops import cluster_seen_by
 from app.auth import Principal
-from app.db import repo
-from app.db.models import CompactionEntry, SnapshotEntry
 from app.names import UNADDRESSABLE_QUEUE_NAMES
+from app.queue_history import queue_history
 from app.state import db_of, node_or_none, settings_of
 from app.ui.charts import history_chart, line_chart
 from app.ui.common import can, flash, node_of, render
@@ -234,15 +232,6 @@ def _live_context(request: Request, login: UiLogin, name: str) -> dict[str, obje
     }
 
 
-def _history(
-    session: Session, name: str, engine_uid: str
-) -> tuple[list[SnapshotEntry], list[CompactionEntry]]:
-    row = repo.get_queue(session, name)
-    uid = row.uid if row is not None else engine_uid
-    snapshots = list(repo.list_snapshots(session, uid, CHART_HISTORY_MAX))
-    return snapshots, list(repo.list_compactions(session, uid, CHART_HISTORY_MAX))
-
-
 async def _storage_context(request: Request, login: UiLogin, name: str) -> dict[str, object]:
     info = _info(request, login, name)
     node = node_of(request)
@@ -251,9 +240,11 @@ async def _storage_context(request: Request, login: UiLogin, name: str) -> dict[
         segments = reads.segments(node, name)
     except QueueNotFound:  # listed, served by forwarding: no replica, no segments here
         segments = []
-    snapshots, compactions = await db_of(request.app.state).run(
-        lambda session: _history(session, name, info.uid)
+    here = settings_of(request.app.state).node_name
+    history = await queue_history(
+        node, db_of(request.app.state), name, info.uid, here, CHART_HISTORY_MAX
     )
+    snapshots, compactions = history.snapshots, history.compactions
     widest = max((s.live_entries + s.dead_entries for s in segments), default=0)
     chart = history_chart(
         [(int(s.taken_at.timestamp() * 1000), s.bytes) for s in snapshots],
@@ -270,6 +261,7 @@ async def _storage_context(request: Request, login: UiLogin, name: str) -> dict[
         "snapshots": snapshots[:HISTORY_ROWS_SHOWN],
         "compactions": compactions[:HISTORY_ROWS_SHOWN],
         "history_chart": chart,
+        "history": history,
         "log": _part(stats, "log"),
         "dead_per_100_live_max": settings_of(
             request.app.state

@@ -20,16 +20,25 @@ group at once, which ``forget`` already does, with the operator's say.
 
 A founding member that lost its data directory and starts again with ``--peers`` does
 not join: it forms with the others, from an empty log. Its peers tell it apart from a
-founder that never started by the id of the data directory each node reports once it
-runs (``NodeStarted``, ``NodeRecord.incarnation``) and names in its handshake: a name
-the metadata records as started from another data directory is refused
-(``lost_data_refusal``), with the same way out. Pure.
+founder that never started by the id of the data directory each node names in its
+handshake (authenticated by the cluster secret) and the metadata records
+(``NodeStarted``, ``NodeRecord.incarnation``): a name the metadata records as started
+from another data directory is refused (``lost_data_refusal``), with the same way out.
+The metadata records it as early as it can: the first leader records its own and those
+of the founders it heard in a handshake with the formation itself (``started_reports``),
+any leader those it hears later (at its next reconcile pass), and each node its own
+from its reconcile pass. What stays open: a founder that lost its data directory
+before a metadata leader heard its handshake, or before that leader's next pass, is
+taken for one that never started. A node learns the metadata, and with it the replicas
+placed on it, only over a connection with the metadata's leader, whose handshake names
+its data directory to that leader: the window is that of one pass. Pure.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 
+from engine.cluster import meta_commands as mc
 from engine.cluster.records import NodeRecord, QueueRecord
 
 LISTED_QUEUES_MAX = 5
@@ -91,4 +100,25 @@ def lost_data_refusal(nodes: Mapping[str, NodeRecord], name: str, incarnation: s
     )
 
 
-__all__ = ["LISTED_QUEUES_MAX", "lost_data_refusal", "rejoin_refusal"]
+def started_reports(
+    nodes: Mapping[str, NodeRecord], heard: Mapping[str, str], adding: Collection[str] = ()
+) -> list[mc.NodeStarted]:
+    """``NodeStarted`` for each node of ``heard`` (node -> the data directory it runs
+    from, as its handshake named it) that the metadata records, or is adding now
+    (``adding``), without one: the nodes the metadata will recognise if they come back
+    from another data directory (see the module's rule)."""
+
+    def unrecorded(name: str) -> bool:
+        known = nodes.get(name)
+        if known is None:
+            return name in adding
+        return known.state != "forgotten" and not known.incarnation
+
+    return [
+        mc.NodeStarted(name, incarnation)
+        for name, incarnation in sorted(heard.items())
+        if incarnation and unrecorded(name)
+    ]
+
+
+__all__ = ["LISTED_QUEUES_MAX", "lost_data_refusal", "rejoin_refusal", "started_reports"]

@@ -228,6 +228,33 @@ RecordListener = Callable[[CheckpointRecord | CompactionRecord], Awaitable[None]
 """The app registers one to store automatic checkpoints and compactions in SQLite."""
 
 
+@dataclass(frozen=True, slots=True)
+class QueueHistory:
+    """A queue's checkpoint and compaction runs as one node keeps them, newest first."""
+
+    snapshots: list[CheckpointRecord]
+    compactions: list[CompactionRecord]
+
+
+HistorySource = Callable[[str, str, int], Awaitable[QueueHistory]]
+"""The app registers one to read a queue's history (name, uid, at most that many runs of
+each kind) from SQLite, for the nodes without a replica that ask this one."""
+
+HistoryStatus = Literal["ok", "absent"]
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderHistory:
+    """A queue's history as a node without a replica of it learnt it from its leader's
+    node: ``ok`` with that node's runs, or ``absent`` (no leader, or it did not answer in
+    time, ``detail`` says why) with none."""
+
+    status: HistoryStatus
+    from_node: str | None
+    history: QueueHistory
+    detail: str = ""
+
+
 class QueueEngine(Protocol):
     """The node as the app sees it (``engine.runtime.Node`` implements it)."""
 
@@ -327,6 +354,12 @@ class QueueEngine(Protocol):
 
     def segments(self, name: str) -> list[SegmentInfo]: ...
 
+    async def leader_history(self, name: str) -> LeaderHistory | None:
+        """``None`` when this node keeps the queue's history itself (it holds a replica,
+        or knows no such queue); on a cluster node without one, the runs its leader's
+        node keeps, asked now."""
+        ...
+
     async def fresh_segments(self, name: str) -> list[SegmentInfo]:
         """``segments``; on a cluster node without a replica of the queue, its leader's
         (``checkpoint`` and ``compact`` run on the leader's replica there too)."""
@@ -358,10 +391,14 @@ __all__ = [
     "CheckpointRecord",
     "CompactionPhase",
     "CompactionRecord",
+    "HistorySource",
+    "HistoryStatus",
+    "LeaderHistory",
     "OutgoingMessage",
     "PublishItem",
     "QueueArgs",
     "QueueEngine",
+    "QueueHistory",
     "QueueInfo",
     "ReceivedBatch",
     "ReceivedMessage",

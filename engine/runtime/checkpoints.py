@@ -16,13 +16,15 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from engine.errors import NoLeader, StorageFailed, ValidationFailed
+from engine.errors import NoLeader, NotFound, QuorraError, StorageFailed, ValidationFailed
 from engine.queue.machine import FrozenMachine
 from engine.runtime import observe
 from engine.runtime.api import (
     CheckpointRecord,
     CompactionPhase,
     CompactionRecord,
+    HistorySource,
+    QueueHistory,
     RecordListener,
     Trigger,
 )
@@ -57,11 +59,13 @@ class Captured:
 
 
 class Checkpoints:
-    """The node's checkpoint and compaction runs, and the listener told of each."""
+    """The node's checkpoint and compaction runs, the listener told of each, and where
+    the app keeps them (``history``)."""
 
     def __init__(self, ctx: NodeContext) -> None:
         self.ctx = ctx
         self.listener: RecordListener | None = None
+        self.history: HistorySource | None = None
 
     def capture(self, rep: Replica, index: int, term: int) -> Captured:
         """The machine state as of ``index``, taken before the next entry applies: frozen
@@ -124,6 +128,19 @@ class Checkpoints:
             await self.listener(record)
         except Exception:  # the listener belongs to the app; its failure is not ours
             log.exception("record listener failed")
+
+    async def history_of(self, rep: Replica) -> QueueHistory:
+        """The runs of ``rep``'s queue the app keeps on this node, newest first, at most
+        ``Limits.history_records_max`` of each (``HistoryCall``)."""
+        if self.history is None:
+            raise NotFound(f"node {self.ctx.name} keeps no history of its queues")
+        limit = self.ctx.limits.history_records_max
+        try:
+            kept = await self.history(rep.name, rep.uid, limit)
+        except Exception:  # the source belongs to the app (SQLite): its failure is not ours
+            log.exception("history source failed")
+            raise QuorraError(f"node {self.ctx.name} could not read its history") from None
+        return QueueHistory(kept.snapshots[:limit], kept.compactions[:limit])
 
     async def checkpoint(self, name: str, trigger: Trigger) -> CheckpointRecord:
         ctx = self.ctx

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from engine.cluster.records import QueueRecord
 from engine.errors import NoLeader, QueueNotFound, QuorraError
 from engine.ids import NodeName
+from engine.limits import Limits
 from engine.runtime.routing import LeaderCall, LeaderOfCall, StatsCall
 
 if TYPE_CHECKING:
@@ -151,11 +152,7 @@ class Forwarder:
             self.refresh(name)
         if kept is None:
             return None
-        age_ms = now - kept[1]
-        stats = with_age(kept[0], self.leaders.get(name), age_ms)
-        if age_ms > ctx.limits.remote_stats_max_age_ms:
-            stats["status"] = "stale"
-        return stats
+        return aged(kept[0], self.leaders.get(name), now - kept[1], ctx.limits)
 
     def refresh(self, name: str) -> None:
         if name in self.refreshing or not self.ctx.running:
@@ -197,4 +194,15 @@ def with_age(stats: dict[str, object], leader: str | None, age_ms: int) -> dict[
     return {**stats, "remote": {"from_node": leader, "age_ms": age_ms}}
 
 
-__all__ = ["Forwarder", "with_age"]
+def aged(
+    stats: dict[str, object], leader: str | None, age_ms: int, limits: Limits
+) -> dict[str, object]:
+    """Kept stats of a queue's leader, marked as fetched ``age_ms`` ago from ``leader``,
+    and ``status: "stale"`` past ``Limits.remote_stats_max_age_ms``."""
+    marked = with_age(stats, leader, age_ms)
+    if age_ms > limits.remote_stats_max_age_ms:
+        marked["status"] = "stale"
+    return marked
+
+
+__all__ = ["Forwarder", "aged", "with_age"]

@@ -35,6 +35,7 @@ from pyroaring import BitMap64
 
 from engine.cluster import MetaChanged, MetaMachine, encode_command
 from engine.cluster import meta_commands as mc
+from engine.cluster.rejoin import started_reports
 from engine.errors import NoLeader, QuorraError, StorageFailed
 from engine.ids import NodeName, ServerId
 from engine.queue import Rejected
@@ -93,8 +94,8 @@ class MetaBootstrap:
     adds it (``engine.runtime.meta_members``)."""
     joined: bool = False
     incarnation: str = ""
-    """The id of this node's data directory, reported once the metadata records the
-    node (``NodeStarted``, by the reconcile loop)."""
+    """The id of this node's data directory, recorded by the metadata (``NodeStarted``:
+    with the formation, or by its reconcile loop)."""
 
 
 class MetaGroup:
@@ -126,6 +127,10 @@ class MetaGroup:
         self.checkpoint: Checkpoint | None = None
         """Captured as the machine asked, written at its cursor release."""
         self.bootstrapping = False
+        self.heard: dict[str, str] = {ctx.name: boot.incarnation}
+        """Node -> the data directory it runs from: this node's, and each peer's as its
+        last authenticated handshake named it (``Node._stale_peer``, bounded by the
+        cluster's nodes): what this node records, leading (``engine.cluster.rejoin``)."""
 
     # --- opening and closing -----------------------------------------------------------
 
@@ -508,6 +513,7 @@ class MetaGroup:
             for name, address in sorted(self.boot.members.items()):
                 if name not in machine.nodes:
                     commands.append(mc.AddNode(name, address))
+            commands += started_reports(machine.nodes, self.heard, self.boot.members)
             for command in commands:
                 await self.propose_local(encode_command(command))
         except QuorraError as e:

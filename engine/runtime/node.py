@@ -77,6 +77,8 @@ from engine.runtime.api import (
     CheckpointRecord,
     CompactionPhase,
     CompactionRecord,
+    HistorySource,
+    LeaderHistory,
     PublishItem,
     QueueArgs,
     QueueEngine,
@@ -90,8 +92,8 @@ from engine.runtime.api import (
 )
 from engine.runtime.clock import SYSTEM_CLOCK, Clock
 from engine.runtime.context import NodeContext
-from engine.runtime.leader_stats import leader_stats
-from engine.runtime.led_stats import LedStats
+from engine.runtime.leader_history import leader_history
+from engine.runtime.leader_stats import LedStats, leader_stats
 from engine.runtime.meta_group import MetaBootstrap, MetaGroup
 from engine.runtime.replica import node_of
 from engine.runtime.routing import CheckpointCall, CompactCall, NodeCall, SegmentsCall
@@ -134,7 +136,7 @@ class Node:
             # reconcile loop makes this node's replicas follow it.
             self.context.meta_group = MetaGroup(self.context, cluster)
         self.led_stats = LedStats(self.context)
-        """The leaders' stats of the queues this node follows (``engine.runtime.led_stats``)."""
+        """The leaders' stats of the queues this node follows (``engine.runtime.leader_stats``)."""
         self._heard_ms: dict[str, int] = {}
         """Monotonic time of the last Raft message from each node."""
         self.on_forgotten: Callable[[str], None] | None = None
@@ -244,6 +246,10 @@ class Node:
         """Stamp the stages of publishes into ``trace`` (a measuring aid); before ``start``."""
         assert not self.context.has_storage, "trace_publishes before start"
         self.context.trace = trace
+
+    def set_history_source(self, source: HistorySource | None) -> None:
+        """Where this node reads the history its peers ask of it (``HistoryCall``)."""
+        self.context.checkpoints.history = source
 
     # === queues ======================================================================
 
@@ -403,6 +409,11 @@ class Node:
             raise NoLeader(f"queue {name}: its leader sent no segments")
         return answer
 
+    async def leader_history(self, name: str) -> LeaderHistory | None:
+        if not self._remote(name):
+            return None  # hosted here (a damaged replica too: its history stays readable)
+        return await leader_history(self.context, name)
+
     def cluster(self) -> dict[str, object]:
         now = self.clock.monotonic_ms()
         alive_ms = 2 * self.limits.election_timeout_ms_max
@@ -475,8 +486,13 @@ class Node:
             self.on_forgotten(message)
 
     def _stale_peer(self, name: str, incarnation: str) -> str | None:
-        """Why peer ``name``, from data directory ``incarnation``, is refused."""
+        """Why peer ``name``, from data directory ``incarnation``, is refused (it proved
+        the secret: the metadata may record it, ``MetaGroup.heard``)."""
         group = self.context.meta_group
+        if group is not None and (
+            name in group.heard or len(group.heard) <= self.limits.cluster_nodes_max
+        ):
+            group.heard[name] = incarnation
         if group is None or group.driver is None:
             return None
         return lost_data_refusal(group.machine.nodes, name, incarnation)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from engine.cluster import MetaChanged, QueueRecord, reconcile
 from engine.cluster import meta_commands as mc
+from engine.cluster.rejoin import started_reports
 from engine.errors import QuorraError
 from engine.queue import QueuePolicy
 from engine.raft.role import Role
@@ -114,13 +115,14 @@ class Reconciler(Passes):
 
     def started(self, machine: MetaMachine) -> list[mc.MetaCommand]:
         """``NodeStarted`` while the metadata records this node without the data
-        directory it runs from (``engine.cluster.rejoin``)."""
+        directory it runs from (``engine.cluster.rejoin``); where this node leads the
+        metadata, also for the peers it heard name theirs in a handshake."""
         group = self.ctx.meta_group
-        incarnation = "" if group is None else group.boot.incarnation
-        rec = machine.nodes.get(self.ctx.name)
-        if not incarnation or rec is None or rec.state == "forgotten" or rec.incarnation:
+        if group is None:
             return []
-        return [mc.NodeStarted(self.ctx.name, incarnation)]
+        mine: dict[str, str] = {self.ctx.name: group.boot.incarnation}
+        heard = group.heard if group.raft.role is Role.LEADER else mine
+        return list(started_reports(machine.nodes, heard))
 
     def policies(self, machine: MetaMachine) -> list[mc.MetaCommand]:
         """``SetQueuePolicy`` for each queue this node leads whose record lags the policy

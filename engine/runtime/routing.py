@@ -36,6 +36,7 @@ from engine.runtime.api import (
     CompactionPhase,
     CompactionRecord,
     OutgoingMessage,
+    QueueHistory,
     SegmentInfo,
 )
 from engine.runtime.meta import QueueMeta, check_meta, check_uid
@@ -132,6 +133,14 @@ class CompactCall:
 
 
 @dataclass(frozen=True, slots=True)
+class HistoryCall:
+    """The queue's checkpoint and compaction runs as the leader's node keeps them (in
+    SQLite, ``engine.runtime.leader_history``), for a node without a replica of it."""
+
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
 class LeaderOfCall:
     """Which node leads queue ``name``, as a member knows it (it waits for an election up
     to ``Limits.leader_wait_ms``): asked by a node without a replica of it."""
@@ -142,7 +151,7 @@ class LeaderOfCall:
 @dataclass(frozen=True, slots=True)
 class LedStatsCall:
     """The stats of those of queues ``names`` that this node's replicas lead, by name
-    (``engine.runtime.led_stats``: one call per leader node refreshes a queue list)."""
+    (``engine.runtime.leader_stats``: one call per leader node refreshes a queue list)."""
 
     names: tuple[str, ...]
 
@@ -214,7 +223,7 @@ class MetaProposed:
 
 
 wire.register((Ok, QueueCreated, QueueExists, QueueDeleting, MembersChanged, MetaProposed, Joined))
-wire.register((SegmentInfo, CheckpointRecord, CompactionRecord))
+wire.register((SegmentInfo, CheckpointRecord, CompactionRecord, QueueHistory))
 
 LeaderCall = (
     PublishCall
@@ -225,6 +234,7 @@ LeaderCall = (
     | SegmentsCall
     | CheckpointCall
     | CompactCall
+    | HistoryCall
     | PurgeCall
     | UpdatePolicyCall
     | TransferCall
@@ -275,6 +285,7 @@ CALL_TYPES: tuple[type[Any], ...] = (
     SegmentsCall,
     CheckpointCall,
     CompactCall,
+    HistoryCall,
     LeaderOfCall,
     LedStatsCall,
     PurgeCall,
@@ -461,6 +472,8 @@ class Router:
             return observe.segment_infos(rep, observe.live_indexes(rep))
         if isinstance(call, CheckpointCall | CompactCall):
             return await self.run_job(rep, call)
+        if isinstance(call, HistoryCall):
+            return await ctx.checkpoints.history_of(rep)
         if isinstance(call, PurgeCall):
             return await ops.purge_local(rep)
         if isinstance(call, AddMemberCall):
@@ -484,6 +497,7 @@ __all__ = [
     "CompactCall",
     "CreateReplica",
     "DeleteReplica",
+    "HistoryCall",
     "JoinCall",
     "Joined",
     "LeaderCall",

@@ -20,7 +20,13 @@ from engine.errors import Backpressure, MessageTooLarge, NoLeader, OutcomeUnknow
 from engine.ids import NodeName
 from engine.limits import Limits
 from engine.runtime.rate_log import RateLimitedLog
-from engine.runtime.routing import PROPOSING_CALL_TYPES, NodeCall, ReceiveCall, StatsCall
+from engine.runtime.routing import (
+    PROPOSING_CALL_TYPES,
+    HistoryCall,
+    NodeCall,
+    ReceiveCall,
+    StatsCall,
+)
 from engine.runtime.tcp_conn import Conn
 from engine.runtime.tcp_frames import Kind, encode_item, item_fits
 from engine.runtime.transport import Peer
@@ -33,9 +39,12 @@ def call_deadline_ms(call: NodeCall, limits: Limits) -> int:
     dropped), and the client hears so then rather than at the default deadline, which
     covers the administrative calls (a membership change creates a replica first). Stats
     asked of a leader have a short one of their own: the asking node has a copy to show
-    in their place (``engine.runtime.leader_stats``, ``forwarding``)."""
+    in their place (``engine.runtime.leader_stats``, ``forwarding``); so has a queue's
+    history (``engine.runtime.leader_history``)."""
     if isinstance(call, StatsCall):
         return limits.leader_stats_deadline_ms
+    if isinstance(call, HistoryCall):
+        return limits.leader_history_deadline_ms
     if isinstance(call, PROPOSING_CALL_TYPES):
         wait_ms = call.wait_ms if isinstance(call, ReceiveCall) else 0
         return limits.leader_wait_ms + limits.proposal_timeout_ms + wait_ms

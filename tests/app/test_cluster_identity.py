@@ -103,6 +103,12 @@ def test_each_data_directory_gets_an_id_of_its_own_kept_across_starts(tmp_path: 
         (cluster("n2"), "belongs to node n1, not to --node-id n2"),
         (cluster("n1", cluster_id="other"), "belongs to cluster prod, not to the cluster id given"),
         (None, "belongs to node n1 of cluster prod: start it with --node-id n1"),
+        (
+            dataclasses.replace(cluster("n1"), listen=("127.0.0.1", 7999)),
+            "node n1 is known to its cluster at 127.0.0.1:7001 .*, not at --cluster-listen"
+            " 127.0.0.1:7999: start it with --cluster-listen 127.0.0.1:7001; to move it,"
+            " forget it",
+        ),
     ],
 )
 def test_a_data_directory_of_another_node_or_cluster_is_refused(
@@ -343,6 +349,8 @@ def test_serve_refuses_another_clusters_or_nodes_data_directory(tmp_path: Path) 
     assert_refused(wrong_node, 3, f"{data} belongs to node n1, not to --node-id n2")
     no_peers = serve(data)
     assert_refused(no_peers, 3, "start it with --node-id n1 and its --peers")
+    moved = serve(data, *node_flags("n1"), env=env)  # on a free port, not 7001
+    assert_refused(moved, 3, "node n1 is known to its cluster at 127.0.0.1:7001")
 
 
 @pytest.mark.integration

@@ -118,6 +118,17 @@ def test_a_node_without_a_replica_serves_the_queue(start_cluster: StartCluster) 
     assert snapshot.json()["index"] in [h["index"] for h in history], history
     runs = cluster.client(leader).get("/api/v1/queues/far/compactions").json()["history"]
     assert [r["phase"] for r in runs] == ["1"], runs
+    # n3, without a replica, shows the leader's node's history (from its SQLite).
+    asked = via.get("/api/v1/queues/far/snapshots")
+    assert asked.status_code == 200 and asked.json() == history, asked.text
+    assert asked.headers["quorra-history"] == "leader", asked.headers
+    assert asked.headers["quorra-history-node"] == leader, asked.headers
+    asked_runs = via.get("/api/v1/queues/far/compactions")
+    assert asked_runs.json()["history"] == runs, asked_runs.text
+    assert asked_runs.headers["quorra-history"] == "leader", asked_runs.headers
+    mine = cluster.client(leader).get("/api/v1/queues/far/snapshots")
+    assert mine.headers["quorra-history"] == "local", mine.headers
+    assert mine.headers["quorra-history-node"] == leader, mine.headers
     assert _node(cluster, "n1", outsider)["replicas"] == []
 
     # A stream on n3: a publish confirmed, delivered, acked.
@@ -146,8 +157,12 @@ def test_a_node_without_a_replica_serves_the_queue(start_cluster: StartCluster) 
     # n3's dashboard shows the queue with its leader's figures.
     with httpx.Client(base_url=cluster.url(outsider), timeout=10.0) as browser:
         assert log_in(browser).status_code == 303
-        for page_path in ("/fragments/overview", "/queues/far/live", "/queues/far/storage"):
+        for page_path in ("/fragments/overview", "/queues/far/live"):
             assert browser.get(page_path).status_code == 200, page_path
+        storage = browser.get("/queues/far/storage")
+        assert storage.status_code == 200, storage.text
+        assert f"The runs of {leader}'s replica" in storage.text, storage.text
+        assert f'<td class="num">{snapshot.json()["index"]}</td>' in storage.text, storage.text
         for page_path in ("/fragments/queues", "/queues/far"):
             page = browser.get(page_path)
             assert page.status_code == 200 and "far" in page.text, (page_path, page.text)

@@ -3,8 +3,16 @@ since a voter that lost its data directory would vote with an empty log."""
 
 from __future__ import annotations
 
+import dataclasses
+
+from engine.cluster.meta_commands import NodeStarted
 from engine.cluster.records import NodeRecord, NodeState, QueueRecord, QueueState
-from engine.cluster.rejoin import LISTED_QUEUES_MAX, lost_data_refusal, rejoin_refusal
+from engine.cluster.rejoin import (
+    LISTED_QUEUES_MAX,
+    lost_data_refusal,
+    rejoin_refusal,
+    started_reports,
+)
 from engine.queue import QueuePolicy
 
 
@@ -76,3 +84,23 @@ def test_a_node_from_another_data_directory_than_recorded_is_refused() -> None:
     assert lost_data_refusal(started, "n5", "d5") is None
     gone = {"n1": NodeRecord("n1", "h:1", "forgotten", 1, 2, "d1")}
     assert lost_data_refusal(gone, "n1", "d9") is None
+
+
+def test_the_data_directories_heard_are_recorded_for_nodes_without_one() -> None:
+    """What a metadata leader proposes from the handshakes it heard (and its own): a
+    node recorded without a data directory, or being added with the formation; not one
+    recorded with one already (another is refused by ``lost_data_refusal``), a
+    forgotten one, an unknown one, or an empty id."""
+    nodes = {
+        "n1": node("n1"),
+        "n2": dataclasses.replace(node("n2"), incarnation="d2"),
+        "n3": node("n3", "forgotten"),
+        "n4": node("n4"),
+    }
+    heard = {"n1": "d1", "n2": "other", "n3": "d3", "n4": "", "n5": "d5", "n6": "d6"}
+    assert started_reports(nodes, heard) == [NodeStarted("n1", "d1")]
+    assert started_reports(nodes, heard, adding=("n5",)) == [
+        NodeStarted("n1", "d1"),
+        NodeStarted("n5", "d5"),
+    ]
+    assert started_reports({}, {}, adding=("n1",)) == []

@@ -188,7 +188,7 @@ def test_a_policy_change_reaches_the_metadata_and_a_lagging_record_is_repaired(
 
 def test_queues_are_listed_with_their_leaders_stats_or_stale_ones(tmp_path: Path) -> None:
     """A follower, and a node without a replica, list the queue with the stats its
-    leader's node last answered to their periodic call (``led_stats``); cut off from
+    leader's node last answered to their periodic call (``leader_stats.LedStats``); cut off from
     the leader, the follower's turn stale."""
 
     async def body() -> None:
@@ -370,3 +370,37 @@ async def leader_of(nodes: dict[str, Node], name: str) -> str:
         if leader is not None and nodes[leader].context.running:
             return leader
     raise NoLeader(f"no leader of {name} yet")
+
+
+def test_the_formation_records_the_data_directories_its_leader_heard(tmp_path: Path) -> None:
+    """A founder that proved itself in a handshake (n3 here, which then never runs: it
+    lost its data directory before its first reconcile pass) is recorded with the data
+    directory it named by the metadata's leader (with the formation, or at its next
+    pass), so that it is refused if it comes back from another one; the leader records
+    its own too (``engine.cluster.rejoin``)."""
+
+    async def body() -> None:
+        network = InMemoryNetwork(NAMES)
+        nodes = {name: node_on(tmp_path, name, network) for name in ("n1", "n2")}
+        for node in nodes.values():
+            # As a TCP handshake does on every connection (before the node starts here).
+            assert node._stale_peer("n3", "dirn3") is None
+        await asyncio.gather(*(n.start() for n in nodes.values()))
+        try:
+            await eventually(
+                lambda: all(
+                    group(n).machine.nodes.get("n3") is not None
+                    and group(n).machine.nodes["n3"].incarnation == "dirn3"
+                    for n in nodes.values()
+                ),
+                what="n3 recorded",
+            )
+            machine = group(nodes["n1"]).machine
+            assert machine.nodes["n1"].incarnation == "dirn1"
+            why = nodes["n1"]._stale_peer("n3", "another-directory")
+            assert why is not None and "another data directory" in why, why
+            assert nodes["n2"]._stale_peer("n3", "dirn3") is None
+        finally:
+            await stop_all(nodes)
+
+    run(body())

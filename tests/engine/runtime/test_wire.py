@@ -33,6 +33,7 @@ from engine.runtime.api import (
     CompactionRecord,
     OutgoingMessage,
     QueueArgs,
+    QueueHistory,
     QueueInfo,
     ReceivedBatch,
     ReceivedMessage,
@@ -270,9 +271,28 @@ SAMPLES: list[object] = [
     [SegmentInfo("00000001.seg", 1, 90, 4096, 80, 10)],
     CheckpointRecord("q", 90, 2, 1_700_000_000_000, 4096, 80, "manual", 1.5),
     CompactionRecord("q", "1,2", "auto", 1_700_000_000_000, 0, 3, 1, 9000, 4096, 80, 10, 0),
+    QueueHistory(
+        [CheckpointRecord("q", 9, 2, 1_700_000_000_000, 4096, 80, "auto", 1.5)],
+        [CompactionRecord("q", "1", "manual", 1_700_000_000_000, 0, 3, 1, 9000, 4096, 80, 10, 0)],
+    ),
     NoLeader("no leader"),
 ]
 """A value of every wire type (and an error): what the fuzz tests mutate."""
+
+
+def test_the_largest_history_answer_is_a_few_hundred_bytes_a_run() -> None:
+    """``Limits.history_records_max`` runs of each kind, of a queue with the longest name
+    and the largest figures: what ``HistoryCall`` answers at most."""
+    name, big = "n" * 200, 2**62
+    most = DEFAULT_LIMITS.history_records_max
+    answer = QueueHistory(
+        [CheckpointRecord(name, big, big, big, big, big, "manual", 1e9)] * most,
+        [CompactionRecord(name, "1,2,3", "manual", big, 1e9, big, big, big, big, big, big, big)]
+        * most,
+    )
+    size = len(wire.encode(answer))
+    assert size <= 2 * most * 512 <= DEFAULT_LIMITS.cluster_frame_bytes_max, size
+    assert wire.decode(wire.encode(answer)) == answer
 
 
 def _wire_types(value: object) -> set[type]:
