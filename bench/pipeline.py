@@ -51,6 +51,14 @@ messages per second of wall time:
 * ``stream_batch_ms``: the median of each part of a micro-batch's ``durationMs``
   (Spark's progress: ``latestOffset`` waits for deliveries, ``walCommit`` writes the
   offset, ``addBatch`` runs the tasks, ...), over the batches of at least half a trigger;
+* ``cpu_us_per_row``: CPU microseconds per message or row of each phase
+  (``stream_publish``, ``stream_consume``, ``write``, ``stream_read``), by process kind
+  (``spark_jvm``, ``spark_python``: Spark's Python workers and its streaming source
+  runner, ``server``, ``bench``: this process and its load generators, whose start-up
+  counts in the stream phases) and in ``total``, from ``/proc`` (``bench/_cpu_tree.py``;
+  the server's only when the bench started it): on a machine shared with other work the
+  rates move with the load, these much less, and on 2 cores a rate is about 2 s of CPU
+  over ``total``, so they say where a ratio is lost;
 * ``write_vs_stream_publish``: ``write_rows_per_s`` / ``stream_publish_msgs_per_s``
   (target 0.8);
 * ``stream_read_vs_stream_consume``: ``stream_read_rows_per_s`` /
@@ -72,6 +80,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import _cpu_tree
 from pipeline import queues
 from quorra.client import Client
 
@@ -94,6 +103,7 @@ JSON_KEYS = (
     "stream_rows_through_spark_s",
     "stream_trigger_rows",
     "stream_batch_ms",
+    "cpu_us_per_row",
     "write_vs_stream_publish",
     "stream_read_vs_stream_consume",
     "write_vs_rest_publish",
@@ -176,21 +186,24 @@ def rest_bench_rates(
 
 def stream_bench_rates(
     client: Client, url: str, token: str, seconds: float, start_delay_s: float
-) -> dict[str, float]:
+) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
     """``quorra bench rest``'s stream publish and consume phases (its generators,
-    ``bench/_stream_load.py``: 4 connections, window 1,000, prefetch 1,000) here."""
+    ``bench/_stream_load.py``: 4 connections, window 1,000, prefetch 1,000) here; their
+    rates and CPU per message (``bench._cpu_tree``)."""
     from bench import rest
     from bench._stream_load import generator
 
     queues.create_queue(client, "bench-stream")
     base = rest.server_spec(url, token, seconds) | {"queue": "bench-stream"} | STREAM_SHAPE
     server = _RemoteServer()
-    rates = {}
+    rates, cpu = {}, {}
     for kind in ("stream_publish", "stream_consume"):
         spec = dict(base, kind=kind)
+        before = _cpu_tree.snapshot()
         phase = rest.run_phase(server, spec, STREAM_PROCS, start_delay_s, target=generator)
+        cpu[kind] = _cpu_tree.cpu_us_per_row(before, _cpu_tree.snapshot(), phase["messages"])
         rates[kind] = phase["msgs_per_s"]
-    return rates
+    return rates, cpu
 
 
 def spark_write(spark: Any, options: dict[str, str], rows: int, partitions: int) -> float:
@@ -292,7 +305,7 @@ def measure(url: str, token: str, args: argparse.Namespace) -> dict[str, Any]:
         queues.create_queue(client, "bench-rest")
         queues.create_queue(client, "bench-spark")
         delay_s = rest.QUICK_START_DELAY_S if args.quick else rest.START_DELAY_S
-        streams = stream_bench_rates(client, url, token, args.rest_seconds, delay_s)
+        streams, cpu = stream_bench_rates(client, url, token, args.rest_seconds, delay_s)
         figures["stream_publish_msgs_per_s"] = round(streams["stream_publish"])
         figures["stream_consume_msgs_per_s"] = round(streams["stream_consume"])
         rates = rest_bench_rates(client, url, token, args.rest_seconds, delay_s)
@@ -309,11 +322,16 @@ def measure(url: str, token: str, args: argparse.Namespace) -> dict[str, Any]:
     options = {"url": url, "token": token, "queue": "bench-spark"}
     options["numPartitions"] = str(partitions)
     warm_up(spark, options, max(1, int(rows * WARM_UP_FRACTION)), partitions, args.trigger_rows)
+    before = _cpu_tree.snapshot()
     figures["write_rows_per_s"] = round(spark_write(spark, options, rows, partitions))
+    cpu["write"] = _cpu_tree.cpu_us_per_row(before, _cpu_tree.snapshot(), rows)
     with tempfile.TemporaryDirectory(prefix="quorra-bench-") as tmp:
+        before = _cpu_tree.snapshot()
         processed_s, elapsed_s, parts_ms = spark_stream_read(
             spark, options, rows, Path(tmp) / "ck", args.trigger_rows
         )
+        cpu["stream_read"] = _cpu_tree.cpu_us_per_row(before, _cpu_tree.snapshot(), rows)
+    figures["cpu_us_per_row"] = cpu
     figures["stream_read_rows_per_s"] = round(rows / elapsed_s)
     figures["stream_read_s"] = round(elapsed_s, 2)
     figures["stream_rows_through_spark_s"] = round(processed_s, 2)

@@ -8,9 +8,10 @@ WebSockets: the server pushes deliveries up to a prefetch credit), numbers the m
 and hands each micro-batch to the executors inside its partitions (Arrow record
 batches), so executors never talk to the queue on reads.
 
-**Offsets carry the batch.** The end offset of a micro-batch is ``{"seq": n, "ids":
-[...]}``: the running count of messages handed to Spark and the ids of the messages of
-that micro-batch. Spark writes it to the checkpoint's offset log before running the
+**Offsets carry the batch.** The end offset of a micro-batch is ``{"seq": n, "runs":
+[[first, last], ...]}`` (``pipeline.offsets``): the running count of messages handed to
+Spark and the ids of the messages of that micro-batch, as runs of consecutive ids (a
+batch is taken lowest ids first, so it is a few runs, not a list of every id). Spark writes it to the checkpoint's offset log before running the
 batch, so the identity of every batch survives a crash or a restart of the query.
 Receipts are not kept there: a lease belongs to the connection that received it, and
 the server returns every lease of a connection at once when it closes (the driver died
@@ -78,6 +79,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 
+from pipeline.offsets import make_offset, offset_ids
 from pipeline.options import BATCH_MESSAGES_MAX, Options
 from pipeline.source import to_record_batch, with_text
 from quorra.client import Delivery, Problem, Settled, Stream
@@ -103,10 +105,6 @@ SPARE = -1
 @dataclass(frozen=True)
 class ArrowPartition(InputPartition):
     batch: pa.RecordBatch
-
-
-def make_offset(seq: int, messages: list[Delivery]) -> dict[str, Any]:
-    return {"seq": seq, "ids": [m.id for m in messages]}
 
 
 def stream_count(credit: int, prefetch_max: int) -> int:
@@ -155,7 +153,7 @@ class LeaseStreamReader(DataSourceStreamReader):
     # --- Spark's calls ------------------------------------------------------------------
 
     def initialOffset(self) -> dict[str, Any]:
-        return make_offset(0, [])
+        return make_offset(0, ())
 
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxRows(self.options.max_messages_per_trigger)
@@ -172,7 +170,7 @@ class LeaseStreamReader(DataSourceStreamReader):
             self._batches[end_seq] = messages
             for m in messages:
                 self._held[m.id] = end_seq
-        return make_offset(end_seq, messages)
+        return make_offset(end_seq, (m.id for m in messages))
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[ArrowPartition]:
         self._settle_through(start)
@@ -181,7 +179,7 @@ class LeaseStreamReader(DataSourceStreamReader):
             return []
         with self._lock:
             messages = self._batches.get(end_seq)
-        if messages is None or [m.id for m in messages] != list(end["ids"]):
+        if messages is None or [m.id for m in messages] != offset_ids(end):
             messages = self._recover(end)
         chunks = _chunks(messages, self.options)
         return [ArrowPartition(to_record_batch(chunk, text=False)) for chunk in chunks]
@@ -314,16 +312,18 @@ class LeaseStreamReader(DataSourceStreamReader):
         return ""
 
     def _take(self, want: int) -> list[Delivery]:
-        """Up to ``want`` delivered messages; waits up to ``waitMs`` for a full batch."""
+        """Up to ``want`` delivered messages, the first delivered, in id order (each
+        receive on a connection delivers a run of ids: sorted, a batch is about one run
+        per receive in its offset); waits up to ``waitMs`` for a full batch."""
         with self._changed:
             self._changed.wait_for(lambda: len(self._spare) >= want, self.options.wait_ms / 1000)
             out, self._spare = self._spare[:want], self._spare[want:]
-            return out
+        return sorted(out, key=_id)
 
     def _recover(self, end: dict[str, Any]) -> list[Delivery]:
         """The messages of a batch planned by an earlier run, by id: that run's
         connections closed, so the server returned them, and they are delivered again."""
-        wanted = [int(i) for i in end["ids"]]
+        wanted = offset_ids(end)
         wanted_set = set(wanted)
         end_seq = int(end["seq"])
         self._start_consumers()
@@ -368,7 +368,7 @@ class LeaseStreamReader(DataSourceStreamReader):
                 by_stream[self._via.pop(m.id, 0)].append(m.receipt)
             # Ids of the offset from an earlier run: those messages came back when its
             # connections closed; a redelivery of one is acked and dropped.
-            ids = {m.id for m in messages} | {int(i) for i in offset.get("ids", [])}
+            ids = {m.id for m in messages}.union(offset_ids(offset))
             for i in ids:
                 self._done[i] = None
             while len(self._done) > DONE_IDS_MAX:
@@ -436,6 +436,10 @@ def _report(answer: Settled | Problem) -> None:
         log.warning("a settle failed: %s", answer)
     elif answer.stale:
         log.info("%d receipts were stale; redeliveries of those are dropped", len(answer.stale))
+
+
+def _id(m: Delivery) -> int:
+    return m.id
 
 
 def _max_rows(limit: ReadLimit) -> int:
