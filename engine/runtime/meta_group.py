@@ -129,7 +129,7 @@ class MetaGroup:
         self.bootstrapping = False
         self.heard: dict[str, str] = {ctx.name: boot.incarnation}
         """Node -> the data directory it runs from: this node's, and each peer's as its
-        last authenticated handshake named it (``Node._stale_peer``, bounded by the
+        last authenticated handshake named it (``Node.stale_peer``, bounded by the
         cluster's nodes): what this node records, leading (``engine.cluster.rejoin``)."""
 
     # --- opening and closing -----------------------------------------------------------

@@ -178,7 +178,7 @@ class Node:
             self.transport.on_forgotten = self._told_forgotten
             self.transport.on_lost_data = self._told_lost_data
             if group is not None:
-                self.transport.refuse_stale(self._stale_peer)
+                self.transport.refuse_stale(self.stale_peer)
         if group is not None:
             group.listeners.append(self._maybe_forgotten)
             group.listeners.append(ctx.meta_members.on_change)
@@ -485,7 +485,7 @@ class Node:
         if self.on_forgotten is not None:
             self.on_forgotten(message)
 
-    def _stale_peer(self, name: str, incarnation: str) -> str | None:
+    def stale_peer(self, name: str, incarnation: str) -> str | None:
         """Why peer ``name``, from data directory ``incarnation``, is refused (it proved
         the secret: the metadata may record it, ``MetaGroup.heard``)."""
         group = self.context.meta_group

@@ -384,7 +384,7 @@ def test_the_formation_records_the_data_directories_its_leader_heard(tmp_path: P
         nodes = {name: node_on(tmp_path, name, network) for name in ("n1", "n2")}
         for node in nodes.values():
             # As a TCP handshake does on every connection (before the node starts here).
-            assert node._stale_peer("n3", "dirn3") is None
+            assert node.stale_peer("n3", "dirn3") is None
         await asyncio.gather(*(n.start() for n in nodes.values()))
         try:
             await eventually(
@@ -397,9 +397,9 @@ def test_the_formation_records_the_data_directories_its_leader_heard(tmp_path: P
             )
             machine = group(nodes["n1"]).machine
             assert machine.nodes["n1"].incarnation == "dirn1"
-            why = nodes["n1"]._stale_peer("n3", "another-directory")
+            why = nodes["n1"].stale_peer("n3", "another-directory")
             assert why is not None and "another data directory" in why, why
-            assert nodes["n2"]._stale_peer("n3", "dirn3") is None
+            assert nodes["n2"].stale_peer("n3", "dirn3") is None
         finally:
             await stop_all(nodes)
 
