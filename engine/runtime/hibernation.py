@@ -160,8 +160,9 @@ class Hibernation:
 
     def at_stop(self) -> list[Sleeper]:
         """At a clean stop, before the replicas close: every lone voter idle now falls
-        asleep (whatever its idle time), and the records of all those asleep, which the
-        stop saves for the next start (``engine.runtime.sleepers``)."""
+        asleep (whatever its idle time; up to ``observe.LIVE_SET_INLINE_MAX`` messages),
+        and the records of all those asleep, which the stop saves for the next start
+        (``engine.runtime.sleepers``)."""
         ctx = self.ctx
         out: list[Sleeper] = []
         for rep in ctx.replicas.values():
@@ -172,6 +173,12 @@ class Hibernation:
                     continue
                 if rep.bytes_since_capture >= ctx.limits.stop_checkpoint_bytes_min:
                     continue  # not checkpointed at the stop (it failed): replayed instead
+                s = rep.machine.stats()
+                if s.messages_ready > observe.LIVE_SET_INLINE_MAX:
+                    # Its live set would be walked on the loop (a deep queue's is built
+                    # on a worker), its record be its whole index: it restarts from its
+                    # checkpoint, as before.
+                    continue
                 self.sleep(rep)
             assert rep.dormant is not None
             out.append(Sleeper(rep.uid, rep.dormant, rep.bytes_since_capture))
