@@ -558,12 +558,13 @@ def measure_queues(server: DeepServer, args: argparse.Namespace) -> dict[str, An
     restart_ms = _restart_until_received(server, token, names)
     time.sleep(wait_s)
     rss_restarted = server.vm_rss_bytes()
+    sleeping = _sleeping(server, token)
     # Once more with the default idle time: a queue woken by its receive stays awake.
     server.extra_env = {k: v for k, v in server.extra_env.items() if k != SLEEP_ENV}
     restart_default_ms = _restart_until_received(server, token, names)
     return dict(
         sleep_wait_s=wait_s,
-        queues_sleeping=_sleeping(server, token),
+        queues_sleeping=sleeping,
         queues=args.queues,
         create_queues_per_s=round(create_rate, 1),
         rss_bytes_per_idle_queue=round((rss_all - rss_one) / (len(names) - 1), 1),
