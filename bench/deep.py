@@ -26,7 +26,8 @@ per queue), the server left idle ``--rss-wait-s`` seconds and its memory read ag
 growth of ``VmRSS`` divided by Q - 1 is what an idle queue costs. The server is then
 stopped (SIGTERM) and started again, timed from the exec until a receive of one message
 has returned a message on every queue (16 connections, each queue polled until it does;
-the same for the one queue of ``empty_restart_ms``). Those receives go through a lean
+the same for the one queue of ``empty_restart_ms``), its memory read again, and the
+restart timed once more with the default idle time (``restart_ms_default_sleep``). Those receives go through a lean
 HTTP/1.1 client (``bench._lean_http``), not httpx, which spends several times the
 server's CPU per request: with httpx, 10,000 receives timed mostly the client.
 Only the parts asked for run: ``--messages`` alone (the default, 1,000,000) is the deep
@@ -76,7 +77,14 @@ full depth):
 * ``empty_restart_ms``: exec to the first receive that returns a message, the server
   holding one queue of 10 messages;
 * ``restart_ms``: exec until every one of the Q queues has answered a receive with a
-  message (target: at most 2 s more than ``empty_restart_ms``);
+  message (target: at most 2 s more than ``empty_restart_ms``), the server putting a
+  queue to sleep after ``restart_sleep_idle_ms`` idle (so a queue may fall asleep again
+  before its receive comes, and that receive wakes it);
+* ``restart_ms_default_sleep``: the same restart once more, the server with the default
+  idle time (``QUORRA_QUEUE_SLEEP_IDLE_MS`` unset, 30 s): no queue falls asleep again
+  during the round;
+* ``restart_sleep_idle_ms``: the idle time of ``restart_ms`` (and of the memory
+  readings), ``SLEEP_IDLE_MS``;
 * ``rss_wait_s``: the idle wait before each memory reading (the many-queues server
   waits longer if its sweep needs longer to put every queue to sleep: ``sleep_wait_s``);
 * ``sleep_wait_s``: the many-queues server's wait before each memory reading;
@@ -136,6 +144,8 @@ JSON_KEYS: tuple[str, ...] = (
     "rss_bytes_per_idle_queue_after_restart",
     "empty_restart_ms",
     "restart_ms",
+    "restart_ms_default_sleep",
+    "restart_sleep_idle_ms",
     "rss_wait_s",
     "sleep_wait_s",
     "queues_sleeping",
@@ -172,6 +182,7 @@ IDLE_MESSAGES = 10
 """Messages published to each of the many queues."""
 IDLE_CLIENTS = 16
 QUICK_QUEUES = 500
+SLEEP_ENV = "QUORRA_QUEUE_SLEEP_IDLE_MS"
 SLEEP_IDLE_MS = 1_000
 """The many-queues server puts a queue to sleep after this idle time
 (``QUORRA_QUEUE_SLEEP_IDLE_MS``; 30 s by default), so that its queues sleep within the
@@ -547,9 +558,13 @@ def measure_queues(server: DeepServer, args: argparse.Namespace) -> dict[str, An
     restart_ms = _restart_until_received(server, token, names)
     time.sleep(wait_s)
     rss_restarted = server.vm_rss_bytes()
+    sleeping = _sleeping(server, token)
+    # Once more with the default idle time: a queue woken by its receive stays awake.
+    server.extra_env = {k: v for k, v in server.extra_env.items() if k != SLEEP_ENV}
+    restart_default_ms = _restart_until_received(server, token, names)
     return dict(
         sleep_wait_s=wait_s,
-        queues_sleeping=_sleeping(server, token),
+        queues_sleeping=sleeping,
         queues=args.queues,
         create_queues_per_s=round(create_rate, 1),
         rss_bytes_per_idle_queue=round((rss_all - rss_one) / (len(names) - 1), 1),
@@ -558,6 +573,8 @@ def measure_queues(server: DeepServer, args: argparse.Namespace) -> dict[str, An
         ),
         empty_restart_ms=round(empty_restart_ms, 1),
         restart_ms=round(restart_ms, 1),
+        restart_ms_default_sleep=round(restart_default_ms, 1),
+        restart_sleep_idle_ms=SLEEP_IDLE_MS,
     )
 
 
@@ -613,7 +630,7 @@ def main(argv: list[str]) -> int:
     if args.messages is not None:
         result.update(_run("deep", extra_env, lambda server: measure_deep(server, args)))
     if args.queues is not None:
-        sleepy = {"QUORRA_QUEUE_SLEEP_IDLE_MS": str(SLEEP_IDLE_MS)}
+        sleepy = {SLEEP_ENV: str(SLEEP_IDLE_MS)}
         result.update(_run("idle", sleepy, lambda server: measure_queues(server, args)))
     result.update(
         rss_wait_s=args.rss_wait_s,

@@ -184,6 +184,10 @@ class Limits:
     about once per ``queue_sleep_idle_ms`` (10,000 queues, 30 s: 334 a run);"""
     queue_sleep_sweep_max: int = 500
     """it puts at most this many to sleep per run (about 50 us each: 25 ms of the loop)."""
+    sleepers_bytes_max: int = 256 * MIB
+    """A clean stop saves the sleeping queues' records (``engine.runtime.sleepers``) up to
+    this many bytes (10,000 idle queues of 10 messages: about 12 MiB); the queues past
+    it recover from their logs at the next start."""
     rate_sample_ms: int = 1_000
     """Rates (published, delivered, acked per second) are sampled at most this often."""
     rate_window_ms: int = 10_000
@@ -311,6 +315,7 @@ class Limits:
         assert self.entry_bytes_max <= self.wal_batch_bytes_max
         assert self.read_run_bytes_max > 0
         assert self.queue_sleep_sweep_ms > 0 and self.queue_sleep_sweep_max > 0
+        assert self.sleepers_bytes_max >= 0
         assert 0 < self.read_cache_block_bytes <= self.read_run_bytes_max
         assert self.read_cache_bytes_max >= 0
         assert self.segment_flush_writers_max >= 1

@@ -42,6 +42,7 @@ from engine.runtime.reconciling import args_of
 from engine.runtime.registry import Registry
 from engine.runtime.replica import Replica
 from engine.runtime.routing import CreateReplica, DeleteReplica, UpdatePolicyCall
+from engine.runtime.sleepers import Sleeper, take_sleepers
 from engine.storage import Disk, NodeStorage, OsDisk
 
 if TYPE_CHECKING:
@@ -63,17 +64,21 @@ class Catalog:
         """Replicas being created (their definition being written), by queue name: done
         when hosted (``create_replica``)."""
 
-    def open_storage(self) -> tuple[NodeStorage, list[QueueMeta]]:
-        """In a worker, which owns the storage until ``start`` takes it over: recover it,
-        flush what the WAL holds, read the queue definitions, drop orphans."""
+    def open_storage(self) -> tuple[NodeStorage, list[QueueMeta], dict[str, Sleeper]]:
+        """In a worker, which owns the storage until ``start`` takes it over: take the
+        records of the queues that slept at the last clean stop (before anything writes:
+        ``engine.runtime.sleepers``), recover the storage, flush what the WAL holds, read
+        the queue definitions, drop orphans."""
         ctx = self.ctx
-        storage = NodeStorage.open(OsDisk(str(ctx.data_dir)), ctx.limits)
+        disk = OsDisk(str(ctx.data_dir))
+        sleepers = take_sleepers(disk)
+        storage = NodeStorage.open(disk, ctx.limits)
         error = storage.flush_segments()
         if error is not None:  # nothing is lost: the WAL files stay until a later flush
             log.error("start: segment flush failed: %s", error.detail)
         metas = self.read_metas(storage.disk)
         self.drop_orphans(storage, {m.uid for m in metas})
-        return storage, metas
+        return storage, metas, sleepers
 
     def read_metas(self, disk: Disk) -> list[QueueMeta]:
         metas = []

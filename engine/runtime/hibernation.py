@@ -33,10 +33,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from pyroaring import BitMap64
 
+from engine.queue import ReceiptSeal
+from engine.queue.snapshots import page_handles, read_snapshot
 from engine.raft.events import HardState as RaftHardState
 from engine.raft.events import Tick
 from engine.raft.options import SplitMix64
@@ -45,8 +47,11 @@ from engine.raft.snapshot import SnapshotMeta
 from engine.runtime import observe
 from engine.runtime.driver import ReplicaDriver
 from engine.runtime.hosting import ReplicaIo
-from engine.runtime.replica import Replica
+from engine.runtime.meta import QueueMeta
+from engine.runtime.replica import CheckpointInfo, Replica, server_id
+from engine.runtime.sleepers import Sleeper
 from engine.runtime.sleeping import Dormant, may_sleep, put_to_sleep, raft_positions, wake
+from engine.storage import Recovered
 
 if TYPE_CHECKING:
     from engine.runtime.context import NodeContext
@@ -64,6 +69,8 @@ class Hibernation:
         self.cursor = 0
         self.slept = 0
         self.woken = 0
+        self.restored = 0
+        """Replicas brought back asleep at start (``restore``)."""
         self.waker = self.wake
         """``wake`` as one bound method that every replica of the node shares."""
 
@@ -150,6 +157,57 @@ class Hibernation:
         rep.tick_handle = rep.expire_handle = None
         rep.fall_asleep(dormant)
         self.slept += 1
+
+    def at_stop(self) -> list[Sleeper]:
+        """At a clean stop, before the replicas close: every lone voter idle now falls
+        asleep (whatever its idle time; up to ``observe.LIVE_SET_INLINE_MAX`` messages),
+        and the records of all those asleep, which the stop saves for the next start
+        (``engine.runtime.sleepers``)."""
+        ctx = self.ctx
+        out: list[Sleeper] = []
+        for rep in ctx.replicas.values():
+            if rep.closed or rep.failed is not None or rep.meta.members != (ctx.name,):
+                continue
+            if rep.dormant is None:
+                if not self.idle(rep):
+                    continue
+                if rep.bytes_since_capture >= ctx.limits.stop_checkpoint_bytes_min:
+                    continue  # not checkpointed at the stop (it failed): replayed instead
+                s = rep.machine.stats()
+                if s.messages_ready > observe.LIVE_SET_INLINE_MAX:
+                    # Its live set would be walked on the loop (a deep queue's is built
+                    # on a worker), its record be its whole index: it restarts from its
+                    # checkpoint, as before.
+                    continue
+                self.sleep(rep)
+            assert rep.dormant is not None
+            out.append(Sleeper(rep.uid, rep.dormant, rep.bytes_since_capture))
+        return out
+
+    def restore(self, meta: QueueMeta, rec: Recovered, sleeper: Sleeper) -> Replica:
+        """At start, ``Hosting.host`` of a queue whose opened storage agrees with the record
+        it slept as at the last clean stop (``sleepers.matches``): the replica, asleep as
+        it was, without a machine, core or driver; its page files open as ``host`` opens
+        them (the checkpoint may name stored pages)."""
+        ctx = self.ctx
+        cp = rec.checkpoint
+        checkpoint = CheckpointInfo()
+        live: list[int] = []
+        if cp is not None:
+            live = page_handles(read_snapshot(cast(bytes, cp.state)))
+            checkpoint = CheckpointInfo(cp.index, 0, cp.file_bytes)
+        ctx.pages.paging(meta.uid, rec.log, live)
+        assert ctx.receipt_key is not None, "start() loads the key before hosting"
+        seal = ReceiptSeal(ctx.receipt_key, meta.uid)
+        sid = server_id(ctx.name, meta.uid)
+        rep = Replica(meta, sid, rec.log, seal, checkpoint=checkpoint)
+        rep.waker = self.waker
+        rep.bytes_since_capture = sleeper.bytes_since_capture
+        rep.fall_asleep(sleeper.dormant)
+        ctx.replicas[meta.name] = rep
+        ctx.by_uid[meta.uid] = rep
+        self.restored += 1
+        return rep
 
     def wake(self, rep: Replica) -> None:
         """Rebuild ``rep``'s machine, core and driver from its record, as ``Hosting.host``

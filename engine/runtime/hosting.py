@@ -59,6 +59,7 @@ from engine.runtime import observe
 from engine.runtime.driver import ReplicaDriver
 from engine.runtime.meta import QueueMeta, policy_of
 from engine.runtime.replica import CheckpointInfo, Replica, node_of, server_id
+from engine.runtime.sleepers import Sleeper, matches
 from engine.shared_empty import check_shared_empties
 from engine.storage import (
     Checkpoint,
@@ -94,12 +95,16 @@ class Hosting:
 
     # --- opening and closing -----------------------------------------------------------
 
-    def host(self, meta: QueueMeta) -> Replica:
-        """Open the replica's storage, restore its machine and start its Raft server."""
+    def host(self, meta: QueueMeta, sleeper: Sleeper | None = None) -> Replica:
+        """Open the replica's storage, restore its machine and start its Raft server; or,
+        given the record it slept as at the last clean stop and a log that agrees with
+        it, bring it back asleep (``engine.runtime.sleepers``)."""
         ctx = self.ctx
         storage = ctx.storage
         # A lone member cannot be repaired: damage then refuses it, its files untouched.
         rec = storage.open_server(meta.uid, repairable=len(meta.members) > 1)
+        if sleeper is not None and meta.members == (ctx.name,) and matches(sleeper, rec):
+            return ctx.hibernation.restore(meta, rec, sleeper)
         # Read once: a deep queue's checkpoint names thousands of stored pages, which
         # the page files keep and the machine restores. The state may be a view of a
         # mapped file: it is read where it lies, not copied.
@@ -218,9 +223,9 @@ class Hosting:
         deadline = loop.time() + ctx.limits.leader_wait_ms / 1000
 
         def recovered(rep: Replica) -> bool:
+            if rep.failed is not None or rep.closed or rep.dormant is not None:
+                return True  # one brought back asleep recovers at its wake
             raft = rep.raft
-            if rep.failed is not None or rep.closed:
-                return True
             if rep.meta.members == (ctx.name,):
                 return raft.role is Role.LEADER and rep.applied_index >= raft.log.last_index()
             return rep.applied_index >= raft.commit

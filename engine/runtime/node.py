@@ -97,6 +97,7 @@ from engine.runtime.leader_stats import LedStats, leader_stats
 from engine.runtime.meta_group import MetaBootstrap, MetaGroup
 from engine.runtime.replica import node_of
 from engine.runtime.routing import CheckpointCall, CompactCall, NodeCall, SegmentsCall
+from engine.runtime.sleepers import Sleeper, encode_sleepers, write_sleepers
 from engine.runtime.transport import LocalTransport, PeerBook, Transport
 from engine.runtime.wal_writer import WalWriter
 from engine.storage import NodeStorage
@@ -153,14 +154,14 @@ class Node:
         ctx.create_lock = asyncio.Lock()
         if ctx.receipt_key is None:
             ctx.receipt_key = await asyncio.to_thread(receipt_key, self.data_dir)
-        storage, metas = await asyncio.to_thread(ctx.catalog.open_storage)
+        storage, metas, sleepers = await asyncio.to_thread(ctx.catalog.open_storage)
         storage.take_over()
         storage.wal.trace = ctx.trace
         ctx.storage = storage
         hosting = ctx.hosting
         for meta in metas:
             try:
-                hosting.host(meta)
+                hosting.host(meta, sleepers.get(meta.uid))
             except QuorraError as e:
                 log.error("queue %s (%s) not recovered: %s", meta.name, meta.uid, e.detail)
                 ctx.failed[meta.name] = (meta, e)
@@ -173,7 +174,8 @@ class Node:
         ctx.running = True
         self.transport.attach(self.name, self)
         for rep in ctx.replicas.values():
-            hosting.schedule(rep)
+            if rep.dormant is None:  # one brought back asleep waits for its first request
+                hosting.schedule(rep)
         if isinstance(self.transport, PeerBook):
             self.transport.on_forgotten = self._told_forgotten
             self.transport.on_lost_data = self._told_lost_data
@@ -210,6 +212,7 @@ class Node:
         if ctx.meta_group is not None:
             ctx.meta_group.close(NoLeader("the node is stopping"))
         hosting = ctx.hosting
+        sleepers = [] if abandon else ctx.hibernation.at_stop()
         for rep in ctx.replicas.values():
             hosting.close_replica(rep, NoLeader("the node is stopping"))
         await ctx.end_work()
@@ -224,7 +227,7 @@ class Node:
         if abandon:
             await asyncio.to_thread(_close_files, storage)
         else:
-            await asyncio.to_thread(_close_storage, storage)
+            await asyncio.to_thread(_close_storage, storage, sleepers)
 
     async def _drain_requests(self) -> None:
         """Refuse new requests, end long polls, and give those in flight a moment."""
@@ -590,10 +593,13 @@ def _close_files(storage: NodeStorage) -> None:
     storage.cache.close()
 
 
-def _close_storage(storage: NodeStorage) -> None:
-    """On a worker, which owns the storage from here on (the loop waits for it)."""
+def _close_storage(storage: NodeStorage, sleepers: list[Sleeper]) -> None:
+    """On a worker, which owns the storage from here on (the loop waits for it); once it
+    closed cleanly, the records of the queues that sleep (``engine.runtime.sleepers``)."""
     storage.take_over()
     storage.close()
+    if sleepers:
+        write_sleepers(storage.disk, encode_sleepers(sleepers, storage.limits.sleepers_bytes_max))
 
 
 def _implements_the_protocol(node: Node) -> QueueEngine:

@@ -1,0 +1,174 @@
+"""The sleeping queues' records, kept across a clean stop (issue 17): a restart brings
+an idle queue back asleep, as the compact record it was, without building its machine,
+Raft core and driver, applying its log or electing it; the first request wakes it as
+after any sleep (``engine.runtime.hibernation``).
+
+A clean stop writes one file, ``sleepers``, after the storage closed: every sleeping
+lone-voter queue's ``Dormant`` record with the log positions it stands for. The next
+start reads it and removes it (the directory synced) before anything of that run
+writes, so the file speaks only for the disk exactly as the stop left it: a crash at
+any later instant finds no file and recovers every queue from its log as before. A
+crash during the stop leaves no file (or the temporary one, removed) for the same
+reason: it is renamed into place last.
+
+A record is used only when its queue's storage agrees with it, checked after its log
+was opened and its tail checked like any other (``matches``): same term and vote in
+the hard state, same last index and term, a log that is not being repaired, and an
+applied index at the end of it. A record that disagrees (a file from another run put
+back by hand, a log changed since) is dropped and the queue recovered from its log.
+Why the record may stand for the log without the start-up election's entry: it was
+taken from a lone voter that led with every entry of its log committed and applied
+(``Hibernation.idle``); the log is the same, so its entries are still committed (a
+quorum of one holds them durably), and the term and vote it campaigns from at its wake
+are the durable ones: its election writes a higher term before it leads again.
+
+Rules of this module: encoding and decoding are pure; the two disk functions use the
+``Disk`` interface only. The file is one msgpack array behind a magic and a CRC32 of
+its body, at most ``Limits.sleepers_bytes_max`` (records past it are left out: their
+queues recover from their logs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import struct
+import zlib
+from typing import cast
+
+import msgpack
+
+from engine.ids import ServerId
+from engine.raft.config import Configuration
+from engine.runtime.sleeping import Dormant, RaftPositions, SleepingQueue
+from engine.storage.disk import Disk, parent, write_file_atomic
+from engine.storage.storage_events import Recovered
+
+log = logging.getLogger("quorra.engine")
+
+SLEEPERS_PATH = "sleepers"
+_MAGIC = b"QSLP\x01"
+_HEADER = struct.Struct("<5sI")
+"""Magic with its version, CRC32 of the body."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Sleeper:
+    """One queue's record as the stop left it."""
+
+    uid: str
+    dormant: Dormant
+    bytes_since_capture: int
+    """What a restart from its log would apply again (the replica's counter)."""
+
+
+def encode_sleepers(sleepers: list[Sleeper], bytes_max: int) -> bytes:
+    """The file's bytes: as many records as fit in ``bytes_max``, in order."""
+    rows: list[object] = []
+    size = _HEADER.size + 16
+    for s in sleepers:
+        d = s.dormant
+        pos = d.record.raft
+        assert pos is not None, "a hosted replica sleeps with its positions"
+        row = [
+            s.uid,
+            d.record.snapshot,
+            d.record.packed_stats,
+            [pos.term, pos.vote, pos.commit, pos.applied, pos.last_index, pos.last_term],
+            pos.configuration.encode(),
+            d.applied_index,
+            d.applied_term,
+            d.live,
+            s.bytes_since_capture,
+        ]
+        row_bytes = len(cast(bytes, msgpack.packb(row)))
+        if size + row_bytes > bytes_max:
+            break
+        size += row_bytes
+        rows.append(row)
+    body = cast(bytes, msgpack.packb(rows))
+    return _HEADER.pack(_MAGIC, zlib.crc32(body)) + body
+
+
+def decode_sleepers(data: bytes | memoryview) -> dict[str, Sleeper]:
+    """The records by queue uid; ``ValueError`` if the file is not whole and ours."""
+    if len(data) < _HEADER.size:
+        raise ValueError("sleepers file too short")
+    magic, crc = _HEADER.unpack_from(data)
+    body = bytes(data[_HEADER.size :])
+    if magic != _MAGIC or zlib.crc32(body) != crc:
+        raise ValueError("sleepers file: bad magic or CRC")
+    out: dict[str, Sleeper] = {}
+    for row in msgpack.unpackb(body):
+        uid, snapshot, stats, p, config, applied_index, applied_term, live, since = row
+        term, vote, commit, applied, last_index, last_term = p
+        positions = RaftPositions(
+            term,
+            None if vote is None else ServerId(vote),
+            commit,
+            applied,
+            last_index,
+            last_term,
+            Configuration.decode(config),
+        )
+        record = SleepingQueue(snapshot, stats, positions)
+        out[uid] = Sleeper(uid, Dormant(record, applied_index, applied_term, live), since)
+    return out
+
+
+def matches(sleeper: Sleeper, rec: Recovered) -> bool:
+    """Whether the opened storage ``rec`` is the log ``sleeper`` was taken from, all of it
+    applied (see the module's rules)."""
+    pos = sleeper.dormant.record.raft
+    hs = rec.hard_state
+    if pos is None or hs is None or rec.repairing or rec.damaged:
+        return False
+    server_log = rec.log
+    last = server_log.last_index()
+    return (
+        (hs.term, hs.vote) == (pos.term, pos.vote)
+        and (last, server_log.term(last)) == (pos.last_index, pos.last_term)
+        and pos.commit == last
+        and sleeper.dormant.applied_index == last
+        and server_log.snapshot_index() <= last
+    )
+
+
+def write_sleepers(disk: Disk, data: bytes) -> None:
+    """After a clean stop closed the storage: the file, atomically."""
+    write_file_atomic(disk, SLEEPERS_PATH, data)
+
+
+def take_sleepers(disk: Disk) -> dict[str, Sleeper]:
+    """At start, before anything writes: the records the last stop left, and the file
+    removed for good (its directory synced), so that no later run can read it. Nothing
+    (and the file still removed if it can be) when it is absent, damaged or cannot be
+    removed: every queue then recovers from its log."""
+    tmp = SLEEPERS_PATH + ".tmp"
+    if disk.exists(tmp):
+        disk.remove(tmp)
+    if not disk.exists(SLEEPERS_PATH):
+        return {}
+    try:
+        sleepers = decode_sleepers(disk.read(SLEEPERS_PATH))
+    except (ValueError, msgpack.UnpackException, TypeError) as e:
+        log.warning("start: sleeping queues' records unreadable, recovered from logs: %s", e)
+        sleepers = {}
+    try:
+        disk.remove(SLEEPERS_PATH)
+        disk.sync_dir(parent(SLEEPERS_PATH))
+    except OSError as e:
+        log.warning("start: sleeping queues' records not removed, not used: %s", e)
+        return {}
+    return sleepers
+
+
+__all__ = [
+    "SLEEPERS_PATH",
+    "Sleeper",
+    "decode_sleepers",
+    "encode_sleepers",
+    "matches",
+    "take_sleepers",
+    "write_sleepers",
+]

@@ -1,0 +1,141 @@
+"""Sleeping queues' records across a clean stop (engine/runtime/sleepers.py): idle queues
+come back asleep without replaying or electing, answer as before, and a crash at any
+later instant or a record that no longer matches its log loses nothing."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+
+import pytest
+
+from engine.runtime import Node
+from engine.runtime.sleepers import (
+    SLEEPERS_PATH,
+    decode_sleepers,
+    encode_sleepers,
+    take_sleepers,
+)
+from engine.storage import OsDisk
+from tests.engine.runtime.test_hibernation import BODIES, filled
+from tests.engine.runtime.util import FAST, drain, msgs, run, started
+
+# Idle queues do not fall asleep on their own here: the stop puts them to sleep.
+AWAKE = dataclasses.replace(FAST, queue_sleep_idle_ms=600_000)
+
+
+def asleep(node: Node) -> list[str]:
+    return sorted(n for n, rep in node.context.replicas.items() if rep.dormant is not None)
+
+
+def restored(node: Node) -> int:
+    return node.context.hibernation.restored
+
+
+async def stopped_with_records(data_dir: Path) -> None:
+    """Queues "a" and "b" with BODIES; "leased" with a lease out (not idle at the stop)."""
+    node = await started(data_dir, AWAKE)
+    await filled(node, ["a", "b", "leased"])
+    await node.receive("leased", consumer="c", max_messages=1, wait_ms=0, lease_ms=60_000)
+    await node.stop()
+    assert (data_dir / SLEEPERS_PATH).exists()
+
+
+def test_idle_queues_come_back_asleep_after_a_clean_stop(tmp_path: Path) -> None:
+    async def body() -> None:
+        await stopped_with_records(tmp_path)
+        node = await started(tmp_path, AWAKE)
+        try:
+            assert not (tmp_path / SLEEPERS_PATH).exists(), "read once, removed at start"
+            assert restored(node) == 2 and asleep(node) == ["a", "b"]
+            assert node.stats("a")["messages_ready"] == 3
+            assert node.context.hibernation.woken == 0, "stats do not wake it"
+            assert await drain(node, "a") == BODIES
+            await node.publish("b", msgs(b"after"))
+            assert await drain(node, "b") == [*BODIES, b"after"]
+            assert len(await drain(node, "leased")) == 2  # its lease is still out
+        finally:
+            await node.stop()
+
+    run(body())
+
+
+@pytest.mark.parametrize("woken", [True, False])
+def test_a_crash_after_coming_back_asleep_loses_nothing(tmp_path: Path, woken: bool) -> None:
+    async def body() -> None:
+        await stopped_with_records(tmp_path)
+        node = await started(tmp_path, AWAKE)
+        assert restored(node) == 2
+        if woken:
+            await node.publish("a", msgs(b"after"))
+        await node.halt()
+        node = await started(tmp_path, AWAKE)
+        try:
+            assert restored(node) == 0, "the crash left no records"
+            assert await drain(node, "a") == [*BODIES, *([b"after"] if woken else [])]
+            assert await drain(node, "b") == BODIES
+        finally:
+            await node.stop()
+
+    run(body())
+
+
+@pytest.mark.parametrize("crash", [True, False])
+def test_records_that_no_longer_match_their_logs_are_not_used(tmp_path: Path, crash: bool) -> None:
+    """A records file of an earlier stop put back by hand, after the queues changed (and
+    a crash or a clean stop): the changed queue recovers from its log."""
+
+    async def body() -> None:
+        await stopped_with_records(tmp_path)
+        old = tmp_path.parent / "old-sleepers"
+        shutil.copy(tmp_path / SLEEPERS_PATH, old)
+        node = await started(tmp_path, AWAKE)
+        await node.publish("a", msgs(b"after"))
+        await (node.halt() if crash else node.stop())
+        shutil.copy(old, tmp_path / SLEEPERS_PATH)
+        node = await started(tmp_path, AWAKE)
+        try:
+            assert asleep(node) == ["b"], "a's log moved on: recovered from it"
+            assert await drain(node, "a") == [*BODIES, b"after"]
+            assert await drain(node, "b") == BODIES
+        finally:
+            await node.stop()
+
+    run(body())
+
+
+def test_a_damaged_records_file_is_dropped_and_removed(tmp_path: Path) -> None:
+    async def body() -> None:
+        await stopped_with_records(tmp_path)
+        path = tmp_path / SLEEPERS_PATH
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        path.write_bytes(bytes(data))
+        node = await started(tmp_path, AWAKE)
+        try:
+            assert restored(node) == 0 and not path.exists()
+            assert await drain(node, "a") == BODIES
+        finally:
+            await node.stop()
+
+    run(body())
+
+
+def test_records_round_trip_and_stop_at_their_byte_limit(tmp_path: Path) -> None:
+    async def body() -> None:
+        await stopped_with_records(tmp_path)
+
+    run(body())
+    disk = OsDisk(str(tmp_path))
+    data = disk.read(SLEEPERS_PATH)
+    sleepers = decode_sleepers(data)
+    assert len(sleepers) == 2
+    again = list(sleepers.values())
+    assert encode_sleepers(again, 1 << 30) == data
+    first = encode_sleepers(again, len(data) - 1)
+    assert list(decode_sleepers(first)) == [again[0].uid]
+    assert take_sleepers(disk) == sleepers and not disk.exists(SLEEPERS_PATH)
+    assert take_sleepers(disk) == {}
+    with pytest.raises(ValueError):
+        decode_sleepers(data[:-1])
