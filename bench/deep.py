@@ -27,9 +27,10 @@ growth of ``VmRSS`` divided by Q - 1 is what an idle queue costs. The server is 
 stopped (SIGTERM) and started again, timed from the exec until a receive of one message
 has returned a message on every queue (16 connections, each queue polled until it does;
 the same for the one queue of ``empty_restart_ms``), its memory read again, and the
-restart timed once more with the default idle time (``restart_ms_default_sleep``). Those receives go through a lean
-HTTP/1.1 client (``bench._lean_http``), not httpx, which spends several times the
-server's CPU per request: with httpx, 10,000 receives timed mostly the client.
+restart timed once more with the default idle time (``restart_ms_default_sleep``).
+Those receives go through a lean HTTP/1.1 client (``bench._lean_http``), not httpx,
+which spends several times the server's CPU per request: with httpx, 10,000 receives
+timed mostly the client.
 Only the parts asked for run: ``--messages`` alone (the default, 1,000,000) is the deep
 queue, ``--queues`` alone the many queues, both flags both; the figures of a part that
 did not run are ``null``. ``--quick`` runs both: 20,000 messages, and 500 queues.

@@ -38,7 +38,7 @@ def test_schemathesis_finds_no_server_error_or_schema_violation(
         "--phases",
         "coverage,fuzzing",
         "--max-examples",
-        "25",
+        "15",
         # One worker: with two threads, CPython 3.11's ast.parse (which hypothesis calls
         # to describe strategies) can fail with "AST constructor recursion depth mismatch".
         "--workers",
