@@ -23,7 +23,7 @@ quorum of one holds them durably), and the term and vote it campaigns from at it
 are the durable ones: its election writes a higher term before it leads again.
 
 Rules of this module: encoding and decoding are pure; the two disk functions use the
-``Disk`` interface only. The file is one msgpack array behind a magic and a CRC32 of
+``Disk`` interface only. The file is one msgpack array behind a magic and a CRC32C of
 its body, at most ``Limits.sleepers_bytes_max`` (records past it are left out: their
 queues recover from their logs).
 """
@@ -33,9 +33,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import struct
-import zlib
 from typing import cast
 
+import crc32c
 import msgpack
 
 from engine.ids import ServerId
@@ -49,7 +49,7 @@ log = logging.getLogger("quorra.engine")
 SLEEPERS_PATH = "sleepers"
 _MAGIC = b"QSLP\x01"
 _HEADER = struct.Struct("<5sI")
-"""Magic with its version, CRC32 of the body."""
+"""Magic with its version, CRC32C of the body."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -87,7 +87,7 @@ def encode_sleepers(sleepers: list[Sleeper], bytes_max: int) -> bytes:
         size += row_bytes
         rows.append(row)
     body = cast(bytes, msgpack.packb(rows))
-    return _HEADER.pack(_MAGIC, zlib.crc32(body)) + body
+    return _HEADER.pack(_MAGIC, crc32c.crc32c(body)) + body
 
 
 def decode_sleepers(data: bytes | memoryview) -> dict[str, Sleeper]:
@@ -96,7 +96,7 @@ def decode_sleepers(data: bytes | memoryview) -> dict[str, Sleeper]:
         raise ValueError("sleepers file too short")
     magic, crc = _HEADER.unpack_from(data)
     body = bytes(data[_HEADER.size :])
-    if magic != _MAGIC or zlib.crc32(body) != crc:
+    if magic != _MAGIC or crc32c.crc32c(body) != crc:
         raise ValueError("sleepers file: bad magic or CRC")
     out: dict[str, Sleeper] = {}
     for row in msgpack.unpackb(body):
