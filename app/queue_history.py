@@ -18,7 +18,6 @@ from fastapi import Response
 from sqlalchemy.orm import Session
 
 from app.db import repo
-from app.db.models import CompactionEntry, SnapshotEntry
 from app.db.session import Database
 from engine.runtime.api import HistorySource, QueueEngine, QueueHistory
 
@@ -79,8 +78,14 @@ def _local(
     row = repo.get_queue(session, name)
     uid = row.uid if row is not None else engine_uid
     return (
-        [_snapshot_facts(r) for r in repo.list_snapshots(session, uid, limit)],
-        [_compaction_facts(r) for r in repo.list_compactions(session, uid, limit)],
+        [
+            repo.snapshot_facts(repo.snapshot_record(name, r))
+            for r in repo.list_snapshots(session, uid, limit)
+        ],
+        [
+            repo.compaction_facts(repo.compaction_record(name, r))
+            for r in repo.list_compactions(session, uid, limit)
+        ],
     )
 
 
@@ -105,34 +110,6 @@ async def queue_history(
         "" if asked is None else asked.detail,
         snapshots,
         compactions,
-    )
-
-
-def _snapshot_facts(row: SnapshotEntry) -> repo.SnapshotFacts:
-    return repo.SnapshotFacts(
-        raft_index=row.raft_index,
-        term=row.term,
-        taken_at=row.taken_at,
-        bytes=row.bytes,
-        live_entries=row.live_entries,
-        trigger=row.trigger,
-        duration_ms=row.duration_ms,
-    )
-
-
-def _compaction_facts(row: CompactionEntry) -> repo.CompactionFacts:
-    return repo.CompactionFacts(
-        phase=row.phase,
-        trigger=row.trigger,
-        started_at=row.started_at,
-        duration_ms=row.duration_ms,
-        segments_before=row.segments_before,
-        segments_after=row.segments_after,
-        bytes_before=row.bytes_before,
-        bytes_after=row.bytes_after,
-        live_entries=row.live_entries,
-        dead_entries_before=row.dead_entries_before,
-        dead_entries_after=row.dead_entries_after,
     )
 
 
