@@ -266,6 +266,24 @@ def test_receipts_one_by_one_match_the_vectorised_match() -> None:
     t.apply(encode_expire())
 
 
+def test_many_receipts_in_order_of_one_checkout_or_several_and_out_of_order() -> None:
+    """Settles of more than the few: receipts in delivery order (no repeat to look for;
+    one lease group or two), and the same with a repeat and out of order."""
+    t = Twin(lease_ms=1000)
+    t.publish(*[msg(k) for k in range(120)])
+    a, b, c = t.take(30), t.take(30), t.take(30)
+    pairs_a = list(zip(a.tags, a.refs, strict=True))
+    pairs_b = list(zip(b.tags, b.refs, strict=True))
+    pairs_c = list(zip(c.tags, c.refs, strict=True))
+    assert t.apply(encode_settle(pairs_a[:20])) == Settled(20, ())
+    assert t.apply(encode_settle(pairs_a[20:] + pairs_b[:10])) == Settled(20, ())
+    repeated = [*pairs_c[::-1], pairs_c[3], pairs_a[0], *pairs_b[10:]]
+    assert t.apply(encode_settle(repeated)) == Settled(50, (30, 31))
+    assert t.fast.stats().acked == 90
+    assert t.apply(encode_settle(pairs_b)) == Settled(0, tuple(range(30)))
+    assert len(t.take(40).tags) == 30  # what was never checked out
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_random_small_commands_agree(seed: int) -> None:
     _random_run(random.Random(seed))
