@@ -76,9 +76,6 @@ from engine.publish_trace import PublishTrace
 from engine.runtime.api import QueueEngine
 
 ADMIN_USER = "admin"
-MIRROR_WAIT_S = 10.0
-"""How long a cluster node's start waits for the metadata's users and tokens in SQLite
-(a node that cannot reach the metadata's majority turns ready without them)."""
 log = logging.getLogger("quorra.app")
 
 
@@ -152,10 +149,16 @@ def with_cluster(
 
 @asynccontextmanager
 async def engine_serving(
-    state: State, db: Database, node: QueueEngine | None, refuse: Refuse | None = None
+    state: State,
+    db: Database,
+    node: QueueEngine | None,
+    refuse: Refuse | None = None,
+    *,
+    mirror_wait_s: float,
 ) -> AsyncIterator[None]:
     """The node recovered and in ``state.node`` for the body (``/readyz`` says
-    ``engine: recovering`` meanwhile), taken out and stopped after it."""
+    ``engine: recovering`` meanwhile), taken out and stopped after it; a cluster node
+    waits up to ``mirror_wait_s`` for the metadata's users and tokens in SQLite."""
     started = False
     refused = asyncio.Event()
 
@@ -180,7 +183,7 @@ async def engine_serving(
                 state.mirror = ClusterMirror(db, group)
                 state.mirror.start()
                 # A node its cluster refused stops at once: nothing to wait for.
-                if not await state.mirror.wait_adopted(MIRROR_WAIT_S, refused):
+                if not await state.mirror.wait_adopted(mirror_wait_s, refused):
                     log.warning("ready before the cluster metadata's users reached SQLite")
             state.node, state.engine_status = node, "recovered"
         yield
@@ -241,7 +244,13 @@ def _lifespan(
             async with (
                 tracing_publishes(trace, settings.trace_publish_file),
                 running_network(node) as network,
-                engine_serving(state, db, node, refuse),
+                engine_serving(
+                    state,
+                    db,
+                    node,
+                    refuse,
+                    mirror_wait_s=settings.metadata_mirror_wait_ms / 1000,
+                ),
             ):
                 # What start-up built (modules, queues, recovered state) lives as long as
                 # the process: move it out of the collector's sight so that a full

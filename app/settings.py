@@ -29,6 +29,7 @@ from engine.node_key import load_node_secret
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DATABASE_FILE = "meta.sqlite3"
 HEADER_READ_TIMEOUT_S_DEFAULT = 10.0
+METADATA_MIRROR_WAIT_MS_DEFAULT = 10_000
 LIMITS_FROM_ENV = (
     "page_refs",
     "paged_index_bytes_per_queue_max",
@@ -68,6 +69,11 @@ class Settings:
     header_read_timeout_s: float = HEADER_READ_TIMEOUT_S_DEFAULT
     """``QUORRA_HEADER_READ_TIMEOUT_S``: a connection that has not sent a request's
     headers this long after it opened (or after its last response) is closed."""
+    metadata_mirror_wait_ms: int = METADATA_MIRROR_WAIT_MS_DEFAULT
+    """``QUORRA_METADATA_MIRROR_WAIT_MS``: how long a cluster node's start waits for the
+    cluster metadata's users and tokens to reach its SQLite; a node that cannot reach the
+    metadata's majority turns ready without them once it has waited this long. This
+    node's alone: unlike the engine limits, peers need not agree on it."""
     password_workers: int = 2
     """Password checks and hashes (argon2, ~100 ms of CPU each) running at once."""
     password_waiting_max: int = 8
@@ -88,6 +94,7 @@ class Settings:
         assert 0 <= self.port <= 65535
         assert self.session_ttl_s > 0
         assert self.header_read_timeout_s > 0
+        assert self.metadata_mirror_wait_ms >= 0
         assert self.public_url == "" or self.public_url.startswith(("http://", "https://")), (
             f"QUORRA_PUBLIC_URL {self.public_url!r} is no http:// or https:// URL"
         )
@@ -139,11 +146,25 @@ class Settings:
             header_read_timeout_s=float(
                 env.get("QUORRA_HEADER_READ_TIMEOUT_S") or HEADER_READ_TIMEOUT_S_DEFAULT
             ),
+            metadata_mirror_wait_ms=_wait_ms_from_env(env, "QUORRA_METADATA_MIRROR_WAIT_MS"),
             limits=limits_from_env(env),
             trace_publish_file=Path(trace)
             if (trace := env.get("QUORRA_TRACE_PUBLISH_FILE"))
             else None,
         )
+
+
+def _wait_ms_from_env(env: Mapping[str, str], name: str) -> int:
+    text = env.get(name)
+    if not text:
+        return METADATA_MIRROR_WAIT_MS_DEFAULT
+    try:
+        wait_ms = int(text)
+    except ValueError:
+        raise SettingsError(f"{name}: {text!r} is not an integer") from None
+    if wait_ms < 0:
+        raise SettingsError(f"{name}: {text!r} is negative")
+    return wait_ms
 
 
 def limits_from_env(env: Mapping[str, str]) -> Limits:

@@ -13,7 +13,7 @@ receive answered. A restart costs seconds, most of them importing the server's m
 and on a shared machine the same restart varies by more than the 100 ms that depth may
 add: each figure is the median of its restarts, taken in turns so that both see the
 same load. Every message is then consumed (4 clients, receive 1,000 then acknowledge
-them). ``--quick`` runs 20,000 messages with pages of 256 references and 16 pages per
+them). ``--quick`` runs 10,000 messages with pages of 256 references and 16 pages per
 queue (``QUICK_PAGES``), so that the smoke run pages its index out and back, and one
 restart of each.
 
@@ -33,7 +33,7 @@ which spends several times the server's CPU per request: with httpx, 10,000 rece
 timed mostly the client.
 Only the parts asked for run: ``--messages`` alone (the default, 1,000,000) is the deep
 queue, ``--queues`` alone the many queues, both flags both; the figures of a part that
-did not run are ``null``. ``--quick`` runs both: 20,000 messages, and 500 queues.
+did not run are ``null``. ``--quick`` runs both: 10,000 messages, and 200 queues.
 
 Keys (``JSON_KEYS``; the headline is ``rss_mb``, the process's resident memory at
 full depth):
@@ -169,7 +169,7 @@ QUICK_PAGES = {
     "QUORRA_PAGE_READ_AHEAD": "8",
 }
 """The smoke run's pages: 256 references, 16 in memory per queue, 8 read ahead (2,048
-messages, more than a receive takes), so that 20,000 messages page out and back."""
+messages, more than a receive takes), so that 10,000 messages page out and back."""
 TARGETS = {
     "rss_mb_at_50m_messages": 256,
     "rates_vs_100k_messages_min": 0.8,
@@ -182,7 +182,11 @@ QUICK_RESTARTS = 1
 IDLE_MESSAGES = 10
 """Messages published to each of the many queues."""
 IDLE_CLIENTS = 16
-QUICK_QUEUES = 500
+QUICK_MESSAGES = 10_000
+"""40 pages of 256: more than twice the 16 a queue keeps in memory."""
+QUICK_QUEUES = 200
+"""Enough for the growth of ``VmRSS`` to stand clear of its noise (about 18 KiB an idle
+queue, 40 KiB after a restart), in one turn of the sleep sweep."""
 SLEEP_ENV = "QUORRA_QUEUE_SLEEP_IDLE_MS"
 SLEEP_IDLE_MS = 1_000
 """The many-queues server puts a queue to sleep after this idle time
@@ -615,7 +619,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     extra_env: dict[str, str] = {}
     if args.quick:
-        args.messages, args.queues, args.rss_wait_s = 20_000, QUICK_QUEUES, 1.0
+        args.messages, args.queues, args.rss_wait_s = QUICK_MESSAGES, QUICK_QUEUES, 1.0
         args.restarts = QUICK_RESTARTS
         extra_env = QUICK_PAGES
     elif args.messages is None and args.queues is None:

@@ -373,9 +373,18 @@ def test_a_single_node_data_directory_is_not_turned_into_a_cluster_node(tmp_path
     Server(data).start().stop()  # and it still serves single-node
 
 
+MIRROR_WAIT_MS = 500
+"""A node whose peers never start waits this long for the metadata's users (10 s by
+default), then turns ready without them."""
+
+
 class ClusterServer(Server):
     def __init__(self, data_dir: Path, flags: list[str]) -> None:
-        super().__init__(data_dir, env={"QUORRA_CLUSTER_SECRET": SECRET.decode()})
+        env = {
+            "QUORRA_CLUSTER_SECRET": SECRET.decode(),
+            "QUORRA_METADATA_MIRROR_WAIT_MS": str(MIRROR_WAIT_MS),
+        }
+        super().__init__(data_dir, env=env)
         self.flags = flags
 
     def command(self) -> list[str]:
@@ -392,6 +401,7 @@ def test_first_start_forms_the_cluster_and_a_restart_keeps_it(tmp_path: Path) ->
     assert identity is not None and identity.node_id == "n1"
     assert identity.cluster_id == derive_cluster_id(SECRET, ["n1", "n2", "n3"])
     assert f"Cluster {identity.cluster_id}: node n1" in server.output()
+    assert "ready before the cluster metadata's users reached SQLite" in server.output()
     server.start()  # the same settings: the same cluster
     server.stop()
     assert read_identity(data) == identity

@@ -35,6 +35,17 @@ def test_settings_from_env(tmp_path: Path) -> None:
     assert empty.header_read_timeout_s == 10.0
 
 
+def test_the_metadata_mirror_wait_comes_from_the_environment(tmp_path: Path) -> None:
+    assert Settings.from_env(tmp_path / "d", environ={}).metadata_mirror_wait_ms == 10_000
+    env = {"QUORRA_METADATA_MIRROR_WAIT_MS": "500"}
+    settings = Settings.from_env(tmp_path / "d", environ=env)
+    assert settings.metadata_mirror_wait_ms == 500
+    assert settings.limits is DEFAULT_LIMITS  # peers compare limits, not this wait
+    for text, why in (("soon", "is not an integer"), ("-1", "is negative")):
+        with pytest.raises(SettingsError, match=f"QUORRA_METADATA_MIRROR_WAIT_MS: '{text}' {why}"):
+            Settings.from_env(tmp_path / "d", environ={"QUORRA_METADATA_MIRROR_WAIT_MS": text})
+
+
 def test_page_budgets_come_from_the_environment(tmp_path: Path) -> None:
     env = {
         "QUORRA_PAGE_REFS": "64",

@@ -167,6 +167,8 @@ def test_strangers_and_a_node_with_the_wrong_secret_change_nothing(
         n3 = cluster.nodes["n3"]
         n3.stop()
         n3.secret = "another-secret-of-enough-bytes"
+        # Refused by both peers it never sees the metadata: it turns ready after this wait.
+        n3.env["QUORRA_METADATA_MIRROR_WAIT_MS"] = "500"
         cluster.restart("n3")
         checker.wait_confirmed(checker.confirmed_count() + 20)
         # n1 names the reason: of its attempts, each refused, some may end otherwise
