@@ -23,16 +23,24 @@ ends; when it runs out and no request with complete headers is being answered, t
 connection is closed (not once it is upgraded to a WebSocket). An idle keep-alive
 connection is closed sooner, by uvicorn's ``timeout_keep_alive``. Bodies and the handling of a request have no such bound here
 (long polls wait by design; bodies are bounded in size).
+
+On an upgrade, uvicorn hands the WebSocket protocol the request's head rebuilt from the
+parsed request and drops whatever followed the head in the chunk it ended in: a client
+that sends its first frames in the same TCP write as the handshake (which RFC 6455
+allows) lost them, and a publish among them was never confirmed. Those bytes are handed
+on, after the head, in order.
 """
 
 from __future__ import annotations
 
 import asyncio
+import sys
 from typing import Any, ClassVar
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 try:
+    from httptools import HttpParserUpgrade
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _Base
 except ImportError:  # httptools is optional: h11, uvicorn's pure-Python parser
     _Base = H11Protocol  # type: ignore[assignment,misc]
@@ -118,6 +126,10 @@ class CoalescingProtocol(_Base):
     _header_due: float | None = None
     """When the headers due are late (loop time); None when none are due."""
 
+    _received: bytes = b""
+    """The chunk being parsed (only while it is): an upgrade's request head may end
+    inside it, followed by the WebSocket's first bytes."""
+
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(CoalescingTransport(transport, asyncio.get_running_loop()))  # type: ignore[arg-type]
         self._start_header_timer()
@@ -125,6 +137,13 @@ class CoalescingProtocol(_Base):
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_header_timer()
         super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        self._received = data
+        try:
+            super().data_received(data)
+        finally:
+            self._received = b""
 
     def on_body(self, body: bytes) -> None:
         """uvicorn's, into a ``ReceivedBody``: the cycle starts with an empty
@@ -147,11 +166,29 @@ class CoalescingProtocol(_Base):
         would hold every confirm and delivery back until the loop's next turn (a
         publish with one outstanding waits for each confirm)."""
         self._stop_header_timer()
+        after_head = self._after_head()
         transport = self.transport
         if isinstance(transport, CoalescingTransport):
             transport.flush()  # what was gathered before the upgrade leaves first
             self.transport = transport.plain
         super().handle_websocket_upgrade(*args)
+        if after_head:
+            # uvicorn fed the new protocol the head only; what followed comes next, in
+            # order (later chunks reach it directly: it is the transport's protocol now).
+            protocol = self.transport.get_protocol()
+            assert isinstance(protocol, asyncio.Protocol), protocol
+            protocol.data_received(after_head)
+
+    def _after_head(self) -> bytes:
+        """The bytes received after an upgrade's request head. h11 keeps them as its
+        trailing data; httptools' parser stops at the head's end and says where in the
+        chunk fed last, in the ``HttpParserUpgrade`` uvicorn is handling as it calls
+        ``handle_websocket_upgrade``."""
+        if isinstance(self, H11Protocol):
+            return bytes(self.conn.trailing_data[0])
+        upgrade = sys.exception()
+        assert isinstance(upgrade, HttpParserUpgrade), upgrade
+        return self._received[upgrade.args[0] :]
 
     def _start_header_timer(self) -> None:
         """Headers are due ``header_read_timeout_s`` from now. A timer already armed

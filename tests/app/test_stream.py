@@ -662,3 +662,33 @@ def test_a_frame_over_the_size_limit_closes_with_1009(
         sock.sendall(bytes([0x82, 0x80 | 127]) + too_big.to_bytes(8) + b"\x01\x02\x03\x04")
         close = sock.recv(65536)
         assert close[0] == 0x88 and int.from_bytes(close[2:4]) == 1009, close
+
+
+def masked_frame(payload: bytes, key: bytes = b"\x01\x02\x03\x04") -> bytes:
+    """A whole binary frame as a client sends it (masked), of a small payload."""
+    assert len(payload) < 126
+    masked = bytes(b ^ key[i % 4] for i, b in enumerate(payload))
+    return bytes([0x82, 0x80 | len(payload)]) + key + masked
+
+
+@pytest.mark.parametrize("cut", [None, 20], ids=["one-write", "head-in-two-writes"])
+def test_a_frame_sent_with_the_handshake_is_read(
+    srv: StreamServer, token: str, queue: str, api: httpx.Client, cut: int | None
+) -> None:
+    """A client may send its first frame in the same TCP write as the handshake, before
+    it has seen the 101: the server reads it from the bytes after the request's head,
+    whichever chunk the head ends in."""
+    frame = msgpack.packb({"op": "publish", "seq": 1, "messages": [{"body": b"a"}, {"body": b"b"}]})
+    sent = upgrade_request(queue, token) + masked_frame(bytes(frame))
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if cut is None:
+            sock.sendall(sent)
+        else:
+            sock.sendall(sent[:cut])
+            time.sleep(0.2)  # the server reads the head's first part alone
+            sock.sendall(sent[cut:])
+        ready, confirm = (msgpack.unpackb(payload) for _, payload in server_frames(sock, 2))
+    assert ready["op"] == "ready"
+    assert confirm == {"op": "confirm", "seq": 1}
+    assert depth(api, queue) == 2
