@@ -39,6 +39,9 @@ from app.deliver_frames import FrameChunks
 from app.ws_incoming import IncomingFrames
 
 _HEAD_END = b"\r\n\r\n"
+SEND_NOW = "quorra.websocket.send_now"
+"""The ASGI scope extension (``scope["extensions"]``) holding ``send_now``: an endpoint
+that must answer within the current loop turn (a stream's confirm, from the apply)."""
 
 _FIN_BINARY = 0x82
 """The first byte of a whole (FIN) binary frame."""
@@ -113,6 +116,20 @@ class DirectFrameProtocol(WebSocketsSansIOProtocol):
     def handle_connect(self, event: Request) -> None:
         self._request_parsed = True
         super().handle_connect(event)
+        self.scope["extensions"][SEND_NOW] = self.send_now  # type: ignore[assignment]
+
+    def send_now(self, payload: bytes) -> bool:
+        """Write a binary frame in this turn of the loop, without the ASGI ``send``'s
+        await; False (nothing written) unless ``send`` would write it straight away: the
+        connection open and the transport below its high-water mark. Writes go to the
+        transport in call order, so a frame written here leaves after every frame sent
+        before it."""
+        if not (self.writable.is_set() and self._sends_direct()):
+            return False
+        self.transport.writelines(
+            [*self.conn.data_to_send(), binary_frame_head(len(payload)), payload]
+        )
+        return True
 
     async def send(self, message: Any) -> None:
         data = message.get("bytes") if message["type"] == "websocket.send" else None
@@ -145,4 +162,4 @@ class DirectFrameProtocol(WebSocketsSansIOProtocol):
         )
 
 
-__all__ = ["DirectFrameProtocol", "binary_frame_head"]
+__all__ = ["SEND_NOW", "DirectFrameProtocol", "binary_frame_head"]

@@ -51,7 +51,8 @@ class Stage(IntEnum):
     APPLIED = 7
     """The machine applied the entry; the proposal's future is resolved."""
     RESUMED = 8
-    """The publishing task runs again."""
+    """The publishing task runs again (``APPLIED``'s stamp when the confirm was sent
+    from the apply, before the task resumed: a step of zero)."""
     SENT = 9
     """The confirm frame went to the socket."""
 
@@ -86,8 +87,13 @@ class PublishTrace:
                 self.overlapped += 1
             self._open = [now] + [0] * (len(STAGES) - 1)
             return
-        if row is None or row[stage] or not row[stage - 1]:
+        if row is None or row[stage]:
             return
+        if not row[stage - 1]:
+            if stage is not Stage.SENT or not row[Stage.APPLIED]:
+                return
+            # A confirm sent from the apply itself: no task resumed on its path.
+            row[Stage.RESUMED] = row[Stage.APPLIED]
         row[stage] = now
         if stage is Stage.SENT:
             self._open = None

@@ -9,8 +9,10 @@ description).
 
 Rules:
 
-- A publish frame is confirmed only once its messages are durable on a quorum (once
-  ``node.publish`` returned). Frames are published in the order they arrive, several at
+- A publish frame is confirmed only once its messages are durable on a quorum: from the
+  apply of their entry, in that turn of the loop (``node.publish``'s ``on_durable``,
+  written at once by ``send_now``: app/ws_protocol.py), else once ``node.publish``
+  returned (a queue led elsewhere, a transport above its high-water mark). Frames are published in the order they arrive, several at
   once when they queue up behind a publish in flight (one engine batch, one Raft
   command), and every frame gets exactly one answer: a ``confirm`` (cumulative: every
   publish up to that ``seq`` without an ``error`` frame of its own) or an ``error``. A
@@ -42,7 +44,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +64,7 @@ from app.names import check_queue_name
 from app.negotiation import unpackb
 from app.problems import AppProblem, Forbidden, typed_problem
 from app.state import node_or_none, publish_trace_of, settings_of
+from app.ws_protocol import SEND_NOW
 from engine.errors import InvalidRequest, NoLeader, QueueNotFound, QuorraError, ValidationFailed
 from engine.limits import Limits
 from engine.publish_trace import PublishTrace, Stage
@@ -153,6 +156,14 @@ class StreamConnection:
         self.room = asyncio.Event()
         self.room.set()
         self.work = asyncio.Event()
+        self.send_now: Callable[[bytes], bool] | None = websocket.scope.get("extensions", {}).get(
+            SEND_NOW
+        )
+        """Writes a frame in this loop turn (False if it cannot), if the server offers it."""
+        self.durable_seq = -1
+        """The seq a confirm from the apply names: the last frame of the batch in flight."""
+        self.confirmed_now = -1
+        """The last seq confirmed from the apply (``on_durable``)."""
         self.consuming = StreamConsumer(self, node, name, who, limits)
 
     # --- the connection's life --------------------------------------------------------
@@ -311,8 +322,9 @@ class StreamConnection:
         messages = (
             frames[0].messages if len(frames) == 1 else [m for f in frames for m in f.messages]
         )
+        self.durable_seq = frames[-1].seq
         try:
-            await self.node.publish(self.name, messages)
+            await self.node.publish(self.name, messages, self.on_durable)
         except QuorraError as e:
             # A refusal of the merged batch (4xx) may be one frame's: each alone then.
             # An error of the server or its quorum (5xx) is every frame's, as it is.
@@ -320,6 +332,24 @@ class StreamConnection:
                 return [e] * len(frames)
             return [await self._publish_one(f) for f in frames]
         return [None] * len(frames)
+
+    def on_durable(self) -> None:
+        """In the apply of the batch in flight (all of it durable): its cumulative
+        confirm, written in this loop turn if the transport takes it at once. Every
+        earlier answer of this connection was written already (``publish_loop`` answers
+        a batch before it publishes the next). Never raises: it runs inside the apply."""
+        send_now = self.send_now
+        if send_now is None or self.closed:
+            return
+        seq = self.durable_seq
+        try:
+            sent = send_now(msgpack.packb({"op": "confirm", "seq": seq}, use_bin_type=True))
+        except (RuntimeError, OSError):
+            return  # the connection is going: ``_answer`` finds it closed
+        if sent:
+            self.confirmed_now = seq
+            if self.trace is not None:
+                self.trace.stamp(Stage.SENT)
 
     async def _publish_one(self, frame: PendingPublish) -> QuorraError | None:
         try:
@@ -340,7 +370,7 @@ class StreamConnection:
                 await self.send({"op": "confirm", "seq": confirmed})
                 confirmed = None
             await self.send(error_frame(outcome, of="publish", seq=frame.seq))
-        if confirmed is not None:
+        if confirmed is not None and confirmed != self.confirmed_now:
             await self.send({"op": "confirm", "seq": confirmed})
             if self.trace is not None:
                 self.trace.stamp(Stage.SENT)

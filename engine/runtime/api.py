@@ -289,8 +289,18 @@ class QueueEngine(Protocol):
 
     async def update_policy(self, name: str, changes: dict[str, object]) -> QueueInfo: ...
 
-    async def publish(self, name: str, messages: Sequence[PublishItem]) -> list[int]:
-        """Ids, once the whole batch is durable on a quorum (all or nothing)."""
+    async def publish(
+        self,
+        name: str,
+        messages: Sequence[PublishItem],
+        on_durable: Callable[[], None] | None = None,
+    ) -> list[int]:
+        """Ids, once the whole batch is durable on a quorum (all or nothing).
+
+        ``on_durable``, if given, is called once the batch is durable, in the loop turn
+        its entry is applied, before this call returns (a stream confirms there rather
+        than one loop turn later). It is called only when this node leads the queue:
+        the caller checks whether it ran. It must not raise."""
         ...
 
     async def receive(

@@ -270,8 +270,13 @@ class Node:
 
     # === messages ====================================================================
 
-    async def publish(self, name: str, messages: Sequence[PublishItem]) -> list[int]:
-        return await self.context.ops.publish(name, messages)
+    async def publish(
+        self,
+        name: str,
+        messages: Sequence[PublishItem],
+        on_durable: Callable[[], None] | None = None,
+    ) -> list[int]:
+        return await self.context.ops.publish(name, messages, on_durable)
 
     async def receive(
         self,

@@ -12,7 +12,7 @@ never copied into the machine.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -95,7 +95,13 @@ class QueueOps:
             if call.after is not None and call.after < 0:
                 raise ValidationFailed("after must be a cursor from an earlier page")
 
-    async def publish(self, name: str, messages: Sequence[PublishItem]) -> list[int]:
+    async def publish(
+        self,
+        name: str,
+        messages: Sequence[PublishItem],
+        on_durable: Callable[[], None] | None = None,
+    ) -> list[int]:
+        """``QueueEngine.publish``: ``on_durable`` runs only when led here."""
         ctx = self.ctx
         ctx.router.check_known(name)
         _check_publish(len(messages), ctx.limits)  # what ``check`` checks of a PublishCall
@@ -103,14 +109,19 @@ class QueueOps:
             rep = ctx.replicas.get(name)
             if rep is not None and rep.raft.role is Role.LEADER:
                 # Led here (always, on a single node): ``route`` would find the same.
-                return await self.publish_local(rep, messages)
+                return await self.publish_local(rep, messages, on_durable)
             # A call crosses the wire with whole messages (engine/runtime/wire.py).
             whole = [body_only(m) if isinstance(m, bytes) else m for m in messages]
             result = await ctx.router.route(PublishCall(name, whole))
         assert isinstance(result, list)
         return result
 
-    async def publish_local(self, rep: Replica, messages: Sequence[PublishItem]) -> list[int]:
+    async def publish_local(
+        self,
+        rep: Replica,
+        messages: Sequence[PublishItem],
+        on_durable: Callable[[], None] | None = None,
+    ) -> list[int]:
         limits = self.ctx.limits
         command = encode_enqueue(self.new_messages(rep, messages))
         size = len(command)
@@ -121,7 +132,8 @@ class QueueOps:
         self.ctx.memory.check_publish(size)
         rep.inflight_publish_bytes += size
         try:
-            reply = await self.ctx.propose(rep, command)
+            on_applied = None if on_durable is None else _calling(on_durable)
+            reply = await self.ctx.propose(rep, command, on_applied)
         finally:
             rep.inflight_publish_bytes -= size
         assert isinstance(reply, Enqueued), reply
@@ -445,6 +457,17 @@ def _check_publish(messages: int, limits: Limits) -> None:
         raise ValidationFailed("a publish holds at least one message")
     if messages > limits.batch_messages_max:
         raise MessageTooLarge(f"a batch holds at most {limits.batch_messages_max}")
+
+
+def _calling(on_durable: Callable[[], None]) -> Callable[[object], object]:
+    """A proposal's ``on_applied`` that calls ``on_durable`` and keeps the reply. Only a
+    reply that is no rejection reaches it (``Effects.resolve``): the batch is applied."""
+
+    def on_applied(reply: object) -> object:
+        on_durable()
+        return reply
+
+    return on_applied
 
 
 __all__ = ["QueueOps"]

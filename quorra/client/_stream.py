@@ -11,19 +11,18 @@ what is kept is bounded by it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Self
 
-from websockets.asyncio.client import ClientConnection as AsyncConnection
-from websockets.asyncio.client import connect as async_connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection
 from websockets.sync.client import connect as sync_connect
 
+from quorra.client import _async_ws as async_ws
+from quorra.client._async_ws import ClientWebSocket
 from quorra.client._ledger import Ledger, PublishFailed, consume_frame, stream_url, unpack
 from quorra.client._types import Delivery, Problem, Publishable, message_map
 
@@ -166,14 +165,18 @@ class Stream:
 
 
 class AsyncStream:
-    """The asyncio stream: ``await AsyncStream.open(...)`` or ``async with``; a reader
-    task keeps the ledger while the caller publishes and consumes."""
+    """The asyncio stream: ``await AsyncStream.open(...)`` or ``async with``; each frame
+    goes into the ledger as it arrives (``_async_ws``), then wakes the caller."""
 
-    def __init__(self, ws: AsyncConnection, ledger: Ledger) -> None:
-        self._ws, self.ledger = ws, ledger
+    ledger: Ledger
+    """Made of the first frame, ``ready`` (``open`` returns once it came)."""
+
+    def __init__(self, window_messages: int | None) -> None:
+        self._window_messages = window_messages
+        self._opened = False
         self._changed = asyncio.Event()
         self._error: Problem | None = None
-        self._reader = asyncio.get_running_loop().create_task(self._read_forever())
+        self._ws: ClientWebSocket | None = None
 
     @classmethod
     async def open(
@@ -185,18 +188,25 @@ class AsyncStream:
         window_messages: int | None = None,
         open_timeout_s: float = OPEN_TIMEOUT_S,
     ) -> AsyncStream:
+        stream = cls(window_messages)
         try:
-            ws = await async_connect(
+            stream._ws = await async_ws.connect(
                 stream_url(base_url, queue),
-                additional_headers={"Authorization": f"Bearer {token}"},
-                open_timeout=open_timeout_s,
+                {"Authorization": f"Bearer {token}"},
+                on_message=stream._on_message,
+                open_timeout_s=open_timeout_s,
                 max_size=FRAME_BYTES_MAX,
-                compression=None,
             )
         except InvalidStatus as e:
             raise _denied(e) from None
-        ready = unpack(await asyncio.wait_for(ws.recv(), open_timeout_s))
-        return cls(ws, Ledger(ready, window_messages))
+        stream._watch(stream._ws)
+        try:
+            async with asyncio.timeout(open_timeout_s):
+                await stream._until(lambda: stream._opened)
+        except BaseException:
+            await stream.close()
+            raise
+        return stream
 
     async def __aenter__(self) -> Self:
         return self
@@ -207,22 +217,38 @@ class AsyncStream:
         await self.close()
 
     async def close(self) -> None:
-        await self._ws.close()
-        self._reader.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._reader
+        if self._ws is not None:
+            await self._ws.close()
 
-    async def _read_forever(self) -> None:
+    def _on_message(self, data: bytes) -> None:
+        """A frame, in the callback that read it: the first is ``ready``, every later one
+        goes into the ledger. A frame the client cannot read ends the stream."""
+        if self._error is not None:
+            return
         try:
-            async for data in self._ws:
-                self.ledger.on_frame(unpack(data))
-                self._changed.set()
-        except ConnectionClosed as e:
-            self._error = _closed(e)
-        finally:
+            frame = unpack(data)
+            if self._opened:
+                self.ledger.on_frame(frame)
+            else:
+                self.ledger = Ledger(frame, self._window_messages)
+                self._opened = True
+        except Problem as e:  # an error frame instead of ready
+            self._error = e
+        except Exception as e:  # a server this client does not understand
+            self._error = Problem(499, "about:blank", "Stream closed", f"unreadable frame: {e}")
+        if self._error is not None and self._ws is not None:
+            self._ws.abort()
+        self._changed.set()
+
+    def _watch(self, ws: ClientWebSocket) -> None:
+        """Once the connection is gone, every waiter fails with why."""
+
+        def gone(_: object) -> None:
             if self._error is None:
-                self._error = Problem(499, "about:blank", "Stream closed")
+                self._error = _closed(ws.close_error())
             self._changed.set()
+
+        ws.closed.add_done_callback(gone)
 
     async def _until(self, condition: Any) -> None:
         while not condition():
@@ -232,6 +258,9 @@ class AsyncStream:
             await self._changed.wait()
 
     async def _send(self, frame: bytes) -> None:
+        if self._error is not None:
+            raise self._error
+        assert self._ws is not None
         try:
             await self._ws.send(frame)
         except ConnectionClosed as e:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
@@ -48,10 +48,15 @@ class GatedNode:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._node, name)
 
-    async def publish(self, name: str, messages: Sequence[PublishItem]) -> list[int]:
+    async def publish(
+        self,
+        name: str,
+        messages: Sequence[PublishItem],
+        on_durable: Callable[[], None] | None = None,
+    ) -> list[int]:
         while self._gate.exists():
             await asyncio.sleep(GATE_POLL_S)
-        return await self._node.publish(name, messages)
+        return await self._node.publish(name, messages, on_durable)
 
 
 def main(argv: list[str]) -> None:

@@ -41,6 +41,23 @@ def test_a_stage_whose_predecessor_is_missing_is_not_stamped() -> None:
     assert rows[0, Stage.TAKEN] >= rows[0, Stage.SUBMITTED]
 
 
+def test_a_confirm_sent_from_the_apply_resumes_nothing() -> None:
+    trace = PublishTrace()
+    _publish(trace, STAGES[: Stage.APPLIED + 1])
+    trace.stamp(Stage.SENT)
+    trace.stamp(Stage.RESUMED)  # the task resumes after the row closed: not a new row
+    rows = trace.rows()
+    assert len(rows) == 1 and trace._open is None
+    assert rows[0, Stage.RESUMED] == rows[0, Stage.APPLIED] <= rows[0, Stage.SENT]
+
+
+def test_a_confirm_sent_before_the_apply_is_not_stamped() -> None:
+    trace = PublishTrace()
+    _publish(trace, STAGES[: Stage.SYNCED + 1])
+    trace.stamp(Stage.SENT)
+    assert len(trace.rows()) == 0 and trace._open is not None
+
+
 def test_a_stage_is_stamped_once() -> None:
     trace = PublishTrace()
     _publish(trace, STAGES[:4])

@@ -102,6 +102,28 @@ def test_errors_for_bad_input(tmp_path: Path) -> None:
     run(body())
 
 
+def test_on_durable_runs_once_in_the_apply_before_publish_returns(tmp_path: Path) -> None:
+    """A stream's confirm rides on it: called once the batch applies (so it is durable),
+    before the publishing call resumes; never for a batch the machine refused."""
+
+    async def body() -> None:
+        node = await started(tmp_path)
+        try:
+            await node.create_queue("q", QueueArgs(max_length=2))
+            seen: list[str] = []
+            ids = await node.publish("q", msgs("a", "b"), lambda: seen.append("durable"))
+            seen.append("returned")
+            assert seen == ["durable", "returned"] and len(ids) == 2
+            with pytest.raises(QueueFull):
+                await node.publish("q", msgs("c"), lambda: seen.append("refused"))
+            assert seen == ["durable", "returned"]
+            assert node.stats("q")["messages_ready"] == 2
+        finally:
+            await node.stop()
+
+    run(body())
+
+
 def test_plain_and_other_messages_are_checked_alike(tmp_path: Path) -> None:
     """A message with every field at its default, whether given as its body alone
     (``bytes``, a ``PublishItem``) or whole, takes a shorter check than one with
