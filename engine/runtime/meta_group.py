@@ -18,7 +18,8 @@ Every applied entry's ``MetaChanged`` goes to the listeners (the reconcile loop,
 app's SQLite mirror), on every replica and during replay too (what they do with it is
 idempotent); after a snapshot is installed they hear ``None``: everything may have
 changed. The machine asks for checkpoints itself; this module writes them (the machine's
-snapshot, no live entries) and compacts the log behind them.
+snapshot, no live entries) and compacts the log behind them. The replica's I/O (its WAL
+writes, its messages) is ``engine.runtime.group_io.MetaIo``.
 """
 
 from __future__ import annotations
@@ -41,23 +42,14 @@ from engine.ids import NodeName, ServerId
 from engine.queue import Rejected
 from engine.raft.config import EMPTY_CONFIGURATION, Configuration
 from engine.raft.entry import Entry, EntryKind
-from engine.raft.events import (
-    Accepted,
-    Completed,
-    Propose,
-    ReadReady,
-    Ready,
-    SnapshotInstalled,
-    Tick,
-)
 from engine.raft.events import HardState as RaftHardState
 from engine.raft.events import Persisted as RaftPersisted
-from engine.raft.events import Rejected as RaftRejected
+from engine.raft.events import Propose, SnapshotInstalled, Tick
 from engine.raft.messages import Message
 from engine.raft.server import RaftOptions, RaftServer, Role
-from engine.raft.snapshot import Snapshot
 from engine.raft.state_machine import CheckpointRequest, MachineEffect, ReleaseCursor
 from engine.runtime.driver import ReplicaDriver
+from engine.runtime.group_io import MetaIo
 from engine.runtime.replica import Proposal, node_of, server_id
 from engine.runtime.routing import MetaPropose, MetaProposed, MetaReply
 from engine.storage import (
@@ -69,7 +61,6 @@ from engine.storage import (
     StorageEvent,
     WriteFailed,
 )
-from engine.storage.wal import AppendOp, HardState, HardStateOp
 
 if TYPE_CHECKING:
     from engine.runtime.context import NodeContext
@@ -175,7 +166,7 @@ class MetaGroup:
         self.driver = ReplicaDriver(
             raft,
             machine,
-            _MetaIo(self),
+            MetaIo(self),
             base_index=base,
             replay_until=self.replay_until,
             hard_state_written=(0, None) if hs is None else (hs.term, hs.vote),
@@ -520,81 +511,6 @@ class MetaGroup:
             log.warning("metadata: bootstrap not finished (%s); the next leader retries", e)
         finally:
             self.bootstrapping = False
-
-
-class _MetaIo:
-    """The metadata replica's side of its driver (``engine.runtime.driver.ReplicaHost``)."""
-
-    __slots__ = ("group",)
-
-    def __init__(self, group: MetaGroup) -> None:
-        self.group = group
-
-    def on_ready(self, rd: Ready) -> None:
-        """Nothing looks at a ``Ready`` before it is acted on in the server."""
-
-    def write_hard_state(self, hs: RaftHardState) -> None:
-        self._submit(HardStateOp(META_UID, HardState(hs.term, hs.vote, hs.commit)))
-
-    def install_snapshot(self, snapshot: Snapshot, given: list[Entry]) -> None:
-        cp = Checkpoint(
-            snapshot.index,
-            snapshot.term,
-            MetaMachine.version,
-            snapshot.config.encode(),
-            snapshot.live_indexes,
-            snapshot.machine_state,
-        )
-        self.group.ctx.storage.install_snapshot(META_UID, cp, given)
-        self.group.snapshot_installed = True
-
-    def append_entries(self, entries: list[Entry]) -> None:
-        self._submit(AppendOp(META_UID, tuple(entries)))
-
-    def _submit(self, op: AppendOp | HardStateOp) -> None:
-        storage = self.group.ctx.storage
-        failed = storage.log(META_UID).failed
-        if failed is not None:
-            raise failed
-        storage.wal.submit(op)
-
-    def writes_queued(self) -> None:
-        writer = self.group.ctx.writer
-        assert writer is not None
-        writer.wake()
-
-    def send(self, message: Message) -> None:
-        self.group.ctx.transport.send(NodeName(node_of(message.dst)), META_UID, message)
-
-    def applied(self, entry: Entry, reply: object, effects: list[MachineEffect]) -> None:
-        self.group.applied(entry, reply, effects)
-
-    def passed(self, entry: Entry) -> None:
-        self.group.passed(entry)
-
-    def accepted(self, accepted: Accepted) -> None:
-        group = self.group
-        p = group.proposals.pop(accepted.request_id, None)
-        if p is not None and not p.future.done():
-            p.term, p.index = accepted.term, accepted.last_index
-            group.waiting[accepted.last_index] = p
-
-    def rejected(self, rejected: RaftRejected) -> None:
-        p = self.group.proposals.pop(rejected.request_id, None)
-        if p is not None and not p.future.done():
-            p.future.set_exception(NoLeader(f"metadata: {rejected.reason}"))
-
-    def completed(self, completed: Completed) -> None:
-        p = self.group.proposals.pop(completed.request_id, None)
-        if p is not None and not p.future.done():
-            p.future.set_result(None)
-
-    def read_ready(self, read: ReadReady) -> None:
-        """Never called: the group proposes, it asks for no ReadIndex."""
-
-    def repaired(self) -> None:
-        self.group.ctx.storage.finish_repair(META_UID)
-        log.info("metadata: repaired")
 
 
 __all__ = ["META_UID", "MetaBootstrap", "MetaGroup", "MetaListener"]
