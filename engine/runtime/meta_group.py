@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import random
 from collections.abc import Callable
@@ -39,6 +40,7 @@ from engine.cluster import meta_commands as mc
 from engine.cluster.rejoin import started_reports
 from engine.errors import NoLeader, QuorraError, StorageFailed
 from engine.ids import NodeName, ServerId
+from engine.limits import Limits
 from engine.queue import Rejected
 from engine.raft.config import EMPTY_CONFIGURATION, Configuration
 from engine.raft.entry import Entry, EntryKind
@@ -87,6 +89,13 @@ class MetaBootstrap:
     incarnation: str = ""
     """The id of this node's data directory, recorded by the metadata (``NodeStarted``:
     with the formation, or by its reconcile loop)."""
+
+
+def meta_raft_limits(limits: Limits) -> Limits:
+    """The metadata core's limits: the queues', heartbeats ``meta_heartbeat_intervals``
+    times apart (``engine.limits``)."""
+    every_ms = limits.heartbeat_interval_ms * limits.meta_heartbeat_intervals
+    return dataclasses.replace(limits, heartbeat_interval_ms=every_ms, meta_heartbeat_intervals=1)
 
 
 class MetaGroup:
@@ -149,7 +158,7 @@ class MetaGroup:
         lone = self.voters == (ctx.name,)
         start_ms = now - ctx.limits.election_timeout_ms_max if lone else now
         rng = random.Random(ctx.hosting.rng.getrandbits(64))
-        options = RaftOptions(self.server_id, rng, ctx.limits)
+        options = RaftOptions(self.server_id, rng, meta_raft_limits(ctx.limits))
         raft = RaftServer(
             options,
             rec.log,
@@ -513,4 +522,4 @@ class MetaGroup:
             self.bootstrapping = False
 
 
-__all__ = ["META_UID", "MetaBootstrap", "MetaGroup", "MetaListener"]
+__all__ = ["META_UID", "MetaBootstrap", "MetaGroup", "MetaListener", "meta_raft_limits"]
