@@ -375,11 +375,21 @@ class MetaGroup:
             p.future.set_result(reply)
 
     def tell(self, change: MetaChanged | None) -> None:
+        self.unhear_forgotten(change)
         for listener in list(self.listeners):
             try:
                 listener(change)
             except Exception:  # a listener's failure is its own, not the group's
                 log.exception("metadata listener failed")
+
+    def unhear_forgotten(self, change: MetaChanged | None) -> None:
+        """A forgotten node may come back only from a new data directory (``--join``): the
+        one it was heard from no longer holds it (``engine.cluster.rejoin.heard_refusal``)."""
+        names = list(self.heard) if change is None else change.nodes
+        for name in names:
+            rec = self.machine.nodes.get(name)
+            if rec is not None and rec.state == "forgotten" and name != self.ctx.name:
+                self.heard.pop(name, None)
 
     async def write_checkpoint(self, cp: Checkpoint) -> None:
         """Write the captured state, then compact: the log before it is dead."""

@@ -63,7 +63,7 @@ from pathlib import Path
 
 from engine.cluster import meta_commands as mc
 from engine.cluster.records import NodeState
-from engine.cluster.rejoin import lost_data_refusal
+from engine.cluster.rejoin import heard_refusal, lost_data_refusal
 from engine.errors import Conflict, EntryDamaged, NoLeader, QuorraError
 from engine.ids import NodeName
 from engine.limits import DEFAULT_LIMITS, Limits
@@ -454,16 +454,26 @@ class Node:
             self.on_forgotten(message)
 
     def stale_peer(self, name: str, incarnation: str) -> str | None:
-        """Why peer ``name``, from data directory ``incarnation``, is refused (it proved
-        the secret: the metadata may record it, ``MetaGroup.heard``)."""
+        """Why peer ``name``, from data directory ``incarnation``, is refused: by the
+        metadata's records, or before they hold it by what this node heard since it
+        started (``engine.cluster.rejoin``). One accepted proved the secret: the metadata
+        may record it (``MetaGroup.heard``), unless it is forgotten."""
         group = self.context.meta_group
-        if group is not None and (
+        if group is None:
+            return None
+        nodes = {} if group.driver is None else group.machine.nodes
+        why = lost_data_refusal(nodes, name, incarnation) or heard_refusal(
+            nodes, group.heard, group.boot.members, name, incarnation
+        )
+        if why is not None:
+            return why  # what was heard stays: the directory it ran from
+        rec = nodes.get(name)
+        forgotten = rec is not None and rec.state == "forgotten"
+        if not forgotten and (
             name in group.heard or len(group.heard) <= self.limits.cluster_nodes_max
         ):
             group.heard[name] = incarnation
-        if group is None or group.driver is None:
-            return None
-        return lost_data_refusal(group.machine.nodes, name, incarnation)
+        return None
 
     async def set_node_state(self, node: str, state: NodeState) -> dict[str, object]:
         """Record ``node`` as ``draining`` (``POST /cluster/nodes/{node}/drain``), ``lost``
