@@ -256,6 +256,12 @@ class Limits:
     times its estimated size, with this floor."""
     meta_record_bytes_estimate: int = 256
     """What one node, queue, user or token weighs in a metadata checkpoint, roughly."""
+    meta_heartbeat_intervals: int = 2
+    """The metadata group's leader heartbeats every this many ``heartbeat_interval_ms``:
+    its heartbeats were most of an idle cluster's CPU (each a message, a reply and a
+    wake-up of every process), and nothing waits on its commit index between commands
+    (a proposal is sent at once). Its election timeout is the queues': a dead leader is
+    noticed as soon as before, two heartbeats still fit in the shortest timeout."""
     meta_voters_max: int = 5
     """Voters of the metadata group: the first of the cluster's initial members, by name."""
     reconcile_interval_ms: int = 1_000
@@ -305,6 +311,10 @@ class Limits:
         assert 0 < self.tick_ms <= self.heartbeat_interval_ms
         assert self.heartbeat_interval_ms * 2 < self.election_timeout_ms_min
         assert self.heartbeat_interval_ms * 2 <= self.append_stall_ms
+        meta_heartbeat_ms = self.heartbeat_interval_ms * self.meta_heartbeat_intervals
+        assert self.meta_heartbeat_intervals >= 1
+        assert meta_heartbeat_ms * 2 < self.election_timeout_ms_min
+        assert meta_heartbeat_ms * 2 <= self.append_stall_ms
         assert self.append_stall_ms <= self.append_unacked_ms_max
         assert self.election_timeout_ms_min < self.election_timeout_ms_max
         assert self.append_entries_per_message_max >= 1

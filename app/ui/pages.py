@@ -236,11 +236,11 @@ async def _storage_context(request: Request, login: UiLogin, name: str) -> dict[
     info = _info(request, login, name)
     node = node_of(request)
     reads = reads_of(request.app)
-    try:
-        segments = reads.segments(node, name)
-    except QueueNotFound:  # listed, served by forwarding: no replica, no segments here
-        segments = []
-    here = settings_of(request.app.state).node_name
+    settings = settings_of(request.app.state)
+    here = settings.node_name
+    deadline_s = settings.limits.leader_history_deadline_ms / 1000
+    shown = await reads.segments_shown(node, name, here, deadline_s)
+    segments = shown.segments
     history = await queue_history(
         node, db_of(request.app.state), name, info.uid, here, CHART_HISTORY_MAX
     )
@@ -257,6 +257,7 @@ async def _storage_context(request: Request, login: UiLogin, name: str) -> dict[
     return {
         "info": info,
         "segments": segments,
+        "segments_shown": shown,
         "widest": widest,
         "snapshots": snapshots[:HISTORY_ROWS_SHOWN],
         "compactions": compactions[:HISTORY_ROWS_SHOWN],

@@ -27,11 +27,14 @@ from another data directory is refused (``lost_data_refusal``), with the same wa
 The metadata records it as early as it can: the first leader records its own and those
 of the founders it heard in a handshake with the formation itself (``started_reports``),
 any leader those it hears later (at its next reconcile pass), and each node its own
-from its reconcile pass. What stays open: a founder that lost its data directory
-before a metadata leader heard its handshake, or before that leader's next pass, is
-taken for one that never started. A node learns the metadata, and with it the replicas
-placed on it, only over a connection with the metadata's leader, whose handshake names
-its data directory to that leader: the window is that of one pass. Pure.
+from its reconcile pass. Until the metadata records a founder, its peers go by what they
+heard (``heard_refusal``): a founder sends a vote or an acknowledgement only over a
+connection whose handshake named its data directory to the peer it sends to, so a
+founder that voted or acknowledged anything was heard from its data directory by that
+peer, which refuses it from another one. What stays open: that peer restarted in between
+too (what it heard is in its memory only, until the metadata records it: one pass, about
+a second). A founder that lost its data directory before any peer heard it sent nothing
+to anyone: taking it for one that never started is then right. Pure.
 """
 
 from __future__ import annotations
@@ -100,6 +103,33 @@ def lost_data_refusal(nodes: Mapping[str, NodeRecord], name: str, incarnation: s
     )
 
 
+def heard_refusal(
+    nodes: Mapping[str, NodeRecord],
+    heard: Mapping[str, str],
+    founders: Collection[str],
+    name: str,
+    incarnation: str,
+) -> str | None:
+    """Why founder ``name``, running from data directory ``incarnation``, is refused by a
+    peer that heard it since it started from another one (``heard``: node -> the data
+    directory its last accepted handshake named), while the metadata records neither
+    (see the module's rule); ``None`` for a node that is not a founder (a join that
+    crashed before it wrote its identity comes again from a new directory, rightly), or
+    one the metadata records as forgotten or started (``lost_data_refusal`` decides)."""
+    before = heard.get(name)
+    if name not in founders or not before or not incarnation or before == incarnation:
+        return None
+    known = nodes.get(name)
+    if known is not None and (known.state == "forgotten" or known.incarnation):
+        return None
+    return (
+        f"node {name} ran from another data directory since this peer started, and this"
+        f" one would vote with an empty log (was its data directory lost?). Restore its"
+        f" data directory, or forget it (POST /api/v1/cluster/nodes/{name}/forget) and"
+        f" start it again from an empty data directory with --join"
+    )
+
+
 def started_reports(
     nodes: Mapping[str, NodeRecord], heard: Mapping[str, str], adding: Collection[str] = ()
 ) -> list[mc.NodeStarted]:
@@ -121,4 +151,10 @@ def started_reports(
     ]
 
 
-__all__ = ["LISTED_QUEUES_MAX", "lost_data_refusal", "rejoin_refusal", "started_reports"]
+__all__ = [
+    "LISTED_QUEUES_MAX",
+    "heard_refusal",
+    "lost_data_refusal",
+    "rejoin_refusal",
+    "started_reports",
+]

@@ -46,7 +46,7 @@ from engine.raft.server import RaftOptions, RaftServer, Role
 from engine.raft.snapshot import SnapshotMeta
 from engine.runtime import observe
 from engine.runtime.driver import ReplicaDriver
-from engine.runtime.hosting import ReplicaIo
+from engine.runtime.group_io import ReplicaIo
 from engine.runtime.meta import QueueMeta
 from engine.runtime.replica import CheckpointInfo, Replica, server_id
 from engine.runtime.sleepers import Sleeper

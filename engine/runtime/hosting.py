@@ -5,9 +5,10 @@ a Raft message, a timer, a finished WAL batch) is stepped into the core at once,
 the replica is scheduled for one ``process`` on the next turn of the loop, so that the
 proposals of one turn become one ``Ready`` and one WAL append. ``process`` hands the
 ``Ready`` to the replica's driver (``engine.runtime.driver``), which calls back the
-replica's ``ReplicaIo``: writes go to the shared WAL, messages to the transport,
-applied entries to ``effects``. The WAL writer thread hands finished batches back in
-order (``on_wal_batch_threadsafe``); each tells the driver which write is durable.
+replica's ``ReplicaIo`` (``engine.runtime.group_io``): writes go to the shared WAL,
+messages to the transport, applied entries to ``effects``. The WAL writer thread hands
+finished batches back in order (``on_wal_batch_threadsafe``); each tells the driver
+which write is durable.
 
 A replica whose storage failed refuses further writes (``fail``); one that read damaged
 data stops serving and is repaired from its peers at the next start (``damaged``).
@@ -33,32 +34,27 @@ from engine.errors import (
     QuorraError,
     StorageFailed,
 )
-from engine.ids import NodeName, ServerId
+from engine.ids import ServerId
 from engine.publish_trace import Stage
 from engine.queue import QueueMachine, ReceiptSeal
 from engine.queue.snapshots import page_handles, read_snapshot
 from engine.raft.config import EMPTY_CONFIGURATION, Configuration
 from engine.raft.entry import Entry
-from engine.raft.events import (
-    Accepted,
-    Completed,
-    ReadReady,
-    Ready,
-    SnapshotInstalled,
-    Tick,
-)
 from engine.raft.events import HardState as RaftHardState
 from engine.raft.events import Persisted as RaftPersisted
 from engine.raft.events import Rejected as RaftRejected
-from engine.raft.messages import Message
+from engine.raft.events import (
+    SnapshotInstalled,
+    Tick,
+)
 from engine.raft.options import SplitMix64
 from engine.raft.server import RaftOptions, RaftServer, Role
 from engine.raft.snapshot import Snapshot, SnapshotMeta
-from engine.raft.state_machine import MachineEffect
 from engine.runtime import observe
 from engine.runtime.driver import ReplicaDriver
+from engine.runtime.group_io import ReplicaIo
 from engine.runtime.meta import QueueMeta, policy_of
-from engine.runtime.replica import CheckpointInfo, Replica, node_of, server_id
+from engine.runtime.replica import CheckpointInfo, Replica, server_id
 from engine.runtime.sleepers import Sleeper, matches
 from engine.shared_empty import check_shared_empties
 from engine.storage import (
@@ -71,7 +67,6 @@ from engine.storage import (
     WalBatch,
     WriteFailed,
 )
-from engine.storage.wal import AppendOp, HardState, HardStateOp
 
 if TYPE_CHECKING:
     from engine.runtime.context import NodeContext
@@ -318,13 +313,6 @@ class Hosting:
 
         self.ctx.loop.call_later(self.ctx.limits.election_timeout_ms_max / 1000, give_up)
 
-    def submit(self, rep: Replica, op: AppendOp | HardStateOp) -> None:
-        storage = self.ctx.storage
-        failed = storage.log(rep.uid).failed
-        if failed is not None:
-            raise failed
-        storage.wal.submit(op)
-
     def install(self, rep: Replica, snap: Snapshot, given: list[Entry]) -> None:
         """A snapshot from the leader replaces this replica's log and state. ``given`` are
         the live entries this replica lacked; storage keeps the others it holds."""
@@ -347,9 +335,6 @@ class Hosting:
         rep.installed_live = installed
         rep.checkpoint = CheckpointInfo(snap.index, self.ctx.clock.wall_ms(), size)
         observe.seed_live_set(rep, snap.index, snap.live_indexes)
-
-    def send(self, rep: Replica, msg: Message) -> None:
-        self.ctx.transport.send(NodeName(node_of(msg.dst)), rep.uid, msg)
 
     @staticmethod
     def on_rejected(rep: Replica, rej: RaftRejected) -> None:
@@ -468,69 +453,4 @@ class Hosting:
         rep.waiting.clear()
 
 
-class ReplicaIo:
-    """The server's side of one replica's driver (``engine.runtime.driver.ReplicaHost``):
-    writes go to the shared WAL, messages to the transport, applied entries resolve
-    proposals and run effects on the node."""
-
-    __slots__ = ("ctx", "rep")
-
-    def __init__(self, ctx: NodeContext, rep: Replica) -> None:
-        self.ctx = ctx
-        self.rep = rep
-
-    def on_ready(self, rd: Ready) -> None:
-        """Nothing looks at a ``Ready`` before it is acted on in the server."""
-
-    def write_hard_state(self, hs: RaftHardState) -> None:
-        rep = self.rep
-        op = HardStateOp(rep.uid, HardState(hs.term, hs.vote, hs.commit))
-        self.ctx.hosting.submit(rep, op)
-
-    def install_snapshot(self, snapshot: Snapshot, given: list[Entry]) -> None:
-        self.ctx.hosting.install(self.rep, snapshot, given)
-
-    def append_entries(self, entries: list[Entry]) -> None:
-        rep = self.rep
-        self.ctx.hosting.submit(rep, AppendOp(rep.uid, tuple(entries)))
-
-    def writes_queued(self) -> None:
-        """Nothing to do: the submit that found the WAL idle woke its writer already
-        (``Wal.waker``), and a busy writer takes what is pending when its sync ends. A
-        second notify per ``Ready`` cost a lock and a futex wake on every publish."""
-
-    def send(self, message: Message) -> None:
-        self.ctx.hosting.send(self.rep, message)
-
-    def applied(self, entry: Entry, reply: object, effects: list[MachineEffect]) -> None:
-        ctx = self.ctx
-        if ctx.trace is not None:
-            ctx.trace.stamp(Stage.APPLIED)
-        ctx.effects.applied(self.rep, entry, reply, effects)
-
-    def passed(self, entry: Entry) -> None:
-        self.ctx.effects.passed(self.rep, entry)
-
-    def accepted(self, accepted: Accepted) -> None:
-        p = self.rep.proposals.pop(accepted.request_id, None)
-        if p is not None and not p.future.done():
-            p.term, p.index = accepted.term, accepted.last_index
-            self.rep.own_waiting()[accepted.last_index] = p
-
-    def rejected(self, rejected: RaftRejected) -> None:
-        self.ctx.hosting.on_rejected(self.rep, rejected)
-
-    def completed(self, completed: Completed) -> None:
-        p = self.rep.proposals.pop(completed.request_id, None)
-        if p is not None and not p.future.done():
-            p.future.set_result(None)
-
-    def read_ready(self, read: ReadReady) -> None:
-        """Never called: the node proposes its reads, it asks for no ReadIndex."""
-
-    def repaired(self) -> None:
-        self.ctx.storage.finish_repair(self.rep.uid)
-        log.info("queue %s: repaired", self.rep.name)
-
-
-__all__ = ["Hosting", "ReplicaIo"]
+__all__ = ["Hosting"]

@@ -18,13 +18,15 @@ Every applied entry's ``MetaChanged`` goes to the listeners (the reconcile loop,
 app's SQLite mirror), on every replica and during replay too (what they do with it is
 idempotent); after a snapshot is installed they hear ``None``: everything may have
 changed. The machine asks for checkpoints itself; this module writes them (the machine's
-snapshot, no live entries) and compacts the log behind them.
+snapshot, no live entries) and compacts the log behind them. The replica's I/O (its WAL
+writes, its messages) is ``engine.runtime.group_io.MetaIo``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import random
 from collections.abc import Callable
@@ -38,26 +40,18 @@ from engine.cluster import meta_commands as mc
 from engine.cluster.rejoin import started_reports
 from engine.errors import NoLeader, QuorraError, StorageFailed
 from engine.ids import NodeName, ServerId
+from engine.limits import Limits
 from engine.queue import Rejected
 from engine.raft.config import EMPTY_CONFIGURATION, Configuration
 from engine.raft.entry import Entry, EntryKind
-from engine.raft.events import (
-    Accepted,
-    Completed,
-    Propose,
-    ReadReady,
-    Ready,
-    SnapshotInstalled,
-    Tick,
-)
 from engine.raft.events import HardState as RaftHardState
 from engine.raft.events import Persisted as RaftPersisted
-from engine.raft.events import Rejected as RaftRejected
+from engine.raft.events import Propose, SnapshotInstalled, Tick
 from engine.raft.messages import Message
 from engine.raft.server import RaftOptions, RaftServer, Role
-from engine.raft.snapshot import Snapshot
 from engine.raft.state_machine import CheckpointRequest, MachineEffect, ReleaseCursor
 from engine.runtime.driver import ReplicaDriver
+from engine.runtime.group_io import MetaIo
 from engine.runtime.replica import Proposal, node_of, server_id
 from engine.runtime.routing import MetaPropose, MetaProposed, MetaReply
 from engine.storage import (
@@ -69,7 +63,6 @@ from engine.storage import (
     StorageEvent,
     WriteFailed,
 )
-from engine.storage.wal import AppendOp, HardState, HardStateOp
 
 if TYPE_CHECKING:
     from engine.runtime.context import NodeContext
@@ -96,6 +89,13 @@ class MetaBootstrap:
     incarnation: str = ""
     """The id of this node's data directory, recorded by the metadata (``NodeStarted``:
     with the formation, or by its reconcile loop)."""
+
+
+def meta_raft_limits(limits: Limits) -> Limits:
+    """The metadata core's limits: the queues', heartbeats ``meta_heartbeat_intervals``
+    times apart (``engine.limits``)."""
+    every_ms = limits.heartbeat_interval_ms * limits.meta_heartbeat_intervals
+    return dataclasses.replace(limits, heartbeat_interval_ms=every_ms, meta_heartbeat_intervals=1)
 
 
 class MetaGroup:
@@ -158,7 +158,7 @@ class MetaGroup:
         lone = self.voters == (ctx.name,)
         start_ms = now - ctx.limits.election_timeout_ms_max if lone else now
         rng = random.Random(ctx.hosting.rng.getrandbits(64))
-        options = RaftOptions(self.server_id, rng, ctx.limits)
+        options = RaftOptions(self.server_id, rng, meta_raft_limits(ctx.limits))
         raft = RaftServer(
             options,
             rec.log,
@@ -175,7 +175,7 @@ class MetaGroup:
         self.driver = ReplicaDriver(
             raft,
             machine,
-            _MetaIo(self),
+            MetaIo(self),
             base_index=base,
             replay_until=self.replay_until,
             hard_state_written=(0, None) if hs is None else (hs.term, hs.vote),
@@ -375,11 +375,21 @@ class MetaGroup:
             p.future.set_result(reply)
 
     def tell(self, change: MetaChanged | None) -> None:
+        self.unhear_forgotten(change)
         for listener in list(self.listeners):
             try:
                 listener(change)
             except Exception:  # a listener's failure is its own, not the group's
                 log.exception("metadata listener failed")
+
+    def unhear_forgotten(self, change: MetaChanged | None) -> None:
+        """A forgotten node may come back only from a new data directory (``--join``): the
+        one it was heard from no longer holds it (``engine.cluster.rejoin.heard_refusal``)."""
+        names = list(self.heard) if change is None else change.nodes
+        for name in names:
+            rec = self.machine.nodes.get(name)
+            if rec is not None and rec.state == "forgotten" and name != self.ctx.name:
+                self.heard.pop(name, None)
 
     async def write_checkpoint(self, cp: Checkpoint) -> None:
         """Write the captured state, then compact: the log before it is dead."""
@@ -522,79 +532,4 @@ class MetaGroup:
             self.bootstrapping = False
 
 
-class _MetaIo:
-    """The metadata replica's side of its driver (``engine.runtime.driver.ReplicaHost``)."""
-
-    __slots__ = ("group",)
-
-    def __init__(self, group: MetaGroup) -> None:
-        self.group = group
-
-    def on_ready(self, rd: Ready) -> None:
-        """Nothing looks at a ``Ready`` before it is acted on in the server."""
-
-    def write_hard_state(self, hs: RaftHardState) -> None:
-        self._submit(HardStateOp(META_UID, HardState(hs.term, hs.vote, hs.commit)))
-
-    def install_snapshot(self, snapshot: Snapshot, given: list[Entry]) -> None:
-        cp = Checkpoint(
-            snapshot.index,
-            snapshot.term,
-            MetaMachine.version,
-            snapshot.config.encode(),
-            snapshot.live_indexes,
-            snapshot.machine_state,
-        )
-        self.group.ctx.storage.install_snapshot(META_UID, cp, given)
-        self.group.snapshot_installed = True
-
-    def append_entries(self, entries: list[Entry]) -> None:
-        self._submit(AppendOp(META_UID, tuple(entries)))
-
-    def _submit(self, op: AppendOp | HardStateOp) -> None:
-        storage = self.group.ctx.storage
-        failed = storage.log(META_UID).failed
-        if failed is not None:
-            raise failed
-        storage.wal.submit(op)
-
-    def writes_queued(self) -> None:
-        writer = self.group.ctx.writer
-        assert writer is not None
-        writer.wake()
-
-    def send(self, message: Message) -> None:
-        self.group.ctx.transport.send(NodeName(node_of(message.dst)), META_UID, message)
-
-    def applied(self, entry: Entry, reply: object, effects: list[MachineEffect]) -> None:
-        self.group.applied(entry, reply, effects)
-
-    def passed(self, entry: Entry) -> None:
-        self.group.passed(entry)
-
-    def accepted(self, accepted: Accepted) -> None:
-        group = self.group
-        p = group.proposals.pop(accepted.request_id, None)
-        if p is not None and not p.future.done():
-            p.term, p.index = accepted.term, accepted.last_index
-            group.waiting[accepted.last_index] = p
-
-    def rejected(self, rejected: RaftRejected) -> None:
-        p = self.group.proposals.pop(rejected.request_id, None)
-        if p is not None and not p.future.done():
-            p.future.set_exception(NoLeader(f"metadata: {rejected.reason}"))
-
-    def completed(self, completed: Completed) -> None:
-        p = self.group.proposals.pop(completed.request_id, None)
-        if p is not None and not p.future.done():
-            p.future.set_result(None)
-
-    def read_ready(self, read: ReadReady) -> None:
-        """Never called: the group proposes, it asks for no ReadIndex."""
-
-    def repaired(self) -> None:
-        self.group.ctx.storage.finish_repair(META_UID)
-        log.info("metadata: repaired")
-
-
-__all__ = ["META_UID", "MetaBootstrap", "MetaGroup", "MetaListener"]
+__all__ = ["META_UID", "MetaBootstrap", "MetaGroup", "MetaListener", "meta_raft_limits"]

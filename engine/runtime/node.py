@@ -48,23 +48,22 @@ Where each part lives: ``hosting`` (opening replicas, the Raft loop, WAL batches
 between nodes), ``queue_ops`` (publish, receive, settle, browse, purge), ``catalog``
 (queue definitions), ``member_changes`` (members and leadership),
 ``dead_letter_routing``, ``checkpoints`` (checkpoints and compaction), ``observe``
-(stats), ``receiving`` (the checks on peers' Raft messages). They share the node's ``NodeContext`` (``context``: its state and the
-operations every part uses); ``Node`` runs the lifecycle and implements ``QueueEngine``
-by delegating to them.
+(stats), ``receiving`` (the checks on peers' Raft messages), ``cluster_view`` (what
+the node tells of its cluster). They share the node's ``NodeContext`` (``context``: its
+state and the operations every part uses); ``Node`` runs the lifecycle and implements
+``QueueEngine`` by delegating to them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from engine.cluster import meta_commands as mc
-from engine.cluster import moving
 from engine.cluster.records import NodeState
-from engine.cluster.rejoin import lost_data_refusal
+from engine.cluster.rejoin import heard_refusal, lost_data_refusal
 from engine.errors import Conflict, EntryDamaged, NoLeader, QuorraError
 from engine.ids import NodeName
 from engine.limits import DEFAULT_LIMITS, Limits
@@ -91,6 +90,7 @@ from engine.runtime.api import (
     Trigger,
 )
 from engine.runtime.clock import SYSTEM_CLOCK, Clock
+from engine.runtime.cluster_view import cluster_view, placed_on
 from engine.runtime.context import NodeContext
 from engine.runtime.leader_history import leader_history
 from engine.runtime.leader_stats import LedStats, leader_stats
@@ -423,42 +423,7 @@ class Node:
         return await leader_history(self.context, name)
 
     def cluster(self) -> dict[str, object]:
-        now = self.clock.monotonic_ms()
-        alive_ms = 2 * self.limits.election_timeout_ms_max
-        nodes = []
-        links = self.transport.health()
-        for node in self._node_names():
-            led = sorted(
-                rep.name
-                for rep in self.context.replicas.values()
-                if (leader := rep.leader_id) is not None and node_of(leader) == node
-            )
-            entry: dict[str, object] = {"name": node, "leads": led, "self": node == self.name}
-            if node == self.name:
-                entry["health"] = "up" if self.context.running else "down"
-            else:
-                heard = self._heard_ms.get(node)
-                link = links.get(node)
-                if heard is not None and now - heard <= alive_ms:
-                    entry["health"] = "up"
-                else:
-                    entry["health"] = (
-                        "down" if link is not None and not link.connected else "unknown"
-                    )
-                if link is not None:
-                    entry.update(dataclasses.asdict(link))
-                    entry["raft_heard_ms"] = None if heard is None else now - heard
-            entry.update(self._placed_on(node))
-            nodes.append(entry)
-        refused = dict(sorted(self.context.receiving.refused.items()))
-        return {"node": self.name, "nodes": nodes, "refused_from_peers": refused}
-
-    def _node_names(self) -> list[NodeName]:
-        """The transport's nodes, and those the metadata records (a forgotten node is no
-        longer a peer, but still listed)."""
-        group = self.context.meta_group
-        recorded = [] if group is None or group.driver is None else list(group.machine.nodes)
-        return sorted({*self.transport.nodes(), *map(NodeName, recorded)})
+        return cluster_view(self.context, self._heard_ms)
 
     def _maybe_forgotten(self, _change: object) -> None:
         """A metadata listener: a forgotten node must not serve (its replicas were
@@ -494,27 +459,26 @@ class Node:
             self.on_forgotten(message)
 
     def stale_peer(self, name: str, incarnation: str) -> str | None:
-        """Why peer ``name``, from data directory ``incarnation``, is refused (it proved
-        the secret: the metadata may record it, ``MetaGroup.heard``)."""
+        """Why peer ``name``, from data directory ``incarnation``, is refused: by the
+        metadata's records, or before they hold it by what this node heard since it
+        started (``engine.cluster.rejoin``). One accepted proved the secret: the metadata
+        may record it (``MetaGroup.heard``), unless it is forgotten."""
         group = self.context.meta_group
-        if group is not None and (
+        if group is None:
+            return None
+        nodes = {} if group.driver is None else group.machine.nodes
+        why = lost_data_refusal(nodes, name, incarnation) or heard_refusal(
+            nodes, group.heard, group.boot.members, name, incarnation
+        )
+        if why is not None:
+            return why  # what was heard stays: the directory it ran from
+        rec = nodes.get(name)
+        forgotten = rec is not None and rec.state == "forgotten"
+        if not forgotten and (
             name in group.heard or len(group.heard) <= self.limits.cluster_nodes_max
         ):
             group.heard[name] = incarnation
-        if group is None or group.driver is None:
-            return None
-        return lost_data_refusal(group.machine.nodes, name, incarnation)
-
-    def _placed_on(self, node: str) -> dict[str, object]:
-        """The node's state in the metadata and the queues it should host (a single
-        node: active, and its own queues)."""
-        group = self.context.meta_group
-        if group is None:
-            return {"state": "active", "replicas": sorted(self.context.replicas)}
-        machine = group.machine
-        rec = machine.nodes.get(node)
-        replicas = moving.holding(machine.queues.values(), node)
-        return {"state": "unknown" if rec is None else rec.state, "replicas": replicas}
+        return None
 
     async def set_node_state(self, node: str, state: NodeState) -> dict[str, object]:
         """Record ``node`` as ``draining`` (``POST /cluster/nodes/{node}/drain``), ``lost``
@@ -529,7 +493,7 @@ class Node:
             await group.wait_bootstrapped()
             await group.propose(mc.SetNodeState(node, state))
         ctx.reconciler.trigger()
-        return {"name": node, **self._placed_on(node)}
+        return {"name": node, **placed_on(self.context, node)}
 
     def leader_of(self, name: str) -> str | None:
         rep = self.context.replicas.get(name)

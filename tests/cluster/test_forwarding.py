@@ -162,6 +162,7 @@ def test_a_node_without_a_replica_serves_the_queue(start_cluster: StartCluster) 
         storage = browser.get("/queues/far/storage")
         assert storage.status_code == 200, storage.text
         assert f"The runs of {leader}'s replica" in storage.text, storage.text
+        assert f"The segments of {leader}'s replica" in storage.text, storage.text
         assert f'<td class="num">{snapshot.json()["index"]}</td>' in storage.text, storage.text
         for page_path in ("/fragments/queues", "/queues/far"):
             page = browser.get(page_path)

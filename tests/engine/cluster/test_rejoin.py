@@ -9,6 +9,7 @@ from engine.cluster.meta_commands import NodeStarted
 from engine.cluster.records import NodeRecord, NodeState, QueueRecord, QueueState
 from engine.cluster.rejoin import (
     LISTED_QUEUES_MAX,
+    heard_refusal,
     lost_data_refusal,
     rejoin_refusal,
     started_reports,
@@ -104,3 +105,24 @@ def test_the_data_directories_heard_are_recorded_for_nodes_without_one() -> None
         NodeStarted("n5", "d5"),
     ]
     assert started_reports({}, {}, adding=("n1",)) == []
+
+
+def test_a_founder_heard_from_another_data_directory_is_refused_before_it_is_recorded() -> None:
+    """Between its first handshake and the metadata's record of it (a pass, about a
+    second), a founder back from another data directory is refused by a peer that heard
+    it from the first one: it may have voted or acknowledged over that connection."""
+    founders = ("n1", "n2", "n3")
+    heard = {"n1": "d1", "n3": "d3", "n4": "d4"}
+    for nodes in ({}, NODES):  # before the formation applied here, and after it
+        why = heard_refusal(nodes, heard, founders, "n3", "d9")
+        assert why is not None and "another data directory" in why and "empty log" in why
+        assert "/api/v1/cluster/nodes/n3/forget" in why and "--join" in why
+        assert heard_refusal(nodes, heard, founders, "n3", "d3") is None  # the same one
+        assert heard_refusal(nodes, heard, founders, "n2", "d2") is None  # not heard yet
+    # Not a founder: a join that crashed before writing its identity comes back from a
+    # new directory, and is answered as its first join was (``rejoin_refusal``).
+    assert heard_refusal(NODES, heard, founders, "n4", "d9") is None
+    # Once the metadata records the node, the records decide (``lost_data_refusal``).
+    recorded = {"n3": dataclasses.replace(node("n3"), incarnation="d3")}
+    assert heard_refusal(recorded, heard, founders, "n3", "d9") is None
+    assert heard_refusal({"n3": node("n3", "forgotten")}, heard, founders, "n3", "d9") is None

@@ -348,6 +348,9 @@ def test_a_drain_interrupted_by_a_crash_is_finished_from_the_metadata(tmp_path: 
             voters = {node_of(s) for s in nodes[now].context.replica("d").raft.config.voters}
             assert voters == {leader, outsider}
             assert sorted(await drain(nodes[now], "d")) == [b"a", b"b", b"c"]
+            # A peer heard it from its data directory (a handshake): refused from another.
+            assert nodes[outsider].stale_peer(draining, f"dir{draining}") is None
+            assert nodes[outsider].stale_peer(draining, "a-new-directory") is not None
             entry = await retrying(lambda: nodes[now].set_node_state(draining, "lost"))
             assert entry["replicas"] == []
             await eventually(
@@ -356,6 +359,10 @@ def test_a_drain_interrupted_by_a_crash_is_finished_from_the_metadata(tmp_path: 
             )
             # It learns it once it applies that entry too, and its server exits.
             await eventually(lambda: nodes[draining].forgotten, what="the node told")
+            # Forgotten, it may join again from a new data directory (with --join).
+            await eventually(lambda: draining not in group(nodes[outsider]).heard)
+            assert nodes[outsider].stale_peer(draining, "a-new-directory") is None
+            assert draining not in group(nodes[outsider]).heard
         finally:
             await stop_all(nodes)
 
@@ -370,6 +377,22 @@ async def leader_of(nodes: dict[str, Node], name: str) -> str:
         if leader is not None and nodes[leader].context.running:
             return leader
     raise NoLeader(f"no leader of {name} yet")
+
+
+def test_a_founder_heard_from_one_data_directory_is_refused_from_another(
+    tmp_path: Path,
+) -> None:
+    """Before the metadata records a founder (here before this node even started), a
+    peer that heard it from one data directory refuses it from another; a node that is
+    not a founder is not held to what was heard (``engine.cluster.rejoin``)."""
+    node = node_on(tmp_path, "n1", InMemoryNetwork(NAMES))
+    assert node.stale_peer("n3", "dirn3") is None
+    why = node.stale_peer("n3", "another-directory")
+    assert why is not None and "another data directory" in why, why
+    assert node.stale_peer("n3", "dirn3") is None  # the first one still is
+    assert group(node).heard["n3"] == "dirn3"
+    assert node.stale_peer("n9", "dirn9") is None
+    assert node.stale_peer("n9", "a-new-directory") is None
 
 
 def test_the_formation_records_the_data_directories_its_leader_heard(tmp_path: Path) -> None:
