@@ -53,7 +53,8 @@ JSON keys (``JSON_KEYS``; the headline is ``failover_ms``):
 * ``lost_messages``: confirmed messages not received afterwards (must be 0);
 * ``seconds_per_phase``: length of each load phase;
 * ``load_procs``: load-generator processes per phase;
-* ``phases``: every load phase's figures (counts, errors, CPU);
+* ``phases``: every load phase's figures (counts, errors, CPU), the node it went
+  through (``via``) and the queue's leader after it (``leader_after``);
 * ``targets``: what the figures are held to.
 """
 
@@ -290,6 +291,9 @@ def _phase(
     delay_s = QUICK_START_DELAY_S if args.quick else rest.START_DELAY_S
     phase = rest.run_phase(cluster, base | spec, args.procs, delay_s)
     phase["via"] = via
+    # Which node led the queue once the phase was over: a "leader" phase whose via is not
+    # it measured forwarded publishes (a stale answer, or leadership moved under load).
+    phase["leader_after"] = cluster.leader(QUEUE)
     return phase
 
 

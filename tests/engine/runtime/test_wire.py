@@ -41,7 +41,7 @@ from engine.runtime.api import (
     SettleResult,
 )
 from engine.runtime.meta import QueueMeta
-from engine.runtime.routing import Joined, PurgeCall
+from engine.runtime.routing import Joined, PurgeCall, StatsCall
 from tests.engine.runtime.test_routing import CALLS, META_ANSWERS
 
 A, B = ServerId("n1/q"), ServerId("n2/q")
@@ -124,6 +124,24 @@ def test_errors_keep_their_class_and_detail() -> None:
 def test_only_registered_types_encode() -> None:
     with pytest.raises(TypeError):
         wire.encode(object())
+
+    @dataclasses.dataclass(frozen=True)
+    class Unregistered:
+        a: int
+        b: int
+
+    with pytest.raises(AssertionError, match="not a wire type"):
+        wire.encode([Unregistered(1, 2)])
+
+
+@pytest.mark.parametrize("value", [StatsCall(name="q"), PurgeCall(name="q"), REFUSAL])
+def test_a_dataclass_of_one_field_or_many_encodes_as_its_fields_in_order(
+    value: object,
+) -> None:
+    """A registered type's fields are read in one call where it has several, one by one
+    where it has one: the bytes are those of packing ``[name, [fields...]]``."""
+    assert wire.encode(value) == _packb_encode(value)
+    assert wire.decode(wire.encode(value)) == value
 
 
 def _packb_encode(value: object) -> bytes:
