@@ -133,9 +133,11 @@ class QueueMachine:
         policy: QueuePolicy | None = None,
         limits: Limits = DEFAULT_LIMITS,
         paging: Paging | None = None,
+        snapshot: bytes | None = None,
     ) -> None:
         """``paging``: page the ready index (``engine.queue.paging``); None keeps every
-        page in memory."""
+        page in memory. ``snapshot``: the machine is ``restore``d from it (its policy
+        too), its empty state not built first: a sleeping queue's wake builds one."""
         self._limits = limits
         self._paging = paging
         self.pager: QueuePager | None = None
@@ -154,7 +156,10 @@ class QueueMachine:
         """Below this many dead bytes ``_maybe_checkpoint`` cannot fire (its estimate has a
         floor), so ``apply`` skips the call."""
         self._lanes: Lanes
-        self._reset()
+        if snapshot is None:
+            self._reset()
+        else:
+            self.restore(snapshot)  # its ``_reset`` builds the state once, for its policy
 
     def _reset(self) -> None:
         if self.pager is not None:

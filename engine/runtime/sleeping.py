@@ -133,6 +133,4 @@ def wake(
     record: SleepingQueue, limits: Limits = DEFAULT_LIMITS, paging: Paging | None = None
 ) -> QueueMachine:
     """A machine restored from ``record``: its policy comes from the snapshot."""
-    machine = QueueMachine(None, limits, paging)
-    machine.restore(record.snapshot)
-    return machine
+    return QueueMachine(None, limits, paging, record.snapshot)
