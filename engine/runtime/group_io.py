@@ -27,7 +27,7 @@ from engine.raft.messages import Message
 from engine.raft.snapshot import Snapshot
 from engine.raft.state_machine import MachineEffect
 from engine.runtime.replica import Replica, node_of
-from engine.storage import Checkpoint
+from engine.storage import checkpoint_of
 from engine.storage.wal import AppendOp, HardState, HardStateOp
 
 if TYPE_CHECKING:
@@ -135,14 +135,7 @@ class MetaIo(GroupIo):
         return "metadata"
 
     def install_snapshot(self, snapshot: Snapshot, given: list[Entry]) -> None:
-        cp = Checkpoint(
-            snapshot.index,
-            snapshot.term,
-            MetaMachine.version,
-            snapshot.config.encode(),
-            snapshot.live_indexes,
-            snapshot.machine_state,
-        )
+        cp = checkpoint_of(snapshot, MetaMachine.version)
         self.ctx.storage.install_snapshot(self.uid, cp, given)
         self.group.snapshot_installed = True
 

@@ -66,6 +66,7 @@ from engine.storage import (
     SnapshotReset,
     WalBatch,
     WriteFailed,
+    checkpoint_of,
 )
 
 if TYPE_CHECKING:
@@ -322,14 +323,7 @@ class Hosting:
         installed = {e.index: e for e in given}
         for index in snap.live_indexes - BitMap64(installed):
             installed[index] = rep.log.read(index)
-        cp = Checkpoint(
-            snap.index,
-            snap.term,
-            QueueMachine.version,
-            snap.config.encode(),
-            snap.live_indexes,
-            snap.machine_state,
-        )
+        cp = checkpoint_of(snap, QueueMachine.version)
         size = storage.install_snapshot(rep.uid, cp, given)
         self.ctx.pages.retain(rep)  # the checkpoints are gone, and what they pinned
         rep.installed_live = installed

@@ -22,7 +22,7 @@ from engine.raft.config import Configuration
 from engine.raft.entry import Entry
 from engine.raft.events import HardState as RaftHardState
 from engine.raft.snapshot import Snapshot
-from engine.storage.checkpoint import Checkpoint
+from engine.storage.checkpoint import Checkpoint, checkpoint_of
 from engine.storage.compaction import CompactionResult
 from engine.storage.disk import FakeDisk
 from engine.storage.node_storage import NodeStorage, WriteFailed
@@ -48,14 +48,7 @@ SMALL_FILES = dataclasses.replace(
 
 
 def _checkpoint(snapshot: Snapshot) -> Checkpoint:
-    return Checkpoint(
-        snapshot.index,
-        snapshot.term,
-        0,
-        snapshot.config.encode(),
-        snapshot.live_indexes,
-        snapshot.machine_state,
-    )
+    return checkpoint_of(snapshot, 0)
 
 
 class SimDiskStorage:

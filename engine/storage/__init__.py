@@ -85,7 +85,7 @@ described at the top of ``wal.py``, ``segment.py``, ``checkpoint.py``, ``repair.
 
 from __future__ import annotations
 
-from engine.storage.checkpoint import Checkpoint, CheckpointStore
+from engine.storage.checkpoint import Checkpoint, CheckpointStore, checkpoint_of
 from engine.storage.compaction import (
     CompactionJob,
     CompactionResult,
@@ -134,4 +134,5 @@ __all__ = [
     "WalBatch",
     "WalStats",
     "WriteFailed",
+    "checkpoint_of",
 ]

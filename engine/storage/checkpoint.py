@@ -19,11 +19,15 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import crc32c
 from pyroaring import BitMap64
 
 from engine.storage.disk import Disk, ensure_dir, write_file_atomic
+
+if TYPE_CHECKING:
+    from engine.raft.snapshot import Snapshot
 
 _MAGIC = b"QCHK"
 _VERSION = 1
@@ -49,6 +53,19 @@ class Checkpoint:
     def __post_init__(self) -> None:
         assert self.index >= 1 and self.term >= 1
         assert len(self.live_indexes) == 0 or self.live_indexes.max() <= self.index
+
+
+def checkpoint_of(snapshot: Snapshot, machine_version: int) -> Checkpoint:
+    """The checkpoint that keeps ``snapshot`` (one a leader sent, to install): its
+    machine's state as it came, written by a machine of ``machine_version``."""
+    return Checkpoint(
+        snapshot.index,
+        snapshot.term,
+        machine_version,
+        snapshot.config.encode(),
+        snapshot.live_indexes,
+        snapshot.machine_state,
+    )
 
 
 def encode_checkpoint(cp: Checkpoint) -> bytes:
@@ -201,4 +218,10 @@ def _thinning_victim(indexes: list[int]) -> int:
     return indexes[best]
 
 
-__all__ = ["Checkpoint", "CheckpointStore", "decode_checkpoint", "encode_checkpoint"]
+__all__ = [
+    "Checkpoint",
+    "CheckpointStore",
+    "checkpoint_of",
+    "decode_checkpoint",
+    "encode_checkpoint",
+]
