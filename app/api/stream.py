@@ -10,14 +10,14 @@ description).
 Rules:
 
 - A publish frame is confirmed only once its messages are durable on a quorum: from the
-  apply of their entry, in that turn of the loop (``node.publish``'s ``on_durable``,
-  written at once by ``send_now``: app/ws_protocol.py), else once ``node.publish``
-  returned (a queue led elsewhere, a transport above its high-water mark). Frames are published in the order they arrive, several at
-  once when they queue up behind a publish in flight (one engine batch, one Raft
-  command), and every frame gets exactly one answer: a ``confirm`` (cumulative: every
-  publish up to that ``seq`` without an ``error`` frame of its own) or an ``error``. A
-  merged batch the engine refuses whole is published again frame by frame, so that one
-  bad frame never fails its neighbours.
+  apply of their entry, in that turn of the loop (``node.publish``'s ``on_durable``, written
+  at once by ``send_now``: app/ws_protocol.py), else once ``node.publish`` returned (a queue
+  led elsewhere, a transport above its high-water mark). Frames are published in the order
+  they arrive, several at once when they queue up behind a publish in flight (one engine
+  batch, one Raft command), and every frame gets exactly one answer: a ``confirm``
+  (cumulative: every publish up to that ``seq`` without an ``error`` frame of its own) or an
+  ``error``. A merged batch the engine refuses whole is published again frame by frame, so
+  that one bad frame never fails its neighbours.
 - The window: at ``stream_unconfirmed_messages_max`` messages (or ``..._bytes_max``
   bytes) unconfirmed, the server stops reading the socket until confirms free room; the
   WebSocket protocol under it reads nothing more (uvicorn's websockets-sansio), so TCP
