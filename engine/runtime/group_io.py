@@ -139,11 +139,6 @@ class MetaIo(GroupIo):
         self.ctx.storage.install_snapshot(self.uid, cp, given)
         self.group.snapshot_installed = True
 
-    def writes_queued(self) -> None:
-        writer = self.ctx.writer
-        assert writer is not None
-        writer.wake()
-
     def applied(self, entry: Entry, reply: object, effects: list[MachineEffect]) -> None:
         self.group.applied(entry, reply, effects)
 
