@@ -126,9 +126,7 @@ class DirectFrameProtocol(WebSocketsSansIOProtocol):
         before it."""
         if not (self.writable.is_set() and self._sends_direct()):
             return False
-        self.transport.writelines(
-            [*self.conn.data_to_send(), binary_frame_head(len(payload)), payload]
-        )
+        self._write_binary(payload, len(payload))
         return True
 
     async def send(self, message: Any) -> None:
@@ -136,17 +134,20 @@ class DirectFrameProtocol(WebSocketsSansIOProtocol):
         if data is not None and self._sends_direct():
             await self.writable.wait()  # the transport's high-water mark, as uvicorn waits
             if self._sends_direct():
-                queued = self.conn.data_to_send()
                 if type(data) is FrameChunks:
+                    queued = self.conn.data_to_send()
                     head = binary_frame_head(data.size)
                     self.transport.writelines([*queued, head, *data.chunks])
                     return
-                size = data.nbytes if isinstance(data, memoryview) else len(data)
-                self.transport.writelines([*queued, binary_frame_head(size), data])
+                self._write_binary(data, data.nbytes if isinstance(data, memoryview) else len(data))
                 return
         if type(data) is FrameChunks:
             message = {**message, "bytes": data.joined()}
         await super().send(message)
+
+    def _write_binary(self, payload: bytes | memoryview, size: int) -> None:
+        """A whole binary frame of ``payload`` after what websockets queued (a pong, say)."""
+        self.transport.writelines([*self.conn.data_to_send(), binary_frame_head(size), payload])
 
     def _sends_direct(self) -> bool:
         """Whether a data frame may go straight out: the connection open (uvicorn's
