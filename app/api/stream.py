@@ -46,6 +46,7 @@ import logging
 from collections import deque
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import msgpack
@@ -160,8 +161,6 @@ class StreamConnection:
             SEND_NOW
         )
         """Writes a frame in this loop turn (False if it cannot), if the server offers it."""
-        self.durable_seq = -1
-        """The seq a confirm from the apply names: the last frame of the batch in flight."""
         self.confirmed_now = -1
         """The last seq confirmed from the apply (``on_durable``)."""
         self.consuming = StreamConsumer(self, node, name, who, limits)
@@ -322,9 +321,8 @@ class StreamConnection:
         messages = (
             frames[0].messages if len(frames) == 1 else [m for f in frames for m in f.messages]
         )
-        self.durable_seq = frames[-1].seq
         try:
-            await self.node.publish(self.name, messages, self.on_durable)
+            await self.node.publish(self.name, messages, partial(self.on_durable, frames[-1].seq))
         except QuorraError as e:
             # A refusal of the merged batch (4xx) may be one frame's: each alone then.
             # An error of the server or its quorum (5xx) is every frame's, as it is.
@@ -333,15 +331,14 @@ class StreamConnection:
             return [await self._publish_one(f) for f in frames]
         return [None] * len(frames)
 
-    def on_durable(self) -> None:
+    def on_durable(self, seq: int) -> None:
         """In the apply of the batch in flight (all of it durable): its cumulative
-        confirm, written in this loop turn if the transport takes it at once. Every
+        confirm, of ``seq`` (the batch's last frame), written in this loop turn if the transport takes it at once. Every
         earlier answer of this connection was written already (``publish_loop`` answers
         a batch before it publishes the next). Never raises: it runs inside the apply."""
         send_now = self.send_now
         if send_now is None or self.closed:
             return
-        seq = self.durable_seq
         try:
             sent = send_now(msgpack.packb({"op": "confirm", "seq": seq}, use_bin_type=True))
         except (RuntimeError, OSError):
