@@ -155,16 +155,24 @@ class Settings:
 
 
 def _wait_ms_from_env(env: Mapping[str, str], name: str) -> int:
+    wait_ms = _int_from_env(env, name)
+    if wait_ms is None:
+        return METADATA_MIRROR_WAIT_MS_DEFAULT
+    if wait_ms < 0:
+        raise SettingsError(f"{name}: {env[name]!r} is negative")
+    return wait_ms
+
+
+def _int_from_env(env: Mapping[str, str], name: str) -> int | None:
+    """The integer ``name`` holds, ``None`` when unset or empty (``SettingsError`` for
+    anything else)."""
     text = env.get(name)
     if not text:
-        return METADATA_MIRROR_WAIT_MS_DEFAULT
+        return None
     try:
-        wait_ms = int(text)
+        return int(text)
     except ValueError:
         raise SettingsError(f"{name}: {text!r} is not an integer") from None
-    if wait_ms < 0:
-        raise SettingsError(f"{name}: {text!r} is negative")
-    return wait_ms
 
 
 def limits_from_env(env: Mapping[str, str]) -> Limits:
@@ -172,13 +180,9 @@ def limits_from_env(env: Mapping[str, str]) -> Limits:
     (``SettingsError`` for a value that is no integer or breaks a relation)."""
     given: dict[str, int] = {}
     for name in LIMITS_FROM_ENV:
-        text = env.get(f"QUORRA_{name.upper()}")
-        if not text:
-            continue
-        try:
-            given[name] = int(text)
-        except ValueError:
-            raise SettingsError(f"QUORRA_{name.upper()}: {text!r} is not an integer") from None
+        value = _int_from_env(env, f"QUORRA_{name.upper()}")
+        if value is not None:
+            given[name] = value
     if not given:
         return DEFAULT_LIMITS
     try:
