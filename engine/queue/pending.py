@@ -3,9 +3,15 @@
 Rule of this module: one 8-byte slot per leased message, nothing else per message in
 the common case. Tags are assigned from a counter, one per delivery (a redelivery gets a
 new tag), so they are dense and increasing, as rabbit_fifo keys its checked-out messages.
-The ring is a map ``page number -> uint64 array`` of ``page_refs`` slots; slot
+The ring is a map ``page number -> uint64 array`` of up to ``page_refs`` slots; slot
 ``tag % page_refs`` holds the ref, 0 once settled. A page is freed as soon as its last
 live slot is settled, so holes cost memory only while a page still holds a live lease.
+A page is born only as long as its first lease needs (a power of two, at least
+``FIRST_PAGE_SLOTS``) and doubles as later tags reach its end: a queue whose consumer
+holds a few leases keeps 128 bytes of table, not the 32 KiB of a whole default page,
+which 10,000 queues each woken by one receive used to allocate. Slots past a short
+page's end hold nothing; snapshots write every page at its full length, so their bytes
+do not depend on how a page grew.
 
 What is shared by the messages of one checkout is stored once, in a ``LeaseGroup``: the
 consumer, the lease expiry and the priority level (a checkout takes levels in turn, so
@@ -31,6 +37,9 @@ U64 = npt.NDArray[np.uint64]
 
 
 _GROUP_BYTES_ESTIMATE = 200
+_PAGE_BYTES_ESTIMATE = 212
+"""The ndarray object and the two dict entries of a page, beside its slots."""
+FIRST_PAGE_SLOTS = 16
 _OVERRIDE_BYTES_ESTIMATE = 150
 
 
@@ -107,7 +116,7 @@ class Pending:
 
     def nbytes(self) -> int:
         return (
-            len(self._pages) * (self._page_refs * 8 + 112 + 100)
+            sum(page.nbytes + _PAGE_BYTES_ESTIMATE for page in self._pages.values())
             + len(self._groups) * _GROUP_BYTES_ESTIMATE
             + len(self._overrides) * _OVERRIDE_BYTES_ESTIMATE
         )
@@ -126,10 +135,14 @@ class Pending:
             page_no = tag >> self._shift
             at = tag & (self._page_refs - 1)
             page = self._pages.get(page_no)
-            if page is None:
-                page = self._pages[page_no] = np.zeros(self._page_refs, dtype=np.uint64)
-                self._page_live[page_no] = 0
             k = min(n - done, self._page_refs - at)
+            if page is None:
+                page = self._pages[page_no] = np.zeros(self._room(at + k), dtype=np.uint64)
+                self._page_live[page_no] = 0
+            elif len(page) < at + k:
+                grown = np.zeros(self._room(at + k), dtype=np.uint64)
+                grown[: len(page)] = page
+                page = self._pages[page_no] = grown
             if k == 1:  # a single lease: a scalar store, no array built from a list
                 page[at] = refs[done]
             else:
@@ -145,12 +158,17 @@ class Pending:
         self._consumers[consumer] = self._consumers.get(consumer, 0) + n
         return first
 
+    def _room(self, end: int) -> int:
+        """Slots of a page that must hold slots ``0..end-1``: the next power of two."""
+        return min(self._page_refs, max(FIRST_PAGE_SLOTS, 1 << (end - 1).bit_length()))
+
     # --- reading ------------------------------------------------------------------
 
     def ref_at(self, tag: int) -> int:
         """The ref leased under ``tag``, or 0 if the tag is settled or unknown."""
         page = self._pages.get(tag >> self._shift)
-        return 0 if page is None else int(page[tag & (self._page_refs - 1)])
+        at = tag & (self._page_refs - 1)
+        return 0 if page is None or at >= len(page) else int(page[at])
 
     def group_of(self, tag: int) -> LeaseGroup:
         i = bisect_right(self._starts, tag) - 1
@@ -186,8 +204,16 @@ class Pending:
         slots = tags & np.uint64(self._page_refs - 1)
         for p, sel in self._by_page(page_nos):
             page = self._pages.get(p)
-            if page is not None:
-                current[sel] = page[slots[sel]]
+            if page is None:
+                continue
+            at = slots[sel]
+            if len(page) == self._page_refs:
+                current[sel] = page[at]
+            else:  # a short page: what lies past its end was never leased
+                inside = at < len(page)
+                found = np.zeros(len(at), dtype=np.uint64)
+                found[inside] = page[at[inside]]
+                current[sel] = found
         ok: npt.NDArray[np.bool_] = (current == refs) & (refs != 0)
         if n > 1:
             good = np.flatnonzero(ok)
@@ -362,7 +388,8 @@ class Pending:
             [g.first_tag, g.count, g.consumer, g.priority, g.expires_ms]
             for g in (self._groups[s] for s in self._starts)
         ]
-        pages = [[p, self._pages[p].tobytes()] for p in sorted(self._pages)]
+        full = self._page_refs * 8
+        pages = [[p, self._pages[p].tobytes().ljust(full, b"\0")] for p in sorted(self._pages)]
         overrides = sorted(self._overrides.items())
         return [self.next_tag, pages, groups, overrides]
 
@@ -375,10 +402,12 @@ class Pending:
         pending.next_tag = next_tag
         pending._own()
         for p, raw in pages:
-            page = np.frombuffer(raw, dtype=np.uint64).copy()
-            assert len(page) == page_refs
-            pending._pages[p] = page
-            pending._page_live[p] = int(np.count_nonzero(page))
+            whole = np.frombuffer(raw, dtype=np.uint64)
+            assert len(whole) == page_refs
+            held = np.flatnonzero(whole)
+            assert len(held) > 0, "a page without a live lease"
+            pending._pages[p] = whole[: pending._room(int(held[-1]) + 1)].copy()
+            pending._page_live[p] = len(held)
             pending._size += pending._page_live[p]
         for first, count, consumer, priority, expires_ms in groups:
             group = LeaseGroup(first, count, consumer, priority, expires_ms)
@@ -418,4 +447,4 @@ class Pending:
             assert self._page_live[p] == int(np.count_nonzero(page)) > 0
 
 
-__all__ = ["LeaseGroup", "Pending"]
+__all__ = ["FIRST_PAGE_SLOTS", "LeaseGroup", "Pending"]
