@@ -98,7 +98,8 @@ class Hosting:
         ctx = self.ctx
         storage = ctx.storage
         # A lone member cannot be repaired: damage then refuses it, its files untouched.
-        rec = storage.open_server(meta.uid, repairable=len(meta.members) > 1)
+        asleep_at = None if sleeper is None else sleeper.dormant.applied_index
+        rec = storage.open_server(meta.uid, repairable=len(meta.members) > 1, asleep_at=asleep_at)
         if sleeper is not None and meta.members == (ctx.name,) and matches(sleeper, rec):
             return ctx.hibernation.restore(meta, rec, sleeper)
         # Read once: a deep queue's checkpoint names thousands of stored pages, which

@@ -166,13 +166,19 @@ class NodeStorage:
         assert self._owned(), _NOT_OWNER
         return sum(log.mem.bytes for _uid, log in self._logs.items())
 
-    def open_server(self, uid: str, *, repairable: bool = True) -> Recovered:
+    def open_server(
+        self, uid: str, *, repairable: bool = True, asleep_at: int | None = None
+    ) -> Recovered:
         """Open (or create) the storage of server ``uid`` and say what to restore. Damaged
         data is cut or reset and the server marked repairing (see ``recovery.py``).
         Without ``repairable`` (the group has no other member) damage raises
-        ``RecoveryRefused`` before any file is changed, for an operator to look at."""
+        ``RecoveryRefused`` before any file is changed, for an operator to look at.
+        ``asleep_at``: the applied index of the record it slept as at the last clean
+        stop, if any (its log's tail is then not read: ``Recovery._repair_tail``)."""
         assert self._owned(), _NOT_OWNER
-        return self._recovery.open_server(uid, self.wal.seq, repairable=repairable)
+        return self._recovery.open_server(
+            uid, self.wal.seq, repairable=repairable, asleep_at=asleep_at
+        )
 
     # -- writing ------------------------------------------------------------------------------
 

@@ -239,20 +239,23 @@ class Recovery:
 
     # -- opening a server -----------------------------------------------------------------
 
-    def open_server(self, uid: str, wal_seq: int, *, repairable: bool) -> Recovered:
+    def open_server(
+        self, uid: str, wal_seq: int, *, repairable: bool, asleep_at: int | None = None
+    ) -> Recovered:
         """Open (or create) the storage of server ``uid`` (``wal_seq``: the WAL file being
         written). Without ``repairable`` damage raises ``RecoveryRefused`` before any
-        file is changed."""
+        file is changed. ``asleep_at``: the applied index of the record the server slept
+        as at the last clean stop (``engine.runtime.sleepers``), see ``_repair_tail``."""
         m = self.repairs.get(uid)
         if m is not None and not repairable:
             raise RecoveryRefused(refusal(uid, m.reason))
         self.repairs.unrepairable = None if repairable else uid
         try:
-            return self._open_server(uid, wal_seq)
+            return self._open_server(uid, wal_seq, asleep_at)
         finally:
             self.repairs.unrepairable = None
 
-    def _open_server(self, uid: str, wal_seq: int) -> Recovered:
+    def _open_server(self, uid: str, wal_seq: int, asleep_at: int | None) -> Recovered:
         log = self.logs.get(uid)
         # What ``replay`` listed: nothing made or removed a checkpoint or snapshot folder
         # since (a reset empties them; an empty one reads as holding none).
@@ -287,7 +290,7 @@ class Recovery:
                 if cp is not None:
                     self._recover_prefix(log, cp, snapshot_index)
         cp = self._repair_missing(uid, cp, wal_seq)
-        cp = self._repair_tail(uid, cp, wal_seq)
+        cp = self._repair_tail(uid, cp, wal_seq, asleep_at)
         m = self.repairs.get(uid)
         why = None if m is None else f"queue {uid}: {m.reason}"
         return Recovered(log, cp, log.hard_state, damaged, m is not None, why)
@@ -343,10 +346,27 @@ class Recovery:
         )
         return self.begin_repair(uid, cp, first_bad, RepairKind.CUT, reason, wal_seq)
 
-    def _repair_tail(self, uid: str, cp: Checkpoint | None, wal_seq: int) -> Checkpoint | None:
+    def _repair_tail(
+        self, uid: str, cp: Checkpoint | None, wal_seq: int, asleep_at: int | None
+    ) -> Checkpoint | None:
         """Read the log after the checkpoint (the core replays it anyway): the first
-        entry that fails its check or is missing starts the repair."""
+        entry that fails its check or is missing starts the repair.
+
+        A server that comes back asleep has nothing to replay: the record it slept as
+        holds its machine's state at ``asleep_at``, the end of its log, as a checkpoint
+        would, so the read is skipped; what a delivery later reads of the log (the
+        bodies of its ready messages) is checked when read, as a body stored before any
+        checkpoint is. The record is used only if it matches the log
+        (``sleepers.matches``), which this end already does. Reading every sleeping
+        queue's whole log made a restart with 10,000 of them take seconds per wake and
+        sleep they had been through."""
         log = self.logs.get(uid)
+        if (
+            asleep_at is not None
+            and asleep_at == log.last_index()
+            and self.repairs.get(uid) is None
+        ):
+            return cp
         base = cp.index if cp is not None else log.snapshot_index()
         bad, detail = self._first_unreadable(log, base + 1)
         if bad is None:

@@ -8,8 +8,10 @@ import dataclasses
 import shutil
 from pathlib import Path
 
+import msgpack
 import pytest
 
+from engine.errors import EntryDamaged
 from engine.runtime import Node
 from engine.runtime.sleepers import (
     SLEEPERS_PATH,
@@ -139,3 +141,39 @@ def test_records_round_trip_and_stop_at_their_byte_limit(tmp_path: Path) -> None
     assert take_sleepers(disk) == {}
     with pytest.raises(ValueError):
         decode_sleepers(data[:-1])
+
+
+def _flip_body_of_queue(data_dir: Path, name: str, body: bytes) -> None:
+    """Flip a bit of ``body`` where queue ``name``'s segments hold it."""
+    for queue_dir in (data_dir / "queues").iterdir():
+        if msgpack.unpackb((queue_dir / "queue.meta").read_bytes())[1] != name:
+            continue
+        for seg in (queue_dir / "segments").iterdir():
+            raw = bytearray(seg.read_bytes())
+            at = raw.find(body)
+            if at >= 0:
+                raw[at] ^= 0x01
+                seg.write_bytes(bytes(raw))
+                return
+    raise AssertionError(f"no segment of {name} holds {body!r}")
+
+
+def test_a_queue_back_asleep_finds_a_damaged_body_when_it_reads_it(tmp_path: Path) -> None:
+    """A queue that comes back asleep is not replayed, and its log is not read at start
+    (its record stands for it, as a checkpoint would): a body damaged on disk since the
+    stop is found by the delivery that reads it, never delivered altered, and the other
+    queues serve as before."""
+
+    async def body() -> None:
+        await stopped_with_records(tmp_path)
+        _flip_body_of_queue(tmp_path, "a", b"three")
+        node = await started(tmp_path, AWAKE)
+        try:
+            assert restored(node) == 2 and asleep(node) == ["a", "b"]
+            assert await drain(node, "b") == BODIES
+            with pytest.raises(EntryDamaged):
+                await drain(node, "a")
+        finally:
+            await node.stop()
+
+    run(body())
