@@ -136,12 +136,12 @@ class Pending:
             at = tag & (self._page_refs - 1)
             page = self._pages.get(page_no)
             k = min(n - done, self._page_refs - at)
-            if page is None:
-                page = self._pages[page_no] = np.zeros(self._room(at + k), dtype=np.uint64)
-                self._page_live[page_no] = 0
-            elif len(page) < at + k:
+            if page is None or len(page) < at + k:  # a new page, or one to double
                 grown = np.zeros(self._room(at + k), dtype=np.uint64)
-                grown[: len(page)] = page
+                if page is None:
+                    self._page_live[page_no] = 0
+                else:
+                    grown[: len(page)] = page
                 page = self._pages[page_no] = grown
             if k == 1:  # a single lease: a scalar store, no array built from a list
                 page[at] = refs[done]

@@ -8,11 +8,11 @@ import dataclasses
 import shutil
 from pathlib import Path
 
-import msgpack
 import pytest
 
 from engine.errors import EntryDamaged
 from engine.runtime import Node
+from engine.runtime.meta import read_meta
 from engine.runtime.sleepers import (
     SLEEPERS_PATH,
     decode_sleepers,
@@ -145,8 +145,10 @@ def test_records_round_trip_and_stop_at_their_byte_limit(tmp_path: Path) -> None
 
 def _flip_body_of_queue(data_dir: Path, name: str, body: bytes) -> None:
     """Flip a bit of ``body`` where queue ``name``'s segments hold it."""
+    disk = OsDisk(str(data_dir))
     for queue_dir in (data_dir / "queues").iterdir():
-        if msgpack.unpackb((queue_dir / "queue.meta").read_bytes())[1] != name:
+        meta = read_meta(disk, queue_dir.name)
+        if meta is None or meta.name != name:
             continue
         for seg in (queue_dir / "segments").iterdir():
             raw = bytearray(seg.read_bytes())
