@@ -184,6 +184,12 @@ class Limits:
     about once per ``queue_sleep_idle_ms`` (10,000 queues, 30 s: 334 a run);"""
     queue_sleep_sweep_max: int = 500
     """it puts at most this many to sleep per run (about 50 us each: 25 ms of the loop)."""
+    queue_sleep_segments_max: int = 4
+    """A queue about to sleep with more segments than this written since its last
+    checkpoint is checkpointed first, and compaction follows. Each wake writes entries of
+    its own (its election, what it served) that reach a segment at the next roll: a queue
+    that sleeps, wakes and sleeps again was never checkpointed (under
+    ``stop_checkpoint_bytes_min``), so its log kept a file per wake, read at every start."""
     sleepers_bytes_max: int = 256 * MIB
     """A clean stop saves the sleeping queues' records (``engine.runtime.sleepers``) up to
     this many bytes (10,000 idle queues of 10 messages: about 12 MiB); the queues past
@@ -325,6 +331,7 @@ class Limits:
         assert self.entry_bytes_max <= self.wal_batch_bytes_max
         assert self.read_run_bytes_max > 0
         assert self.queue_sleep_sweep_ms > 0 and self.queue_sleep_sweep_max > 0
+        assert self.queue_sleep_segments_max >= 0
         assert self.sleepers_bytes_max >= 0
         assert 0 < self.read_cache_block_bytes <= self.read_run_bytes_max
         assert self.read_cache_bytes_max >= 0

@@ -11,6 +11,7 @@ demand; compaction follows each automatic one.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import time
@@ -37,6 +38,8 @@ if TYPE_CHECKING:
     from engine.runtime.context import NodeContext
 
 log = logging.getLogger("quorra.engine")
+
+_STOP_CHECKPOINTS_AT_ONCE = 8
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -191,25 +194,48 @@ class Checkpoints:
 
     async def before_stop(self) -> None:
         """Checkpoint every queue with ``Limits.stop_checkpoint_bytes_min`` applied since its
-        last checkpoint: a restart after a clean stop then restores the machine and
-        applies nothing of the log (up to ``Limits.replay_bytes_max`` otherwise)."""
-        for rep in list(self.ctx.replicas.values()):
-            if (
-                rep.failed is not None
-                or rep.closed
-                or rep.dormant is not None  # slept under the stop minimum (hibernation)
-                or rep.applied_term == 0
-                or rep.bytes_since_capture < self.ctx.limits.stop_checkpoint_bytes_min
-            ):
-                continue
+        last checkpoint (or too many segments written, ``due_at_stop``): a restart after a
+        clean stop then restores the machine and applies nothing of the log (up to
+        ``Limits.replay_bytes_max`` otherwise). Compaction's phase 1 follows, which only
+        deletes: the checkpoint becomes the snapshot (else the checkpoints of every stop
+        stay on disk until the next compaction) and the segments it leaves dead go.
+        ``_STOP_CHECKPOINTS_AT_ONCE`` queues at a time: each is a few file syncs."""
+        due = [
+            rep
+            for rep in self.ctx.replicas.values()
+            if rep.failed is None
+            and not rep.closed
+            and rep.dormant is None  # slept under the stop minimum (hibernation)
+            and rep.applied_term != 0
+            and self.due_at_stop(rep)
+        ]
+        slots = asyncio.Semaphore(_STOP_CHECKPOINTS_AT_ONCE)
+        await asyncio.gather(*(self._at_stop(rep, slots) for rep in due))
+
+    async def _at_stop(self, rep: Replica, slots: asyncio.Semaphore) -> None:
+        async with slots:
+            if rep.closed or rep.failed is not None:
+                return
             cp = self.capture(rep, rep.applied_index, rep.applied_term)
             try:
                 async with rep.disk_lock:
-                    record = await self.write(rep, cp, "auto")
+                    await self.notify(await self.write(rep, cp, "auto"))
+                    compaction = await self.compact_locked(rep, 1, "auto")
             except (StorageFailed, OSError) as e:
                 log.error("queue %s: checkpoint at stop failed: %s", rep.name, e)
-                continue
-            await self.notify(record)
+                return
+            if compaction.phase != "none":
+                await self.notify(compaction)
+
+    def due_at_stop(self, rep: Replica) -> bool:
+        """Whether a clean stop (or the idle sweep, before ``rep`` sleeps) checkpoints it:
+        it applied ``Limits.stop_checkpoint_bytes_min`` since its last checkpoint, or wrote
+        more than ``Limits.queue_sleep_segments_max`` segments (see there)."""
+        limits = self.ctx.limits
+        return (
+            rep.bytes_since_capture >= limits.stop_checkpoint_bytes_min
+            or rep.log.segments_after(rep.checkpoint.index) > limits.queue_sleep_segments_max
+        )
 
 
 def _write_checkpoint(job: CheckpointWrite, captured: Captured) -> int:

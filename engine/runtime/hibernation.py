@@ -109,9 +109,10 @@ class Hibernation:
                 continue
             if now_ms - rep.quiet_since_ms < limits.queue_sleep_idle_ms or not self.idle(rep):
                 continue
-            if rep.bytes_since_capture >= limits.stop_checkpoint_bytes_min:
+            if ctx.checkpoints.due_at_stop(rep):
                 # Checkpointed first, so that neither a stop nor a restart has to apply
-                # its log again; it sleeps at a later sweep.
+                # its log again, and compacted (the segments its wakes wrote); it sleeps
+                # at a later sweep.
                 cp = ctx.checkpoints.capture(rep, rep.applied_index, rep.applied_term)
                 ctx.spawn(ctx.checkpoints.auto_checkpoint(rep, cp, None))
                 continue
@@ -171,7 +172,7 @@ class Hibernation:
             if rep.dormant is None:
                 if not self.idle(rep):
                     continue
-                if rep.bytes_since_capture >= ctx.limits.stop_checkpoint_bytes_min:
+                if ctx.checkpoints.due_at_stop(rep):
                     continue  # not checkpointed at the stop (it failed): replayed instead
                 s = rep.machine.stats()
                 if s.messages_ready > observe.LIVE_SET_INLINE_MAX:

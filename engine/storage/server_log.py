@@ -521,6 +521,10 @@ class ServerLog:
         """The segments in the view, each with the last index it answers for."""
         return [(s.info, s.hi) for s in self._segments]
 
+    def segments_after(self, index: int) -> int:
+        """How many segments begin after ``index`` (those written since a checkpoint at it)."""
+        return len(self._los) - bisect.bisect_right(self._los, index)
+
     def is_dead(self, index: int) -> bool:
         """Whether the entry at ``index`` is dead: at or before the snapshot and not one
         of its live indexes."""

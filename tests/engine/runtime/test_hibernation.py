@@ -164,3 +164,45 @@ def test_a_crash_or_a_stop_while_asleep_loses_nothing(tmp_path: Path, crash: boo
             await node.stop()
 
     run(body())
+
+
+def _log_files(data_dir: Path) -> int:
+    """Segment and checkpoint files of the node's queues."""
+    return sum(1 for p in data_dir.rglob("*") if p.suffix in (".seg", ".chk"))
+
+
+@pytest.mark.parametrize("restart", [False, True])
+def test_a_queue_woken_again_and_again_keeps_a_bounded_log(tmp_path: Path, restart: bool) -> None:
+    """Each wake writes entries of its own (its election, a receive, an ack) that reach a
+    segment of their own: 15 wakes, asleep or restarted between them, once left 15 more
+    files; the queue is checkpointed and compacted before it sleeps or stops once it
+    wrote ``queue_sleep_segments_max`` of them, and delivers what it held as before."""
+    limits = dataclasses.replace(SLEEPY, wal_idle_roll_ms=50)
+    bodies = [b"m%d" % i for i in range(20)]
+    bound = limits.queue_sleep_segments_max + 4  # plus the newest, a checkpoint, the bodies
+
+    async def body() -> None:
+        node = await started(tmp_path, limits)
+        await node.create_queue("q", QueueArgs())
+        await node.publish("q", msgs(*bodies))
+        got_bodies: list[bytes] = []
+        try:
+            for _ in range(15):
+                if restart:
+                    await node.stop()
+                    node = await started(tmp_path, limits)
+                else:
+                    await all_asleep(node, ["q"])
+                assert asleep(node, "q")  # back asleep after the restart too
+                got = await node.receive(
+                    "q", consumer="c", max_messages=1, wait_ms=0, lease_ms=None
+                )
+                await node.ack("q", [m.receipt for m in got])
+                got_bodies += [m.body for m in got]
+                await asyncio.sleep(0.15)  # the WAL rolls: the wake's entries reach a segment
+                assert _log_files(tmp_path) <= bound
+            assert got_bodies + await drain(node, "q") == bodies
+        finally:
+            await node.stop()
+
+    run(body())
