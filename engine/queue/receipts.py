@@ -79,6 +79,11 @@ class ReceiptSeal:
             )
         return mac
 
+    def forget(self) -> None:
+        """Drop the keyed state (a queue that falls asleep): the next receipt makes it
+        again, the receipts it made stay valid."""
+        self._mac = None
+
     def seal(self, tag: int, ref: int) -> str:
         assert 1 <= tag <= _U64_MAX and 1 <= ref <= _U64_MAX
         raw = (tag << 64 | ref).to_bytes(16, "big")

@@ -173,9 +173,10 @@ class Replica:
 
     def fall_asleep(self, dormant: Dormant) -> None:
         """Drop the driver (its core and machine) for ``dormant``; what pointed at them
-        goes too (the live set's cache, the role last seen)."""
+        goes too (the live set's cache, the role last seen, the seal's keyed state)."""
         self.dormant = dormant
         self._driver = None
+        self.seal.forget()
         self.live_cache = None
         self.seen = (-1, None, -1)
         self.samples.clear()  # idle for longer than the rates' window: rates are zero
