@@ -34,6 +34,7 @@ from engine.runtime.meta import (
     args_with,
     check_args,
     meta_path,
+    queue_meta,
     read_meta,
     write_meta,
 )
@@ -132,7 +133,7 @@ class Catalog:
             assert args.replicas is not None
             start = nodes.index(ctx.name)
             members = tuple(sorted((nodes[start:] + nodes[:start])[: args.replicas]))
-            meta = QueueMeta(name, uuid.uuid4().hex, args, ctx.clock.wall_ms(), members)
+            meta = queue_meta(name, uuid.uuid4().hex, args, ctx.clock.wall_ms(), members)
             for member in members:
                 if member == ctx.name:
                     await self.create_replica(meta)

@@ -26,7 +26,7 @@ from engine.errors import QuorraError
 from engine.queue import QueuePolicy
 from engine.raft.role import Role
 from engine.runtime.api import QueueArgs
-from engine.runtime.meta import QueueMeta
+from engine.runtime.meta import QueueMeta, queue_meta
 from engine.runtime.passes import Passes
 
 if TYPE_CHECKING:
@@ -163,7 +163,7 @@ class Reconciler(Passes):
         if not members:
             members = tuple(m for m in rec.members if m != self.ctx.name) or rec.bootstrap
         args = args_of(rec, rec.created_policy)
-        return QueueMeta(rec.name, rec.uid, args, rec.created_at_ms, members)
+        return queue_meta(rec.name, rec.uid, args, rec.created_at_ms, members)
 
 
 def args_of(rec: QueueRecord, policy: QueuePolicy | None = None) -> QueueArgs:
