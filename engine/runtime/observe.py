@@ -23,7 +23,7 @@ from engine.queue.snapshots import FrozenMachine
 from engine.raft.server import Role
 from engine.runtime.api import CompactionRecord, SegmentInfo, Trigger
 from engine.runtime.replica import Replica, node_of
-from engine.runtime.sleeping import Dormant
+from engine.runtime.sleeping import Dormant, summary_of
 from engine.storage.read_cache import ReadCacheStats
 
 LIVE_SET_REUSE_S = 1.0
@@ -185,6 +185,8 @@ def queue_summary(rep: Replica, now: int, limits: Limits) -> dict[str, object]:
     """The part of ``queue_stats`` read from the machine alone: counts, rates and memory,
     without the log's live set and segments. The dashboard's sampler reads it for every
     queue every 5 s: the whole stats of 10,000 queues took longer than that."""
+    if rep.dormant is not None:
+        return summary_of(rep.dormant.record.packed_stats)
     s = rep.queue_stats()
     rep.sample(now, limits)
     publish_rate, deliver_rate, ack_rate = rep.rates(now, limits)

@@ -247,6 +247,8 @@ class Replica:
 
     def rates(self, now_ms: int, limits: Limits) -> tuple[float, float, float]:
         """Messages per second published, delivered and acked over the last seconds."""
+        if not self.samples:  # asleep, or never sampled: zeros, without reading stats
+            return 0.0, 0.0, 0.0
         return rates_of(self.samples, self._counters(now_ms), limits)
 
     def _counters(self, now_ms: int) -> Sample:

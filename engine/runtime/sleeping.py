@@ -90,6 +90,33 @@ def pack_stats(stats: QueueStats) -> bytes:
     return cast(bytes, msgpack.packb(fields))
 
 
+_SUMMARY_AT = tuple(
+    _STATS_FIELDS.index(name)
+    for name in ("messages_ready", "messages_unacked", "bytes_ready", "consumers", "memory_bytes")
+)
+
+
+def summary_of(packed: bytes) -> dict[str, object]:
+    """``observe.queue_summary`` of a sleeping queue (its rates are zero), read from its
+    packed stats without making their objects: the dashboard's sampler reads every queue
+    every few seconds, and 10,000 sleeping queues' ``QueueStats`` took about 6% of an
+    idle server's CPU."""
+    fields = msgpack.unpackb(packed)
+    ready, unacked, bytes_ready, consumers, memory_bytes = (fields[at] for at in _SUMMARY_AT)
+    n = len(_STATS_FIELDS)
+    return {
+        "messages_ready": ready,
+        "messages_unacked": unacked,
+        "bytes_ready": bytes_ready,
+        "consumers": dict(consumers),
+        "publish_rate": 0.0,
+        "deliver_rate": 0.0,
+        "ack_rate": 0.0,
+        "memory_bytes": memory_bytes,
+        "memory": dict(zip(_MEMORY_FIELDS, fields[n : n + len(_MEMORY_FIELDS)], strict=True)),
+    }
+
+
 def unpack_stats(packed: bytes) -> QueueStats:
     fields = msgpack.unpackb(packed)
     n, m = len(_STATS_FIELDS), len(_MEMORY_FIELDS)

@@ -5,6 +5,7 @@ record; and the record is a fraction of the machine it replaces."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 import tracemalloc
@@ -14,7 +15,13 @@ from hypothesis.stateful import precondition, rule
 
 from engine.queue import NewMessage, QueueMachine, encode_checkout, encode_enqueue
 from engine.raft.state_machine import ApplyMeta
-from engine.runtime.sleeping import may_sleep, put_to_sleep, raft_positions, wake
+from engine.runtime.sleeping import (
+    may_sleep,
+    put_to_sleep,
+    raft_positions,
+    summary_of,
+    wake,
+)
 from tests.engine.queue.test_machine_stateful import LIMITS, QueueMachineVsModel
 from tests.engine.raft.harness import Cluster, sid
 
@@ -30,6 +37,18 @@ class SleepingVsModel(QueueMachineVsModel):
         stats = self.machine.stats()
         record = put_to_sleep(self.machine)
         assert record.stats == stats, "stats are served from the record as they were"
+        summary = summary_of(record.packed_stats)
+        assert summary == {
+            "messages_ready": stats.messages_ready,
+            "messages_unacked": stats.messages_unacked,
+            "bytes_ready": stats.bytes_ready,
+            "consumers": dict(stats.consumers),
+            "publish_rate": 0.0,
+            "deliver_rate": 0.0,
+            "ack_rate": 0.0,
+            "memory_bytes": stats.memory_bytes,
+            "memory": dataclasses.asdict(stats.memory),
+        }
         self.machine = wake(record, LIMITS)
         assert self.machine.snapshot() == before
 
