@@ -152,6 +152,7 @@ class Hibernation:
         record = put_to_sleep(driver.machine, raft_positions(driver.raft))
         dormant = Dormant(record, driver.applied_index, driver.applied_term, live.serialize())
         driver.machine.close()  # its resident pages stop counting against the node
+        rep.log.forget_reads()  # and its blocks of segment reads
         for handle in (rep.tick_handle, rep.expire_handle):
             if handle is not None:
                 handle.cancel()

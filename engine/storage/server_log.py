@@ -521,6 +521,12 @@ class ServerLog:
         """The segments in the view, each with the last index it answers for."""
         return [(s.info, s.hi) for s in self._segments]
 
+    def forget_reads(self) -> None:
+        """Take this log's blocks out of the node's read cache (its queue fell asleep:
+        it reads nothing until it wakes, and a block costs its entries' memory)."""
+        for seg in self._segments:
+            self._cache.blocks.drop(seg.info.path)
+
     def segments_after(self, index: int) -> int:
         """How many segments begin after ``index`` (those written since a checkpoint at it)."""
         return len(self._los) - bisect.bisect_right(self._los, index)

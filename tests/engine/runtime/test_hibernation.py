@@ -206,3 +206,28 @@ def test_a_queue_woken_again_and_again_keeps_a_bounded_log(tmp_path: Path, resta
             await node.stop()
 
     run(body())
+
+
+def test_a_queue_falling_asleep_leaves_the_read_cache(tmp_path: Path) -> None:
+    """The blocks its deliveries read from segments are dropped when it sleeps (it reads
+    nothing until it wakes); a wake reads them again."""
+    limits = dataclasses.replace(SLEEPY, wal_idle_roll_ms=50)
+
+    async def body() -> None:
+        node = await started(tmp_path, limits)
+        try:
+            bodies = [b"%d" % n * 200 for n in range(3)]  # past what a WAL roll carries
+            await node.create_queue("q", QueueArgs())
+            await node.publish("q", msgs(*bodies))
+            await eventually(lambda: node.memory()["mem_table_bytes"] == 0, what="flushed")
+            got = await node.receive("q", consumer="c", max_messages=1, wait_ms=0, lease_ms=None)
+            await node.ack("q", [m.receipt for m in got])
+            assert node.memory()["read_cache_blocks"] == 1  # read from its segment
+            await all_asleep(node, ["q"])
+            assert node.memory()["read_cache_blocks"] == 0
+            assert node.memory()["read_cache_bytes"] == 0
+            assert await drain(node, "q") == bodies[1:]
+        finally:
+            await node.stop()
+
+    run(body())
