@@ -123,15 +123,18 @@ def deliver_chunks(batch: ReceivedBatch) -> FrameChunks:
     rows["expires"] = batch.lease_expires_at_ms
     rows["id"][:n] = batch.ids
     rows["receipt"][:n] = np.frombuffer("".join(batch.receipts).encode("ascii"), "S64")
-    rows["body_len"][:n] = list(map(len, bodies))
+    lengths = list(map(len, bodies))
+    rows["body_len"][:n] = lengths
     raw = rows.tobytes()
     step = _BETWEEN.itemsize
-    chunks = [_FRAME_HEAD + _ARRAY_LEN.pack(n) + raw[_TAIL_BYTES:step], bodies[0]]
-    for k in range(1, n):
-        chunks.append(raw[k * step : (k + 1) * step])
-        chunks.append(bodies[k])
-    chunks.append(raw[n * step : n * step + _TAIL_BYTES])
-    size = len(_FRAME_HEAD) + _ARRAY_LEN.size + n * step + sum(map(len, bodies))
+    # The records between the bodies cut at once, then interleaved with the bodies by
+    # two slice assignments: no Python call per message.
+    chunks: list[bytes] = [b""] * (2 * n + 1)
+    chunks[0] = _FRAME_HEAD + _ARRAY_LEN.pack(n) + raw[_TAIL_BYTES:step]
+    chunks[1::2] = bodies
+    chunks[2:-1:2] = [raw[at : at + step] for at in range(step, n * step, step)]
+    chunks[-1] = raw[n * step : n * step + _TAIL_BYTES]
+    size = len(_FRAME_HEAD) + _ARRAY_LEN.size + n * step + sum(lengths)
     return FrameChunks(chunks, size)
 
 

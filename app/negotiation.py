@@ -137,6 +137,9 @@ def unpackb(raw: bytes) -> object:
     return value
 
 
+_CONTAINERS = frozenset({dict, list})
+
+
 def _check_depth(value: object, depth: int) -> None:
     """``InvalidRequest`` when anything in ``value`` (at ``depth``) lies deeper than
     ``MSGPACK_DEPTH_MAX``. Only containers are visited: a list of a thousand receipts
@@ -151,6 +154,10 @@ def _check_depth(value: object, depth: int) -> None:
         return
     if value and depth + 1 > MSGPACK_DEPTH_MAX:  # its items lie too deep, whatever they are
         raise InvalidRequest(f"the body nests deeper than {MSGPACK_DEPTH_MAX} levels")
+    if _CONTAINERS.isdisjoint(map(type, items)):
+        # MessagePack decodes to exact dicts and lists: none here, nothing to visit, found
+        # without a Python step per item (the receipts of an ack frame, say).
+        return
     for v in items:
         if isinstance(v, dict | list):
             _check_depth(v, depth + 1)

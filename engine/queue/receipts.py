@@ -96,10 +96,11 @@ class ReceiptSeal:
         receipts made in one loop (a quarter cheaper than a ``seal`` call each), naming
         this seal."""
         assert len(tags) == len(refs)
+        # Checked once for the batch: ``pack`` refuses what is no uint64 (struct.error).
+        assert not tags or (min(tags) >= 1 and min(refs) >= 1)
         pack, copy = _PAIR.pack, self._keyed().copy
         out: list[str] = []
         for tag, ref in zip(tags, refs, strict=True):
-            assert 1 <= tag <= _U64_MAX and 1 <= ref <= _U64_MAX
             raw = pack(tag, ref)
             mac = copy()
             mac.update(raw)
