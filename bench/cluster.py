@@ -44,7 +44,7 @@ JSON keys (``JSON_KEYS``; the headline is ``failover_ms``):
 * ``paced_rate_msgs_per_s``: the rate asked for;
 * ``single_node_publish_msgs_per_s``: batches of 100 on a single-node server;
 * ``publish_ratio_to_single_node``: ``publish_msgs_per_s`` over that;
-* ``failover_ms``: the headline: median over the kills, kill -9 of the leader to the first
+* ``failover_ms``: the headline (null with ``--kills 0``): median over the kills, kill -9 of the leader to the first
   publish confirmed through another node;
 * ``failover_ms_max``: the slowest of them;
 * ``failover_runs_ms``: each kill's figure;
@@ -457,8 +457,8 @@ def measure(root: Path, args: argparse.Namespace) -> dict[str, Any]:
         "paced_rate_msgs_per_s": args.rate,
         "single_node_publish_msgs_per_s": single["msgs_per_s"],
         "publish_ratio_to_single_node": round(publish / single["msgs_per_s"], 3),
-        "failover_ms": statistics.median(runs),
-        "failover_ms_max": max(runs),
+        "failover_ms": statistics.median(runs) if runs else None,
+        "failover_ms_max": max(runs) if runs else None,
         "failover_runs_ms": runs,
         "catch_up_s": catch_up_s,
         "catch_up_messages": args.catch_up_messages,

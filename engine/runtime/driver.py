@@ -16,11 +16,13 @@ seeds exercise the very code the server runs:
 * committed entries apply to the machine once, after a checkpoint's (``base_index``).
 
 The host calls ``process`` after stepping the core and ``written`` once per operation,
-in the order the operations were queued.
+in the order the operations were queued (``written_all`` for the operations one write
+made durable: their acknowledgements are merged).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Generic, Protocol, TypeVar
 
 from engine.raft.entry import Entry, EntryKind
@@ -34,7 +36,7 @@ from engine.raft.events import (
     Rejected,
     SnapshotTaken,
 )
-from engine.raft.messages import Message
+from engine.raft.messages import AppendResponse, Message
 from engine.raft.options import Fault
 from engine.raft.server import RaftServer, Role
 from engine.raft.snapshot import Snapshot
@@ -207,22 +209,37 @@ class ReplicaDriver(Generic[M]):
                 host.passed(e)
 
     def written(self, event: Event | None) -> None:
-        """The oldest operation not yet durable is: step the core with what it learns
-        (``Persisted``, ``SnapshotInstalled``; None for a hard state), send what waited
-        for it, and end a repair whose vote it held. ``process`` acts on the outcome."""
-        self.ops_done += 1
-        if event is not None:
-            self.raft.step(event)
+        """The oldest operation not yet durable is: ``written_all`` of that one."""
+        self.written_all((event,))
+
+    def written_all(self, events: Iterable[Event | None]) -> None:
+        """The oldest operations not yet durable are, one event each, in order: step the
+        core with what each teaches it (``Persisted``, ``SnapshotInstalled``; None for a
+        hard state), end a repair whose vote they held, then send what waited for them.
+        ``process`` acts on the outcome.
+
+        A successful append acknowledgement is left out when the next message released
+        is one to the same leader, in the same term, that acknowledges as much or more:
+        a follower's WAL batch makes the appends of several turns durable at once, and
+        one answer for them saves the leader a decode and a step per append."""
+        raft = self.raft
+        for event in events:
+            self.ops_done += 1
+            if event is not None:
+                raft.step(event)
         if self.repair_done_at_op and self.ops_done >= self.repair_done_at_op:
             self.repair_done_at_op = 0
             self.host.repaired()
         waiting = self.after_persist
         k = 0
         while k < len(waiting) and waiting[k][0] <= self.ops_done:
-            for message in waiting[k][1]:
-                self.host.send(message)
             k += 1
+        if not k:
+            return
+        released = waiting[0][1] if k == 1 else _superseded_dropped(waiting[:k])
         del waiting[:k]
+        for message in released:
+            self.host.send(message)
 
     def wants_snapshot(self, index: int) -> bool:
         """Whether the core, leading, needs storage's snapshot at ``index``: a follower
@@ -242,6 +259,28 @@ class ReplicaDriver(Generic[M]):
 
     def writes_pending(self) -> bool:
         return self.ops_done < self.ops_submitted
+
+
+def _superseded_dropped(groups: list[tuple[int, list[Message]]]) -> list[Message]:
+    """The messages of ``groups`` in order, less each successful append acknowledgement
+    that the one right after it says all of (the core's own rule within one ``Ready``,
+    ``replication.answer_append``)."""
+    out: list[Message] = []
+    for _, messages in groups:
+        for message in messages:
+            if out and type(message) is AppendResponse and message.success:
+                last = out[-1]
+                if (
+                    type(last) is AppendResponse
+                    and last.success
+                    and last.dst == message.dst
+                    and last.term == message.term
+                    and last.match_index <= message.match_index
+                ):
+                    out[-1] = message
+                    continue
+            out.append(message)
+    return out
 
 
 __all__ = ["ReplicaDriver", "ReplicaHost"]

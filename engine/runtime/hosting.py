@@ -40,13 +40,14 @@ from engine.queue import QueueMachine, ReceiptSeal
 from engine.queue.snapshots import page_handles, read_snapshot
 from engine.raft.config import EMPTY_CONFIGURATION, Configuration
 from engine.raft.entry import Entry
-from engine.raft.events import HardState as RaftHardState
-from engine.raft.events import Persisted as RaftPersisted
-from engine.raft.events import Rejected as RaftRejected
 from engine.raft.events import (
+    Event,
     SnapshotInstalled,
     Tick,
 )
+from engine.raft.events import HardState as RaftHardState
+from engine.raft.events import Persisted as RaftPersisted
+from engine.raft.events import Rejected as RaftRejected
 from engine.raft.options import SplitMix64
 from engine.raft.server import RaftOptions, RaftServer, Role
 from engine.raft.snapshot import Snapshot, SnapshotMeta
@@ -373,7 +374,9 @@ class Hosting:
     def on_wal_batch(self, batch: WalBatch) -> None:
         ctx = self.ctx
         storage = ctx.storage
-        durable: dict[str, Replica] = {}
+        # Each replica's operations the batch made durable go to its driver in one call
+        # (``written_all``), which merges their append acknowledgements.
+        durable: dict[str, tuple[Replica, list[Event | None]]] = {}
         for event in storage.complete(batch):
             if isinstance(event, Removed):
                 waiter = ctx.removed.get(event.uid)
@@ -388,20 +391,26 @@ class Hosting:
             if rep is None or rep.closed:
                 continue
             if isinstance(event, WriteFailed):
+                _written(durable.get(rep.uid))
                 self.fail(rep, event.error)
                 continue
+            entry = durable.get(rep.uid)
+            if entry is None:
+                entry = durable[rep.uid] = (rep, [])
             if isinstance(event, Persisted):
-                rep.driver.written(RaftPersisted(event.index, event.term))
+                entry[1].append(RaftPersisted(event.index, event.term))
             elif isinstance(event, SnapshotReset):
-                rep.driver.written(SnapshotInstalled(event.index, event.term))
+                entry[1].append(SnapshotInstalled(event.index, event.term))
+                _written(entry)
                 rep.installed_live.clear()  # storage holds them now
             else:
                 assert isinstance(event, HardStateSaved)
-                rep.driver.written(None)
-            durable[rep.uid] = rep
+                entry[1].append(None)
         # Processed now, not at the next turn of the loop: what this batch made durable
         # commits, applies and answers its callers without waiting for another turn.
-        for rep in durable.values():
+        for entry in durable.values():
+            _written(entry)
+            rep = entry[0]
             if not rep.scheduled:
                 self.process(rep)
         if storage.rolled_wal_files() and self.flush_task is None and ctx.running:
@@ -446,6 +455,13 @@ class Hosting:
                 p.future.set_exception(rep.failed)
         rep.proposals.clear()
         rep.waiting.clear()
+
+
+def _written(entry: tuple[Replica, list[Event | None]] | None) -> None:
+    """Hand a replica's driver the operations gathered for it, if any (and forget them)."""
+    if entry is not None and entry[1] and not entry[0].closed:
+        entry[0].driver.written_all(entry[1])
+        entry[1].clear()
 
 
 __all__ = ["Hosting"]

@@ -346,8 +346,7 @@ class World:
         node.storage.sync()
         done, node.writing = node.writing, []
         try:
-            for event in done:
-                node.driver.written(event)
+            node.driver.written_all(done)
             node.raft.check_invariants()
             self._drain(node)
         except EntryDamaged as error:

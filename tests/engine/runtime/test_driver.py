@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from engine.ids import ServerId
 from engine.raft.entry import Entry, EntryKind
 from engine.raft.events import Event, HardState, Persisted, Ready
-from engine.raft.messages import Message, VoteResponse
+from engine.raft.messages import AppendResponse, Message, VoteResponse
 from engine.raft.options import Fault
 from engine.raft.server import RaftServer
 from engine.raft.snapshot import Snapshot
@@ -56,6 +56,7 @@ class Counter:
 class Host:
     def __init__(self) -> None:
         self.log: list[str] = []
+        self.sent: list[Message] = []
 
     def on_ready(self, rd: Ready) -> None:
         pass
@@ -73,6 +74,7 @@ class Host:
         self.log.append("flush")
 
     def send(self, message: Message) -> None:
+        self.sent.append(message)
         self.log.append(f"send {type(message).__name__} term {message.term}")
 
     def applied(self, entry: Entry, reply: object, effects: list[MachineEffect]) -> None:
@@ -135,6 +137,64 @@ def test_messages_wait_for_every_write_queued_before_them_in_order() -> None:
     driver.written(Persisted(2, 1))
     assert host.log[-1] == "send VoteResponse term 2"
     assert not driver.writes_pending()
+
+
+def _ack(match_index: int, term: int = 1, success: bool = True) -> AppendResponse:
+    return AppendResponse(
+        src=A,
+        dst=B,
+        term=term,
+        success=success,
+        match_index=match_index if success else 0,
+        rejected_prev_index=0 if success else match_index,
+        conflict_term=0,
+        conflict_index=0,
+    )
+
+
+def _appending(held: list[Message]) -> tuple[ReplicaDriver, Host]:
+    """A driver with one append queued per message of ``held``, each holding it."""
+    readies = [
+        Ready(entries_to_persist=[_entry(n + 1)], messages_after_persist=[message])
+        for n, message in enumerate(held)
+    ]
+    driver, host, _ = _driver(readies)
+    driver.process()
+    assert not host.sent
+    return driver, host
+
+
+def test_acknowledgements_made_durable_by_one_write_go_as_the_last() -> None:
+    driver, host = _appending([_ack(1), _ack(2), _ack(3)])
+    driver.written_all([Persisted(1, 1), Persisted(2, 1), Persisted(3, 1)])
+    assert host.sent == [_ack(3)]
+    assert [type(e) for e in cast(ScriptedCore, driver.raft).stepped] == [Persisted] * 3
+    assert not driver.writes_pending()
+
+
+def test_acknowledgements_made_durable_one_by_one_go_one_by_one() -> None:
+    driver, host = _appending([_ack(1), _ack(2)])
+    driver.written(Persisted(1, 1))
+    driver.written(Persisted(2, 1))
+    assert host.sent == [_ack(1), _ack(2)]
+
+
+def test_an_acknowledgement_is_kept_unless_the_next_message_says_all_of_it() -> None:
+    # A vote after it, another term, a refusal: nothing says what the one before said.
+    held: list[Message] = [_ack(1), _vote(2), _ack(2), _ack(3, term=2), _ack(4, success=False)]
+    held.append(_ack(5))
+    driver, host = _appending(held)
+    driver.written_all([None] * len(held))
+    assert host.sent == held
+
+
+def test_an_acknowledgement_is_left_out_only_for_a_later_one_at_least_as_far() -> None:
+    held: list[Message] = [_ack(1), _ack(3), _ack(2), _vote(2), _ack(4), _ack(4)]
+    driver, host = _appending(held)
+    driver.written_all([None] * 4)
+    assert host.sent == [_ack(3), _ack(2), _vote(2)]
+    driver.written_all([None, None])
+    assert host.sent == [_ack(3), _ack(2), _vote(2), _ack(4)]
 
 
 def test_a_repair_ends_once_the_vote_it_wrote_is_durable() -> None:
