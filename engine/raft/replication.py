@@ -39,6 +39,7 @@ from engine.raft.messages import (
     AppendResponse,
     Heartbeat,
     HeartbeatResponse,
+    Message,
 )
 from engine.raft.options import Fault
 from engine.raft.progress import Progress, ProgressState
@@ -304,6 +305,21 @@ def _reject_append(s: RaftServer, msg: AppendRequest) -> None:
     )
 
 
+def supersedes(message: Message, last: Message) -> bool:
+    """Whether ``message``, sent right after ``last``, says all ``last`` did: both
+    successful append answers to one leader in one term, ``message`` matching as far or
+    further (so ``last`` need not be sent)."""
+    return (
+        type(message) is AppendResponse
+        and message.success
+        and type(last) is AppendResponse
+        and last.success
+        and last.dst == message.dst
+        and last.term == message.term
+        and last.match_index <= message.match_index
+    )
+
+
 def answer_append(
     s: RaftServer,
     leader: ServerId,
@@ -325,17 +341,9 @@ def answer_append(
         conflict_index=conflict_index,
     )
     waiting = s.rd.messages_after_persist
-    if success and waiting:
-        last = waiting[-1]
-        if (
-            type(last) is AppendResponse
-            and last.success
-            and last.dst == leader
-            and last.term == resp.term
-            and last.match_index <= match_index
-        ):
-            waiting[-1] = resp  # it says all the earlier one did
-            return
+    if waiting and supersedes(resp, waiting[-1]):
+        waiting[-1] = resp  # it says all the earlier one did
+        return
     waiting.append(resp)
 
 
@@ -349,5 +357,6 @@ __all__ = [
     "on_append_response",
     "on_heartbeat",
     "on_heartbeat_response",
+    "supersedes",
     "unstick_followers",
 ]

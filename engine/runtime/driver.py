@@ -36,8 +36,9 @@ from engine.raft.events import (
     Rejected,
     SnapshotTaken,
 )
-from engine.raft.messages import AppendResponse, Message
+from engine.raft.messages import Message
 from engine.raft.options import Fault
+from engine.raft.replication import supersedes
 from engine.raft.server import RaftServer, Role
 from engine.raft.snapshot import Snapshot
 from engine.raft.state_machine import ApplyMeta, Machine, MachineEffect
@@ -263,22 +264,14 @@ class ReplicaDriver(Generic[M]):
 
 def _superseded_dropped(groups: list[tuple[int, list[Message]]]) -> list[Message]:
     """The messages of ``groups`` in order, less each successful append acknowledgement
-    that the one right after it says all of (the core's own rule within one ``Ready``,
-    ``replication.answer_append``)."""
+    that the one right after it says all of (``replication.supersedes``, the core's rule
+    within one ``Ready``)."""
     out: list[Message] = []
     for _, messages in groups:
         for message in messages:
-            if out and type(message) is AppendResponse and message.success:
-                last = out[-1]
-                if (
-                    type(last) is AppendResponse
-                    and last.success
-                    and last.dst == message.dst
-                    and last.term == message.term
-                    and last.match_index <= message.match_index
-                ):
-                    out[-1] = message
-                    continue
+            if out and supersedes(message, out[-1]):
+                out[-1] = message
+                continue
             out.append(message)
     return out
 
