@@ -44,8 +44,8 @@ JSON keys (``JSON_KEYS``; the headline is ``failover_ms``):
 * ``paced_rate_msgs_per_s``: the rate asked for;
 * ``single_node_publish_msgs_per_s``: batches of 100 on a single-node server;
 * ``publish_ratio_to_single_node``: ``publish_msgs_per_s`` over that;
-* ``failover_ms``: the headline (null with ``--kills 0``): median over the kills, kill -9 of the leader to the first
-  publish confirmed through another node;
+* ``failover_ms``: the headline: median over the kills, kill -9 of the leader to the first
+  publish confirmed through another node (null with ``--kills 0``);
 * ``failover_ms_max``: the slowest of them;
 * ``failover_runs_ms``: each kill's figure;
 * ``catch_up_s``: a follower restarted ``catch_up_messages`` behind, exec to caught up;

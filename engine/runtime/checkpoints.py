@@ -194,7 +194,7 @@ class Checkpoints:
 
     async def before_stop(self) -> None:
         """Checkpoint every queue with ``Limits.stop_checkpoint_bytes_min`` applied since its
-        last checkpoint (or too many segments written, ``due_at_stop``): a restart after a
+        last checkpoint (or too many segments written, ``checkpoint_due``): a restart after a
         clean stop then restores the machine and applies nothing of the log (up to
         ``Limits.replay_bytes_max`` otherwise). Compaction's phase 1 follows, which only
         deletes: the checkpoint becomes the snapshot (else the checkpoints of every stop
@@ -207,7 +207,7 @@ class Checkpoints:
             and not rep.closed
             and rep.dormant is None  # slept under the stop minimum (hibernation)
             and rep.applied_term != 0
-            and self.due_at_stop(rep)
+            and self.checkpoint_due(rep)
         ]
         slots = asyncio.Semaphore(_STOP_CHECKPOINTS_AT_ONCE)
         await asyncio.gather(*(self._at_stop(rep, slots) for rep in due))
@@ -227,9 +227,9 @@ class Checkpoints:
             if compaction.phase != "none":
                 await self.notify(compaction)
 
-    def due_at_stop(self, rep: Replica) -> bool:
-        """Whether a clean stop (or the idle sweep, before ``rep`` sleeps) checkpoints it:
-        it applied ``Limits.stop_checkpoint_bytes_min`` since its last checkpoint, or wrote
+    def checkpoint_due(self, rep: Replica) -> bool:
+        """Whether a clean stop, or the idle sweep before ``rep`` sleeps, checkpoints it
+        first: it applied ``Limits.stop_checkpoint_bytes_min`` since its last checkpoint, or wrote
         more than ``Limits.queue_sleep_segments_max`` segments (see there)."""
         limits = self.ctx.limits
         return (

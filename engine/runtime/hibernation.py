@@ -109,7 +109,7 @@ class Hibernation:
                 continue
             if now_ms - rep.quiet_since_ms < limits.queue_sleep_idle_ms or not self.idle(rep):
                 continue
-            if ctx.checkpoints.due_at_stop(rep):
+            if ctx.checkpoints.checkpoint_due(rep):
                 # Checkpointed first, so that neither a stop nor a restart has to apply
                 # its log again, and compacted (the segments its wakes wrote); it sleeps
                 # at a later sweep.
@@ -173,7 +173,7 @@ class Hibernation:
             if rep.dormant is None:
                 if not self.idle(rep):
                     continue
-                if ctx.checkpoints.due_at_stop(rep):
+                if ctx.checkpoints.checkpoint_due(rep):
                     continue  # not checkpointed at the stop (it failed): replayed instead
                 s = rep.machine.stats()
                 if s.messages_ready > observe.LIVE_SET_INLINE_MAX:

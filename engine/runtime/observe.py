@@ -23,7 +23,7 @@ from engine.queue.snapshots import FrozenMachine
 from engine.raft.server import Role
 from engine.runtime.api import CompactionRecord, SegmentInfo, Trigger
 from engine.runtime.replica import Replica, node_of
-from engine.runtime.sleeping import Dormant, summary_of
+from engine.runtime.sleeping import Dormant, SummaryFields, summary_fields
 from engine.storage.read_cache import ReadCacheStats
 
 LIVE_SET_REUSE_S = 1.0
@@ -185,22 +185,32 @@ def queue_summary(rep: Replica, now: int, limits: Limits) -> dict[str, object]:
     """The part of ``queue_stats`` read from the machine alone: counts, rates and memory,
     without the log's live set and segments. The dashboard's sampler reads it for every
     queue every 5 s: the whole stats of 10,000 queues took longer than that."""
-    if rep.dormant is not None:
-        return summary_of(rep.dormant.record.packed_stats)
-    s = rep.queue_stats()
-    rep.sample(now, limits)
-    publish_rate, deliver_rate, ack_rate = rep.rates(now, limits)
-    memory = s.memory
+    if rep.dormant is not None:  # rates zero; counts from its packed stats, no QueueStats
+        f = summary_fields(rep.dormant.record.packed_stats)
+        publish_rate = deliver_rate = ack_rate = 0.0
+    else:
+        s = rep.queue_stats()
+        rep.sample(now, limits)
+        publish_rate, deliver_rate, ack_rate = rep.rates(now, limits)
+        memory = {name: getattr(s.memory, name) for name in MEMORY_FIELDS}
+        f = SummaryFields(
+            s.messages_ready,
+            s.messages_unacked,
+            s.bytes_ready,
+            dict(s.consumers),
+            s.memory_bytes,
+            memory,
+        )
     return {
-        "messages_ready": s.messages_ready,
-        "messages_unacked": s.messages_unacked,
-        "bytes_ready": s.bytes_ready,
-        "consumers": dict(s.consumers),
+        "messages_ready": f.messages_ready,
+        "messages_unacked": f.messages_unacked,
+        "bytes_ready": f.bytes_ready,
+        "consumers": f.consumers,
         "publish_rate": publish_rate,
         "deliver_rate": deliver_rate,
         "ack_rate": ack_rate,
-        "memory_bytes": s.memory_bytes,
-        "memory": {name: getattr(memory, name) for name in MEMORY_FIELDS},
+        "memory_bytes": f.memory_bytes,
+        "memory": f.memory,
     }
 
 
