@@ -62,7 +62,7 @@ from typing import Literal
 
 import crc32c
 import numpy as np
-from pyroaring import BitMap64
+from pyroaring import AbstractBitMap64, BitMap64
 
 from engine.errors import EntryDamaged, StorageFailed
 from engine.index_sets import index_set
@@ -123,7 +123,7 @@ class SegmentStat:
 
 
 def segment_stat(
-    cache: ReaderCache, info: SegmentInfo, hi: int, snap: int, live: BitMap64
+    cache: ReaderCache, info: SegmentInfo, hi: int, snap: int, live: AbstractBitMap64
 ) -> SegmentStat:
     """Count one segment; reads its index section only if it is sparse."""
     top = min(hi, snap)
@@ -212,7 +212,7 @@ class CompactionJob:
     uid: str
     generation: int
     snap: int
-    live: BitMap64
+    live: AbstractBitMap64
     before: list[SegmentStat]
     deletes: list[SegmentStat]
     cuts: list[_Cut]
@@ -295,7 +295,7 @@ def write_paced(disk: Disk, path: str, data: bytes, sync_bytes: int) -> None:
     disk.sync_dir(parent(path))
 
 
-def _live_entries(disk: Disk, stat: SegmentStat, live: BitMap64) -> list[Entry]:
+def _live_entries(disk: Disk, stat: SegmentStat, live: AbstractBitMap64) -> list[Entry]:
     reader = SegmentReader(disk, stat.info)
     try:
         wanted = live[live.rank(stat.info.lo - 1) : live.rank(stat.hi)]
@@ -309,7 +309,7 @@ def _live_entries(disk: Disk, stat: SegmentStat, live: BitMap64) -> list[Entry]:
         reader.close()
 
 
-def cut_dead_tail(disk: Disk, stat: SegmentStat, live: BitMap64) -> SegmentInfo:
+def cut_dead_tail(disk: Disk, stat: SegmentStat, live: AbstractBitMap64) -> SegmentInfo:
     """Phase 2 on one segment: keep the rows up to its last live one (header in the
     other slot, sync, truncate, sync), or only truncate loose bytes."""
     info = stat.info

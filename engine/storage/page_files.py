@@ -49,6 +49,7 @@ import crc32c
 
 from engine.errors import PageDamaged, StorageFailed
 from engine.raft.entry import EntryKind
+from engine.shared_empty import EMPTY_DICT
 from engine.storage.disk import Disk, ensure_dir, write_file_atomic
 from engine.storage.reaper import server_root
 from engine.storage.server_log import ServerLog
@@ -71,6 +72,12 @@ _NO_HANDLES: frozenset[int] = frozenset()
 never spill a page, and an empty set costs 216 bytes."""
 
 
+_LOCK = threading.Lock()
+"""Guards every queue's handles, pins and page sets (the loop and workers both change
+them). One for all: it is held for a few set operations and never over I/O, so sharing
+it costs no waiting worth counting, and each of thousands of queues its own lock."""
+
+
 def _shared_if_empty(handles: frozenset[int]) -> frozenset[int]:
     return handles if handles else _NO_HANDLES
 
@@ -88,29 +95,30 @@ class PageFiles:
         "_dir_made",
         "_disk",
         "_dropped",
-        "_lock",
         "_next_handle",
         "_pins",
         "_synced",
-        "dir",
+        "uid",
     )
 
     def __init__(self, disk: Disk, uid: str, live: Iterable[int] = ()) -> None:
         self._disk = disk
-        self.dir = pages_dir(uid)
-        self._lock = threading.Lock()
+        self.uid = uid
         names = disk.listdir(self.dir)  # made with its first file: missing lists empty
         self._dir_made = bool(names)
-        self._pins: dict[int, frozenset[int]] = {}
+        pins: dict[int, frozenset[int]] = {}
         for name in names:
             if name.endswith(_PIN_SUFFIX):
                 pinned = self._read_pins(name)
                 if pinned is None:  # torn: its checkpoint was never written
                     disk.remove(f"{self.dir}/{name}")
                 else:
-                    self._pins[int(name[: -len(_PIN_SUFFIX)])] = pinned
+                    pins[int(name[: -len(_PIN_SUFFIX)])] = pinned
             elif not name.endswith(_PAGE_SUFFIX):
                 disk.remove(f"{self.dir}/{name}")  # a pin file's temporary name
+        self._pins = pins or EMPTY_DICT
+        """By checkpoint tag, the handles it names; the shared empty dict while none
+        (most queues never spill a page), a dict of its own from the first ``pin``."""
         on_disk = {int(n[: -len(_PAGE_SUFFIX)]) for n in names if n.endswith(_PAGE_SUFFIX)}
         self._next_handle = max(on_disk, default=0) + 1
         live = set(live)
@@ -125,8 +133,14 @@ class PageFiles:
 
     # --- the PageSpill protocol -----------------------------------------------------------
 
+    @property
+    def dir(self) -> str:
+        """The queue's page directory (made again from the uid at each use: page files
+        are few and slow next to it, queues many)."""
+        return pages_dir(self.uid)
+
     def store(self, data: bytes) -> int:
-        with self._lock:
+        with _LOCK:
             handle = self._next_handle
             self._next_handle += 1
         head = _HEADER.pack(_MAGIC, _VERSION, 0, handle, len(data))
@@ -162,7 +176,7 @@ class PageFiles:
         raise PageDamaged(f"page file {handle} fails its check", handle=handle)
 
     def drop(self, handle: int) -> None:
-        with self._lock:
+        with _LOCK:
             if handle in self._pinned():
                 self._dropped = self._dropped | {handle}
                 return
@@ -176,13 +190,15 @@ class PageFiles:
         """Checkpoint ``tag`` names ``handles``: they stay until it is unpinned. A tag
         pinned again keeps its earlier handles too: two captures at the same index may
         name different pages, and the file written last is not known until both are."""
-        with self._lock:
+        with _LOCK:
+            if self._pins is EMPTY_DICT:
+                self._pins = {}
             self._pins[tag] = self._pins.get(tag, frozenset()) | frozenset(handles)
 
     def sync(self, tag: int) -> None:
         """Make checkpoint ``tag``'s pages durable, then its pin file: before the
         checkpoint is written (may run in a worker)."""
-        with self._lock:
+        with _LOCK:
             handles = self._pins[tag]
             todo = sorted(handles - self._synced)
         self._make_dir()
@@ -199,7 +215,7 @@ class PageFiles:
         )
         write_file_atomic(self._disk, self._pin_path(tag), body + _CRC.pack(crc32c.crc32c(body)))
         if todo:
-            with self._lock:
+            with _LOCK:
                 self._synced = self._synced | frozenset(todo)
 
     def unpin(self, tag: int) -> None:
@@ -209,10 +225,12 @@ class PageFiles:
         """Only the checkpoints ``tags`` still exist: the pins of the others go, and the
         pages only they kept are deleted."""
         keep = set(tags)
-        with self._lock:
+        with _LOCK:
             gone = sorted(set(self._pins) - keep)
             for tag in gone:
                 del self._pins[tag]
+            if not self._pins:
+                self._pins = EMPTY_DICT
             pinned = self._pinned()
             free = sorted(self._dropped - pinned)
             if free:
@@ -225,7 +243,7 @@ class PageFiles:
             self._unlink(handle)
 
     def pinned(self) -> frozenset[int]:
-        with self._lock:
+        with _LOCK:
             return self._pinned()
 
     def files(self) -> int:

@@ -33,12 +33,11 @@ from dataclasses import dataclass
 from enum import IntEnum
 
 import crc32c
-from pyroaring import BitMap64
 
 from engine.errors import RecoveryRefused, StorageFailed
 from engine.storage.checkpoint import Checkpoint
 from engine.storage.disk import Disk, ensure_dir, parent, write_file_atomic
-from engine.storage.server_log import ServerLog
+from engine.storage.server_log import NO_LIVE, ServerLog
 
 _MAGIC = b"QREP"
 _VERSION = 1
@@ -187,7 +186,7 @@ def apply_cut(log: ServerLog, m: RepairMarker) -> None:
     """Show the cut of ``m`` in the view of ``log``."""
     if m.resets:
         log.apply_reset(0, 0)
-        log.snapshot_live = BitMap64()
+        log.snapshot_live = NO_LIVE
         return
     log.keep_to(m.keep_to)
     if m.restart_index > log.last_index():

@@ -19,10 +19,11 @@ import bisect
 import itertools
 from dataclasses import dataclass
 
-from pyroaring import BitMap64
+from pyroaring import AbstractBitMap64, BitMap64, FrozenBitMap64
 
 from engine.errors import EntryDamaged, StorageFailed
 from engine.raft.entry import Entry, EntryKind
+from engine.shared_empty import EMPTY_LIST
 from engine.storage.disk import Disk
 from engine.storage.read_cache import block_of
 from engine.storage.segment import OVERWRITES, ReaderCache, SegmentInfo
@@ -33,6 +34,12 @@ _KINDS = tuple(EntryKind)
 MEM_ROW_OVERHEAD_BYTES = 120
 """What a mem-table row costs beside its data: the tuple, the header of the ``bytes``
 object and the two list slots, rounded up (counted by the memory alarm)."""
+
+
+NO_LIVE = FrozenBitMap64()
+"""The live set of a log with no snapshot, or one whose snapshot left nothing live: one
+for every such log (most queues of a node: an empty ``BitMap64`` costs about 250 bytes,
+mostly outside Python's own heap)."""
 
 
 class MemTable:
@@ -53,9 +60,11 @@ class MemTable:
 
     def __init__(self) -> None:
         self.lo = 0
-        self._rows: list[tuple[int, int, int, bytes]] = []
-        """(term, kind, now_ms, data) of each entry from ``lo``."""
-        self._wal_seqs: list[int] = []
+        self._rows: list[tuple[int, int, int, bytes]] = EMPTY_LIST
+        """(term, kind, now_ms, data) of each entry from ``lo``; while none, the shared
+        empty list (most queues of a node are idle, their rows flushed), lists of its
+        own from the first ``put``."""
+        self._wal_seqs: list[int] = EMPTY_LIST
         self.bytes = 0
         """What the rows hold: their data plus ``MEM_ROW_OVERHEAD_BYTES`` each."""
 
@@ -75,6 +84,8 @@ class MemTable:
         else:
             assert first <= self.hi + 1, f"gap in mem table: {first} after {self.hi}"
             self._cut(first - self.lo, len(self._rows))
+        if self._rows is EMPTY_LIST:
+            self._rows, self._wal_seqs = [], []
         self._rows.extend([(e.term, int(e.kind), e.now_ms, e.data) for e in entries])
         self._wal_seqs.extend([wal_seq] * len(entries))
         self.bytes += sum(len(e.data) for e in entries) + MEM_ROW_OVERHEAD_BYTES * len(entries)
@@ -114,7 +125,10 @@ class MemTable:
     def drop_flushed(self, wal_seq: int) -> None:
         n = bisect.bisect_right(self._wal_seqs, wal_seq)
         self._cut(0, n)
-        self.lo = self.lo + n if self._rows else 0
+        if self._rows:
+            self.lo += n
+        else:
+            self.clear()
 
     def truncate_after(self, index: int) -> None:
         """Drop the entries after ``index``."""
@@ -127,8 +141,7 @@ class MemTable:
 
     def clear(self) -> None:
         self.lo = 0
-        self._rows.clear()
-        self._wal_seqs.clear()
+        self._rows = self._wal_seqs = EMPTY_LIST
         self.bytes = 0
 
     def _cut(self, start: int, stop: int) -> None:
@@ -197,9 +210,10 @@ class ServerLog:
         in order does not scan the others for each."""
         self._snapshot_index = 0
         self._snapshot_term = 0
-        self.snapshot_live = BitMap64()
+        self.snapshot_live: AbstractBitMap64 = NO_LIVE
         """The live indexes of the snapshot: every other entry at or before it is dead
-        (the segment writer skips them, compaction reclaims them)."""
+        (the segment writer skips them, compaction reclaims them). Replaced, never
+        changed in place; ``NO_LIVE`` while empty."""
         self._last = 0
         self.hard_state: HardState | None = None
         self.failed: StorageFailed | None = None
@@ -501,12 +515,12 @@ class ServerLog:
         self.next_segment_seq = max(self.next_segment_seq, info.seq + 1)
         return hidden
 
-    def set_snapshot(self, index: int, term: int, live: BitMap64) -> list[str]:
+    def set_snapshot(self, index: int, term: int, live: AbstractBitMap64) -> list[str]:
         """The prefix up to ``index`` is covered by a snapshot; returns segments that hold
         no live entry and nothing after ``index`` (they may be deleted)."""
         assert index >= self._snapshot_index
         self._snapshot_index, self._snapshot_term = index, term
-        self.snapshot_live = live
+        self.snapshot_live = live if live else NO_LIVE
         self._last = max(self._last, index)
         dead = [
             s
@@ -633,9 +647,9 @@ class ServerLogs:
             installed = self.installed.pop(op.uid, None)
             if installed is not None:
                 segment, live = installed
-                log.snapshot_live = live
+                log.snapshot_live = live if live else NO_LIVE
                 if segment is not None:
                     log.add_segment(segment)
 
 
-__all__ = ["MEM_ROW_OVERHEAD_BYTES", "MemTable", "ServerLog", "ServerLogs"]
+__all__ = ["MEM_ROW_OVERHEAD_BYTES", "NO_LIVE", "MemTable", "ServerLog", "ServerLogs"]
