@@ -59,11 +59,12 @@ class ReceiptSeal:
 
     def __init__(self, key: bytes, queue_uid: str) -> None:
         assert RECEIPT_KEY_BYTES_MIN <= len(key) <= 64, "BLAKE2b takes a key of 32-64 bytes"
-        uid = queue_uid.encode("utf-8")
-        assert 1 <= len(uid) <= 255
+        assert 1 <= len(queue_uid.encode("utf-8")) <= 255
         self._key = key
         """The node's key, one object shared by every queue's seal."""
-        self._uid = uid
+        self._uid = queue_uid
+        """The queue's uid as its definition holds it (one string for both), encoded
+        only when the keyed state is made."""
         self._mac: blake2b | None = None
         """The keyed state after the uid, copied per receipt: one copy and one short
         update per receipt instead of re-keying (about half the cost). Made by the first
@@ -72,7 +73,7 @@ class ReceiptSeal:
     def _keyed(self) -> blake2b:
         mac = self._mac
         if mac is None:
-            uid = self._uid
+            uid = self._uid.encode("utf-8")
             key = self._key
             mac = self._mac = blake2b(
                 bytes([len(uid)]) + uid, key=key, digest_size=MAC_BYTES, person=_PERSON

@@ -48,7 +48,7 @@ from engine.runtime import observe
 from engine.runtime.driver import ReplicaDriver
 from engine.runtime.group_io import ReplicaIo
 from engine.runtime.meta import QueueMeta
-from engine.runtime.replica import CheckpointInfo, Replica, server_id
+from engine.runtime.replica import NO_CHECKPOINT, CheckpointInfo, Replica, server_id
 from engine.runtime.sleepers import Sleeper
 from engine.runtime.sleeping import Dormant, may_sleep, put_to_sleep, raft_positions, wake
 from engine.storage import Recovered
@@ -193,7 +193,7 @@ class Hibernation:
         them (the checkpoint may name stored pages)."""
         ctx = self.ctx
         cp = rec.checkpoint
-        checkpoint = CheckpointInfo()
+        checkpoint = NO_CHECKPOINT
         live: list[int] = []
         if cp is not None:
             live = page_handles(read_snapshot(cast(bytes, cp.state)))

@@ -55,7 +55,7 @@ from engine.runtime import observe
 from engine.runtime.driver import ReplicaDriver
 from engine.runtime.group_io import ReplicaIo
 from engine.runtime.meta import QueueMeta, policy_of
-from engine.runtime.replica import CheckpointInfo, Replica, server_id
+from engine.runtime.replica import NO_CHECKPOINT, CheckpointInfo, Replica, server_id
 from engine.runtime.sleepers import Sleeper, matches
 from engine.shared_empty import check_shared_empties
 from engine.storage import (
@@ -111,7 +111,7 @@ class Hosting:
         paging = ctx.pages.paging(meta.uid, rec.log, live)
         machine = QueueMachine(policy_of(meta.args, ctx.limits), ctx.limits, paging)
         base = 0
-        checkpoint = CheckpointInfo()
+        checkpoint = NO_CHECKPOINT
         if rec.checkpoint is not None:
             assert state is not None
             machine.restore_state(state)

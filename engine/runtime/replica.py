@@ -37,11 +37,17 @@ class Proposal:
     index: int = 0
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class CheckpointInfo:
+    """The last checkpoint written of a replica (replaced, never changed)."""
+
     index: int = 0
     taken_at_ms: int = 0
     bytes: int = 0
+
+
+NO_CHECKPOINT = CheckpointInfo()
+"""Of a replica with none yet: one for all of them (most idle queues never wrote one)."""
 
 
 @dataclass(slots=True)
@@ -85,7 +91,7 @@ class Replica:
     """(role, leader, term) last seen: a change wakes ``leader_waiters``."""
     leader_waiters: list[asyncio.Future[None]] = field(default_factory=empty_list)
     inflight_publish_bytes: int = 0
-    checkpoint: CheckpointInfo = field(default_factory=CheckpointInfo)
+    checkpoint: CheckpointInfo = NO_CHECKPOINT
     meta_task: asyncio.Task[None] | None = None
     """Writes ``meta`` to its file after a change (``Catalog.write_meta``)."""
     bytes_since_capture: int = 0
@@ -94,9 +100,10 @@ class Replica:
     ``Limits.replay_bytes_max``."""
     installed_live: dict[int, Entry] = field(default_factory=empty_dict)
     """Live entries of a snapshot being installed, readable until storage shows them."""
-    samples: list[Sample] = field(default_factory=list)
+    samples: list[Sample] = field(default_factory=empty_list)
     """(ms, published, delivered, acked) about once a second, as runs, for the rates
-    (``engine.runtime.rates``; a list: a deque would hold 760 bytes even while empty)."""
+    (``engine.runtime.rates``; a list: a deque would hold 760 bytes even while empty;
+    the shared empty one until the first sample and again once asleep)."""
     _disk_lock: asyncio.Lock | None = None
     """``disk_lock`` once made."""
     live_cache: tuple[object, int, float, BitMap64, float] | None = None
@@ -179,7 +186,7 @@ class Replica:
         self.seal.forget()
         self.live_cache = None
         self.seen = (-1, None, -1)
-        self.samples.clear()  # idle for longer than the rates' window: rates are zero
+        self.samples = EMPTY_LIST  # idle for longer than the rates' window: rates are zero
 
     def wake_with(self, driver: ReplicaDriver[QueueMachine]) -> None:
         """Awake again, with ``driver`` rebuilt from the record."""
@@ -243,6 +250,8 @@ class Replica:
             return  # nothing changes while it sleeps: its rates are zero
         if self.samples and now_ms - self.samples[-1][0] < limits.rate_sample_ms:
             return  # spares the stats
+        if self.samples is EMPTY_LIST:
+            self.samples = []
         add_sample(self.samples, self._counters(now_ms), limits)
 
     def rates(self, now_ms: int, limits: Limits) -> tuple[float, float, float]:
@@ -265,4 +274,4 @@ def server_id(node: str, uid: str) -> ServerId:
     return ServerId(f"{node}/{uid}")
 
 
-__all__ = ["CheckpointInfo", "Proposal", "Replica", "node_of", "server_id"]
+__all__ = ["NO_CHECKPOINT", "CheckpointInfo", "Proposal", "Replica", "node_of", "server_id"]

@@ -22,7 +22,9 @@ core and replica shared their empty lease tables, lists and dicts; 12.1 KB befor
 Raft core made its ``Ready`` lazily, its pages left their deque, its rate samples became
 runs and its empty tables were shared or cleared."""
 SLEEPING_REPLICA_BYTES_MAX = 4_000
-"""The same queue asleep (``engine.runtime.hibernation``): about 3.7 KB here (4.1 KB
+"""The same queue asleep (``engine.runtime.hibernation``): about 3.55 KB here (3.7 KB
+before its seal kept the uid as the definition's string and its rate samples and
+checkpoint info were shared while empty; 4.1 KB
 before the shared empties of its storage log and page files, 4.3 KB before the shared
 arguments; an empty live set's ``BitMap64`` also held ~210 bytes that tracemalloc does
 not see; 3.5 KB over 300 queues, the node's own tables growing in
