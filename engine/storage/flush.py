@@ -195,7 +195,7 @@ def show_segment_flush(flush: SegmentFlush, logs: ServerLogs, reaper: Reaper) ->
             for hidden in log.add_segment(info):
                 reaper.retire(hidden)
     for _, log in logs.items():
-        log.mem.drop_flushed(flush.wal_seq)
+        log.drop_flushed(flush.wal_seq)
 
 
 __all__ = [

@@ -160,6 +160,11 @@ class _Segment:
     """Last index this segment still answers for (older segments are cut by newer ones)."""
 
 
+NO_MEM = MemTable()
+"""The mem table of every log that holds none: nothing is ever put into it (a log takes
+a table of its own first), and what else a table does is nothing on an empty one."""
+
+
 class ServerLog:
     """The ``LogStore`` of one server (see ``engine.raft.entry``), plus payload reads."""
 
@@ -190,7 +195,9 @@ class ServerLog:
         self.uid = uid
         self._disk = disk
         self._cache = cache
-        self.mem = MemTable()
+        self.mem = NO_MEM
+        """Entries not yet in a segment; ``NO_MEM`` while none (an idle queue's were
+        flushed), a table of its own from the next append."""
         self.reads = 0
         """Entries read (``read``), since the node started."""
         self.reads_in_memory = 0
@@ -457,8 +464,17 @@ class ServerLog:
         if first > self._last + 1:
             assert gap_allowed, f"{self.uid}: append at {first} after {self._last}"
             self.mem.clear()
+        if self.mem is NO_MEM:
+            self.mem = MemTable()
         self.mem.put(entries, wal_seq)
         self._last = entries[-1].index
+
+    def drop_flushed(self, wal_seq: int) -> None:
+        """The entries of WAL files up to ``wal_seq`` are in segments now: out of the mem
+        table, and the table itself once empty."""
+        self.mem.drop_flushed(wal_seq)
+        if not len(self.mem):
+            self.mem = NO_MEM
 
     def apply_reset(self, index: int, term: int) -> None:
         """The log restarts after a snapshot at ``index`` (installed from the leader).
