@@ -111,7 +111,7 @@ def decode_sleepers(data: bytes | memoryview) -> dict[str, Sleeper]:
             last_term,
             Configuration.decode(config),
         )
-        record = SleepingQueue(snapshot, stats, positions)
+        record = SleepingQueue.of(snapshot, stats, positions)
         out[uid] = Sleeper(uid, Dormant(record, applied_index, applied_term, live), since)
     return out
 
