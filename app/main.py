@@ -318,8 +318,7 @@ class ResponseHeadersMiddleware:
         async def send_wrapper(message: Message) -> None:
             if message["type"] == "http.response.start":
                 scope[STATUS_KEY] = message["status"]  # for the metrics, around this layer
-                headers = list(message.get("headers", []))
-                headers.extend(self.HEADERS)
+                headers = [*message.get("headers", ()), *self.HEADERS]
                 if name:
                     node = node_or_none(self.state)
                     leader = None if node is None else node.leader_of(name)
@@ -407,6 +406,16 @@ class QuorraApp(FastAPI):
         assert isinstance(limit, AppBodyLimitMiddleware) and self.max_body_size is None
         stack.app = limit.app  # without max_body_size, the very app it was given
         return stack
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A request straight into the middleware stack, as ``Starlette.__call__`` does:
+        FastAPI's own first asks its telemetry, which is off (``build_middleware_stack``
+        checks it), whether to observe the request, and adds a coroutine on the way."""
+        if scope["type"] != "http" or self.root_path or self.middleware_stack is None:
+            await super().__call__(scope, receive, send)
+            return
+        scope["app"] = self
+        await self.middleware_stack(scope, receive, send)
 
 
 def create_app(

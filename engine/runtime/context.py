@@ -182,7 +182,7 @@ class NodeContext:
         rep.next_request_id += 1
         future: asyncio.Future[object] = self.loop.create_future()
         rep.own_proposals()[request_id] = Proposal(future, on_applied)
-        self.timers.tick(rep)
+        self.timers.tick_to_propose(rep)
         trace = self.trace
         if trace is not None:
             trace.stamp(Stage.PROPOSED)
