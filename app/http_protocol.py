@@ -10,6 +10,9 @@ copy); closing sends what is gathered first. Nothing else of the protocol change
 It is uvicorn's httptools protocol (a C parser; h11, pure Python, where httptools is
 missing).
 
+Its response heads are written by ``CheckedHeadersCycle`` (app/http_cycle.py), which
+checks a header line once, not on every response.
+
 It keeps a request's body as the chunks that arrived (``ReceivedBody``) rather than
 uvicorn's growing ``bytearray``, which the app's read then copied once more: a batch of
 100 messages (some 100 KiB, two or three chunks) was copied twice into freshly mapped
@@ -42,8 +45,12 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 try:
     from httptools import HttpParserUpgrade
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _Base
+    from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+
+    from app.http_cycle import CheckedHeadersCycle
 except ImportError:  # httptools is optional: h11, uvicorn's pure-Python parser
     _Base = H11Protocol  # type: ignore[assignment,misc]
+    RequestResponseCycle = CheckedHeadersCycle = None  # type: ignore[assignment,misc]
 
 
 class CoalescingTransport:
@@ -87,6 +94,10 @@ class CoalescingTransport:
     def close(self) -> None:
         self._flush()
         self._transport.close()
+
+    def is_closing(self) -> bool:
+        """Asked after every response: a method, not a lookup through ``__getattr__``."""
+        return self._transport.is_closing()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
@@ -144,6 +155,15 @@ class CoalescingProtocol(_Base):
             super().data_received(data)
         finally:
             self._received = b""
+
+    def on_headers_complete(self) -> None:
+        """uvicorn's, whose new cycle (its task started, not yet run) becomes a
+        ``CheckedHeadersCycle`` (app/http_cycle.py): the same object, whose response head
+        skips the checks of header lines already checked."""
+        super().on_headers_complete()
+        cycle = self.cycle
+        if RequestResponseCycle is not None and type(cycle) is RequestResponseCycle:
+            cycle.__class__ = CheckedHeadersCycle
 
     def on_body(self, body: bytes) -> None:
         """uvicorn's, into a ``ReceivedBody``: the cycle starts with an empty

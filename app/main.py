@@ -22,6 +22,7 @@ import dataclasses
 import gc
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
@@ -59,7 +60,7 @@ from app.engine_seam import (
     serve_history,
 )
 from app.memory_trim import trim_forever
-from app.metrics import STATUS_KEY, AppMetrics, MetricsMiddleware
+from app.metrics import UNMATCHED_ROUTE, AppMetrics
 from app.passwords import PasswordWorkers
 from app.problems import install_problem_handlers, problem_response
 from app.queue_history import history_source
@@ -281,16 +282,17 @@ def _lifespan(
 
 
 class ResponseHeadersMiddleware:
-    """The headers this server adds to its answers, in one layer with one ``send``
-    wrapper (two layers cost a coroutine and a wrapper more on every request): every
-    response gets ``HEADERS`` (HTML pages may load only this server's files), and every
-    answer about a queue (``/api/v1/queues/{name}...``) names the node that leads it, as
-    this node knows it, in ``Quorra-Leader``: a client may send its next requests there
-    directly and save the forwarding hop.
+    """The headers this server adds to its answers and the request metrics, in one layer
+    with one ``send`` wrapper (a layer each cost a coroutine and a wrapper more on every
+    request): every response gets ``HEADERS`` (HTML pages may load only this server's
+    files), and every answer about a queue (``/api/v1/queues/{name}...``) names the node
+    that leads it, as this node knows it, in ``Quorra-Leader``: a client may send its
+    next requests there directly and save the forwarding hop.
 
-    Its ``send`` wrapper also notes the status in the scope (``STATUS_KEY``), where the
-    request metrics, the layer around this one, read it: a wrapper of their own cost a
-    coroutine more per message sent."""
+    Every HTTP request is counted (``HttpRequests``, app/metrics.py) by its route template
+    (``scope["route"]``, set by the router or the message dispatch inside), never by its
+    raw path, with the status its response started with; a request answered by no
+    response (an exception, answered by Starlette's error layer outside) counts as 500."""
 
     HEADERS = (
         (b"x-content-type-options", b"nosniff"),
@@ -304,22 +306,25 @@ class ResponseHeadersMiddleware:
     )
     PREFIX = f"{API_PREFIX}/queues/"
 
-    def __init__(self, app: ASGIApp, state: State) -> None:
+    def __init__(self, app: ASGIApp, state: State, metrics: AppMetrics) -> None:
         self.app = app
         self.state = state
+        self.http = metrics.http
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        started = time.perf_counter()
         path: str = scope["path"]
         name = path[len(self.PREFIX) :].partition("/")[0] if path.startswith(self.PREFIX) else ""
+        status = 500
 
         async def send_wrapper(message: Message) -> None:
+            nonlocal status
             if message["type"] == "http.response.start":
-                scope[STATUS_KEY] = message["status"]  # for the metrics, around this layer
-                headers = list(message.get("headers", []))
-                headers.extend(self.HEADERS)
+                status = message["status"]
+                headers = [*message.get("headers", ()), *self.HEADERS]
                 if name:
                     node = node_or_none(self.state)
                     leader = None if node is None else node.leader_of(name)
@@ -328,7 +333,12 @@ class ResponseHeadersMiddleware:
                 message["headers"] = headers
             await send(message)
 
-        await self.app(scope, receive, send_wrapper)
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            route = scope.get("route")
+            template = getattr(route, "path", None) or UNMATCHED_ROUTE
+            self.http.observe(scope["method"], template, status, time.perf_counter() - started)
 
 
 def _framing(scope: Scope) -> tuple[bytes | None, bool]:
@@ -408,6 +418,16 @@ class QuorraApp(FastAPI):
         stack.app = limit.app  # without max_body_size, the very app it was given
         return stack
 
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A request straight into the middleware stack, as ``Starlette.__call__`` does:
+        FastAPI's own first asks its telemetry, which is off (``build_middleware_stack``
+        checks it), whether to observe the request, and adds a coroutine on the way."""
+        if scope["type"] != "http" or self.root_path or self.middleware_stack is None:
+            await super().__call__(scope, receive, send)
+            return
+        scope["app"] = self
+        await self.middleware_stack(scope, receive, send)
+
 
 def create_app(
     settings: Settings,
@@ -452,9 +472,5 @@ def create_app(
     app.mount("/static", StaticFiles(directory=settings.static_dir, check_dir=False), name="static")
 
     app.add_middleware(BodyLimitMiddleware, limit_bytes=settings.request_body_bytes_max)
-    app.add_middleware(ResponseHeadersMiddleware, state=app.state)
-    app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
-    # The metrics read the status the headers' layer notes (STATUS_KEY): next to it.
-    outer: list[object] = [m.cls for m in app.user_middleware[:2]]
-    assert outer == [MetricsMiddleware, ResponseHeadersMiddleware], outer
+    app.add_middleware(ResponseHeadersMiddleware, state=app.state, metrics=app.state.metrics)
     return app

@@ -13,7 +13,6 @@ from __future__ import annotations
 import bisect
 import copy
 import itertools
-import time
 from collections.abc import Callable, Iterator
 
 from prometheus_client import (
@@ -27,13 +26,10 @@ from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
-from starlette.types import ASGIApp, Receive, Scope, Send
 
-__all__ = ["CONTENT_TYPE_LATEST", "STATUS_KEY", "AppMetrics", "MetricsMiddleware"]
+__all__ = ["CONTENT_TYPE_LATEST", "UNMATCHED_ROUTE", "AppMetrics"]
 
 UNMATCHED_ROUTE = "<unmatched>"
-STATUS_KEY = "quorra.status"
-"""The scope's key for the status of the response sent, set as it starts."""
 QUEUE_LABEL = "queue"
 
 
@@ -132,29 +128,3 @@ class HttpRequests(Collector):
                 [method, template], list(zip(bounds, cumulative, strict=True)), timing[-1]
             )
         yield duration
-
-
-class MetricsMiddleware:
-    """Counts every HTTP request by its route template, never by its raw path.
-
-    The status is the one the layer inside notes in the scope (``STATUS_KEY``: the
-    response headers' layer, app/main.py, which wraps ``send`` anyway); a request
-    answered by no response (an exception, answered by Starlette's error layer outside)
-    counts as 500."""
-
-    def __init__(self, app: ASGIApp, metrics: AppMetrics) -> None:
-        self.app = app
-        self.http = metrics.http
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = time.perf_counter()
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            route = scope.get("route")
-            template = getattr(route, "path", None) or UNMATCHED_ROUTE
-            status = scope.get(STATUS_KEY, 500)
-            self.http.observe(scope["method"], template, status, time.perf_counter() - started)

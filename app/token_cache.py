@@ -23,7 +23,7 @@ from itertools import chain
 from sqlalchemy import event
 from sqlalchemy.orm import Session, UOWTransaction, sessionmaker
 
-from app.auth import Principal
+from app.auth import Principal, token_digest
 from app.db.models import ApiToken, User
 
 
@@ -37,6 +37,22 @@ class TokenCache:
         """Lookups in flight, by digest: later misses wait for them (``load``)."""
         self._generation = 0
         """Counts ``clear``: a lookup that began before one is not kept."""
+        self._digests: dict[str, str] = {}
+        """Tokens seen lately -> their digest (``digest_of``)."""
+
+    def digest_of(self, token: str) -> str:
+        """``token_digest(token)``, remembered: a client sends the same token on every
+        request, and the hash (an object made, fed and formatted) cost more than the
+        lookup it leads to. At most ``entries_max`` are remembered, then forgotten
+        together; a digest says nothing of whether its token is valid, so nothing here
+        is forgotten on ``clear``."""
+        digests = self._digests
+        digest = digests.get(token)
+        if digest is None:
+            if len(digests) >= self.entries_max:
+                digests.clear()
+            digest = digests[token] = token_digest(token)
+        return digest
 
     def get(self, digest: str) -> Principal | None:
         found = self._entries.get(digest)

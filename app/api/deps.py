@@ -28,7 +28,7 @@ from fastapi.security import (
 from sqlalchemy.orm import Session
 from starlette.datastructures import State
 
-from app.auth import Principal, needs_rehash, token_digest
+from app.auth import Principal, needs_rehash
 from app.db import repo
 from app.db.models import User
 from app.db.session import Database
@@ -117,8 +117,8 @@ async def bearer_principal(state: State, authorization: str) -> Principal:
     token = _credentials(authorization, "Bearer")
     if token is None:
         raise Unauthorized("send 'Authorization: Bearer <token>'; POST /api/v1/tokens makes one")
-    digest = token_digest(token)
     cache = token_cache_of(state)
+    digest = cache.digest_of(token)
     cached = cache.get(digest)
     if cached is not None:
         return cached

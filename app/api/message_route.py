@@ -36,7 +36,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.api.deps import BEARER_SCHEME, bearer_principal
 from app.api.message_bodies import decoded
-from app.api.queue_deps import get_node
+from app.api.queue_deps import running_node
 from app.auth import Permission, Principal, require
 from app.negotiation import openapi_msgpack, prefers_msgpack
 from app.problems import problem_of
@@ -158,7 +158,8 @@ async def admitted(request: Request, name: str, permission: Permission) -> Admit
         elif key == b"accept":
             accept = value
     payload = decoded(content_type.decode("latin-1"), await _body(request))
-    who = await bearer_principal(request.app.state, authorization.decode("latin-1"))
+    state = request.app.state
+    who = await bearer_principal(state, authorization.decode("latin-1"))
     require(who, permission, name)
-    node = await get_node(request)
+    node = running_node(state)
     return Admitted(payload, who, node, bool(accept) and prefers_msgpack(accept.decode("latin-1")))

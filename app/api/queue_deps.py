@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 from typing import Annotated
 
 from fastapi import Depends, Request
+from starlette.datastructures import State
 
 from app.api.deps import PrincipalDep, QueueName
 from app.auth import Permission, Principal, require
@@ -37,7 +38,12 @@ async def can_see(name: QueueName, principal: PrincipalDep) -> Principal:
 
 
 async def get_node(request: Request) -> QueueEngine:
-    node = node_or_none(request.app.state)
+    return running_node(request.app.state)
+
+
+def running_node(state: State) -> QueueEngine:
+    """The app's engine node (``state`` is the app's), or 503 when it is not running."""
+    node = node_or_none(state)
     if node is None:
         raise NoLeader("the queue engine is not running on this node")
     return node

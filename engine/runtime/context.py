@@ -28,6 +28,7 @@ from engine.runtime.catalog import Catalog
 from engine.runtime.checkpoints import Checkpoints
 from engine.runtime.clock import Clock
 from engine.runtime.dead_letter_routing import DeadLetters
+from engine.runtime.deadlines import Deadlines
 from engine.runtime.forwarding import Forwarder
 from engine.runtime.hibernation import Hibernation
 from engine.runtime.hosting import Hosting
@@ -96,6 +97,8 @@ class NodeContext:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._jobs: set[asyncio.Future[None]] = set()
         self._admission = Admission(self)
+        self._deadlines: Deadlines | None = None
+        """The proposals' timeouts, made on the first proposal (on the node's loop)."""
         # The parts, last: each may read the members above as it is made.
         self.pages = Pages(self)
         self.memory = MemoryWatch(self)
@@ -182,16 +185,19 @@ class NodeContext:
         rep.next_request_id += 1
         future: asyncio.Future[object] = self.loop.create_future()
         rep.own_proposals()[request_id] = Proposal(future, on_applied)
-        self.timers.tick(rep)
+        self.timers.tick_to_propose(rep)
         trace = self.trace
         if trace is not None:
             trace.stamp(Stage.PROPOSED)
         rep.raft.step(Propose(request_id, (command,)))
-        # One timer that fails the future, not ``asyncio.wait_for``: that builds a waiter
-        # future, a timer and callbacks around every proposal, a cost on every publish.
-        timer = self.loop.call_later(
-            self.limits.proposal_timeout_ms / 1000, _time_out, future, rep.name
-        )
+        # Not ``asyncio.wait_for``: that builds a waiter future, a timer and callbacks
+        # around every proposal; one timer serves every proposal's timeout (Deadlines).
+        deadlines = self._deadlines
+        if deadlines is None:
+            deadlines = self._deadlines = Deadlines(
+                self.loop, self.limits.proposal_timeout_ms / 1000, _no_quorum_in_time
+            )
+        deadlines.add(future, rep.name)
         try:
             writer = self.writer
             if writer is not None and writer.idle and not rep.scheduled:
@@ -206,7 +212,6 @@ class NodeContext:
                 trace.stamp(Stage.RESUMED)
             return reply
         finally:
-            timer.cancel()
             rep.proposals.pop(request_id, None)
             if not rep.proposals:
                 rep.release_proposals()  # an emptied dict keeps its table (160 bytes)
@@ -250,20 +255,25 @@ class NodeContext:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         while self._jobs:
             await asyncio.wait(set(self._jobs))
+        if self._deadlines is not None:
+            self._deadlines.close()  # every proposal was answered by the replicas' close
+            self._deadlines = None
 
 
 class Admission:
     """``NodeContext.admit``: a class, not ``contextlib.asynccontextmanager``, whose
     async generator (made, registered with the loop and closed on every request) cost
     more than the count it guards. It holds no state of its own: one serves every
-    request of the node."""
+    request of the node. Admitting awaits nothing, so it is a plain context manager
+    too (``with ctx.admit():``), which the busiest calls use: ``async with`` makes and
+    runs two coroutines more on every request."""
 
     __slots__ = ("ctx",)
 
     def __init__(self, ctx: NodeContext) -> None:
         self.ctx = ctx
 
-    async def __aenter__(self) -> None:
+    def __enter__(self) -> None:
         ctx = self.ctx
         if not ctx.running or ctx.stopping:
             raise NoLeader(f"node {ctx.name} is not running")
@@ -271,14 +281,19 @@ class Admission:
             raise Backpressure(f"node {ctx.name}: too many requests in flight")
         ctx.inflight_requests += 1
 
-    async def __aexit__(self, *exc_info: object) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.ctx.inflight_requests -= 1
 
+    async def __aenter__(self) -> None:
+        self.__enter__()
 
-def _time_out(future: asyncio.Future[object], name: str) -> None:
-    """A proposal got no answer within ``proposal_timeout_ms``."""
-    if not future.done():
-        future.set_exception(NoLeader(f"queue {name}: no quorum in time; the outcome is unknown"))
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.__exit__()
+
+
+def _no_quorum_in_time(name: str) -> NoLeader:
+    """What a proposal with no answer within ``proposal_timeout_ms`` fails with."""
+    return NoLeader(f"queue {name}: no quorum in time; the outcome is unknown")
 
 
 __all__ = ["Admission", "NodeContext"]

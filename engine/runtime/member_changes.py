@@ -45,8 +45,20 @@ class Membership:
 
     def maybe_members_changed(self, rep: Replica) -> None:
         """The group's configuration changed (a config entry is in the log): the queue's
-        definition follows it, so a restart bootstraps from the right members."""
-        members = tuple(sorted({node_of(m) for m in rep.raft.config.members}))
+        definition follows it, so a restart bootstraps from the right members.
+
+        Asked after every step of every replica: the usual answer (the voters, one by
+        one, are the definition's members, and no learner) is found without building
+        the sorted set of names that a change needs."""
+        config = rep.raft.config
+        known = rep.meta.members
+        if (
+            not config.learners
+            and len(config.voters) == len(known)
+            and all(node_of(v) == m for v, m in zip(config.voters, known, strict=True))
+        ):
+            return
+        members = tuple(sorted({node_of(m) for m in config.members}))
         if not members or members == rep.meta.members or self.ctx.name not in members:
             return
         rep.meta = dataclasses.replace(rep.meta, members=members)

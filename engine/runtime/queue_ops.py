@@ -105,7 +105,7 @@ class QueueOps:
         ctx = self.ctx
         ctx.router.check_known(name)
         _check_publish(len(messages), ctx.limits)  # what ``check`` checks of a PublishCall
-        async with ctx.admit():
+        with ctx.admit():
             rep = ctx.replicas.get(name)
             if rep is not None and rep.raft.role is Role.LEADER:
                 # Led here (always, on a single node): ``route`` would find the same.
@@ -196,7 +196,7 @@ class QueueOps:
         ctx.router.check_known(name)
         call = ReceiveCall(name, consumer, max_messages, wait_ms, lease_ms, ack)
         self.check(call)
-        async with ctx.admit():
+        with ctx.admit():
             result = await ctx.router.route(call)
         assert isinstance(result, ReceivedBatch)
         if not result.consistent():
@@ -342,7 +342,7 @@ class QueueOps:
         self.check(call)
         if not receipts:
             return SettleResult(0, ())
-        async with ctx.admit():
+        with ctx.admit():
             result = await ctx.router.route(call)
         assert isinstance(result, SettleResult)
         return result

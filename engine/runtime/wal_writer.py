@@ -109,7 +109,13 @@ class WalWriter:
         return not self._writing and not self._wal.pending()
 
     def wake(self) -> None:
-        self._wakeup.set()
+        """After a submit that found nothing pending. While a batch is being written the
+        thread is awake and looks at what is pending once it is done (``_writing`` is
+        cleared only after that batch is handed on), so the wake-up, a system call, is
+        not needed then: under load each batch's first submit came while the one
+        before was being synced."""
+        if not self._writing:
+            self._wakeup.set()
 
     def request_roll(self) -> None:
         """Roll the current file once what is pending is written, as after an idle
