@@ -294,7 +294,7 @@ class QueueMachine:
             self.pager.make_room()
             self.pager.head_moved()
         self._bytes_delayed = total_size(self._delayed.refs(), self._fallback)
-        self._bytes_pending = int(sizes_of(self._pending.refs(), self._fallback).sum())
+        self._bytes_pending = total_size(self._pending.refs(), self._fallback)
 
     # === queries for the runtime and the API =======================================
 
@@ -332,6 +332,21 @@ class QueueMachine:
             dead_bytes=self._dead_bytes,
             paging=NOT_PAGED if self.pager is None else self.pager.stats(),
         )
+
+    def rate_counters(self) -> tuple[int, int, int]:
+        """Messages published, delivered and acked so far (``stats`` without building
+        it: the rates sample them on every ``process`` of the queue)."""
+        c = self._counters
+        return c[PUBLISHED], c[DELIVERED], c[ACKED]
+
+    def at_rest(self) -> bool:
+        """Nothing in it waits on time or on a consumer: no lease out, no delayed or
+        expiring message, no dead letter awaiting its target queue (what a queue needs
+        to sleep; read without ``stats``, which the idle sweep would otherwise build for
+        every awake queue it looks at)."""
+        if len(self._pending) or len(self._delayed) or len(self._dead_letters):
+            return False
+        return self.next_deadline_ms() is None
 
     def memory_use(self) -> MemoryUse:
         extras = (
@@ -405,6 +420,10 @@ class QueueMachine:
         check_shared_empties()
         assert set(self._delivered_before) <= held
         assert set(self._expires_at) <= held
+        s = self.stats()
+        assert self.rate_counters() == (s.published, s.delivered, s.acked)
+        at_rest = not (s.messages_unacked or s.messages_delayed or s.messages_dead_lettering)
+        assert self.at_rest() == (at_rest and self.next_deadline_ms() is None)
 
     # === command handlers ==========================================================
 

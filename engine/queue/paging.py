@@ -474,10 +474,13 @@ class QueuePager:
 
     # --- what it reports ----------------------------------------------------------------
 
+    def paged_out_pages(self) -> int:
+        return sum(lane.out_pages() for lane in self.lanes)
+
     def stats(self) -> PagingStats:
         return PagingStats(
             resident_pages=self.resident,
-            paged_out_pages=sum(lane.out_pages() for lane in self.lanes),
+            paged_out_pages=self.paged_out_pages(),
             page_writes=self.page_writes,
             page_loads=self.page_loads,
             read_ahead_hits=self.read_ahead_hits,

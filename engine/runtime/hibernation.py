@@ -143,7 +143,8 @@ class Hibernation:
         if raft.commit != last or driver.applied_index != last:
             return False
         machine = driver.machine
-        return may_sleep(machine) and machine.stats().paging.paged_out_pages == 0
+        pager = machine.pager
+        return may_sleep(machine) and (pager is None or pager.paged_out_pages() == 0)
 
     def sleep(self, rep: Replica) -> None:
         """Swap ``rep``'s machine, core and driver for its record."""

@@ -261,7 +261,10 @@ class Replica:
         return rates_of(self.samples, self._counters(now_ms), limits)
 
     def _counters(self, now_ms: int) -> Sample:
-        s = self.queue_stats()
+        dormant = self.dormant
+        if dormant is None:  # the machine's counters, not its whole ``stats``
+            return (now_ms, *self.machine.rate_counters())
+        s = dormant.record.stats
         return now_ms, s.published, s.delivered, s.acked
 
 

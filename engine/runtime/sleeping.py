@@ -180,13 +180,7 @@ class Dormant:
 def may_sleep(machine: QueueMachine) -> bool:
     """True when nothing in ``machine`` waits on time or on a consumer: no leases out,
     no delayed or expiring messages, no dead letters awaiting their target queue."""
-    s = machine.stats()
-    return (
-        s.messages_unacked == 0
-        and s.messages_delayed == 0
-        and s.messages_dead_lettering == 0
-        and machine.next_deadline_ms() is None
-    )
+    return machine.at_rest()
 
 
 def put_to_sleep(machine: QueueMachine, raft: RaftPositions | None = None) -> SleepingQueue:
