@@ -65,7 +65,7 @@ class Hibernation:
     def __init__(self, ctx: NodeContext) -> None:
         self.ctx = ctx
         self.order: list[str] = []
-        """The names the current round of sweeps goes through (taken at its start)."""
+        """The names the current round of sweeps goes through: those awake at its start."""
         self.cursor = 0
         self.slept = 0
         self.woken = 0
@@ -92,7 +92,10 @@ class Hibernation:
         ctx = self.ctx
         limits = ctx.limits
         if self.cursor >= len(self.order):
-            self.order, self.cursor = list(ctx.replicas), 0
+            # Only the queues awake now: with thousands asleep and an idle time of one
+            # sweep, a round that went through every name cost more than its looks.
+            awake = [name for name, rep in ctx.replicas.items() if rep.dormant is None]
+            self.order, self.cursor = awake, 0
         # Each queue looked at about once per idle time: a look is a few field reads.
         per_idle = limits.queue_sleep_idle_ms // limits.queue_sleep_sweep_ms
         looks = len(self.order) // max(1, per_idle) + 1
@@ -134,6 +137,9 @@ class Hibernation:
         if (rep.meta_task is not None and not rep.meta_task.done()) or rep.disk_busy:
             return False
         driver = rep.driver
+        machine = driver.machine
+        if not may_sleep(machine):  # first: a consumer holding leases is the usual case
+            return False
         raft = driver.raft
         if raft.role is not Role.LEADER or raft.has_ready() or raft.uncommitted:
             return False
@@ -142,9 +148,8 @@ class Hibernation:
         last = raft.log.last_index()
         if raft.commit != last or driver.applied_index != last:
             return False
-        machine = driver.machine
         pager = machine.pager
-        return may_sleep(machine) and (pager is None or pager.paged_out_pages() == 0)
+        return pager is None or pager.paged_out_pages() == 0
 
     def sleep(self, rep: Replica) -> None:
         """Swap ``rep``'s machine, core and driver for its record."""
