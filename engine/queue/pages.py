@@ -290,6 +290,9 @@ class RefFifo:
         sealed; the tail page is copied, and so is a partly taken head page that comes
         before a spilled page (it is padded so that the spilled pages stay whole)."""
         assert not self._pages and refs.dtype == np.uint64
+        if not spilled and not len(refs):  # an empty lane (a returns lane, most often)
+            self.head_pos = head_pos
+            return
         taken = done = 0
         for at, page in spilled:
             run = refs[taken : taken + at - done]
