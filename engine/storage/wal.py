@@ -196,7 +196,10 @@ def _record(body_parts: list[bytes], out: list[bytes]) -> None:
     crc = 0
     n = 0
     for part in body_parts:
-        crc = crc32c.crc32c(part, crc)
+        # The GIL stays held (``gil_release_mode=0``): the CRC of an append takes a few
+        # microseconds, and a writer that let the GIL go for them had to win it back from
+        # a busy loop, a wait of up to a switch interval and two context switches each.
+        crc = crc32c.crc32c(part, crc, gil_release_mode=0)
         n += len(part)
     out.append(_REC.pack(n, crc))
     out.extend(body_parts)
