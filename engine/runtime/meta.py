@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass
-from typing import TypeVar, cast
 
 import msgpack
 
@@ -22,6 +21,7 @@ from engine.limits import Limits
 from engine.names import check_queue_name
 from engine.queue import POLICY_FIELDS, QueuePolicy
 from engine.runtime.api import OutgoingMessage, QueueArgs
+from engine.shared_empty import shared
 from engine.storage.disk import Disk, write_file_atomic
 
 META_FILE = "queue.meta"
@@ -42,28 +42,13 @@ class QueueMeta:
     """Node names holding a replica, sorted; the bootstrap configuration of the group."""
 
 
-_T = TypeVar("_T")
-_SHARED: dict[object, object] = {}
-_SHARED_MAX = 4096
-"""Distinct arguments and member lists kept (a node's queues use a handful of each)."""
-
-
 def queue_meta(
     name: str, uid: str, args: QueueArgs, created_at_ms: int, members: tuple[str, ...]
 ) -> QueueMeta:
     """A ``QueueMeta`` whose arguments and members are the objects of every other queue
     with equal ones: thousands of queues made from the same defaults held a copy each
     (about 350 bytes: the arguments, their strings, the member tuple and names)."""
-    return QueueMeta(name, uid, _shared(args), created_at_ms, _shared(members))
-
-
-def _shared(value: _T) -> _T:
-    got = _SHARED.get(value)
-    if got is not None:
-        return cast(_T, got)
-    if len(_SHARED) < _SHARED_MAX:
-        _SHARED[value] = value
-    return value
+    return QueueMeta(name, uid, shared(args), created_at_ms, shared(members))
 
 
 def meta_path(uid: str) -> str:

@@ -33,6 +33,7 @@ from engine.queue.paging import Paging, PagingStats
 from engine.queue.stats import MemoryUse, QueueStats
 from engine.raft.config import Configuration
 from engine.raft.server import RaftServer
+from engine.shared_empty import shared
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -89,12 +90,6 @@ class SleepingQueue:
         return unpack_stats(self.packed_stats)
 
 
-_HEADS: dict[bytes, bytes] = {}
-_HEADS_MAX = 4096
-"""Distinct snapshot heads kept for sharing (a node's queues have a few policies; past
-this many, a new one is kept by its own record only)."""
-
-
 def _split_policy(snapshot: bytes) -> tuple[bytes, bytes]:
     """``snapshot`` cut after its policy (its third item: the array's header, the format
     version, the policy map), the head shared with equal heads of other records."""
@@ -104,13 +99,7 @@ def _split_policy(snapshot: bytes) -> tuple[bytes, bytes]:
     unpacker.skip()  # the version
     unpacker.skip()  # the policy
     at = unpacker.tell()
-    head = snapshot[:at]
-    shared = _HEADS.get(head)
-    if shared is None:
-        shared = head
-        if len(_HEADS) < _HEADS_MAX:
-            _HEADS[head] = head
-    return shared, snapshot[at:]
+    return shared(snapshot[:at]), snapshot[at:]
 
 
 _MEMORY_FIELDS = tuple(f.name for f in dataclasses.fields(MemoryUse))
