@@ -330,7 +330,7 @@ def total_size(refs: U64, table: FallbackTable) -> int:
     """Sum of the sizes of ``refs``, in one pass of chunks that stay in the CPU cache; a
     masked sum for a chunk whose refs all have the same compact form (the usual case)."""
     if len(refs) <= SMALL_REFS:
-        return sum(_size_of(ref, table) for ref in refs.tolist())
+        return sum(map(table.size, refs.tolist()))
     total = 0
     step = min(len(refs), 1 << 14)
     work = np.empty(step, dtype=np.uint64)
@@ -349,14 +349,6 @@ def total_size(refs: U64, table: FallbackTable) -> int:
         np.bitwise_and(part, np.uint64(_SIZE_MASK), out=part)
         total += int(part.sum())
     return total
-
-
-def _size_of(ref: int, table: FallbackTable) -> int:
-    if ref >> 63 == 0:
-        return (ref >> SLOT_BITS_SHORT) & _SIZE_MASK
-    if ref >> 62 == 0b10:
-        return ref & _SIZE_MASK
-    return table.unpack(ref).size
 
 
 def pack_batch(index: int, sizes: U64, table: FallbackTable) -> U64:

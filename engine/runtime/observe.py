@@ -8,7 +8,6 @@ event loop): the live set of a deep queue is built from a frozen machine on a wo
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -17,13 +16,13 @@ from pyroaring import BitMap64
 
 from engine.errors import QuorraError
 from engine.limits import DEFAULT_LIMITS, Limits
-from engine.queue import MemoryUse, PagingStats
+from engine.queue import PagingStats
 from engine.queue.paging import NOT_PAGED, page_bytes
 from engine.queue.snapshots import FrozenMachine
 from engine.raft.server import Role
 from engine.runtime.api import CompactionRecord, SegmentInfo, Trigger
 from engine.runtime.replica import Replica, node_of
-from engine.runtime.sleeping import Dormant, SummaryFields, summary_fields
+from engine.runtime.sleeping import MEMORY_FIELDS, Dormant, SummaryFields, summary_fields
 from engine.storage.read_cache import ReadCacheStats
 
 LIVE_SET_REUSE_S = 1.0
@@ -39,9 +38,6 @@ LIVE_SET_INLINE_MAX = 65_536
 (a millisecond or two). A deeper one freezes its machine (``QueueMachine.freeze``, in time
 proportional to its pages, not its messages) and builds the set on a worker thread; until
 that build is done, reads use the previous set (see ``live_indexes``)."""
-
-MEMORY_FIELDS = tuple(f.name for f in dataclasses.fields(MemoryUse))
-"""The parts of ``memory_bytes`` in the stats' ``memory`` (see ``engine.queue.MemoryUse``)."""
 
 _worker: ThreadPoolExecutor | None = None
 _worker_lock = threading.Lock()

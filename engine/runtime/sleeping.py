@@ -102,7 +102,9 @@ def _split_policy(snapshot: bytes) -> tuple[bytes, bytes]:
     return shared(snapshot[:at]), snapshot[at:]
 
 
-_MEMORY_FIELDS = tuple(f.name for f in dataclasses.fields(MemoryUse))
+MEMORY_FIELDS = tuple(f.name for f in dataclasses.fields(MemoryUse))
+"""The parts of ``memory_bytes`` in the stats' ``memory`` (``MemoryUse``'s fields, in order):
+the packed stats hold them so, and every summary names them."""
 _PAGING_FIELDS = tuple(f.name for f in dataclasses.fields(PagingStats))
 _STATS_FIELDS = tuple(
     f.name for f in dataclasses.fields(QueueStats) if f.name not in ("memory", "paging")
@@ -112,7 +114,7 @@ _STATS_FIELDS = tuple(
 def pack_stats(stats: QueueStats) -> bytes:
     """``stats`` as one msgpack array of its fields, ``memory``'s and ``paging``'s last."""
     fields: list[object] = [getattr(stats, name) for name in _STATS_FIELDS]
-    fields += [getattr(stats.memory, name) for name in _MEMORY_FIELDS]
+    fields += [getattr(stats.memory, name) for name in MEMORY_FIELDS]
     fields += [getattr(stats.paging, name) for name in _PAGING_FIELDS]
     return cast(bytes, msgpack.packb(fields))
 
@@ -141,13 +143,13 @@ def summary_fields(packed: bytes) -> SummaryFields:
     fields = msgpack.unpackb(packed)
     ready, unacked, bytes_ready, consumers, memory_bytes = (fields[at] for at in _SUMMARY_AT)
     n = len(_STATS_FIELDS)
-    memory = dict(zip(_MEMORY_FIELDS, fields[n : n + len(_MEMORY_FIELDS)], strict=True))
+    memory = dict(zip(MEMORY_FIELDS, fields[n : n + len(MEMORY_FIELDS)], strict=True))
     return SummaryFields(ready, unacked, bytes_ready, dict(consumers), memory_bytes, memory)
 
 
 def unpack_stats(packed: bytes) -> QueueStats:
     fields = msgpack.unpackb(packed)
-    n, m = len(_STATS_FIELDS), len(_MEMORY_FIELDS)
+    n, m = len(_STATS_FIELDS), len(MEMORY_FIELDS)
     memory = MemoryUse(*fields[n : n + m])
     paging = PagingStats(*fields[n + m :])
     own = dict(zip(_STATS_FIELDS, fields[:n], strict=True))

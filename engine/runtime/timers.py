@@ -136,15 +136,16 @@ class Timers:
         return loop.call_at(loop.time() + delay_s, fn, rep)
 
     def tick(self, rep: Replica) -> None:
-        """Step the core's clocks; before each proposal too, since the core stamps
-        entries with the last wall time it saw."""
+        """Step the core's clocks (at a deadline, and before a step that must see them:
+        a peer's message, a membership change)."""
         clock = self.ctx.clock
         rep.raft.step(Tick(clock.monotonic_ms(), clock.wall_ms()))
 
     def tick_to_propose(self, rep: Replica) -> None:
-        """``tick`` before a proposal, only if a clock moved since the core last saw
-        them: a tick of the same clocks changes nothing in it (the proposal's own step
-        follows at once), and within one millisecond several proposals come in a row."""
+        """``tick`` before a proposal (the core stamps entries with the last wall time it
+        saw), only if a clock moved since the core last saw them: a tick of the same
+        clocks changes nothing in it (the proposal's own step follows at once), and
+        within one millisecond several proposals come in a row."""
         clock = self.ctx.clock
         now_ms, wall_ms = clock.monotonic_ms(), clock.wall_ms()
         raft = rep.raft
