@@ -10,11 +10,15 @@ one with its name lowered (up to ``LINES_MAX`` of them, then forgotten together:
 date line changes every second, the lengths vary); every other step of the head is
 uvicorn's own (0.54): the status line, the length or chunked framing, ``Connection``,
 its access log, the errors it raises. The body and everything else are uvicorn's code.
+
+A whole head made once is kept too, by all it is made of (``HEADS_MAX`` of them, then
+forgotten together): a busy endpoint's answers repeat one head, and the walk over its
+lines, checked or not, was still the largest part of writing it.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 from uvicorn._types import ASGISendEvent
 from uvicorn.protocols.http.httptools_impl import (
@@ -26,6 +30,15 @@ from uvicorn.protocols.http.httptools_impl import (
 from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
 
 
+class Head(NamedTuple):
+    """A response head as written, and what it tells the cycle about the body."""
+
+    data: bytes
+    expected_content_length: int
+    chunked_encoding: bool | None
+    keep_alive: bool
+
+
 class CheckedHeadersCycle(RequestResponseCycle):
     """See the module. ``CoalescingProtocol`` makes its cycles of this class."""
 
@@ -33,6 +46,11 @@ class CheckedHeadersCycle(RequestResponseCycle):
     _checked: ClassVar[dict[tuple[bytes, bytes], bytes]] = {}
     """Header lines found valid, as sent -> the name lowered. What a line is does not
     depend on the app or the connection, so every cycle of the process shares them."""
+    HEADS_MAX: ClassVar[int] = 1024
+    _heads: ClassVar[dict[tuple[object, ...], Head]] = {}
+    """Whole heads, by everything they are made of (status, keep-alive, ``HEAD`` or not,
+    every line): the answers of a busy endpoint are the same head again and again
+    (until the date line's second changes), and its lines need not be walked again."""
 
     async def send(self, message: ASGISendEvent) -> None:
         if (
@@ -55,39 +73,64 @@ class CheckedHeadersCycle(RequestResponseCycle):
                 self.scope["http_version"],
                 status_code,
             )
+        key = (
+            status_code,
+            self.keep_alive,
+            self.scope["method"] == "HEAD",
+            *self.default_headers,
+            *message.get("headers", ()),
+        )
+        heads = self._heads
+        try:
+            head = heads.get(key)
+        except TypeError:  # a line that is not a tuple (ASGI allows any pair): not kept
+            head = self._head(status_code, key[2], key[3:])
+        else:
+            if head is None:
+                head = self._head(status_code, key[2], key[3:])
+                if len(heads) >= self.HEADS_MAX:
+                    heads.clear()
+                heads[key] = head
+        if self.chunked_encoding is None:
+            self.expected_content_length = head.expected_content_length
+            self.chunked_encoding = head.chunked_encoding
+        self.keep_alive = head.keep_alive
+        self.transport.write(head.data)
+
+    def _head(self, status_code: int, is_head: object, lines: tuple[object, ...]) -> Head:
+        """uvicorn's head for these lines, as it writes it (status line, lines checked,
+        the framing and ``Connection`` it adds) and what it learns from them."""
         content = [STATUS_LINE[status_code]]
         has_connection_close = False
         checked = self._checked
-        for line in (*self.default_headers, *message.get("headers", ())):
+        keep_alive = self.keep_alive
+        expected_content_length, chunked_encoding = 0, None
+        for line in lines:
             if type(line) is not tuple:  # ASGI allows any pair, e.g. a list
-                line = (line[0], line[1])
+                line = (line[0], line[1])  # type: ignore[index]
             name = checked.get(line)
             value = line[1]
             if name is None:
                 name = self._check(line)
-            if name == b"content-length" and self.chunked_encoding is None:
-                self.expected_content_length = int(value.decode())
-                self.chunked_encoding = False
+            if name == b"content-length" and chunked_encoding is None:
+                expected_content_length = int(value.decode())
+                chunked_encoding = False
             elif name == b"transfer-encoding" and value.lower() == b"chunked":
-                self.expected_content_length = 0
-                self.chunked_encoding = True
+                expected_content_length = 0
+                chunked_encoding = True
             elif name == b"connection":
                 connection = [token.lower().strip() for token in value.split(b",")]
                 if b"close" in connection:
-                    self.keep_alive = False
+                    keep_alive = False
                     has_connection_close = True
             content.extend((name, b": ", value, b"\r\n"))
-        if not self.keep_alive and not has_connection_close:
+        if not keep_alive and not has_connection_close:
             content.append(b"connection: close\r\n")
-        if (
-            self.chunked_encoding is None
-            and self.scope["method"] != "HEAD"
-            and status_code not in (204, 304)
-        ):
-            self.chunked_encoding = True
+        if chunked_encoding is None and not is_head and status_code not in (204, 304):
+            chunked_encoding = True
             content.append(b"transfer-encoding: chunked\r\n")
         content.append(b"\r\n")
-        self.transport.write(b"".join(content))
+        return Head(b"".join(content), expected_content_length, chunked_encoding, keep_alive)
 
     def _check(self, line: tuple[bytes, bytes]) -> bytes:
         """uvicorn's checks of a header line; its name lowered, remembered if valid."""

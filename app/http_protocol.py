@@ -24,8 +24,16 @@ otherwise stay open for ever (a few thousand such sockets exhaust the process's 
 descriptors). The clock starts when the connection opens and again when a response
 ends; when it runs out and no request with complete headers is being answered, the
 connection is closed (not once it is upgraded to a WebSocket). An idle keep-alive
-connection is closed sooner, by uvicorn's ``timeout_keep_alive``. Bodies and the handling of a request have no such bound here
-(long polls wait by design; bodies are bounded in size).
+connection is closed sooner, after uvicorn's ``timeout_keep_alive`` without a byte. Bodies
+and the handling of a request have no such bound here (long polls wait by design; bodies
+are bounded in size). Both clocks share one timer per connection, moved on when it fires:
+uvicorn made a keep-alive timer after every response and cancelled it when the next
+request's first bytes arrived, two timer operations per request.
+
+A response leaves as soon as it is complete (``on_response_complete``), not at the end of
+the loop's turn: what remains of the turn (other connections' requests, the WAL's
+completions) no longer delays it, and nothing follows it on the connection before the
+next request.
 
 On an upgrade, uvicorn hands the WebSocket protocol the request's head rebuilt from the
 parsed request and drops whatever followed the head in the chunk it ended in: a client
@@ -39,18 +47,19 @@ from __future__ import annotations
 import asyncio
 import sys
 from typing import Any, ClassVar
+from urllib.parse import unquote
 
+from uvicorn.protocols.http.flow_control import service_unavailable
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 try:
-    from httptools import HttpParserUpgrade
+    from httptools import HttpParserUpgrade, parse_url
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _Base
-    from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
     from app.http_cycle import CheckedHeadersCycle
 except ImportError:  # httptools is optional: h11, uvicorn's pure-Python parser
     _Base = H11Protocol  # type: ignore[assignment,misc]
-    RequestResponseCycle = CheckedHeadersCycle = None  # type: ignore[assignment,misc]
+    CheckedHeadersCycle = None  # type: ignore[assignment,misc]
 
 
 class CoalescingTransport:
@@ -133,9 +142,14 @@ class CoalescingProtocol(_Base):
     ``CoalescingTransport``, with a header-read timeout (``http_protocol`` sets it)."""
 
     header_read_timeout_s: ClassVar[float] = 10.0
-    _header_timer: asyncio.TimerHandle | None = None
     _header_due: float | None = None
     """When the headers due are late (loop time); None when none are due."""
+    _idle_due: float | None = None
+    """When an idle keep-alive connection is closed (loop time); None unless idle since
+    its last response."""
+    _timer: asyncio.TimerHandle | None = None
+    _timer_at = 0.0
+    """When ``_timer`` fires: never after the earlier of the two dues."""
 
     _received: bytes = b""
     """The chunk being parsed (only while it is): an upgrade's request head may end
@@ -146,7 +160,7 @@ class CoalescingProtocol(_Base):
         self._start_header_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._stop_header_timer()
+        self._stop_timer()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -156,14 +170,64 @@ class CoalescingProtocol(_Base):
         finally:
             self._received = b""
 
+    def _unset_keepalive_if_required(self) -> None:
+        """uvicorn's, called as bytes arrive and as a response ends: the connection is
+        no longer idle. uvicorn's own timer is made only by h11's
+        ``on_response_complete`` (httptools': see ``on_response_complete``)."""
+        self._idle_due = None
+        if self.timeout_keep_alive_task is not None:
+            self.timeout_keep_alive_task.cancel()
+            self.timeout_keep_alive_task = None
+
     def on_headers_complete(self) -> None:
-        """uvicorn's, whose new cycle (its task started, not yet run) becomes a
-        ``CheckedHeadersCycle`` (app/http_cycle.py): the same object, whose response head
-        skips the checks of header lines already checked."""
-        super().on_headers_complete()
-        cycle = self.cycle
-        if RequestResponseCycle is not None and type(cycle) is RequestResponseCycle:
-            cycle.__class__ = CheckedHeadersCycle
+        """uvicorn's (0.54, httptools), its cycle made a ``CheckedHeadersCycle``
+        (app/http_cycle.py), whose response head skips the checks of header lines
+        already checked. The same steps, without its ``super`` call and a cycle made of
+        one class then turned into the other (both a cost on every request)."""
+        if CheckedHeadersCycle is None:  # h11
+            super().on_headers_complete()
+            return
+        parser = self.parser
+        scope = self.scope
+        http_version = parser.get_http_version()
+        scope["method"] = parser.get_method().decode("ascii")
+        if http_version != "1.1":
+            scope["http_version"] = http_version
+        if parser.should_upgrade() and self._should_upgrade():
+            return
+        parsed_url = parse_url(self.url)
+        raw_path = parsed_url.path
+        path = raw_path.decode("ascii")
+        if "%" in path:
+            path = unquote(path)
+        root_path = self.root_path
+        scope["path"] = root_path + path
+        scope["raw_path"] = root_path.encode("ascii") + raw_path if root_path else raw_path
+        scope["query_string"] = parsed_url.query or b""
+        limit = self.limit_concurrency
+        app = self.app
+        if limit is not None and (len(self.connections) >= limit or len(self.tasks) >= limit):
+            app = service_unavailable
+            self.logger.warning("Exceeded concurrency limit.")
+        existing_cycle = self.cycle
+        self.cycle = cycle = CheckedHeadersCycle(
+            scope=scope,
+            transport=self.transport,
+            flow=self.flow,
+            logger=self.logger,
+            access_logger=self.access_logger,
+            access_log=self.access_log,
+            default_headers=self.server_state.default_headers,
+            message_event=asyncio.Event(),
+            expect_100_continue=self.expect_100_continue,
+            keep_alive=http_version != "1.0" and parser.should_keep_alive(),
+            on_response=self.on_response_complete,
+        )
+        if existing_cycle is None or existing_cycle.response_complete:
+            self._start_asgi_task(cycle, app)
+        else:  # pipelined: queued up
+            self.flow.pause_reading()
+            self.pipeline.appendleft((cycle, app))
 
     def on_body(self, body: bytes) -> None:
         """uvicorn's, into a ``ReceivedBody``: the cycle starts with an empty
@@ -175,9 +239,29 @@ class CoalescingProtocol(_Base):
         super().on_body(body)
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()
-        if not self.transport.is_closing():
-            self._start_header_timer()  # the next request's headers
+        """uvicorn's (httptools), the response sent at once, the keep-alive clock on the
+        shared timer (h11's is its own, then the header clock)."""
+        transport = self.transport
+        if isinstance(transport, CoalescingTransport):
+            transport.flush()
+        if CheckedHeadersCycle is None:  # h11
+            super().on_response_complete()
+            if not transport.is_closing():
+                self._start_header_timer()
+            return
+        self.server_state.total_requests += 1
+        if transport.is_closing():
+            return
+        self.flow.resume_reading()
+        if self.pipeline:
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+            self._start_header_timer()
+            return
+        now = self.loop.time()
+        self._idle_due = now + self.timeout_keep_alive
+        self._header_due = now + self.header_read_timeout_s  # the next request's headers
+        self._arm(min(self._idle_due, self._header_due))
 
     def handle_websocket_upgrade(self, *args: Any) -> None:
         """The connection becomes a WebSocket (a stream, app/api/stream.py), which lives
@@ -185,7 +269,7 @@ class CoalescingProtocol(_Base):
         protocol writes each frame whole, so it gets the plain transport: gathering
         would hold every confirm and delivery back until the loop's next turn (a
         publish with one outstanding waits for each confirm)."""
-        self._stop_header_timer()
+        self._stop_timer()
         after_head = self._after_head()
         transport = self.transport
         if isinstance(transport, CoalescingTransport):
@@ -211,33 +295,49 @@ class CoalescingProtocol(_Base):
         return self._received[upgrade.args[0] :]
 
     def _start_header_timer(self) -> None:
-        """Headers are due ``header_read_timeout_s`` from now. A timer already armed
-        (for an earlier, closer time) is kept and moved on when it fires: a keep-alive
-        connection starts the clock after every response, and a timer made and
-        cancelled per response was a cost on every request."""
+        """Headers are due ``header_read_timeout_s`` from now."""
         self._header_due = self.loop.time() + self.header_read_timeout_s
-        if self._header_timer is None:
-            self._header_timer = self.loop.call_at(self._header_due, self._headers_late)
+        self._arm(self._header_due)
 
-    def _stop_header_timer(self) -> None:
-        self._header_due = None
-        if self._header_timer is not None:
-            self._header_timer.cancel()
-            self._header_timer = None
+    def _arm(self, due: float) -> None:
+        """Have the timer fire by ``due``. A timer already armed for no later is kept,
+        and moved on when it fires: a keep-alive connection starts both clocks after
+        every response, and a timer made and cancelled per response was a cost on every
+        request."""
+        timer = self._timer
+        if timer is not None:
+            if self._timer_at <= due:
+                return
+            timer.cancel()
+        self._timer_at = due
+        self._timer = self.loop.call_at(due, self._late)
 
-    def _headers_late(self) -> None:
-        """Close, unless a request whose headers arrived is being answered (its response
-        starts the clock again when it ends), or the clock started again since."""
-        self._header_timer = None
-        due = self._header_due
-        if due is None:
+    def _stop_timer(self) -> None:
+        self._header_due = self._idle_due = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _late(self) -> None:
+        """Close an idle connection whose keep-alive ran out, or one whose headers are
+        late unless a request whose headers arrived is being answered (its response
+        starts the clock again when it ends); else wait for the next due."""
+        self._timer = None
+        now = self.loop.time()
+        idle_due, header_due = self._idle_due, self._header_due
+        if idle_due is not None and now >= idle_due:
+            if not self.transport.is_closing():
+                self.transport.close()
             return
-        if self.loop.time() < due:
-            self._header_timer = self.loop.call_at(due, self._headers_late)
-            return
-        answering = self.cycle is not None and not self.cycle.response_complete
-        if not answering and not self.transport.is_closing():
-            self.transport.close()
+        if header_due is not None and now >= header_due:
+            self._header_due = header_due = None
+            answering = self.cycle is not None and not self.cycle.response_complete
+            if not answering and not self.transport.is_closing():
+                self.transport.close()
+                return
+        dues = [due for due in (idle_due, header_due) if due is not None]
+        if dues:
+            self._arm(min(dues))
 
 
 def http_protocol(header_read_timeout_s: float) -> type[CoalescingProtocol]:

@@ -306,10 +306,14 @@ class ResponseHeadersMiddleware:
     )
     PREFIX = f"{API_PREFIX}/queues/"
 
+    LEADER_LINES_MAX = 256
+
     def __init__(self, app: ASGIApp, state: State, metrics: AppMetrics) -> None:
         self.app = app
         self.state = state
         self.http = metrics.http
+        self._leader_lines: dict[str, tuple[bytes, bytes]] = {}
+        """Leader's name -> its header line, made once: the same few on every answer."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -329,7 +333,7 @@ class ResponseHeadersMiddleware:
                     node = node_or_none(self.state)
                     leader = None if node is None else node.leader_of(name)
                     if leader is not None:
-                        headers.append((b"quorra-leader", leader.encode()))
+                        headers.append(self._leader_line(leader))
                 message["headers"] = headers
             await send(message)
 
@@ -339,6 +343,14 @@ class ResponseHeadersMiddleware:
             route = scope.get("route")
             template = getattr(route, "path", None) or UNMATCHED_ROUTE
             self.http.observe(scope["method"], template, status, time.perf_counter() - started)
+
+    def _leader_line(self, leader: str) -> tuple[bytes, bytes]:
+        line = self._leader_lines.get(leader)
+        if line is None:
+            if len(self._leader_lines) >= self.LEADER_LINES_MAX:
+                self._leader_lines.clear()
+            line = self._leader_lines[leader] = (b"quorra-leader", leader.encode())
+        return line
 
 
 def _framing(scope: Scope) -> tuple[bytes | None, bool]:

@@ -160,3 +160,90 @@ def test_received_body_joins_only_several_chunks() -> None:
     assert bytes(held) is one  # the chunk itself, not a copy
     held += b"yz"
     assert (len(held), bytes(held)) == (1002, one + b"yz")
+
+
+# --- the keep-alive and header clocks on one timer -----------------------------------
+
+
+class Closable(Socketless):
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__()
+        self.loop = loop
+        self.closed_at: float | None = None
+
+    def is_closing(self) -> bool:
+        return self.closed_at is not None
+
+    def close(self) -> None:
+        if self.closed_at is None:
+            self.closed_at = self.loop.time()
+
+
+async def _answered_connection(keep_alive_s: float, header_s: float) -> tuple[Any, Closable]:
+    """A connection (keep-alive ``keep_alive_s``, headers due within ``header_s``) that
+    was answered one request; the response is on the wire before the loop turns."""
+    import uvicorn
+    from uvicorn.server import ServerState
+
+    from app.http_protocol import http_protocol
+
+    config = uvicorn.Config(_echo, lifespan="off", log_level="error")
+    config.timeout_keep_alive = keep_alive_s  # type: ignore[assignment]
+    config.load()
+    protocol = http_protocol(header_s)(config=config, server_state=ServerState(), app_state={})
+    transport = Closable(asyncio.get_running_loop())
+    protocol.connection_made(cast(Any, transport))
+    protocol.data_received(_request(b"ping"))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert transport.written.endswith(b"\r\n\r\n1:ping"), transport.written
+    return protocol, transport
+
+
+def test_an_idle_keep_alive_connection_is_closed_after_its_timeout() -> None:
+    async def go() -> tuple[float, float | None]:
+        protocol, transport = await _answered_connection(keep_alive_s=0.2, header_s=5.0)
+        idle_since = asyncio.get_running_loop().time()
+        await asyncio.sleep(1.0)
+        protocol.connection_lost(None)
+        return idle_since, transport.closed_at
+
+    idle_since, closed_at = asyncio.run(go())
+    assert closed_at is not None and 0.15 <= closed_at - idle_since < 0.9
+
+
+def test_bytes_of_a_next_request_stop_the_keep_alive_clock_not_the_header_clock() -> None:
+    """Part of a next request arrives before the keep-alive runs out: the connection is
+    not idle, but its headers are late once the header clock runs out."""
+
+    async def go() -> tuple[float, float | None, float | None]:
+        protocol, transport = await _answered_connection(keep_alive_s=0.2, header_s=0.8)
+        answered = asyncio.get_running_loop().time()
+        protocol.data_received(b"POST /x HT")
+        await asyncio.sleep(0.5)
+        open_at_keep_alive = transport.closed_at
+        await asyncio.sleep(1.0)
+        protocol.connection_lost(None)
+        return answered, open_at_keep_alive, transport.closed_at
+
+    answered, open_at_keep_alive, closed_at = asyncio.run(go())
+    assert open_at_keep_alive is None
+    assert closed_at is not None and 0.7 <= closed_at - answered < 1.4
+
+
+def test_a_connection_in_use_is_kept_open() -> None:
+    """Requests one after the other, each within the keep-alive, the whole over several
+    keep-alives and header timeouts: the connection stays open."""
+
+    async def go() -> tuple[float | None, int]:
+        protocol, transport = await _answered_connection(keep_alive_s=0.2, header_s=0.3)
+        for _ in range(8):
+            await asyncio.sleep(0.1)
+            protocol.data_received(_request(b"ping"))
+        await asyncio.sleep(0.01)
+        closed_at = transport.closed_at
+        protocol.connection_lost(None)
+        return closed_at, transport.written.count(b"1:ping")
+
+    closed_at, answers = asyncio.run(go())
+    assert closed_at is None and answers == 9
