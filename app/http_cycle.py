@@ -9,7 +9,8 @@ protocol's costs on a single publish. Here a line checked once is remembered as 
 one with its name lowered (up to ``LINES_MAX`` of them, then forgotten together: the
 date line changes every second, the lengths vary); every other step of the head is
 uvicorn's own (0.54): the status line, the length or chunked framing, ``Connection``,
-its access log, the errors it raises. The body and everything else are uvicorn's code.
+its access log, the errors it raises. The body's writing is uvicorn's code, and its
+reading too but for one wait skipped (``receive``).
 
 A whole head made once is kept too, by all it is made of (``HEADS_MAX`` of them, then
 forgotten together): a busy endpoint's answers repeat one head, and the walk over its
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 from typing import ClassVar, NamedTuple
 
-from uvicorn._types import ASGISendEvent
+from uvicorn._types import ASGIReceiveEvent, ASGISendEvent, HTTPRequestEvent
 from uvicorn.protocols.http.httptools_impl import (
     HEADER_RE,
     HEADER_VALUE_RE,
@@ -96,6 +97,29 @@ class CheckedHeadersCycle(RequestResponseCycle):
             self.chunked_encoding = head.chunked_encoding
         self.keep_alive = head.keep_alive
         self.transport.write(head.data)
+
+    async def receive(self) -> ASGIReceiveEvent:
+        """uvicorn's, without waiting on the request's event when it is set already: a
+        small request's body has arrived, whole, before its task first runs, and the
+        wait was a coroutine made and run for nothing on every request."""
+        if self.waiting_for_100_continue and not self.transport.is_closing():
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            self.waiting_for_100_continue = False
+        if not self.disconnected and not self.response_complete:
+            self.flow.resume_reading()
+            event = self.message_event
+            if not event.is_set():
+                await event.wait()
+            event.clear()
+        if self.disconnected or self.response_complete:
+            return {"type": "http.disconnect"}
+        message: HTTPRequestEvent = {
+            "type": "http.request",
+            "body": bytes(self.body),
+            "more_body": self.more_body,
+        }
+        self.body = bytearray()
+        return message
 
     def _head(self, status_code: int, is_head: object, lines: tuple[object, ...]) -> Head:
         """uvicorn's head for these lines, as it writes it (status line, lines checked,
