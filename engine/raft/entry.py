@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Protocol
 
+from engine.quick_init import quick_init
+
 
 class EntryKind(IntEnum):
     COMMAND = 0
@@ -26,6 +28,7 @@ class EntryKind(IntEnum):
     """A membership change; ``data`` is the encoded new configuration."""
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Entry:
     index: int

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.ids import ServerId
+from engine.quick_init import quick_init
 from engine.raft.entry import Entry
 from engine.raft.messages import Message
 from engine.raft.snapshot import Snapshot
@@ -44,6 +45,7 @@ class Receive:
     message: Message
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Propose:
     """Append ``commands`` (one entry each) if this server leads; answered in
@@ -94,6 +96,7 @@ class TransferLeadership:
     target: ServerId
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Persisted:
     """Storage has made every entry up to ``index`` durable; ``term`` is the term of the
@@ -138,6 +141,7 @@ Event = (
 # --- outputs ----------------------------------------------------------------------------
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class HardState:
     term: int
@@ -145,6 +149,7 @@ class HardState:
     commit: int
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Accepted:
     """Proposal ``request_id`` became entries ``first_index..last_index`` of ``term``.
