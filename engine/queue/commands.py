@@ -31,6 +31,7 @@ import numpy as np
 import numpy.typing as npt
 
 from engine.errors import InvalidRequest
+from engine.quick_init import quick_init
 
 FORMAT_VERSION = 1
 
@@ -146,6 +147,7 @@ def decode_receipts_few(command: bytes) -> tuple[list[tuple[int, int]], int] | N
 # --- checkout and simple commands ---------------------------------------------------
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Checkout:
     consumer: str

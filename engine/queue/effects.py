@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from engine.errors import QuorraError
+from engine.quick_init import quick_init
 from engine.raft.state_machine import MachineEffect
 
 REASON_REJECTED = "rejected"
@@ -64,6 +65,7 @@ class Rejected:
         return self.error(self.detail)
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Enqueued:
     """``ids[k]`` is the public message id of message ``k`` of the batch; for a duplicate

@@ -21,7 +21,10 @@ from typing import ClassVar, Protocol
 
 from pyroaring import BitMap64
 
+from engine.quick_init import quick_init
 
+
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ApplyMeta:
     index: int

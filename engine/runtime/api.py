@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol, TypeAlias
 
 from engine.publish_trace import PublishTrace
+from engine.quick_init import quick_init
 from engine.storage.wal_stats import WalStats
 
 Trigger = Literal["manual", "auto"]
@@ -129,6 +130,7 @@ class BrowsedMessage:
     published_at_ms: int
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class SettleResult:
     settled: int
@@ -136,6 +138,7 @@ class SettleResult:
     """Positions (0-based) of receipts whose lease had expired: HTTP 409 per receipt."""
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ReceivedBatch:
     """The messages one receive leased, as parallel lists (no object per message: a

@@ -6,11 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.errors import StorageFailed
+from engine.quick_init import quick_init
 from engine.storage.checkpoint import Checkpoint
 from engine.storage.server_log import ServerLog
 from engine.storage.wal import HardState
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Persisted:
     """Entries of ``uid`` up to ``index`` (of ``term``) are durable: the runtime hands the

@@ -49,6 +49,7 @@ import crc32c
 from engine.errors import RecoveryRefused, StorageFailed
 from engine.limits import Limits
 from engine.publish_trace import PublishTrace, Stage
+from engine.quick_init import quick_init
 from engine.raft.entry import Entry, EntryKind
 from engine.storage.disk import Disk, DiskFile
 from engine.storage.wal_carry import CarryRuns
@@ -90,6 +91,7 @@ class HardState:
     commit: int
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class AppendOp:
     uid: str
