@@ -197,6 +197,11 @@ class QueueOps:
         call = ReceiveCall(name, consumer, max_messages, wait_ms, lease_ms, ack)
         self.check(call)
         with ctx.admit():
+            rep = ctx.replicas.get(name)
+            if rep is not None and rep.raft.role is Role.LEADER:
+                # Led here (always, on a single node), as ``publish``: ``route`` would
+                # find the same, and a batch made here needs no check of its lists.
+                return await self.receive_local(rep, consumer, max_messages, wait_ms, lease_ms, ack)
             result = await ctx.router.route(call)
         assert isinstance(result, ReceivedBatch)
         if not result.consistent():
