@@ -34,7 +34,7 @@ from app.problems import UnsupportedMediaType
 from engine.errors import InvalidRequest, MessageTooLarge, QuorraError, ValidationFailed
 from engine.limits import Limits
 from engine.queue.receipts import RECEIPT_CHARS, are_receipt_texts
-from engine.runtime.api import OutgoingMessage, PublishItem, body_only
+from engine.runtime.api import OutgoingMessage, PublishItem, body_only, outgoing
 
 # --- bytes to values ---------------------------------------------------------------
 
@@ -288,7 +288,23 @@ def _publish(payload: object, limits: Limits) -> list[PublishItem]:
     out: list[PublishItem] = []
     total = 0
     for position, m in enumerate(messages):
-        body = m.get("body") if type(m) is dict and len(m) == 1 else None
+        fields = len(m) if type(m) is dict else 0
+        body = m.get("body") if fields == 1 else None
+        if fields == 2:
+            # The usual batch writer's message (the Spark connector's rows): a body and
+            # a dedup id, every other field at its default, as the engine's
+            # ``KeyedItem``. What ``_message`` accepts of it, checked the same way.
+            dedup_id = m.get("dedup_id")
+            body = m.get("body")
+            if type(dedup_id) is str and _DEDUP_ID.accepts(dedup_id):
+                if type(body) is str and body.isascii():
+                    body = body.encode()
+                if type(body) is bytes:
+                    _text(dedup_id, f"messages[{position}].dedup_id")
+                    total += len(body)
+                    out.append((dedup_id, body))
+                    continue
+            body = None
         if type(body) is bytes:
             # The usual stream message, its body alone as MessagePack bytes: what
             # ``_message`` makes of it (the default encoding takes bytes as they are),
@@ -326,7 +342,7 @@ def publish_items(payload: object, limits: Limits) -> list[PublishItem]:
 
 def publish_messages(payload: object, limits: Limits) -> list[OutgoingMessage]:
     """``publish_items``, each message an ``OutgoingMessage``."""
-    return [body_only(m) if isinstance(m, bytes) else m for m in publish_items(payload, limits)]
+    return [outgoing(m) for m in publish_items(payload, limits)]
 
 
 # --- receive and settle ----------------------------------------------------------

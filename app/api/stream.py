@@ -69,7 +69,7 @@ from app.ws_protocol import SEND_NOW
 from engine.errors import InvalidRequest, NoLeader, QueueNotFound, QuorraError, ValidationFailed
 from engine.limits import Limits
 from engine.publish_trace import PublishTrace, Stage
-from engine.runtime.api import PublishItem, QueueEngine
+from engine.runtime.api import PublishItem, QueueEngine, item_body
 
 log = logging.getLogger("quorra.app")
 
@@ -129,7 +129,7 @@ def publish_frame(frame: dict[str, Any], last_seq: int, limits: Limits) -> Pendi
         messages = message_bodies.publish_items(payload, limits)
     except (RequestValidationError, QuorraError) as e:
         raise FrameError(refusal(e), of="publish", seq=seq) from None
-    size = sum(len(m) if isinstance(m, bytes) else len(m.body) for m in messages)
+    size = sum(len(item_body(m)) for m in messages)
     return PendingPublish(seq, messages, size)
 
 

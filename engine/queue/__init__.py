@@ -103,6 +103,7 @@ from engine.queue.effects import (
     SettledCheckedOut,
 )
 from engine.queue.enqueue_codec import (
+    KeyedBody,
     MessageView,
     NewMessage,
     encode_enqueue,
@@ -132,6 +133,7 @@ __all__ = [
     "Delivery",
     "Enqueued",
     "Expired",
+    "KeyedBody",
     "Kind",
     "MemorySpill",
     "MemoryUse",

@@ -67,9 +67,14 @@ def on_enqueue(
         recs = codec.enqueue_records(command)
         batch_sizes = recs["body_len"].astype(np.uint64) + recs["headers_len"].astype(np.uint64)
         n, size_max, bytes_total = len(recs), int(batch_sizes.max()), int(batch_sizes.sum())
+        # The ids' places read as columns: a row of a structured array costs a
+        # microsecond to index, more than the rest of a message's apply.
+        keyed = np.flatnonzero(recs["dedup_len"])
+        starts = recs["data_offset"][keyed]
+        ends = starts + recs["dedup_len"][keyed]
         keys = [
-            (k, codec.dedup_id_at(command, recs[k]))
-            for k in np.flatnonzero(recs["dedup_len"]).tolist()
+            (k, bytes(command[a:b]))
+            for k, a, b in zip(keyed.tolist(), starts.tolist(), ends.tolist(), strict=True)
         ]
         sizes = batch_sizes
     if n > m._limits.batch_messages_max:

@@ -20,10 +20,11 @@ map). A message's *size* is ``body_len + headers_len``; that is what ``max_bytes
 
 from __future__ import annotations
 
+import itertools
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, TypeAlias, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -72,14 +73,25 @@ class NewMessage:
         assert self.dedup_id is None or 1 <= len(self.dedup_id) <= DEDUP_ID_BYTES_MAX
 
 
-def encode_enqueue(messages: Sequence[NewMessage | bytes]) -> bytes:
+KeyedBody: TypeAlias = tuple[bytes, bytes]
+"""A message given as its dedup id (1..``DEDUP_ID_BYTES_MAX`` bytes) and its body, in
+that order (the order of its bytes in the entry), every other field at its default: how
+batch writers publish (the Spark connector gives each row an id, so that a retried task
+publishes nothing twice), encoded without a ``NewMessage`` each."""
+
+
+def encode_enqueue(messages: Sequence[NewMessage | bytes | KeyedBody]) -> bytes:
     """One log entry for a publish batch (all or nothing when applied). A message given
     as its body alone (``bytes``) has every other field at its default: most messages
     are published so, and a ``NewMessage`` each cost more than encoding them."""
     n = len(messages)
     assert 1 <= n <= SLOTS_PER_ENTRY_MAX, n
-    if n > ENQUEUE_FEW_MAX and set(map(type, messages)) == _BYTES_ONLY:
-        return _encode_bodies(cast("Sequence[bytes]", messages))
+    if n > ENQUEUE_FEW_MAX:
+        kinds = set(map(type, messages))
+        if kinds == _BYTES_ONLY:
+            return _encode_bodies(cast("Sequence[bytes]", messages))
+        if kinds == _KEYED_ONLY:
+            return _encode_keyed(cast("Sequence[KeyedBody]", messages))
     records: list[bytes] = []
     data: list[bytes] = []
     offset = _ENQ_HEAD.size + n * RECORD_BYTES
@@ -88,6 +100,13 @@ def encode_enqueue(messages: Sequence[NewMessage | bytes]) -> bytes:
             records.append(_RECORD.pack(len(m), 0, offset, 0, 0, 0, -1, 0))
             data.append(m)
             offset += len(m)
+            continue
+        if type(m) is tuple:
+            dedup, body = m
+            assert 1 <= len(dedup) <= DEDUP_ID_BYTES_MAX
+            records.append(_RECORD.pack(len(body), 0, offset, len(dedup), 0, 0, -1, 0))
+            data += m
+            offset += len(dedup) + len(body)
             continue
         assert isinstance(m, NewMessage), type(m)
         dedup = m.dedup_id or b""
@@ -110,6 +129,7 @@ def encode_enqueue(messages: Sequence[NewMessage | bytes]) -> bytes:
 
 
 _BYTES_ONLY = {bytes}
+_KEYED_ONLY = {tuple}
 _BODY_RECORD = np.frombuffer(_RECORD.pack(0, 0, 0, 0, 0, 0, -1, 0), "<u4")
 """A record of a message that is its body alone, as u32 words: only its body_len (word
 0) and data_offset (word 2) differ from one message to the next."""
@@ -130,6 +150,27 @@ def _encode_bodies(bodies: Sequence[bytes]) -> bytes:
     words[:, 2] = ends - lengths + data_at
     head = _ENQ_HEAD.pack(_KIND_ENQUEUE, FORMAT_VERSION, n)
     return b"".join([head, words.tobytes(), *bodies])
+
+
+def _encode_keyed(messages: Sequence[KeyedBody]) -> bytes:
+    """``_encode_bodies`` for messages given as their dedup ids and bodies: word 3 of a
+    record is its dedup id's length (priority and flags, its upper bytes, are 0), and
+    each message's data is its id, then its body."""
+    n = len(messages)
+    dedup_lens = np.fromiter([len(d) for d, _b in messages], np.int64, count=n)
+    body_lens = np.fromiter([len(b) for _d, b in messages], np.int64, count=n)
+    assert int(dedup_lens.min()) >= 1 and int(dedup_lens.max()) <= DEDUP_ID_BYTES_MAX
+    sizes = dedup_lens + body_lens
+    ends = sizes.cumsum()
+    data_at = _ENQ_HEAD.size + n * RECORD_BYTES
+    assert data_at + int(ends[-1]) < 1 << 32
+    words = np.empty((n, len(_BODY_RECORD)), "<u4")
+    words[:] = _BODY_RECORD
+    words[:, 0] = body_lens
+    words[:, 2] = ends - sizes + data_at
+    words[:, 3] = dedup_lens
+    head = _ENQ_HEAD.pack(_KIND_ENQUEUE, FORMAT_VERSION, n)
+    return b"".join([head, words.tobytes(), *itertools.chain.from_iterable(messages)])
 
 
 @decoder
@@ -284,6 +325,7 @@ __all__ = [
     "ENQUEUE_FEW_MAX",
     "RECORD_BYTES",
     "RECORD_DTYPE",
+    "KeyedBody",
     "MessageView",
     "NewMessage",
     "Record",

@@ -98,7 +98,32 @@ def body_only(body: bytes) -> OutgoingMessage:
     return message
 
 
-PublishItem: TypeAlias = OutgoingMessage | bytes
+KeyedItem: TypeAlias = tuple[str, bytes]
+"""A message given as its ``dedup_id`` and its body, every other field at its default:
+how batch writers publish (the Spark connector gives each row an id, so that a retried
+task publishes nothing twice); no ``OutgoingMessage`` is made for it."""
+
+PublishItem: TypeAlias = OutgoingMessage | bytes | KeyedItem
+
+
+def item_body(item: PublishItem) -> bytes:
+    """The body of ``item``."""
+    if isinstance(item, bytes):
+        return item
+    if isinstance(item, tuple):
+        return item[1]
+    return item.body
+
+
+def outgoing(item: PublishItem) -> OutgoingMessage:
+    """``item`` as the ``OutgoingMessage`` it stands for."""
+    if isinstance(item, bytes):
+        return body_only(item)
+    if isinstance(item, tuple):
+        return OutgoingMessage(item[1], dedup_id=item[0])
+    return item
+
+
 """A message of a publish batch: an ``OutgoingMessage``, or its body alone (``bytes``),
 the message with every other field at its default. Most messages are published so, and
 an ``OutgoingMessage`` each (a frozen dataclass, six fields set one by one) cost more
@@ -406,6 +431,7 @@ __all__ = [
     "CompactionRecord",
     "HistorySource",
     "HistoryStatus",
+    "KeyedItem",
     "LeaderHistory",
     "OutgoingMessage",
     "PublishItem",
@@ -420,4 +446,6 @@ __all__ = [
     "SettleResult",
     "Trigger",
     "body_only",
+    "item_body",
+    "outgoing",
 ]

@@ -179,6 +179,7 @@ def check_message(m: OutgoingMessage, policy: QueuePolicy, limits: Limits) -> by
 
 
 __all__ = [
+    "DEDUP_ID_BYTES_MAX",
     "META_FILE",
     "QueueMeta",
     "args_with",

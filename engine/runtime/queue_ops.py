@@ -29,6 +29,7 @@ from engine.limits import Limits
 from engine.queue import (
     CheckedOut,
     Enqueued,
+    KeyedBody,
     NewMessage,
     Purged,
     Settled,
@@ -54,9 +55,14 @@ from engine.runtime.api import (
     PublishItem,
     ReceivedBatch,
     SettleResult,
-    body_only,
+    outgoing,
 )
-from engine.runtime.meta import CONSUMER_BYTES_MAX, check_message, decode_headers
+from engine.runtime.meta import (
+    CONSUMER_BYTES_MAX,
+    DEDUP_ID_BYTES_MAX,
+    check_message,
+    decode_headers,
+)
 from engine.runtime.replica import Replica
 from engine.runtime.routing import (
     BrowseCall,
@@ -111,7 +117,7 @@ class QueueOps:
                 # Led here (always, on a single node): ``route`` would find the same.
                 return await self.publish_local(rep, messages, on_durable)
             # A call crosses the wire with whole messages (engine/runtime/wire.py).
-            whole = [body_only(m) if isinstance(m, bytes) else m for m in messages]
+            whole = [outgoing(m) for m in messages]
             result = await ctx.router.route(PublishCall(name, whole))
         assert isinstance(result, list)
         return result
@@ -141,20 +147,27 @@ class QueueOps:
 
     def new_messages(
         self, rep: Replica, messages: Sequence[PublishItem]
-    ) -> list[NewMessage | bytes]:
+    ) -> list[NewMessage | bytes | KeyedBody]:
         """The batch to encode, each message checked. A message given as its body alone
-        (``bytes``), or with a ``bytes`` body and every other field at its default (most
-        of them), needs only its size checked, and is encoded from its body alone; the
-        others go through ``check_message``."""
+        (``bytes``) or as its dedup id and body (``KeyedItem``), or an ``OutgoingMessage``
+        with a ``bytes`` body and every other field (but the dedup id) at its default
+        (most of them), needs only its sizes checked, and is encoded from its body (and
+        id) alone; the others go through ``check_message``."""
         policy = rep.machine.policy
         body_bytes_max = policy.max_message_bytes
-        batch: list[NewMessage | bytes] = []
+        batch: list[NewMessage | bytes | KeyedBody] = []
         for m in messages:
             if type(m) is bytes:
                 if len(m) > body_bytes_max:
                     raise MessageTooLarge(f"a message is larger than {body_bytes_max} bytes")
                 batch.append(m)
                 continue
+            if type(m) is tuple:
+                dedup_id, body = m
+                if type(body) is bytes and type(dedup_id) is str:
+                    batch.append(_keyed(dedup_id, body, body_bytes_max))
+                    continue
+                m = outgoing(m)
             assert isinstance(m, OutgoingMessage), type(m)
             body = m.body
             if (
@@ -165,12 +178,16 @@ class QueueOps:
                 and m.ttl_ms is None
                 and type(m.delay_ms) is int
                 and m.delay_ms == 0
-                and m.dedup_id is None
             ):
-                if len(body) > body_bytes_max:
-                    raise MessageTooLarge(f"a message is larger than {body_bytes_max} bytes")
-                batch.append(body)
-                continue
+                key = m.dedup_id
+                if key is None:
+                    if len(body) > body_bytes_max:
+                        raise MessageTooLarge(f"a message is larger than {body_bytes_max} bytes")
+                    batch.append(body)
+                    continue
+                if type(key) is str:
+                    batch.append(_keyed(key, body, body_bytes_max))
+                    continue
             batch.append(
                 NewMessage(
                     bytes(body),
@@ -455,6 +472,16 @@ def _check_receipts(receipts: list[str], limits: Limits) -> None:
     if len(receipts) > limits.receive_messages_max:
         raise ValidationFailed(f"at most {limits.receive_messages_max} receipts")
     check_receipt_texts(receipts)
+
+
+def _keyed(dedup_id: str, body: bytes, body_bytes_max: int) -> KeyedBody:
+    """A message of a dedup id and a body, checked as ``check_message`` would."""
+    if len(body) > body_bytes_max:
+        raise MessageTooLarge(f"a message is larger than {body_bytes_max} bytes")
+    dedup = dedup_id.encode()
+    if not 1 <= len(dedup) <= DEDUP_ID_BYTES_MAX:
+        raise ValidationFailed(f"dedup_id must be 1..{DEDUP_ID_BYTES_MAX} bytes")
+    return dedup, body
 
 
 def _check_publish(messages: int, limits: Limits) -> None:

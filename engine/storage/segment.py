@@ -28,6 +28,7 @@ checks it, and checks each entry's data on read.
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -65,6 +66,11 @@ INDEX_DTYPE = np.dtype(
     ]
 )
 assert INDEX_DTYPE.itemsize == 48 and _HEADER.size + 4 == SLOT_BYTES
+_INDEX_TERM = struct.Struct("<QQ")
+"""A row's first two fields: index, term."""
+HEAD_READ_BYTES = 4096
+"""What recovery reads of a segment's start: the header, and the index when it fits
+(a segment of up to 82 rows)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +88,13 @@ class SegmentInfo:
     data_offset: int
     index_crc: int
     bytes: int
+    tail_index: int = 0
+    """The last entry the index holds (0: not read). A small segment's whole index lies
+    in the first ``HEAD_READ_BYTES`` of the file, read with the header: its last row is
+    kept, CRC checked, so that the term of a log's last entry is known at recovery
+    without opening the segment again."""
+    tail_term: int = 0
+    """The term of ``tail_index``."""
 
 
 SEGMENTS_DIR = "segments"
@@ -176,19 +189,29 @@ def read_segment_info(disk: Disk, path: str) -> SegmentInfo | None:
     if neither slot is valid."""
     f = disk.open(path)
     try:
-        head, size = f.pread(0, HEADER_BYTES), f.size()
+        head, size = f.pread(0, HEAD_READ_BYTES), f.size()
     finally:
         f.close()
     slots = [_slot(path, head[k : k + SLOT_BYTES], size) for k in (0, SLOT_BYTES)]
     valid = [info for info in slots if info is not None]
-    return max(valid, key=lambda info: info.generation) if valid else None
+    return _with_tail(max(valid, key=lambda info: info.generation), head) if valid else None
 
 
 def segment_info_of(path: str, data: bytes) -> SegmentInfo:
     """The header of a segment ``encode_segment`` just made, read from its bytes."""
     info = _slot(path, data[:SLOT_BYTES], len(data))
     assert info is not None, f"segment {path} unreadable as encoded"
-    return info
+    return _with_tail(info, memoryview(data)[:HEAD_READ_BYTES])
+
+
+def _with_tail(info: SegmentInfo, head: bytes | memoryview) -> SegmentInfo:
+    """``info`` with its index's last row when the whole index lies in ``head`` and
+    passes its CRC (else as it is: the row is read on demand, as before)."""
+    end = info.index_offset + info.count * INDEX_DTYPE.itemsize
+    if end > len(head) or crc32c.crc32c(head[info.index_offset : end]) != info.index_crc:
+        return info
+    index, term = _INDEX_TERM.unpack_from(head, end - INDEX_DTYPE.itemsize)
+    return dataclasses.replace(info, tail_index=index, tail_term=term)
 
 
 def _slot(path: str, head: bytes, size: int) -> SegmentInfo | None:

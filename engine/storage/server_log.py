@@ -252,6 +252,8 @@ class ServerLog:
         seg = self._segment_for(index)
         if seg is None:
             return None
+        if index == seg.info.tail_index:  # a small segment's last entry: no read
+            return seg.info.tail_term
         cached = self._cached_run(seg.info, index, index + 1)
         return cached[0].term if cached else self._cache.get(seg.info).term(index)
 

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from engine.errors import InvalidRequest
 from engine.queue import (
+    KeyedBody,
     Kind,
     NewMessage,
     QueueMachine,
@@ -38,7 +39,7 @@ from engine.queue.commands import (
     decode_receipts,
     split_settle_checkout,
 )
-from engine.queue.enqueue_codec import enqueue_records
+from engine.queue.enqueue_codec import dedup_id_at, enqueue_records
 from engine.raft.state_machine import ApplyMeta
 
 new_messages = st.builds(
@@ -82,14 +83,48 @@ def test_enqueue_entry_round_trip(messages: list[NewMessage]) -> None:
                 assert headers == [m.headers for m in wanted]
 
 
+keyed_bodies = st.tuples(st.binary(min_size=1, max_size=255), st.binary(max_size=300))
+
+
+def _spelled(m: NewMessage | bytes | KeyedBody) -> NewMessage:
+    if isinstance(m, bytes):
+        return NewMessage(m)
+    if isinstance(m, tuple):
+        return NewMessage(m[1], dedup_id=m[0])
+    return m
+
+
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.one_of(new_messages, st.binary(max_size=300)), min_size=1, max_size=40))
+@given(
+    st.lists(
+        st.one_of(new_messages, st.binary(max_size=300), keyed_bodies), min_size=1, max_size=40
+    )
+)
 def test_a_body_alone_encodes_as_a_message_with_defaults(
-    messages: list[NewMessage | bytes],
+    messages: list[NewMessage | bytes | KeyedBody],
 ) -> None:
-    """A bare ``bytes`` in a batch is the same entry as ``NewMessage(body)`` there."""
-    spelled = [NewMessage(m) if isinstance(m, bytes) else m for m in messages]
-    assert encode_enqueue(messages) == encode_enqueue(spelled)
+    """A bare ``bytes`` in a batch is the same entry as ``NewMessage(body)`` there, and a
+    (dedup id, body) pair the same as ``NewMessage(body, dedup_id=...)``."""
+    assert encode_enqueue(messages) == encode_enqueue([_spelled(m) for m in messages])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(1, 1024).flatmap(
+        lambda n: st.lists(
+            st.tuples(st.binary(min_size=1, max_size=40), st.binary(max_size=64)),
+            min_size=n,
+            max_size=n,
+        )
+    )
+)
+def test_a_batch_of_keyed_bodies_is_the_entry_of_its_messages(messages: list[KeyedBody]) -> None:
+    """Past ``ENQUEUE_FEW_MAX``, (dedup id, body) pairs are encoded by array operations:
+    byte for byte the entry of the same ``NewMessage``s, each id read back."""
+    entry = encode_enqueue(messages)
+    assert entry == encode_enqueue([_spelled(m) for m in messages])
+    records = enqueue_records(entry)
+    assert [dedup_id_at(entry, r) for r in records] == [d for d, _b in messages]
 
 
 @settings(max_examples=60, deadline=None)

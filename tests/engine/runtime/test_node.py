@@ -265,6 +265,19 @@ def test_priorities_ttl_delay_dedup(tmp_path: Path) -> None:
             ids2 = await node.publish("u", msgs("x", dedup_id="k1") + msgs("y", dedup_id="k2"))
             assert ids2[0] == ids1[0]
             assert await drain(node, "u") == [b"x", b"y"]
+
+            # Messages given as (dedup id, body), as batch writers send them: a batch
+            # past the few that are encoded one by one, then repeated in part.
+            await node.create_queue("k", QueueArgs())
+            first = await node.publish("k", [(f"row-{i}", b"r%d" % i) for i in range(40)])
+            again = await node.publish("k", [(f"row-{i}", b"new") for i in range(30, 50)])
+            assert again[:10] == first[30:] and len(set(again[10:]) - set(first)) == 10
+            rows = [b"r%d" % i for i in range(40)] + [b"new"] * 10
+            assert await drain(node, "k") == rows
+            with pytest.raises(ValidationFailed, match="dedup_id"):
+                await node.publish("k", [("", b"x")])
+            with pytest.raises(MessageTooLarge):
+                await node.publish("k", [("big", b"x" * (1 << 22))])
         finally:
             await node.stop()
 

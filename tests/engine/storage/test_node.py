@@ -20,6 +20,7 @@ from engine.storage import (
     SnapshotReset,
     WalBatch,
 )
+from engine.storage.disk import DiskFile
 from engine.storage.segment import SegmentReader
 from tests.engine.storage.conftest import entries, one_server, small_limits
 
@@ -57,6 +58,32 @@ def test_overwrite_replaces_the_suffix_in_mem_table_and_segments() -> None:
     storage = reopen(disk)
     storage.open_server("q")
     assert all_entries(storage) == expected + [(i, 2) for i in range(15, 45)]
+
+
+class OpenCounting(FakeDisk):
+    def __init__(self) -> None:
+        super().__init__()
+        self.opened: list[str] = []
+
+    def open(self, path: str, *, create: bool = False) -> DiskFile:
+        self.opened.append(path)
+        return super().open(path, create=create)
+
+
+def test_the_last_entrys_term_is_known_from_recovery_without_opening_its_segment() -> None:
+    """A queue that comes back asleep checks its record against the log's last term at
+    start: 10,000 of them opened 10,000 segment files again for it."""
+    disk = OpenCounting()
+    storage = NodeStorage.open(disk, small_limits())
+    storage.open_server("q")
+    storage.append("q", entries(1, 30, term=1, size=64))
+    storage.append("q", entries(28, 3, term=2, size=64))
+    storage.sync()
+    storage.close()  # a clean stop: the mem table goes to segments
+    log = NodeStorage.open(disk, small_limits(read_cache_bytes_max=0)).open_server("q").log
+    assert [log.term(i) for i in (1, 5, 9, 13)] == [1, 1, 1, 1]  # other segments' readers
+    disk.opened.clear()
+    assert (log.last_index(), log.term(30)) == (30, 2) and disk.opened == []
 
 
 def test_recovery_loads_the_checkpoint_and_keeps_the_log_after_it() -> None:

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from engine.errors import EntryDamaged, StorageFailed
 from engine.storage.disk import FakeDisk
 from engine.storage.segment import (
+    HEAD_READ_BYTES,
     HEADER_BYTES,
     OVERWRITES,
     SLOT_BYTES,
@@ -43,6 +44,24 @@ def test_sparse_segment_answers_only_for_its_entries() -> None:
     reader = SegmentReader(disk, info)
     assert [reader.read(i) for i in (3, 15, 30)] == [kept[0], kept[4], kept[9]]
     assert reader.read(4) is None and reader.term(29) is None
+
+
+def test_a_small_segments_last_row_is_read_with_its_header() -> None:
+    disk = FakeDisk()
+    write_segment(disk, "q", 1, entries(1, 20, term=3), 0)
+    kept = [e for e in entries(1, 31, term=5) if e.index % 3 == 0]
+    write_segment(disk, "q", 2, kept, 0)
+    rows = HEAD_READ_BYTES // 48
+    write_segment(disk, "q", 3, entries(1, rows, term=2), 0)
+    tails = []
+    for seq in (1, 2, 3):
+        info = read_segment_info(disk, segment_path("q", seq))
+        assert info is not None
+        tails.append((info.tail_index, info.tail_term))
+    assert tails == [(20, 3), (30, 5), (0, 0)]  # the third's index ends past the read
+    disk.flip_bit(segment_path("q", 1), (HEADER_BYTES + 10) * 8)  # its index damaged
+    info = read_segment_info(disk, segment_path("q", 1))
+    assert info is not None and (info.hi, info.tail_index, info.tail_term) == (20, 0, 0)
 
 
 def test_damaged_header_index_or_data_is_detected() -> None:
@@ -99,6 +118,7 @@ def test_the_second_header_slot_lets_dead_data_be_cut_off_the_end() -> None:
     f.sync()
     cut = read_segment_info(disk, path)
     assert cut is not None and (cut.generation, cut.count, cut.hi) == (2, 4, 4)
+    assert (cut.tail_index, cut.tail_term) == (4, 1)
     assert [SegmentReader(disk, cut).read(i) for i in range(1, 5)] == written[:4]
     disk.flip_bit(path, 8 * (SLOT_BYTES + 8))  # the new slot damaged: the old one rules
     assert read_segment_info(disk, path) == dataclasses.replace(info, bytes=end)
