@@ -4,7 +4,8 @@ follower's answers.
 Rules:
 - The leader sends each follower what its ``Progress`` says it lacks, paced by flow
   control (``progress.py``): one probe at a time until a follower's log matches, then a
-  pipeline bounded by in-flight messages and bytes. Entries compacted away are sent as a
+  pipeline bounded by in-flight messages and bytes. Proposals stepped before one
+  ``Ready`` go to each follower in one append (``RaftServer.append_due``). Entries compacted away are sent as a
   snapshot instead (``snapshot_transfer``).
 - A follower accepts entries only after the entry before them matches (log matching);
   on a mismatch it answers with a hint of where its log diverges, so the leader skips a

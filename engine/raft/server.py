@@ -109,6 +109,7 @@ class RaftServer:
     # Slots: a node hosts thousands of cores, and an instance dict costs ~1.5 KiB each.
     __slots__ = (
         "_rd",
+        "append_due",
         "applied",
         "check_quorum_due_ms",
         "commit",
@@ -219,6 +220,9 @@ class RaftServer:
         self.incoming_snapshot: snapshot_transfer.Incoming | None = None
         self.pending_install: tuple[Snapshot, list[Entry]] | None = None
         self.hard_state_out = HardState(self.term, self.vote, self.commit)
+        self.append_due = False
+        """A leader appended proposals not sent yet: ``ready`` sends them, so that the
+        proposals of one turn of the host's loop go to each follower as one append."""
         self._rd: Ready | None = None
         """What the next ``ready()`` returns, filled as events are stepped; made at the
         first use (``rd``): an empty ``Ready`` holds ten lists, 700 bytes an idle
@@ -286,6 +290,8 @@ class RaftServer:
         rd = self._rd
         if (rd is not None and not rd.is_empty()) or self.pending_install is not None:
             return True
+        if self.append_due:
+            return True
         hs = self.hard_state_out
         if (hs.term, hs.vote, hs.commit) != (self.term, self.vote, self.commit):
             return True
@@ -306,6 +312,10 @@ class RaftServer:
         return rd
 
     def ready(self) -> Ready:
+        if self.append_due:
+            self.append_due = False
+            if self.role is Role.LEADER:
+                replication.broadcast_append(self)
         rd = self._rd if self._rd is not None else Ready()
         self._rd = None
         hs = HardState(self.term, self.vote, self.commit)
@@ -445,7 +455,13 @@ class RaftServer:
         self.uncommitted.append((last, size))
         self.uncommitted_bytes += size
         self.rd.accepted.append(Accepted(event.request_id, first, last, self.term))
-        replication.broadcast_append(self)
+        if self.progress:
+            # Sent by ``ready``: every proposal stepped before it goes in one append per
+            # follower, not one each (each costs an encode here, a decode and a step
+            # there, and an in-flight slot).
+            self.append_due = True
+        else:
+            replication.broadcast_append(self)
 
     def proposal_refusal(self) -> str | None:
         """Why this server takes no proposal now, or ``None``."""

@@ -137,20 +137,20 @@ class Timers:
 
     def tick(self, rep: Replica) -> None:
         """Step the core's clocks (at a deadline, and before a step that must see them:
-        a peer's message, a membership change)."""
-        clock = self.ctx.clock
-        rep.raft.step(Tick(clock.monotonic_ms(), clock.wall_ms()))
-
-    def tick_to_propose(self, rep: Replica) -> None:
-        """``tick`` before a proposal (the core stamps entries with the last wall time it
-        saw), only if a clock moved since the core last saw them: a tick of the same
-        clocks changes nothing in it (the proposal's own step follows at once), and
-        within one millisecond several proposals come in a row."""
+        a peer's message, a membership change, a proposal, whose entries the core
+        stamps with the last wall time it saw), only if a clock moved since the core
+        last saw them: a tick of the same clocks changes nothing in it, and within one
+        millisecond several messages and proposals come in a row (a follower's every
+        append built and stepped a ``Tick`` for nothing)."""
         clock = self.ctx.clock
         now_ms, wall_ms = clock.monotonic_ms(), clock.wall_ms()
         raft = rep.raft
         if now_ms > raft.now_ms or wall_ms != raft.wall_ms:
             raft.step(Tick(now_ms, wall_ms))
+
+    def tick_to_propose(self, rep: Replica) -> None:
+        """``tick`` before a proposal."""
+        self.tick(rep)
 
 
 __all__ = ["Timers"]

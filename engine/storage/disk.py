@@ -33,11 +33,18 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Protocol
 
+_IOV_MAX = 1024
+"""The most buffers one ``pwritev`` takes (Linux's ``IOV_MAX``)."""
+
 
 class DiskFile(Protocol):
     """An open file. Writes go at the end (``append``) or at an offset (``pwrite``)."""
 
     def append(self, data: bytes) -> None: ...
+
+    def append_parts(self, parts: list[bytes]) -> None:
+        """``append`` of the bytes of ``parts`` in order, without joining them first."""
+        ...
 
     def pwrite(self, offset: int, data: bytes) -> None: ...
 
@@ -165,7 +172,18 @@ class _OsFile:
     def append(self, data: bytes) -> None:
         self.pwrite(self._size, data)
 
-    def pwrite(self, offset: int, data: bytes) -> None:
+    def append_parts(self, parts: list[bytes]) -> None:
+        offset = self._size
+        for at in range(0, len(parts), _IOV_MAX):
+            group = parts[at : at + _IOV_MAX]
+            want = sum(map(len, group))
+            n = os.pwritev(self._fd, group, offset)
+            if n < want:  # a short write (rare on a file): the rest one buffer at a time
+                self.pwrite(offset + n, memoryview(b"".join(group))[n:])
+            offset += want
+        self._size = max(self._size, offset)
+
+    def pwrite(self, offset: int, data: bytes | memoryview) -> None:
         view = memoryview(data)
         while view:
             n = os.pwrite(self._fd, view, offset)
@@ -353,6 +371,9 @@ class _FakeFile:
 
     def append(self, data: bytes) -> None:
         self.pwrite(len(self._check().data), data)
+
+    def append_parts(self, parts: list[bytes]) -> None:
+        self.append(b"".join(parts))
 
     def pwrite(self, offset: int, data: bytes) -> None:
         inode = self._check()

@@ -1,7 +1,8 @@
 """The write-ahead log shared by every Raft server on a node, with group commit.
 
 Rule: one ``write_batch`` call takes everything pending from every server (up to
-``wal_batch_bytes_max``), writes it with one ``append`` and makes it durable with one
+``wal_batch_bytes_max``), writes it with one ``append_parts`` (the records' buffers,
+an append's payloads as they are, in one ``pwritev``) and makes it durable with one
 ``sync``; only then are the operations reported done. Under load more operations gather
 while the previous sync runs, so batches grow by themselves; when idle a batch holds one
 operation and the latency is one sync.
@@ -147,9 +148,12 @@ def wal_seqs(disk: Disk) -> list[int]:
     return [int(n[:-4]) for n in disk.listdir(WAL_DIR) if n.endswith(".wal")]
 
 
-_Pending = tuple[WalOp, bytes, int]
-"""An operation waiting for the writer, with the encoded tail of its run record (empty
+_Pending = tuple[WalOp, list[bytes], int]
+"""An operation waiting for the writer, with the encoded tail of its run record (none
 for other operations) and the bytes it counts for against ``wal_batch_bytes_max``."""
+
+_NO_TAIL: list[bytes] = []
+"""The tail of an operation that is not an append (read only)."""
 
 
 @lru_cache(maxsize=1024)
@@ -158,10 +162,12 @@ def _run_columns(count: int) -> struct.Struct:
     return struct.Struct(f"<{count}Q{count}Q{count}B{count}I")
 
 
-def _run_tail(entries: tuple[Entry, ...], entry_bytes_max: int) -> bytes:
+def _run_tail(entries: tuple[Entry, ...], entry_bytes_max: int) -> list[bytes]:
     """What follows the header of the run record of ``entries``: the columns, then the
-    payloads. Checks the append on the way in, with a few calls rather than a loop:
-    contiguous entries, none above ``entry_bytes_max``."""
+    payloads, as the buffers to write (the payloads themselves: joined, each was copied
+    twice more before the kernel's copy, once here and once into the batch). Checks the
+    append on the way in, with a few calls rather than a loop: contiguous entries, none
+    above ``entry_bytes_max``."""
     assert entries, "empty append"
     first = entries[0].index
     n = len(entries)
@@ -175,7 +181,7 @@ def _run_tail(entries: tuple[Entry, ...], entry_bytes_max: int) -> bytes:
         *map(_TERM, entries), *map(_NOW_MS, entries), *map(_KIND, entries), *lengths
     )
     parts.insert(0, columns)
-    return b"".join(parts)
+    return parts
 
 
 def _decode_run(body: memoryview) -> tuple[int, list[Entry]]:
@@ -207,9 +213,9 @@ def _record(body_parts: list[bytes], out: list[bytes]) -> None:
     out.extend(body_parts)
 
 
-def _encode_op(op: WalOp, tail: bytes, ref: int, out: list[bytes]) -> None:
+def _encode_op(op: WalOp, tail: list[bytes], ref: int, out: list[bytes]) -> None:
     if isinstance(op, AppendOp):
-        _record([_RUN.pack(_T_RUN, ref, op.entries[0].index, len(op.entries)), tail], out)
+        _record([_RUN.pack(_T_RUN, ref, op.entries[0].index, len(op.entries)), *tail], out)
     elif isinstance(op, HardStateOp):
         _encode_hard_state(ref, op.hard_state, out)
     elif isinstance(op, ResetOp):
@@ -277,10 +283,11 @@ class Wal:
             raise self._broken
         if isinstance(op, AppendOp):
             tail = _run_tail(op.entries, self._limits.entry_bytes_max)
-            assert _RUN.size + len(tail) < 1 << 32, "append above the size of one record"
-            size = _REC.size + _RUN.size + len(tail)
+            tail_bytes = sum(map(len, tail))
+            assert _RUN.size + tail_bytes < 1 << 32, "append above the size of one record"
+            size = _REC.size + _RUN.size + tail_bytes
         else:
-            tail, size = b"", _OTHER_OP_BYTES
+            tail, size = _NO_TAIL, _OTHER_OP_BYTES
         with self._lock:
             idle = not self._pending
             self._pending.append((op, tail, size))
@@ -313,10 +320,10 @@ class Wal:
         new_refs: dict[str, int] = {}
         for op, tail, _ in taken:
             _encode_op(op, tail, self._ref(op.uid, out, new_refs), out)
-        data = b"".join(out)
+        size = sum(map(len, out))
         started = time.perf_counter()
         try:
-            self._file.append(data)
+            self._file.append_parts(out)
             if trace is not None:
                 trace.stamp(Stage.WRITTEN)
             self._file.sync()
@@ -324,8 +331,8 @@ class Wal:
             return WalBatch(ops, self._fail(exc), None, 0, seq)
         if trace is not None:
             trace.stamp(Stage.SYNCED)
-        self.times.record(time.perf_counter() - started, len(data))
-        self._size += len(data)
+        self.times.record(time.perf_counter() - started, size)
+        self._size += size
         self._refs.update(new_refs)
         carry = self._carry
         for op in ops:
@@ -338,7 +345,7 @@ class Wal:
                 if isinstance(op, ForgetOp):
                     self._hard_states.pop(op.uid, None)
         rolled, carried = self._maybe_roll()
-        return WalBatch(ops, None, rolled, len(data), seq, carried)
+        return WalBatch(ops, None, rolled, size, seq, carried)
 
     def roll(self) -> int:
         """Close the current file now (a clean shutdown); returns its seq. Call it from

@@ -287,3 +287,19 @@ def test_appends_taken_in_one_ready_are_answered_once() -> None:
     c.deliver(responses)
     pr = c["a"].progress[sid("b")]
     assert pr.match == 4 and not pr.inflight and pr.inflight_bytes == 0
+
+
+def test_proposals_stepped_before_one_ready_go_to_each_follower_as_one_append() -> None:
+    c = Cluster(["a", "b", "c"])
+    c.elect("a")
+    c.tick(c.limits.heartbeat_interval_ms, deliver=True)
+    a = c.nodes["a"].raft
+    for n in range(3):
+        a.step(Propose(n, (b"x%d" % n,)))  # one turn of the host's loop
+    c.process("a")
+    for follower in ("b", "c"):
+        appends = c.take(AppendRequest, dst=follower)
+        assert [[e.index for e in m.entries] for m in appends] == [[2, 3, 4]]
+        c.deliver(appends)
+    c.stabilize()
+    assert a.commit == 4 and _logs_equal(c, ["a", "b", "c"])

@@ -40,6 +40,26 @@ def test_fake_disk_does_what_the_protocol_says() -> None:
     _roundtrip(FakeDisk())
 
 
+@pytest.mark.parametrize("kind", ["os", "fake"])
+def test_append_parts_writes_the_parts_in_order_after_what_is_there(
+    kind: str, tmp_path: Path
+) -> None:
+    disk: Disk = OsDisk(str(tmp_path)) if kind == "os" else FakeDisk()
+    rng = random.Random(7)
+    # More buffers than one pwritev takes, of sizes from empty to large.
+    parts = [rng.randbytes(rng.choice([0, 1, 5, 300, 70_000])) for _ in range(2500)]
+    f = disk.open("x", create=True)
+    f.append(b"head")
+    f.append_parts(parts)
+    f.append_parts([])
+    f.append(b"end")
+    f.sync()
+    expected = b"head" + b"".join(parts) + b"end"
+    assert f.size() == len(expected)
+    f.close()
+    assert disk.read("x") == expected
+
+
 def test_crash_loses_unsynced_data_and_directory_entries() -> None:
     disk = FakeDisk()
     disk.makedirs("d")
