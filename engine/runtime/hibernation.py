@@ -51,7 +51,7 @@ from engine.runtime.meta import QueueMeta
 from engine.runtime.replica import NO_CHECKPOINT, CheckpointInfo, Replica, server_id
 from engine.runtime.sleepers import Sleeper
 from engine.runtime.sleeping import Dormant, may_sleep, put_to_sleep, raft_positions, wake
-from engine.storage import Recovered
+from engine.storage import Recovered, ServerLog
 
 if TYPE_CHECKING:
     from engine.runtime.context import NodeContext
@@ -71,8 +71,9 @@ class Hibernation:
         self.woken = 0
         self.restored = 0
         """Replicas brought back asleep at start (``restore``)."""
-        self.waker = self.wake
-        """``wake`` as one bound method that every replica of the node shares."""
+        self.unpacked: dict[str, None] = {}
+        """Names of replicas asleep with their log not packed (entries still in its mem
+        table): the sweep packs them once flushed (``pack_logs``)."""
 
     def start(self) -> None:
         """Run the sweep until the node stops (``Node.start``)."""
@@ -91,6 +92,8 @@ class Hibernation:
         many it looks at). How many fell asleep."""
         ctx = self.ctx
         limits = ctx.limits
+        if self.unpacked:
+            self.pack_logs()
         if self.cursor >= len(self.order):
             # Only the queues awake now: with thousands asleep and an idle time of one
             # sweep, a round that went through every name cost more than its looks.
@@ -164,7 +167,33 @@ class Hibernation:
                 handle.cancel()
         rep.tick_handle = rep.expire_handle = None
         rep.fall_asleep(dormant)
+        self.pack_log(rep)
         self.slept += 1
+
+    def pack_log(self, rep: Replica) -> None:
+        """Have the node's storage keep the log of ``rep`` (asleep) packed, or, while its
+        mem table holds entries, do it at a later sweep (``unpacked``)."""
+        if self.ctx.storage.pack_log(rep.uid):
+            rep.log_packed()
+            self.unpacked.pop(rep.name, None)
+        else:
+            self.unpacked[rep.name] = None
+
+    def pack_logs(self) -> None:
+        """``pack_log`` of those left ``unpacked`` that still sleep (a few per sweep)."""
+        ctx = self.ctx
+        for name in list(self.unpacked)[: ctx.limits.queue_sleep_sweep_max]:
+            rep = ctx.replicas.get(name)
+            if rep is None or rep.closed or rep.dormant is None or not rep.holds_log:
+                del self.unpacked[name]
+            else:
+                self.pack_log(rep)
+
+    def log_view(self, rep: Replica) -> ServerLog:
+        return self.ctx.storage.log_view(rep.uid)
+
+    def log_reads(self, rep: Replica) -> tuple[int, int]:
+        return self.ctx.storage.log_reads(rep.uid)
 
     def at_stop(self) -> list[Sleeper]:
         """At a clean stop, before the replicas close: every lone voter idle now falls
@@ -209,11 +238,12 @@ class Hibernation:
         seal = ReceiptSeal(ctx.receipt_key, meta.uid)
         sid = server_id(ctx.name, meta.uid)
         rep = Replica(meta, sid, rec.log, seal, checkpoint=checkpoint)
-        rep.waker = self.waker
+        rep.hibernation = self
         rep.bytes_since_capture = sleeper.bytes_since_capture
         rep.fall_asleep(sleeper.dormant)
         ctx.replicas[meta.name] = rep
         ctx.by_uid[meta.uid] = rep
+        self.pack_log(rep)
         self.restored += 1
         return rep
 
@@ -226,8 +256,8 @@ class Hibernation:
         assert dormant is not None and not rep.closed
         record, pos = dormant.record, dormant.record.raft
         assert pos is not None, "a hosted replica sleeps with its positions"
-        machine = wake(record, ctx.limits, ctx.pages.paging_again(rep.uid, rep.log))
-        server_log = rep.log
+        server_log = ctx.storage.log(rep.uid)  # unpacked again, if it was packed
+        machine = wake(record, ctx.limits, ctx.pages.paging_again(rep.uid, server_log))
         config = pos.configuration
         snap_index = server_log.snapshot_index()
         snapshot = None
@@ -256,7 +286,8 @@ class Hibernation:
                 base_index=dormant.applied_index,
                 replay_until=server_log.last_index(),
                 hard_state_written=(pos.term, pos.vote),
-            )
+            ),
+            server_log,
         )
         observe.seed_live_set(rep, dormant.applied_index, BitMap64.deserialize(dormant.live))
         raft.step(Tick(now, wall))

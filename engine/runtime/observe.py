@@ -260,8 +260,9 @@ def node_memory(
     ready indexes in memory (within the node's budget) and out, loads waited for, log
     reads from memory, and the node's read cache of segment blocks (``cache``)."""
     stats = [rep.queue_stats() for rep in replicas]
-    reads = sum(rep.log.reads for rep in replicas)
-    hits = sum(rep.log.reads_in_memory + rep.log.cache_hits for rep in replicas)
+    counts = [rep.log_reads() for rep in replicas]  # a sleeping queue's log stays packed
+    reads = sum(r for r, _ in counts)
+    hits = sum(h for _, h in counts)
     resident = sum(s.paging.resident_pages for s in stats)
     return {
         "queues": len(replicas),

@@ -50,7 +50,8 @@ from engine.storage.reaper import PinnedReader, Reaper, SegmentPins
 from engine.storage.recovery import Recovery
 from engine.storage.repair import RepairKind, Repairs
 from engine.storage.segment import ReaderCache, read_segment_info, segment_path, write_segment
-from engine.storage.server_log import ServerLog, ServerLogs
+from engine.storage.server_log import ServerLog
+from engine.storage.server_logs import ServerLogs
 from engine.storage.storage_events import (
     HardStateSaved,
     Persisted,
@@ -415,6 +416,23 @@ class NodeStorage:
     def log(self, uid: str) -> ServerLog:
         assert self._owned(), _NOT_OWNER
         return self._logs.existing(uid)
+
+    def pack_log(self, uid: str) -> bool:
+        """Keep the log of ``uid`` packed while its queue sleeps, if it may be (nothing
+        in its mem table): ``log`` unpacks it again, ``log_view`` reads it as it is.
+        Nothing is written: the disk is the same either way. Says whether it is packed."""
+        assert self._owned(), _NOT_OWNER
+        return self._logs.pack(uid)
+
+    def log_view(self, uid: str) -> ServerLog:
+        """The log of ``uid`` to read, not change (a packed one stays packed)."""
+        assert self._owned(), _NOT_OWNER
+        return self._logs.view(uid)
+
+    def log_reads(self, uid: str) -> tuple[int, int]:
+        """(entries read, of those served from memory) of the log of ``uid``."""
+        assert self._owned(), _NOT_OWNER
+        return self._logs.reads(uid)
 
     def close(self, *, flush: bool = True) -> None:
         """Stop cleanly: whatever is pending is made durable; with ``flush`` the WAL is

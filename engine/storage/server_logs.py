@@ -1,0 +1,126 @@
+"""Every server's log on one node, by uid (``ServerLogs``), awake or packed.
+
+Rule: changed only on the node's own thread, through ``NodeStorage``. A sleeping queue's
+log is kept packed (``ServerLog.pack``: one ``bytes`` where the log's objects took about
+a kilobyte, and made when it falls asleep, so that the objects its awake spell allocated
+are all freed); whatever asks for it to change it unpacks it for good.
+"""
+
+from __future__ import annotations
+
+from pyroaring import BitMap64
+
+from engine.storage.disk import Disk
+from engine.storage.segment import ReaderCache, SegmentInfo
+from engine.storage.server_log import NO_LIVE, ServerLog
+from engine.storage.wal import AppendOp, ForgetOp, HardStateOp, WalOp
+
+
+class ServerLogs:
+    """The log of every server on one node, by uid. Each log has a generation: a new
+    log (created, or again after a removal) or a reset starts a new one, so a flush or a
+    compaction prepared against an older generation knows its result is stale."""
+
+    def __init__(self, disk: Disk, cache: ReaderCache) -> None:
+        self.disk = disk
+        self.cache = cache
+        self._logs: dict[str, ServerLog | bytes] = {}
+        """By uid, each log, or a sleeping queue's packed (``pack``): taking one from
+        here (``get``, ``find``, ``existing``) unpacks it for good, as whatever asks may
+        change it; ``view`` only reads it."""
+        self._generations: dict[str, int] = {}
+        self.forgotten: set[str] = set()
+        """Servers whose removal is in the WAL (their files may remain after a crash)."""
+        self.installed: dict[str, tuple[SegmentInfo | None, BitMap64]] = {}
+        """Segment of live entries written by ``install_snapshot`` and the snapshot's live
+        set, shown at the reset."""
+
+    def get(self, uid: str) -> ServerLog:
+        """The log of ``uid``, created empty if there is none."""
+        log = self.find(uid)
+        if log is None:
+            log = self._logs[uid] = ServerLog(uid, self.disk, self.cache)
+            self.new_generation(uid)
+        return log
+
+    def find(self, uid: str) -> ServerLog | None:
+        log = self._logs.get(uid)
+        if isinstance(log, bytes):
+            log = self._logs[uid] = ServerLog.unpacked(uid, self.disk, self.cache, log)
+        return log
+
+    def existing(self, uid: str) -> ServerLog:
+        log = self.find(uid)
+        if log is None:
+            raise KeyError(uid)
+        return log
+
+    def pack(self, uid: str) -> bool:
+        """Keep the log of ``uid`` packed (its queue fell asleep) if it may be
+        (``ServerLog.packable``); says whether it is."""
+        log = self._logs[uid]
+        if isinstance(log, ServerLog):
+            if not log.packable():
+                return False
+            self._logs[uid] = log.pack()
+        return True
+
+    def view(self, uid: str) -> ServerLog:
+        """The log of ``uid`` to read only: a packed one is unpacked for the caller and
+        stays packed here (the dashboard reads the segments of sleeping queues)."""
+        log = self._logs[uid]
+        if isinstance(log, bytes):
+            return ServerLog.unpacked(uid, self.disk, self.cache, log)
+        return log
+
+    def reads(self, uid: str) -> tuple[int, int]:
+        """(entries read, of those from memory) of the log of ``uid``, packed or not."""
+        log = self._logs[uid]
+        if isinstance(log, bytes):
+            return ServerLog.packed_reads(log)
+        return log.reads, log.reads_in_memory + log.cache_hits
+
+    def is_packed(self, uid: str) -> bool:
+        return isinstance(self._logs.get(uid), bytes)
+
+    def uids(self) -> list[str]:
+        return sorted(self._logs)
+
+    def items(self) -> list[tuple[str, ServerLog]]:
+        """The logs not packed (a packed one has nothing in its mem table to flush)."""
+        return [(uid, log) for uid, log in self._logs.items() if isinstance(log, ServerLog)]
+
+    def generation(self, uid: str) -> int:
+        return self._generations[uid]
+
+    def new_generation(self, uid: str) -> None:
+        self._generations[uid] = self._generations.get(uid, 0) + 1
+
+    def apply(self, op: WalOp, wal_seq: int, *, recovering: bool = False) -> None:
+        """Show a durable WAL op of file ``wal_seq`` in the log it names."""
+        if isinstance(op, ForgetOp):
+            self._logs.pop(op.uid, None)
+            self.installed.pop(op.uid, None)
+            self.forgotten.add(op.uid)
+            return
+        self.forgotten.discard(op.uid)
+        log = self.get(op.uid)
+        if isinstance(op, AppendOp):
+            # At recovery a record may follow entries that are gone: superseded by an
+            # overwrite later in the WAL, or before a snapshot whose reset record was in
+            # a deleted WAL file. The mem table then restarts at the record.
+            log.apply_append(op.entries, wal_seq, gap_allowed=recovering)
+        elif isinstance(op, HardStateOp):
+            log.hard_state = op.hard_state
+        else:
+            self.new_generation(op.uid)
+            log.apply_reset(op.index, op.term)
+            installed = self.installed.pop(op.uid, None)
+            if installed is not None:
+                segment, live = installed
+                log.snapshot_live = live if live else NO_LIVE
+                if segment is not None:
+                    log.add_segment(segment)
+
+
+__all__ = ["ServerLogs"]

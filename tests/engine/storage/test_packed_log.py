@@ -1,0 +1,103 @@
+"""A sleeping queue's log packed into one ``bytes`` and back (``ServerLog.pack``,
+``ServerLogs.pack``): the log unpacked answers every question as the one packed did."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pyroaring import BitMap64
+
+from engine.raft.entry import Entry, EntryKind
+from engine.storage.disk import FakeDisk
+from engine.storage.segment import COMPACTED, OVERWRITES, ReaderCache, SegmentInfo, segment_path
+from engine.storage.server_log import ServerLog
+from engine.storage.server_logs import ServerLogs
+from engine.storage.wal import AppendOp, HardState
+
+UID = "q-uid"
+
+
+def _observed(log: ServerLog) -> tuple[object, ...]:
+    """Everything a reader of a log (its Raft core, recovery, stats) can see of it."""
+    return (
+        log.first_index(),
+        log.last_index(),
+        log.snapshot_index(),
+        log.snapshot_term(),
+        list(log.snapshot_live),
+        log.segment_infos(),
+        log.hard_state,
+        log.next_segment_seq,
+        (log.reads, log.reads_in_memory, log.cache_hits, log.segment_reads, log.segment_bytes),
+        [log.segments_after(i) for i in range(0, log.last_index() + 2)],
+        [log.is_dead(i) for i in range(0, log.last_index() + 2)],
+    )
+
+
+@st.composite
+def logs(draw: st.DrawFn) -> ServerLog:
+    disk = FakeDisk()
+    log = ServerLog(UID, disk, ReaderCache(disk, 4))
+    lo = 1
+    for seq in range(1, draw(st.integers(0, 6)) + 1):
+        n = draw(st.integers(1, 50))
+        flags = draw(st.sampled_from([0, OVERWRITES, COMPACTED]))
+        start = lo if flags != OVERWRITES else max(1, lo - draw(st.integers(0, 5)))
+        # Compaction's outputs may have a path of their own: it is kept as it is.
+        path = draw(st.sampled_from([segment_path(UID, seq), f"queues/{UID}/c/{seq}.seg"]))
+        offsets = draw(st.tuples(*[st.integers(0, 2**32 - 1)] * 4))
+        info = SegmentInfo(path, seq, start, start + n - 1, n, flags, seq % 3, *offsets)
+        log.add_segment(info)
+        lo = start + n
+    log.last_from_segments()
+    if draw(st.booleans()):
+        index = draw(st.integers(0, max(0, lo - 1)))
+        live = BitMap64(draw(st.lists(st.integers(1, max(1, index)), max_size=20)))
+        log.set_snapshot(index, draw(st.integers(0, 9)), live if index else BitMap64())
+    if draw(st.booleans()):
+        vote = draw(st.sampled_from([None, "n1/q-uid", "n2/q-uid"]))
+        log.hard_state = HardState(draw(st.integers(0, 2**40)), vote, log.last_index())
+    log.reads, log.reads_in_memory = draw(st.integers(0, 10**9)), draw(st.integers(0, 99))
+    log.cache_hits, log.segment_reads = draw(st.integers(0, 99)), draw(st.integers(0, 99))
+    log.segment_bytes = draw(st.integers(0, 2**50))
+    return log
+
+
+@settings(max_examples=300, deadline=None)
+@given(logs())
+def test_a_packed_log_unpacks_to_the_same_log(log: ServerLog) -> None:
+    packed = log.pack()
+    disk = FakeDisk()
+    again = ServerLog.unpacked(UID, disk, ReaderCache(disk, 4), packed)
+    assert _observed(again) == _observed(log)
+    assert again.pack() == packed
+    assert ServerLog.packed_reads(packed) == (log.reads, log.reads_in_memory + log.cache_hits)
+
+
+def test_a_log_with_entries_in_its_mem_table_is_not_packed() -> None:
+    disk = FakeDisk()
+    logs = ServerLogs(disk, ReaderCache(disk, 4))
+    entry = Entry(1, 1, EntryKind.COMMAND, 0, b"m")
+    logs.apply(AppendOp(UID, (entry,)), 1)
+    assert not logs.pack(UID)
+    assert not logs.is_packed(UID)
+    logs.get(UID).drop_flushed(1)
+    assert logs.pack(UID) and logs.is_packed(UID)
+
+
+def test_the_table_keeps_a_log_packed_until_asked_for_it_to_change_it() -> None:
+    disk = FakeDisk()
+    logs = ServerLogs(disk, ReaderCache(disk, 4))
+    log = logs.get(UID)
+    log.add_segment(SegmentInfo(segment_path(UID, 1), 1, 1, 10, 10, 0, 1, 0, 0, 0, 99))
+    log.last_from_segments()
+    log.reads, log.cache_hits = 7, 3
+    before = _observed(log)
+    assert logs.pack(UID)
+    assert logs.items() == []  # a flush looks at none of it
+    assert logs.uids() == [UID]
+    assert _observed(logs.view(UID)) == before and logs.is_packed(UID)
+    assert logs.reads(UID) == (7, 3) and logs.is_packed(UID)
+    assert _observed(logs.existing(UID)) == before
+    assert not logs.is_packed(UID)
+    assert logs.existing(UID) is logs.get(UID)
