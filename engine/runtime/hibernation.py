@@ -156,6 +156,7 @@ class Hibernation:
 
     def sleep(self, rep: Replica) -> None:
         """Swap ``rep``'s machine, core and driver for its record."""
+        ctx = self.ctx
         driver = rep.driver
         live = observe.live_indexes(rep)
         record = put_to_sleep(driver.machine, raft_positions(driver.raft))
@@ -168,6 +169,7 @@ class Hibernation:
         rep.tick_handle = rep.expire_handle = None
         rep.fall_asleep(dormant)
         self.pack_log(rep)
+        ctx.pages.pack(rep.uid)
         self.slept += 1
 
     def pack_log(self, rep: Replica) -> None:
@@ -244,6 +246,7 @@ class Hibernation:
         ctx.replicas[meta.name] = rep
         ctx.by_uid[meta.uid] = rep
         self.pack_log(rep)
+        ctx.pages.pack(meta.uid)
         self.restored += 1
         return rep
 
@@ -254,7 +257,8 @@ class Hibernation:
         ctx = self.ctx
         dormant = rep.dormant
         assert dormant is not None and not rep.closed
-        record, pos = dormant.record, dormant.record.raft
+        record = dormant.record
+        pos = record.raft
         assert pos is not None, "a hosted replica sleeps with its positions"
         server_log = ctx.storage.log(rep.uid)  # unpacked again, if it was packed
         machine = wake(record, ctx.limits, ctx.pages.paging_again(rep.uid, server_log))

@@ -182,7 +182,7 @@ def queue_summary(rep: Replica, now: int, limits: Limits) -> dict[str, object]:
     without the log's live set and segments. The dashboard's sampler reads it for every
     queue every 5 s: the whole stats of 10,000 queues took longer than that."""
     if rep.dormant is not None:  # rates zero; counts from its packed stats, no QueueStats
-        f = summary_fields(rep.dormant.record.packed_stats)
+        f = summary_fields(rep.dormant.packed_stats)
         publish_rate = deliver_rate = ack_rate = 0.0
     else:
         s = rep.queue_stats()

@@ -214,7 +214,7 @@ class Replica:
     def queue_stats(self) -> QueueStats:
         """The machine's stats, or those it had when it fell asleep (not waking it)."""
         dormant = self.dormant
-        return self.machine.stats() if dormant is None else dormant.record.stats
+        return self.machine.stats() if dormant is None else dormant.stats
 
     def fall_asleep(self, dormant: Dormant) -> None:
         """Drop the driver (its core and machine) for ``dormant``; what pointed at them
@@ -313,7 +313,7 @@ class Replica:
         dormant = self.dormant
         if dormant is None:  # the machine's counters, not its whole ``stats``
             return (now_ms, *self.machine.rate_counters())
-        s = dormant.record.stats
+        s = dormant.stats
         return now_ms, s.published, s.delivered, s.acked
 
 
