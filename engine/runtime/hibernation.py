@@ -10,11 +10,19 @@ receive, a settle, a browse, a policy change, a checkpoint or compaction by hand
 message) wakes it first, synchronously (``Replica.driver``), so concurrent requests
 find it awake: the first one woke it, the others wait for its leader like the first.
 
-Why the record stays in memory (rather than a checkpoint and a closed replica): the
-storage log of every server stays open in ``NodeStorage`` whatever the replica does, so
-closing the replica would save only the record (a few hundred bytes) and make every
-wake a disk read and a replay; sleeping writes nothing, so the disk is exactly as it was
-awake and a crash while sleeping is recovery as usual. Nothing is compacted while it
+Why the record stays in memory (rather than a checkpoint and a closed replica): a wake
+from it reads nothing from disk and replays nothing. What else stays is packed when the
+queue falls asleep: its storage log (``ServerLogs.pack``: segment list, positions, hard
+state, live set) and its page files' bookkeeping (``PageFiles.pack``) each become one
+``bytes`` in their node table, and the record is its policy head (shared) and one
+``bytes`` (``Dormant``). The count of objects matters more than their bytes: thousands
+of queues falling asleep together free their awake objects, and every object that
+outlives the sleep and was made while the queue was awake keeps its allocator pool (and
+its arena) from being given back; those made at the sleep fill freed space instead.
+Readers of a sleeping queue's log get an unpacked copy (``NodeStorage.log_view``) or its
+counters (``log_reads``); whatever changes it (a wake, compaction, a delete) unpacks it
+for good. Sleeping writes nothing, so the disk is exactly as it was awake and a crash
+while sleeping is recovery as usual. Nothing is compacted while it
 sleeps (compaction follows checkpoints, which a sleeping queue does not take), and it
 sleeps only once what it applied since its last checkpoint is under
 ``Limits.stop_checkpoint_bytes_min`` (else it is checkpointed first), so a clean stop
@@ -71,9 +79,6 @@ class Hibernation:
         self.woken = 0
         self.restored = 0
         """Replicas brought back asleep at start (``restore``)."""
-        self.unpacked: dict[str, None] = {}
-        """Names of replicas asleep with their log not packed (entries still in its mem
-        table): the sweep packs them once flushed (``pack_logs``)."""
 
     def start(self) -> None:
         """Run the sweep until the node stops (``Node.start``)."""
@@ -92,8 +97,6 @@ class Hibernation:
         many it looks at). How many fell asleep."""
         ctx = self.ctx
         limits = ctx.limits
-        if self.unpacked:
-            self.pack_logs()
         if self.cursor >= len(self.order):
             # Only the queues awake now: with thousands asleep and an idle time of one
             # sweep, a round that went through every name cost more than its looks.
@@ -173,23 +176,9 @@ class Hibernation:
         self.slept += 1
 
     def pack_log(self, rep: Replica) -> None:
-        """Have the node's storage keep the log of ``rep`` (asleep) packed, or, while its
-        mem table holds entries, do it at a later sweep (``unpacked``)."""
+        """Have the node's storage keep the log of ``rep`` (asleep) packed."""
         if self.ctx.storage.pack_log(rep.uid):
             rep.log_packed()
-            self.unpacked.pop(rep.name, None)
-        else:
-            self.unpacked[rep.name] = None
-
-    def pack_logs(self) -> None:
-        """``pack_log`` of those left ``unpacked`` that still sleep (a few per sweep)."""
-        ctx = self.ctx
-        for name in list(self.unpacked)[: ctx.limits.queue_sleep_sweep_max]:
-            rep = ctx.replicas.get(name)
-            if rep is None or rep.closed or rep.dormant is None or not rep.holds_log:
-                del self.unpacked[name]
-            else:
-                self.pack_log(rep)
 
     def log_view(self, rep: Replica) -> ServerLog:
         return self.ctx.storage.log_view(rep.uid)

@@ -231,11 +231,6 @@ class Replica:
         assert self.dormant is not None
         self._log = None
 
-    @property
-    def holds_log(self) -> bool:
-        """Whether it holds its log unpacked (awake, or asleep before its flush)."""
-        return self._log is not None
-
     def wake_with(self, driver: ReplicaDriver[QueueMachine], log: ServerLog) -> None:
         """Awake again, with ``driver`` rebuilt from the record and ``log`` unpacked."""
         self._driver = driver

@@ -185,7 +185,7 @@ def show_segment_flush(flush: SegmentFlush, logs: ServerLogs, reaper: Reaper) ->
     """Put the written segments in the views and drop the flushed entries from the mem
     tables; segments of a log removed or reset meanwhile are stale and deleted."""
     for uid, generation, infos in flush.written:
-        log = logs.find(uid)
+        log = logs.find_for_flush(uid)
         if log is None or generation != logs.generation(uid):
             for info in infos:
                 reaper.remove(info.path)

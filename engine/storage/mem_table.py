@@ -7,6 +7,7 @@ Rule: changed only on the node's own thread, by its ``ServerLog``.
 from __future__ import annotations
 
 import bisect
+from typing import cast
 
 from engine.raft.entry import Entry, EntryKind
 from engine.shared_empty import EMPTY_LIST
@@ -16,6 +17,9 @@ _KINDS = tuple(EntryKind)
 MEM_ROW_OVERHEAD_BYTES = 120
 """What a mem-table row costs beside its data: the tuple, the header of the ``bytes``
 object and the two list slots, rounded up (counted by the memory alarm)."""
+
+
+_Row = tuple[int, int, int, bytes]
 
 
 class MemTable:
@@ -114,6 +118,29 @@ class MemTable:
             self.clear()
             return
         self._cut(index - self.lo + 1, len(self._rows))
+
+    def packed_rows(self) -> tuple[int, list[object], list[int]]:
+        """(``lo``, the rows flat, their WAL seqs): what a packed log keeps of it."""
+        flat: list[object] = []
+        for row in self._rows:
+            flat += row
+        return self.lo, flat, list(self._wal_seqs)
+
+    @classmethod
+    def of_rows(cls, lo: int, flat: list[object], wal_seqs: list[int]) -> MemTable:
+        """The table ``packed_rows`` gave (``flat``, ``wal_seqs``) of."""
+        table = cls()
+        table.lo = lo
+        rows = [cast(_Row, tuple(flat[k : k + 4])) for k in range(0, len(flat), 4)]
+        table._rows, table._wal_seqs = rows, list(wal_seqs)
+        data = sum(len(row[3]) for row in rows)
+        table.bytes = data + MEM_ROW_OVERHEAD_BYTES * len(rows)
+        return table
+
+    @property
+    def first_wal_seq(self) -> int:
+        """The WAL file its first row was written to (0 while empty)."""
+        return self._wal_seqs[0] if self._wal_seqs else 0
 
     def clear(self) -> None:
         self.lo = 0

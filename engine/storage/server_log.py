@@ -441,16 +441,17 @@ class ServerLog:
             self._cache.blocks.drop(seg.info.path)
 
     def packable(self) -> bool:
-        """Whether ``pack`` may take it: nothing in the mem table (its rows wait for a
-        flush, which looks only at unpacked logs) and no failed write."""
-        return self.mem is NO_MEM and self.failed is None
+        """Whether ``pack`` may take it: no failed write (the error is not packed)."""
+        return self.failed is None
 
     def pack(self) -> bytes:
         """Everything of this log but its uid, disk and cache as one msgpack array: the
         form a sleeping queue's log takes (``ServerLogs.pack``), a few dozen bytes where
-        the objects took about a kilobyte. A segment's path is left out when it is the
-        one ``segment_path`` gives its seq (always, but for compaction's outputs)."""
-        assert self.packable(), f"{self.uid}: only a flushed, sound log is packed"
+        the objects took about a kilobyte. Its mem table's rows go with it (an idle log
+        keeps its last entry or two there, carried from WAL file to WAL file). A
+        segment's path is left out when it is the one ``segment_path`` gives its seq
+        (always, but for compaction's outputs)."""
+        assert self.packable(), f"{self.uid}: a failed log is not packed"
         segments: list[object] = []
         for seg in self._segments:
             i = seg.info
@@ -472,6 +473,7 @@ class ServerLog:
             None if hs is None else (hs.term, hs.vote, hs.commit),
             self.snapshot_live.serialize() if self.snapshot_live else None,
             segments,
+            self.mem.packed_rows() if len(self.mem) else None,
         )
         return cast(bytes, msgpack.packb(fields))
 
@@ -494,7 +496,10 @@ class ServerLog:
             hs,
             live,
             flat,
+            mem,
         ) = msgpack.unpackb(packed)
+        if mem is not None:
+            log.mem = MemTable.of_rows(*mem)
         if hs is not None:
             log.hard_state = HardState(*hs)
         if live is not None:

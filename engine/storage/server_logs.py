@@ -34,6 +34,11 @@ class ServerLogs:
         self.installed: dict[str, tuple[SegmentInfo | None, BitMap64]] = {}
         """Segment of live entries written by ``install_snapshot`` and the snapshot's live
         set, shown at the reset."""
+        self._packed_rows: dict[str, tuple[int, int]] = {}
+        """Of each packed log with mem-table rows: the WAL file of its first row and the
+        rows' ``MemTable.bytes`` (the flush of that file unpacks it, ``rows_to_flush``)."""
+        self._repack: dict[str, None] = {}
+        """Packed logs that a flush unpacked: packed again once it is shown (``repack``)."""
 
     def get(self, uid: str) -> ServerLog:
         """The log of ``uid``, created empty if there is none."""
@@ -47,6 +52,8 @@ class ServerLogs:
         log = self._logs.get(uid)
         if isinstance(log, bytes):
             log = self._logs[uid] = ServerLog.unpacked(uid, self.disk, self.cache, log)
+            self._packed_rows.pop(uid, None)
+        self._repack.pop(uid, None)  # asked for from outside: it stays as it is now
         return log
 
     def existing(self, uid: str) -> ServerLog:
@@ -63,7 +70,49 @@ class ServerLogs:
             if not log.packable():
                 return False
             self._logs[uid] = log.pack()
+            if len(log.mem):
+                self._packed_rows[uid] = (log.mem.first_wal_seq, log.mem.bytes)
         return True
+
+    def rows_to_flush(self, wal_seq: int) -> None:
+        """Unpack the packed logs with rows of WAL files up to ``wal_seq`` (its flush is
+        being planned: it looks at unpacked logs only); ``repack`` packs them again."""
+        due = [uid for uid, (seq, _) in self._packed_rows.items() if seq <= wal_seq]
+        for uid in due:
+            self.find_for_flush(uid)
+
+    def find_for_flush(self, uid: str) -> ServerLog | None:
+        """``find`` for the flush: a packed log it unpacks is packed again after it."""
+        log = self._logs.get(uid)
+        if isinstance(log, bytes):
+            self._repack[uid] = None
+            self._packed_rows.pop(uid, None)
+            log = self._logs[uid] = ServerLog.unpacked(uid, self.disk, self.cache, log)
+        return log
+
+    def repack(self) -> None:
+        """Pack again the logs ``rows_to_flush`` unpacked, that nothing asked for since."""
+        for uid in self._repack:
+            if uid in self._logs:
+                self.pack(uid)
+        self._repack.clear()
+
+    def carry(self, uid: str, wal_seq: int) -> None:
+        """``MemTable.carry`` in the log of ``uid``, packed or not (a packed one is
+        unpacked for it and packed again: an idle log's rows are carried at each roll)."""
+        log = self._logs.get(uid)
+        if isinstance(log, ServerLog):
+            log.mem.carry(wal_seq)
+        elif log is not None and uid in self._packed_rows:
+            unpacked = ServerLog.unpacked(uid, self.disk, self.cache, log)
+            unpacked.mem.carry(wal_seq)
+            self._logs[uid] = unpacked.pack()
+            self._packed_rows[uid] = (unpacked.mem.first_wal_seq, unpacked.mem.bytes)
+
+    def mem_bytes(self) -> int:
+        """What every mem table holds, those of packed logs included."""
+        rows = sum(log.mem.bytes for _uid, log in self.items())
+        return rows + sum(n for _seq, n in self._packed_rows.values())
 
     def view(self, uid: str) -> ServerLog:
         """The log of ``uid`` to read only: a packed one is unpacked for the caller and
@@ -87,7 +136,7 @@ class ServerLogs:
         return sorted(self._logs)
 
     def items(self) -> list[tuple[str, ServerLog]]:
-        """The logs not packed (a packed one has nothing in its mem table to flush)."""
+        """The logs not packed (see ``rows_to_flush`` for the rows of packed ones)."""
         return [(uid, log) for uid, log in self._logs.items() if isinstance(log, ServerLog)]
 
     def generation(self, uid: str) -> int:
@@ -100,6 +149,8 @@ class ServerLogs:
         """Show a durable WAL op of file ``wal_seq`` in the log it names."""
         if isinstance(op, ForgetOp):
             self._logs.pop(op.uid, None)
+            self._packed_rows.pop(op.uid, None)
+            self._repack.pop(op.uid, None)
             self.installed.pop(op.uid, None)
             self.forgotten.add(op.uid)
             return

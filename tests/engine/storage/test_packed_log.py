@@ -31,6 +31,8 @@ def _observed(log: ServerLog) -> tuple[object, ...]:
         (log.reads, log.reads_in_memory, log.cache_hits, log.segment_reads, log.segment_bytes),
         [log.segments_after(i) for i in range(0, log.last_index() + 2)],
         [log.is_dead(i) for i in range(0, log.last_index() + 2)],
+        (len(log.mem), log.mem.lo, log.mem.bytes, log.mem.first_wal_seq),
+        log.mem.flushable(2**40),
     )
 
 
@@ -57,6 +59,12 @@ def logs(draw: st.DrawFn) -> ServerLog:
     if draw(st.booleans()):
         vote = draw(st.sampled_from([None, "n1/q-uid", "n2/q-uid"]))
         log.hard_state = HardState(draw(st.integers(0, 2**40)), vote, log.last_index())
+    for wal_seq in range(1, draw(st.integers(1, 3))):  # rows waiting for their flush
+        first = max(1, log.last_index() + 1 - draw(st.integers(0, 1)))  # may overwrite
+        bodies = draw(st.lists(st.binary(max_size=20), min_size=1, max_size=3))
+        kind = draw(st.sampled_from(list(EntryKind)))
+        entries = tuple(Entry(first + k, 2, kind, 7 * k, b) for k, b in enumerate(bodies))
+        log.apply_append(entries, wal_seq)
     log.reads, log.reads_in_memory = draw(st.integers(0, 10**9)), draw(st.integers(0, 99))
     log.cache_hits, log.segment_reads = draw(st.integers(0, 99)), draw(st.integers(0, 99))
     log.segment_bytes = draw(st.integers(0, 2**50))
@@ -74,15 +82,43 @@ def test_a_packed_log_unpacks_to_the_same_log(log: ServerLog) -> None:
     assert ServerLog.packed_reads(packed) == (log.reads, log.reads_in_memory + log.cache_hits)
 
 
-def test_a_log_with_entries_in_its_mem_table_is_not_packed() -> None:
+def test_a_packed_log_s_mem_table_rows_are_carried_and_flushed() -> None:
+    """An idle log keeps its last entries in its mem table, carried from WAL file to
+    WAL file: packed, they are still counted, carried, and flushed with their file."""
     disk = FakeDisk()
     logs = ServerLogs(disk, ReaderCache(disk, 4))
     entry = Entry(1, 1, EntryKind.COMMAND, 0, b"m")
     logs.apply(AppendOp(UID, (entry,)), 1)
-    assert not logs.pack(UID)
-    assert not logs.is_packed(UID)
-    logs.get(UID).drop_flushed(1)
-    assert logs.pack(UID) and logs.is_packed(UID)
+    held = logs.mem_bytes()
+    assert held > 0 and logs.pack(UID) and logs.is_packed(UID)
+    assert logs.mem_bytes() == held and logs.items() == []
+    logs.rows_to_flush(0)  # an older file's flush: not its rows
+    assert logs.is_packed(UID)
+    logs.carry(UID, 1)  # file 1 rolled, its rows carried into file 2
+    assert logs.is_packed(UID) and logs.mem_bytes() == held
+    logs.rows_to_flush(1)
+    assert logs.is_packed(UID)
+    logs.rows_to_flush(2)  # the flush of file 2 looks at unpacked logs only
+    assert [log.mem.flushable(2) for _, log in logs.items()] == [[entry]]
+    logs.existing(UID).drop_flushed(2)
+    logs.repack()  # asked for from outside meanwhile: stays unpacked
+    assert not logs.is_packed(UID) and logs.mem_bytes() == 0
+    logs.pack(UID)
+    logs.repack()
+    assert logs.is_packed(UID)
+
+
+def test_a_flush_packs_again_the_logs_it_unpacked() -> None:
+    disk = FakeDisk()
+    logs = ServerLogs(disk, ReaderCache(disk, 4))
+    logs.apply(AppendOp(UID, (Entry(1, 1, EntryKind.COMMAND, 0, b"m"),)), 1)
+    assert logs.pack(UID)
+    logs.rows_to_flush(1)
+    log = logs.find_for_flush(UID)
+    assert log is not None and not logs.is_packed(UID)
+    log.drop_flushed(1)
+    logs.repack()
+    assert logs.is_packed(UID) and logs.mem_bytes() == 0
 
 
 def test_the_table_keeps_a_log_packed_until_asked_for_it_to_change_it() -> None:
