@@ -9,8 +9,12 @@ Reads go to the mem table first, then to the segment that holds the index, throu
 node's ``ReaderCache``; deliveries (``read_many``) look in its read cache of blocks
 first and read from a segment a block at a time (``engine.storage.read_cache``).
 Entries from ``mem_lo`` on are in the mem table and hide any stale copy in a segment (a
-follower's overwritten suffix); ``last_index`` hides anything after it. Each mem-table entry remembers the WAL file it was written to, so a flush after a
-WAL roll takes exactly the entries of the rolled file and no others.
+follower's overwritten suffix); ``last_index`` hides anything after it. Each mem-table
+entry remembers the WAL file it was written to, so a flush after a WAL roll takes
+exactly the entries of the rolled file and no others (``engine.storage.mem_table``).
+
+A sleeping queue's log is kept as ``pack`` gives it (one ``bytes``) in the node's table
+(``engine.storage.server_logs``) and made again by ``unpacked``, with no disk read.
 """
 
 from __future__ import annotations

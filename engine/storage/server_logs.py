@@ -3,7 +3,10 @@
 Rule: changed only on the node's own thread, through ``NodeStorage``. A sleeping queue's
 log is kept packed (``ServerLog.pack``: one ``bytes`` where the log's objects took about
 a kilobyte, and made when it falls asleep, so that the objects its awake spell allocated
-are all freed); whatever asks for it to change it unpacks it for good.
+are all freed); whatever asks for it to change it unpacks it for good. The two things
+storage itself does to an idle log are done to the packed form: a WAL roll carries its
+last rows (``carry``), and the flush of their file unpacks it and packs it again after
+(``rows_to_flush``, ``repack``).
 """
 
 from __future__ import annotations
