@@ -518,12 +518,8 @@ class ServerLog:
 
     @staticmethod
     def packed_reads(packed: bytes) -> tuple[int, int]:
-        """(``reads``, ``reads_in_memory + cache_hits``) of a packed log, unpacking it
-        no further than these."""
-        unpacker = msgpack.Unpacker()
-        unpacker.feed(packed)
-        unpacker.read_array_header()
-        reads, in_memory, cache_hits = unpacker.unpack(), unpacker.unpack(), unpacker.unpack()
+        """(``reads``, ``reads_in_memory + cache_hits``) of a packed log."""
+        reads, in_memory, cache_hits = msgpack.unpackb(packed)[:3]
         return cast(int, reads), cast(int, in_memory) + cast(int, cache_hits)
 
     def segments_after(self, index: int) -> int:
