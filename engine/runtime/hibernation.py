@@ -246,7 +246,7 @@ class Hibernation:
         ctx = self.ctx
         dormant = rep.dormant
         assert dormant is not None and not rep.closed
-        record = dormant.record
+        record, live = dormant.unpacked()
         pos = record.raft
         assert pos is not None, "a hosted replica sleeps with its positions"
         server_log = ctx.storage.log(rep.uid)  # unpacked again, if it was packed
@@ -282,7 +282,7 @@ class Hibernation:
             ),
             server_log,
         )
-        observe.seed_live_set(rep, dormant.applied_index, BitMap64.deserialize(dormant.live))
+        observe.seed_live_set(rep, dormant.applied_index, BitMap64.deserialize(live))
         raft.step(Tick(now, wall))
         self.woken += 1
         ctx.hosting.schedule(rep)

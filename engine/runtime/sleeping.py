@@ -212,7 +212,11 @@ class Dormant:
 
     @property
     def record(self) -> SleepingQueue:
-        rest, stats, raft, _live = self._fields()
+        return self.unpacked()[0]
+
+    def unpacked(self) -> tuple[SleepingQueue, bytes]:
+        """The record and the live set, from one unpacking (what a wake reads)."""
+        rest, stats, raft, live = self._fields()
         positions = None
         if raft is not None:
             term, vote, commit, applied, last_index, last_term, config = cast(list[object], raft)
@@ -225,7 +229,8 @@ class Dormant:
                 cast(int, last_term),
                 Configuration.decode(cast(bytes, config)),
             )
-        return SleepingQueue(self.head, cast(bytes, rest), cast(bytes, stats), positions)
+        record = SleepingQueue(self.head, cast(bytes, rest), cast(bytes, stats), positions)
+        return record, cast(bytes, live)
 
     @property
     def packed_stats(self) -> bytes:
