@@ -176,9 +176,9 @@ class Hibernation:
         self.slept += 1
 
     def pack_log(self, rep: Replica) -> None:
-        """Have the node's storage keep the log of ``rep`` (asleep) packed."""
-        if self.ctx.storage.pack_log(rep.uid):
-            rep.log_packed()
+        """Have the node's storage keep the log of ``rep`` (asleep) packed (or once the
+        entries its mem table holds are flushed, if they are more than a few)."""
+        self.ctx.storage.pack_log(rep.uid)
 
     def log_view(self, rep: Replica) -> ServerLog:
         return self.ctx.storage.log_view(rep.uid)

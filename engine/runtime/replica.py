@@ -69,7 +69,7 @@ class Replica:
     meta: QueueMeta
     server_id: ServerId
     _log: ServerLog | None
-    """``log``: None while the queue sleeps with its log packed in the node's storage."""
+    """``log``: None while the queue sleeps (its log, packed or not, is the storage's)."""
     seal: ReceiptSeal
     """Makes and checks this queue's receipts."""
     _driver: ReplicaDriver[QueueMachine] | None = None
@@ -190,9 +190,9 @@ class Replica:
 
     @property
     def log(self) -> ServerLog:
-        """The queue's storage log. While the queue sleeps it is packed in the node's
-        storage (``ServerLogs.pack``) and this reads it unpacked for the caller, who
-        only reads it: what changes a log wakes its queue first."""
+        """The queue's storage log. While the queue sleeps it is the node's storage's,
+        packed there (``ServerLogs.pack``), and this reads it unpacked for the caller,
+        who only reads it: what changes a log wakes its queue first."""
         log = self._log
         if log is None:
             assert self.hibernation is not None and self.dormant is not None
@@ -221,15 +221,11 @@ class Replica:
         goes too (the live set's cache, the role last seen, the seal's keyed state)."""
         self.dormant = dormant
         self._driver = None
+        self._log = None  # the node's storage keeps it (packed, ``Hibernation.pack_log``)
         self.seal.forget()
         self.live_cache = None
         self.seen = (-1, None, -1)
         self.samples = EMPTY_LIST  # idle for longer than the rates' window: rates are zero
-
-    def log_packed(self) -> None:
-        """The node's storage keeps its log packed now (it sleeps): ``log`` reads that."""
-        assert self.dormant is not None
-        self._log = None
 
     def wake_with(self, driver: ReplicaDriver[QueueMachine], log: ServerLog) -> None:
         """Awake again, with ``driver`` rebuilt from the record and ``log`` unpacked."""

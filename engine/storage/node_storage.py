@@ -419,8 +419,9 @@ class NodeStorage:
 
     def pack_log(self, uid: str) -> bool:
         """Keep the log of ``uid`` packed while its queue sleeps, unless a write of it
-        failed: ``log`` unpacks it again, ``log_view`` reads it as it is. Nothing is
-        written: the disk is the same either way. Says whether it is packed."""
+        failed (or once its mem table's rows are flushed, if they are many): ``log``
+        unpacks it again, ``log_view`` reads it as it is. Nothing is written: the disk
+        is the same either way. Says whether it is packed now."""
         assert self._owned(), _NOT_OWNER
         return self._logs.pack(uid)
 

@@ -18,6 +18,12 @@ from engine.storage.segment import ReaderCache, SegmentInfo
 from engine.storage.server_log import NO_LIVE, ServerLog
 from engine.storage.wal import AppendOp, ForgetOp, HardStateOp, WalOp
 
+PACKED_ROWS_BYTES_MAX = 1_024
+"""A log whose mem table holds more (``MemTable.bytes``) is packed only once its rows
+are flushed: a packed log's ``bytes`` over 512 bytes is the C allocator's, which keeps the
+holes that packing it again after the flush would leave; the rows of an idle log that
+are carried from WAL file to WAL file are a few hundred bytes."""
+
 
 class ServerLogs:
     """The log of every server on one node, by uid. Each log has a generation: a new
@@ -41,7 +47,8 @@ class ServerLogs:
         """Of each packed log with mem-table rows: the WAL file of its first row and the
         rows' ``MemTable.bytes`` (the flush of that file unpacks it, ``rows_to_flush``)."""
         self._repack: dict[str, None] = {}
-        """Packed logs that a flush unpacked: packed again once it is shown (``repack``)."""
+        """Logs to pack once a flush is shown (``repack``): packed ones that it unpacked,
+        and those whose rows were too many to pack when their queue fell asleep."""
 
     def get(self, uid: str) -> ServerLog:
         """The log of ``uid``, created empty if there is none."""
@@ -67,10 +74,14 @@ class ServerLogs:
 
     def pack(self, uid: str) -> bool:
         """Keep the log of ``uid`` packed (its queue fell asleep) if it may be
-        (``ServerLog.packable``); says whether it is."""
+        (``ServerLog.packable``), or after the next flush if its mem table holds more
+        than ``PACKED_ROWS_BYTES_MAX``; says whether it is packed now."""
         log = self._logs[uid]
         if isinstance(log, ServerLog):
             if not log.packable():
+                return False
+            if log.mem.bytes > PACKED_ROWS_BYTES_MAX:
+                self._repack[uid] = None  # packed once its rows are flushed
                 return False
             self._logs[uid] = log.pack()
             if len(log.mem):
@@ -95,10 +106,10 @@ class ServerLogs:
 
     def repack(self) -> None:
         """Pack again the logs ``rows_to_flush`` unpacked, that nothing asked for since."""
-        for uid in self._repack:
+        due, self._repack = self._repack, {}
+        for uid in due:
             if uid in self._logs:
                 self.pack(uid)
-        self._repack.clear()
 
     def carry(self, uid: str, wal_seq: int) -> None:
         """``MemTable.carry`` in the log of ``uid``, packed or not (a packed one is

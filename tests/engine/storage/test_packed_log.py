@@ -11,7 +11,7 @@ from engine.raft.entry import Entry, EntryKind
 from engine.storage.disk import FakeDisk
 from engine.storage.segment import COMPACTED, OVERWRITES, ReaderCache, SegmentInfo, segment_path
 from engine.storage.server_log import ServerLog
-from engine.storage.server_logs import ServerLogs
+from engine.storage.server_logs import PACKED_ROWS_BYTES_MAX, ServerLogs
 from engine.storage.wal import AppendOp, HardState
 
 UID = "q-uid"
@@ -137,3 +137,18 @@ def test_the_table_keeps_a_log_packed_until_asked_for_it_to_change_it() -> None:
     assert _observed(logs.existing(UID)) == before
     assert not logs.is_packed(UID)
     assert logs.existing(UID) is logs.get(UID)
+
+
+def test_a_log_with_many_rows_is_packed_once_they_are_flushed() -> None:
+    disk = FakeDisk()
+    logs = ServerLogs(disk, ReaderCache(disk, 4))
+    body = b"m" * (PACKED_ROWS_BYTES_MAX + 1)
+    logs.apply(AppendOp(UID, (Entry(1, 1, EntryKind.COMMAND, 0, body),)), 1)
+    assert not logs.pack(UID) and not logs.is_packed(UID)
+    logs.rows_to_flush(1)
+    log = logs.find_for_flush(UID)
+    assert log is not None
+    log.drop_flushed(1)
+    logs.repack()
+    assert logs.is_packed(UID)
+    assert _observed(logs.view(UID)) == _observed(log)
