@@ -10,11 +10,19 @@ receive, a settle, a browse, a policy change, a checkpoint or compaction by hand
 message) wakes it first, synchronously (``Replica.driver``), so concurrent requests
 find it awake: the first one woke it, the others wait for its leader like the first.
 
-Why the record stays in memory (rather than a checkpoint and a closed replica): the
-storage log of every server stays open in ``NodeStorage`` whatever the replica does, so
-closing the replica would save only the record (a few hundred bytes) and make every
-wake a disk read and a replay; sleeping writes nothing, so the disk is exactly as it was
-awake and a crash while sleeping is recovery as usual. Nothing is compacted while it
+Why the record stays in memory (rather than a checkpoint and a closed replica): a wake
+from it reads nothing from disk and replays nothing. What else stays is packed when the
+queue falls asleep: its storage log (``ServerLogs.pack``: segment list, positions, hard
+state, live set) and its page files' bookkeeping (``PageFiles.pack``) each become one
+``bytes`` in their node table, and the record is its policy head (shared) and one
+``bytes`` (``Dormant``). The count of objects matters more than their bytes: thousands
+of queues falling asleep together free their awake objects, and every object that
+outlives the sleep and was made while the queue was awake keeps its allocator pool (and
+its arena) from being given back; those made at the sleep fill freed space instead.
+Readers of a sleeping queue's log get an unpacked copy (``NodeStorage.log_view``) or its
+counters (``log_reads``); whatever changes it (a wake, compaction, a delete) unpacks it
+for good. Sleeping writes nothing, so the disk is exactly as it was awake and a crash
+while sleeping is recovery as usual. Nothing is compacted while it
 sleeps (compaction follows checkpoints, which a sleeping queue does not take), and it
 sleeps only once what it applied since its last checkpoint is under
 ``Limits.stop_checkpoint_bytes_min`` (else it is checkpointed first), so a clean stop
@@ -51,7 +59,7 @@ from engine.runtime.meta import QueueMeta
 from engine.runtime.replica import NO_CHECKPOINT, CheckpointInfo, Replica, server_id
 from engine.runtime.sleepers import Sleeper
 from engine.runtime.sleeping import Dormant, may_sleep, put_to_sleep, raft_positions, wake
-from engine.storage import Recovered
+from engine.storage import Recovered, ServerLog
 
 if TYPE_CHECKING:
     from engine.runtime.context import NodeContext
@@ -71,8 +79,6 @@ class Hibernation:
         self.woken = 0
         self.restored = 0
         """Replicas brought back asleep at start (``restore``)."""
-        self.waker = self.wake
-        """``wake`` as one bound method that every replica of the node shares."""
 
     def start(self) -> None:
         """Run the sweep until the node stops (``Node.start``)."""
@@ -153,6 +159,7 @@ class Hibernation:
 
     def sleep(self, rep: Replica) -> None:
         """Swap ``rep``'s machine, core and driver for its record."""
+        ctx = self.ctx
         driver = rep.driver
         live = observe.live_indexes(rep)
         record = put_to_sleep(driver.machine, raft_positions(driver.raft))
@@ -164,7 +171,20 @@ class Hibernation:
                 handle.cancel()
         rep.tick_handle = rep.expire_handle = None
         rep.fall_asleep(dormant)
+        self.pack_log(rep)
+        ctx.pages.pack(rep.uid)
         self.slept += 1
+
+    def pack_log(self, rep: Replica) -> None:
+        """Have the node's storage keep the log of ``rep`` (asleep) packed (or once the
+        entries its mem table holds are flushed, if they are more than a few)."""
+        self.ctx.storage.pack_log(rep.uid)
+
+    def log_view(self, rep: Replica) -> ServerLog:
+        return self.ctx.storage.log_view(rep.uid)
+
+    def log_reads(self, rep: Replica) -> tuple[int, int]:
+        return self.ctx.storage.log_reads(rep.uid)
 
     def at_stop(self) -> list[Sleeper]:
         """At a clean stop, before the replicas close: every lone voter idle now falls
@@ -209,11 +229,13 @@ class Hibernation:
         seal = ReceiptSeal(ctx.receipt_key, meta.uid)
         sid = server_id(ctx.name, meta.uid)
         rep = Replica(meta, sid, rec.log, seal, checkpoint=checkpoint)
-        rep.waker = self.waker
+        rep.hibernation = self
         rep.bytes_since_capture = sleeper.bytes_since_capture
         rep.fall_asleep(sleeper.dormant)
         ctx.replicas[meta.name] = rep
         ctx.by_uid[meta.uid] = rep
+        self.pack_log(rep)
+        ctx.pages.pack(meta.uid)
         self.restored += 1
         return rep
 
@@ -224,10 +246,11 @@ class Hibernation:
         ctx = self.ctx
         dormant = rep.dormant
         assert dormant is not None and not rep.closed
-        record, pos = dormant.record, dormant.record.raft
+        record, live = dormant.unpacked()
+        pos = record.raft
         assert pos is not None, "a hosted replica sleeps with its positions"
-        machine = wake(record, ctx.limits, ctx.pages.paging_again(rep.uid, rep.log))
-        server_log = rep.log
+        server_log = ctx.storage.log(rep.uid)  # unpacked again, if it was packed
+        machine = wake(record, ctx.limits, ctx.pages.paging_again(rep.uid, server_log))
         config = pos.configuration
         snap_index = server_log.snapshot_index()
         snapshot = None
@@ -256,9 +279,10 @@ class Hibernation:
                 base_index=dormant.applied_index,
                 replay_until=server_log.last_index(),
                 hard_state_written=(pos.term, pos.vote),
-            )
+            ),
+            server_log,
         )
-        observe.seed_live_set(rep, dormant.applied_index, BitMap64.deserialize(dormant.live))
+        observe.seed_live_set(rep, dormant.applied_index, BitMap64.deserialize(live))
         raft.step(Tick(now, wall))
         self.woken += 1
         ctx.hosting.schedule(rep)

@@ -152,7 +152,7 @@ class Hosting:
         assert ctx.receipt_key is not None, "start() loads the key before hosting"
         seal = ReceiptSeal(ctx.receipt_key, meta.uid)
         rep = Replica(meta, sid, rec.log, seal, checkpoint=checkpoint)
-        rep.waker = ctx.hibernation.waker
+        rep.hibernation = ctx.hibernation
         rep.driver = ReplicaDriver(
             raft,
             machine,

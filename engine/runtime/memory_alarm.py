@@ -51,7 +51,7 @@ class MemoryWatch:
             + (
                 rep.machine.memory_use().total_bytes
                 if rep.dormant is None
-                else len(rep.dormant.record.snapshot)  # asleep: its record, not waking it
+                else rep.dormant.record_bytes  # asleep: its record, not waking it
             )
             for rep in reps
         )

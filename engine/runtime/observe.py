@@ -182,7 +182,7 @@ def queue_summary(rep: Replica, now: int, limits: Limits) -> dict[str, object]:
     without the log's live set and segments. The dashboard's sampler reads it for every
     queue every 5 s: the whole stats of 10,000 queues took longer than that."""
     if rep.dormant is not None:  # rates zero; counts from its packed stats, no QueueStats
-        f = summary_fields(rep.dormant.record.packed_stats)
+        f = summary_fields(rep.dormant.packed_stats)
         publish_rate = deliver_rate = ack_rate = 0.0
     else:
         s = rep.queue_stats()
@@ -260,8 +260,9 @@ def node_memory(
     ready indexes in memory (within the node's budget) and out, loads waited for, log
     reads from memory, and the node's read cache of segment blocks (``cache``)."""
     stats = [rep.queue_stats() for rep in replicas]
-    reads = sum(rep.log.reads for rep in replicas)
-    hits = sum(rep.log.reads_in_memory + rep.log.cache_hits for rep in replicas)
+    counts = [rep.log_reads() for rep in replicas]  # a sleeping queue's log stays packed
+    reads = sum(r for r, _ in counts)
+    hits = sum(h for _, h in counts)
     resident = sum(s.paging.resident_pages for s in stats)
     return {
         "queues": len(replicas),

@@ -38,8 +38,8 @@ class Pages:
     def __init__(self, ctx: NodeContext) -> None:
         self.ctx = ctx
         self.node = NodePages.from_limits(ctx.limits)
-        self.files: dict[str, PageFiles] = {}
-        """By queue uid."""
+        self.files: dict[str, PageFiles | bytes] = {}
+        """By queue uid; a sleeping queue's packed (``pack``, ``PageFiles.pack``)."""
         self._capturing: dict[str, Counter[int]] = {}
         """Tags (checkpoint indexes) pinned by a capture whose file is not written yet."""
 
@@ -54,7 +54,22 @@ class Pages:
     def paging_again(self, uid: str, server_log: ServerLog) -> Paging:
         """The ``Paging`` of a machine woken up (``engine.runtime.hibernation``): its
         page files stayed open here while it slept."""
-        return Paging(self.files[uid], self.node, StoredLogReader(server_log))
+        files = self.opened(uid)
+        assert files is not None, f"{uid}: hosted first"
+        return Paging(files, self.node, StoredLogReader(server_log))
+
+    def pack(self, uid: str) -> None:
+        """Keep the page files of ``uid`` packed: its queue fell asleep."""
+        files = self.files.get(uid)
+        if isinstance(files, PageFiles):
+            self.files[uid] = files.pack()
+
+    def opened(self, uid: str) -> PageFiles | None:
+        """The page files of ``uid``, unpacked (for good) if they were packed."""
+        files = self.files.get(uid)
+        if isinstance(files, bytes):
+            files = self.files[uid] = PageFiles.unpacked(self.ctx.storage.disk, uid, files)
+        return files
 
     def forget(self, uid: str) -> None:
         """The queue left this node (its directory goes with it)."""
@@ -96,7 +111,7 @@ class Pages:
         """A checkpoint of ``rep`` at ``index`` was captured: the pages it names stay
         until ``retain`` finds its file gone (or never written). The page files to sync
         before the file is written, or None if it names no page."""
-        files = self.files.get(rep.uid)
+        files = self.opened(rep.uid)
         handles = frozen.page_handles()
         if files is None or not handles:
             return None
@@ -117,7 +132,7 @@ class Pages:
         """Unpin the pages of checkpoints no longer on disk (thinned out, dropped by a
         promotion or an installed snapshot, or never written), but those of captures
         still being written."""
-        files = self.files.get(rep.uid)
+        files = self.opened(rep.uid)
         if files is None:
             return
         store = self.ctx.storage.checkpoints(rep.uid)
@@ -128,7 +143,9 @@ class Pages:
     def sendable(self, uid: str, state: bytes) -> bytes:
         """A checkpoint's state as a follower is sent it: every page it names read back
         into it (a follower has its own page files)."""
-        files = self.files.get(uid)
+        files = self.files.get(uid)  # in a worker: a packed one is read, not unpacked here
+        if isinstance(files, bytes):
+            files = PageFiles.unpacked(self.ctx.storage.disk, uid, files)
         if files is None:
             return state
         return inline_snapshot(state, files.load)

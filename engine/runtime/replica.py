@@ -12,6 +12,7 @@ import asyncio
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from pyroaring import BitMap64
 
@@ -50,11 +51,25 @@ NO_CHECKPOINT = CheckpointInfo()
 """Of a replica with none yet: one for all of them (most idle queues never wrote one)."""
 
 
+class Sleeps(Protocol):
+    """What a replica asks of its node's hibernation (``engine.runtime.hibernation``)."""
+
+    def wake(self, rep: Replica) -> None:
+        """Rebuild the machine, core and driver of ``rep`` (asleep) from its record."""
+
+    def log_view(self, rep: Replica) -> ServerLog:
+        """The storage log of ``rep`` (asleep, its log packed), to read only."""
+
+    def log_reads(self, rep: Replica) -> tuple[int, int]:
+        """(entries read, of those from memory) of the log of ``rep`` (as ``log_view``)."""
+
+
 @dataclass(slots=True)
 class Replica:
     meta: QueueMeta
     server_id: ServerId
-    log: ServerLog
+    _log: ServerLog | None
+    """``log``: None while the queue sleeps (its log, packed or not, is the storage's)."""
     seal: ReceiptSeal
     """Makes and checks this queue's receipts."""
     _driver: ReplicaDriver[QueueMachine] | None = None
@@ -62,8 +77,8 @@ class Replica:
     dormant: Dormant | None = None
     """The queue sleeps: its machine, Raft core and driver are dropped, this record
     stands for them (``engine.runtime.hibernation``)."""
-    waker: Callable[[Replica], None] | None = None
-    """Wakes a sleeping replica (one bound method shared by every replica of a node)."""
+    hibernation: Sleeps | None = None
+    """Wakes a sleeping replica and reads its packed log (the node's, shared)."""
     touched: bool = True
     """Something happened since the idle sweep last looked (a ``process``, a wake)."""
     quiet_since_ms: int = 0
@@ -163,8 +178,8 @@ class Replica:
         only readers of its stats look at ``dormant`` first (they do not wake it)."""
         driver = self._driver
         if driver is None:
-            assert self.waker is not None and self.dormant is not None, "hosted first"
-            self.waker(self)
+            assert self.hibernation is not None and self.dormant is not None, "hosted first"
+            self.hibernation.wake(self)
             driver = self._driver
             assert driver is not None
         return driver
@@ -173,24 +188,49 @@ class Replica:
     def driver(self, driver: ReplicaDriver[QueueMachine]) -> None:
         self._driver = driver
 
+    @property
+    def log(self) -> ServerLog:
+        """The queue's storage log. While the queue sleeps it is the node's storage's,
+        packed there (``ServerLogs.pack``), and this reads it unpacked for the caller,
+        who only reads it: what changes a log wakes its queue first."""
+        log = self._log
+        if log is None:
+            assert self.hibernation is not None and self.dormant is not None
+            return self.hibernation.log_view(self)
+        return log
+
+    @log.setter
+    def log(self, log: ServerLog) -> None:
+        self._log = log
+
+    def log_reads(self) -> tuple[int, int]:
+        """(entries read, of those served from memory) of its log, not unpacking it."""
+        log = self._log
+        if log is None:
+            assert self.hibernation is not None
+            return self.hibernation.log_reads(self)
+        return log.reads, log.reads_in_memory + log.cache_hits
+
     def queue_stats(self) -> QueueStats:
         """The machine's stats, or those it had when it fell asleep (not waking it)."""
         dormant = self.dormant
-        return self.machine.stats() if dormant is None else dormant.record.stats
+        return self.machine.stats() if dormant is None else dormant.stats
 
     def fall_asleep(self, dormant: Dormant) -> None:
         """Drop the driver (its core and machine) for ``dormant``; what pointed at them
         goes too (the live set's cache, the role last seen, the seal's keyed state)."""
         self.dormant = dormant
         self._driver = None
+        self._log = None  # the node's storage keeps it (packed, ``Hibernation.pack_log``)
         self.seal.forget()
         self.live_cache = None
         self.seen = (-1, None, -1)
         self.samples = EMPTY_LIST  # idle for longer than the rates' window: rates are zero
 
-    def wake_with(self, driver: ReplicaDriver[QueueMachine]) -> None:
-        """Awake again, with ``driver`` rebuilt from the record."""
+    def wake_with(self, driver: ReplicaDriver[QueueMachine], log: ServerLog) -> None:
+        """Awake again, with ``driver`` rebuilt from the record and ``log`` unpacked."""
         self._driver = driver
+        self._log = log
         self.dormant = None
         self.touched = True
 
@@ -264,7 +304,7 @@ class Replica:
         dormant = self.dormant
         if dormant is None:  # the machine's counters, not its whole ``stats``
             return (now_ms, *self.machine.rate_counters())
-        s = dormant.record.stats
+        s = dormant.stats
         return now_ms, s.published, s.delivered, s.acked
 
 

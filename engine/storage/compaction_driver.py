@@ -29,7 +29,8 @@ from engine.storage.compaction import (
 from engine.storage.disk import Disk
 from engine.storage.reaper import Reaper
 from engine.storage.repair import Repairs
-from engine.storage.server_log import ServerLog, ServerLogs
+from engine.storage.server_log import ServerLog
+from engine.storage.server_logs import ServerLogs
 
 
 class CompactionDriver:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 
 from engine.errors import StorageFailed
 from engine.limits import Limits
@@ -36,7 +36,7 @@ from engine.storage.segment import (
     segment_info_of,
     segment_path,
 )
-from engine.storage.server_log import ServerLogs
+from engine.storage.server_logs import ServerLogs
 
 _DATA = attrgetter("data")
 _Plan = tuple[str, int, int, list[Entry], int]
@@ -167,8 +167,7 @@ def plan_segment_flush(disk: Disk, limits: Limits, logs: ServerLogs, wal_seq: in
     """The flush of WAL file ``wal_seq``: its entries of every log, with segment seqs
     taken from each log now."""
     plans = []
-    for uid in logs.uids():
-        log = logs.existing(uid)
+    for uid, log in sorted(logs.items(), key=itemgetter(0)):  # packed logs have no entries
         entries = log.mem.flushable(wal_seq)
         if not entries:
             continue
@@ -186,7 +185,7 @@ def show_segment_flush(flush: SegmentFlush, logs: ServerLogs, reaper: Reaper) ->
     """Put the written segments in the views and drop the flushed entries from the mem
     tables; segments of a log removed or reset meanwhile are stale and deleted."""
     for uid, generation, infos in flush.written:
-        log = logs.find(uid)
+        log = logs.find_for_flush(uid)
         if log is None or generation != logs.generation(uid):
             for info in infos:
                 reaper.remove(info.path)

@@ -50,7 +50,8 @@ from engine.storage.reaper import PinnedReader, Reaper, SegmentPins
 from engine.storage.recovery import Recovery
 from engine.storage.repair import RepairKind, Repairs
 from engine.storage.segment import ReaderCache, read_segment_info, segment_path, write_segment
-from engine.storage.server_log import ServerLog, ServerLogs
+from engine.storage.server_log import ServerLog
+from engine.storage.server_logs import ServerLogs
 from engine.storage.storage_events import (
     HardStateSaved,
     Persisted,
@@ -164,7 +165,7 @@ class NodeStorage:
         """What the mem tables of every server hold: the entries of the WAL files not yet
         flushed to segments (at most about ``wal_file_bytes_max`` per file)."""
         assert self._owned(), _NOT_OWNER
-        return sum(log.mem.bytes for _uid, log in self._logs.items())
+        return self._logs.mem_bytes()
 
     def open_server(
         self, uid: str, *, repairable: bool = True, asleep_at: int | None = None
@@ -230,9 +231,7 @@ class NodeStorage:
         if batch.rolled is not None:
             self._rolled.append(batch.rolled)
             for uid in batch.carried:
-                log = self._logs.find(uid)
-                if log is not None:
-                    log.mem.carry(batch.rolled)
+                self._logs.carry(uid, batch.rolled)
         return events
 
     def sync(self) -> list[StorageEvent]:
@@ -257,6 +256,7 @@ class NodeStorage:
         assert self._owned(), _NOT_OWNER
         if not self._rolled:
             return None
+        self._logs.rows_to_flush(self._rolled[0])
         return plan_segment_flush(self.disk, self.limits, self._logs, self._rolled[0])
 
     def finish_segment_flush(self, flush: SegmentFlush) -> None:
@@ -265,6 +265,7 @@ class NodeStorage:
         assert self._owned(), _NOT_OWNER
         assert self._rolled and self._rolled[0] == flush.wal_seq
         show_segment_flush(flush, self._logs, self._reaper)
+        self._logs.repack()
         self.disk.remove(wal_path(flush.wal_seq))
         self.disk.sync_dir("wal")
         self._rolled.pop(0)
@@ -415,6 +416,28 @@ class NodeStorage:
     def log(self, uid: str) -> ServerLog:
         assert self._owned(), _NOT_OWNER
         return self._logs.existing(uid)
+
+    def pack_log(self, uid: str) -> bool:
+        """Keep the log of ``uid`` packed while its queue sleeps, unless a write of it
+        failed (or once its mem table's rows are flushed, if they are many): ``log``
+        unpacks it again, ``log_view`` reads it as it is. Nothing is written: the disk
+        is the same either way. Says whether it is packed now."""
+        assert self._owned(), _NOT_OWNER
+        return self._logs.pack(uid)
+
+    def log_packed(self, uid: str) -> bool:
+        assert self._owned(), _NOT_OWNER
+        return self._logs.is_packed(uid)
+
+    def log_view(self, uid: str) -> ServerLog:
+        """The log of ``uid`` to read, not change (a packed one stays packed)."""
+        assert self._owned(), _NOT_OWNER
+        return self._logs.view(uid)
+
+    def log_reads(self, uid: str) -> tuple[int, int]:
+        """(entries read, of those served from memory) of the log of ``uid``."""
+        assert self._owned(), _NOT_OWNER
+        return self._logs.reads(uid)
 
     def close(self, *, flush: bool = True) -> None:
         """Stop cleanly: whatever is pending is made durable; with ``flush`` the WAL is

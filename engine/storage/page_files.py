@@ -44,12 +44,14 @@ import logging
 import struct
 import threading
 from collections.abc import Iterable
+from typing import cast
 
 import crc32c
+import msgpack
 
 from engine.errors import PageDamaged, StorageFailed
 from engine.raft.entry import EntryKind
-from engine.shared_empty import EMPTY_DICT
+from engine.shared_empty import EMPTY_DICT, shared
 from engine.storage.disk import Disk, ensure_dir, write_file_atomic
 from engine.storage.reaper import server_root
 from engine.storage.server_log import ServerLog
@@ -245,6 +247,31 @@ class PageFiles:
     def pinned(self) -> frozenset[int]:
         with _LOCK:
             return self._pinned()
+
+    def pack(self) -> bytes:
+        """Its bookkeeping as one msgpack array, what a sleeping queue keeps of it
+        (``unpacked`` gives it back without listing the directory). Equal ones are one
+        object: a queue that never spilled a page packs as every other such queue."""
+        with _LOCK:
+            pins = [[tag, sorted(handles)] for tag, handles in sorted(self._pins.items())]
+            dropped, synced = sorted(self._dropped), sorted(self._synced)
+            fields = (self._dir_made, self._next_handle, pins, dropped, synced)
+        return shared(cast(bytes, msgpack.packb(fields)))
+
+    @classmethod
+    def unpacked(cls, disk: Disk, uid: str, packed: bytes) -> PageFiles:
+        """The page files ``pack`` gave ``packed`` of, as they were (nothing is read: the
+        files on disk are those they knew of, as nothing wrote any since)."""
+        files = cls.__new__(cls)
+        dir_made, next_handle, pins, dropped, synced = msgpack.unpackb(packed)
+        files._disk = disk
+        files.uid = uid
+        files._dir_made = dir_made
+        files._next_handle = next_handle
+        files._pins = {tag: frozenset(handles) for tag, handles in pins} or EMPTY_DICT
+        files._dropped = _shared_if_empty(frozenset(dropped))
+        files._synced = _shared_if_empty(frozenset(synced))
+        return files
 
     def files(self) -> int:
         """Page files on disk (those of the live machine and those checkpoints keep)."""

@@ -39,7 +39,8 @@ from engine.storage.repair import (
     reset_marker,
 )
 from engine.storage.segment import SEGMENTS_DIR, SegmentInfo, read_segment_info, segment_dir
-from engine.storage.server_log import ServerLog, ServerLogs
+from engine.storage.server_log import ServerLog
+from engine.storage.server_logs import ServerLogs
 from engine.storage.storage_events import Recovered
 from engine.storage.wal import ForgetOp, HardStateOp, WalOp, read_wal_file, wal_path, wal_seqs
 

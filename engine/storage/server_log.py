@@ -9,8 +9,12 @@ Reads go to the mem table first, then to the segment that holds the index, throu
 node's ``ReaderCache``; deliveries (``read_many``) look in its read cache of blocks
 first and read from a segment a block at a time (``engine.storage.read_cache``).
 Entries from ``mem_lo`` on are in the mem table and hide any stale copy in a segment (a
-follower's overwritten suffix); ``last_index`` hides anything after it. Each mem-table entry remembers the WAL file it was written to, so a flush after a
-WAL roll takes exactly the entries of the rolled file and no others.
+follower's overwritten suffix); ``last_index`` hides anything after it. Each mem-table
+entry remembers the WAL file it was written to, so a flush after a WAL roll takes
+exactly the entries of the rolled file and no others (``engine.storage.mem_table``).
+
+A sleeping queue's log is kept as ``pack`` gives it (one ``bytes``) in the node's table
+(``engine.storage.server_logs``) and made again by ``unpacked``, with no disk read.
 """
 
 from __future__ import annotations
@@ -18,23 +22,18 @@ from __future__ import annotations
 import bisect
 import itertools
 from dataclasses import dataclass
+from typing import cast
 
-from pyroaring import AbstractBitMap64, BitMap64, FrozenBitMap64
+import msgpack
+from pyroaring import AbstractBitMap64, FrozenBitMap64
 
 from engine.errors import EntryDamaged, StorageFailed
 from engine.raft.entry import Entry, EntryKind
-from engine.shared_empty import EMPTY_LIST
 from engine.storage.disk import Disk
+from engine.storage.mem_table import MEM_ROW_OVERHEAD_BYTES, NO_MEM, MemTable
 from engine.storage.read_cache import block_of
-from engine.storage.segment import OVERWRITES, ReaderCache, SegmentInfo
-from engine.storage.wal import AppendOp, ForgetOp, HardState, HardStateOp, WalOp
-
-_KINDS = tuple(EntryKind)
-"""Entry kinds by value, faster than calling the enum."""
-MEM_ROW_OVERHEAD_BYTES = 120
-"""What a mem-table row costs beside its data: the tuple, the header of the ``bytes``
-object and the two list slots, rounded up (counted by the memory alarm)."""
-
+from engine.storage.segment import OVERWRITES, ReaderCache, SegmentInfo, segment_path
+from engine.storage.wal import HardState
 
 NO_LIVE = FrozenBitMap64()
 """The live set of a log with no snapshot, or one whose snapshot left nothing live: one
@@ -42,115 +41,8 @@ for every such log (most queues of a node: an empty ``BitMap64`` costs about 250
 mostly outside Python's own heap)."""
 
 
-class MemTable:
-    """Contiguous entries ``lo .. hi`` held in memory until flushed to a segment.
-
-    Held as tuples of plain values, not ``Entry`` objects: the garbage collector stops
-    tracking such tuples, so the entries waiting for their segment (up to a WAL file's
-    worth) neither make full collections more frequent nor longer. Reads build the
-    entries again."""
-
-    # Slots: one per queue, thousands on a node (no instance dict each).
-    __slots__ = (
-        "_rows",
-        "_wal_seqs",
-        "bytes",
-        "lo",
-    )
-
-    def __init__(self) -> None:
-        self.lo = 0
-        self._rows: list[tuple[int, int, int, bytes]] = EMPTY_LIST
-        """(term, kind, now_ms, data) of each entry from ``lo``; while none, the shared
-        empty list (most queues of a node are idle, their rows flushed), lists of its
-        own from the first ``put``."""
-        self._wal_seqs: list[int] = EMPTY_LIST
-        self.bytes = 0
-        """What the rows hold: their data plus ``MEM_ROW_OVERHEAD_BYTES`` each."""
-
-    def __len__(self) -> int:
-        return len(self._rows)
-
-    @property
-    def hi(self) -> int:
-        return self.lo + len(self._rows) - 1 if self._rows else 0
-
-    def put(self, entries: tuple[Entry, ...], wal_seq: int) -> None:
-        """Entries from ``entries[0].index`` replace everything at that index and after."""
-        first = entries[0].index
-        if not self._rows or first < self.lo:
-            self.clear()
-            self.lo = first
-        else:
-            assert first <= self.hi + 1, f"gap in mem table: {first} after {self.hi}"
-            self._cut(first - self.lo, len(self._rows))
-        if self._rows is EMPTY_LIST:
-            self._rows, self._wal_seqs = [], []
-        self._rows.extend([(e.term, int(e.kind), e.now_ms, e.data) for e in entries])
-        self._wal_seqs.extend([wal_seq] * len(entries))
-        self.bytes += sum(len(e.data) for e in entries) + MEM_ROW_OVERHEAD_BYTES * len(entries)
-
-    def get(self, index: int) -> Entry | None:
-        if self._rows and self.lo <= index <= self.hi:
-            term, kind, now_ms, data = self._rows[index - self.lo]
-            return Entry(index, term, _KINDS[kind], now_ms, data)
-        return None
-
-    def slice(self, lo: int, hi: int) -> list[Entry]:
-        """The entries from ``lo`` (at least ``self.lo``) below ``hi``."""
-        start = max(lo, self.lo)
-        rows = self._rows[start - self.lo : max(0, hi - self.lo)]
-        return [
-            Entry(i, term, _KINDS[kind], now_ms, data)
-            for i, (term, kind, now_ms, data) in enumerate(rows, start)
-        ]
-
-    def indexes_of_kind(self, kind: EntryKind, lo: int, hi: int) -> list[int]:
-        """Indexes of the entries of ``kind`` from ``lo`` (at least ``self.lo``) below ``hi``."""
-        start = max(lo, self.lo)
-        rows = self._rows[start - self.lo : max(0, hi - self.lo)]
-        return [i for i, row in enumerate(rows, start) if row[1] == kind]
-
-    def flushable(self, wal_seq: int) -> list[Entry]:
-        """The leading entries written to WAL files up to ``wal_seq``."""
-        n = bisect.bisect_right(self._wal_seqs, wal_seq)
-        return self.slice(self.lo, self.lo + n)
-
-    def carry(self, wal_seq: int) -> None:
-        """The rows of WAL file ``wal_seq`` were carried into the next file when it rolled
-        (``engine.storage.wal_carry``): they leave with that file's flush."""
-        n = bisect.bisect_left(self._wal_seqs, wal_seq)
-        self._wal_seqs[n:] = [s + 1 if s == wal_seq else s for s in self._wal_seqs[n:]]
-
-    def drop_flushed(self, wal_seq: int) -> None:
-        n = bisect.bisect_right(self._wal_seqs, wal_seq)
-        self._cut(0, n)
-        if self._rows:
-            self.lo += n
-        else:
-            self.clear()
-
-    def truncate_after(self, index: int) -> None:
-        """Drop the entries after ``index``."""
-        if not self._rows or index >= self.hi:
-            return
-        if index < self.lo:
-            self.clear()
-            return
-        self._cut(index - self.lo + 1, len(self._rows))
-
-    def clear(self) -> None:
-        self.lo = 0
-        self._rows = self._wal_seqs = EMPTY_LIST
-        self.bytes = 0
-
-    def _cut(self, start: int, stop: int) -> None:
-        """Drop rows ``start`` below ``stop`` (positions, not indexes) and their bytes."""
-        cut = self._rows[start:stop]
-        self.bytes -= sum(len(row[3]) for row in cut) + MEM_ROW_OVERHEAD_BYTES * len(cut)
-        del self._rows[start:stop]
-        del self._wal_seqs[start:stop]
-        assert self.bytes >= 0
+_PACKED_SEGMENT_FIELDS = 12
+"""Items per segment in a packed log: the ``SegmentInfo``'s eleven, then ``hi``."""
 
 
 @dataclass(slots=True)
@@ -158,11 +50,6 @@ class _Segment:
     info: SegmentInfo
     hi: int
     """Last index this segment still answers for (older segments are cut by newer ones)."""
-
-
-NO_MEM = MemTable()
-"""The mem table of every log that holds none: nothing is ever put into it (a log takes
-a table of its own first), and what else a table does is nothing on an empty one."""
 
 
 class ServerLog:
@@ -559,6 +446,84 @@ class ServerLog:
         for seg in self._segments:
             self._cache.blocks.drop(seg.info.path)
 
+    def packable(self) -> bool:
+        """Whether ``pack`` may take it: no failed write (the error is not packed)."""
+        return self.failed is None
+
+    def pack(self) -> bytes:
+        """Everything of this log but its uid, disk and cache as one msgpack array: the
+        form a sleeping queue's log takes (``ServerLogs.pack``), a few dozen bytes where
+        the objects took about a kilobyte. Its mem table's rows go with it (an idle log
+        keeps its last entry or two there, carried from WAL file to WAL file). A
+        segment's path is left out when it is the one ``segment_path`` gives its seq
+        (always, but for compaction's outputs)."""
+        assert self.packable(), f"{self.uid}: a failed log is not packed"
+        segments: list[object] = []
+        for seg in self._segments:
+            i = seg.info
+            path = None if i.path == segment_path(self.uid, i.seq) else i.path
+            segments += (path, i.seq, i.lo, i.hi, i.count, i.flags, i.generation)
+            segments += (i.index_offset, i.data_offset, i.index_crc, i.bytes, seg.hi)
+        hs = self.hard_state
+        fields = (
+            self.reads,
+            self.reads_in_memory,
+            self.cache_hits,
+            self.segment_reads,
+            self.segment_bytes,
+            self._snapshot_index,
+            self._snapshot_term,
+            self._last,
+            self._his_max,
+            self.next_segment_seq,
+            None if hs is None else (hs.term, hs.vote, hs.commit),
+            self.snapshot_live.serialize() if self.snapshot_live else None,
+            segments,
+            self.mem.packed_rows() if len(self.mem) else None,
+        )
+        return cast(bytes, msgpack.packb(fields))
+
+    @classmethod
+    def unpacked(cls, uid: str, disk: Disk, cache: ReaderCache, packed: bytes) -> ServerLog:
+        """The log ``pack`` gave ``packed`` of, as it was (nothing is read from disk: a
+        segment is opened when first read, as always)."""
+        log = cls(uid, disk, cache)
+        (
+            log.reads,
+            log.reads_in_memory,
+            log.cache_hits,
+            log.segment_reads,
+            log.segment_bytes,
+            log._snapshot_index,
+            log._snapshot_term,
+            log._last,
+            log._his_max,
+            log.next_segment_seq,
+            hs,
+            live,
+            flat,
+            mem,
+        ) = msgpack.unpackb(packed)
+        if mem is not None:
+            log.mem = MemTable.of_rows(*mem)
+        if hs is not None:
+            log.hard_state = HardState(*hs)
+        if live is not None:
+            log.snapshot_live = FrozenBitMap64.deserialize(live)
+        width = _PACKED_SEGMENT_FIELDS
+        for k in range(0, len(flat), width):
+            path, seq, *rest, hi = flat[k : k + width]
+            info = SegmentInfo(segment_path(uid, seq) if path is None else path, seq, *rest)
+            log._segments.append(_Segment(info, hi))
+            log._los.append(info.lo)
+        return log
+
+    @staticmethod
+    def packed_reads(packed: bytes) -> tuple[int, int]:
+        """(``reads``, ``reads_in_memory + cache_hits``) of a packed log."""
+        reads, in_memory, cache_hits = msgpack.unpackb(packed)[:3]
+        return cast(int, reads), cast(int, in_memory) + cast(int, cache_hits)
+
     def segments_after(self, index: int) -> int:
         """How many segments begin after ``index`` (those written since a checkpoint at it)."""
         return len(self._los) - bisect.bisect_right(self._los, index)
@@ -601,73 +566,4 @@ class ServerLog:
         self._los = [s.info.lo for s in self._segments]
 
 
-class ServerLogs:
-    """The log of every server on one node, by uid. Each log has a generation: a new
-    log (created, or again after a removal) or a reset starts a new one, so a flush or a
-    compaction prepared against an older generation knows its result is stale."""
-
-    def __init__(self, disk: Disk, cache: ReaderCache) -> None:
-        self.disk = disk
-        self.cache = cache
-        self._logs: dict[str, ServerLog] = {}
-        self._generations: dict[str, int] = {}
-        self.forgotten: set[str] = set()
-        """Servers whose removal is in the WAL (their files may remain after a crash)."""
-        self.installed: dict[str, tuple[SegmentInfo | None, BitMap64]] = {}
-        """Segment of live entries written by ``install_snapshot`` and the snapshot's live
-        set, shown at the reset."""
-
-    def get(self, uid: str) -> ServerLog:
-        """The log of ``uid``, created empty if there is none."""
-        log = self._logs.get(uid)
-        if log is None:
-            log = self._logs[uid] = ServerLog(uid, self.disk, self.cache)
-            self.new_generation(uid)
-        return log
-
-    def find(self, uid: str) -> ServerLog | None:
-        return self._logs.get(uid)
-
-    def existing(self, uid: str) -> ServerLog:
-        return self._logs[uid]
-
-    def uids(self) -> list[str]:
-        return sorted(self._logs)
-
-    def items(self) -> list[tuple[str, ServerLog]]:
-        return list(self._logs.items())
-
-    def generation(self, uid: str) -> int:
-        return self._generations[uid]
-
-    def new_generation(self, uid: str) -> None:
-        self._generations[uid] = self._generations.get(uid, 0) + 1
-
-    def apply(self, op: WalOp, wal_seq: int, *, recovering: bool = False) -> None:
-        """Show a durable WAL op of file ``wal_seq`` in the log it names."""
-        if isinstance(op, ForgetOp):
-            self._logs.pop(op.uid, None)
-            self.installed.pop(op.uid, None)
-            self.forgotten.add(op.uid)
-            return
-        self.forgotten.discard(op.uid)
-        log = self.get(op.uid)
-        if isinstance(op, AppendOp):
-            # At recovery a record may follow entries that are gone: superseded by an
-            # overwrite later in the WAL, or before a snapshot whose reset record was in
-            # a deleted WAL file. The mem table then restarts at the record.
-            log.apply_append(op.entries, wal_seq, gap_allowed=recovering)
-        elif isinstance(op, HardStateOp):
-            log.hard_state = op.hard_state
-        else:
-            self.new_generation(op.uid)
-            log.apply_reset(op.index, op.term)
-            installed = self.installed.pop(op.uid, None)
-            if installed is not None:
-                segment, live = installed
-                log.snapshot_live = live if live else NO_LIVE
-                if segment is not None:
-                    log.add_segment(segment)
-
-
-__all__ = ["MEM_ROW_OVERHEAD_BYTES", "NO_LIVE", "MemTable", "ServerLog", "ServerLogs"]
+__all__ = ["MEM_ROW_OVERHEAD_BYTES", "NO_LIVE", "MemTable", "ServerLog"]

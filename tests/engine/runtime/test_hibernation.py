@@ -233,3 +233,35 @@ def test_a_queue_falling_asleep_leaves_the_read_cache(tmp_path: Path) -> None:
             await node.stop()
 
     run(body())
+
+
+def test_a_sleeping_queue_keeps_its_log_packed_and_is_read_so(tmp_path: Path) -> None:
+    """Asleep, its storage log is packed (its last entries too, in its mem table until
+    the WAL's idle roll flushes or carries them); stats, segments and the node's memory
+    read it without unpacking it, and a wake unpacks it as it was."""
+    limits = dataclasses.replace(SLEEPY, wal_idle_roll_ms=300)
+
+    async def body() -> None:
+        node = await started(tmp_path, limits)
+        storage = node.context.storage
+        try:
+            await filled(node, ["s"])
+            uid = rep_of(node, "s").uid
+            await all_asleep(node, ["s"])
+            assert storage.log_packed(uid)
+            await asyncio.sleep(0.6)  # a WAL roll and its flush
+            stats, segments = node.stats("s"), node.segments("s")
+            assert node.memory()["queues"] == 1 and node.summary("s")["messages_ready"] == 3
+            assert segments is not None
+            assert storage.log_packed(uid) and asleep(node, "s")
+            await node.publish("s", msgs(b"four"))
+            assert not storage.log_packed(uid)
+            log, was = node.stats("s")["log"], stats["log"]
+            assert isinstance(log, dict) and isinstance(was, dict)
+            assert log["snapshot_index"] == was["snapshot_index"]
+            assert log["last_index"] > was["last_index"]
+            assert await drain(node, "s") == [*BODIES, b"four"]
+        finally:
+            await node.stop()
+
+    run(body())

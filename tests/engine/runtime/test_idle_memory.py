@@ -21,8 +21,11 @@ machine's counters left their dict, its lanes their extra tuples, and its machin
 core and replica shared their empty lease tables, lists and dicts; 12.1 KB before its
 Raft core made its ``Ready`` lazily, its pages left their deque, its rate samples became
 runs and its empty tables were shared or cleared."""
-SLEEPING_REPLICA_BYTES_MAX = 3_700
-"""The same queue asleep (``engine.runtime.hibernation``): about 3.3 KB here (3.45 KB
+SLEEPING_REPLICA_BYTES_MAX = 3_000
+"""The same queue asleep (``engine.runtime.hibernation``): about 2.75 KB here (3.0 KB
+before its record became one ``bytes`` beside its policy head and its page files were
+packed; 3.3 KB
+before its storage log was packed into one ``bytes`` while it sleeps; 3.45 KB
 before the records shared their snapshots' policy bytes, 3.55 KB
 before a log with nothing to flush shared one empty mem table; 3.7 KB
 before its seal kept the uid as the definition's string and its rate samples and

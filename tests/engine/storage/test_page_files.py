@@ -7,6 +7,8 @@ import errno
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine.errors import PageDamaged, StorageFailed
 from engine.limits import Limits
@@ -244,3 +246,57 @@ def test_pins_drops_and_syncs_come_back_to_the_shared_empty_sets() -> None:
     c = files.store(page_bytes(3))
     files.drop(c)  # never pinned: deleted at once
     assert files.files() == 0 and files._dropped is idle._dropped
+
+
+class _CountedDisk(FakeDisk):
+    listed = 0
+
+    def listdir(self, path: str) -> list[str]:
+        self.listed += 1
+        return super().listdir(path)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["store", "pin", "drop", "sync", "retain"]), st.integers(0, 9)),
+        max_size=30,
+    )
+)
+def test_packed_page_files_unpack_to_the_same_bookkeeping(ops: list[tuple[str, int]]) -> None:
+    """A sleeping queue keeps its page files packed (``PageFiles.pack``): unpacked, they
+    pin, drop, keep and collect the same pages as those packed, without a disk read."""
+    disk = _CountedDisk()
+    files = PageFiles(disk, UID)
+    handles: list[int] = []
+    tags: list[int] = []
+    for op, k in ops:
+        if op == "store":
+            handles.append(files.store(page_bytes(k)))
+        elif op == "pin" and handles:
+            files.pin(k, handles[k % len(handles) :])
+            tags.append(k)
+        elif op == "drop" and handles:
+            files.drop(handles.pop(k % len(handles)))
+        elif op == "sync" and tags:
+            files.sync(tags[k % len(tags)])
+        elif op == "retain":
+            files.retain(tags[: k % (len(tags) + 1)])
+            tags = tags[: k % (len(tags) + 1)]
+    packed = files.pack()
+    listed = disk.listed
+    again = PageFiles.unpacked(disk, UID, packed)
+    assert disk.listed == listed  # nothing read to unpack them
+    assert again.pack() == packed
+    assert again.pinned() == files.pinned() and again.files() == files.files()
+    for tag in tags:
+        again.sync(tag)
+    again.retain([])
+    files.retain([])
+    assert again.files() == files.files() == len(handles)
+    assert [again.load(h) for h in handles] == [files.load(h) for h in handles]
+    assert again.store(b"next") == files.store(b"next") != 0
+
+
+def test_page_files_that_never_spilled_pack_as_one_shared_object() -> None:
+    assert PageFiles(FakeDisk(), "a").pack() is PageFiles(FakeDisk(), "b").pack()
