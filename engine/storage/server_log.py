@@ -41,8 +41,8 @@ for every such log (most queues of a node: an empty ``BitMap64`` costs about 250
 mostly outside Python's own heap)."""
 
 
-_PACKED_SEGMENT_FIELDS = 12
-"""Items per segment in a packed log: the ``SegmentInfo``'s eleven, then ``hi``."""
+_PACKED_SEGMENT_FIELDS = 14
+"""Items per segment in a packed log: the ``SegmentInfo``'s thirteen, then ``hi``."""
 
 
 @dataclass(slots=True)
@@ -463,7 +463,8 @@ class ServerLog:
             i = seg.info
             path = None if i.path == segment_path(self.uid, i.seq) else i.path
             segments += (path, i.seq, i.lo, i.hi, i.count, i.flags, i.generation)
-            segments += (i.index_offset, i.data_offset, i.index_crc, i.bytes, seg.hi)
+            segments += (i.index_offset, i.data_offset, i.index_crc, i.bytes)
+            segments += (i.tail_index, i.tail_term, seg.hi)
         hs = self.hard_state
         fields = (
             self.reads,

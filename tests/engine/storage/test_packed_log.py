@@ -48,7 +48,8 @@ def logs(draw: st.DrawFn) -> ServerLog:
         # Compaction's outputs may have a path of their own: it is kept as it is.
         path = draw(st.sampled_from([segment_path(UID, seq), f"queues/{UID}/c/{seq}.seg"]))
         offsets = draw(st.tuples(*[st.integers(0, 2**32 - 1)] * 4))
-        info = SegmentInfo(path, seq, start, start + n - 1, n, flags, seq % 3, *offsets)
+        tail = draw(st.sampled_from([(0, 0), (start + n - 1, seq)]))  # read with the header
+        info = SegmentInfo(path, seq, start, start + n - 1, n, flags, seq % 3, *offsets, *tail)
         log.add_segment(info)
         lo = start + n
     log.last_from_segments()
