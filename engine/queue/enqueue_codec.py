@@ -139,38 +139,38 @@ def _encode_bodies(bodies: Sequence[bytes]) -> bytes:
     """``encode_enqueue`` of messages that are their bodies alone, the record table
     made in one pass of array operations instead of a ``struct.pack`` per message: the
     same bytes (tests/engine/queue/test_commands.py compares them)."""
-    n = len(bodies)
-    lengths = np.fromiter(map(len, bodies), np.int64, count=n)
-    ends = lengths.cumsum()  # the methods: numpy's functions add a Python-level call
-    data_at = _ENQ_HEAD.size + n * RECORD_BYTES
-    assert data_at + int(ends[-1]) < 1 << 32
-    words = np.empty((n, len(_BODY_RECORD)), "<u4")
-    words[:] = _BODY_RECORD
-    words[:, 0] = lengths
-    words[:, 2] = ends - lengths + data_at
-    head = _ENQ_HEAD.pack(_KIND_ENQUEUE, FORMAT_VERSION, n)
-    return b"".join([head, words.tobytes(), *bodies])
+    lengths = np.fromiter(map(len, bodies), np.int64, count=len(bodies))
+    return b"".join([_head_and_table(lengths, None), *bodies])
 
 
 def _encode_keyed(messages: Sequence[KeyedBody]) -> bytes:
-    """``_encode_bodies`` for messages given as their dedup ids and bodies: word 3 of a
-    record is its dedup id's length (priority and flags, its upper bytes, are 0), and
-    each message's data is its id, then its body."""
+    """``_encode_bodies`` for messages given as their dedup ids and bodies: each
+    message's data is its id, then its body."""
     n = len(messages)
     dedup_lens = np.fromiter([len(d) for d, _b in messages], np.int64, count=n)
     body_lens = np.fromiter([len(b) for _d, b in messages], np.int64, count=n)
     assert int(dedup_lens.min()) >= 1 and int(dedup_lens.max()) <= DEDUP_ID_BYTES_MAX
-    sizes = dedup_lens + body_lens
-    ends = sizes.cumsum()
+    table = _head_and_table(body_lens, dedup_lens)
+    return b"".join([table, *itertools.chain.from_iterable(messages)])
+
+
+def _head_and_table(body_lens: npt.NDArray[Any], dedup_lens: npt.NDArray[Any] | None) -> bytes:
+    """The entry's head and record table for messages of these body (and dedup id)
+    lengths, every other field at its default: word 0 of a record is its body's length,
+    word 2 its data's offset, word 3 its dedup id's length (priority and flags, the
+    word's upper bytes, are 0)."""
+    n = len(body_lens)
+    sizes = body_lens if dedup_lens is None else dedup_lens + body_lens
+    ends = sizes.cumsum()  # the methods: numpy's functions add a Python-level call
     data_at = _ENQ_HEAD.size + n * RECORD_BYTES
     assert data_at + int(ends[-1]) < 1 << 32
     words = np.empty((n, len(_BODY_RECORD)), "<u4")
     words[:] = _BODY_RECORD
     words[:, 0] = body_lens
     words[:, 2] = ends - sizes + data_at
-    words[:, 3] = dedup_lens
-    head = _ENQ_HEAD.pack(_KIND_ENQUEUE, FORMAT_VERSION, n)
-    return b"".join([head, words.tobytes(), *itertools.chain.from_iterable(messages)])
+    if dedup_lens is not None:
+        words[:, 3] = dedup_lens
+    return _ENQ_HEAD.pack(_KIND_ENQUEUE, FORMAT_VERSION, n) + words.tobytes()
 
 
 @decoder

@@ -39,7 +39,7 @@ from app.settings import Settings
 from engine.errors import InvalidRequest, QuorraError
 from engine.limits import DEFAULT_LIMITS, Limits
 from engine.queue.receipts import RECEIPT_CHARS
-from engine.runtime.api import OutgoingMessage, body_only
+from engine.runtime.api import OutgoingMessage, body_only, outgoing
 
 SMALL_LIMITS = dataclasses.replace(
     DEFAULT_LIMITS,
@@ -246,10 +246,11 @@ def test_the_publish_parser_is_the_schema(messages: Any, limits: Limits | None, 
 
 
 def _whole(outcome: Any) -> Any:
-    """``publish_items``'s outcome with each ``bytes`` item the message it stands for."""
+    """``publish_items``'s outcome with each ``bytes`` or (dedup id, body) item the
+    message it stands for."""
     if not isinstance(outcome, list):
         return outcome
-    return [OutgoingMessage(m) if isinstance(m, bytes) else m for m in outcome]
+    return [outgoing(m) for m in outcome]
 
 
 def test_a_message_of_ascii_text_alone_is_its_bytes() -> None:
@@ -260,6 +261,25 @@ def test_a_message_of_ascii_text_alone_is_its_bytes() -> None:
         b"plain",
         OutgoingMessage("hé".encode()),
         OutgoingMessage(b"x", priority=2),
+    ]
+
+
+def test_a_body_with_a_dedup_id_alone_is_a_pair() -> None:
+    """A batch writer's message (a body and a dedup id) reaches the engine as the pair
+    (dedup id, body); a non-ASCII text body or any other field makes it a message."""
+    payload = {
+        "messages": [
+            {"body": b"\x00", "dedup_id": "a"},
+            {"body": "text", "dedup_id": "b"},
+            {"body": "h\u00e9", "dedup_id": "c"},
+            {"body": "x", "dedup_id": "d", "priority": 1},
+        ]
+    }
+    assert publish_items(payload, DEFAULT_LIMITS) == [
+        ("a", b"\x00"),
+        ("b", b"text"),
+        OutgoingMessage("hé".encode(), dedup_id="c"),
+        OutgoingMessage(b"x", priority=1, dedup_id="d"),
     ]
 
 
