@@ -129,7 +129,7 @@ def publish_frame(frame: dict[str, Any], last_seq: int, limits: Limits) -> Pendi
         messages = message_bodies.publish_items(payload, limits)
     except (RequestValidationError, QuorraError) as e:
         raise FrameError(refusal(e), of="publish", seq=seq) from None
-    size = sum(len(item_body(m)) for m in messages)
+    size = sum(len(m) if type(m) is bytes else len(item_body(m)) for m in messages)
     return PendingPublish(seq, messages, size)
 
 

@@ -157,40 +157,20 @@ class QueueOps:
         body_bytes_max = policy.max_message_bytes
         batch: list[NewMessage | bytes | KeyedBody] = []
         for m in messages:
+            if type(m) is OutgoingMessage and _body_and_id_alone(m):
+                m = m.body if m.dedup_id is None else (m.dedup_id, m.body)
             if type(m) is bytes:
-                if len(m) > body_bytes_max:
-                    raise MessageTooLarge(f"a message is larger than {body_bytes_max} bytes")
+                if len(m) > body_bytes_max:  # the usual message: no call when it fits
+                    _sized(m, body_bytes_max)
                 batch.append(m)
                 continue
-            if type(m) is tuple:
-                dedup_id, body = m
-                if type(body) is bytes and type(dedup_id) is str:
-                    batch.append(_keyed(dedup_id, body, body_bytes_max))
-                    continue
-                m = outgoing(m)
-            assert isinstance(m, OutgoingMessage), type(m)
-            body = m.body
-            if (
-                type(body) is bytes
-                and m.headers == {}
-                and type(m.priority) is int
-                and m.priority == 0
-                and m.ttl_ms is None
-                and type(m.delay_ms) is int
-                and m.delay_ms == 0
-            ):
-                key = m.dedup_id
-                if key is None:
-                    if len(body) > body_bytes_max:
-                        raise MessageTooLarge(f"a message is larger than {body_bytes_max} bytes")
-                    batch.append(body)
-                    continue
-                if type(key) is str:
-                    batch.append(_keyed(key, body, body_bytes_max))
-                    continue
+            if type(m) is tuple and type(m[0]) is str and type(m[1]) is bytes:
+                batch.append(_keyed(m[0], m[1], body_bytes_max))
+                continue
+            m = outgoing(m)
             batch.append(
                 NewMessage(
-                    bytes(body),
+                    bytes(m.body),
                     check_message(m, policy, self.ctx.limits),
                     min(m.priority, 255),
                     m.ttl_ms,
@@ -474,10 +454,31 @@ def _check_receipts(receipts: list[str], limits: Limits) -> None:
     check_receipt_texts(receipts)
 
 
-def _keyed(dedup_id: str, body: bytes, body_bytes_max: int) -> KeyedBody:
-    """A message of a dedup id and a body, checked as ``check_message`` would."""
+def _body_and_id_alone(m: OutgoingMessage) -> bool:
+    """Whether ``m`` is a ``bytes`` body (and a dedup id) with every other field at
+    its default: encoded as its body alone or as a ``KeyedBody``."""
+    return (
+        type(m.body) is bytes
+        and m.headers == {}
+        and type(m.priority) is int
+        and m.priority == 0
+        and m.ttl_ms is None
+        and type(m.delay_ms) is int
+        and m.delay_ms == 0
+        and (m.dedup_id is None or type(m.dedup_id) is str)
+    )
+
+
+def _sized(body: bytes, body_bytes_max: int) -> bytes:
+    """``body``, refused when larger than the queue's messages may be."""
     if len(body) > body_bytes_max:
         raise MessageTooLarge(f"a message is larger than {body_bytes_max} bytes")
+    return body
+
+
+def _keyed(dedup_id: str, body: bytes, body_bytes_max: int) -> KeyedBody:
+    """A message of a dedup id and a body, checked as ``check_message`` would."""
+    _sized(body, body_bytes_max)
     dedup = dedup_id.encode()
     if not 1 <= len(dedup) <= DEDUP_ID_BYTES_MAX:
         raise ValidationFailed(f"dedup_id must be 1..{DEDUP_ID_BYTES_MAX} bytes")
