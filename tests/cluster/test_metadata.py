@@ -131,11 +131,19 @@ def test_users_and_tokens_made_on_one_node_work_on_every_node(
     made = cluster.client("n1").post("/api/v1/tokens", json={"name": "t"})
     assert made.status_code == 201, made.text
     token = made.json()["token"]
+    # Committed when answered; another node applies it once it hears of the commit
+    # (its next append or heartbeat), so the token works there a moment later.
     for node in cluster.names:
-        who = httpx.get(
-            f"{cluster.url(node)}/api/v1/whoami", headers={"Authorization": f"Bearer {token}"}
-        )
-        assert who.status_code == 200, (node, who.text)
+
+        def works(node: str = node) -> bool:
+            who = httpx.get(
+                f"{cluster.url(node)}/api/v1/whoami",
+                headers={"Authorization": f"Bearer {token}"},
+            )
+            assert who.status_code in (200, 401), (node, who.text)
+            return who.status_code == 200
+
+        _wait(f"the token on {node}", works)
     # A user made on n2 signs in on n3 and holds its permissions there.
     user = {"name": "app", "password": "app-password-1", "permissions": {"write": "orders.*"}}
     assert _send(cluster, "n2", "POST", "/api/v1/users", user).status_code == 201
