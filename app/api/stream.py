@@ -58,7 +58,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from app.api import message_bodies
 from app.api.deps import API_PREFIX, bearer_principal
 from app.api.stream_consume import StreamConsumer
-from app.api.stream_frames import FrameError, error_frame, forbidden, refusal
+from app.api.stream_frames import FrameError, confirm_frame, error_frame, forbidden, refusal
 from app.auth import Principal
 from app.deliver_frames import FrameChunks
 from app.names import check_queue_name
@@ -340,7 +340,7 @@ class StreamConnection:
         if send_now is None or self.closed:
             return
         try:
-            sent = send_now(msgpack.packb({"op": "confirm", "seq": seq}, use_bin_type=True))
+            sent = send_now(confirm_frame(seq))
         except (RuntimeError, OSError):
             return  # the connection is going: ``_answer`` finds it closed
         if sent:
@@ -364,11 +364,11 @@ class StreamConnection:
                 confirmed = frame.seq
                 continue
             if confirmed is not None:
-                await self.send({"op": "confirm", "seq": confirmed})
+                await self.send_packed(confirm_frame(confirmed))
                 confirmed = None
             await self.send(error_frame(outcome, of="publish", seq=frame.seq))
         if confirmed is not None and confirmed != self.confirmed_now:
-            await self.send({"op": "confirm", "seq": confirmed})
+            await self.send_packed(confirm_frame(confirmed))
             if self.trace is not None:
                 self.trace.stamp(Stage.SENT)
 

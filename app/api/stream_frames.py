@@ -53,6 +53,23 @@ def refusal(e: Exception) -> QuorraError:
     return ValidationFailed(errors or "invalid frame")
 
 
+_CONFIRM_HEAD = b"\x82\xa2op\xa7confirm\xa3seq"
+"""``{"op": "confirm", "seq": ...}`` in MessagePack up to the value of ``seq``."""
+_UINT_TAGS = ((1 << 8, b"\xcc", 1), (1 << 16, b"\xcd", 2), (1 << 32, b"\xce", 4))
+
+
+def confirm_frame(seq: int) -> bytes:
+    """The ``confirm`` frame of ``seq`` (0 to 2**64 - 1), byte for byte what
+    ``msgpack.packb`` gives: it is sent once per publish, and ``packb`` makes (and frees)
+    a packer and its buffer for every call."""
+    if seq < 0x80:
+        return _CONFIRM_HEAD + bytes((seq,))
+    for bound, tag, size in _UINT_TAGS:
+        if seq < bound:
+            return _CONFIRM_HEAD + tag + seq.to_bytes(size, "big")
+    return _CONFIRM_HEAD + b"\xcf" + seq.to_bytes(8, "big")
+
+
 def ref_of(frame: dict[str, Any]) -> dict[str, object]:
     """The client's ``ref`` of a settle frame, echoed in its answer."""
     ref = frame.get("ref")
@@ -63,4 +80,4 @@ def forbidden(who: Principal, name: str, permission: str) -> Forbidden:
     return Forbidden(f"user {who.name!r} has no {permission} permission on {name!r}")
 
 
-__all__ = ["FrameError", "error_frame", "forbidden", "ref_of", "refusal"]
+__all__ = ["FrameError", "confirm_frame", "error_frame", "forbidden", "ref_of", "refusal"]
