@@ -24,11 +24,18 @@ through ``IncomingFrames`` (``app/ws_incoming.py``), which reads whole binary fr
 itself and hands websockets every other frame whole; its events are handled as uvicorn
 handles them, in arrival order. A client that sends frames before the handshake's end
 keeps websockets' parser for the whole connection.
+
+An endpoint may take whole binary frames in the callback that read them (``TAKE_NOW``:
+it sets a ``take(payload) -> bool``): a frame it takes never goes through the ASGI
+``receive`` (its queue, the reading paused and resumed around each message, the wake-up
+of the endpoint's reader task); one it declines, and any frame while others wait in
+that queue, is queued as uvicorn queues it, so frames reach the endpoint in order.
 """
 
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from typing import Any
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
@@ -42,6 +49,10 @@ _HEAD_END = b"\r\n\r\n"
 SEND_NOW = "quorra.websocket.send_now"
 """The ASGI scope extension (``scope["extensions"]``) holding ``send_now``: an endpoint
 that must answer within the current loop turn (a stream's confirm, from the apply)."""
+
+TAKE_NOW = "quorra.websocket.take_now"
+"""The ASGI scope extension holding a setter of the endpoint's ``take`` (None: no
+more): a whole binary frame it returns True for is its own, handled there and then."""
 
 _FIN_BINARY = 0x82
 """The first byte of a whole (FIN) binary frame."""
@@ -72,6 +83,7 @@ class DirectFrameProtocol(WebSocketsSansIOProtocol):
     _handshake_bytes: bytearray | None = None
     """What came before the handshake request was parsed (bounded by websockets' own
     limits on a request's lines and headers, the request itself refused past them)."""
+    _take: Callable[[bytes], bool] | None = None
 
     def data_received(self, data: bytes) -> None:
         if self._incoming is None:
@@ -80,7 +92,11 @@ class DirectFrameProtocol(WebSocketsSansIOProtocol):
             self._incoming.feed(data)
 
     def _message(self, payload: bytes) -> None:
-        """A whole binary frame read by ``IncomingFrames``: as uvicorn's ``handle_bytes``."""
+        """A whole binary frame read by ``IncomingFrames``: the endpoint's if it takes it
+        and nothing is queued before it, else as uvicorn's ``handle_bytes``."""
+        take = self._take
+        if take is not None and not self.close_sent and self.queue.empty() and take(payload):
+            return
         self.curr_msg_data_type = "bytes"
         self.frames = [payload]
         self.send_receive_event_to_app()
@@ -117,6 +133,11 @@ class DirectFrameProtocol(WebSocketsSansIOProtocol):
         self._request_parsed = True
         super().handle_connect(event)
         self.scope["extensions"][SEND_NOW] = self.send_now  # type: ignore[assignment]
+        self.scope["extensions"][TAKE_NOW] = self.take_now  # type: ignore[assignment]
+
+    def take_now(self, take: Callable[[bytes], bool] | None) -> None:
+        """Set (or, with None, remove) the endpoint's taker of whole binary frames."""
+        self._take = take
 
     def send_now(self, payload: bytes) -> bool:
         """Write a binary frame in this turn of the loop, without the ASGI ``send``'s
@@ -163,4 +184,4 @@ class DirectFrameProtocol(WebSocketsSansIOProtocol):
         )
 
 
-__all__ = ["SEND_NOW", "DirectFrameProtocol", "binary_frame_head"]
+__all__ = ["SEND_NOW", "TAKE_NOW", "DirectFrameProtocol", "binary_frame_head"]

@@ -18,6 +18,10 @@ Rules:
   (cumulative: every publish up to that ``seq`` without an ``error`` frame of its own) or an
   ``error``. A merged batch the engine refuses whole is published again frame by frame, so
   that one bad frame never fails its neighbours.
+- A publish frame that arrives while the reader waits for a frame, and leaves room in
+  the window, is taken in the callback that read it (``take``, through the protocol's
+  ``TAKE_NOW``: app/ws_protocol.py), sparing the wake-up of the reader task; any other
+  frame goes to the reader, decoded once, so frames are still handled in order.
 - The window: at ``stream_unconfirmed_messages_max`` messages (or ``..._bytes_max``
   bytes) unconfirmed, the server stops reading the socket until confirms free room; the
   WebSocket protocol under it reads nothing more (uvicorn's websockets-sansio), so TCP
@@ -65,7 +69,7 @@ from app.names import check_queue_name
 from app.negotiation import unpackb
 from app.problems import AppProblem, Forbidden, typed_problem
 from app.state import node_or_none, publish_trace_of, settings_of
-from app.ws_protocol import SEND_NOW
+from app.ws_protocol import SEND_NOW, TAKE_NOW
 from engine.errors import InvalidRequest, NoLeader, QueueNotFound, QuorraError, ValidationFailed
 from engine.limits import Limits
 from engine.publish_trace import PublishTrace, Stage
@@ -163,6 +167,13 @@ class StreamConnection:
         """Writes a frame in this loop turn (False if it cannot), if the server offers it."""
         self.confirmed_now = -1
         """The last seq confirmed from the apply (``on_durable``)."""
+        self.take_now: Callable[[Callable[[bytes], bool] | None], None] | None = (
+            websocket.scope.get("extensions", {}).get(TAKE_NOW)
+        )
+        self.receiving = False
+        """The reader waits for the next frame (with nothing of the last one left to do)."""
+        self.decoded: tuple[bytes, object] | None = None
+        """A frame ``take`` decoded and gave to the reader, with its bytes."""
         self.consuming = StreamConsumer(self, node, name, who, limits)
 
     # --- the connection's life --------------------------------------------------------
@@ -181,9 +192,13 @@ class StreamConnection:
         loop = asyncio.get_running_loop()
         publisher = loop.create_task(self.guarded(self.publish_loop()))
         consumer = loop.create_task(self.guarded(self.consuming.consume_loop()))
+        if self.take_now is not None:
+            self.take_now(self.take)
         try:
             await self.read_loop()
         finally:
+            if self.take_now is not None:
+                self.take_now(None)
             self.closed = True
             self.work.set()
             self.consuming.wake()
@@ -239,7 +254,11 @@ class StreamConnection:
                 await self.room.wait()
             if self.closed:
                 return
-            message = await self.ws.receive()
+            self.receiving = True
+            try:
+                message = await self.ws.receive()
+            finally:
+                self.receiving = False
             if message["type"] == "websocket.disconnect":
                 return
             data = message.get("bytes")
@@ -250,11 +269,44 @@ class StreamConnection:
             except FrameError as e:
                 await self.send(error_frame(e.problem, **e.about))
 
-    async def on_frame(self, data: bytes) -> None:
+    def take(self, data: bytes) -> bool:
+        """A whole frame, as the protocol reads it: taken if it is a publish frame that
+        arrived while the reader waits and leaves room in the window (the reader then
+        reads on, as after any such frame); else False, for the reader, which refuses a
+        bad frame with its error frame as always. Never raises."""
+        if not self.receiving or self.closed:
+            return False
         try:
             frame = unpackb(data)
-        except InvalidRequest as e:
-            raise FrameError(e) from None
+        except InvalidRequest:
+            return False
+        self.decoded = (data, frame)
+        if type(frame) is not dict or frame.get("op") != "publish":
+            return False
+        try:
+            publish = self._checked(frame)
+        except FrameError:
+            return False
+        limits = self.limits
+        if (
+            self.unconfirmed_messages + len(publish.messages)
+            >= limits.stream_unconfirmed_messages_max
+            or self.unconfirmed_bytes + publish.body_bytes >= limits.stream_unconfirmed_bytes_max
+        ):
+            return False  # the reader takes it and then waits for room
+        self.decoded = None
+        self._accept(publish)
+        return True
+
+    async def on_frame(self, data: bytes) -> None:
+        decoded, self.decoded = self.decoded, None
+        if decoded is not None and decoded[0] is data:
+            frame = decoded[1]
+        else:
+            try:
+                frame = unpackb(data)
+            except InvalidRequest as e:
+                raise FrameError(e) from None
         if type(frame) is not dict or type(frame.get("op")) is not str:
             raise FrameError(InvalidRequest("a frame is a MessagePack map with an 'op'"))
         op = frame["op"]
@@ -272,13 +324,20 @@ class StreamConnection:
     # --- publishing -------------------------------------------------------------------
 
     def on_publish(self, frame: dict[str, Any]) -> None:
+        self._accept(self._checked(frame))
+
+    def _checked(self, frame: dict[str, Any]) -> PendingPublish:
+        """A publish frame's messages if the connection may publish them; ``FrameError``
+        otherwise. Changes nothing."""
         if self.trace is not None:
             self.trace.stamp(Stage.RECEIVED)
         seq = frame.get("seq")
         about = {"seq": seq} if type(seq) is int else {}
         if not self.who.can("write", self.name):
             raise FrameError(forbidden(self.who, self.name, "write"), of="publish", **about)
-        publish = publish_frame(frame, self.last_seq, self.limits)
+        return publish_frame(frame, self.last_seq, self.limits)
+
+    def _accept(self, publish: PendingPublish) -> None:
         self.last_seq = publish.seq
         self.pending.append(publish)
         self.unconfirmed_messages += len(publish.messages)

@@ -252,6 +252,35 @@ def test_bad_frames_get_error_frames_and_change_nothing(
     assert bodies == ["good", "after"]
 
 
+def test_frames_sent_back_to_back_are_answered_and_published_in_order(
+    srv: StreamServer, token: str, api: httpx.Client, queue: str
+) -> None:
+    """Publishes taken as they are read, bad frames among them that the reader refuses:
+    each bad one gets its error, every good one is confirmed, and the queue holds the
+    good ones in the order they were sent."""
+    bad = {seq for seq in range(1, 41) if seq % 7 == 0}
+    with open_stream(srv, token, queue) as ws:
+        for seq in range(1, 41):
+            if seq in bad:
+                send(ws, {"op": "publish", "seq": seq, "messages": []})
+            else:
+                publish(ws, seq, b"m%d" % seq)
+        refused: set[int] = set()
+        confirmed = 0
+        while confirmed < 40 or len(refused) < len(bad):
+            frame = frame_of(ws)
+            if frame["op"] == "error":
+                assert frame["status"] == 422 and frame["seq"] in bad, frame
+                refused.add(frame["seq"])
+            else:
+                assert frame["op"] == "confirm" and frame["seq"] > confirmed, frame
+                confirmed = frame["seq"]
+        assert refused == bad
+    listed = api.get(f"/api/v1/queues/{queue}/messages", params={"limit": 100}).json()
+    bodies = [m["body"] for m in listed["messages"]]
+    assert bodies == [f"m{seq}" for seq in range(1, 41) if seq not in bad]
+
+
 def test_a_merged_batch_refused_whole_is_published_frame_by_frame(
     srv: StreamServer, token: str, api: httpx.Client
 ) -> None:
