@@ -8,6 +8,7 @@ messages of outstanding publishes. Nothing here blocks or reads a clock.
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict, deque
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -40,8 +41,19 @@ def stream_url(base_url: str, queue: str) -> str:
     return f"{base}/api/v1/queues/{queue}/stream"
 
 
+class _Packer(threading.local):
+    """This thread's packer: ``msgpack.packb`` makes (and frees) a packer and its buffer
+    for every frame, one per publish."""
+
+    def __init__(self) -> None:
+        self.packer = msgpack.Packer(use_bin_type=True, autoreset=True)
+
+
+_PACKER = _Packer()
+
+
 def pack(frame: dict[str, object]) -> bytes:
-    packed: bytes = msgpack.packb(frame, use_bin_type=True)
+    packed: bytes = _PACKER.packer.pack(frame)
     return packed
 
 
