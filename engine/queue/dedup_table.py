@@ -1,0 +1,244 @@
+"""The lookup of the dedup window (``engine.queue.dedup``): 64-bit hashes of dedup ids to
+the sequence numbers of the window's slots that hold them.
+
+Rule of this module: the table only proposes candidates. Two ids may share a hash, and
+the hashes are Python's ``hash`` of the id's bytes, salted per process, so a replica's
+table is its own: the window compares the full id of every candidate before it calls a
+message a duplicate (a false duplicate would lose a message), and nothing of the table
+is ever written out.
+
+A hash picks one bucket of ``BUCKET_CELLS`` cells in two numpy arrays (hashes, sequence
+numbers; -1 for a cell never used), so a lookup reads one row. An id whose bucket is
+full goes to the stash, a dict (a few per cent of the ids at the loads kept). Slots
+leave the window oldest first, so a cell whose sequence number is below the window's
+first live slot is free again and nothing is ever deleted from the arrays; the stash
+drops its dead entries from its front, as it is filled in publish order too. The table
+is rebuilt larger once the live ids pass ``LOAD_MAX`` of its cells, or its stash grows
+past ``STASH_SHARE_MAX``. A batch is looked up and inserted with a fixed number of numpy
+operations; a few ids take a scalar path, cheaper than numpy's fixed cost per call.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+BUCKET_CELLS = 8
+"""Eight, so that a bucket's free flags make one 64-bit word (``_free_masks``)."""
+LOAD_MAX = 0.95
+"""Live ids past this fraction of the cells make the table rebuild."""
+LOAD_REBUILT = 0.6
+"""Live ids right after a rebuild, as a fraction of the new table's cells (2% of them in
+the stash, 11% at ``LOAD_MAX``: ids per bucket are Poisson-distributed)."""
+STASH_SHARE_MAX = 0.15
+"""A stash larger than this share of the live ids (plus ``STASH_SLACK``) makes the
+table rebuild: it holds dead entries behind live ones."""
+STASH_SLACK = 64
+SCALAR_MAX = 8
+"""Up to this many ids a lookup or an insert takes the scalar path."""
+_GATHER_BITS = 0x0102040810204080
+"""Times a word of eight 0/1 bytes, byte c lands on bit 56 + c."""
+I64 = npt.NDArray[np.int64]
+U64 = npt.NDArray[np.uint64]
+Stashed = int | tuple[int, ...]
+"""A stash entry: a sequence number, or several for ids of one hash (in order)."""
+
+
+def _select_table() -> I64:
+    """``[mask, r]``: the cell of the r-th free one (0 first) of a bucket whose free cells
+    are the bits of ``mask``, or ``BUCKET_CELLS`` if it has fewer."""
+    table = np.full((1 << BUCKET_CELLS, BUCKET_CELLS + 1), BUCKET_CELLS, np.int64)
+    for mask in range(1 << BUCKET_CELLS):
+        free = [c for c in range(BUCKET_CELLS) if mask >> c & 1]
+        table[mask, : len(free)] = free
+    return table
+
+
+_SELECT = _select_table()
+
+
+def _ranks(at: I64) -> I64:
+    """The rank of each item among the equal ones before it in ``at``, which is sorted."""
+    index = np.arange(len(at), dtype=np.int64)
+    starts = np.empty(len(at), bool)
+    starts[:1] = True
+    np.not_equal(at[1:], at[:-1], out=starts[1:])
+    return index - np.maximum.accumulate(np.where(starts, index, 0))
+
+
+def hash_ids(ids: list[bytes]) -> U64:
+    """The table's hashes of ``ids``, as unsigned 64-bit integers."""
+    return np.array([hash(i) for i in ids], dtype=np.int64).view(np.uint64)
+
+
+class SlotTable:
+    __slots__ = ("_hashes", "_seqs", "_stash")
+
+    def __init__(self, cells_min: int) -> None:
+        buckets = max(1, -(-cells_min // BUCKET_CELLS))
+        self._hashes: U64 = np.zeros((buckets, BUCKET_CELLS), np.uint64)
+        self._seqs: I64 = np.full((buckets, BUCKET_CELLS), -1, np.int64)
+        self._stash: dict[int, Stashed] = {}
+        """Hash -> sequence number(s) of the ids whose bucket was full, in the order
+        they came."""
+
+    @classmethod
+    def build(cls, hashes: U64, seqs: I64) -> SlotTable:
+        """A table of these ids, sized for them at ``LOAD_REBUILT``: the ids of a bucket
+        take its cells, those past its last cell go to the stash."""
+        table = cls(int(len(seqs) / LOAD_REBUILT) + 1)
+        at = table._bucket(hashes)
+        order = np.argsort(at)
+        at = at[order]
+        rank = _ranks(at)
+        fits = rank < BUCKET_CELLS
+        cells = at[fits] * BUCKET_CELLS + rank[fits]
+        table._hashes.reshape(-1)[cells] = hashes[order[fits]]
+        table._seqs.reshape(-1)[cells] = seqs[order[fits]]
+        rest = order[~fits]
+        rest = rest[np.argsort(seqs[rest])]
+        table._add_to_stash(hashes[rest].tolist(), seqs[rest].tolist(), 0)
+        return table
+
+    @property
+    def nbytes(self) -> int:
+        stash_bytes = 100 * len(self._stash)  # a dict entry and its two ints
+        return int(self._hashes.nbytes + self._seqs.nbytes) + stash_bytes
+
+    def _bucket(self, hashes: U64) -> I64:
+        return (hashes % np.uint64(len(self._seqs))).astype(np.int64)
+
+    def candidates(self, hashes: U64, live_from: int) -> tuple[list[int], list[int]]:
+        """(query index, sequence number) of every live id whose hash equals a
+        query's."""
+        found_q: list[int] = []
+        found_s: list[int] = []
+        if len(hashes) <= SCALAR_MAX:
+            n = len(self._seqs)
+            for q, h in enumerate(hashes.tolist()):
+                row_h = self._hashes[h % n].tolist()
+                if h in row_h:
+                    row_s = self._seqs[h % n].tolist()
+                    for c in range(BUCKET_CELLS):
+                        if row_h[c] == h and row_s[c] >= live_from:
+                            found_q.append(q)
+                            found_s.append(row_s[c])
+        else:
+            at = self._bucket(hashes)
+            rows, cells = np.nonzero(self._hashes[at] == hashes[:, None])
+            if len(rows):
+                seqs = self._seqs[at[rows], cells]
+                live = seqs >= live_from
+                found_q += rows[live].tolist()
+                found_s += seqs[live].tolist()
+        if self._stash:
+            self._stash_candidates(hashes.tolist(), live_from, found_q, found_s)
+        return found_q, found_s
+
+    def _stash_candidates(
+        self, hashes: list[int], live_from: int, found_q: list[int], found_s: list[int]
+    ) -> None:
+        get = self._stash.get
+        for q, h in enumerate(hashes):
+            got = get(h)
+            if got is None:
+                continue
+            for seq in (got,) if isinstance(got, int) else got:
+                if seq >= live_from:
+                    found_q.append(q)
+                    found_s.append(seq)
+
+    def insert(self, hashes: U64, seqs: I64, live_from: int, live: int) -> SlotTable:
+        """Add new ids (none of them live in the table already, their sequence numbers
+        above all others); the table, or the rebuilt one that replaces it. ``live``: the
+        live ids before these."""
+        self._trim_stash(live_from)
+        live += len(seqs)
+        stash_max = STASH_SHARE_MAX * live + STASH_SLACK
+        if live > LOAD_MAX * self._seqs.size or len(self._stash) > stash_max:
+            keep = self._seqs >= live_from
+            return SlotTable.build(
+                np.concatenate([self._hashes[keep], self._stash_hashes(live_from), hashes]),
+                np.concatenate([self._seqs[keep], self._stash_seqs(live_from), seqs]),
+            )
+        if len(seqs) <= SCALAR_MAX:
+            self._place_few(hashes.tolist(), seqs.tolist(), live_from)
+            return self
+        at = self._bucket(hashes)
+        order = np.argsort(at, kind="stable")
+        at = at[order]
+        rank = np.minimum(_ranks(at), BUCKET_CELLS)
+        cell = _SELECT[self._free_masks(at, live_from), rank]
+        placed = cell < BUCKET_CELLS
+        cells = at[placed] * BUCKET_CELLS + cell[placed]
+        self._hashes.reshape(-1)[cells] = hashes[order[placed]]
+        self._seqs.reshape(-1)[cells] = seqs[order[placed]]
+        if not placed.all():
+            rest = np.sort(order[~placed])
+            self._add_to_stash(hashes[rest].tolist(), seqs[rest].tolist(), live_from)
+        return self
+
+    def _free_masks(self, at: I64, live_from: int) -> U64:
+        """The free cells of buckets ``at`` as bit masks (bit c for cell c): a bucket's
+        eight flags are one word, gathered into its low byte by one multiplication."""
+        rows = np.ascontiguousarray(self._seqs[at] < live_from)
+        masks: U64 = (rows.view(np.uint64)[:, 0] * np.uint64(_GATHER_BITS)) >> np.uint64(56)
+        return masks
+
+    def _place_few(self, hashes: list[int], seqs: list[int], live_from: int) -> None:
+        n = len(self._seqs)
+        for h, s in zip(hashes, seqs, strict=True):
+            at = h % n
+            row_s = self._seqs[at].tolist()
+            free = next((c for c, got in enumerate(row_s) if got < live_from), None)
+            if free is None:
+                self._add_to_stash([h], [s], live_from)
+            else:
+                self._hashes[at, free] = h
+                self._seqs[at, free] = s
+
+    def _add_to_stash(self, hashes: list[int], seqs: list[int], live_from: int) -> None:
+        stash = self._stash
+        for h, s in zip(hashes, seqs, strict=True):
+            got = stash.pop(h, None)
+            if got is None:
+                stash[h] = s
+            else:
+                # Moved to the end, so that the stash stays in publish order.
+                older = (got,) if isinstance(got, int) else got
+                stash[h] = (*(seq for seq in older if seq >= live_from), s)
+
+    def _trim_stash(self, live_from: int) -> None:
+        """Drop the dead entries at the front of the stash."""
+        stash = self._stash
+        while stash:
+            h = next(iter(stash))
+            got = stash[h]
+            if (got if isinstance(got, int) else got[-1]) >= live_from:
+                break
+            del stash[h]
+
+    def _stash_items(self, live_from: int) -> list[tuple[int, int]]:
+        return [
+            (h, seq)
+            for h, got in self._stash.items()
+            for seq in ((got,) if isinstance(got, int) else got)
+            if seq >= live_from
+        ]
+
+    def _stash_seqs(self, live_from: int) -> I64:
+        return np.array([s for _h, s in self._stash_items(live_from)], dtype=np.int64)
+
+    def _stash_hashes(self, live_from: int) -> U64:
+        return np.array([h for h, _s in self._stash_items(live_from)], dtype=np.uint64)
+
+    def check(self, live_from: int, live_end: int) -> None:
+        live_cells = int(np.count_nonzero(self._seqs >= live_from))
+        stashed = self._stash_items(live_from)
+        assert live_cells + len(stashed) == live_end - live_from, "each live id once"
+        assert int(self._seqs.max(initial=-1)) < live_end
+        assert all(s < live_end for _h, s in stashed)
+        assert live_end - live_from <= LOAD_MAX * self._seqs.size + BUCKET_CELLS
+
+
+__all__ = ["SlotTable", "hash_ids"]
