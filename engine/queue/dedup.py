@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from engine.queue.dedup_table import SlotTable, hash_ids
+from engine.queue.dedup_table import U64, SlotTable, hash_ids
 from engine.shared_empty import check_shared_empties
 
 I64 = npt.NDArray[np.int64]
@@ -83,7 +83,7 @@ class _Columns:
         self.first[:live] = first
         self.base = self.head
 
-    def append(self, keys: list[bytes], firsts: list[int], expiry: int) -> None:
+    def append(self, keys: list[bytes], firsts: list[int], expiry: int, hashes: U64) -> None:
         more = len(keys)
         self.make_room(more)
         at = self.end - self.base
@@ -93,7 +93,7 @@ class _Columns:
         self.expiry[at : at + more] = expiry
         self.first[at : at + more] = firsts
         seqs = np.arange(self.end, self.end + more, dtype=np.int64)
-        self.table = self.table.insert(hash_ids(keys), seqs, self.head, self.end - self.head)
+        self.table = self.table.insert(hashes, seqs, self.head, self.end - self.head)
         self.end += more
 
     def expired_until(self, now_ms: int) -> int:
@@ -115,8 +115,23 @@ class _Columns:
         return int(arrays + self.table.nbytes + len(self.ids))
 
 
+def _mark_repeats(keys: list[tuple[int, bytes]], ids: list[int], duplicate: list[bool]) -> None:
+    """``find_duplicates`` within the batch (two of its ids have one hash): a later
+    message with an earlier one's id."""
+    seen: dict[bytes, int] = {}
+    for k, key in keys:
+        if duplicate[k]:
+            continue
+        first = seen.get(key)
+        if first is not None:
+            duplicate[k] = True
+            ids[k] = first
+        else:
+            seen[key] = ids[k]
+
+
 class DedupWindow:
-    __slots__ = ("_columns", "_ids_max", "_window_ms")
+    __slots__ = ("_batch", "_columns", "_ids_max", "_window_ms")
 
     def __init__(self, window_ms: int, ids_max: int) -> None:
         self._window_ms = window_ms
@@ -124,6 +139,9 @@ class DedupWindow:
         self._columns: _Columns | None = None
         """Made by the first id remembered and dropped once empty (most queues publish
         without dedup ids)."""
+        self._batch: tuple[list[tuple[int, bytes]], U64] | None = None
+        """The keys ``find_duplicates`` was last given and their hashes, which
+        ``remember`` takes again for the same batch."""
 
     def __len__(self) -> int:
         c = self._columns
@@ -150,36 +168,41 @@ class DedupWindow:
         """Mark the messages of a batch that repeat a remembered id or an earlier one of
         the same batch: ``duplicate[slot]`` becomes True and ``ids[slot]`` the first
         message's id. ``keys``: (slot, dedup id) of the messages that carry one."""
+        hashes = hash_ids([key for _k, key in keys])
+        self._batch = (keys, hashes)
         c = self._columns
         if c is not None:
-            hashes = hash_ids([key for _k, key in keys])
             for q, seq in zip(*c.table.candidates(hashes, c.head), strict=True):
                 k, key = keys[q]
                 if not duplicate[k] and c.id_at(seq) == key:
                     duplicate[k] = True
                     ids[k] = int(c.first[seq - c.base])
-        seen: dict[bytes, int] = {}
-        for k, key in keys:
-            if duplicate[k]:
-                continue
-            first = seen.get(key)
-            if first is not None:
-                duplicate[k] = True
-                ids[k] = first
-            else:
-                seen[key] = ids[k]
+        if len(keys) > 1 and len(set(hashes.tolist())) < len(keys):
+            _mark_repeats(keys, ids, duplicate)
 
     def remember(
         self, keys: list[tuple[int, bytes]], ids: list[int], duplicate: list[bool], now_ms: int
     ) -> None:
         """Remember the ids of the batch's messages that are not duplicates."""
-        new = [(k, key) for k, key in keys if not duplicate[k]]
-        if not new:
-            return
+        batch, self._batch = self._batch, None
+        hashes = batch[1] if batch is not None and batch[0] is keys else None
+        if True in duplicate:
+            new = [q for q, (k, _key) in enumerate(keys) if not duplicate[k]]
+            if not new:
+                return
+            if hashes is not None:
+                hashes = hashes[new]
+            keys = [keys[q] for q in new]
         c = self._columns
         if c is None:
-            c = self._columns = _Columns(len(new), 0)
-        c.append([key for _k, key in new], [ids[k] for k, _key in new], now_ms + self._window_ms)
+            c = self._columns = _Columns(len(keys), 0)
+        new_ids = [key for _k, key in keys]
+        c.append(
+            new_ids,
+            [ids[k] for k, _key in keys],
+            now_ms + self._window_ms,
+            hash_ids(new_ids) if hashes is None else hashes,
+        )
         if c.end - c.head > self._ids_max:
             self._forget_until(c, c.end - self._ids_max)
 

@@ -72,7 +72,7 @@ def hash_ids(ids: list[bytes]) -> U64:
 
 
 class SlotTable:
-    __slots__ = ("_hashes", "_seqs", "_stash")
+    __slots__ = ("_hashes", "_overflowed", "_seqs", "_stash")
 
     def __init__(self, cells_min: int) -> None:
         buckets = max(1, -(-cells_min // BUCKET_CELLS))
@@ -81,6 +81,9 @@ class SlotTable:
         self._stash: dict[int, Stashed] = {}
         """Hash -> sequence number(s) of the ids whose bucket was full, in the order
         they came."""
+        self._overflowed = np.zeros(buckets, bool)
+        """The buckets that were full for some id since the table was built: only the
+        ids of these are looked for in the stash."""
 
     @classmethod
     def build(cls, hashes: U64, seqs: I64) -> SlotTable:
@@ -97,13 +100,15 @@ class SlotTable:
         table._seqs.reshape(-1)[cells] = seqs[order[fits]]
         rest = order[~fits]
         rest = rest[np.argsort(seqs[rest])]
+        table._overflowed[at[~fits]] = True
         table._add_to_stash(hashes[rest].tolist(), seqs[rest].tolist(), 0)
         return table
 
     @property
     def nbytes(self) -> int:
         stash_bytes = 100 * len(self._stash)  # a dict entry and its two ints
-        return int(self._hashes.nbytes + self._seqs.nbytes) + stash_bytes
+        arrays = self._hashes.nbytes + self._seqs.nbytes + self._overflowed.nbytes
+        return int(arrays) + stash_bytes
 
     def _bucket(self, hashes: U64) -> I64:
         return (hashes % np.uint64(len(self._seqs))).astype(np.int64)
@@ -132,14 +137,15 @@ class SlotTable:
                 found_q += rows[live].tolist()
                 found_s += seqs[live].tolist()
         if self._stash:
-            self._stash_candidates(hashes.tolist(), live_from, found_q, found_s)
+            self._stash_candidates(hashes, live_from, found_q, found_s)
         return found_q, found_s
 
     def _stash_candidates(
-        self, hashes: list[int], live_from: int, found_q: list[int], found_s: list[int]
+        self, hashes: U64, live_from: int, found_q: list[int], found_s: list[int]
     ) -> None:
         get = self._stash.get
-        for q, h in enumerate(hashes):
+        queries = np.flatnonzero(self._overflowed[self._bucket(hashes)])
+        for q, h in zip(queries.tolist(), hashes[queries].tolist(), strict=True):
             got = get(h)
             if got is None:
                 continue
@@ -174,6 +180,7 @@ class SlotTable:
         self._hashes.reshape(-1)[cells] = hashes[order[placed]]
         self._seqs.reshape(-1)[cells] = seqs[order[placed]]
         if not placed.all():
+            self._overflowed[at[~placed]] = True
             rest = np.sort(order[~placed])
             self._add_to_stash(hashes[rest].tolist(), seqs[rest].tolist(), live_from)
         return self
@@ -192,6 +199,7 @@ class SlotTable:
             row_s = self._seqs[at].tolist()
             free = next((c for c, got in enumerate(row_s) if got < live_from), None)
             if free is None:
+                self._overflowed[at] = True
                 self._add_to_stash([h], [s], live_from)
             else:
                 self._hashes[at, free] = h
@@ -238,6 +246,7 @@ class SlotTable:
         assert live_cells + len(stashed) == live_end - live_from, "each live id once"
         assert int(self._seqs.max(initial=-1)) < live_end
         assert all(s < live_end for _h, s in stashed)
+        assert all(self._overflowed[h % len(self._seqs)] for h, _s in stashed)
         assert live_end - live_from <= LOAD_MAX * self._seqs.size + BUCKET_CELLS
 
 
