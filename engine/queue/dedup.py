@@ -32,6 +32,9 @@ WIRE_COLUMNS = 2
 ids]``; the older form is a list of ``[expiry, id, first id]``, which ``adopt`` reads too."""
 _LEN = np.dtype("<u2")
 _I64 = np.dtype("<i8")
+COMPACT_SLOTS_MIN = 4096
+"""Forgotten slots at the front are compacted away once more than this many and more
+than the live ones."""
 _CHECK_IDS_MAX = 10_000
 """``check`` compares the ids themselves up to this many."""
 
@@ -62,12 +65,15 @@ class _Columns:
         return bytes(self.ids[int(self.offsets[i]) : int(self.offsets[i + 1])])
 
     def make_room(self, more: int) -> None:
-        """Room for ``more`` slots after ``end``: the live slots move to the front of
-        arrays about a quarter larger than needed (new ones if these are too small or
-        four times too large)."""
+        """Room for ``more`` slots after ``end`` (``compact`` when there is none)."""
+        if self.end - self.base + more > self.capacity:
+            self.compact(more)
+
+    def compact(self, more: int = 0) -> None:
+        """The live slots move to the front of arrays about a quarter larger than they
+        and ``more`` slots need (new ones if these are too small or four times too
+        large), and the forgotten ids leave ``ids``."""
         live_at, end_at = self.head - self.base, self.end - self.base
-        if end_at + more <= self.capacity:
-            return
         live = end_at - live_at
         capacity = live + more + (live + more) // 4 + 16
         start = int(self.offsets[live_at])
@@ -161,6 +167,8 @@ class DedupWindow:
         c.head = seq
         if c.head == c.end:
             self._columns = None
+        elif c.head - c.base > max(COMPACT_SLOTS_MIN, c.end - c.head):
+            c.compact()
 
     def find_duplicates(
         self, keys: list[tuple[int, bytes]], ids: list[int], duplicate: list[bool]

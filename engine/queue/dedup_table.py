@@ -30,6 +30,10 @@ LOAD_MAX = 0.95
 LOAD_REBUILT = 0.6
 """Live ids right after a rebuild, as a fraction of the new table's cells (2% of them in
 the stash, 11% at ``LOAD_MAX``: ids per bucket are Poisson-distributed)."""
+LOAD_MIN = 0.1
+"""Live ids below this fraction of the cells (of more than ``SHRINK_CELLS_MIN``) make the
+table rebuild smaller, once the window has shrunk."""
+SHRINK_CELLS_MIN = 1 << 14
 STASH_SHARE_MAX = 0.15
 """A stash larger than this share of the live ids (plus ``STASH_SLACK``) makes the
 table rebuild: it holds dead entries behind live ones."""
@@ -161,11 +165,16 @@ class SlotTable:
         self._trim_stash(live_from)
         live += len(seqs)
         stash_max = STASH_SHARE_MAX * live + STASH_SLACK
-        if live > LOAD_MAX * self._seqs.size or len(self._stash) > stash_max:
+        size = self._seqs.size
+        too_large = size > SHRINK_CELLS_MIN and live < LOAD_MIN * size
+        if live > LOAD_MAX * size or len(self._stash) > stash_max or too_large:
             keep = self._seqs >= live_from
+            stashed = self._stash_items(live_from)
+            stash_hashes = np.array([h for h, _s in stashed], dtype=np.uint64)
+            stash_seqs = np.array([s for _h, s in stashed], dtype=np.int64)
             return SlotTable.build(
-                np.concatenate([self._hashes[keep], self._stash_hashes(live_from), hashes]),
-                np.concatenate([self._seqs[keep], self._stash_seqs(live_from), seqs]),
+                np.concatenate([self._hashes[keep], stash_hashes, hashes]),
+                np.concatenate([self._seqs[keep], stash_seqs, seqs]),
             )
         if len(seqs) <= SCALAR_MAX:
             self._place_few(hashes.tolist(), seqs.tolist(), live_from)
@@ -233,12 +242,6 @@ class SlotTable:
             for seq in ((got,) if isinstance(got, int) else got)
             if seq >= live_from
         ]
-
-    def _stash_seqs(self, live_from: int) -> I64:
-        return np.array([s for _h, s in self._stash_items(live_from)], dtype=np.int64)
-
-    def _stash_hashes(self, live_from: int) -> U64:
-        return np.array([h for h, _s in self._stash_items(live_from)], dtype=np.uint64)
 
     def check(self, live_from: int, live_end: int) -> None:
         live_cells = int(np.count_nonzero(self._seqs >= live_from))

@@ -169,3 +169,23 @@ def test_a_deep_window_round_trips(n: int) -> None:
     again, duplicate = [-1] * n, [False] * n
     restored.find_duplicates(keys, again, duplicate)
     assert all(duplicate) and again == ids
+
+
+def test_a_window_that_shrinks_gives_its_memory_back() -> None:
+    """After a burst has expired, the next batches find the window's arrays and table
+    sized for the burst and make them small again; the ids left are still found."""
+    w = DedupWindow(1_000, 100_000)
+    burst = [(k, b"burst-%d" % k) for k in range(50_000)]
+    w.remember(burst, list(range(50_000)), [False] * 50_000, 0)
+    deep_bytes = w.nbytes()
+    for t, now_ms in enumerate([500, 1_000, 1_001, 1_002]):
+        batch = [(k, b"late-%d-%d" % (t, k)) for k in range(500)]
+        w.prune(now_ms)
+        w.remember(batch, list(range(500)), [False] * 500, now_ms)
+    w.check()
+    assert len(w) == 2_000
+    assert w.nbytes() < deep_bytes / 10
+    keys = [(0, b"late-0-7"), (1, b"burst-7")]
+    ids, duplicate = [-1, -1], [False, False]
+    w.find_duplicates(keys, ids, duplicate)
+    assert duplicate == [True, False] and ids == [7, -1]
