@@ -118,7 +118,7 @@ class _Columns:
 
     def nbytes(self) -> int:
         arrays = self.offsets.nbytes + self.expiry.nbytes + self.first.nbytes
-        return int(arrays + self.table.nbytes + len(self.ids))
+        return int(arrays + self.table.nbytes + self.ids.__alloc__())
 
 
 def _mark_repeats(keys: list[tuple[int, bytes]], ids: list[int], duplicate: list[bool]) -> None:
