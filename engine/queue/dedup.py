@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from engine.queue.dedup_table import U64, SlotTable, hash_ids
+from engine.queue.dedup_table import Hashes, SlotTable, hash_ids
 from engine.shared_empty import check_shared_empties
 
 I64 = npt.NDArray[np.int64]
@@ -89,17 +89,24 @@ class _Columns:
         self.first[:live] = first
         self.base = self.head
 
-    def append(self, keys: list[bytes], firsts: list[int], expiry: int, hashes: U64) -> None:
+    def append(self, keys: list[bytes], firsts: list[int], expiry: int, hashes: Hashes) -> None:
         more = len(keys)
         self.make_room(more)
         at = self.end - self.base
         self.ids += b"".join(keys)
-        lengths = np.fromiter(map(len, keys), np.int64, count=more)
-        self.offsets[at + 1 : at + more + 1] = self.offsets[at] + np.cumsum(lengths)
-        self.expiry[at : at + more] = expiry
-        self.first[at : at + more] = firsts
-        seqs = np.arange(self.end, self.end + more, dtype=np.int64)
-        self.table = self.table.insert(hashes, seqs, self.head, self.end - self.head)
+        if isinstance(hashes, list):  # a few, one by one: numpy's cost per call is higher
+            offset = int(self.offsets[at])
+            for i, key in enumerate(keys, at):
+                offset += len(key)
+                self.offsets[i + 1] = offset
+                self.expiry[i] = expiry
+                self.first[i] = firsts[i - at]
+        else:
+            lengths = np.fromiter(map(len, keys), np.int64, count=more)
+            self.offsets[at + 1 : at + more + 1] = self.offsets[at] + np.cumsum(lengths)
+            self.expiry[at : at + more] = expiry
+            self.first[at : at + more] = firsts
+        self.table = self.table.insert(hashes, self.end, self.head, self.end - self.head)
         self.end += more
 
     def expired_until(self, now_ms: int) -> int:
@@ -119,6 +126,10 @@ class _Columns:
     def nbytes(self) -> int:
         arrays = self.offsets.nbytes + self.expiry.nbytes + self.first.nbytes
         return int(arrays + self.table.nbytes + self.ids.__alloc__())
+
+
+def _as_list(hashes: Hashes) -> list[int]:
+    return hashes if isinstance(hashes, list) else hashes.tolist()
 
 
 def _mark_repeats(keys: list[tuple[int, bytes]], ids: list[int], duplicate: list[bool]) -> None:
@@ -145,7 +156,7 @@ class DedupWindow:
         self._columns: _Columns | None = None
         """Made by the first id remembered and dropped once empty (most queues publish
         without dedup ids)."""
-        self._batch: tuple[list[tuple[int, bytes]], U64] | None = None
+        self._batch: tuple[list[tuple[int, bytes]], Hashes] | None = None
         """The keys ``find_duplicates`` was last given and their hashes, which
         ``remember`` takes again for the same batch."""
 
@@ -185,7 +196,7 @@ class DedupWindow:
                 if not duplicate[k] and c.id_at(seq) == key:
                     duplicate[k] = True
                     ids[k] = int(c.first[seq - c.base])
-        if len(keys) > 1 and len(set(hashes.tolist())) < len(keys):
+        if len(keys) > 1 and len(set(_as_list(hashes))) < len(keys):
             _mark_repeats(keys, ids, duplicate)
 
     def remember(
@@ -198,7 +209,9 @@ class DedupWindow:
             new = [q for q, (k, _key) in enumerate(keys) if not duplicate[k]]
             if not new:
                 return
-            if hashes is not None:
+            if isinstance(hashes, list):
+                hashes = [hashes[q] for q in new]
+            elif hashes is not None:
                 hashes = hashes[new]
             keys = [keys[q] for q in new]
         c = self._columns
@@ -257,7 +270,8 @@ class DedupWindow:
         c.end = n
         bounds = c.offsets[: n + 1].tolist()
         keys = [bytes(ids[a:b]) for a, b in itertools.pairwise(bounds)]
-        c.table = SlotTable.build(hash_ids(keys), np.arange(n, dtype=np.int64))
+        hashes = hash_ids(keys)
+        c.table = SlotTable.build(np.asarray(hashes, np.uint64), np.arange(n, dtype=np.int64))
         self._columns = c
 
     def check(self) -> None:

@@ -44,6 +44,9 @@ _GATHER_BITS = 0x0102040810204080
 """Times a word of eight 0/1 bytes, byte c lands on bit 56 + c."""
 I64 = npt.NDArray[np.int64]
 U64 = npt.NDArray[np.uint64]
+Hashes = U64 | list[int]
+"""The hashes of a batch's ids (``hash_ids``)."""
+_U64_MASK = (1 << 64) - 1
 Stashed = int | tuple[int, ...]
 """A stash entry: a sequence number, or several for ids of one hash (in order)."""
 
@@ -70,8 +73,11 @@ def _ranks(at: I64) -> I64:
     return index - np.maximum.accumulate(np.where(starts, index, 0))
 
 
-def hash_ids(ids: list[bytes]) -> U64:
-    """The table's hashes of ``ids``, as unsigned 64-bit integers."""
+def hash_ids(ids: list[bytes]) -> Hashes:
+    """The table's hashes of ``ids``, as unsigned 64-bit integers: a list of ints for up
+    to ``SCALAR_MAX`` ids, else an array."""
+    if len(ids) <= SCALAR_MAX:
+        return [hash(i) & _U64_MASK for i in ids]
     return np.array([hash(i) for i in ids], dtype=np.int64).view(np.uint64)
 
 
@@ -117,53 +123,60 @@ class SlotTable:
     def _bucket(self, hashes: U64) -> I64:
         return (hashes % np.uint64(len(self._seqs))).astype(np.int64)
 
-    def candidates(self, hashes: U64, live_from: int) -> tuple[list[int], list[int]]:
+    def candidates(self, hashes: Hashes, live_from: int) -> tuple[list[int], list[int]]:
         """(query index, sequence number) of every live id whose hash equals a
         query's."""
+        if isinstance(hashes, list):
+            return self._candidates_few(hashes, live_from)
         found_q: list[int] = []
         found_s: list[int] = []
-        if len(hashes) <= SCALAR_MAX:
-            n = len(self._seqs)
-            for q, h in enumerate(hashes.tolist()):
-                row_h = self._hashes[h % n].tolist()
-                if h in row_h:
-                    row_s = self._seqs[h % n].tolist()
-                    for c in range(BUCKET_CELLS):
-                        if row_h[c] == h and row_s[c] >= live_from:
-                            found_q.append(q)
-                            found_s.append(row_s[c])
-        else:
-            at = self._bucket(hashes)
-            rows, cells = np.nonzero(self._hashes[at] == hashes[:, None])
-            if len(rows):
-                seqs = self._seqs[at[rows], cells]
-                live = seqs >= live_from
-                found_q += rows[live].tolist()
-                found_s += seqs[live].tolist()
+        at = self._bucket(hashes)
+        rows, cells = np.nonzero(self._hashes[at] == hashes[:, None])
+        if len(rows):
+            seqs = self._seqs[at[rows], cells]
+            live = seqs >= live_from
+            found_q += rows[live].tolist()
+            found_s += seqs[live].tolist()
         if self._stash:
-            self._stash_candidates(hashes, live_from, found_q, found_s)
+            queries = np.flatnonzero(self._overflowed[at])
+            for q, h in zip(queries.tolist(), hashes[queries].tolist(), strict=True):
+                self._stash_candidate(q, h, live_from, found_q, found_s)
         return found_q, found_s
 
-    def _stash_candidates(
-        self, hashes: U64, live_from: int, found_q: list[int], found_s: list[int]
-    ) -> None:
-        get = self._stash.get
-        queries = np.flatnonzero(self._overflowed[self._bucket(hashes)])
-        for q, h in zip(queries.tolist(), hashes[queries].tolist(), strict=True):
-            got = get(h)
-            if got is None:
-                continue
-            for seq in (got,) if isinstance(got, int) else got:
-                if seq >= live_from:
-                    found_q.append(q)
-                    found_s.append(seq)
+    def _candidates_few(self, hashes: list[int], live_from: int) -> tuple[list[int], list[int]]:
+        found_q: list[int] = []
+        found_s: list[int] = []
+        n = len(self._seqs)
+        for q, h in enumerate(hashes):
+            at = h % n
+            row_h = self._hashes[at].tolist()
+            if h in row_h:
+                row_s = self._seqs[at].tolist()
+                for c in range(BUCKET_CELLS):
+                    if row_h[c] == h and row_s[c] >= live_from:
+                        found_q.append(q)
+                        found_s.append(row_s[c])
+            if self._stash and self._overflowed[at]:
+                self._stash_candidate(q, h, live_from, found_q, found_s)
+        return found_q, found_s
 
-    def insert(self, hashes: U64, seqs: I64, live_from: int, live: int) -> SlotTable:
-        """Add new ids (none of them live in the table already, their sequence numbers
-        above all others); the table, or the rebuilt one that replaces it. ``live``: the
-        live ids before these."""
+    def _stash_candidate(
+        self, q: int, h: int, live_from: int, found_q: list[int], found_s: list[int]
+    ) -> None:
+        got = self._stash.get(h)
+        if got is None:
+            return
+        for seq in (got,) if isinstance(got, int) else got:
+            if seq >= live_from:
+                found_q.append(q)
+                found_s.append(seq)
+
+    def insert(self, hashes: Hashes, first_seq: int, live_from: int, live: int) -> SlotTable:
+        """Add new ids, numbered from ``first_seq`` on (none of them live in the table
+        already, their sequence numbers above all others); the table, or the rebuilt one
+        that replaces it. ``live``: the live ids before these."""
         self._trim_stash(live_from)
-        live += len(seqs)
+        live += len(hashes)
         stash_max = STASH_SHARE_MAX * live + STASH_SLACK
         size = self._seqs.size
         too_large = size > SHRINK_CELLS_MIN and live < LOAD_MIN * size
@@ -172,13 +185,15 @@ class SlotTable:
             stashed = self._stash_items(live_from)
             stash_hashes = np.array([h for h, _s in stashed], dtype=np.uint64)
             stash_seqs = np.array([s for _h, s in stashed], dtype=np.int64)
+            seqs = np.arange(first_seq, first_seq + len(hashes), dtype=np.int64)
             return SlotTable.build(
-                np.concatenate([self._hashes[keep], stash_hashes, hashes]),
+                np.concatenate([self._hashes[keep], stash_hashes, np.asarray(hashes, np.uint64)]),
                 np.concatenate([self._seqs[keep], stash_seqs, seqs]),
             )
-        if len(seqs) <= SCALAR_MAX:
-            self._place_few(hashes.tolist(), seqs.tolist(), live_from)
+        if isinstance(hashes, list):
+            self._place_few(hashes, first_seq, live_from)
             return self
+        seqs = np.arange(first_seq, first_seq + len(hashes), dtype=np.int64)
         at = self._bucket(hashes)
         order = np.argsort(at, kind="stable")
         at = at[order]
@@ -201,9 +216,9 @@ class SlotTable:
         masks: U64 = (rows.view(np.uint64)[:, 0] * np.uint64(_GATHER_BITS)) >> np.uint64(56)
         return masks
 
-    def _place_few(self, hashes: list[int], seqs: list[int], live_from: int) -> None:
+    def _place_few(self, hashes: list[int], first_seq: int, live_from: int) -> None:
         n = len(self._seqs)
-        for h, s in zip(hashes, seqs, strict=True):
+        for s, h in enumerate(hashes, first_seq):
             at = h % n
             row_s = self._seqs[at].tolist()
             free = next((c for c, got in enumerate(row_s) if got < live_from), None)
