@@ -54,7 +54,9 @@ class _Columns:
         self.base = self.head = self.end = seq
         """Sequence numbers of the arrays' first slot, of the oldest live one, and past
         the newest."""
-        self.table = SlotTable(0)
+        self.table: SlotTable | None = SlotTable(0)
+        """None after ``adopt`` until first needed (``lookup``): a queue woken to be read
+        does not hash a window it will not publish to."""
 
     @property
     def capacity(self) -> int:
@@ -106,7 +108,8 @@ class _Columns:
             self.offsets[at + 1 : at + more + 1] = self.offsets[at] + np.cumsum(lengths)
             self.expiry[at : at + more] = expiry
             self.first[at : at + more] = firsts
-        self.table = self.table.insert(hashes, self.end, self.head, self.end - self.head)
+        table = self.lookup()
+        self.table = table.insert(hashes, self.end, self.head, self.end - self.head)
         self.end += more
 
     def expired_until(self, now_ms: int) -> int:
@@ -125,7 +128,19 @@ class _Columns:
 
     def nbytes(self) -> int:
         arrays = self.offsets.nbytes + self.expiry.nbytes + self.first.nbytes
-        return int(arrays + self.table.nbytes + self.ids.__alloc__())
+        table = 0 if self.table is None else self.table.nbytes
+        return int(arrays + table + self.ids.__alloc__())
+
+    def lookup(self) -> SlotTable:
+        """The table, built from the live slots' ids if there is none yet."""
+        if self.table is None:
+            live_at, end_at = self.head - self.base, self.end - self.base
+            data = bytes(self.ids)
+            bounds = self.offsets[live_at : end_at + 1].tolist()
+            hashes = hash_ids([data[a:b] for a, b in itertools.pairwise(bounds)])
+            seqs = np.arange(self.head, self.end, dtype=np.int64)
+            self.table = SlotTable.build(np.asarray(hashes, np.uint64), seqs)
+        return self.table
 
 
 def _as_list(hashes: Hashes) -> list[int]:
@@ -191,7 +206,7 @@ class DedupWindow:
         self._batch = (keys, hashes)
         c = self._columns
         if c is not None:
-            for q, seq in zip(*c.table.candidates(hashes, c.head), strict=True):
+            for q, seq in zip(*c.lookup().candidates(hashes, c.head), strict=True):
                 k, key = keys[q]
                 if not duplicate[k] and c.id_at(seq) == key:
                     duplicate[k] = True
@@ -268,10 +283,7 @@ class DedupWindow:
         c.expiry[:n] = expiry
         c.first[:n] = first
         c.end = n
-        bounds = c.offsets[: n + 1].tolist()
-        keys = [bytes(ids[a:b]) for a, b in itertools.pairwise(bounds)]
-        hashes = hash_ids(keys)
-        c.table = SlotTable.build(np.asarray(hashes, np.uint64), np.arange(n, dtype=np.int64))
+        c.table = None
         self._columns = c
 
     def check(self) -> None:
@@ -284,7 +296,8 @@ class DedupWindow:
         live_at, end_at = c.head - c.base, c.end - c.base
         assert int(c.offsets[end_at]) == len(c.ids)
         assert bool(np.all(np.diff(c.offsets[live_at : end_at + 1]) >= 1))
-        c.table.check(c.head, c.end)
+        if c.table is not None:
+            c.table.check(c.head, c.end)
         if c.end - c.head <= _CHECK_IDS_MAX:
             live = [c.id_at(seq) for seq in range(c.head, c.end)]
             assert len(set(live)) == len(live), "an id is remembered once"
