@@ -219,6 +219,8 @@ class DedupWindow:
     ) -> None:
         """Remember the ids of the batch's messages that are not duplicates."""
         batch, self._batch = self._batch, None
+        if not keys:
+            return
         hashes = batch[1] if batch is not None and batch[0] is keys else None
         if True in duplicate:
             new = [q for q, (k, _key) in enumerate(keys) if not duplicate[k]]

@@ -219,3 +219,11 @@ def test_a_deep_window_is_compact_and_memory_bytes_says_so() -> None:
     estimate = m.stats().memory_bytes - estimate_before
     assert measured / 20_000 <= 64 + 36 + 16, measured / 20_000
     assert abs(estimate - measured) <= measured / 10, (estimate, measured)
+
+
+def test_a_batch_without_ids_leaves_the_window_empty() -> None:
+    w = DedupWindow(1_000, 10)
+    w.find_duplicates([], [1024], [False])
+    w.remember([], [1024], [False], 0)
+    w.check()
+    assert len(w) == 0 and w.nbytes() == 0 and w.to_wire() == []
