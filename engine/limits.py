@@ -115,6 +115,8 @@ class Limits:
     headers_bytes_max: int = 16 * KIB
     dedup_window_ms: int = 5 * 60 * 1000
     dedup_ids_max: int = 1_000_000
+    """Dedup ids a queue remembers at most: a full window holds about 56 bytes per id
+    beside the id's own bytes (``engine.queue.dedup``), 92 MB for a million 36-byte ids."""
     page_refs: int = 4096
     """References per page of the ready FIFO."""
     dead_bytes_per_live_checkpoint_factor: int = 2

@@ -354,7 +354,6 @@ class QueueMachine:
             + len(self._expires_at)
             + len(self._dead_letters)
             + len(self._fallback)
-            + 2 * len(self._dedup)
             + len(self._delayed)
         )
         return MemoryUse.estimate(
@@ -363,6 +362,7 @@ class QueueMachine:
             leases_bytes=self._pending.nbytes(),
             extras=extras,
             priorities=self.policy.priorities,
+            dedup_bytes=self._dedup.nbytes(),
         )
 
     def browse(self, after: int | None = None, limit: int = 100) -> list[BrowseItem]:

@@ -52,7 +52,8 @@ class MemoryUse:
     """Leased messages: pages of the delivery-tag ring (8 bytes per slot) and lease groups."""
     extras_bytes: int
     """Paid only by the messages that need it (about 100 bytes each): redelivery counts,
-    per-message TTL, delayed and dead-lettering messages, large refs; and dedup ids."""
+    per-message TTL, delayed and dead-lettering messages, large refs; and the dedup
+    window's columns and table, counted as they are."""
     fixed_bytes: int
     """The queue's own structures, whatever its depth."""
 
@@ -64,13 +65,14 @@ class MemoryUse:
         leases_bytes: int,
         extras: int,
         priorities: int,
+        dedup_bytes: int = 0,
     ) -> MemoryUse:
-        """``extras``: the number of entries of the sparse tables (dicts, heap, dedup)."""
+        """``extras``: the number of entries of the sparse tables (dicts, heap)."""
         return cls(
             index_bytes=index_bytes,
             enqueue_times_bytes=enqueue_times_bytes,
             leases_bytes=leases_bytes,
-            extras_bytes=extras * _DICT_ENTRY_BYTES_ESTIMATE,
+            extras_bytes=extras * _DICT_ENTRY_BYTES_ESTIMATE + dedup_bytes,
             fixed_bytes=_FIXED_BYTES_ESTIMATE + _LEVEL_BYTES_ESTIMATE * priorities,
         )
 

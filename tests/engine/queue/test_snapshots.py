@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from engine.limits import Limits
 from engine.queue import (
     CheckedOut,
+    Enqueued,
     MemoryUse,
     NewMessage,
     QueueMachine,
@@ -25,7 +26,7 @@ from engine.queue import (
     encode_return,
     encode_settle,
 )
-from engine.queue.snapshots import LANES_AT, read_snapshot
+from engine.queue.snapshots import LANES_AT, SnapshotState, read_snapshot
 from engine.raft.state_machine import ApplyMeta
 
 NO_MEMORY = MemoryUse(0, 0, 0, 0, 0)
@@ -107,6 +108,26 @@ def test_restored_machine_keeps_working_and_snapshots_alike() -> None:
         m.check_invariants()
     assert restored.snapshot() == original.snapshot()
     assert restored.stats().messages_ready == 0
+
+
+def test_a_snapshot_with_the_old_dedup_form_loads() -> None:
+    """Snapshots written before the compact dedup window hold ``[expiry, id, first
+    message id]`` per id: they load, and the ids in them are still duplicates."""
+    m = QueueMachine(QueuePolicy(), LIMITS)
+    batch = [NewMessage(b"x", dedup_id=b"id-%d" % k) for k in range(20)]
+    reply, _ = m.apply(ApplyMeta(1, 1, 1_000), encode_enqueue(batch))
+    assert isinstance(reply, Enqueued)
+    state = msgpack.unpackb(m.snapshot(), raw=False, strict_map_key=False)
+    at = SnapshotState._fields.index("dedup")
+    expiry = 1_000 + LIMITS.dedup_window_ms
+    state[at] = [[expiry, b"id-%d" % k, reply.ids[k]] for k in range(20)]
+    old = bytes(msgpack.packb(state, use_bin_type=True))
+    restored = QueueMachine(QueuePolicy(), LIMITS)
+    restored.restore(old)
+    restored.check_invariants()
+    assert restored.snapshot() == m.snapshot()
+    again, _ = restored.apply(ApplyMeta(2, 1, 2_000), encode_enqueue(batch[::-1]))
+    assert again == Enqueued(reply.ids[::-1], (True,) * 20)
 
 
 def test_a_snapshot_with_a_long_prefix_falls_back_to_msgpack() -> None:
