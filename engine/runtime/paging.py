@@ -23,6 +23,7 @@ from engine.queue.machine import FrozenMachine
 from engine.queue.paging import NodePages, PageLoad, Paging, QueuePager, load_plan
 from engine.queue.snapshots import inline_snapshot
 from engine.runtime.replica import Replica
+from engine.shared_empty import shared
 from engine.storage import ServerLog
 from engine.storage.page_files import PageFiles, StoredLogReader
 
@@ -63,6 +64,17 @@ class Pages:
         files = self.files.get(uid)
         if isinstance(files, PageFiles):
             self.files[uid] = files.pack()
+
+    def packed(self, uid: str) -> bytes:
+        """The page files of ``uid`` packed, as they stay (a clean stop saves them for a
+        sleeping queue, ``engine.runtime.sleepers``)."""
+        files = self.files[uid]
+        return files if isinstance(files, bytes) else files.pack()
+
+    def restore_packed(self, uid: str, packed: bytes) -> None:
+        """At start, the page files of a queue that comes back asleep, as the last clean
+        stop saved them (``packed``): its page directory is not listed."""
+        self.files[uid] = shared(packed)
 
     def opened(self, uid: str) -> PageFiles | None:
         """The page files of ``uid``, unpacked (for good) if they were packed."""

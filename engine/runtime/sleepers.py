@@ -4,7 +4,10 @@ Raft core and driver, applying its log or electing it; the first request wakes i
 after any sleep (``engine.runtime.hibernation``).
 
 A clean stop writes one file, ``sleepers``, after the storage closed: every sleeping
-lone-voter queue's ``Dormant`` record with the log positions it stands for. The next
+lone-voter queue's ``Dormant`` record (its two packed objects as they are: the start
+makes the record from them without unpacking it) and its page files' bookkeeping, packed
+(``PageFiles.pack``: nothing writes a sleeping queue's page files, so it is what their
+directory holds and the start need not list it). The next
 start reads it and removes it (the directory synced) before anything of that run
 writes, so the file speaks only for the disk exactly as the stop left it: a crash at
 any later instant finds no file and recovers every queue from its log as before. A
@@ -25,7 +28,8 @@ are the durable ones: its election writes a higher term before it leads again.
 Rules of this module: encoding and decoding are pure; the two disk functions use the
 ``Disk`` interface only. The file is one msgpack array behind a magic and a CRC32C of
 its body, at most ``Limits.sleepers_bytes_max`` (records past it are left out: their
-queues recover from their logs).
+queues recover from their logs). A file of another version is dropped as a damaged one
+(its queues recover from their logs, once).
 """
 
 from __future__ import annotations
@@ -38,16 +42,14 @@ from typing import cast
 import crc32c
 import msgpack
 
-from engine.ids import ServerId
-from engine.raft.config import Configuration
-from engine.runtime.sleeping import Dormant, RaftPositions, SleepingQueue
+from engine.runtime.sleeping import Dormant
 from engine.storage.disk import Disk, parent, write_file_atomic
 from engine.storage.storage_events import Recovered
 
 log = logging.getLogger("quorra.engine")
 
 SLEEPERS_PATH = "sleepers"
-_MAGIC = b"QSLP\x01"
+_MAGIC = b"QSLP\x02"
 _HEADER = struct.Struct("<5sI")
 """Magic with its version, CRC32C of the body."""
 
@@ -60,6 +62,8 @@ class Sleeper:
     dormant: Dormant
     bytes_since_capture: int
     """What a restart from its log would apply again (the replica's counter)."""
+    pages: bytes
+    """Its page files' bookkeeping, packed (``PageFiles.pack``)."""
 
 
 def encode_sleepers(sleepers: list[Sleeper], bytes_max: int) -> bytes:
@@ -68,19 +72,7 @@ def encode_sleepers(sleepers: list[Sleeper], bytes_max: int) -> bytes:
     size = _HEADER.size + 16
     for s in sleepers:
         d = s.dormant
-        pos = d.record.raft
-        assert pos is not None, "a hosted replica sleeps with its positions"
-        row = [
-            s.uid,
-            d.record.snapshot,
-            d.record.packed_stats,
-            [pos.term, pos.vote, pos.commit, pos.applied, pos.last_index, pos.last_term],
-            pos.configuration.encode(),
-            d.applied_index,
-            d.applied_term,
-            d.live,
-            s.bytes_since_capture,
-        ]
+        row = [s.uid, d.head, d.packed, s.bytes_since_capture, s.pages]
         row_bytes = len(cast(bytes, msgpack.packb(row)))
         if size + row_bytes > bytes_max:
             break
@@ -99,36 +91,25 @@ def decode_sleepers(data: bytes | memoryview) -> dict[str, Sleeper]:
     if magic != _MAGIC or crc32c.crc32c(body) != crc:
         raise ValueError("sleepers file: bad magic or CRC")
     out: dict[str, Sleeper] = {}
-    for row in msgpack.unpackb(body):
-        uid, snapshot, stats, p, config, applied_index, applied_term, live, since = row
-        term, vote, commit, applied, last_index, last_term = p
-        positions = RaftPositions(
-            term,
-            None if vote is None else ServerId(vote),
-            commit,
-            applied,
-            last_index,
-            last_term,
-            Configuration.decode(config),
-        )
-        record = SleepingQueue.of(snapshot, stats, positions)
-        out[uid] = Sleeper(uid, Dormant(record, applied_index, applied_term, live), since)
+    for uid, head, packed, since, pages in msgpack.unpackb(body):
+        out[uid] = Sleeper(uid, Dormant.of_packed(head, packed), since, pages)
     return out
 
 
 def matches(sleeper: Sleeper, rec: Recovered) -> bool:
     """Whether the opened storage ``rec`` is the log ``sleeper`` was taken from, all of it
     applied (see the module's rules)."""
-    pos = sleeper.dormant.record.raft
+    pos = sleeper.dormant.log_positions()
     hs = rec.hard_state
     if pos is None or hs is None or rec.repairing or rec.damaged:
         return False
+    term, vote, commit, last_index, last_term = pos
     server_log = rec.log
     last = server_log.last_index()
     return (
-        (hs.term, hs.vote) == (pos.term, pos.vote)
-        and (last, server_log.term(last)) == (pos.last_index, pos.last_term)
-        and pos.commit == last
+        (hs.term, hs.vote) == (term, vote)
+        and (last, server_log.term(last)) == (last_index, last_term)
+        and commit == last
         and sleeper.dormant.applied_index == last
         and server_log.snapshot_index() <= last
     )

@@ -191,6 +191,16 @@ class Dormant:
             bytes, msgpack.packb(fields)
         )
 
+    @classmethod
+    def of_packed(cls, head: bytes, packed: bytes) -> Dormant:
+        """The record ``head`` and ``packed`` are the two objects of (as a clean stop saves
+        them, ``engine.runtime.sleepers``): nothing is unpacked or packed again, and the
+        head is shared with the equal heads of other records."""
+        dormant = cls.__new__(cls)
+        dormant.head = shared(head)
+        dormant.packed = packed
+        return dormant
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Dormant):
             return NotImplemented
@@ -231,6 +241,21 @@ class Dormant:
             )
         record = SleepingQueue(self.head, cast(bytes, rest), cast(bytes, stats), positions)
         return record, cast(bytes, live)
+
+    def log_positions(self) -> tuple[int, str | None, int, int, int] | None:
+        """(term, vote, commit, last index, last term) of its Raft positions, if it has
+        them, without the rest of the record (what ``sleepers.matches`` checks)."""
+        raft = self._fields()[2]
+        if raft is None:
+            return None
+        term, vote, commit, _applied, last_index, last_term, _config = cast(list[object], raft)
+        return (
+            cast(int, term),
+            cast("str | None", vote),
+            cast(int, commit),
+            cast(int, last_index),
+            cast(int, last_term),
+        )
 
     @property
     def packed_stats(self) -> bytes:

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
+import engine.storage.page_files as page_files_module
 from engine.errors import EntryDamaged
+from engine.queue.snapshots import page_handles, read_snapshot
 from engine.runtime import Node
 from engine.runtime.meta import read_meta
 from engine.runtime.sleepers import (
@@ -20,7 +22,9 @@ from engine.runtime.sleepers import (
     take_sleepers,
 )
 from engine.storage import OsDisk
+from engine.storage.page_files import PageFiles
 from tests.engine.runtime.test_hibernation import BODIES, filled
+from tests.engine.runtime.test_paging_node import PAGED, fill
 from tests.engine.runtime.util import FAST, drain, msgs, run, started
 
 # Idle queues do not fall asleep on their own here: the stop puts them to sleep.
@@ -179,3 +183,68 @@ def test_a_queue_back_asleep_finds_a_damaged_body_when_it_reads_it(tmp_path: Pat
             await node.stop()
 
     run(body())
+
+
+def test_a_queue_back_asleep_keeps_its_page_files_without_listing_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A queue that spilled pages, checkpointed (the checkpoint pins them) and was
+    consumed down to a few messages sleeps at the stop. Its record carries its page
+    files' bookkeeping, the same as listing its page directory gives; the start uses it
+    without listing, and pages it spills after its wake are new files: those the
+    checkpoint names stay as they were."""
+    paged = dataclasses.replace(PAGED, queue_sleep_idle_ms=600_000)
+
+    async def consume(node: Node, count: int) -> list[bytes]:
+        bodies: list[bytes] = []
+        while len(bodies) < count:
+            left = count - len(bodies)
+            got = await node.receive(
+                "deep", consumer="c", max_messages=min(500, left), wait_ms=0, lease_ms=None
+            )
+            bodies += [m.body for m in got]
+            await node.ack("deep", [m.receipt for m in got])
+        return bodies
+
+    async def body() -> None:
+        node = await started(tmp_path, paged)
+        await fill(node, "deep", 3000)
+        await node.checkpoint("deep")
+        assert await consume(node, 2900) == [f"deep{k}".encode() for k in range(2900)]
+        uid = node.context.replicas["deep"].uid
+        await node.stop()
+        disk = OsDisk(str(tmp_path))
+        pages_dir = tmp_path / "queues" / uid / "pages"
+        kept = {p.name: p.read_bytes() for p in pages_dir.iterdir() if p.suffix == ".page"}
+        assert len(kept) > 10, "the checkpoint pins the pages spilled"
+        # The machine asleep holds none of them (a queue sleeps with no page out): the
+        # bookkeeping says they are dropped, kept only for the checkpoint.
+        sleeper = decode_sleepers(disk.read(SLEEPERS_PATH))[uid]
+        held = page_handles(read_snapshot(sleeper.dormant.record.snapshot))
+        assert held == []
+        assert sleeper.pages == PageFiles(disk, uid, held).pack()
+
+        def not_listed(*args: object) -> None:
+            raise AssertionError("page files listed at start")
+
+        monkeypatch.setattr(page_files_module.PageFiles, "__init__", not_listed)
+        node = await started(tmp_path, paged)
+        try:
+            assert restored(node) == 1 and asleep(node) == ["deep"]
+            monkeypatch.undo()
+            tail = [f"deep{k}".encode() for k in range(2900, 3000)]
+            assert await consume(node, 100) == tail
+            await fill_again(node)
+            assert await consume(node, 3000) == [f"again{k}".encode() for k in range(3000)]
+            for name, data in kept.items():
+                assert (pages_dir / name).read_bytes() == data, name
+        finally:
+            await node.stop()
+
+    run(body())
+
+
+async def fill_again(node: Node) -> None:
+    """3,000 more messages into "deep" (it spills pages again)."""
+    for start in range(0, 3000, 500):
+        await node.publish("deep", msgs(*(f"again{k}".encode() for k in range(start, start + 500))))
