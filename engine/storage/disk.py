@@ -30,6 +30,7 @@ import queue
 import random
 import threading
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -122,13 +123,16 @@ def ensure_dir(disk: Disk, path: str) -> None:
         disk.sync_dir(parent(path))
 
 
-def write_file_atomic(disk: Disk, path: str, data: bytes) -> None:
-    """Temporary name, write, fsync, rename, directory fsync: all of ``data`` or nothing."""
+def write_file_atomic(disk: Disk, path: str, data: bytes, tail: Sequence[bytes] = ()) -> None:
+    """Temporary name, write, fsync, rename, directory fsync: all of ``data`` then the
+    buffers of ``tail`` (written as they are, with one ``append_parts``) or nothing."""
     tmp = path + ".tmp"
     f = disk.open(tmp, create=True)
     try:
         f.truncate(0)
         f.append(data)
+        if tail:
+            f.append_parts(list(tail))
         f.sync()
     finally:
         f.close()

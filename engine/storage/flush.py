@@ -32,6 +32,7 @@ from engine.storage.segment import (
     OVERWRITES,
     SegmentInfo,
     encode_segment,
+    encode_segment_parts,
     read_segment_info,
     segment_info_of,
     segment_path,
@@ -111,8 +112,8 @@ class SegmentFlush:
             path = segment_path(uid, seq)
             paths.append(path)
             ensure_dir(self.disk, parent(path))
-            data = encode_segment(seq, chunk, OVERWRITES, lo)
-            write_file_atomic(self.disk, path, data)
+            head, *payloads = encode_segment_parts(seq, chunk, OVERWRITES, lo)
+            write_file_atomic(self.disk, path, head, payloads)
             lo = None
             info = read_segment_info(self.disk, path)
             assert info is not None, f"segment {path} unreadable right after writing"
