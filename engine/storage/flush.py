@@ -12,7 +12,7 @@ segments: they are deleted instead.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Collection
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from operator import attrgetter, itemgetter
@@ -172,10 +172,10 @@ def plan_segment_flush(
     limits: Limits,
     logs: ServerLogs,
     wal_seq: int,
-    uncached: Collection[str] = (),
+    uncached: Callable[[str], bool] | None = None,
 ) -> SegmentFlush:
     """The flush of WAL file ``wal_seq``: its entries of every log, with segment seqs
-    taken from each log now. The data of the logs in ``uncached`` (a node's follower
+    taken from each log now. The data of the logs ``uncached`` picks (a node's follower
     copies, which nothing reads while it follows) leave the page cache once written:
     on a virtual machine that gives memory freed a while ago back to its host, each new
     page of cache costs a fault in the host, and the segments of all three copies of a
@@ -191,7 +191,7 @@ def plan_segment_flush(
             # Entries that died before reaching a segment are never written.
             entries = [e for e in entries if not log.is_dead(e.index)]
         if entries:
-            cold = uid in uncached
+            cold = uncached is not None and uncached(uid)
             plans.append((uid, logs.generation(uid), log.next_segment_seq, entries, first, cold))
             log.next_segment_seq += len(segment_chunks(entries, limits))
     return SegmentFlush(disk, limits, wal_seq, plans)

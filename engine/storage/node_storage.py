@@ -22,7 +22,7 @@ one member cannot be repaired and its caller refuses it.
 from __future__ import annotations
 
 import threading
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Sequence
 
 from pyroaring import BitMap64
 
@@ -251,9 +251,12 @@ class NodeStorage:
         assert self._owned(), _NOT_OWNER
         return list(self._rolled)
 
-    def prepare_segment_flush(self, uncached: Collection[str] = ()) -> SegmentFlush | None:
+    def prepare_segment_flush(
+        self, uncached: Callable[[str], bool] | None = None
+    ) -> SegmentFlush | None:
         """The flush of the oldest rolled WAL file, or ``None`` if none is waiting; the
-        payloads of the logs in ``uncached`` leave the page cache once written."""
+        data of the logs whose uid ``uncached`` answers true for leave the page cache
+        once written."""
         assert self._owned(), _NOT_OWNER
         if not self._rolled:
             return None

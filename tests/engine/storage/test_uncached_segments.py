@@ -42,7 +42,7 @@ def test_a_followed_logs_segment_payloads_leave_the_page_cache(tmp_path: Path) -
     while storage.wal.pending():
         storage.complete(storage.write_batch())
     assert storage.rolled_wal_files()
-    while (flush := storage.prepare_segment_flush(uncached={"followed"})) is not None:
+    while (flush := storage.prepare_segment_flush({"followed"}.__contains__)) is not None:
         flush.write()
         storage.finish_segment_flush(flush)
     for uid, log in written.items():
