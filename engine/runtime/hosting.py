@@ -420,7 +420,7 @@ class Hosting:
         ctx = self.ctx
         storage = ctx.storage
         try:
-            while (flush := storage.prepare_segment_flush()) is not None:
+            while (flush := storage.prepare_segment_flush(self.follows)) is not None:
                 await ctx.in_worker(flush.write)
                 storage.finish_segment_flush(flush)
         except StorageFailed as e:
@@ -429,6 +429,13 @@ class Hosting:
             log.error("segment flush failed: %s", e.detail)
         finally:
             self.flush_task = None
+
+    def follows(self, uid: str) -> bool:
+        """Whether this node holds a follower's copy of queue ``uid``: nothing reads its
+        new segments here unless it comes to lead, so they are written past the page
+        cache (``plan_segment_flush``)."""
+        rep = self.ctx.by_uid.get(uid)
+        return rep is not None and rep.leader_id != rep.server_id
 
     def damaged(self, rep: Replica, error: EntryDamaged) -> None:
         """A read met damaged data: the repair is recorded and the replica stops serving

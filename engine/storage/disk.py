@@ -30,6 +30,7 @@ import queue
 import random
 import threading
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -62,6 +63,11 @@ class DiskFile(Protocol):
         ...
 
     def truncate(self, length: int) -> None: ...
+
+    def uncache(self, offset: int) -> None:
+        """Drop the file's synced pages wholly past ``offset`` from the page cache (a
+        hint: later reads of them go to the disk)."""
+        ...
 
     def close(self) -> None: ...
 
@@ -122,14 +128,23 @@ def ensure_dir(disk: Disk, path: str) -> None:
         disk.sync_dir(parent(path))
 
 
-def write_file_atomic(disk: Disk, path: str, data: bytes) -> None:
-    """Temporary name, write, fsync, rename, directory fsync: all of ``data`` or nothing."""
+def write_file_atomic(
+    disk: Disk, path: str, data: bytes, tail: Sequence[bytes] = (), *, cached: bool = True
+) -> None:
+    """Temporary name, write, fsync, rename, directory fsync: all of ``data`` then the
+    buffers of ``tail`` (written as they are, with one ``append_parts``) or nothing.
+    Not ``cached``: once synced, what ``tail`` wrote leaves the page cache, but for the
+    page ``data`` ends in (``data``, written on its own, stays)."""
     tmp = path + ".tmp"
     f = disk.open(tmp, create=True)
     try:
         f.truncate(0)
         f.append(data)
+        if tail:
+            f.append_parts(list(tail))
         f.sync()
+        if not cached:
+            f.uncache(len(data))
     finally:
         f.close()
     disk.rename(tmp, path)
@@ -212,6 +227,9 @@ class _OsFile:
     def truncate(self, length: int) -> None:
         os.ftruncate(self._fd, length)
         self._size = length
+
+    def uncache(self, offset: int) -> None:
+        os.posix_fadvise(self._fd, offset, 0, os.POSIX_FADV_DONTNEED)
 
     def close(self) -> None:
         if self._fd >= 0:
@@ -403,6 +421,9 @@ class _FakeFile:
         inode = self._check()
         self._disk.before_write(0)
         del inode.data[length:]
+
+    def uncache(self, offset: int) -> None:
+        pass
 
     def close(self) -> None:
         pass

@@ -12,6 +12,7 @@ segments: they are deleted instead.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from operator import attrgetter, itemgetter
@@ -32,6 +33,7 @@ from engine.storage.segment import (
     OVERWRITES,
     SegmentInfo,
     encode_segment,
+    encode_segment_parts,
     read_segment_info,
     segment_info_of,
     segment_path,
@@ -39,7 +41,7 @@ from engine.storage.segment import (
 from engine.storage.server_logs import ServerLogs
 
 _DATA = attrgetter("data")
-_Plan = tuple[str, int, int, list[Entry], int]
+_Plan = tuple[str, int, int, list[Entry], int, bool]
 
 
 @dataclass(slots=True)
@@ -51,8 +53,10 @@ class SegmentFlush:
     limits: Limits
     wal_seq: int
     plans: list[_Plan]
-    """(uid, log generation, first segment seq, entries, first index flushed): dead
-    entries are left out, the first segment still answers from the first index."""
+    """(uid, log generation, first segment seq, entries, first index flushed, uncached):
+    dead entries are left out, the first segment still answers from the first index. An
+    uncached log's segments leave the page cache once written, but for their headers and
+    indexes (``plan_segment_flush``)."""
     written: list[tuple[str, int, list[SegmentInfo]]] = field(default_factory=list)
 
     def write(self) -> None:
@@ -85,10 +89,12 @@ class SegmentFlush:
 
     def _write_batched(self, paths: list[str]) -> list[tuple[str, int, list[SegmentInfo]]]:
         """Every segment of every plan written at once by ``write_files_atomic``, one
-        thread: two syncs in all, where one queue's segment costs two fsyncs."""
+        thread: two syncs in all, where one queue's segment costs two fsyncs. They stay
+        in the page cache, uncached or not: a WAL file shared by that many logs gives
+        each a quarter MiB on average, whose new pages cost little next to the syncs."""
         files: list[tuple[str, bytes]] = []
         written: list[tuple[str, int, list[SegmentInfo]]] = []
-        for uid, generation, seq, entries, first in self.plans:
+        for uid, generation, seq, entries, first, _ in self.plans:
             infos: list[SegmentInfo] = []
             lo: int | None = first
             for chunk in segment_chunks(entries, self.limits):
@@ -104,15 +110,15 @@ class SegmentFlush:
 
     def _write_plan(self, plan: _Plan, paths: list[str]) -> tuple[str, int, list[SegmentInfo]]:
         """The segments of one log, in order."""
-        uid, generation, seq, entries, first = plan
+        uid, generation, seq, entries, first, uncached = plan
         infos: list[SegmentInfo] = []
         lo: int | None = first
         for chunk in segment_chunks(entries, self.limits):
             path = segment_path(uid, seq)
             paths.append(path)
             ensure_dir(self.disk, parent(path))
-            data = encode_segment(seq, chunk, OVERWRITES, lo)
-            write_file_atomic(self.disk, path, data)
+            head, *payloads = encode_segment_parts(seq, chunk, OVERWRITES, lo)
+            write_file_atomic(self.disk, path, head, payloads, cached=not uncached)
             lo = None
             info = read_segment_info(self.disk, path)
             assert info is not None, f"segment {path} unreadable right after writing"
@@ -163,9 +169,20 @@ def segment_chunks(entries: list[Entry], limits: Limits) -> list[list[Entry]]:
     return out
 
 
-def plan_segment_flush(disk: Disk, limits: Limits, logs: ServerLogs, wal_seq: int) -> SegmentFlush:
+def plan_segment_flush(
+    disk: Disk,
+    limits: Limits,
+    logs: ServerLogs,
+    wal_seq: int,
+    uncached: Callable[[str], bool] | None = None,
+) -> SegmentFlush:
     """The flush of WAL file ``wal_seq``: its entries of every log, with segment seqs
-    taken from each log now."""
+    taken from each log now. The data of the logs ``uncached`` picks (a node's follower
+    copies, which nothing reads while it follows) leave the page cache once written:
+    on a virtual machine that gives memory freed a while ago back to its host, each new
+    page of cache costs a fault in the host, and the segments of all three copies of a
+    queue kept there took a fifth of a three-node cluster's CPU; dropped, their pages
+    are reused by the next writes before they go back to the host."""
     plans = []
     for uid, log in sorted(logs.items(), key=itemgetter(0)):  # packed logs have no entries
         entries = log.mem.flushable(wal_seq)
@@ -176,7 +193,8 @@ def plan_segment_flush(disk: Disk, limits: Limits, logs: ServerLogs, wal_seq: in
             # Entries that died before reaching a segment are never written.
             entries = [e for e in entries if not log.is_dead(e.index)]
         if entries:
-            plans.append((uid, logs.generation(uid), log.next_segment_seq, entries, first))
+            cold = uncached is not None and uncached(uid)
+            plans.append((uid, logs.generation(uid), log.next_segment_seq, entries, first, cold))
             log.next_segment_seq += len(segment_chunks(entries, limits))
     return SegmentFlush(disk, limits, wal_seq, plans)
 

@@ -22,7 +22,7 @@ one member cannot be repaired and its caller refuses it.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from pyroaring import BitMap64
 
@@ -251,13 +251,17 @@ class NodeStorage:
         assert self._owned(), _NOT_OWNER
         return list(self._rolled)
 
-    def prepare_segment_flush(self) -> SegmentFlush | None:
-        """The flush of the oldest rolled WAL file, or ``None`` if none is waiting."""
+    def prepare_segment_flush(
+        self, uncached: Callable[[str], bool] | None = None
+    ) -> SegmentFlush | None:
+        """The flush of the oldest rolled WAL file, or ``None`` if none is waiting; the
+        data of the logs whose uid ``uncached`` answers true for leave the page cache
+        once written."""
         assert self._owned(), _NOT_OWNER
         if not self._rolled:
             return None
         self._logs.rows_to_flush(self._rolled[0])
-        return plan_segment_flush(self.disk, self.limits, self._logs, self._rolled[0])
+        return plan_segment_flush(self.disk, self.limits, self._logs, self._rolled[0], uncached)
 
     def finish_segment_flush(self, flush: SegmentFlush) -> None:
         """Put the written segments in the views, drop the flushed entries from the mem

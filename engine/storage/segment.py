@@ -114,6 +114,17 @@ def encode_segment(seq: int, entries: Sequence[Entry], flags: int, lo: int | Non
     ``lo`` (at most the first entry's index) makes the segment answer from there: the
     segment writer passes the first index it flushed when it skipped dead entries, so
     that an ``OVERWRITES`` segment still cuts every older copy from that index on."""
+    return b"".join(encode_segment_parts(seq, entries, flags, lo))
+
+
+def encode_segment_parts(
+    seq: int, entries: Sequence[Entry], flags: int, lo: int | None = None
+) -> list[bytes]:
+    """``encode_segment`` as the buffers that make it, in order: the header slots and
+    the index, then each entry's data as it is. The segment writer writes them without
+    joining them: a segment's bytes joined were a fresh mapping of its size (up to
+    ``segment_file_bytes_max``) on every flush, each page of it faulted in to copy
+    every payload once more."""
     assert entries
     lo = entries[0].index if lo is None else lo
     assert 1 <= lo <= entries[0].index
@@ -135,7 +146,7 @@ def encode_segment(seq: int, entries: Sequence[Entry], flags: int, lo: int | Non
     assert bool(np.all(np.diff(index["index"].astype(np.int64)) > 0)), "unsorted entries"
     index_bytes = index.tobytes()
     head = encode_header(seq, flags, count, lo, entries[-1].index, data_offset, index_bytes, 1)
-    return b"".join([head, bytes(SLOT_BYTES), index_bytes, *(e.data for e in entries)])
+    return [b"".join([head, bytes(SLOT_BYTES), index_bytes]), *[e.data for e in entries]]
 
 
 def encode_header(
@@ -459,6 +470,7 @@ __all__ = [
     "SegmentReader",
     "encode_header",
     "encode_segment",
+    "encode_segment_parts",
     "read_segment_info",
     "segment_dir",
     "segment_info_of",

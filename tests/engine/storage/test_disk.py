@@ -25,6 +25,9 @@ def _roundtrip(disk: Disk) -> None:
     f.close()
     assert disk.read("a/b/x") == b"Hello"
     write_file_atomic(disk, "a/b/y", b"data")
+    write_file_atomic(disk, "a/b/w", b"he", [b"ll", b"", b"o w", b"orld"])
+    assert disk.read("a/b/w") == b"hello world"
+    disk.remove("a/b/w")
     assert disk.listdir("a/b") == ["x", "y"] and disk.listdir("a") == ["b"]
     disk.rename("a/b/y", "a/b/z")
     disk.remove("a/b/x")
