@@ -243,13 +243,9 @@ class StreamConnection:
             self.room.set()
 
     async def read_loop(self) -> None:
-        limits = self.limits
         while not self.closed:
             # The window: no frame is read while it is full.
-            while not self.closed and (
-                self.unconfirmed_messages >= limits.stream_unconfirmed_messages_max
-                or self.unconfirmed_bytes >= limits.stream_unconfirmed_bytes_max
-            ):
+            while not self.closed and self.window_full():
                 self.room.clear()
                 await self.room.wait()
             if self.closed:
@@ -269,6 +265,15 @@ class StreamConnection:
             except FrameError as e:
                 await self.send(error_frame(e.problem, **e.about))
 
+    def window_full(self, messages: int = 0, body_bytes: int = 0) -> bool:
+        """Whether the unconfirmed publishes, with ``messages`` and ``body_bytes`` more,
+        fill the window (the reader then reads no frame until confirms free room)."""
+        limits = self.limits
+        return (
+            self.unconfirmed_messages + messages >= limits.stream_unconfirmed_messages_max
+            or self.unconfirmed_bytes + body_bytes >= limits.stream_unconfirmed_bytes_max
+        )
+
     def take(self, data: bytes) -> bool:
         """A whole frame, as the protocol reads it: taken if it is a publish frame that
         arrived while the reader waits and leaves room in the window (the reader then
@@ -287,12 +292,7 @@ class StreamConnection:
             publish = self._checked(frame)
         except FrameError:
             return False
-        limits = self.limits
-        if (
-            self.unconfirmed_messages + len(publish.messages)
-            >= limits.stream_unconfirmed_messages_max
-            or self.unconfirmed_bytes + publish.body_bytes >= limits.stream_unconfirmed_bytes_max
-        ):
+        if self.window_full(len(publish.messages), publish.body_bytes):
             return False  # the reader takes it and then waits for room
         self.decoded = None
         self._accept(publish)
@@ -329,8 +329,6 @@ class StreamConnection:
     def _checked(self, frame: dict[str, Any]) -> PendingPublish:
         """A publish frame's messages if the connection may publish them; ``FrameError``
         otherwise. Changes nothing."""
-        if self.trace is not None:
-            self.trace.stamp(Stage.RECEIVED)
         seq = frame.get("seq")
         about = {"seq": seq} if type(seq) is int else {}
         if not self.who.can("write", self.name):
@@ -338,6 +336,10 @@ class StreamConnection:
         return publish_frame(frame, self.last_seq, self.limits)
 
     def _accept(self, publish: PendingPublish) -> None:
+        """Take a checked publish into the window (its trace starts here, once, whichever
+        of ``take`` and the reader took it)."""
+        if self.trace is not None:
+            self.trace.stamp(Stage.RECEIVED)
         self.last_seq = publish.seq
         self.pending.append(publish)
         self.unconfirmed_messages += len(publish.messages)
