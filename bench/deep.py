@@ -12,10 +12,11 @@ directory of its own that holds the same queue empty, timed from the exec to the
 receive answered. A restart costs seconds, most of them importing the server's modules,
 and on a shared machine the same restart varies by more than the 100 ms that depth may
 add: each figure is the median of its restarts, taken in turns so that both see the
-same load. Every message is then consumed (4 clients, receive 1,000 then acknowledge
-them). ``--quick`` runs 10,000 messages with pages of 256 references and 16 pages per
-queue (``QUICK_PAGES``), so that the smoke run pages its index out and back, and one
-restart of each.
+same load. Every message is then consumed (4 streams, a prefetch of 1,000 each, every
+delivery frame acknowledged in one ack frame; REST receives before stop 34).
+``--quick`` runs 10,000 messages with pages of 256 references and 16 pages per queue
+(``QUICK_PAGES``), so that the smoke run pages its index out and back, and one restart
+of each.
 
 With ``--queues Q`` (many queues per node) a second server, on a data directory of its
 own, holds Q queues: one is created, 10 messages published to it, and the server
@@ -115,6 +116,7 @@ import bench
 from bench._lean_http import LeanHttp
 from bench.restart import ADMIN_PASSWORD, Server, batch_body, publish_all
 from engine.limits import DEFAULT_LIMITS
+from quorra.client import AsyncStream
 
 JSON_KEYS: tuple[str, ...] = (
     "bench",
@@ -248,29 +250,36 @@ class DeepServer(Server):
 
 
 async def _consume(url: str, token: str, messages: int) -> None:
-    """Receive and acknowledge until ``messages`` have been consumed."""
-    headers = {"Authorization": f"Bearer {token}"}
-    limits = httpx.Limits(max_connections=CONSUMERS)
+    """Receive and acknowledge until ``messages`` have been consumed: ``CONSUMERS``
+    streams, each with a prefetch of ``BATCH``, acking each delivery frame's messages in
+    one ack frame (an HTTP client would spend more CPU than the server: at 200,000,000
+    messages the consume is most of the run)."""
     left = [messages]
-    async with httpx.AsyncClient(base_url=url, headers=headers, limits=limits, timeout=60) as http:
 
-        async def consumer() -> None:
-            path = f"/api/v1/queues/{QUEUE}/messages"
+    async def consumer() -> None:
+        async with await AsyncStream.open(url, token, QUEUE) as stream:
+            await stream.consume(BATCH)
             while left[0] > 0:
-                got = await http.post(
-                    f"{path}/receive", json={"max_messages": BATCH, "wait_ms": 1000}
-                )
-                if got.status_code != 200:
-                    raise RuntimeError(f"receive answered {got.status_code}: {got.text}")
-                receipts = [m["receipt"] for m in got.json()["messages"]]
-                if not receipts:
+                try:
+                    batch = await asyncio.wait_for(stream.receive(), 0.5)
+                except TimeoutError:
                     continue
-                acked = await http.post(f"{path}/ack", json={"receipts": receipts})
-                if acked.status_code != 200:
-                    raise RuntimeError(f"ack answered {acked.status_code}: {acked.text}")
-                left[0] -= len(receipts)
+                await stream.ack([d.receipt for d in batch])
+                left[0] -= len(batch)
 
-        await asyncio.gather(*(consumer() for _ in range(CONSUMERS)))
+    await asyncio.gather(*(consumer() for _ in range(CONSUMERS)))
+
+
+def _settled(server: DeepServer, token: str, timeout_s: float = 60.0) -> dict[str, Any]:
+    """The queue's stats once the last acks sent have been applied (nothing ready or
+    unacknowledged), or as they are after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        stats = _queue_stats(server, token)
+        done = stats["messages_ready"] == 0 and stats["messages_unacked"] == 0
+        if done or time.monotonic() > deadline:
+            return stats
+        time.sleep(0.05)
 
 
 def _queue_stats(server: Server, token: str) -> dict[str, Any]:
@@ -386,7 +395,7 @@ def _measure_deep(
     started = time.perf_counter()
     asyncio.run(_consume(server.url, token, left))
     consume_rate = left / (time.perf_counter() - started)
-    after = _queue_stats(server, token)
+    after = _settled(server, token)
     assert after["messages_ready"] == 0 and after["messages_unacked"] == 0, after
     return dict(
         messages=args.messages,
