@@ -135,6 +135,7 @@ class WalWriter:
 
     def _run(self) -> None:
         wal, wakeup = self._wal, self._wakeup
+        cleared = False  # since the last clear, no wait returned: a set since is fresh
         while True:
             idle = False
             while not wal.pending() and not self._stopping and not idle:
@@ -143,10 +144,15 @@ class WalWriter:
                 # before its write (up to a switch interval, 5 ms, on a busy loop). The
                 # checks after the clear see a submit made before it; one made after it
                 # sets the wake-up again, and the wait returns at once.
-                wakeup.clear()
-                if wal.pending() or self._stopping:
-                    break
-                idle = self._roll_wanted or not wakeup.wait(wal.idle_roll_s)
+                if not cleared:
+                    wakeup.clear()
+                    cleared = True
+                    if wal.pending() or self._stopping:
+                        break
+                if self._roll_wanted or not wakeup.wait(wal.idle_roll_s):
+                    idle = True
+                else:
+                    cleared = False
             if self._stopping and (self._abandon or not wal.pending()):
                 return
             roll = idle and not wal.pending()
@@ -155,7 +161,14 @@ class WalWriter:
             else:
                 self._writing = True
             if not roll:
-                self._on_batch(self._wal.write_batch())
+                batch = self._wal.write_batch()
+                # Cleared before the batch goes back, while the loop waits for it: after
+                # the hand-over the loop runs, and a read then would give it the GIL
+                # and wait for it back before this thread could sleep. Nothing set it
+                # meanwhile but a wake-up the pending checks below see anyway.
+                wakeup.clear()
+                cleared = True
+                self._on_batch(batch)
                 self._writing = False
             elif (rolled := self._wal.roll_if_written()) is not None:
                 self._on_batch(rolled)
