@@ -21,6 +21,7 @@ import contextlib
 import logging
 import random
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
 from pyroaring import BitMap64
@@ -89,6 +90,9 @@ class Hosting:
         """A ``drain_batches`` is scheduled on the loop and has not started: a batch the
         writer hands over meanwhile is taken by it, without a wake-up of its own."""
         self.flush_task: asyncio.Task[None] | None = None
+        self.wake_loop: Callable[[], None] | None = None
+        """Wakes the loop for a drain with the GIL released (``LoopWakeup.set``), once
+        the node runs; ``call_soon_threadsafe`` otherwise."""
 
     # --- opening and closing -----------------------------------------------------------
 
@@ -359,6 +363,10 @@ class Hosting:
         if self.drain_scheduled:
             return
         self.drain_scheduled = True
+        wake = self.wake_loop
+        if wake is not None:
+            wake()
+            return
         loop = self.ctx.loop
         with contextlib.suppress(RuntimeError):  # the loop closed after a halt
             loop.call_soon_threadsafe(self.drain_batches)

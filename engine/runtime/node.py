@@ -99,7 +99,7 @@ from engine.runtime.replica import node_of
 from engine.runtime.routing import CheckpointCall, CompactCall, NodeCall, SegmentsCall
 from engine.runtime.sleepers import Sleeper, encode_sleepers, write_sleepers
 from engine.runtime.transport import LocalTransport, PeerBook, Transport
-from engine.runtime.wal_writer import WalWriter
+from engine.runtime.wal_writer import LoopWakeup, WalWriter
 from engine.storage import NodeStorage
 from engine.storage.read_cache import ReadCacheStats
 from engine.storage.wal_stats import WalStats
@@ -144,6 +144,8 @@ class Node:
         """Called once, with a message for the operator, when the metadata says this node
         was forgotten (its replicas replaced): the server then refuses to go on."""
         self.forgotten = False
+        self._wake_loop: LoopWakeup | None = None
+        """Wakes the loop for the writer's finished batches (``Hosting.wake_loop``)."""
 
     # === lifecycle ===================================================================
 
@@ -169,6 +171,9 @@ class Node:
         if group is not None:
             group.open()
             ctx.meta_members.learn_peers()  # the nodes its checkpoint holds
+        wake_loop = LoopWakeup(ctx.loop, hosting.drain_batches)
+        hosting.wake_loop = wake_loop.set
+        self._wake_loop = wake_loop
         ctx.writer = WalWriter(storage.wal, hosting.on_wal_batch_threadsafe)
         ctx.writer.start()
         ctx.running = True
@@ -218,6 +223,8 @@ class Node:
         await ctx.end_work()
         assert ctx.writer is not None
         await asyncio.to_thread(ctx.writer.stop, abandon=abandon)
+        if self._wake_loop is not None:
+            self._wake_loop.close()  # the writer is gone: nothing sets it any more
         # Every batch the writer finished reaches the mem tables before a close flushes
         # them (a segment flush deletes the WAL file it came from).
         hosting.drain_batches()
