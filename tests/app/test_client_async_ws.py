@@ -120,3 +120,28 @@ def test_a_peer_that_reads_nothing_holds_send_at_the_high_water_mark() -> None:
         await conn.close()
 
     asyncio.run(_with_server(handler, body))
+
+
+def test_frames_of_each_length_form_reach_websockets_whole_and_masked() -> None:
+    """The client writes its binary frames itself: 7-bit, 16-bit and 64-bit lengths at
+    their edges, each read by websockets' server (which refuses an unmasked frame)."""
+    payloads = [bytes([n % 251]) * n for n in (0, 1, 125, 126, 127, 65535, 65536, 300_000)]
+
+    async def handler(ws: ServerConnection) -> None:
+        for _ in payloads:
+            await ws.send(await ws.recv())
+        await ws.wait_closed()
+
+    async def body(url: str) -> None:
+        got: list[bytes] = []
+        conn = await _open(url, got)
+        for payload in payloads:
+            await conn.send(payload)
+        for _ in range(500):
+            if len(got) == len(payloads):
+                break
+            await asyncio.sleep(0.01)
+        assert got == payloads
+        await conn.close()
+
+    asyncio.run(_with_server(handler, body))
