@@ -49,14 +49,21 @@ class Membership:
 
         Asked after every step of every replica: the usual answer (the voters, one by
         one, are the definition's members, and no learner) is found without building
-        the sorted set of names that a change needs."""
+        the sorted set of names that a change needs, and is remembered until the
+        configuration or the definition changes (each is replaced, never changed in
+        place)."""
         config = rep.raft.config
-        known = rep.meta.members
+        meta = rep.meta
+        checked = rep.members_checked
+        if checked is not None and checked[0] is config and checked[1] is meta:
+            return  # neither changed since they last agreed
+        known = meta.members
         if (
             not config.learners
             and len(config.voters) == len(known)
             and all(node_of(v) == m for v, m in zip(config.voters, known, strict=True))
         ):
+            rep.members_checked = (config, meta)
             return
         members = tuple(sorted({node_of(m) for m in config.members}))
         if not members or members == rep.meta.members or self.ctx.name not in members:

@@ -105,6 +105,9 @@ class Replica:
     seen: tuple[int, str | None, int] = (-1, None, -1)
     """(role, leader, term) last seen: a change wakes ``leader_waiters``."""
     leader_waiters: list[asyncio.Future[None]] = field(default_factory=empty_list)
+    members_checked: tuple[object, QueueMeta] | None = None
+    """(configuration, ``meta``) that ``Membership.maybe_members_changed`` last found in
+    agreement: asked after every step, it looks again only once either changed."""
     inflight_publish_bytes: int = 0
     checkpoint: CheckpointInfo = NO_CHECKPOINT
     meta_task: asyncio.Task[None] | None = None
@@ -225,6 +228,7 @@ class Replica:
         self.seal.forget()
         self.live_cache = None
         self.seen = (-1, None, -1)
+        self.members_checked = None
         self.samples = EMPTY_LIST  # idle for longer than the rates' window: rates are zero
 
     def wake_with(self, driver: ReplicaDriver[QueueMachine], log: ServerLog) -> None:
