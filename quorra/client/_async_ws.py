@@ -10,7 +10,12 @@ Here a frame is parsed and handed on where it arrives and a ``send`` writes at o
 awaiting only when the transport is above its high-water mark (back-pressure).
 
 Rule: everything websockets decides stays its own (``ClientProtocol``); this module only
-moves bytes between it and the socket, in order, after every event it is given.
+moves bytes between it and the socket, in order, after every event it is given. Two
+exceptions, for the frames that are most of the traffic: a binary message on an open
+connection without extensions is written here as websockets would frame it
+(``_masked_binary_frame``), and the whole binary frames the server sends after the
+handshake are read by ``IncomingFrames`` (``quorra/client/_frames_in.py``), which hands
+websockets every other frame whole.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ from websockets.http11 import Response
 from websockets.protocol import State
 from websockets.uri import parse_uri
 
+from quorra.client._frames_in import IncomingFrames
+
 try:
     from websockets.speedups import apply_mask
 except ImportError:  # pragma: no cover - the C extension ships in websockets' wheels
@@ -37,6 +44,7 @@ except ImportError:  # pragma: no cover - the C extension ships in websockets' w
 CLOSE_TIMEOUT_S = 10.0
 """How long ``close`` waits for the server's side of the close handshake."""
 
+_HEAD_END = b"\r\n\r\n"
 _FIN_BINARY = 0x82
 _MASKED = 0x80
 _SHORT = struct.Struct("!BB")
@@ -58,6 +66,10 @@ class ClientWebSocket(asyncio.Protocol):
         self._writable = asyncio.Event()
         self._writable.set()
         self._fragments: list[bytes] = []
+        self._handshake_bytes: bytearray | None = bytearray()
+        """What came until the handshake's response was parsed (bounded by websockets'
+        limits on a response)."""
+        self._incoming: IncomingFrames | None = None
         """A fragmented message's frames so far (websockets bounds them by ``max_size``)."""
 
     # --- asyncio.Protocol -----------------------------------------------------------------
@@ -67,8 +79,22 @@ class ClientWebSocket(asyncio.Protocol):
         self._transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
+        incoming = self._incoming
+        if incoming is not None:
+            incoming.feed(data)
+            return
+        seen = self._handshake_bytes
+        if seen is not None:
+            seen += data
         self._ws.receive_data(data)
         self._handle_events()
+        if seen is not None and self._opened.done():
+            self._handshake_bytes = None
+            # The frames after the handshake are read by ``IncomingFrames`` if nothing
+            # of them came yet (websockets' parser then starts at a frame boundary).
+            whole = seen.find(_HEAD_END) + len(_HEAD_END) == len(seen)
+            if whole and self._opened.exception() is None and self._ws.state is State.OPEN:
+                self._incoming = IncomingFrames(self._ws, self._on_message, self._handle_events)
 
     def eof_received(self) -> None:
         # An answer to the handshake without a length ends with the stream (its body).
