@@ -202,8 +202,8 @@ def _masked_binary_frame(data: bytes) -> list[bytes]:
     """A whole binary frame of ``data`` as a client sends it (RFC 6455 section 5.2): the
     head with a fresh random mask key, then the payload masked (websockets' C
     ``apply_mask``). What websockets' ``send_binary`` writes for an open connection
-    without extensions, without its frame object, checks and buffer: those were a
-    fifth of a window-1 publisher's CPU."""
+    without extensions, without its frame object, checks and buffer: 4.5 us a publish
+    frame of one 1 KiB message instead of 6.7 on this machine, loaded."""
     length = len(data)
     if length < 126:
         head = _SHORT.pack(_FIN_BINARY, _MASKED | length)

@@ -2,8 +2,8 @@
 handed to websockets' parser byte for byte.
 
 websockets' sans-I/O parser reads each frame through a chain of generators and copies
-its payload out of a buffer: a third of a window-1 publisher's CPU went to parsing its
-confirms that way. What a Quorra server sends is almost only whole (FIN), unmasked
+its payload out of a buffer: a confirm took 8.5 us of CPU that way, 4.2 here (this
+2-core machine, loaded), on the path of every publish a window-1 publisher waits for. What a Quorra server sends is almost only whole (FIN), unmasked
 binary frames without reserved bits; ``IncomingFrames`` reads those itself and gives
 websockets everything else whole, a frame at a time (pings, which it answers, the close
 handshake, fragmented messages, text), so that websockets keeps every check and answer
