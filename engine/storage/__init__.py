@@ -24,10 +24,10 @@ Using it (the runtime and the simulator do the same, the runtime with two thread
 
 Threads in the real runtime: the writer thread (``engine.runtime.wal_writer.WalWriter(
 storage.wal, on_batch)``) calls ``wal.write_batch`` whenever something is pending and
-passes each ``WalBatch`` to ``on_batch`` in its thread; forward it with
-``loop.call_soon_threadsafe`` and call ``storage.complete(batch)`` on the loop (mem
-tables change only there; a submit that finds nothing pending wakes the writer through
-``Wal.waker``). When ``rolled_wal_files()`` is non-empty:
+passes each ``WalBatch`` to ``on_batch`` in its thread; forward it to the loop (the
+node wakes it with ``wal_writer.LoopWakeup``; ``loop.call_soon_threadsafe`` serves too)
+and call ``storage.complete(batch)`` there (mem tables change only there; a submit that
+finds nothing pending wakes the writer through ``Wal.waker``). When ``rolled_wal_files()`` is non-empty:
 ``flush = storage.prepare_segment_flush()`` on the loop, ``flush.write()`` in a worker,
 ``storage.finish_segment_flush(flush)`` back on the loop.
 
