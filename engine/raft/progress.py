@@ -13,6 +13,9 @@ from enum import IntEnum
 
 from pyroaring import BitMap64
 
+NEVER_MS = -(1 << 62)
+"""A time before any clock's first reading."""
+
 
 class ProgressState(IntEnum):
     PROBE = 0
@@ -22,6 +25,7 @@ class ProgressState(IntEnum):
 
 class Progress:
     __slots__ = (
+        "append_sent_ms",
         "inflight",
         "inflight_bytes",
         "last_match_ms",
@@ -59,6 +63,8 @@ class Progress:
         something was lost."""
         self.received = 0
         """The highest last index of the leader's term a follower said it holds."""
+        self.append_sent_ms = NEVER_MS
+        """When the leader last sent this follower an append (``replication.busy``)."""
         self.snapshot_data = b""
         self.snapshot_index = 0
         self.snapshot_missing: BitMap64 | None = None

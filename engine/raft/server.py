@@ -397,7 +397,7 @@ class RaftServer:
         membership.maybe_time_out_transfer(self)
         if now >= self.heartbeat_due_ms:
             self.heartbeat_due_ms = now + self.limits.heartbeat_interval_ms
-            replication.broadcast_heartbeat(self)
+            replication.broadcast_heartbeat(self, periodic=True)
             replication.unstick_followers(self)
 
     def reset_election_timer(self) -> None:

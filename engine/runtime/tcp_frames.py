@@ -155,6 +155,10 @@ def encode_item(kind: Kind, key: int | str, value: object) -> Chunks:
     """One item's bytes, as buffers, and the blobs it stands for (``wire.encode_chunks``:
     an append's entries are neither copied nor nested); ``frames_of`` puts items into
     frames without encoding or joining them."""
+    if wire.blob_free(value):
+        # No blob: the item is one document, encoded by one call.
+        data = wire.encode([int(kind), key, value])
+        return Chunks([data], len(data), [], 0)
     head = wire.encode([int(kind), key])
     body = wire.encode_chunks(value)
     # [kind, key] and [kind, key, value] differ only in the array's first byte.

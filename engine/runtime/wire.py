@@ -197,6 +197,12 @@ Runs of shorter parts are joined into one buffer."""
 _CHUNKED: frozenset[type[Any]] = frozenset({AppendRequest, Entry, SnapshotChunk})
 """The types whose fields ``encode_chunks`` encodes one by one: those that carry entries
 and snapshot bytes. Any other value is encoded whole (one chunk)."""
+WHOLE_BYTES_MAX = 64 * KIB
+"""An append whose entries are all shorter than ``CHUNK_BYTES_MIN`` and hold at most this
+many bytes together is encoded whole (``blob_free``): one packer call makes the bytes the
+walk field by field makes, in about a third of the time (a replicated publish of one
+small message was walked twice on the leader, once per follower), and the copies a whole
+encoding makes cost less than the walk at this size."""
 _FIXEXT_CODES = {1: 0xD4, 2: 0xD5, 4: 0xD6, 8: 0xD7, 16: 0xD8}
 _BLOB_HEADER = bytes([_FIXEXT_CODES[4], BLOB])
 
@@ -230,12 +236,32 @@ def encode_chunks(value: object) -> Chunks:
     follower, in fresh (page-faulting) memory, over a third of its loop in a replicated
     publish; and decoding copied each entry once per level again (three times), a third
     of a follower's loop. Out of the document, a blob is copied once, by ``decode``."""
+    if blob_free(value):
+        data = encode(value)
+        return Chunks([data], len(data), [], 0)
     parts: list[bytes] = []
     blobs: list[bytes] = []
     packer = _take_packer()
     size = _chunk(value, parts, blobs, packer.pack, inner=False)
     _give_packer(packer, 0)
     return Chunks(coalesced(parts), size, blobs, sum(len(b) for b in blobs))
+
+
+def blob_free(value: object) -> bool:
+    """Whether ``encode_chunks`` would find no blob in ``value``, and it is small enough
+    (``WHOLE_BYTES_MAX``) to be encoded whole: then ``encode`` makes the same bytes."""
+    kind = type(value)
+    if kind is AppendRequest:
+        total = 0
+        for entry in value.entries:  # type: ignore[attr-defined]
+            size = len(entry.data)
+            if size >= CHUNK_BYTES_MIN:
+                return False
+            total += size
+        return total <= WHOLE_BYTES_MAX
+    if kind is Entry:
+        return len(value.data) < CHUNK_BYTES_MIN  # type: ignore[attr-defined]
+    return kind not in _CHUNKED
 
 
 def coalesced(parts: list[bytes]) -> list[bytes]:
@@ -270,6 +296,11 @@ def _chunk(
         blobs.append(value)
         parts.append(_BLOB_HEADER + len(value).to_bytes(4, "big"))
         return len(_BLOB_HEADER) + 4
+    if inner and type(value) is Entry and len(value.data) < CHUNK_BYTES_MIN:
+        # Holds no blob: one packer call, not a walk of its fields (same bytes).
+        data = pack(value)
+        parts.append(data)
+        return len(data)
     if inner and type(value) is list:
         header = array_header(len(value))
         parts.append(header)
@@ -431,6 +462,7 @@ __all__ = [
     "Codec",
     "WireError",
     "array_header",
+    "blob_free",
     "coalesced",
     "decode",
     "encode",

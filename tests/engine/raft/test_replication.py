@@ -6,7 +6,7 @@ import dataclasses
 
 from engine.raft.entry import Entry, EntryKind
 from engine.raft.events import Propose, Receive, Tick
-from engine.raft.messages import AppendRequest, AppendResponse
+from engine.raft.messages import AppendRequest, AppendResponse, Heartbeat
 from engine.raft.progress import ProgressState
 from engine.raft.server import Fault, Role
 from tests.engine.raft.harness import LIMITS, Cluster, append_request, sid
@@ -303,3 +303,41 @@ def test_proposals_stepped_before_one_ready_go_to_each_follower_as_one_append() 
         c.deliver(appends)
     c.stabilize()
     assert a.commit == 4 and _logs_equal(c, ["a", "b", "c"])
+
+
+def test_a_follower_sent_appends_steadily_gets_no_periodic_heartbeat() -> None:
+    # An append in flight within the interval, and a match that moves: the heartbeat
+    # and its answer would tell neither side anything the appends do not.
+    c = Cluster(["a", "b", "c"])
+    c.elect("a")
+    c.tick(c.limits.heartbeat_interval_ms, deliver=True)
+    c.sent = []
+    rounds = c.limits.heartbeat_interval_ms // c.limits.tick_ms
+    heartbeats = []
+    for n in range(11 * rounds):
+        c.step("a", Propose(n, (b"x",)))
+        c.tick(c.limits.tick_ms)  # with the append to b still unanswered
+        heartbeats.append(len(c.take(Heartbeat, dst="b")))
+        c.stabilize()
+    # The first interval's: b's match had not moved since the election.
+    assert sum(heartbeats[:rounds]) == 1 and sum(heartbeats[rounds:]) == 0
+    assert c["b"].role is Role.FOLLOWER and c["b"].term == c["a"].term == 1
+    assert c["b"].log.last_index() == c["a"].log.last_index()
+    # Once its appends are all answered, the heartbeats come back, with the commit.
+    c.tick(c.limits.heartbeat_interval_ms)
+    assert [m.commit for m in c.take(Heartbeat, dst="b")] == [c["a"].commit]
+
+
+def test_a_read_round_and_a_stalled_pipeline_still_get_heartbeats() -> None:
+    c = Cluster(["a", "b", "c"])
+    c.elect("a")
+    c.tick(c.limits.heartbeat_interval_ms, deliver=True)
+    c.step("a", Propose(1, (b"x",)))
+    c.take(AppendRequest, dst="b")  # lost: b's match stops moving
+    c.stabilize()
+    sent = []
+    for _ in range(2 * c.limits.heartbeat_interval_ms // c.limits.tick_ms):
+        c.tick(c.limits.tick_ms)
+        sent += c.take(Heartbeat, dst="b")
+        c.stabilize()
+    assert sent, "an append in flight whose answer does not come is no reason to be silent"

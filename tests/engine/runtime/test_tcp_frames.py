@@ -17,6 +17,7 @@ from engine.ids import ServerId
 from engine.limits import DEFAULT_LIMITS
 from engine.raft.entry import Entry, EntryKind
 from engine.raft.messages import AppendRequest, Heartbeat, SnapshotChunk, VoteRequest
+from engine.runtime import wire
 from engine.runtime.api import OutgoingMessage
 from engine.runtime.routing import PublishCall, ReceiveCall
 from engine.runtime.tcp_frames import (
@@ -90,6 +91,14 @@ def test_items_round_trip_in_one_frame_whatever_the_reads() -> None:
         assert decoded[:5] == ITEMS[:5] and decoded[6:] == ITEMS[6:]
         failure = decoded[5].value
         assert isinstance(failure, QueueNotFound) and failure.detail == "no queue q"
+
+
+def test_an_item_without_blobs_is_one_document_of_kind_key_and_value() -> None:
+    for item in ITEMS:
+        encoded = encode_item(item.kind, item.key, item.value)
+        assert encoded.blobs == [] and encoded.blobs_bytes == 0
+        assert encoded.joined() == wire.encode([int(item.kind), item.key, item.value])
+        assert encoded.size == len(encoded.joined())
 
 
 def test_frames_split_at_the_cap_in_order() -> None:
