@@ -247,3 +247,46 @@ def test_a_connection_in_use_is_kept_open() -> None:
 
     closed_at, answers = asyncio.run(go())
     assert closed_at is None and answers == 9
+
+
+def test_a_request_task_leaves_the_servers_tasks_as_it_ends() -> None:
+    """uvicorn waits for the tasks in ``tasks`` at a graceful stop; a request's task is
+    there while it runs and gone once it has answered."""
+
+    async def go() -> None:
+        protocol, transport = await _answered_connection(5.0, 10.0)
+        assert not protocol.tasks
+        protocol.data_received(_request(b"again"))
+        assert len(protocol.tasks) == 1
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert transport.written.endswith(b"\r\n\r\n1:again")
+        assert not protocol.tasks
+        protocol.connection_lost(None)
+
+    asyncio.run(go())
+
+
+def test_a_held_write_leaves_with_the_next_flush_or_write() -> None:
+    """``hold`` schedules nothing: the held bytes leave at the next ``flush`` (a
+    response's end), or with a later write at the end of its turn, in order."""
+
+    async def go() -> None:
+        transport, under = _coalescing()
+        transport.hold(b"head")
+        await asyncio.sleep(0)
+        assert under.calls == []
+        transport.flush()
+        assert under.calls == [("write", [b"head"])]
+        transport.hold(b"head2")
+        transport.write(b"chunk")
+        assert under.calls[1:] == []
+        await asyncio.sleep(0)
+        assert under.calls[1:] == [("writelines", [b"head2", b"chunk"])]
+        transport.write(b"a")
+        transport.flush()
+        transport.write(b"b")  # the turn's flush, scheduled by "a", sends it
+        await asyncio.sleep(0)
+        assert under.calls[2:] == [("write", [b"a"]), ("write", [b"b"])]
+
+    asyncio.run(go())
