@@ -209,7 +209,12 @@ class CheckedHeadersCycle(RequestResponseCycle):
         if len(body) != self.expected_content_length:
             return False  # uvicorn's error
         self.expected_content_length = 0
-        self.transport.write(body)
+        # The response ends below, and its end sends what is gathered (``hold``).
+        hold = getattr(self.transport, "hold", None)
+        if hold is not None:
+            hold(body)
+        else:
+            self.transport.write(body)
         self.response_complete = True
         self.message_event.set()
         if not self.keep_alive:

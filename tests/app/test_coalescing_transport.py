@@ -290,3 +290,32 @@ def test_a_held_write_leaves_with_the_next_flush_or_write() -> None:
         assert under.calls[2:] == [("write", [b"a"]), ("write", [b"b"])]
 
     asyncio.run(go())
+
+
+def test_a_small_answer_schedules_no_flush() -> None:
+    """A whole answer (head and body of the declared length) leaves at the response's
+    end, in one write, with no callback left on the loop to flush it again."""
+
+    async def go() -> None:
+        protocol, transport = await _answered_connection(5.0, 10.0)
+        before = len(transport.written)
+        loop = asyncio.get_running_loop()
+        scheduled: list[object] = []
+        call_soon = loop.call_soon
+
+        def spy(callback: Any, *args: Any, **kwargs: Any) -> Any:
+            scheduled.append(getattr(callback, "__name__", callback))
+            return call_soon(callback, *args, **kwargs)
+
+        loop.call_soon = spy  # type: ignore[method-assign]
+        try:
+            protocol.data_received(_request(b"pong"))
+            for _ in range(3):
+                await asyncio.sleep(0)
+        finally:
+            loop.call_soon = call_soon  # type: ignore[method-assign]
+        assert transport.written[before:].endswith(b"\r\n\r\n1:pong")
+        assert "_turn_ended" not in scheduled, scheduled
+        protocol.connection_lost(None)
+
+    asyncio.run(go())
