@@ -122,8 +122,12 @@ def _compiled(pattern: str) -> re.Pattern[str]:
     return re.compile(pattern)
 
 
+@lru_cache(maxsize=4096)
 def permits(pattern: str, queue_name: str) -> bool:
-    """RabbitMQ semantics: the pattern must match the whole name; ``""`` matches nothing."""
+    """RabbitMQ semantics: the pattern must match the whole name; ``""`` matches nothing.
+
+    Remembered per pattern and name: every message request asks it of the same few
+    pairs, and the match was a regular expression run each time."""
     if pattern == "":
         return False
     return _compiled(pattern).fullmatch(queue_name) is not None

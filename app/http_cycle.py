@@ -9,19 +9,27 @@ protocol's costs on a single publish. Here a line checked once is remembered as 
 one with its name lowered (up to ``LINES_MAX`` of them, then forgotten together: the
 date line changes every second, the lengths vary); every other step of the head is
 uvicorn's own (0.54): the status line, the length or chunked framing, ``Connection``,
-its access log, the errors it raises. The body's writing is uvicorn's code, and its
-reading too but for one wait skipped (``receive``).
+its access log, the errors it raises. The body's reading is uvicorn's code but for one
+wait skipped (``receive``); its writing is uvicorn's but for a whole body (below).
 
 A whole head made once is kept too, by all it is made of (``HEADS_MAX`` of them, then
 forgotten together): a busy endpoint's answers repeat one head, and the walk over its
 lines, checked or not, was still the largest part of writing it.
+
+The rest of a small answer is cut the same way, each step uvicorn's own: a whole body of
+the declared length is sent by a plain call (``_sent_whole``), a head is held for the
+response's end when the transport gathers writes (``CoalescingTransport.hold``, no
+callback scheduled to flush it), the request's event is a ``RequestEvent`` and the task
+takes itself out of the server's tasks as it ends (``run_asgi``): each was a coroutine,
+a callback of the loop or a few Python steps more on every request.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import ClassVar, NamedTuple
 
-from uvicorn._types import ASGIReceiveEvent, ASGISendEvent, HTTPRequestEvent
+from uvicorn._types import ASGI3Application, ASGIReceiveEvent, ASGISendEvent, HTTPRequestEvent
 from uvicorn.protocols.http.httptools_impl import (
     HEADER_RE,
     HEADER_VALUE_RE,
@@ -29,6 +37,50 @@ from uvicorn.protocols.http.httptools_impl import (
     RequestResponseCycle,
 )
 from uvicorn.protocols.utils import get_client_addr, get_path_with_query_string
+
+
+def _nothing() -> None:
+    """A cycle's ``on_response`` once its app has returned."""
+
+
+class RequestEvent:
+    """What a cycle uses of an ``asyncio.Event`` (``set``, ``clear``, ``is_set``,
+    ``wait``), with the same behaviour: one is made per request, and it is set two or
+    three times in each, where ``asyncio.Event``'s making and its ``set`` were Python
+    steps more (a deque made, the loop check of its mixin, a walk over no waiters)."""
+
+    __slots__ = ("_set", "_waiters")
+
+    def __init__(self) -> None:
+        self._set = False
+        self._waiters: list[asyncio.Future[bool]] | None = None
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        if not self._set:
+            self._set = True
+            if self._waiters:
+                for waiter in self._waiters:
+                    if not waiter.done():
+                        waiter.set_result(True)
+
+    def clear(self) -> None:
+        self._set = False
+
+    async def wait(self) -> bool:
+        if self._set:
+            return True
+        waiter = asyncio.get_running_loop().create_future()
+        if self._waiters is None:
+            self._waiters = []
+        self._waiters.append(waiter)
+        try:
+            await waiter
+            return True
+        finally:
+            self._waiters.remove(waiter)
 
 
 class Head(NamedTuple):
@@ -53,6 +105,38 @@ class CheckedHeadersCycle(RequestResponseCycle):
     every line): the answers of a busy endpoint are the same head again and again
     (until the date line's second changes), and its lines need not be walked again."""
 
+    task: asyncio.Task[None] | None = None
+    """The task running ``run_asgi``, when the protocol that made it keeps its tasks in
+    ``tasks`` (``CoalescingProtocol._start_asgi_task``)."""
+    tasks: set[asyncio.Task[None]] | None = None
+
+    async def run_asgi(self, app: ASGI3Application) -> None:
+        """uvicorn's (0.54), which then takes its task out of the protocol's ``tasks``
+        itself (see ``task``): uvicorn scheduled a done callback per request for that."""
+        try:
+            result = await app(self.scope, self.receive, self.send)  # type: ignore[func-returns-value]
+        except BaseException as exc:
+            self.logger.error("Exception in ASGI application\n", exc_info=exc)
+            if not self.response_started:
+                await self.send_500_response()
+            else:
+                self.transport.close()
+        else:
+            if result is not None:
+                msg = "ASGI callable should return None, but returned '%s'."
+                self.logger.error(msg, result)
+                self.transport.close()
+            elif not self.response_started and not self.disconnected:
+                self.logger.error("ASGI callable returned without starting response.")
+                await self.send_500_response()
+            elif not self.response_complete and not self.disconnected:
+                self.logger.error("ASGI callable returned without completing response.")
+                self.transport.close()
+        finally:
+            self.on_response = _nothing
+            if self.tasks is not None:
+                self.tasks.discard(self.task)
+
     async def send(self, message: ASGISendEvent) -> None:
         if (
             self.response_started
@@ -60,7 +144,8 @@ class CheckedHeadersCycle(RequestResponseCycle):
             or self.disconnected
             or self.flow.write_paused
         ):
-            await super().send(message)
+            if not self._sent_whole(message):
+                await super().send(message)
             return
         self.response_started = True
         self.waiting_for_100_continue = False
@@ -96,7 +181,46 @@ class CheckedHeadersCycle(RequestResponseCycle):
             self.expected_content_length = head.expected_content_length
             self.chunked_encoding = head.chunked_encoding
         self.keep_alive = head.keep_alive
-        self.transport.write(head.data)
+        # A transport that gathers writes (``CoalescingTransport.hold``) keeps the head
+        # for the response's end, which sends it with the body that follows.
+        hold = getattr(self.transport, "hold", None)
+        if hold is not None:
+            hold(head.data)
+        else:
+            self.transport.write(head.data)
+
+    def _sent_whole(self, message: ASGISendEvent) -> bool:
+        """Send ``message`` if it is the whole body of a response framed by its
+        ``Content-Length``, as uvicorn's ``send`` would (the answer of nearly every
+        request), and say whether it did; else leave it to uvicorn. A plain call, where
+        uvicorn's ``send`` was a coroutine more per request and walked every case."""
+        if (
+            message["type"] != "http.response.body"
+            or not self.response_started
+            or self.response_complete
+            or self.disconnected
+            or self.flow.write_paused
+            or self.chunked_encoding is not False
+            or message.get("more_body", False)
+            or self.scope["method"] == "HEAD"
+        ):
+            return False
+        body = message.get("body", b"")
+        if len(body) != self.expected_content_length:
+            return False  # uvicorn's error
+        self.expected_content_length = 0
+        # The response ends below, and its end sends what is gathered (``hold``).
+        hold = getattr(self.transport, "hold", None)
+        if hold is not None:
+            hold(body)
+        else:
+            self.transport.write(body)
+        self.response_complete = True
+        self.message_event.set()
+        if not self.keep_alive:
+            self.transport.close()
+        self.on_response()
+        return True
 
     async def receive(self) -> ASGIReceiveEvent:
         """uvicorn's, without waiting on the request's event when it is set already: a

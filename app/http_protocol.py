@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Iterable
 from typing import Any, ClassVar
 from urllib.parse import unquote
 
@@ -56,7 +57,7 @@ try:
     from httptools import HttpParserUpgrade, parse_url
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _Base
 
-    from app.http_cycle import CheckedHeadersCycle
+    from app.http_cycle import CheckedHeadersCycle, RequestEvent
 except ImportError:  # httptools is optional: h11, uvicorn's pure-Python parser
     _Base = H11Protocol  # type: ignore[assignment,misc]
     CheckedHeadersCycle = None  # type: ignore[assignment,misc]
@@ -65,17 +66,36 @@ except ImportError:  # httptools is optional: h11, uvicorn's pure-Python parser
 class CoalescingTransport:
     """A transport whose writes of one loop turn leave together."""
 
+    __slots__ = ("_loop", "_pending", "_scheduled", "_transport")
+
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
         self._transport = transport
         self._loop = loop
         self._pending: list[bytes] = []
+        self._scheduled = False
+        """A flush at the end of this turn of the loop is scheduled."""
 
     def write(self, data: bytes) -> None:
         if not data:
             return
-        if not self._pending:
-            self._loop.call_soon(self._flush)
         self._pending.append(data)
+        if not self._scheduled:
+            self._scheduled = True
+            self._loop.call_soon(self._turn_ended)
+
+    def hold(self, data: bytes) -> None:
+        """Gather ``data`` without scheduling a flush: what sends it is the next
+        ``flush`` (the end of the response, ``on_response_complete``), or the end of
+        the turn of a later ``write``. For a response's head, whose body follows in the
+        same turn on nearly every response: the flush scheduled for it found nothing
+        left to send once the response's end had sent it, and cost a callback of the
+        loop per request."""
+        if data:
+            self._pending.append(data)
+
+    def _turn_ended(self) -> None:
+        self._scheduled = False
+        self.flush()
 
     @property
     def plain(self) -> asyncio.Transport:
@@ -84,9 +104,6 @@ class CoalescingTransport:
 
     def flush(self) -> None:
         """Send what is gathered now."""
-        self._flush()
-
-    def _flush(self) -> None:
         pending = self._pending
         if not pending:
             return
@@ -101,15 +118,60 @@ class CoalescingTransport:
             self._transport.writelines(pending)
 
     def close(self) -> None:
-        self._flush()
+        self.flush()
         self._transport.close()
 
     def is_closing(self) -> bool:
         """Asked after every response: a method, not a lookup through ``__getattr__``."""
         return self._transport.is_closing()
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
+    # The rest of ``asyncio.Transport``, handed on. Not through ``__getattr__``: a class
+    # that has one reads every attribute of its instances through a slower hook, and
+    # the protocol and its cycle read this transport's several times per request.
+
+    def writelines(self, pieces: Iterable[bytes]) -> None:
+        for data in pieces:
+            self.write(data)
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        if default is None:
+            return self._transport.get_extra_info(name)
+        return self._transport.get_extra_info(name, default)
+
+    def pause_reading(self) -> None:
+        self._transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        self._transport.resume_reading()
+
+    def is_reading(self) -> bool:
+        return self._transport.is_reading()
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        self._transport.set_protocol(protocol)
+
+    def get_protocol(self) -> asyncio.BaseProtocol:
+        return self._transport.get_protocol()
+
+    def abort(self) -> None:
+        self._pending = []
+        self._transport.abort()
+
+    def can_write_eof(self) -> bool:
+        return self._transport.can_write_eof()
+
+    def write_eof(self) -> None:
+        self.flush()
+        self._transport.write_eof()
+
+    def get_write_buffer_size(self) -> int:
+        return self._transport.get_write_buffer_size() + sum(map(len, self._pending))
+
+    def get_write_buffer_limits(self) -> tuple[int, int]:
+        return self._transport.get_write_buffer_limits()
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        self._transport.set_write_buffer_limits(high, low)
 
 
 class ReceivedBody:
@@ -218,7 +280,7 @@ class CoalescingProtocol(_Base):
             access_logger=self.access_logger,
             access_log=self.access_log,
             default_headers=self.server_state.default_headers,
-            message_event=asyncio.Event(),
+            message_event=RequestEvent(),  # type: ignore[arg-type]
             expect_100_continue=self.expect_100_continue,
             keep_alive=http_version != "1.0" and parser.should_keep_alive(),
             on_response=self.on_response_complete,
@@ -228,6 +290,20 @@ class CoalescingProtocol(_Base):
         else:  # pipelined: queued up
             self.flow.pause_reading()
             self.pipeline.appendleft((cycle, app))
+
+    def _start_asgi_task(self, cycle: Any, app: Any) -> None:
+        """uvicorn's, without the done callback that took the task out of ``tasks``:
+        a ``CheckedHeadersCycle`` takes its task out itself as it ends (``run_asgi``),
+        and the callback was one more call scheduled on the loop per request. (A task
+        cancelled before its first step, as a forced stop's may be, stays in ``tasks``:
+        nothing waits for them after a cancel.)"""
+        if not isinstance(cycle, CheckedHeadersCycle) or self.config.reset_contextvars:
+            super()._start_asgi_task(cycle, app)
+            return
+        task = self.loop.create_task(cycle.run_asgi(app))
+        self.tasks.add(task)
+        cycle.task = task
+        cycle.tasks = self.tasks
 
     def on_body(self, body: bytes) -> None:
         """uvicorn's, into a ``ReceivedBody``: the cycle starts with an empty

@@ -126,6 +126,17 @@ async def bearer_principal(state: State, authorization: str) -> Principal:
     return await cache.load(digest, lambda: db.run(lambda s: _token_principal(s, digest)))
 
 
+def cached_bearer_principal(state: State, authorization: str) -> Principal | None:
+    """``bearer_principal``'s answer when the token cache holds it, else None (then ask
+    ``bearer_principal``): a plain call, where the coroutine made and awaited for the
+    usual hit was a cost on every message request."""
+    token = _credentials(authorization, "Bearer")
+    if token is None:
+        return None
+    cache = token_cache_of(state)
+    return cache.get(cache.digest_of(token))
+
+
 def _token_principal(session: Session, digest: str) -> Principal:
     row = repo.find_token(session, digest)
     if row is None:

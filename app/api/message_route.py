@@ -34,7 +34,7 @@ from pydantic import BaseModel
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.api.deps import BEARER_SCHEME, bearer_principal
+from app.api.deps import BEARER_SCHEME, bearer_principal, cached_bearer_principal
 from app.api.message_bodies import decoded
 from app.api.queue_deps import running_node
 from app.auth import Permission, Principal, require
@@ -159,7 +159,8 @@ async def admitted(request: Request, name: str, permission: Permission) -> Admit
             accept = value
     payload = decoded(content_type.decode("latin-1"), await _body(request))
     state = request.app.state
-    who = await bearer_principal(state, authorization.decode("latin-1"))
+    bearer = authorization.decode("latin-1")
+    who = cached_bearer_principal(state, bearer) or await bearer_principal(state, bearer)
     require(who, permission, name)
     node = running_node(state)
     return Admitted(payload, who, node, bool(accept) and prefers_msgpack(accept.decode("latin-1")))

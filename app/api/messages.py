@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import base64
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
@@ -69,7 +69,6 @@ from app.state import settings_of
 from engine.limits import Limits
 from engine.runtime.api import (
     BrowsedMessage,
-    PublishItem,
     QueueEngine,
     ReceivedBatch,
     SettleResult,
@@ -166,12 +165,6 @@ def _settled(result: SettleResult, receipts: list[str]) -> Response | dict[str, 
 
 
 # --- what the endpoints do --------------------------------------------------------
-
-
-async def publish_batch(
-    node: QueueEngine, name: str, messages: Sequence[PublishItem]
-) -> dict[str, object]:
-    return {"ids": await node.publish(name, messages)}
 
 
 async def receive_batch(
@@ -315,7 +308,8 @@ async def publish(name: QueueName, request: Request) -> Response:
     """Publish a batch, all or nothing; 201 once it is durable on a quorum."""
     a = await admitted(request, name, "write")
     batch = message_bodies.publish_items(a.payload, limits_of(request))
-    return answer_in(await publish_batch(a.node, name, batch), a.binary, status.HTTP_201_CREATED)
+    ids = await a.node.publish(name, batch)
+    return answer_in({"ids": ids}, a.binary, status.HTTP_201_CREATED)
 
 
 @_message_route(

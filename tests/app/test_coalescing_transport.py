@@ -247,3 +247,75 @@ def test_a_connection_in_use_is_kept_open() -> None:
 
     closed_at, answers = asyncio.run(go())
     assert closed_at is None and answers == 9
+
+
+def test_a_request_task_leaves_the_servers_tasks_as_it_ends() -> None:
+    """uvicorn waits for the tasks in ``tasks`` at a graceful stop; a request's task is
+    there while it runs and gone once it has answered."""
+
+    async def go() -> None:
+        protocol, transport = await _answered_connection(5.0, 10.0)
+        assert not protocol.tasks
+        protocol.data_received(_request(b"again"))
+        assert len(protocol.tasks) == 1
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert transport.written.endswith(b"\r\n\r\n1:again")
+        assert not protocol.tasks
+        protocol.connection_lost(None)
+
+    asyncio.run(go())
+
+
+def test_a_held_write_leaves_with_the_next_flush_or_write() -> None:
+    """``hold`` schedules nothing: the held bytes leave at the next ``flush`` (a
+    response's end), or with a later write at the end of its turn, in order."""
+
+    async def go() -> None:
+        transport, under = _coalescing()
+        transport.hold(b"head")
+        await asyncio.sleep(0)
+        assert under.calls == []
+        transport.flush()
+        assert under.calls == [("write", [b"head"])]
+        transport.hold(b"head2")
+        transport.write(b"chunk")
+        assert under.calls[1:] == []
+        await asyncio.sleep(0)
+        assert under.calls[1:] == [("writelines", [b"head2", b"chunk"])]
+        transport.write(b"a")
+        transport.flush()
+        transport.write(b"b")  # the turn's flush, scheduled by "a", sends it
+        await asyncio.sleep(0)
+        assert under.calls[2:] == [("write", [b"a"]), ("write", [b"b"])]
+
+    asyncio.run(go())
+
+
+def test_a_small_answer_schedules_no_flush() -> None:
+    """A whole answer (head and body of the declared length) leaves at the response's
+    end, in one write, with no callback left on the loop to flush it again."""
+
+    async def go() -> None:
+        protocol, transport = await _answered_connection(5.0, 10.0)
+        before = len(transport.written)
+        loop = asyncio.get_running_loop()
+        scheduled: list[object] = []
+        call_soon = loop.call_soon
+
+        def spy(callback: Any, *args: Any, **kwargs: Any) -> Any:
+            scheduled.append(getattr(callback, "__name__", callback))
+            return call_soon(callback, *args, **kwargs)
+
+        loop.call_soon = spy  # type: ignore[method-assign]
+        try:
+            protocol.data_received(_request(b"pong"))
+            for _ in range(3):
+                await asyncio.sleep(0)
+        finally:
+            loop.call_soon = call_soon  # type: ignore[method-assign]
+        assert transport.written[before:].endswith(b"\r\n\r\n1:pong")
+        assert "_turn_ended" not in scheduled, scheduled
+        protocol.connection_lost(None)
+
+    asyncio.run(go())

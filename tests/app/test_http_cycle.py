@@ -81,3 +81,78 @@ def test_heads_are_uvicorns_made_or_kept(
             assert await outcome(CheckedHeadersCycle) == expected
 
     asyncio.run(go())
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    method=st.sampled_from(["POST", "HEAD", "GET"]),
+    keep_alive=st.booleans(),
+    declared=st.sampled_from([None, 0, 3, 5]),
+    chunks=st.lists(st.binary(max_size=6), min_size=1, max_size=3),
+    last_more=st.booleans(),
+)
+def test_bodies_are_sent_as_uvicorn_sends_them(
+    method: str, keep_alive: bool, declared: int | None, chunks: list[bytes], last_more: bool
+) -> None:
+    """A response's body, whole or in pieces, framed by its length or chunked, right or
+    wrong for its ``Content-Length``: the same bytes, errors and end of the response,
+    whether the cycle sends it itself (a whole body of the declared length) or uvicorn
+    does (every other case)."""
+    headers = [] if declared is None else [(b"content-length", b"%d" % declared)]
+    start = {"type": "http.response.start", "status": 200, "headers": headers}
+
+    async def outcome(kind: type[RequestResponseCycle]) -> tuple[object, ...]:
+        cycle, out = _cycle(kind, method, keep_alive)
+        ended: list[bool] = []
+        cycle.on_response = lambda: ended.append(True)
+        closed: list[bool] = []
+        out.close = lambda: closed.append(True)  # type: ignore[attr-defined]
+        events: list[object] = []
+        try:
+            await cycle.send(dict(start))
+            for i, chunk in enumerate(chunks):
+                more = i < len(chunks) - 1 or last_more
+                await cycle.send({"type": "http.response.body", "body": chunk, "more_body": more})
+        except RuntimeError as e:
+            events.append(("raised", str(e)))
+        state = (cycle.response_complete, cycle.message_event.is_set(), cycle.keep_alive)
+        return (out.written, events, ended, closed, state, cycle.expected_content_length)
+
+    async def go() -> None:
+        assert await outcome(CheckedHeadersCycle) == await outcome(RequestResponseCycle)
+
+    asyncio.run(go())
+
+
+def test_request_event_behaves_as_asyncio_event() -> None:
+    """Waiters wake on ``set`` (one cancelled meanwhile does not stop the others), a
+    set event is waited for at once, ``clear`` makes waits block again."""
+    from app.http_cycle import RequestEvent
+
+    async def story(event: Any) -> list[object]:
+        seen: list[object] = [event.is_set()]
+        first = asyncio.ensure_future(event.wait())
+        second = asyncio.ensure_future(event.wait())
+        await asyncio.sleep(0)
+        second.cancel()
+        await asyncio.sleep(0)
+        seen += [first.done(), second.cancelled()]
+        event.set()
+        await asyncio.sleep(0)
+        seen += [first.result(), event.is_set(), await event.wait()]
+        event.clear()
+        late = asyncio.ensure_future(event.wait())
+        await asyncio.sleep(0)
+        seen += [event.is_set(), late.done()]
+        event.set()
+        event.set()
+        await asyncio.sleep(0)
+        seen.append(late.result())
+        return seen
+
+    async def go() -> None:
+        expected = await story(asyncio.Event())
+        assert expected == [False, False, True, True, True, True, False, False, True]
+        assert await story(RequestEvent()) == expected
+
+    asyncio.run(go())
