@@ -143,13 +143,16 @@ class QueueMachine:
         self.pager: QueuePager | None = None
         """The residency of the ready pages, with ``paging``: the runtime runs its
         read-ahead (``plan_read_ahead`` / ``finish_read_ahead``)."""
-        self.policy = policy or QueuePolicy(
-            delivery_limit=limits.delivery_limit_default,
-            lease_ms=limits.lease_ms_default,
-            max_message_bytes=limits.message_bytes_max,
-        )
-        why = policy_changes.check_policy(self.policy, limits)
-        assert not why, why
+        if snapshot is None or policy is not None:
+            self.policy = policy or QueuePolicy(
+                delivery_limit=limits.delivery_limit_default,
+                lease_ms=limits.lease_ms_default,
+                max_message_bytes=limits.message_bytes_max,
+            )
+            why = policy_changes.check_policy(self.policy, limits)
+            assert not why, why
+        # else ``restore`` sets the snapshot's policy: a default one built and checked
+        # first was a few percent of a sleeping queue's wake.
         self._checkpoint_dead_bytes_min = (
             limits.dead_bytes_per_live_checkpoint_factor * limits.checkpoint_bytes_min
         )
@@ -286,15 +289,20 @@ class QueueMachine:
             queue_ttl=self.policy.message_ttl_ms is not None,
         )
         self._ready = self._lanes.count()
+        # Empty parts (most lanes, and the delayed and leased messages of a queue that
+        # slept) are not summed: each sum costs a few microseconds of a wake.
+        fallback = self._fallback
         self._bytes_ready = sum(
-            total_size(refs, self._fallback) + sum(page.size_bytes for _at, page in spilled)
+            (total_size(refs, fallback) if len(refs) else 0)
+            + sum(page.size_bytes for _at, page in spilled)
             for _head, refs, spilled in state.lanes
         )
         if self.pager is not None:
             self.pager.make_room()
             self.pager.head_moved()
-        self._bytes_delayed = total_size(self._delayed.refs(), self._fallback)
-        self._bytes_pending = total_size(self._pending.refs(), self._fallback)
+        delayed, pending = self._delayed, self._pending
+        self._bytes_delayed = total_size(delayed.refs(), fallback) if len(delayed) else 0
+        self._bytes_pending = total_size(pending.refs(), fallback) if len(pending) else 0
 
     # === queries for the runtime and the API =======================================
 

@@ -68,6 +68,8 @@ INDEX_DTYPE = np.dtype(
 assert INDEX_DTYPE.itemsize == 48 and _HEADER.size + 4 == SLOT_BYTES
 _INDEX_TERM = struct.Struct("<QQ")
 """A row's first two fields: index, term."""
+SMALL_RUN_ROWS = 32
+"""Up to this many index rows, a run's bounds are found in Python (``_small_run``)."""
 HEAD_READ_BYTES = 4096
 """What recovery reads of a segment's start: the header, and the index when it fits
 (a segment of up to 82 rows)."""
@@ -347,15 +349,7 @@ class SegmentReader:
         rows, bodies = self._checked_run(lo, want_hi, hi, want_bytes_max, block_bytes)
         return [
             Entry(lo + k, term, _KINDS[kind], now_ms, bytes(body))
-            for k, (term, now_ms, kind, body) in enumerate(
-                zip(
-                    rows["term"].tolist(),
-                    rows["now_ms"].tolist(),
-                    rows["kind"].tolist(),
-                    bodies,
-                    strict=True,
-                )
-            )
+            for k, ((term, now_ms, kind), body) in enumerate(zip(rows, bodies, strict=True))
         ]
 
     def check_run(self, lo: int, hi: int, max_bytes: int) -> int:
@@ -365,32 +359,33 @@ class SegmentReader:
 
     def _checked_run(
         self, lo: int, want_hi: int, hi: int, want_bytes_max: int, block_bytes: int
-    ) -> tuple[npt.NDArray[np.void], list[memoryview]]:
-        """The index rows and bodies of ``read_block``'s entries, each body checked
+    ) -> tuple[list[tuple[int, int, int]], list[memoryview]]:
+        """(term, now_ms, kind) of each of ``read_block``'s entries and its body, checked
         against its CRC32C (``EntryDamaged`` at the first that fails). The bodies are
         views of the scratch when there is one: valid until the next read."""
         assert want_hi <= hi
         start = self.position(lo)
         if start is None or want_hi <= lo:
-            return self.index[:0], []
+            return [], []
         rows = self.index[start : start + (hi - lo)]
-        held = rows["index"] == np.arange(lo, lo + len(rows), dtype=rows["index"].dtype)
-        n = len(rows) if bool(held.all()) else int(np.argmin(held))
-        ends = np.cumsum(rows["length"][:n], dtype=np.int64)
-        wanted = min(want_hi - lo, int(np.searchsorted(ends, want_bytes_max, side="right")))
-        ahead = int(np.searchsorted(ends, block_bytes, side="right")) if block_bytes else 0
-        n = max(1, wanted, ahead)
-        rows = rows[:n]
-        offset, length = int(rows["offset"][0]), int(ends[n - 1])
+        if len(rows) <= SMALL_RUN_ROWS:
+            first, lengths, crcs, meta = self._small_run(
+                rows, lo, want_hi, want_bytes_max, block_bytes
+            )
+        else:
+            first, lengths, crcs, meta = self._large_run(
+                rows, lo, want_hi, want_bytes_max, block_bytes
+            )
         scratch = self._scratch
+        length = sum(lengths)
         data = (
-            memoryview(self._file.pread(offset, length))
+            memoryview(self._file.pread(first, length))
             if scratch is None
-            else scratch.read(self._file, offset, length)
+            else scratch.read(self._file, first, length)
         )
         bodies: list[memoryview] = []
         at = 0
-        for length, crc in zip(rows["length"].tolist(), rows["crc"].tolist(), strict=True):
+        for length, crc in zip(lengths, crcs, strict=True):
             body = data[at : at + length]
             at += length
             if len(body) != length or crc32c.crc32c(body) != crc:
@@ -400,7 +395,54 @@ class SegmentReader:
                     index=index,
                 )
             bodies.append(body)
-        return rows, bodies
+        return meta, bodies
+
+    @staticmethod
+    def _small_run(
+        rows: npt.NDArray[np.void], lo: int, want_hi: int, want_bytes_max: int, block_bytes: int
+    ) -> tuple[int, list[int], list[int], list[tuple[int, int, int]]]:
+        """``_large_run`` of a few rows, in Python: each numpy call costs about a
+        microsecond whatever its length, and the first delivery of a queue woken from
+        sleep reads a run of one entry out of a segment of ten."""
+        table: list[tuple[int, int, int, int, int, int, int, bytes]] = rows.tolist()
+        wanted = ahead = 0
+        end = 0
+        for k, (index, _term, _now, _offset, length, _crc, _kind, _pad) in enumerate(table):
+            if index != lo + k:
+                break  # a hole: the run stops before it
+            end += length
+            if end <= want_bytes_max and k < want_hi - lo:
+                wanted = k + 1
+            if block_bytes and end <= block_bytes:
+                ahead = k + 1
+        n = max(1, wanted, ahead)
+        chosen = table[:n]
+        return (
+            chosen[0][3],
+            [row[4] for row in chosen],
+            [row[5] for row in chosen],
+            [(row[1], row[2], row[6]) for row in chosen],
+        )
+
+    @staticmethod
+    def _large_run(
+        rows: npt.NDArray[np.void], lo: int, want_hi: int, want_bytes_max: int, block_bytes: int
+    ) -> tuple[int, list[int], list[int], list[tuple[int, int, int]]]:
+        """The offset of the first of the rows ``_checked_run`` reads, and the lengths,
+        CRC32Cs and (term, now_ms, kind) of each: the held run from ``lo`` (no hole),
+        its entries below ``want_hi`` within ``want_bytes_max`` (at least one) or, if
+        more, those within ``block_bytes``."""
+        held = rows["index"] == np.arange(lo, lo + len(rows), dtype=rows["index"].dtype)
+        n = len(rows) if bool(held.all()) else int(np.argmin(held))
+        ends = np.cumsum(rows["length"][:n], dtype=np.int64)
+        wanted = min(want_hi - lo, int(np.searchsorted(ends, want_bytes_max, side="right")))
+        ahead = int(np.searchsorted(ends, block_bytes, side="right")) if block_bytes else 0
+        n = max(1, wanted, ahead)
+        rows = rows[:n]
+        meta = list(
+            zip(rows["term"].tolist(), rows["now_ms"].tolist(), rows["kind"].tolist(), strict=True)
+        )
+        return int(rows["offset"][0]), rows["length"].tolist(), rows["crc"].tolist(), meta
 
     def close(self) -> None:
         self._file.close()

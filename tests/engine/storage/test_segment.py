@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.errors import EntryDamaged, StorageFailed
+from engine.raft.entry import Entry
 from engine.storage.disk import FakeDisk
 from engine.storage.segment import (
     HEAD_READ_BYTES,
@@ -159,3 +160,52 @@ def test_check_run_agrees_with_reading_the_entries(
         assert checked.value.index == e.index == victim.index
     else:
         assert reader.check_run(lo, hi, max_bytes) == lo + len(run)
+
+
+@given(
+    st.integers(1, 90),
+    st.sets(st.integers(1, 89)),
+    st.lists(st.integers(0, 60), min_size=90, max_size=90),
+    st.data(),
+)
+@settings(max_examples=150, deadline=None)
+def test_read_block_reads_the_held_run_its_bounds_allow(
+    count: int, dropped: set[int], sizes: list[int], data: st.DataObject
+) -> None:
+    """``read_block`` against a model over runs of a few rows and of many (the reader
+    finds the bounds of a short run another way than those of a long one): the entries
+    from ``lo`` up to the first hole, of those the ones below ``want_hi`` within
+    ``want_bytes_max`` (at least one), or, if more, the ones within ``block_bytes``."""
+    disk = FakeDisk()
+    made = [
+        dataclasses.replace(e, data=bytes([k % 251]) * sizes[k])
+        for k, e in enumerate(entries(10, count))
+    ]
+    kept = [e for k, e in enumerate(made) if k == 0 or k not in dropped]
+    write_segment(disk, "q", 1, kept, 0)
+    info = read_segment_info(disk, segment_path("q", 1))
+    assert info is not None
+    lo = data.draw(st.sampled_from([e.index for e in kept]), label="lo")
+    hi = data.draw(st.integers(lo + 1, 10 + count + 1), label="hi")
+    want_hi = data.draw(st.integers(lo + 1, hi), label="want_hi")
+    want_bytes_max = data.draw(st.integers(0, 800), label="want_bytes_max")
+    block_bytes = data.draw(st.sampled_from([0, 1, 60, 500, 5000]), label="block_bytes")
+    by_index = {e.index: e for e in kept}
+    held: list[Entry] = []
+    while lo + len(held) < hi and lo + len(held) in by_index:
+        held.append(by_index[lo + len(held)])
+
+    def within(limit: int, below: int) -> int:
+        n = total = 0
+        for e in held[: below - lo]:
+            total += len(e.data)
+            if total > limit:
+                break
+            n += 1
+        return n
+
+    wanted = within(want_bytes_max, want_hi)
+    ahead = within(block_bytes, hi) if block_bytes else 0
+    expected = held[: max(1, wanted, ahead)]
+    got = SegmentReader(disk, info).read_block(lo, want_hi, hi, want_bytes_max, block_bytes)
+    assert got == expected
