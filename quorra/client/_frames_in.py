@@ -3,11 +3,11 @@ handed to websockets' parser byte for byte.
 
 websockets' sans-I/O parser reads each frame through a chain of generators and copies
 its payload out of a buffer: a confirm took 8.5 us of CPU that way, 4.2 here (this
-2-core machine, loaded), on the path of every publish a window-1 publisher waits for. What a Quorra server sends is almost only whole (FIN), unmasked
-binary frames without reserved bits; ``IncomingFrames`` reads those itself and gives
-websockets everything else whole, a frame at a time (pings, which it answers, the close
-handshake, fragmented messages, text), so that websockets keeps every check and answer
-it had. A frame websockets refuses on its head (masked, reserved bits, an unknown
+2-core machine, loaded), on the path of every publish a window-1 publisher waits for.
+What a Quorra server sends is almost only whole (FIN), unmasked binary frames without
+reserved bits; ``IncomingFrames`` reads those itself and gives websockets everything
+else whole, a frame at a time (pings, which it answers, the close handshake, fragmented
+messages, text), so that websockets keeps every check and answer it had. A frame websockets refuses on its head (masked, reserved bits, an unknown
 opcode) or beyond the size limit goes to websockets with every byte after it, and so
 does everything once the connection leaves the open state: websockets then fails or
 closes the connection as before.
