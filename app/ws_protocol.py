@@ -20,7 +20,7 @@ an extension, takes uvicorn's path (chunks joined first).
 
 Incoming: once the handshake request has been parsed, and nothing came after it yet
 (websockets' frame parser then starts at a frame boundary), the connection's bytes go
-through ``IncomingFrames`` (``app/ws_incoming.py``), which reads whole binary frames
+through ``IncomingFrames`` (``quorra/ws_frames.py``), which reads whole binary frames
 itself and hands websockets every other frame whole; its events are handled as uvicorn
 handles them, in arrival order. A client that sends frames before the handshake's end
 keeps websockets' parser for the whole connection.
@@ -43,7 +43,7 @@ from websockets.http11 import Request
 from websockets.protocol import State
 
 from app.deliver_frames import FrameChunks
-from app.ws_incoming import IncomingFrames
+from quorra.ws_frames import IncomingFrames
 
 _HEAD_END = b"\r\n\r\n"
 SEND_NOW = "quorra.websocket.send_now"

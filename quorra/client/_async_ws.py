@@ -14,8 +14,8 @@ moves bytes between it and the socket, in order, after every event it is given. 
 exceptions, for the frames that are most of the traffic: a binary message on an open
 connection without extensions is written here as websockets would frame it
 (``_masked_binary_frame``), and the whole binary frames the server sends after the
-handshake are read by ``IncomingFrames`` (``quorra/client/_frames_in.py``), which hands
-websockets every other frame whole.
+handshake are read by ``IncomingFrames`` (``quorra/ws_frames.py``, the server's reader
+too), which hands websockets every other frame whole.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from websockets.http11 import Response
 from websockets.protocol import State
 from websockets.uri import parse_uri
 
-from quorra.client._frames_in import IncomingFrames
+from quorra.ws_frames import IncomingFrames
 
 try:
     from websockets.speedups import apply_mask

@@ -1,5 +1,5 @@
-"""The stream client's reader of incoming frames (``quorra/client/_frames_in.py``) against
-websockets' own parser: whatever a server sends and however TCP cuts it, the messages
+"""The stream client's reader of incoming frames (``quorra/ws_frames.py``, on the client
+side) against websockets' own parser: whatever a server sends and however TCP cuts it, the messages
 are the same, in the same order, and a frame websockets refuses still fails the
 connection as websockets fails it."""
 
@@ -14,7 +14,7 @@ from websockets.frames import Frame, Opcode
 from websockets.protocol import State
 from websockets.uri import parse_uri
 
-from quorra.client._frames_in import IncomingFrames
+from quorra.ws_frames import IncomingFrames
 
 LIMIT = 4096
 URI = parse_uri("ws://127.0.0.1/s")

@@ -11,8 +11,8 @@ from websockets.frames import Frame, Opcode
 from websockets.protocol import Protocol, Side, State
 from websockets.speedups import apply_mask
 
-from app.ws_incoming import IncomingFrames
 from app.ws_protocol import binary_frame_head
+from quorra.ws_frames import IncomingFrames
 
 LENGTHS = st.sampled_from([0, 1, 125, 126, 127, 65_535, 65_536, 1 << 20]) | st.integers(0, 70_000)
 
