@@ -64,8 +64,8 @@ def test_the_cli_prints_failures_and_a_summary(capsys: pytest.CaptureFixture[str
     argv = ["--seeds", "3", "--first-seed", "3", "--fault", "commit_quorum_off_by_one"]
     assert main(argv) == 1
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("seed 5 FAILED") and out[1].startswith("    t=")
-    assert out[-1].startswith("2 passed, 1 failed")
+    assert out[0].startswith("seed 4 FAILED") and out[1].startswith("    t=")
+    assert out[-1].startswith("1 passed, 2 failed")
 
 
 def test_the_cli_runs_seeds_with_damaged_disks(capsys: pytest.CaptureFixture[str]) -> None:
