@@ -127,9 +127,15 @@ def test_three_local_nodes_form_a_cluster_and_stop_together(tmp_path: Path) -> N
         assert all(n["connected"] for n in nodes if not n["self"]), nodes
     finally:
         proc.send_signal(signal.SIGINT)
-        proc.wait(30)
-        if proc.stdout is not None:
-            proc.stdout.close()
+        try:
+            proc.wait(30)
+        finally:
+            # A stop that timed out fails the test; its nodes and pipe do not outlive it.
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
     assert proc.returncode == 0
     for k in range(3):
         with pytest.raises(httpx.TransportError):
