@@ -72,6 +72,10 @@ def consecutive_free_ports(count: int = 3) -> int:
     raise AssertionError("no run of free ports below the ephemeral range")
 
 
+def _interruptible() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.integration
 def test_three_local_nodes_form_a_cluster_and_stop_together(tmp_path: Path) -> None:
     """``quorra dev-cluster 3``: every node ready and connected to the others, a queue
@@ -97,6 +101,9 @@ def test_three_local_nodes_form_a_cluster_and_stop_together(tmp_path: Path) -> N
         stderr=subprocess.STDOUT,
         env=env,
         cwd=ROOT,
+        # Ctrl-C as at a terminal, even when the suite runs where SIGINT is ignored (a
+        # background job of a shell without job control): the child inherits that.
+        preexec_fn=_interruptible,
     )
     try:
         assert proc.stdout is not None
