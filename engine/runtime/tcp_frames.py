@@ -160,7 +160,7 @@ def encode_item(kind: Kind, key: int | str, value: object) -> Chunks:
         data = wire.encode([int(kind), key, value])
         return Chunks([data], len(data), [], 0)
     head = wire.encode([int(kind), key])
-    body = wire.encode_chunks(value)
+    body = wire.walked_chunks(value)
     # [kind, key] and [kind, key, value] differ only in the array's first byte.
     parts = [_ITEM_HEADER + head[1:], *body.parts]
     return Chunks(parts, len(head) + body.document_bytes, body.blobs, body.blobs_bytes)

@@ -239,6 +239,13 @@ def encode_chunks(value: object) -> Chunks:
     if blob_free(value):
         data = encode(value)
         return Chunks([data], len(data), [], 0)
+    return walked_chunks(value)
+
+
+def walked_chunks(value: object) -> Chunks:
+    """``encode_chunks`` of a ``value`` that ``blob_free`` refused, walked field by field
+    (for a caller that asked ``blob_free`` already: an append of many small entries is
+    walked by it to the end)."""
     parts: list[bytes] = []
     blobs: list[bytes] = []
     packer = _take_packer()
@@ -468,4 +475,5 @@ __all__ = [
     "encode",
     "encode_chunks",
     "register",
+    "walked_chunks",
 ]
