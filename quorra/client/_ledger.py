@@ -20,7 +20,7 @@ from quorra.client._types import (
     Problem,
     Publishable,
     Settled,
-    delivery_of,
+    deliveries_of,
     message_map,
 )
 
@@ -120,7 +120,7 @@ class Ledger:
     def on_frame(self, frame: dict[str, Any]) -> None:
         op = frame.get("op")
         if op == "deliver":
-            self.deliveries.extend(delivery_of(m) for m in frame["messages"])
+            self.deliveries.extend(deliveries_of(frame["messages"]))
         elif op == "confirm":
             self._confirm(int(frame["seq"]))
         elif op == "settled":
