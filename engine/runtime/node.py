@@ -70,6 +70,7 @@ from engine.limits import DEFAULT_LIMITS, Limits
 from engine.node_key import receipt_key
 from engine.publish_trace import PublishTrace
 from engine.raft.messages import Message
+from engine.raft.role import Role
 from engine.runtime import observe
 from engine.runtime.api import (
     BrowsedMessage,
@@ -543,6 +544,8 @@ class Node:
         rep = ctx.receiving.replica_for(src, uid, message)
         if rep is None or rep.closed or rep.failed is not None or not ctx.running:
             return
+        raft = rep.raft
+        commit = raft.commit
         try:
             # The core's clock moves first: a heartbeat restarts the election timer from
             # now, not from the last tick (a follower ticks only at its deadline).
@@ -551,7 +554,13 @@ class Node:
         except EntryDamaged as e:
             ctx.hosting.damaged(rep, e)
             return
-        ctx.hosting.schedule(rep)
+        if raft.commit != commit and raft.role is Role.LEADER:
+            # An acknowledgement that commits: apply and confirm now, not after the rest
+            # of a busy leader's turn (about 1 ms on average under load, on every
+            # replicated publish's path).
+            ctx.hosting.process(rep)
+        else:
+            ctx.hosting.schedule(rep)
 
     async def on_call(self, src: NodeName, call: NodeCall) -> object:
         """From the transport: a request of node ``src`` (never forwarded again)."""

@@ -10,7 +10,9 @@ from typing import TypeVar
 import pytest
 
 from engine.errors import NoLeader, OutcomeUnknown, QueueConflict
+from engine.ids import NodeName
 from engine.limits import Limits
+from engine.raft.messages import AppendResponse, Message
 from engine.runtime import InMemoryNetwork, Node
 from engine.runtime.api import QueueArgs
 from tests.engine.runtime.util import FAST, drain, eventually, msgs, rolling, run
@@ -344,6 +346,45 @@ def test_a_leader_cut_off_fails_its_waiting_proposals_when_it_steps_down(tmp_pat
             with pytest.raises(OutcomeUnknown):
                 await nodes[leader].publish("cut", msgs("b"))
             assert loop.time() - started < FAST.proposal_timeout_ms / 1000 / 2
+        finally:
+            await asyncio.gather(*(n.stop() for n in nodes.values()))
+
+    run(body())
+
+
+def test_an_acknowledgement_that_commits_applies_before_the_turn_ends(tmp_path: Path) -> None:
+    """The leader applies what an append's acknowledgement commits while it handles that
+    acknowledgement, not at a later turn of the loop: the confirm of a replicated publish
+    waits for it. (It applies only what its own disk holds too, so an acknowledgement
+    that beats the leader's sync applies nothing: some of them do, the others after.)"""
+
+    async def body() -> None:
+        network = InMemoryNetwork(NAMES)
+        nodes = await cluster(tmp_path, network)
+        applied_at_once: list[tuple[object, object]] = []
+        try:
+            await nodes["n1"].create_queue("aq", QueueArgs())
+            leader = await retrying(lambda: leader_name(nodes, "aq"))
+            node = nodes[leader]
+            receive = node.on_raft_message
+
+            def raft() -> dict[str, object]:
+                stats = node.stats("aq")["raft"]
+                assert isinstance(stats, dict)
+                return stats
+
+            def observed(src: NodeName, uid: str, message: Message) -> None:
+                before = raft()["last_applied"]
+                receive(src, uid, message)
+                after = raft()
+                if isinstance(message, AppendResponse) and after["last_applied"] != before:
+                    applied_at_once.append((after["last_applied"], after["commit_index"]))
+
+            node.on_raft_message = observed  # type: ignore[method-assign]
+            for k in range(20):
+                await node.publish("aq", msgs(f"m{k}"))
+            assert applied_at_once, "no acknowledgement applied what it committed"
+            assert all(applied == commit for applied, commit in applied_at_once)
         finally:
             await asyncio.gather(*(n.stop() for n in nodes.values()))
 

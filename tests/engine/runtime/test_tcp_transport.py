@@ -31,6 +31,7 @@ from engine.runtime.routing import (
     PublishCall,
     ReceiveCall,
 )
+from engine.runtime.tcp_conn import WRITE_AT_ONCE_BYTES
 from engine.runtime.tcp_frames import (
     HANDSHAKE_FRAME_BYTES_MAX,
     PROTOCOL_VERSION,
@@ -231,6 +232,33 @@ def test_the_messages_of_one_turn_go_in_one_frame_per_lane() -> None:
                 m.commit for _s, _u, m in c.receivers["n2"].messages if isinstance(m, Heartbeat)
             ]
             assert commits == list(range(200))
+
+    run(body(), 30)
+
+
+def test_a_large_append_is_written_at_once_with_what_was_queued_before_it() -> None:
+    quiet = dataclasses.replace(
+        LIMITS, cluster_ping_interval_ms=60_000, cluster_idle_timeout_ms=240_000
+    )
+
+    async def body() -> None:
+        async with cluster(["n1", "n2"], limits=quiet) as c:
+            await c.all_connected()
+            a = c.transports["n1"]
+            await asyncio.sleep(0.05)
+            before = a.frames_sent
+            for k in range(3):
+                a.send(NodeName("n2"), "g", append("n1", "n2", 10, k + 1))
+            assert a.frames_sent == before  # small ones wait for the end of the turn
+            a.send(NodeName("n2"), "g", append("n1", "n2", WRITE_AT_ONCE_BYTES, 4))
+            assert a.frames_sent == before + 1  # written before the turn ends, in one frame
+            a.send(NodeName("n2"), "g", append("n1", "n2", 10, 5))
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+            assert a.frames_sent == before + 2
+            await eventually(lambda: len(c.receivers["n2"].messages) == 5)
+            got = [m.entries[0].index for _s, _u, m in c.receivers["n2"].messages]
+            assert got == [1, 2, 3, 4, 5]
 
     run(body(), 30)
 
