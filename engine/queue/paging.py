@@ -318,9 +318,17 @@ class QueuePager:
         return cls(paging.spill, paging.node, pages_max, limits.page_read_ahead, describe, rebuild)
 
     def close(self) -> None:
-        """The queue is gone or replaced: its pages no longer count against the node."""
+        """The queue is gone or replaced: its pages no longer count against the node.
+        Its links to the machine (the bound ``describe`` and ``rebuild``) and to the lanes
+        (whose pages point back at it) go too: those are reference cycles, and a machine
+        left in one waited for the collector's oldest generation instead of being freed
+        when its queue fell asleep (thousands of dropped machines raised the peak that
+        the allocator's arenas keep)."""
         self.note(resident=-self.resident, warm=-self.warm)
         self.node.leave(self._key)
+        self.lanes = ()
+        self._describe = summarize_compact
+        self._rebuild = None
 
     # --- what the lanes call ------------------------------------------------------------
 

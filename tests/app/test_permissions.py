@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import tracemalloc
 
 import pytest
 from hypothesis import given
@@ -47,6 +48,28 @@ def test_an_escaped_name_permits_exactly_itself(name: str) -> None:
 def test_empty_permits_nothing_and_dot_star_everything(name: str) -> None:
     assert not permits("", name)
     assert permits(".*", name)
+
+
+@given(st.text(max_size=40))
+def test_dot_star_answers_as_the_regular_expression_does(name: str) -> None:
+    """``.*`` is answered without a regular expression (nor a cache entry per name): the
+    same answer for any text, a newline included."""
+    assert permits(".*", name) is (re.fullmatch(".*", name) is not None)
+
+
+def test_dot_star_keeps_no_entry_per_name() -> None:
+    """Thousands of queues named by requests under ``.*`` leave nothing behind."""
+    before = tracemalloc.is_tracing()
+    tracemalloc.start()
+    try:
+        names = [f"idle-{n:05}" for n in range(2_000)]
+        start = tracemalloc.get_traced_memory()[0]
+        for name in names:
+            assert permits(".*", name)
+        assert tracemalloc.get_traced_memory()[0] - start < 10_000
+    finally:
+        if not before:
+            tracemalloc.stop()
 
 
 def test_pattern_error() -> None:

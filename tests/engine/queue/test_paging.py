@@ -4,6 +4,7 @@ checkpoints that name stored pages (``engine.queue.paging``)."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 
 import numpy as np
 import pytest
@@ -211,6 +212,22 @@ def test_a_paged_machine_delivers_what_an_unpaged_one_does() -> None:
     assert q.paged.snapshot() == q.plain.snapshot()
     assert q.paged.pager.stats().resident_pages == 0
     assert q.paged.stats().paging.page_loads > 0
+
+
+def test_a_closed_paged_machine_is_freed_without_the_cycle_collector() -> None:
+    """A queue that falls asleep closes its machine and drops it: nothing of it may wait
+    for the collector (thousands of such machines kept the allocator's arenas)."""
+    q = Queue()
+    q.publish(30, 7)
+    q.take(5)
+    gc.collect()
+    gc.disable()
+    try:
+        q.paged.close()
+        del q.paged
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
 
 
 def test_a_damaged_page_is_detected_and_rebuilt_from_the_log() -> None:
