@@ -106,6 +106,11 @@ class Limits:
     """No queue may set ``max_message_bytes`` above this."""
     batch_messages_max: int = 1000
     batch_bytes_max: int = 16 * MIB
+    publish_group_messages_max: int = 64
+    """The single publishes to one queue that arrive in one turn of the loop are proposed
+    as one entry (``engine.runtime.publish_groups``) of at most this many messages (and
+    at most ``batch_messages_max``); a publish that would make its group larger goes
+    alone. 0: no grouping."""
     receive_messages_max: int = 1000
     receive_wait_ms_max: int = 20_000
     lease_ms_default: int = 30_000
@@ -343,6 +348,7 @@ class Limits:
         assert self.batch_bytes_max <= self.entry_bytes_max
         assert self.message_bytes_max <= self.message_bytes_max_ceiling <= self.batch_bytes_max
         assert self.batch_messages_max >= 1 and self.receive_messages_max >= 1
+        assert self.publish_group_messages_max >= 0
         assert 1 <= self.priorities_max <= 255
         assert self.page_refs >= 16 and self.page_refs & (self.page_refs - 1) == 0
         assert self.compaction_dead_per_100_live_max >= 0

@@ -128,6 +128,20 @@ def encode_enqueue(messages: Sequence[NewMessage | bytes | KeyedBody]) -> bytes:
     return b"".join([_ENQ_HEAD.pack(Kind.ENQUEUE[0], FORMAT_VERSION, n), *records, *data])
 
 
+def enqueue_bytes(messages: Sequence[NewMessage | bytes | KeyedBody]) -> int:
+    """The length of ``encode_enqueue(messages)``, without encoding them."""
+    total = _ENQ_HEAD.size + len(messages) * RECORD_BYTES
+    for m in messages:
+        if type(m) is bytes:
+            total += len(m)
+        elif type(m) is tuple:
+            total += len(m[0]) + len(m[1])
+        else:
+            assert isinstance(m, NewMessage), type(m)
+            total += len(m.dedup_id or b"") + len(m.headers) + len(m.body)
+    return total
+
+
 _BYTES_ONLY = {bytes}
 _KEYED_ONLY = {tuple}
 _BODY_RECORD = np.frombuffer(_RECORD.pack(0, 0, 0, 0, 0, 0, -1, 0), "<u4")

@@ -43,6 +43,7 @@ from engine.queue import (
     encode_return,
     encode_settle,
     encode_settle_checkout,
+    enqueue_bytes,
     message_id,
     message_run,
     read_message,
@@ -63,6 +64,7 @@ from engine.runtime.meta import (
     check_message,
     decode_headers,
 )
+from engine.runtime.publish_groups import PublishGroups
 from engine.runtime.replica import Replica
 from engine.runtime.routing import (
     BrowseCall,
@@ -83,6 +85,7 @@ class QueueOps:
 
     def __init__(self, ctx: NodeContext) -> None:
         self.ctx = ctx
+        self.groups = PublishGroups(ctx)
 
     def check(self, call: LeaderCall) -> None:
         """A client operation's arguments checked against the limits: by the node that
@@ -129,8 +132,14 @@ class QueueOps:
         on_durable: Callable[[], None] | None = None,
     ) -> list[int]:
         limits = self.ctx.limits
-        command = encode_enqueue(self.new_messages(rep, messages))
-        size = len(command)
+        batch = self.new_messages(rep, messages)
+        groups = self.groups
+        command = None
+        if on_durable is None and groups.may_join(rep, len(batch)):
+            size = enqueue_bytes(batch)
+        else:
+            command = encode_enqueue(batch)
+            size = len(command)
         if size > limits.batch_bytes_max:
             raise MessageTooLarge(f"a batch is at most {limits.batch_bytes_max} bytes")
         if rep.inflight_publish_bytes + size > limits.inflight_publish_bytes_per_queue_max:
@@ -138,8 +147,11 @@ class QueueOps:
         self.ctx.memory.check_publish(size)
         rep.inflight_publish_bytes += size
         try:
+            joined = None if command is not None else groups.join(rep, batch, size)
+            if joined is not None:
+                return await joined
             on_applied = None if on_durable is None else _calling(on_durable)
-            reply = await self.ctx.propose(rep, command, on_applied)
+            reply = await self.ctx.propose(rep, command or encode_enqueue(batch), on_applied)
         finally:
             rep.inflight_publish_bytes -= size
         assert isinstance(reply, Enqueued), reply

@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from pyroaring import BitMap64
 
@@ -28,6 +28,9 @@ from engine.runtime.rates import Sample, add_sample, rates_of
 from engine.runtime.sleeping import Dormant
 from engine.shared_empty import EMPTY_DICT, EMPTY_LIST, empty_dict, empty_list
 from engine.storage import ServerLog
+
+if TYPE_CHECKING:
+    from engine.runtime.publish_groups import PublishGroup
 
 
 @dataclass(slots=True)
@@ -109,6 +112,8 @@ class Replica:
     """(configuration, ``meta``) that ``Membership.maybe_members_changed`` last found in
     agreement: asked after every step, it looks again only once either changed."""
     inflight_publish_bytes: int = 0
+    publish_group: PublishGroup | None = None
+    """The publishes that join this turn's entry (``engine.runtime.publish_groups``)."""
     checkpoint: CheckpointInfo = NO_CHECKPOINT
     meta_task: asyncio.Task[None] | None = None
     """Writes ``meta`` to its file after a change (``Catalog.write_meta``)."""
