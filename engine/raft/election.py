@@ -8,13 +8,16 @@ Rules:
   up-to-date as the voter's (section 5.4.1); a real vote only once per term.
 - A repairing server grants no vote or pre-vote and never campaigns (see server.py).
 - The quorum arithmetic is ``quorum.vote_result``'s.
+- A sole voter rebuilt from storage may lead again in its durable term without a
+  campaign (``resume_as_sole_leader``), only when its caller knows that every entry it
+  appended in that term is stored: see there.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from engine.raft import quorum
+from engine.raft import quorum, replication
 from engine.raft.messages import VoteRequest, VoteResponse
 from engine.raft.role import Role
 
@@ -62,6 +65,44 @@ def _won(s: RaftServer, pre: bool) -> None:
         s.become_leader()
 
 
+def resume_as_sole_leader(s: RaftServer) -> bool:
+    """Lead again in the current term, without a campaign or a first entry, if ``s`` is
+    a server just made from storage that is the only member of its group, led in this
+    term before (its vote is its own, its log ends with an entry of this term) and
+    stepped nothing since (its term and vote are the durable ones, its log all stored).
+    Whether it did; if not, it campaigns as usual at its election timeout.
+
+    The caller must know what the core cannot: that every entry this server appended
+    in the term is stored (a replica woken from its sleeping record: it slept with
+    nothing unwritten). After a crash that is not so: an entry of the term appended and
+    lost could be appended again with other data at the same index and term, against
+    log matching, so a restart after a crash campaigns for a new term.
+
+    Why it is safe then: no other server can lead this term (the vote is this one's,
+    and there is no other voter); the log is the one the server led with, so nothing
+    it held is overwritten; the term and vote it acts in are durable, so nothing is
+    acknowledged in a term a crash could take back. Its entries are committed at once
+    (a quorum of one holds them durably, and the last one is of this term), which is
+    also what the first entry of a new term would have confirmed."""
+    log = s.log
+    last = log.last_index()
+    hs = s.hard_state_out
+    if s.role is not Role.FOLLOWER or s.repairing or s.leader is not None:
+        return False
+    if s.config.members != (s.id,) or s.vote != s.id or (hs.term, hs.vote) != (s.term, s.id):
+        return False
+    if last == 0 or log.unstable or log.stable_last != last or log.term(last) != s.term:
+        return False
+    s.role = Role.LEADER
+    s.leader = s.id
+    s.heartbeat_due_ms = s.now_ms
+    s.check_quorum_due_ms = s.now_ms + s.limits.election_timeout_ms_min
+    # Its commit check: the last entry is of this term (no first entry is appended).
+    s.term_start_index = last
+    replication.maybe_commit(s)
+    return True
+
+
 def on_vote_request(s: RaftServer, msg: VoteRequest) -> None:
     if s.repairing:
         reply_vote(s, msg, False)
@@ -100,4 +141,10 @@ def on_vote_response(s: RaftServer, msg: VoteResponse) -> None:
         s.become_follower(s.term, None)
 
 
-__all__ = ["campaign", "on_vote_request", "on_vote_response", "reply_vote"]
+__all__ = [
+    "campaign",
+    "on_vote_request",
+    "on_vote_response",
+    "reply_vote",
+    "resume_as_sole_leader",
+]

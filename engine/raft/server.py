@@ -341,6 +341,11 @@ class RaftServer:
         transfer = self.membership.transfer
         return due if transfer is None else min(due, transfer.deadline_ms)
 
+    def resume_as_sole_leader(self) -> bool:
+        """Lead again in the durable term without an election, if this server, just made
+        from storage, may (``election.resume_as_sole_leader``): whether it does."""
+        return election.resume_as_sole_leader(self)
+
     def forget_uncommitted(self) -> None:
         """Every accepted proposal committed: back to the shared empty list."""
         assert not self.uncommitted and not self.uncommitted_bytes

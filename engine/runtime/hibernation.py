@@ -28,8 +28,9 @@ sleeps only once what it applied since its last checkpoint is under
 ``Limits.stop_checkpoint_bytes_min`` (else it is checkpointed first), so a clean stop
 has nothing to checkpoint for it either.
 
-Only a lone voter sleeps: its leadership needs no heartbeat, and waking is an election
-of one (a term, its no-op entry: one group commit). The idle sweep runs on a timer and
+Only a lone voter sleeps: its leadership needs no heartbeat, and it wakes leading in the
+term it slept in, without an election, a new term or a first entry (nothing to write
+before its first request's entry; ``RaftServer.resume_as_sole_leader``). The idle sweep runs on a timer and
 looks at ``Limits.queue_sleep_sweep_max`` replicas per run, in turns, never at every
 queue of the node at once; a replica touched since its last look (``Replica.touched``,
 set by each ``process``) starts its idle time again. A queue sleeps only when nothing of
@@ -240,7 +241,10 @@ class Hibernation:
     def wake(self, rep: Replica) -> None:
         """Rebuild ``rep``'s machine, core and driver from its record, as ``Hosting.host``
         does from a checkpoint: the machine restored at the applied index, the core from
-        the positions; a lone voter campaigns at once."""
+        the positions. The core leads again in its term at once, without an election
+        (``RaftServer.resume_as_sole_leader``: it slept a lone voter that led with every
+        entry it appended stored, and its record matches its durable log and hard
+        state); one that may not campaigns at once."""
         ctx = self.ctx
         dormant = rep.dormant
         assert dormant is not None and not rep.closed
@@ -269,19 +273,21 @@ class Hibernation:
             base,
             wall_ms=wall,
         )
-        rep.wake_with(
-            ReplicaDriver(
-                raft,
-                machine,
-                ReplicaIo(ctx, rep),
-                base_index=dormant.applied_index,
-                replay_until=server_log.last_index(),
-                hard_state_written=(pos.term, pos.vote),
-            ),
-            server_log,
+        driver = ReplicaDriver(
+            raft,
+            machine,
+            ReplicaIo(ctx, rep),
+            base_index=dormant.applied_index,
+            replay_until=server_log.last_index(),
+            hard_state_written=(pos.term, pos.vote),
         )
+        # Where it stands until it applies again: a queue woken without an election
+        # applies nothing before it may sleep again (a browse), and sleeps as it was.
+        driver.applied_term = dormant.applied_term
+        rep.wake_with(driver, server_log)
         observe.seed_live_set(rep, dormant.applied_index, BitMap64.deserialize(live))
-        raft.step(Tick(now, wall))
+        if not raft.resume_as_sole_leader():
+            raft.step(Tick(now, wall))  # campaigns at once
         self.woken += 1
         ctx.hosting.schedule(rep)
 

@@ -22,8 +22,10 @@ back by hand, a log changed since) is dropped and the queue recovered from its l
 Why the record may stand for the log without the start-up election's entry: it was
 taken from a lone voter that led with every entry of its log committed and applied
 (``Hibernation.idle``); the log is the same, so its entries are still committed (a
-quorum of one holds them durably), and the term and vote it campaigns from at its wake
-are the durable ones: its election writes a higher term before it leads again.
+quorum of one holds them durably), and the term and vote it leads in again at its wake
+(``RaftServer.resume_as_sole_leader``) are the durable ones, with every entry it appended
+in that term stored: it slept with nothing unwritten, and a run that wrote more of it
+either slept it again at its stop (a new record) or left it out of the file.
 
 Rules of this module: encoding and decoding are pure; the two disk functions use the
 ``Disk`` interface only. The file is one msgpack array behind a magic and a CRC32C of

@@ -75,6 +75,31 @@ class DurableBeforePromised(Observer):
         return list(self.found)
 
 
+class TermsNeverBack(Observer):
+    """A server's term never goes below one its disk held: not across a crash, a restart
+    or a wake (``SimConfig.sleeps``), whatever its role. (A term not yet durable may be
+    lost at a crash: nothing depending on it went out. Not for damaged disks: the world
+    leaves it out then, as a repair may start from a lower term than the disk held.)"""
+
+    def __init__(self) -> None:
+        self.durable: dict[ServerId, int] = {}
+        self.found: list[str] = []
+
+    def on_role(self, world: World, node: SimNode) -> None:
+        term = node.raft.term
+        held = self.durable.get(node.id, 0)
+        if term < held and len(self.found) < 10:
+            self.found.append(
+                f"t={world.now_ms} {node.id} is in term {term} after its disk held {held}"
+            )
+        hard_state = node.storage.durable()[0]
+        if hard_state is not None and hard_state.term > held:
+            self.durable[node.id] = hard_state.term
+
+    def violations(self) -> list[str]:
+        return list(self.found)
+
+
 class RaftSafety(Observer):
     """Election safety, log matching, leader completeness and state machine safety."""
 
@@ -240,4 +265,11 @@ def check_register(ops: list[RegisterOp]) -> bool:
     return True
 
 
-__all__ = ["INFINITY", "Observer", "RaftSafety", "RegisterOp", "check_register"]
+__all__ = [
+    "INFINITY",
+    "Observer",
+    "RaftSafety",
+    "RegisterOp",
+    "TermsNeverBack",
+    "check_register",
+]

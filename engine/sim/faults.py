@@ -59,6 +59,26 @@ class Nemesis:
             self._transfer()
         elif choice == 5 and cfg.corrupt_disks:
             self._rot()
+        elif choice in (3, 4) and cfg.sleeps:
+            self._sleep_and_wake()
+
+    def _sleep_and_wake(self) -> None:
+        """The lone server sleeps and wakes, if it is idle; then, one time in two, it
+        crashes right after (restarted later), even with ``crashes`` off: the wake must
+        have confirmed nothing it could lose, nor gone back in term. (With ``crashes``
+        off a lone server crashes only so: one that crashes while its first campaign's
+        term is not yet durable may lead that term again with another log.)"""
+        world = self.world
+        sid = world.ids[0]
+        if not world.sleep_and_wake(sid) or world.rng.randrange(2):
+            return
+        world.schedule(world.rng.randint(0, 20), lambda: self._crash_after_wake(sid))
+
+    def _crash_after_wake(self, sid: ServerId) -> None:
+        world = self.world
+        if world.nodes[sid].alive:
+            world.crash(sid)
+            world.schedule(world.rng.randint(50, 1500), lambda: world.restart(sid))
 
     def _crash_one(self) -> None:
         world = self.world

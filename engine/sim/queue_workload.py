@@ -424,9 +424,11 @@ def run_queue_seed(
     page_budget: int | None = None,
     publishers: int = 2,
     consumers: int = 2,
+    sleeps: bool = False,
 ) -> SeedResult:
     """Run one seed of the queue workload on a simulated cluster (``page_budget``: see
-    the module's docstring).
+    the module's docstring). ``sleeps``: one server that sleeps and wakes, and crashes
+    only right after a wake (``SimConfig.sleeps``).
 
     The workload is also registered as an observer, for ``after_step`` and (with worlds
     that do not hand applied entries to the workload) ``on_applied``.
@@ -440,7 +442,10 @@ def run_queue_seed(
         made.append(QueueWorkload(rng, publishers, consumers, page_budget=page_budget))
         return made[-1]
 
-    world = World(SimConfig(seed=seed, servers=servers, steps=steps), workload_factory=factory)
+    config = SimConfig(seed=seed, servers=servers, steps=steps)
+    if sleeps:
+        config = SimConfig(seed=seed, servers=1, steps=steps, crashes=False, sleeps=True)
+    world = World(config, workload_factory=factory)
     world.observers.append(made[0])
     violations = world.run()
     return SeedResult.of(seed, world, violations, made[0].completed, started)

@@ -52,7 +52,7 @@ from engine.raft.server import Fault, RaftOptions, RaftServer, Role
 from engine.raft.snapshot import Snapshot
 from engine.raft.state_machine import CheckpointRequest, Machine, MachineEffect
 from engine.runtime.driver import ReplicaDriver
-from engine.sim.checkers import DurableBeforePromised, Observer, RaftSafety
+from engine.sim.checkers import DurableBeforePromised, Observer, RaftSafety, TermsNeverBack
 from engine.sim.faults import Nemesis
 from engine.sim.network import Network, NetworkFaults
 from engine.sim.storage import MemStorage, SimStorage
@@ -76,9 +76,14 @@ class SimConfig:
     corrupt_disks: bool = False
     settle_steps_max: int = 30_000
     """With ``corrupt_disks``: events allowed at the end for every member to be repaired."""
+    sleeps: bool = False
+    """A lone server that leads with everything durable and applied is now and then
+    rebuilt from its storage and leads again in its term without an election, as a
+    sleeping queue wakes (``RaftServer.resume_as_sole_leader``); one server only."""
 
     def __post_init__(self) -> None:
         assert self.servers in (1, 3, 5) and self.steps >= 1
+        assert not self.sleeps or self.servers == 1, "only a lone voter sleeps"
 
 
 @dataclass
@@ -149,6 +154,8 @@ class World:
         self.safety = RaftSafety()
         self.durability = DurableBeforePromised()
         self.observers: list[Observer] = [self.safety, self.durability, *(observers or [])]
+        if not config.corrupt_disks:  # a damaged disk may lose a term it held
+            self.observers.append(TermsNeverBack())
         make_workload = workload_factory or (lambda rng: KvWorkload(rng))
         self.workload = make_workload(self.rng)
         self.storage_factory = storage_factory or (lambda _id: MemStorage())
@@ -436,6 +443,31 @@ class World:
             self._drain(node)
         except EntryDamaged as error:
             self._on_damaged(node, error)
+
+    def sleep_and_wake(self, sid: ServerId) -> bool:
+        """If ``sid`` leads alone with nothing unwritten, uncommitted, unapplied or
+        waiting, rebuild it from its storage (no crash: everything it wrote is durable)
+        and have it lead again in its term (``SimConfig.sleeps``). Whether it did."""
+        node = self.nodes[sid]
+        raft, driver = node.raft, node.driver
+        if not node.alive or raft.role is not Role.LEADER or raft.has_ready():
+            return False
+        last = raft.log.last_index()
+        if driver.writes_pending() or node.writing or not raft.reads.is_empty():
+            return False
+        if raft.commit != last or raft.applied != last or raft.uncommitted:
+            return False
+        node.alive = False  # the events still addressed to the old one do nothing
+        woken = self._boot(sid, node.storage)
+        woken.epoch = node.epoch + 1
+        self.nodes[sid] = woken
+        resumed = woken.raft.resume_as_sole_leader()
+        self.log(f"wake {sid} term={woken.raft.term} last={last} resumed={resumed}")
+        if not resumed:
+            self.errors.append(f"t={self.now_ms} {sid} did not resume its leadership")
+        woken.raft.check_invariants()
+        self._drain(woken)
+        return True
 
     def leader(self) -> SimNode | None:
         """The live leader of the highest term, if any."""
