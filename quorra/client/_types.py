@@ -6,7 +6,7 @@ share them, so a message looks the same whichever way it travels.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 
@@ -99,19 +99,8 @@ def message_map(m: Publishable) -> dict[str, object]:
     return out
 
 
-_DELIVERY_SETTERS = tuple(
-    getattr(Delivery, f).__set__
-    for f in (
-        "id",
-        "receipt",
-        "body",
-        "headers",
-        "priority",
-        "delivery_count",
-        "published_at_ms",
-        "lease_expires_at_ms",
-    )
-)
+_DELIVERY_SETTERS = tuple(getattr(Delivery, f.name).__set__ for f in fields(Delivery))
+"""Each field's slot setter, in the fields' order."""
 
 
 def deliveries_of(items: list[dict[str, Any]]) -> list[Delivery]:

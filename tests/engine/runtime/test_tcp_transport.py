@@ -57,6 +57,10 @@ LIMITS = dataclasses.replace(
     cluster_reconnect_ms_max=100,
     cluster_handshake_timeout_ms=1_000,
 )
+QUIET = dataclasses.replace(
+    LIMITS, cluster_ping_interval_ms=60_000, cluster_idle_timeout_ms=240_000
+)
+"""No pings for the length of a test: the frames counted are the test's own."""
 LOCAL = "127.0.0.1"
 
 
@@ -209,16 +213,18 @@ def test_three_nodes_every_pair_both_ways() -> None:
     run(body(), 30)
 
 
-def test_the_messages_of_one_turn_go_in_one_frame_per_lane() -> None:
-    quiet = dataclasses.replace(
-        LIMITS, cluster_ping_interval_ms=60_000, cluster_idle_timeout_ms=240_000
-    )
+@asynccontextmanager
+async def quiet_pair() -> AsyncIterator[tuple[Cluster, TcpTransport]]:
+    """Nodes n1 and n2 connected without pings, and n1's transport, settled."""
+    async with cluster(["n1", "n2"], limits=QUIET) as c:
+        await c.all_connected()
+        await asyncio.sleep(0.05)
+        yield c, c.transports["n1"]
 
+
+def test_the_messages_of_one_turn_go_in_one_frame_per_lane() -> None:
     async def body() -> None:
-        async with cluster(["n1", "n2"], limits=quiet) as c:
-            await c.all_connected()
-            a = c.transports["n1"]
-            await asyncio.sleep(0.05)
+        async with quiet_pair() as (c, a):
             before = a.frames_sent
             for k in range(200):
                 a.send(NodeName("n2"), "g", heartbeat("n1", "n2", k))
@@ -237,15 +243,8 @@ def test_the_messages_of_one_turn_go_in_one_frame_per_lane() -> None:
 
 
 def test_a_large_append_is_written_at_once_with_what_was_queued_before_it() -> None:
-    quiet = dataclasses.replace(
-        LIMITS, cluster_ping_interval_ms=60_000, cluster_idle_timeout_ms=240_000
-    )
-
     async def body() -> None:
-        async with cluster(["n1", "n2"], limits=quiet) as c:
-            await c.all_connected()
-            a = c.transports["n1"]
-            await asyncio.sleep(0.05)
+        async with quiet_pair() as (c, a):
             before = a.frames_sent
             for k in range(3):
                 a.send(NodeName("n2"), "g", append("n1", "n2", 10, k + 1))
