@@ -29,8 +29,10 @@ from engine.queue import (
     encode_checkout,
     encode_enqueue,
     encode_policy,
+    enqueue_bytes,
     message_id_parts,
 )
+from engine.queue.enqueue_codec import DEDUP_ID_BYTES_MAX
 from engine.raft.state_machine import ApplyMeta
 from engine.runtime.publish_groups import groupable
 
@@ -164,3 +166,25 @@ def test_drop_head_with_a_limit_is_not_grouped() -> None:
     assert run(policy, script, grouped=True) != run(policy, script, grouped=False)
     assert not groupable(QueuePolicy(**policy))
     assert groupable(QueuePolicy(max_bytes=150)) and groupable(QueuePolicy(overflow="drop-head"))
+
+
+_items = st.one_of(
+    st.binary(max_size=40),
+    st.tuples(st.binary(min_size=1, max_size=DEDUP_ID_BYTES_MAX), st.binary(max_size=40)),
+    st.builds(
+        NewMessage,
+        st.binary(max_size=40),
+        headers=st.binary(max_size=20),
+        priority=st.integers(0, 255),
+        ttl_ms=st.none() | st.integers(0, 10**6),
+        delay_ms=st.integers(0, 10**6),
+        dedup_id=st.none() | st.binary(min_size=1, max_size=DEDUP_ID_BYTES_MAX),
+    ),
+)
+
+
+@given(st.lists(_items, min_size=1, max_size=12))
+def test_enqueue_bytes_is_the_encoded_length(batch: list[Any]) -> None:
+    # A group's parts are sized by it before they join, against the limits a lone
+    # publish is held to by its encoded entry.
+    assert enqueue_bytes(batch) == len(encode_enqueue(batch))
