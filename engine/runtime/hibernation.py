@@ -30,10 +30,10 @@ has nothing to checkpoint for it either.
 
 Only a lone voter sleeps: its leadership needs no heartbeat, and it wakes leading in the
 term it slept in, without an election, a new term or a first entry (nothing to write
-before its first request's entry; ``RaftServer.resume_as_sole_leader``). The idle sweep runs on a timer and
-looks at ``Limits.queue_sleep_sweep_max`` replicas per run, in turns, never at every
-queue of the node at once; a replica touched since its last look (``Replica.touched``,
-set by each ``process``) starts its idle time again. A queue sleeps only when nothing of
+before its first request's entry; ``RaftServer.resume_as_sole_leader``). The idle sweep
+runs on a timer and looks at ``Limits.queue_sleep_sweep_max`` replicas per run, in
+turns, never at every queue of the node at once; a replica touched since its last look
+(``Replica.touched``, set by each ``process``) starts its idle time again. A queue sleeps only when nothing of
 it would happen by itself: no proposal, waiter, long poll, lease, timer, write, read-ahead,
 snapshot or checkpoint in flight, and it leads with everything applied.
 """

@@ -3,10 +3,9 @@
 Rule: a ``Conn`` carries one lane to one peer (``engine.runtime.tcp_transport`` owns
 them). Its writes are items queued in one turn of the loop and flushed as frames by a
 ``call_soon``, or at once when ``WRITE_AT_ONCE_BYTES`` are queued, refused once the
-bytes not yet written reach the buffer cap; its reads
-cut frames, check their items and hand them to the owner; a bad frame, an error or the
-end of the stream closes it, and closing fails the calls awaiting answers on it with
-``OutcomeUnknown``. Nothing it reads from the peer raises out of ``run``.
+bytes not yet written reach the buffer cap; its reads cut frames, check their items and
+hand them to the owner; a bad frame, an error or the end of the stream closes it, and
+closing fails the calls awaiting answers on it with ``OutcomeUnknown``. Nothing it reads from the peer raises out of ``run``.
 """
 
 from __future__ import annotations
