@@ -93,10 +93,7 @@ def resume_as_sole_leader(s: RaftServer) -> bool:
         return False
     if last == 0 or log.unstable or log.stable_last != last or log.term(last) != s.term:
         return False
-    s.role = Role.LEADER
-    s.leader = s.id
-    s.heartbeat_due_ms = s.now_ms
-    s.check_quorum_due_ms = s.now_ms + s.limits.election_timeout_ms_min
+    s.start_leading()
     # Its commit check: the last entry is of this term (no first entry is appended).
     s.term_start_index = last
     replication.maybe_commit(s)

@@ -428,6 +428,16 @@ class RaftServer:
             self.uncommitted_bytes = 0
 
     def become_leader(self) -> None:
+        last = self.log.last_index()
+        self.start_leading()
+        self.append_as_leader([(EntryKind.NOOP, b"")])
+        self.term_start_index = last + 1
+        replication.broadcast_append(self)
+
+    def start_leading(self) -> None:
+        """Leader of the current term from now: votes dropped, every follower's progress
+        from the end of the log, heartbeat due. The term's first index is the caller's
+        (an election's no-op entry, or ``election.resume_as_sole_leader``'s last entry)."""
         self.role = Role.LEADER
         self.leader = self.id
         self.votes = EMPTY_DICT
@@ -437,9 +447,6 @@ class RaftServer:
         }
         self.heartbeat_due_ms = self.now_ms
         self.check_quorum_due_ms = self.now_ms + self.limits.election_timeout_ms_min
-        self.append_as_leader([(EntryKind.NOOP, b"")])
-        self.term_start_index = last + 1
-        replication.broadcast_append(self)
 
     # --- proposals -------------------------------------------------------------------
 
