@@ -143,6 +143,11 @@ class _Columns:
         return self.table
 
 
+def _le_bytes(column: I64) -> bytes:
+    """An int64 column as little-endian bytes, copied once on a little-endian host."""
+    return column.astype(_I64, copy=False).tobytes()
+
+
 def _as_list(hashes: Hashes) -> list[int]:
     return hashes if isinstance(hashes, list) else hashes.tolist()
 
@@ -252,12 +257,19 @@ class DedupWindow:
             return []
         live_at, end_at = c.head - c.base, c.end - c.base
         offsets = c.offsets[live_at : end_at + 1]
+        # A full window is tens of MB, frozen on the loop at every checkpoint: each
+        # column is copied once (a bytearray slice, ``astype`` and ``tobytes`` would
+        # copy it two or three times).
+        with memoryview(c.ids) as ids:
+            live_ids = bytes(ids[int(offsets[0]) : int(offsets[-1])])
+        lengths = np.empty(end_at - live_at, _LEN)
+        np.subtract(offsets[1:], offsets[:-1], out=lengths, casting="unsafe")
         return [
             WIRE_COLUMNS,
-            bytes(c.ids[int(offsets[0]) : int(offsets[-1])]),
-            np.diff(offsets).astype(_LEN).tobytes(),
-            c.expiry[live_at:end_at].astype(_I64).tobytes(),
-            c.first[live_at:end_at].astype(_I64).tobytes(),
+            live_ids,
+            lengths.tobytes(),
+            _le_bytes(c.expiry[live_at:end_at]),
+            _le_bytes(c.first[live_at:end_at]),
         ]
 
     def adopt(self, wire: list[Any]) -> None:
