@@ -38,7 +38,13 @@ def _read(pid: int) -> tuple[_Proc, str] | None:
     return _Proc(int(fields[1]), ticks), cmdline.decode(errors="replace")
 
 
-def kind_of(cmdline: str) -> str:
+def kind_of(cmdline: str, parent_kind: str = "bench") -> str:
+    """The kind of a process by its command line. A process that has exited but not been
+    reaped reads an empty one: it takes its parent's kind, Spark's Python if its parent
+    is Spark's (the streaming source runner ends with its query, before the phase's
+    second snapshot, and would count as the bench's)."""
+    if not cmdline.strip():
+        return "spark_python" if parent_kind.startswith("spark_") else parent_kind
     if "java" in cmdline.split(" ", 1)[0] or "org.apache.spark" in cmdline:
         return "spark_jvm"
     if "pyspark" in cmdline:
@@ -62,13 +68,14 @@ def snapshot() -> dict[int, tuple[str, int]]:
     for pid, (proc, _) in procs.items():
         children.setdefault(proc.ppid, []).append(pid)
     out: dict[int, tuple[str, int]] = {}
-    todo = [root]
+    todo = [(root, "bench")]
     while todo:
-        pid = todo.pop()
+        pid, parent_kind = todo.pop()
         if pid in procs and pid not in out:
             proc, cmdline = procs[pid]
-            out[pid] = (kind_of(cmdline), proc.ticks)
-            todo.extend(children.get(pid, []))
+            kind = kind_of(cmdline, parent_kind)
+            out[pid] = (kind, proc.ticks)
+            todo.extend((child, kind) for child in children.get(pid, []))
     return out
 
 

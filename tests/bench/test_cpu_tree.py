@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -33,3 +34,20 @@ def test_processes_are_told_apart_by_their_command_line() -> None:
     )
     assert _cpu_tree.kind_of("/venv/bin/python /venv/bin/quorra serve --data-dir d") == "server"
     assert _cpu_tree.kind_of("/venv/bin/python /venv/bin/quorra bench pipeline") == "bench"
+
+
+def test_an_exited_process_takes_its_parents_kind() -> None:
+    # An exited, unreaped process reads an empty command line: Spark's streaming source
+    # runner, ended with its query, is Spark's Python, not the bench's.
+    assert _cpu_tree.kind_of("", "spark_jvm") == "spark_python"
+    assert _cpu_tree.kind_of("", "spark_python") == "spark_python"
+    assert _cpu_tree.kind_of("", "server") == "server"
+    assert _cpu_tree.kind_of("") == "bench"
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        stat = Path(f"/proc/{child.pid}/stat")
+        while stat.read_text().rsplit(")", 1)[1].split()[0] != "Z":
+            os.sched_yield()
+        assert _cpu_tree.snapshot()[child.pid][0] == "bench"
+    finally:
+        child.wait()
