@@ -19,6 +19,12 @@ dedupPrefix              (random)   batch write: stable prefix of derived dedup 
 recoverTimeoutMs         leaseMs+10000  stream read: how long a restarted query waits
                                     for the messages of an uncommitted batch to return
 =======================  =========  ====================================================
+
+Spark's JVM spends a fixed time on every micro-batch (offset and commit logs, planning,
+tasks), so a stream of small messages is read with less CPU per row in large ones: up to
+half the reader's credit, which is at most 8 connections of the server's
+``prefetch_max`` (40,000 with the default 10,000), the next batch is delivered while
+Spark runs one.
 """
 
 from __future__ import annotations
