@@ -191,6 +191,12 @@ class Limits:
     about once per ``queue_sleep_idle_ms`` (10,000 queues, 30 s: 334 a run);"""
     queue_sleep_sweep_max: int = 500
     """it puts at most this many to sleep per run (about 50 us each: 25 ms of the loop)."""
+    queue_sleep_catch_up_ms: int = 100
+    """A run that put ``queue_sleep_sweep_max`` to sleep is followed by the next this soon
+    (or after ``queue_sleep_sweep_ms``, if shorter): thousands of queues woken together
+    (the first receives after a restart) otherwise stay awake for many runs, and the
+    allocator keeps the memory of the most that were ever awake at once (an idle queue's
+    RSS is that peak's share: ``engine.runtime.hibernation``)."""
     queue_sleep_segments_max: int = 4
     """A queue about to sleep with more segments than this written since its last
     checkpoint is checkpointed first, and compaction follows. Each wake writes entries of
@@ -338,6 +344,7 @@ class Limits:
         assert self.entry_bytes_max <= self.wal_batch_bytes_max
         assert self.read_run_bytes_max > 0
         assert self.queue_sleep_sweep_ms > 0 and self.queue_sleep_sweep_max > 0
+        assert self.queue_sleep_catch_up_ms > 0
         assert self.queue_sleep_segments_max >= 0
         assert self.sleepers_bytes_max >= 0
         assert 0 < self.read_cache_block_bytes <= self.read_run_bytes_max

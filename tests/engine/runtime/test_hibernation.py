@@ -265,3 +265,41 @@ def test_a_sleeping_queue_keeps_its_log_packed_and_is_read_so(tmp_path: Path) ->
             await node.stop()
 
     run(body())
+
+
+def test_a_sweep_that_hit_its_cap_runs_again_soon(tmp_path: Path) -> None:
+    """Idle queues beyond ``queue_sleep_sweep_max`` a run are put to sleep by runs that
+    follow after ``queue_sleep_catch_up_ms``, not a whole ``queue_sleep_sweep_ms`` later
+    (a burst of woken queues would stay awake, and their memory held, for many runs)."""
+    limits = dataclasses.replace(
+        FAST,
+        queue_sleep_idle_ms=50,
+        queue_sleep_sweep_ms=1_000,
+        queue_sleep_sweep_max=2,
+        queue_sleep_catch_up_ms=10,
+    )
+    names = [f"q{n}" for n in range(8)]
+
+    async def body() -> None:
+        node = await started(tmp_path, limits)
+        hibernation = node.context.hibernation
+        sweep = hibernation.sweep
+        runs: list[tuple[float, int]] = []
+
+        def recorded(now_ms: int) -> int:
+            slept = sweep(now_ms)
+            runs.append((asyncio.get_running_loop().time(), slept))
+            return slept
+
+        hibernation.sweep = recorded  # type: ignore[method-assign]
+        try:
+            await filled(node, names)
+            await all_asleep(node, names)
+            capped = [i for i, (_, slept) in enumerate(runs[:-1]) if slept == 2]
+            assert len(capped) >= 3, runs  # eight queues, two a run
+            for i in capped:
+                assert runs[i + 1][0] - runs[i][0] < 0.5, runs  # not the 1 s of a sweep
+        finally:
+            await node.stop()
+
+    run(body())
