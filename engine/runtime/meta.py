@@ -77,9 +77,11 @@ def write_meta(disk: Disk, meta: QueueMeta) -> None:
 
 
 def read_meta(disk: Disk, uid: str) -> QueueMeta | None:
-    if not disk.exists(meta_path(uid)):
+    try:  # one read rather than a check first: a start reads every queue's
+        data = disk.read(meta_path(uid))
+    except FileNotFoundError:
         return None
-    meta = decode_meta(disk.read(meta_path(uid)))
+    meta = decode_meta(data)
     return meta if meta is not None and meta.uid == uid else None
 
 

@@ -28,7 +28,6 @@ checks it, and checks each entry's data on read.
 
 from __future__ import annotations
 
-import dataclasses
 import struct
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -205,29 +204,41 @@ def read_segment_info(disk: Disk, path: str) -> SegmentInfo | None:
         head, size = f.pread(0, HEAD_READ_BYTES), f.size()
     finally:
         f.close()
-    slots = [_slot(path, head[k : k + SLOT_BYTES], size) for k in (0, SLOT_BYTES)]
-    valid = [info for info in slots if info is not None]
-    return _with_tail(max(valid, key=lambda info: info.generation), head) if valid else None
+    slots = [_slot(head[k : k + SLOT_BYTES], size) for k in (0, SLOT_BYTES)]
+    valid = [fields for fields in slots if fields is not None]
+    return _info(path, max(valid, key=lambda fields: fields[5]), size, head) if valid else None
 
 
 def segment_info_of(path: str, data: bytes) -> SegmentInfo:
     """The header of a segment ``encode_segment`` just made, read from its bytes."""
-    info = _slot(path, data[:SLOT_BYTES], len(data))
-    assert info is not None, f"segment {path} unreadable as encoded"
-    return _with_tail(info, memoryview(data)[:HEAD_READ_BYTES])
+    fields = _slot(data[:SLOT_BYTES], len(data))
+    assert fields is not None, f"segment {path} unreadable as encoded"
+    return _info(path, fields, len(data), memoryview(data)[:HEAD_READ_BYTES])
 
 
-def _with_tail(info: SegmentInfo, head: bytes | memoryview) -> SegmentInfo:
-    """``info`` with its index's last row when the whole index lies in ``head`` and
-    passes its CRC (else as it is: the row is read on demand, as before)."""
-    end = info.index_offset + info.count * INDEX_DTYPE.itemsize
-    if end > len(head) or crc32c.crc32c(head[info.index_offset : end]) != info.index_crc:
-        return info
-    index, term = _INDEX_TERM.unpack_from(head, end - INDEX_DTYPE.itemsize)
-    return dataclasses.replace(info, tail_index=index, tail_term=term)
+_SlotFields = tuple[int, int, int, int, int, int, int, int, int]
+"""A valid header slot's seq, lo, hi, count, flags, generation, index offset, data
+offset and index CRC (``SegmentInfo``'s fields after its path, in order)."""
 
 
-def _slot(path: str, head: bytes, size: int) -> SegmentInfo | None:
+def _info(path: str, fields: _SlotFields, size: int, head: bytes | memoryview) -> SegmentInfo:
+    """The ``SegmentInfo`` of a slot's ``fields``, with its index's last row when the
+    whole index lies in ``head`` and passes its CRC (else without: the row is read on
+    demand). Made once: a start reads the header of every segment of every queue, and
+    each frozen dataclass made (or ``dataclasses.replace``d) costs a few microseconds."""
+    seq, lo, hi, count, flags, gen, index_offset, data_offset, index_crc = fields
+    end = index_offset + count * INDEX_DTYPE.itemsize
+    tail_index = tail_term = 0
+    if end <= len(head) and crc32c.crc32c(head[index_offset:end]) == index_crc:
+        tail_index, tail_term = _INDEX_TERM.unpack_from(head, end - INDEX_DTYPE.itemsize)
+    return SegmentInfo(
+        *(path, seq, lo, hi, count, flags, gen, index_offset, data_offset, index_crc, size),
+        tail_index=tail_index,
+        tail_term=tail_term,
+    )
+
+
+def _slot(head: bytes, size: int) -> _SlotFields | None:
     if len(head) < SLOT_BYTES or crc32c.crc32c(head[:60]) != struct.unpack_from("<I", head, 60)[0]:
         return None
     magic, version, flags, count, seq, lo, hi, index_offset, data_offset, index_crc, gen = (
@@ -237,9 +248,7 @@ def _slot(path: str, head: bytes, size: int) -> SegmentInfo | None:
         return None
     if data_offset < index_offset + count * INDEX_DTYPE.itemsize or data_offset > size:
         return None
-    return SegmentInfo(
-        path, seq, lo, hi, count, flags, gen, index_offset, data_offset, index_crc, size
-    )
+    return seq, lo, hi, count, flags, gen, index_offset, data_offset, index_crc
 
 
 class ReadScratch:

@@ -33,6 +33,13 @@ def _roundtrip(disk: Disk) -> None:
     disk.remove("a/b/x")
     assert disk.listdir("a/b") == ["z"] and disk.exists("a/b/z") and not disk.exists("a/b/x")
     assert disk.listdir("nope") == []
+    # Whole files of any length are read, empty ones too; a missing one is no file.
+    big = bytes(range(256)) * 700  # more than one of the reads OsDisk.read makes
+    write_file_atomic(disk, "a/big", big)
+    write_file_atomic(disk, "a/empty", b"")
+    assert disk.read("a/big") == big and disk.read("a/empty") == b""
+    with pytest.raises(FileNotFoundError):
+        disk.read("a/missing")
 
 
 def test_os_disk_does_what_the_protocol_says(tmp_path: Path) -> None:
