@@ -3,11 +3,16 @@ it sleeps, rolls an idle file or when asked, writes what is pending at a stop.""
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import threading
 import time
+from collections import deque
+from collections.abc import Callable
 
-from engine.runtime.wal_writer import Wakeup, WalWriter
+import uvloop
+
+from engine.runtime.wal_writer import LoopWakeup, Wakeup, WalWriter
 from engine.storage import FakeDisk, NodeStorage, Persisted, WalBatch
 from engine.storage.wal import AppendOp
 from tests.engine.storage.conftest import entries, small_limits
@@ -49,6 +54,83 @@ def test_a_wake_up_from_another_thread_ends_the_wait() -> None:
         timer.join()
     finally:
         wakeup.close()
+
+
+class _Handover:
+    """A writer's hand-over to the loop as ``Hosting`` makes it: items appended, the
+    loop woken only while no drain is due, the flag cleared before a drain takes any."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.items: deque[int] = deque()
+        self.taken: list[int] = []
+        self.due = False
+        self.on_drain: Callable[[], None] = lambda: None
+        self.wakeup = LoopWakeup(loop, self.drain)
+
+    def hand(self, item: int) -> None:
+        self.items.append(item)
+        if not self.due:
+            self.due = True
+            self.wakeup.set()
+
+    def drain(self) -> None:
+        self.due = False
+        while self.items:
+            self.taken.append(self.items.popleft())
+        self.on_drain()
+
+
+def test_a_hand_over_during_the_loops_callback_is_taken() -> None:
+    """The callback runs before the wake-up is cleared: what is handed over while it
+    runs (its wake-up then cleared by the read) is still taken, without another set."""
+
+    async def main() -> list[int]:
+        handover = _Handover(asyncio.get_running_loop())
+        runs = 0
+
+        def during() -> None:
+            nonlocal runs
+            runs += 1
+            if runs == 1:
+                handover.hand(2)  # as the writer would, between the drain and the read
+
+        handover.on_drain = during
+        try:
+            handover.hand(1)
+            for _ in range(200):
+                if handover.taken == [1, 2]:
+                    break
+                await asyncio.sleep(0.005)
+            return handover.taken
+        finally:
+            handover.wakeup.close()
+
+    assert uvloop.run(main()) == [1, 2]
+
+
+def test_no_hand_over_is_stranded_when_a_thread_races_the_loop() -> None:
+    total = 20_000
+
+    async def main() -> list[int]:
+        loop = asyncio.get_running_loop()
+        handover = _Handover(loop)
+
+        def hand_all() -> None:
+            for i in range(total):
+                handover.hand(i)
+
+        writer = threading.Thread(target=hand_all)
+        try:
+            writer.start()
+            deadline = time.monotonic() + WAIT_S
+            while len(handover.taken) < total and time.monotonic() < deadline:
+                await asyncio.sleep(0.001)
+            writer.join()
+            return handover.taken
+        finally:
+            handover.wakeup.close()
+
+    assert uvloop.run(main()) == list(range(total))
 
 
 def test_each_submit_is_written_at_once_and_handed_back_in_order() -> None:
