@@ -10,6 +10,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+import pytest
 import uvloop
 
 from engine.runtime.wal_writer import LoopWakeup, Wakeup, WalWriter
@@ -60,12 +61,12 @@ class _Handover:
     """A writer's hand-over to the loop as ``Hosting`` makes it: items appended, the
     loop woken only while no drain is due, the flag cleared before a drain takes any."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, busy: bool) -> None:
         self.items: deque[int] = deque()
         self.taken: list[int] = []
         self.due = False
         self.on_drain: Callable[[], None] = lambda: None
-        self.wakeup = LoopWakeup(loop, self.drain)
+        self.wakeup = LoopWakeup(loop, self.drain, lambda: busy)
 
     def hand(self, item: int) -> None:
         self.items.append(item)
@@ -80,12 +81,13 @@ class _Handover:
         self.on_drain()
 
 
-def test_a_hand_over_during_the_loops_callback_is_taken() -> None:
-    """The callback runs before the wake-up is cleared: what is handed over while it
-    runs (its wake-up then cleared by the read) is still taken, without another set."""
+@pytest.mark.parametrize("busy", [False, True])
+def test_a_hand_over_during_the_loops_callback_is_taken(busy: bool) -> None:
+    """Whether the callback runs before the wake-up is cleared (the writer idle) or
+    after (busy), what is handed over while it runs is taken without another set."""
 
     async def main() -> list[int]:
-        handover = _Handover(asyncio.get_running_loop())
+        handover = _Handover(asyncio.get_running_loop(), busy)
         runs = 0
 
         def during() -> None:
@@ -108,12 +110,13 @@ def test_a_hand_over_during_the_loops_callback_is_taken() -> None:
     assert uvloop.run(main()) == [1, 2]
 
 
-def test_no_hand_over_is_stranded_when_a_thread_races_the_loop() -> None:
+@pytest.mark.parametrize("busy", [False, True])
+def test_no_hand_over_is_stranded_when_a_thread_races_the_loop(busy: bool) -> None:
     total = 20_000
 
     async def main() -> list[int]:
         loop = asyncio.get_running_loop()
-        handover = _Handover(loop)
+        handover = _Handover(loop, busy)
 
         def hand_all() -> None:
             for i in range(total):
