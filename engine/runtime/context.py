@@ -204,7 +204,7 @@ class NodeContext:
                 # The disk is free: write this entry now rather than at the next turn
                 # of the loop. Proposals made while it is written wait for the next
                 # turn and go together, in the batch after this one (group commit).
-                self.hosting.process(rep)
+                self.hosting.process(rep, proposed=True)
             else:
                 self.hosting.schedule(rep)
             reply = await future

@@ -267,20 +267,36 @@ class Hosting:
             rep.scheduled = True
             self.ctx.loop.call_soon(self.process, rep)
 
-    def process(self, rep: Replica) -> None:
+    def process(self, rep: Replica, *, proposed: bool = False) -> None:
+        """Act on the core's ``Ready``, then on what it changed: the replica's rates,
+        read-ahead, members, role and timers (its tail).
+
+        ``proposed``: right after a proposal, whose entry this call submits to an idle
+        WAL. The tail then waits for that write's completion, which processes the
+        replica again (``on_wal_batch``) and sees whatever this call changed: with one
+        publish at a time the tail ran twice per message, the first time with nothing
+        applied, between the submit and the loop's wait, while the woken writer may need
+        the GIL. Not when the role, leader or term changed: that is acted on at once."""
         rep.scheduled = False
         rep.touched = True  # not idle: the idle sweep starts its count again
         if rep.closed or isinstance(rep.failed, EntryDamaged):
             return
         ctx = self.ctx
         raft = rep.raft
+        driver = rep.driver
         try:
-            rep.driver.process()
+            driver.process()
         except EntryDamaged as e:
             self.damaged(rep, e)
             return
         except StorageFailed as e:
             self.fail(rep, e)
+            return
+        if (
+            proposed
+            and driver.writes_pending()
+            and rep.seen == (int(raft.role), raft.leader, raft.term)
+        ):
             return
         rep.sample(ctx.clock.monotonic_ms(), ctx.limits)
         ctx.pages.maybe_read_ahead(rep)

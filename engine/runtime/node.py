@@ -172,7 +172,7 @@ class Node:
         if group is not None:
             group.open()
             ctx.meta_members.learn_peers()  # the nodes its checkpoint holds
-        wake_loop = LoopWakeup(ctx.loop, hosting.drain_batches)
+        wake_loop = LoopWakeup(ctx.loop, hosting.drain_batches, storage.wal.pending)
         hosting.wake_loop = wake_loop.set
         self._wake_loop = wake_loop
         ctx.writer = WalWriter(storage.wal, hosting.on_wal_batch_threadsafe)

@@ -3,11 +3,17 @@ it sleeps, rolls an idle file or when asked, writes what is pending at a stop.""
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import threading
 import time
+from collections import deque
+from collections.abc import Callable
 
-from engine.runtime.wal_writer import Wakeup, WalWriter
+import pytest
+import uvloop
+
+from engine.runtime.wal_writer import LoopWakeup, Wakeup, WalWriter
 from engine.storage import FakeDisk, NodeStorage, Persisted, WalBatch
 from engine.storage.wal import AppendOp
 from tests.engine.storage.conftest import entries, small_limits
@@ -49,6 +55,85 @@ def test_a_wake_up_from_another_thread_ends_the_wait() -> None:
         timer.join()
     finally:
         wakeup.close()
+
+
+class _Handover:
+    """A writer's hand-over to the loop as ``Hosting`` makes it: items appended, the
+    loop woken only while no drain is due, the flag cleared before a drain takes any."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, busy: bool) -> None:
+        self.items: deque[int] = deque()
+        self.taken: list[int] = []
+        self.due = False
+        self.on_drain: Callable[[], None] = lambda: None
+        self.wakeup = LoopWakeup(loop, self.drain, lambda: busy)
+
+    def hand(self, item: int) -> None:
+        self.items.append(item)
+        if not self.due:
+            self.due = True
+            self.wakeup.set()
+
+    def drain(self) -> None:
+        self.due = False
+        while self.items:
+            self.taken.append(self.items.popleft())
+        self.on_drain()
+
+
+@pytest.mark.parametrize("busy", [False, True])
+def test_a_hand_over_during_the_loops_callback_is_taken(busy: bool) -> None:
+    """Whether the callback runs before the wake-up is cleared (the writer idle) or
+    after (busy), what is handed over while it runs is taken without another set."""
+
+    async def main() -> list[int]:
+        handover = _Handover(asyncio.get_running_loop(), busy)
+        runs = 0
+
+        def during() -> None:
+            nonlocal runs
+            runs += 1
+            if runs == 1:
+                handover.hand(2)  # as the writer would, between the drain and the read
+
+        handover.on_drain = during
+        try:
+            handover.hand(1)
+            for _ in range(200):
+                if handover.taken == [1, 2]:
+                    break
+                await asyncio.sleep(0.005)
+            return handover.taken
+        finally:
+            handover.wakeup.close()
+
+    assert uvloop.run(main()) == [1, 2]
+
+
+@pytest.mark.parametrize("busy", [False, True])
+def test_no_hand_over_is_stranded_when_a_thread_races_the_loop(busy: bool) -> None:
+    total = 20_000
+
+    async def main() -> list[int]:
+        loop = asyncio.get_running_loop()
+        handover = _Handover(loop, busy)
+
+        def hand_all() -> None:
+            for i in range(total):
+                handover.hand(i)
+
+        writer = threading.Thread(target=hand_all)
+        try:
+            writer.start()
+            deadline = time.monotonic() + WAIT_S
+            while len(handover.taken) < total and time.monotonic() < deadline:
+                await asyncio.sleep(0.001)
+            writer.join()
+            return handover.taken
+        finally:
+            handover.wakeup.close()
+
+    assert uvloop.run(main()) == list(range(total))
 
 
 def test_each_submit_is_written_at_once_and_handed_back_in_order() -> None:
