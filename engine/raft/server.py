@@ -16,10 +16,7 @@ Rules kept here:
   back or a leader with a slower wall clock takes over.
 - A message that depends on unpersisted state goes out only after it is durable
   (``Ready.messages_after_persist``); the leader counts itself toward a quorum only up to
-  what its own storage reported durable. A leader applies what is committed even before
-  its own write of it is durable (a quorum of the others holds it then: its caller's
-  confirm means what it always meant); any other server applies only what it holds
-  durably too (``applicable``).
+  what its own storage reported durable.
 - Only entries of the current term are committed by counting replicas (Raft section 5.4.2).
 - Check-quorum: a leader that did not hear from a quorum within the minimum election
   timeout steps down, and a voter that heard from a leader within it ignores campaigns
@@ -301,7 +298,7 @@ class RaftServer:
         log = self.log
         if log.handed_out <= log.last_index():
             return True
-        if self.applicable() > self.applied:
+        if min(self.commit, log.stable_last) > self.applied:
             return True
         confirmed = self.reads.confirmed
         return bool(confirmed) and confirmed[0][1] <= self.applied
@@ -606,19 +603,8 @@ class RaftServer:
 
     # --- apply and compaction ---------------------------------------------------------
 
-    def applicable(self) -> int:
-        """The last index this server may apply: the commit index on a leader, where it
-        waited for the leader's own fsync only when the followers' acknowledgements came
-        first (a commit's last step about a third of the time, 2 ms of 15 on average on a
-        loaded three-process cluster); elsewhere, as much of it as this log holds durably.
-        A checkpoint of the machine is written only once the log holds its index durably
-        (``Checkpoints.write``): a restart finds its checkpoint in its log."""
-        if self.role is Role.LEADER:
-            return self.commit
-        return min(self.commit, self.log.stable_last)
-
     def _collect_committed(self, rd: Ready) -> None:
-        hi = self.applicable()
+        hi = min(self.commit, self.log.stable_last)
         if hi <= self.applied:
             return
         limits = self.limits

@@ -102,7 +102,6 @@ class Checkpoints:
         storage = ctx.storage
         started = time.perf_counter()
         taken_at = ctx.clock.wall_ms()
-        await self.durable_to(rep, cp.index)
         async with ctx.job():
             job = storage.prepare_checkpoint(rep.uid)
             try:
@@ -124,18 +123,6 @@ class Checkpoints:
             trigger=trigger,
             duration_ms=round((time.perf_counter() - started) * 1000, 3),
         )
-
-    async def durable_to(self, rep: Replica, index: int) -> None:
-        """Wait until the replica's log holds ``index`` durably. A leader applies what a
-        quorum of its followers made durable before its own write is (``RaftServer.
-        applicable``); a checkpoint of that state written first would, after a crash,
-        name an index past the end of the log the restart finds."""
-        while rep.dormant is None and rep.raft.log.stable_last < index:
-            if rep.failed is not None:
-                raise rep.failed
-            if rep.closed:
-                raise StorageFailed(f"queue {rep.name}: closed before its checkpoint")
-            await asyncio.sleep(self.ctx.limits.poll_interval_ms / 1000)
 
     async def notify(self, record: CheckpointRecord | CompactionRecord) -> None:
         if self.listener is None:

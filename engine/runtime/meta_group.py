@@ -392,15 +392,9 @@ class MetaGroup:
                 self.heard.pop(name, None)
 
     async def write_checkpoint(self, cp: Checkpoint) -> None:
-        """Write the captured state, then compact: the log before it is dead. Only once
-        the log holds its index durably: a leader applies before its own write is
-        (``RaftServer.applicable``), and a restart must find its checkpoint in its log."""
+        """Write the captured state, then compact: the log before it is dead."""
         ctx = self.ctx
         storage = ctx.storage
-        while self.raft.log.stable_last < cp.index:
-            if self.closed or self.failed is not None:
-                return
-            await asyncio.sleep(ctx.limits.poll_interval_ms / 1000)
         try:
             async with ctx.job():
                 job = storage.prepare_checkpoint(META_UID)

@@ -58,30 +58,6 @@ def test_the_leader_counts_itself_only_after_its_own_persist() -> None:
     assert c["a"].commit == 2
 
 
-def test_the_leader_applies_what_its_followers_made_durable_before_its_own_persist() -> None:
-    """A quorum of followers holding an entry commits it, and the leader applies it at
-    once, before its own write of it is durable."""
-    c = Cluster(["a", "b", "c"])
-    c.elect("a")
-    c.nodes["a"].auto_persist = False
-    c.nodes["c"].auto_persist = False
-    rd = c.step("a", Propose(1, (b"x",)))
-    assert [e.index for e in rd.entries_to_persist] == [2]
-    c.deliver(c.take(AppendRequest, dst="c"))
-    c.deliver(c.take(AppendRequest, dst="b"))
-    assert c["a"].applied == 1, "one follower alone is no quorum"
-    c.persist("c")
-    c.deliver(c.take(AppendResponse))
-    assert c["a"].log.stable_last == 1, "the leader's own write is not durable yet"
-    assert c["a"].commit == 2 and c["a"].applied == 2
-    assert [e.data for e in c.nodes["a"].readies[-1].committed_entries] == [b"x"]
-    # Its own write made durable later changes nothing of what it applied.
-    c.persist("a")
-    assert c["a"].log.stable_last == 2 and c["a"].applied == 2
-    c.tick(c.limits.heartbeat_interval_ms, deliver=True)
-    assert [c[n].applied for n in "abc"] == [2, 2, 2]
-
-
 def test_a_follower_rejects_a_mismatched_append_with_a_conflict_hint() -> None:
     c = Cluster(["a", "b", "c"])
     c.elect("a")
