@@ -64,7 +64,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -79,6 +78,7 @@ import httpx
 
 import bench
 from app import dev_cluster
+from app.ports import free_port
 from bench import rest
 
 JSON_KEYS = (
@@ -125,12 +125,6 @@ by then measures its own window from when it is (``bench.rest``'s generators).""
 QUICK_CATCH_UP_MESSAGES = 5_000
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _polls(what: str, timeout_s: float = WAIT_S) -> Iterator[None]:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -147,7 +141,7 @@ class ClusterProcesses:
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
         self.nodes = [
-            dev_cluster.DevNode(f"n{k}", _free_port(), _free_port(), root / f"n{k}")
+            dev_cluster.DevNode(f"n{k}", free_port(), free_port(), root / f"n{k}")
             for k in range(1, NODES + 1)
         ]
         secret = root / "cluster.secret"

@@ -111,7 +111,6 @@ import queue
 import random
 import resource
 import signal
-import socket
 import string
 import subprocess
 import sys
@@ -126,6 +125,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 import bench
+from app.ports import free_port
 
 JSON_KEYS = (
     "bench",
@@ -183,16 +183,10 @@ class CpuClock(Protocol):
 # --- the server --------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class ServerProcess:
     def __init__(self, data_dir: Path, profile: Path | None, trace: Path | None = None) -> None:
         self.data_dir = data_dir
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.profile = profile
         self.trace = trace

@@ -53,7 +53,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -65,6 +64,7 @@ from typing import Any
 import httpx
 
 import bench
+from app.ports import free_port
 
 JSON_KEYS: tuple[str, ...] = (
     "bench",
@@ -104,12 +104,6 @@ TARGETS = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def rss_anon_bytes(pid: int) -> int:
     """``RssAnon`` of ``/proc/<pid>/status``: anonymous resident memory, in bytes."""
     with open(f"/proc/{pid}/status", encoding="ascii") as f:
@@ -125,7 +119,7 @@ class Server:
 
     def __init__(self, data_dir: Path) -> None:
         self.data_dir = data_dir
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = data_dir.parent / "server.log"
         self.proc: subprocess.Popen[bytes] | None = None

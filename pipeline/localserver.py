@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,6 +19,8 @@ from pathlib import Path
 
 import httpx
 
+from app.ports import free_port
+
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 15.0
 
@@ -30,12 +31,6 @@ class LocalServer:
     token: str
     data_dir: Path
     log_path: Path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _quorra() -> list[str]:

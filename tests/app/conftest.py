@@ -4,9 +4,7 @@ data directory and real SQLite; every test that starts one stops it."""
 from __future__ import annotations
 
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,36 +15,13 @@ from typing import Self
 import httpx
 import pytest
 
+from app.ports import free_port
+
 QUORRA = str(Path(sys.executable).with_name("quorra"))
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
 ADMIN_PASSWORD = "admin-test-password"
-
-
-def free_port() -> int:
-    """A port free now, below the kernel's range of ephemeral ports: a port from that
-    range (what a bind to port 0 gives) can be taken, before the server binds it, by
-    any outgoing connection, such as one node of a test cluster dialling another."""
-    low = _ephemeral_low()
-    for _ in range(100):
-        port = random.randrange(max(1024, low - 12_000), low)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _ephemeral_low() -> int:
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32_768
 
 
 class Server:

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from app.dev_cluster import _kept, command, environment, plan
+from app.ports import ephemeral_low
 from tests.app.conftest import QUORRA, ROOT
 
 
@@ -58,7 +59,7 @@ def consecutive_free_ports(count: int = 3) -> int:
     """The first of ``count`` consecutive ports free now, below the kernel's ephemeral range:
     a port next to one the kernel handed out may become the source port of the nodes' own
     connections to each other before the node that should listen on it starts."""
-    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    low = ephemeral_low()
     rng = random.Random()
     for _ in range(200):
         first = rng.randrange(10_000, low - count)
