@@ -40,9 +40,10 @@ runs on a timer and looks at ``Limits.queue_sleep_sweep_max`` replicas per run, 
 turns, never at every queue of the node at once (a run that put that many to sleep is
 followed by the next soon, ``Limits.queue_sleep_catch_up_ms``, so a burst of woken
 queues is not held awake for many runs); a replica touched since its last look
-(``Replica.touched``, set by each ``process``) starts its idle time again. A queue sleeps only when nothing of
-it would happen by itself: no proposal, waiter, long poll, lease, timer, write, read-ahead,
-snapshot or checkpoint in flight, and it leads with everything applied.
+(``Replica.touched``, set by each ``process``) starts its idle time again. A queue
+sleeps only when nothing of it would happen by itself: no proposal, waiter, long poll,
+lease, timer, write, read-ahead, snapshot or checkpoint in flight, and it leads with
+everything applied.
 """
 
 from __future__ import annotations

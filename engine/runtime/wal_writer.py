@@ -121,7 +121,7 @@ class LoopWakeup:
         self,
         loop: asyncio.AbstractEventLoop,
         callback: Callable[[], None],
-        busy: Callable[[], bool] = bool,
+        busy: Callable[[], bool] = lambda: False,
     ) -> None:
         self._loop = loop
         self._callback = callback

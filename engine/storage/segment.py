@@ -32,6 +32,7 @@ import struct
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import crc32c
 import numpy as np
@@ -205,40 +206,44 @@ def read_segment_info(disk: Disk, path: str) -> SegmentInfo | None:
     finally:
         f.close()
     slots = [_slot(head[k : k + SLOT_BYTES], size) for k in (0, SLOT_BYTES)]
-    valid = [fields for fields in slots if fields is not None]
-    return _info(path, max(valid, key=lambda fields: fields[5]), size, head) if valid else None
+    valid = [slot for slot in slots if slot is not None]
+    return _info(path, max(valid, key=lambda slot: slot.generation), size, head) if valid else None
 
 
 def segment_info_of(path: str, data: bytes) -> SegmentInfo:
     """The header of a segment ``encode_segment`` just made, read from its bytes."""
-    fields = _slot(data[:SLOT_BYTES], len(data))
-    assert fields is not None, f"segment {path} unreadable as encoded"
-    return _info(path, fields, len(data), memoryview(data)[:HEAD_READ_BYTES])
+    slot = _slot(data[:SLOT_BYTES], len(data))
+    assert slot is not None, f"segment {path} unreadable as encoded"
+    return _info(path, slot, len(data), memoryview(data)[:HEAD_READ_BYTES])
 
 
-_SlotFields = tuple[int, int, int, int, int, int, int, int, int]
-"""A valid header slot's seq, lo, hi, count, flags, generation, index offset, data
-offset and index CRC (``SegmentInfo``'s fields after its path, in order)."""
+class _Slot(NamedTuple):
+    """A valid header slot: ``SegmentInfo``'s fields after its path, in order."""
+
+    seq: int
+    lo: int
+    hi: int
+    entry_count: int  # ``SegmentInfo.count`` (``count`` is a tuple method)
+    flags: int
+    generation: int
+    index_offset: int
+    data_offset: int
+    index_crc: int
 
 
-def _info(path: str, fields: _SlotFields, size: int, head: bytes | memoryview) -> SegmentInfo:
-    """The ``SegmentInfo`` of a slot's ``fields``, with its index's last row when the
-    whole index lies in ``head`` and passes its CRC (else without: the row is read on
-    demand). Made once: a start reads the header of every segment of every queue, and
-    each frozen dataclass made (or ``dataclasses.replace``d) costs a few microseconds."""
-    seq, lo, hi, count, flags, gen, index_offset, data_offset, index_crc = fields
-    end = index_offset + count * INDEX_DTYPE.itemsize
+def _info(path: str, slot: _Slot, size: int, head: bytes | memoryview) -> SegmentInfo:
+    """The ``SegmentInfo`` of ``slot``, with its index's last row when the whole index
+    lies in ``head`` and passes its CRC (else without: the row is read on demand). Made
+    once: a start reads the header of every segment of every queue, and each frozen
+    dataclass made (or ``dataclasses.replace``d) costs a few microseconds."""
+    end = slot.index_offset + slot.entry_count * INDEX_DTYPE.itemsize
     tail_index = tail_term = 0
-    if end <= len(head) and crc32c.crc32c(head[index_offset:end]) == index_crc:
+    if end <= len(head) and crc32c.crc32c(head[slot.index_offset : end]) == slot.index_crc:
         tail_index, tail_term = _INDEX_TERM.unpack_from(head, end - INDEX_DTYPE.itemsize)
-    return SegmentInfo(
-        *(path, seq, lo, hi, count, flags, gen, index_offset, data_offset, index_crc, size),
-        tail_index=tail_index,
-        tail_term=tail_term,
-    )
+    return SegmentInfo(path, *slot, size, tail_index=tail_index, tail_term=tail_term)
 
 
-def _slot(head: bytes, size: int) -> _SlotFields | None:
+def _slot(head: bytes, size: int) -> _Slot | None:
     if len(head) < SLOT_BYTES or crc32c.crc32c(head[:60]) != struct.unpack_from("<I", head, 60)[0]:
         return None
     magic, version, flags, count, seq, lo, hi, index_offset, data_offset, index_crc, gen = (
@@ -248,7 +253,7 @@ def _slot(head: bytes, size: int) -> _SlotFields | None:
         return None
     if data_offset < index_offset + count * INDEX_DTYPE.itemsize or data_offset > size:
         return None
-    return seq, lo, hi, count, flags, gen, index_offset, data_offset, index_crc
+    return _Slot(seq, lo, hi, count, flags, gen, index_offset, data_offset, index_crc)
 
 
 class ReadScratch:
