@@ -104,6 +104,7 @@ def on_enqueue(
         m._dedup.remember(keys, ids, duplicate, m._now_ms)
     if m.policy.message_ttl_ms is not None:
         m._times.note(index, m._now_ms)
+        m._deadline_known = False  # a new head's expiry
     if dup_slots:
         m._dead_bytes += dup_bytes + RECORD_BYTES * len(dup_slots)
         m._counters[DUPLICATES] += len(dup_slots)
@@ -118,6 +119,7 @@ def on_enqueue(
         _place_new(m, index, recs, sizes, duplicate)
     if full:
         drop_head(m, effects)
+        m._deadline_known = False  # a new head, maybe a dead letter to retry
     return Enqueued(tuple(ids), tuple(duplicate))
 
 
@@ -143,9 +145,11 @@ def _place_few(
         level = min(priority, top)
         if ttl_ms >= 0:
             m._own_expires_at()[ref] = m._now_ms + ttl_ms
+            m._deadline_known = False
         if delay_ms > 0:
             m._delayed.push(m._now_ms + delay_ms, ref, level)
             m._bytes_delayed += size
+            m._deadline_known = False
         else:
             lanes.main(level).push(ref)
             m._bytes_ready += size
@@ -178,6 +182,7 @@ def _place_new(
         m._bytes_ready += int(sizes.sum())
         m._ready += len(refs)
         return
+    m._deadline_known = False  # some have a TTL or a delay
     for k in [k for k, dup in enumerate(duplicate) if not dup]:
         size = int(sizes[k])
         ref = m._fallback.pack(index, k, size, len(sizes))

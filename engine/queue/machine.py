@@ -106,6 +106,8 @@ class QueueMachine:
         "_counters",
         "_dead_bytes",
         "_dead_letters",
+        "_deadline",
+        "_deadline_known",
         "_dedup",
         "_delayed",
         "_delivered_before",
@@ -192,6 +194,12 @@ class QueueMachine:
         self._bytes_pending = 0
         self._counters = [0] * len(COUNTERS)
         """By their places in ``COUNTERS`` (``engine.queue.stats.PUBLISHED``, ...)."""
+        self._deadline: int | None = None
+        self._deadline_known = False
+        """``_deadline`` is ``next_deadline_ms`` as of now: no command since it was
+        computed changed what it reads (every command but an enqueue of messages with
+        neither TTL nor delay into a queue without TTL and below its limits clears this,
+        and so does every reset of the state)."""
 
     # === the Machine contract ======================================================
 
@@ -210,6 +218,9 @@ class QueueMachine:
             reply = handler(self, meta, command, effects)
         except InvalidRequest as e:
             reply = Rejected(InvalidRequest, e.detail)
+            self._deadline_known = False
+        if handler is not _ON_ENQUEUE:
+            self._deadline_known = False  # an enqueue clears it itself when it must
         if handler is not _ON_ENQUEUE or isinstance(reply, Rejected):
             self._dead_bytes += len(command)
         ready_after = self._ready
@@ -387,7 +398,16 @@ class QueueMachine:
         ]
 
     def next_deadline_ms(self) -> int | None:
-        """When the runtime should next propose ``encode_expire()`` (None: no timer needed)."""
+        """When the runtime should next propose ``encode_expire()`` (None: no timer needed).
+        Computed again only after a command that may have changed it: with one publish at
+        a time the runtime asks after every entry, and most change nothing here."""
+        if self._deadline_known:
+            return self._deadline
+        deadline = self._next_deadline_ms()
+        self._deadline, self._deadline_known = deadline, True
+        return deadline
+
+    def _next_deadline_ms(self) -> int | None:
         candidates: list[int] = []
         due = self._delayed.next_due_ms()
         if due is not None:
@@ -431,6 +451,8 @@ class QueueMachine:
         s = self.stats()
         assert self.rate_counters() == (s.published, s.delivered, s.acked)
         at_rest = not (s.messages_unacked or s.messages_delayed or s.messages_dead_lettering)
+        # The deadline kept since it was computed is the one computed now.
+        assert not self._deadline_known or self._deadline == self._next_deadline_ms()
         assert self.at_rest() == (at_rest and self.next_deadline_ms() is None)
 
     # === command handlers ==========================================================
