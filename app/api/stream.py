@@ -137,6 +137,27 @@ def publish_frame(frame: dict[str, Any], last_seq: int, limits: Limits) -> Pendi
     return PendingPublish(seq, messages, size)
 
 
+class Nudge:
+    """``asyncio.Event`` for one task that looks at its own condition before each wait
+    (``while not ready: await nudge.wait()``): a ``set`` with no task waiting is not
+    kept, since the task sees the condition itself. Without the event's flag and its
+    list of waiters, a publish's wake-up of the publishing task costs one future."""
+
+    __slots__ = ("_waiter",)
+
+    def __init__(self) -> None:
+        self._waiter: asyncio.Future[None] | None = None
+
+    def set(self) -> None:
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def wait(self) -> None:
+        self._waiter = waiter = asyncio.get_running_loop().create_future()
+        await waiter
+
+
 class StreamConnection:
     """One accepted stream: a reader (this task), a publisher and a consumer task."""
 
@@ -160,7 +181,8 @@ class StreamConnection:
         self.unconfirmed_bytes = 0
         self.room = asyncio.Event()
         self.room.set()
-        self.work = asyncio.Event()
+        self.work = Nudge()
+        """Wakes the publishing task: a frame to publish, or the connection closed."""
         self.send_now: Callable[[bytes], bool] | None = websocket.scope.get("extensions", {}).get(
             SEND_NOW
         )
@@ -349,7 +371,6 @@ class StreamConnection:
     async def publish_loop(self) -> None:
         while True:
             while not self.pending and not self.closed:
-                self.work.clear()
                 await self.work.wait()
             if self.closed:
                 return  # frames never published: unconfirmed, so the client retries them
