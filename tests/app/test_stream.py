@@ -762,3 +762,30 @@ def test_a_frame_resent_with_its_dedup_id_is_confirmed_and_enqueues_nothing(
             assert answer["op"] == "error" and answer["seq"] == seq, answer
             assert answer["status"] == 422 and "dedup_id" in answer["detail"], answer
     assert depth(api, queue) == 5
+
+
+def test_a_frame_id_is_remembered_across_a_restart(tmp_path: Path) -> None:
+    """``quorra serve`` killed after a frame with a dedup id was confirmed: the same
+    frame sent after the restart is confirmed and enqueues nothing."""
+    server = Server(tmp_path / "data")
+    server.start_timeout_s = 120.0  # a restart replays the log on a loaded machine
+    server.start()
+    try:
+        tok = make_token(server, "admin", ADMIN_PASSWORD)
+        with server.client(tok) as client:
+            assert client.put("/api/v1/queues/again", json={}).status_code == 201
+        frame = [Message(b"r%d" % k) for k in range(50)]
+        with Stream(server.url, tok, "again") as stream:
+            stream.publish(frame, dedup_id="job-7-f0")
+            stream.flush()
+        server.kill()
+        server.start()
+        with Stream(server.url, tok, "again") as stream:
+            stream.publish(frame, dedup_id="job-7-f0")
+            stream.publish(frame[:1], dedup_id="job-7-f50")
+            stream.flush()
+        with server.client(tok) as client:
+            stats = client.get("/api/v1/queues/again").json()["stats"]
+        assert stats["messages_ready"] == 51, stats
+    finally:
+        server.stop()
