@@ -27,7 +27,10 @@ Use from PySpark::
 Read schema: ``id long, body binary, body_text string (null unless UTF-8),
 headers map<string,string>, priority int, delivery_count int, published_at timestamp``.
 Write columns: ``body`` (binary or string, required), ``headers`` (map), ``priority``
-(int), ``dedup_id`` (string; derived from job/batch, partition and row when absent).
+(int), ``dedup_id`` (string). Without a ``dedup_id`` column each publish frame gets one
+id derived from job/batch, partition and its first row (the frame's, for all its rows:
+a retried task resends the same frames); with one, each row keeps its own (derived from
+job/batch, partition and row when null).
 
 The report summary (what the dashboard shows on a queue's page)
 ----------------------------------------------------------------

@@ -10,11 +10,14 @@ open-ended, so every message is read exactly once even if the estimate is off).
 Batch write publishes each task's rows on one stream (``quorra.client.Stream``, a
 WebSocket per task): publish frames of ``batchSize`` messages, as many unconfirmed as the
 server's window allows, and the task ends only once every frame is confirmed (durable on
-a quorum); a refused frame fails the task. A row without its own
-``dedup_id`` gets ``<prefix>-<partition>-<row>``: ``prefix`` is drawn once per write job
-on the driver (or given as ``dedupPrefix``), partition and row number are the same on every
-attempt of a task, so a retried task republishes with the same ids and the server's
-dedup window (5 minutes by default) drops the repeats.
+a quorum); a refused frame fails the task. Each frame gets one dedup id (the frame's, for all its
+rows), ``<prefix>-<partition>-f<first row>``: ``prefix`` is drawn once per write job on
+the driver (or given as ``dedupPrefix``), partition, row numbers and frame boundaries
+(every ``batchSize`` rows) are the same on every attempt of a task, so a retried task
+republishes the same frames with the same ids and the server's dedup window (5 minutes
+by default) drops the repeats, frame by frame: one id per frame instead of one per row
+keeps the window a thousand times smaller. A DataFrame with a ``dedup_id`` column keeps
+per-row ids instead: a row without its own gets ``<prefix>-<partition>-<row>``.
 
 Streaming write does the same per micro-batch with ``<query id>-<batch id>-<partition>-
 <row>``; the query id survives restarts from a checkpoint, so a replayed micro-batch does
@@ -234,7 +237,9 @@ Wire = dict[str, object]
 def outgoing(batch: pa.RecordBatch, dedup_base: str, first_row: int) -> list[Wire]:
     """The publish messages of one Arrow batch, in wire form; rows numbered from
     ``first_row``. Bodies are views into the batch's buffer (no copy until the frame is
-    packed) and no ``Message`` is made per row: this runs once per row written."""
+    packed) and no ``Message`` is made per row: this runs once per row written. Without
+    a ``dedup_id`` column, no row has an id of its own (its frame's stands for it:
+    ``publish_all``)."""
     index = batch.schema.get_field_index("body")
     if index < 0:
         raise ValueError("quorra data source: the DataFrame needs a 'body' column")
@@ -243,10 +248,7 @@ def outgoing(batch: pa.RecordBatch, dedup_base: str, first_row: int) -> list[Wir
     priorities = _column(batch, "priority")
     dedup_ids = _column(batch, "dedup_id")
     if headers is None and priorities is None and dedup_ids is None:
-        return [
-            {"body": body, "dedup_id": f"{dedup_base}-{row}"}
-            for row, body in enumerate(bodies, first_row)
-        ]
+        return [{"body": body} for body in bodies]
     messages: list[Wire] = []
     for i, body in enumerate(bodies):
         message: Wire = {"body": body}
@@ -256,8 +258,9 @@ def outgoing(batch: pa.RecordBatch, dedup_base: str, first_row: int) -> list[Wir
         priority = int(priorities[i] or 0) if priorities else 0
         if priority:
             message["priority"] = priority
-        own = dedup_ids[i] if dedup_ids and dedup_ids[i] else None
-        message["dedup_id"] = own or f"{dedup_base}-{first_row + i}"
+        if dedup_ids is not None:
+            own = dedup_ids[i] or None
+            message["dedup_id"] = own or f"{dedup_base}-{first_row + i}"
         messages.append(message)
     return messages
 
@@ -301,7 +304,8 @@ def _items(
 def publish_all(options: Options, batches: Iterator[pa.RecordBatch], dedup_base: str) -> int:
     """Publish every row on one stream, ``batchSize`` per frame, as many frames
     unconfirmed as the server's window holds; returns the row count once every frame is
-    confirmed (``PublishFailed`` if one was refused)."""
+    confirmed (``PublishFailed`` if one was refused). A frame of rows without ids of
+    their own has the id ``<dedup_base>-f<its first row>``."""
     from pyspark import TaskContext
 
     context = TaskContext.get()
@@ -309,11 +313,15 @@ def publish_all(options: Options, batches: Iterator[pa.RecordBatch], dedup_base:
     if context is None or context.attemptNumber() > 0:
         fail_after = None
     queued = 0
+    sent = 0
     pending: list[Wire] = []
     with Stream(options.url, options.token, options.queue) as stream:
 
         def send(chunk: list[Wire]) -> None:
-            stream.publish_maps(chunk)
+            nonlocal sent
+            framed = "dedup_id" not in chunk[0]
+            stream.publish_maps(chunk, dedup_id=f"{dedup_base}-f{sent}" if framed else None)
+            sent += len(chunk)
             if fail_after is not None and queued - len(pending) >= fail_after:
                 stream.flush()
                 raise RuntimeError(f"injected failure after {fail_after} rows (first attempt)")

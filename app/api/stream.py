@@ -49,7 +49,7 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -73,12 +73,13 @@ from app.ws_protocol import SEND_NOW, TAKE_NOW
 from engine.errors import InvalidRequest, NoLeader, QueueNotFound, QuorraError, ValidationFailed
 from engine.limits import Limits
 from engine.publish_trace import PublishTrace, Stage
-from engine.runtime.api import PublishItem, QueueEngine, item_body
+from engine.runtime.api import OutgoingMessage, PublishItem, QueueEngine, item_body, outgoing
+from engine.runtime.meta import DEDUP_ID_BYTES_MAX
 
 log = logging.getLogger("quorra.app")
 
 STREAM_PATH = f"{API_PREFIX}/queues/{{name}}/stream"
-PUBLISH_KEYS = frozenset({"op", "seq", "messages"})
+PUBLISH_KEYS = frozenset({"op", "seq", "messages", "dedup_id"})
 SEQ_MAX = (1 << 63) - 1
 
 
@@ -94,7 +95,7 @@ as HTTP instead of the upgrade (401; 403 without `write` or `read` on the queue;
 | from | frame |
 |---|---|
 | server | `ready`: `window_messages`, `window_bytes`, `prefetch_max`, `batch_messages_max` (first) |
-| client | `publish`: `seq` (above the last), `messages` (as a publish body, bodies as bytes); needs `write` |
+| client | `publish`: `seq` (above the last), `messages` (as a publish body, bodies as bytes), optional `dedup_id` (the frame's); needs `write` |
 | server | `confirm`: `seq`; every publish up to it without its own `error` is durable on a quorum |
 | client | `consume`: `prefetch` (0 pauses), `lease_ms`, `consumer`; needs `read` |
 | server | `deliver`: `messages` (`id`, `receipt`, `body`, `headers`, `priority`, `delivery_count`, `published_at_ms`, `lease_expires_at_ms`) |
@@ -102,7 +103,10 @@ as HTTP instead of the upgrade (401; 403 without `write` or `read` on the queue;
 | server | `settled`: `of`, `settled`, `stale`, `ref` |
 | server | `error`: `type`, `title`, `status`, `detail` (RFC 9457), `of`, `seq` or `ref` |
 
-At most `window_messages` publishes unconfirmed: the server then stops reading the
+A publish frame's `dedup_id` (1..255 bytes of text) stands for all its messages, which
+then carry none of their own: a frame whose id was published within the queue's dedup
+window is confirmed and enqueues nothing (a batch writer resending the same frames after
+a failure publishes nothing twice). At most `window_messages` publishes unconfirmed: the server then stops reading the
 socket until confirms free room. At most `prefetch` deliveries unsettled. A bad frame
 gets an `error` frame and changes nothing. A closed socket's leases return at once
 (delivered again with `delivery_count` + 1). The Python client is `quorra.client`.
@@ -131,6 +135,8 @@ def publish_frame(frame: dict[str, Any], last_seq: int, limits: Limits) -> Pendi
     payload = {"messages": frame.get("messages")}
     try:
         messages = message_bodies.publish_items(payload, limits)
+        if "dedup_id" in frame:
+            messages = framed(messages, frame["dedup_id"])
     except (RequestValidationError, QuorraError) as e:
         raise FrameError(refusal(e), of="publish", seq=seq) from None
     size = sum(len(m) if type(m) is bytes else len(item_body(m)) for m in messages)
@@ -156,6 +162,25 @@ class Nudge:
     async def wait(self) -> None:
         self._waiter = waiter = asyncio.get_running_loop().create_future()
         await waiter
+
+
+def framed(messages: list[PublishItem], dedup_id: object) -> list[PublishItem]:
+    """A frame's messages under its ``dedup_id``: the first one heads the frame
+    (``OutgoingMessage.frame_count``); ``ValidationFailed`` if the id is no text of
+    1..255 bytes or a message has a dedup id of its own."""
+    try:
+        size = len(dedup_id.encode()) if isinstance(dedup_id, str) else 0
+    except UnicodeEncodeError:
+        size = 0
+    if not isinstance(dedup_id, str) or not 1 <= size <= DEDUP_ID_BYTES_MAX:
+        raise ValidationFailed(f"dedup_id must be text of 1..{DEDUP_ID_BYTES_MAX} bytes")
+    for k, m in enumerate(messages):
+        if type(m) is tuple or (type(m) is OutgoingMessage and m.dedup_id is not None):
+            raise ValidationFailed(
+                f"messages[{k}] has a dedup_id: a frame with a dedup_id takes none per message"
+            )
+    head = replace(outgoing(messages[0]), dedup_id=dedup_id, frame_count=len(messages))
+    return [head, *messages[1:]]
 
 
 class StreamConnection:

@@ -13,6 +13,10 @@ that only grows (slot ``seq`` is at ``seq - base`` in the arrays). Forgetting mo
 head; the arrays are compacted or grown when an append finds no room. A ``SlotTable``
 finds the slots whose id may be a given one; the id itself decides. The checkpoint form
 is the live part of these columns as bytes.
+
+The ids of frames (a publish frame's one id for all its messages: ``enqueue_codec``'s
+``FLAG_FRAME``) are kept apart, in a window of their own under the same rule and limits,
+with the frame's first message id as first id: a frame id never matches a message's.
 """
 
 from __future__ import annotations
@@ -30,6 +34,10 @@ I64 = npt.NDArray[np.int64]
 WIRE_COLUMNS = 2
 """First element of the checkpoint form ``[WIRE_COLUMNS, ids, lengths, expiries, first
 ids]``; the older form is a list of ``[expiry, id, first id]``, which ``adopt`` reads too."""
+WIRE_FRAMES = 3
+"""First element of the checkpoint form of a window that holds frame ids: ``[WIRE_FRAMES,
+message ids' form, frame ids' form]``, each as a window without frames has it (so a
+window that never saw a frame id is checkpointed as before)."""
 _LEN = np.dtype("<u2")
 _I64 = np.dtype("<i8")
 COMPACT_SLOTS_MIN = 4096
@@ -168,7 +176,7 @@ def _mark_repeats(keys: list[tuple[int, bytes]], ids: list[int], duplicate: list
 
 
 class DedupWindow:
-    __slots__ = ("_batch", "_columns", "_ids_max", "_window_ms")
+    __slots__ = ("_batch", "_columns", "_frames", "_ids_max", "_window_ms")
 
     def __init__(self, window_ms: int, ids_max: int) -> None:
         self._window_ms = window_ms
@@ -176,19 +184,36 @@ class DedupWindow:
         self._columns: _Columns | None = None
         """Made by the first id remembered and dropped once empty (most queues publish
         without dedup ids)."""
+        self._frames: DedupWindow | None = None
+        """The frame ids' window, made by the first frame id looked for."""
         self._batch: tuple[list[tuple[int, bytes]], Hashes] | None = None
         """The keys ``find_duplicates`` was last given and their hashes, which
         ``remember`` takes again for the same batch."""
 
     def __len__(self) -> int:
+        """The message ids remembered (``frames`` holds the frame ids)."""
         c = self._columns
         return 0 if c is None else c.end - c.head
 
     def nbytes(self) -> int:
-        return 0 if self._columns is None else self._columns.nbytes()
+        own = 0 if self._columns is None else self._columns.nbytes()
+        return own + (0 if self._frames is None else self._frames.nbytes())
+
+    def frames(self) -> DedupWindow:
+        """The window of frame ids: ``find_duplicates`` and ``remember`` there take
+        (frame, frame id) keys and each frame's first message id."""
+        if self._frames is None:
+            self._frames = DedupWindow(self._window_ms, self._ids_max)
+        return self._frames
+
+    def frame_count(self) -> int:
+        """The frame ids remembered."""
+        return 0 if self._frames is None else len(self._frames)
 
     def prune(self, now_ms: int) -> None:
         """Forget the ids whose window ended at or before ``now_ms``."""
+        if self._frames is not None:
+            self._frames.prune(now_ms)
         c = self._columns
         if c is None or c.expiry[c.head - c.base] > now_ms:
             return
@@ -252,6 +277,11 @@ class DedupWindow:
     def to_wire(self) -> list[Any]:
         """The live slots' columns as bytes: what a checkpoint holds, the same bytes on
         every replica that applied the same entries."""
+        if self._frames is not None and len(self._frames):
+            return [WIRE_FRAMES, self._own_wire(), self._frames.to_wire()]
+        return self._own_wire()
+
+    def _own_wire(self) -> list[Any]:
         c = self._columns
         if c is None:
             return []
@@ -275,8 +305,15 @@ class DedupWindow:
     def adopt(self, wire: list[Any]) -> None:
         """Fill an empty window from ``to_wire``'s form, or from the older form: a list of
         ``[expiry, id, first message id]``."""
-        assert self._columns is None
+        assert self._columns is None and not self.frame_count()
         if not wire:
+            return
+        if wire[0] == WIRE_FRAMES:
+            _tag, own, frames = wire
+            self.adopt(own)
+            self._frames = None
+            if frames:
+                self.frames().adopt(frames)
             return
         if isinstance(wire[0], int):
             tag, ids, lengths_b, expiry_b, first_b = wire
@@ -302,6 +339,8 @@ class DedupWindow:
 
     def check(self) -> None:
         check_shared_empties()
+        if self._frames is not None:
+            self._frames.check()
         c = self._columns
         if c is None:
             return

@@ -4,7 +4,10 @@ Rule of this module: a batch is rejected whole (too many messages, a message too
 or the queue full under overflow ``reject-publish``), else every message of it is either
 a duplicate (its dedup id was seen within the window, ``engine.queue.dedup``: it is
 acknowledged with the first message's id and not enqueued) or placed: in the delayed
-heap if it has a ``delay_ms``, else at the tail of its level's main lane. Batches of up
+heap if it has a ``delay_ms``, else at the tail of its level's main lane. A frame (a
+run of messages under one dedup id, ``enqueue_codec.FLAG_FRAME``) is a duplicate whole
+when its id was seen within the window (every message of it, message ``j`` acknowledged
+with the first frame's message ``j``'s id), else placed as any message. Batches of up
 to ``ENQUEUE_FEW_MAX`` messages are read as tuples and placed one by one; larger ones as
 numpy arrays, in fewer operations when every message is its body alone (the usual
 publish: ``enqueue_body_sizes``). All reach the same state: the stateful test and
@@ -22,7 +25,7 @@ from engine.errors import MessageTooLarge, QueueFull
 from engine.queue import enqueue_codec as codec
 from engine.queue.commands import OVERFLOW_REJECT_PUBLISH
 from engine.queue.effects import Enqueued, Rejected
-from engine.queue.enqueue_codec import RECORD_BYTES
+from engine.queue.enqueue_codec import FLAG_FRAME, RECORD_BYTES
 from engine.queue.overflow import drop_head, over_limits
 from engine.queue.refs import (
     INDEX_LIMIT_SHORT,
@@ -48,18 +51,27 @@ def on_enqueue(
     """Reply ``Enqueued(ids, duplicate)`` for the whole batch, or ``Rejected``."""
     few = codec.enqueue_records_few(command)
     recs: npt.NDArray[np.void] | None = None
+    frames: list[codec.Frame] = []
     if few is not None and len(few) == 1:  # the most common publish, kept lean
-        body_len, headers_len, offset, dedup_len, *_ = few[0]
+        body_len, headers_len, offset, dedup_len, _p, flags, *_ = few[0]
         n = 1
         size_max = bytes_total = body_len + headers_len
         sizes: list[int] | U64 = [size_max]
         keys = [(0, bytes(command[offset : offset + dedup_len]))] if dedup_len else []
+        if flags & FLAG_FRAME:
+            keys = []
+            frames = codec.frames_at(command, [(0, offset, dedup_len)], [flags], [dedup_len])
     elif few is not None:
         sizes = [rec[0] + rec[1] for rec in few]
         n, size_max, bytes_total = len(few), max(sizes), sum(sizes)
         keys = [
-            (k, bytes(command[rec[2] : rec[2] + rec[3]])) for k, rec in enumerate(few) if rec[3]
+            (k, bytes(command[rec[2] : rec[2] + rec[3]]))
+            for k, rec in enumerate(few)
+            if rec[3] and not rec[5] & FLAG_FRAME
         ]
+        if any(rec[5] & FLAG_FRAME for rec in few):
+            heads = [(k, r[2], r[3]) for k, r in enumerate(few) if r[5] & FLAG_FRAME]
+            frames = codec.frames_at(command, heads, [r[5] for r in few], [r[3] for r in few])
     elif (bare := codec.enqueue_body_sizes(command)) is not None:
         n, size_max, bytes_total = len(bare), int(bare.max()), int(bare.sum())
         keys, sizes = [], bare
@@ -69,7 +81,8 @@ def on_enqueue(
         n, size_max, bytes_total = len(recs), int(batch_sizes.max()), int(batch_sizes.sum())
         # The ids' places read as columns: a row of a structured array costs a
         # microsecond to index, more than the rest of a message's apply.
-        keyed = np.flatnonzero(recs["dedup_len"])
+        flagged = recs["flags"] & FLAG_FRAME
+        keyed = np.flatnonzero((recs["dedup_len"] != 0) & (flagged == 0))
         starts = recs["data_offset"][keyed]
         ends = starts + recs["dedup_len"][keyed]
         keys = [
@@ -77,6 +90,15 @@ def on_enqueue(
             for k, a, b in zip(keyed.tolist(), starts.tolist(), ends.tolist(), strict=True)
         ]
         sizes = batch_sizes
+        heads_at = np.flatnonzero(flagged)
+        if len(heads_at):
+            offsets, lens = recs["data_offset"][heads_at], recs["dedup_len"][heads_at]
+            frames = codec.frames_at(
+                command,
+                list(zip(heads_at.tolist(), offsets.tolist(), lens.tolist(), strict=True)),
+                recs["flags"].tolist(),
+                recs["dedup_len"].tolist(),
+            )
     if n > m._limits.batch_messages_max:
         return Rejected(
             MessageTooLarge, f"a batch holds at most {m._limits.batch_messages_max} messages"
@@ -91,10 +113,15 @@ def on_enqueue(
     ids = list(range(first_id, first_id + n)) if n > 1 else [first_id]
     assert ids[-1] == message_id(index, n - 1)
     duplicate = [False] * n
-    if keys:
+    if keys or frames:
         m._dedup.prune(m._now_ms)
+    if keys:
         m._dedup.find_duplicates(keys, ids, duplicate)
-    dup_slots = [k for k, _key in keys if duplicate[k]] if keys else []
+    if frames:
+        frame_keys, frame_ids, frame_dup = _frame_duplicates(m, frames, ids, duplicate)
+        dup_slots = [k for k in range(n) if duplicate[k]]
+    else:
+        dup_slots = [k for k, _key in keys if duplicate[k]] if keys else []
     dup_bytes = sum(int(sizes[k]) for k in dup_slots) if dup_slots else 0
     count_new = n - len(dup_slots)
     full = over_limits(m, count_new, bytes_total - dup_bytes)
@@ -102,6 +129,8 @@ def on_enqueue(
         return Rejected(QueueFull, "the queue is at max_length or max_bytes")
     if keys:
         m._dedup.remember(keys, ids, duplicate, m._now_ms)
+    if frames:
+        m._dedup.frames().remember(frame_keys, frame_ids, frame_dup, m._now_ms)
     if m.policy.message_ttl_ms is not None:
         m._times.note(index, m._now_ms)
         m._deadline_known = False  # a new head's expiry
@@ -121,6 +150,24 @@ def on_enqueue(
         drop_head(m, effects)
         m._deadline_known = False  # a new head, maybe a dead letter to retry
     return Enqueued(tuple(ids), tuple(duplicate))
+
+
+def _frame_duplicates(
+    m: QueueMachine, frames: list[codec.Frame], ids: list[int], duplicate: list[bool]
+) -> tuple[list[tuple[int, bytes]], list[int], list[bool]]:
+    """Mark every message of a frame whose id the window holds (or an earlier frame of
+    the batch has) a duplicate, with the ids of the first frame's messages in order;
+    the frames' keys, first ids and duplicate marks, for ``remember``."""
+    keys = [(q, key) for q, (_k, _count, key) in enumerate(frames)]
+    firsts = [ids[k] for k, _count, _key in frames]
+    dup = [False] * len(frames)
+    m._dedup.frames().find_duplicates(keys, firsts, dup)
+    if True in dup:
+        for (k, count, _key), repeat, first in zip(frames, dup, firsts, strict=True):
+            if repeat:
+                duplicate[k : k + count] = [True] * count
+                ids[k : k + count] = range(first, first + count)
+    return keys, firsts, dup
 
 
 def _place_few(

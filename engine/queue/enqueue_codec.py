@@ -13,6 +13,12 @@ message ``k`` in O(1)::
                u8 priority | u8 flags (0) | i64 ttl_ms (-1 = none) | i64 delay_ms (0 = none)
     data of k, at data_offset:  dedup id | headers | body
 
+A record whose flags hold ``FLAG_FRAME`` heads a *frame*: its dedup id is the id of
+itself and the ``count - 1`` messages after it (which carry no dedup id and no flag), the
+frame deduplicated as one (``engine.queue.enqueue``), and its dedup id area is ``u16
+count`` then the id (``dedup_len`` = 2 + the id's length). Readers of a message's body
+skip ``dedup_len`` bytes either way, so entries without frames are as they were.
+
 Headers are opaque bytes to the machine (the runtime encodes them, e.g. as a msgpack
 map). A message's *size* is ``body_len + headers_len``; that is what ``max_bytes``,
 ``bytes_ready`` and the packed reference count.
@@ -52,6 +58,9 @@ assert _RECORD.size == RECORD_BYTES
 _ENQ_HEAD = struct.Struct("<BBH")
 
 DEDUP_ID_BYTES_MAX = 255
+FLAG_FRAME = 1
+"""A record's flag: it heads a frame (see above)."""
+_FRAME_COUNT = struct.Struct("<H")
 _KIND_ENQUEUE = Kind.ENQUEUE[0]
 
 
@@ -65,12 +74,32 @@ class NewMessage:
     ttl_ms: int | None = None
     delay_ms: int = 0
     dedup_id: bytes | None = None
+    frame_count: int = 0
+    """Above 0: ``dedup_id`` is the id of a frame of this message and the next
+    ``frame_count - 1`` of the batch (which carry no dedup id), deduplicated as one."""
 
     def __post_init__(self) -> None:
         assert 0 <= self.priority <= 255
         assert self.ttl_ms is None or self.ttl_ms >= 0
         assert self.delay_ms >= 0
         assert self.dedup_id is None or 1 <= len(self.dedup_id) <= DEDUP_ID_BYTES_MAX
+        assert 0 <= self.frame_count <= SLOTS_PER_ENTRY_MAX
+        assert not self.frame_count or self.dedup_id is not None
+
+    def dedup_area(self) -> bytes:
+        """The bytes of its dedup id area in an entry (a frame's count, then its id)."""
+        dedup = self.dedup_id or b""
+        return _FRAME_COUNT.pack(self.frame_count) + dedup if self.frame_count else dedup
+
+    def frame_head_alone(self) -> bool:
+        """Whether it heads a frame and has its body and that id alone."""
+        return (
+            self.frame_count > 0
+            and not self.headers
+            and self.priority == 0
+            and self.ttl_ms is None
+            and self.delay_ms == 0
+        )
 
 
 KeyedBody: TypeAlias = tuple[bytes, bytes]
@@ -92,6 +121,10 @@ def encode_enqueue(messages: Sequence[NewMessage | bytes | KeyedBody]) -> bytes:
             return _encode_bodies(cast("Sequence[bytes]", messages))
         if kinds == _KEYED_ONLY:
             return _encode_keyed(cast("Sequence[KeyedBody]", messages))
+        if kinds == _FRAMED_BODIES and all(
+            type(m) is bytes or cast("NewMessage", m).frame_head_alone() for m in messages
+        ):
+            return _encode_framed(cast("Sequence[bytes | NewMessage]", messages))
     records: list[bytes] = []
     data: list[bytes] = []
     offset = _ENQ_HEAD.size + n * RECORD_BYTES
@@ -109,7 +142,7 @@ def encode_enqueue(messages: Sequence[NewMessage | bytes | KeyedBody]) -> bytes:
             offset += len(dedup) + len(body)
             continue
         assert isinstance(m, NewMessage), type(m)
-        dedup = m.dedup_id or b""
+        dedup = m.dedup_area()
         records.append(
             _RECORD.pack(
                 len(m.body),
@@ -117,7 +150,7 @@ def encode_enqueue(messages: Sequence[NewMessage | bytes | KeyedBody]) -> bytes:
                 offset,
                 len(dedup),
                 m.priority,
-                0,
+                FLAG_FRAME if m.frame_count else 0,
                 -1 if m.ttl_ms is None else m.ttl_ms,
                 m.delay_ms,
             )
@@ -138,12 +171,13 @@ def enqueue_bytes(messages: Sequence[NewMessage | bytes | KeyedBody]) -> int:
             total += len(m[0]) + len(m[1])
         else:
             assert isinstance(m, NewMessage), type(m)
-            total += len(m.dedup_id or b"") + len(m.headers) + len(m.body)
+            total += len(m.dedup_area()) + len(m.headers) + len(m.body)
     return total
 
 
 _BYTES_ONLY = {bytes}
 _KEYED_ONLY = {tuple}
+_FRAMED_BODIES = {bytes, NewMessage}
 _BODY_RECORD = np.frombuffer(_RECORD.pack(0, 0, 0, 0, 0, 0, -1, 0), "<u4")
 """A record of a message that is its body alone, as u32 words: only its body_len (word
 0) and data_offset (word 2) differ from one message to the next."""
@@ -168,11 +202,41 @@ def _encode_keyed(messages: Sequence[KeyedBody]) -> bytes:
     return b"".join([table, *itertools.chain.from_iterable(messages)])
 
 
-def _head_and_table(body_lens: npt.NDArray[Any], dedup_lens: npt.NDArray[Any] | None) -> bytes:
+def _encode_framed(messages: Sequence[bytes | NewMessage]) -> bytes:
+    """``_encode_bodies`` for bodies some of which head a frame (``frame_head_alone``):
+    a head's data is its dedup id area, then its body."""
+    n = len(messages)
+    body_lens = np.fromiter(
+        [len(m) if type(m) is bytes else len(cast("NewMessage", m).body) for m in messages],
+        np.int64,
+        count=n,
+    )
+    heads = [k for k, m in enumerate(messages) if type(m) is not bytes]
+    areas = [cast("NewMessage", messages[k]).dedup_area() for k in heads]
+    dedup_lens = np.zeros(n, np.int64)
+    dedup_lens[heads] = [len(a) for a in areas]
+    flags = np.zeros(n, np.int64)
+    flags[heads] = FLAG_FRAME
+    table = _head_and_table(body_lens, dedup_lens, flags)
+    data: list[bytes] = []
+    at = 0
+    for k, area in zip(heads, areas, strict=True):
+        data += cast("Sequence[bytes]", messages[at:k])
+        data += (area, cast("NewMessage", messages[k]).body)
+        at = k + 1
+    data += cast("Sequence[bytes]", messages[at:])
+    return b"".join([table, *data])
+
+
+def _head_and_table(
+    body_lens: npt.NDArray[Any],
+    dedup_lens: npt.NDArray[Any] | None,
+    flags: npt.NDArray[Any] | None = None,
+) -> bytes:
     """The entry's head and record table for messages of these body (and dedup id)
     lengths, every other field at its default: word 0 of a record is its body's length,
     word 2 its data's offset, word 3 its dedup id's length (priority and flags, the
-    word's upper bytes, are 0)."""
+    word's upper bytes, are 0 but for ``flags``)."""
     n = len(body_lens)
     sizes = body_lens if dedup_lens is None else dedup_lens + body_lens
     ends = sizes.cumsum()  # the methods: numpy's functions add a Python-level call
@@ -183,7 +247,7 @@ def _head_and_table(body_lens: npt.NDArray[Any], dedup_lens: npt.NDArray[Any] | 
     words[:, 0] = body_lens
     words[:, 2] = ends - sizes + data_at
     if dedup_lens is not None:
-        words[:, 3] = dedup_lens
+        words[:, 3] = dedup_lens if flags is None else dedup_lens | (flags << 24)
     return _ENQ_HEAD.pack(_KIND_ENQUEUE, FORMAT_VERSION, n) + words.tobytes()
 
 
@@ -288,11 +352,13 @@ def read_message(entry: bytes, slot: int) -> MessageView:
     """What the runtime calls for each delivered ref: O(1), one record parse."""
     n = enqueue_count(entry)
     assert entry[0] == Kind.ENQUEUE[0] and 0 <= slot < n, (slot, n)
-    body_len, headers_len, off, dedup_len, priority, _flags, ttl_ms, delay_ms = _RECORD.unpack_from(
+    body_len, headers_len, off, dedup_len, priority, flags, ttl_ms, delay_ms = _RECORD.unpack_from(
         entry, _ENQ_HEAD.size + slot * RECORD_BYTES
     )
     view = memoryview(entry)
     headers_at = off + dedup_len
+    if flags & FLAG_FRAME:  # the frame's id stands for the message's
+        off += _FRAME_COUNT.size
     body_at = headers_at + headers_len
     assert body_at + body_len <= len(entry)
     return MessageView(
@@ -333,12 +399,42 @@ def dedup_id_at(entry: bytes, record: Any) -> bytes:
     return bytes(entry[off : off + int(record["dedup_len"])])
 
 
+Frame = tuple[int, int, bytes]
+"""A frame of an enqueue entry: its first slot, its message count and its dedup id."""
+
+
+@decoder
+def frames_at(
+    command: bytes, heads: list[tuple[int, int, int]], flags: list[int], dedup_lens: list[int]
+) -> list[Frame]:
+    """The frames of an entry whose records ``heads`` (slot, data offset, dedup length)
+    carry ``FLAG_FRAME``; ``flags`` and ``dedup_lens`` are every record's. A frame past
+    the entry's end, over a message with a dedup id or flag of its own, or with another
+    flag is malformed (``InvalidRequest``)."""
+    n = len(flags)
+    frames: list[Frame] = []
+    for k, off, dedup_len in heads:
+        (count,) = _FRAME_COUNT.unpack_from(command, off)
+        if (
+            flags[k] != FLAG_FRAME
+            or dedup_len <= _FRAME_COUNT.size
+            or not 1 <= count <= n - k
+            or any(flags[k + 1 : k + count])
+            or any(dedup_lens[k + 1 : k + count])
+        ):
+            raise InvalidRequest("malformed enqueue entry: a bad frame")
+        frames.append((k, count, bytes(command[off + _FRAME_COUNT.size : off + dedup_len])))
+    return frames
+
+
 __all__ = [
     "DEDUP_ID_BYTES_MAX",
     "ENQUEUE_BODIES_MIN",
     "ENQUEUE_FEW_MAX",
+    "FLAG_FRAME",
     "RECORD_BYTES",
     "RECORD_DTYPE",
+    "Frame",
     "KeyedBody",
     "MessageView",
     "NewMessage",
@@ -349,6 +445,7 @@ __all__ = [
     "enqueue_count",
     "enqueue_records",
     "enqueue_records_few",
+    "frames_at",
     "message_run",
     "read_message",
 ]

@@ -65,6 +65,10 @@ class OutgoingMessage:
     ttl_ms: int | None = None
     delay_ms: int = 0
     dedup_id: str | None = None
+    frame_count: int = 0
+    """Above 0: ``dedup_id`` is the id of a frame of this message and the next
+    ``frame_count - 1`` of its batch (which carry no dedup id), deduplicated as one: a
+    frame whose id was seen within the window is a duplicate whole."""
 
 
 def _slot_setter(name: str) -> Callable[[OutgoingMessage, object], None]:
@@ -80,6 +84,7 @@ _set_priority = _slot_setter("priority")
 _set_ttl_ms = _slot_setter("ttl_ms")
 _set_delay_ms = _slot_setter("delay_ms")
 _set_dedup_id = _slot_setter("dedup_id")
+_set_frame_count = _slot_setter("frame_count")
 
 
 def body_only(body: bytes) -> OutgoingMessage:
@@ -95,6 +100,7 @@ def body_only(body: bytes) -> OutgoingMessage:
     _set_ttl_ms(message, None)
     _set_delay_ms(message, 0)
     _set_dedup_id(message, None)
+    _set_frame_count(message, 0)
     return message
 
 

@@ -177,6 +177,10 @@ def check_message(m: OutgoingMessage, policy: QueuePolicy, limits: Limits) -> by
         raise ValidationFailed("delay_ms must be a non-negative integer")
     if m.dedup_id is not None and not 1 <= len(m.dedup_id.encode()) <= DEDUP_ID_BYTES_MAX:
         raise ValidationFailed(f"dedup_id must be 1..{DEDUP_ID_BYTES_MAX} bytes")
+    if m.frame_count and (type(m.frame_count) is not int or m.frame_count < 0):
+        raise ValidationFailed("frame_count must be a non-negative integer")
+    if m.frame_count and m.dedup_id is None:
+        raise ValidationFailed("a frame has a dedup_id")
     return headers
 
 

@@ -168,6 +168,7 @@ class QueueOps:
         policy = rep.machine.policy
         body_bytes_max = policy.max_message_bytes
         batch: list[NewMessage | bytes | KeyedBody] = []
+        framed = False
         for m in messages:
             if type(m) is OutgoingMessage and _body_and_id_alone(m):
                 m = m.body if m.dedup_id is None else (m.dedup_id, m.body)
@@ -180,6 +181,7 @@ class QueueOps:
                 batch.append(_keyed(m[0], m[1], body_bytes_max))
                 continue
             m = outgoing(m)
+            framed = framed or m.frame_count != 0
             batch.append(
                 NewMessage(
                     bytes(m.body),
@@ -188,8 +190,11 @@ class QueueOps:
                     m.ttl_ms,
                     m.delay_ms,
                     None if m.dedup_id is None else m.dedup_id.encode(),
+                    m.frame_count,
                 )
             )
+        if framed:
+            _check_frames(batch)
         return batch
 
     async def receive(
@@ -478,7 +483,28 @@ def _body_and_id_alone(m: OutgoingMessage) -> bool:
         and type(m.delay_ms) is int
         and m.delay_ms == 0
         and (m.dedup_id is None or type(m.dedup_id) is str)
+        and m.frame_count == 0
     )
+
+
+def _check_frames(batch: Sequence[NewMessage | bytes | KeyedBody]) -> None:
+    """A frame (``OutgoingMessage.frame_count``) lies within its batch and over messages
+    without a dedup id of their own; ``ValidationFailed`` otherwise."""
+    inside = 0
+    for k, m in enumerate(batch):
+        count = m.frame_count if type(m) is NewMessage else 0
+        own = type(m) is tuple or (type(m) is NewMessage and m.dedup_id is not None)
+        if inside:
+            inside -= 1
+            if own:
+                raise ValidationFailed(
+                    f"messages[{k}]: a message of a frame with a dedup_id has none of its own"
+                )
+            continue
+        if count:
+            if count > len(batch) - k:
+                raise ValidationFailed(f"messages[{k}]: its frame runs past the batch")
+            inside = count - 1
 
 
 def _sized(body: bytes, body_bytes_max: int) -> bytes:

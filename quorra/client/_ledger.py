@@ -101,20 +101,28 @@ class Ledger:
         nothing is outstanding)."""
         return not self.outstanding or self.outstanding_messages + count <= self.window
 
-    def publish_frame(self, messages: Sequence[Publishable]) -> tuple[int, bytes]:
-        return self.publish_frame_of_maps([message_map(m) for m in messages])
+    def publish_frame(
+        self, messages: Sequence[Publishable], dedup_id: str | None = None
+    ) -> tuple[int, bytes]:
+        return self.publish_frame_of_maps([message_map(m) for m in messages], dedup_id)
 
-    def publish_frame_of_maps(self, maps: Sequence[Mapping[str, object]]) -> tuple[int, bytes]:
+    def publish_frame_of_maps(
+        self, maps: Sequence[Mapping[str, object]], dedup_id: str | None = None
+    ) -> tuple[int, bytes]:
         """As ``publish_frame`` for messages already in their wire form (``message_map``'s
         shape; a body may be any bytes-like object, e.g. a view into an Arrow buffer):
         callers with many messages skip a ``Message`` per message. The server validates
-        each map as it does any frame."""
+        each map as it does any frame. A ``dedup_id`` is the frame's, for all its
+        messages (which then have none of their own)."""
         if not 1 <= len(maps) <= self.batch_messages_max:
             raise ValueError(f"a publish holds 1..{self.batch_messages_max} messages")
         self.seq += 1
         self.outstanding[self.seq] = len(maps)
         self.outstanding_messages += len(maps)
-        frame = pack({"op": "publish", "seq": self.seq, "messages": maps})
+        out: dict[str, object] = {"op": "publish", "seq": self.seq, "messages": maps}
+        if dedup_id is not None:
+            out["dedup_id"] = dedup_id
+        frame = pack(out)
         return self.seq, frame
 
     def on_frame(self, frame: dict[str, Any]) -> None:

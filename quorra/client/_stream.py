@@ -100,16 +100,20 @@ class Stream:
 
     # --- publishing -----------------------------------------------------------------
 
-    def publish(self, messages: Sequence[Publishable]) -> int:
+    def publish(self, messages: Sequence[Publishable], *, dedup_id: str | None = None) -> int:
         """Send one publish frame (1..1000 messages, all or nothing) once the window has
-        room; its seq. Durable once confirmed: see ``wait`` and ``flush``."""
-        return self.publish_maps([message_map(m) for m in messages])
+        room; its seq. Durable once confirmed: see ``wait`` and ``flush``. With a
+        ``dedup_id`` (the frame's; its messages then carry none), a frame sent again with
+        the same id within the queue's dedup window is confirmed and enqueues nothing."""
+        return self.publish_maps([message_map(m) for m in messages], dedup_id=dedup_id)
 
-    def publish_maps(self, maps: Sequence[Mapping[str, object]]) -> int:
+    def publish_maps(
+        self, maps: Sequence[Mapping[str, object]], *, dedup_id: str | None = None
+    ) -> int:
         """As ``publish`` for messages in their wire form (``Ledger.publish_frame_of_maps``)."""
         while not self.ledger.room_for(len(maps)):
             self.read(None)
-        seq, frame = self.ledger.publish_frame_of_maps(maps)
+        seq, frame = self.ledger.publish_frame_of_maps(maps, dedup_id)
         self._send(frame)
         return seq
 
@@ -266,10 +270,10 @@ class AsyncStream:
         except ConnectionClosed as e:
             raise _closed(e) from None
 
-    async def publish(self, messages: Sequence[Publishable]) -> int:
+    async def publish(self, messages: Sequence[Publishable], *, dedup_id: str | None = None) -> int:
         """As ``Stream.publish``."""
         await self._until(lambda: self.ledger.room_for(len(messages)))
-        seq, frame = self.ledger.publish_frame(messages)
+        seq, frame = self.ledger.publish_frame(messages, dedup_id)
         await self._send(frame)
         return seq
 

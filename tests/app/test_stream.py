@@ -721,3 +721,71 @@ def test_a_frame_sent_with_the_handshake_is_read(
     assert ready["op"] == "ready"
     assert confirm == {"op": "confirm", "seq": 1}
     assert depth(api, queue) == 2
+
+
+def test_a_frame_resent_with_its_dedup_id_is_confirmed_and_enqueues_nothing(
+    srv: StreamServer, token: str, api: httpx.Client, queue: str
+) -> None:
+    """A publish frame's ``dedup_id`` stands for all its messages: the same frame sent
+    again (on another connection, as a retried batch writer does) is confirmed and adds
+    nothing, next to frames it is merged with; a frame with an id whose messages carry
+    their own, or a bad id, is refused and changes nothing."""
+    frame_a = {
+        "op": "publish",
+        "dedup_id": "task-0-f0",
+        "messages": [{"body": b"a1"}, {"body": b"a2"}],
+    }
+    with open_stream(srv, token, queue) as ws:
+        send(ws, {**frame_a, "seq": 1})
+        assert frame_of(ws) == {"op": "confirm", "seq": 1}
+    with Stream(srv.url, token, queue) as stream:
+        stream.publish([Message(b"a1"), Message(b"a2")], dedup_id="task-0-f0")
+        stream.publish([Message(b"b1")], dedup_id="task-0-f2")
+        stream.publish([Message(b"b1")], dedup_id="task-0-f2")
+        stream.publish([Message(b"c1"), Message(b"c2")])
+        stream.flush()
+    bodies = [m["body"] for m in api.get(f"/api/v1/queues/{queue}/messages").json()["messages"]]
+    assert bodies == ["a1", "a2", "b1", "c1", "c2"]
+    with open_stream(srv, token, queue) as ws:
+        mixed = {**frame_a, "seq": 1, "messages": [{"body": b"x", "dedup_id": "own"}]}
+        for seq, bad in enumerate(
+            (
+                mixed,
+                {**frame_a, "dedup_id": ""},
+                {**frame_a, "dedup_id": 7},
+                {**frame_a, "dedup_id": "x" * 256},
+            ),
+            start=1,
+        ):
+            send(ws, {**bad, "seq": seq})
+            answer = frame_of(ws)
+            assert answer["op"] == "error" and answer["seq"] == seq, answer
+            assert answer["status"] == 422 and "dedup_id" in answer["detail"], answer
+    assert depth(api, queue) == 5
+
+
+def test_a_frame_id_is_remembered_across_a_restart(tmp_path: Path) -> None:
+    """``quorra serve`` killed after a frame with a dedup id was confirmed: the same
+    frame sent after the restart is confirmed and enqueues nothing."""
+    server = Server(tmp_path / "data")
+    server.start_timeout_s = 120.0  # a restart replays the log on a loaded machine
+    server.start()
+    try:
+        tok = make_token(server, "admin", ADMIN_PASSWORD)
+        with server.client(tok) as client:
+            assert client.put("/api/v1/queues/again", json={}).status_code == 201
+        frame = [Message(b"r%d" % k) for k in range(50)]
+        with Stream(server.url, tok, "again") as stream:
+            stream.publish(frame, dedup_id="job-7-f0")
+            stream.flush()
+        server.kill()
+        server.start()
+        with Stream(server.url, tok, "again") as stream:
+            stream.publish(frame, dedup_id="job-7-f0")
+            stream.publish(frame[:1], dedup_id="job-7-f50")
+            stream.flush()
+        with server.client(tok) as client:
+            stats = client.get("/api/v1/queues/again").json()["stats"]
+        assert stats["messages_ready"] == 51, stats
+    finally:
+        server.stop()

@@ -2,6 +2,10 @@
 the oracle: batches with many repeated ids, clock jumps, small ``ids_max``, and
 checkpoint round trips (the new form and the old list form) in the middle of a run.
 
+Frame ids (one id for a run of messages) are kept in a window of their own, driven here
+beside the message ids against an oracle of their own: the checkpoint then holds both
+(its form 3), and an old form of either part still loads.
+
 A second run gives every id one of three hashes, so that the table's candidates are
 nearly all false and only the full comparison of ids tells a duplicate.
 """
@@ -98,6 +102,7 @@ class WindowVsOracle(RuleBasedStateMachine):
     def start(self, window_ms: int, ids_max: int) -> None:
         self.window = DedupWindow(window_ms, ids_max)
         self.oracle = OracleWindow(window_ms, ids_max)
+        self.frame_oracle = OracleWindow(window_ms, ids_max)
         self.limits = (window_ms, ids_max)
         self.now_ms = 0
         self.next_id = 1024
@@ -112,9 +117,30 @@ class WindowVsOracle(RuleBasedStateMachine):
             ids = list(range(self.next_id, self.next_id + len(batch)))
             duplicate = [False] * len(batch)
             if keys:
-                w.prune(self.now_ms)
+                w.prune(self.now_ms)  # the window's prune prunes its frame ids too
+                if w is self.oracle:
+                    self.frame_oracle.prune(self.now_ms)
                 w.find_duplicates(keys, ids, duplicate)
                 w.remember(keys, ids, duplicate, self.now_ms)
+            replies.append((ids, duplicate))
+        assert replies[0] == replies[1]
+        self.next_id += 1024
+
+    @rule(batch=st.lists(ids_pool, min_size=1, max_size=8), step_ms=st.integers(0, 30))
+    def publish_frames(self, batch: list[bytes], step_ms: int) -> None:
+        """An enqueue of frames as ``engine.queue.enqueue`` makes it: the frame ids'
+        window pruned with the message ids', looked up and remembered with each frame's
+        first message id."""
+        self.now_ms += step_ms
+        keys = list(enumerate(batch))
+        firsts = [self.next_id + 7 * q for q in range(len(batch))]
+        replies = []
+        for w, frames in ((self.window, self.window.frames()), (self.oracle, self.frame_oracle)):
+            ids, duplicate = list(firsts), [False] * len(batch)
+            w.prune(self.now_ms)
+            frames.prune(self.now_ms)
+            frames.find_duplicates(keys, ids, duplicate)
+            frames.remember(keys, ids, duplicate, self.now_ms)
             replies.append((ids, duplicate))
         assert replies[0] == replies[1]
         self.next_id += 1024
@@ -130,7 +156,10 @@ class WindowVsOracle(RuleBasedStateMachine):
     def restore_from_old_checkpoint(self) -> None:
         """A checkpoint written before the compact form loads into the same window."""
         restored = DedupWindow(*self.limits)
-        restored.adopt(_round_trip(self.oracle.to_wire()))
+        old: list[Any] = self.oracle.to_wire()
+        if self.frame_oracle.first_ids:  # the form 3 around old forms of its parts
+            old = [dedup_module.WIRE_FRAMES, old, self.frame_oracle.to_wire()]
+        restored.adopt(_round_trip(old))
         assert restored.to_wire() == self.window.to_wire()
         self.window = restored
 
@@ -138,7 +167,11 @@ class WindowVsOracle(RuleBasedStateMachine):
     def same_window(self) -> None:
         self.window.check()
         assert len(self.window) == len(self.oracle.first_ids)
-        assert (self.window.nbytes() == 0) == (len(self.window) == 0)
+        assert self.window.frame_count() == len(self.frame_oracle.first_ids)
+        held = len(self.window) + self.window.frame_count()
+        assert (self.window.nbytes() == 0) == (held == 0)
+        wire = self.window.to_wire()
+        assert (wire[:1] == [dedup_module.WIRE_FRAMES]) == (self.window.frame_count() > 0)
 
 
 WindowVsOracle.TestCase.settings = settings(
