@@ -232,7 +232,7 @@ class LeaseStreamReader(DataSourceStreamReader):
             planned = self._batch_runs.get(end_seq)
         if runs is None or planned != _runs_of(end):
             runs = self._recover(end)
-        return _partitions(runs, self.options)
+        return partitions_of(runs, self.options)
 
     def read(self, partition: ArrowPartition) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
         if partition.batch.num_rows:
@@ -547,17 +547,35 @@ def _runs_of(offset: dict[str, Any]) -> list[list[int]]:
     return id_array_runs(offset_id_array(offset))
 
 
-def _partitions(runs: list[Run], options: Options) -> list[ArrowPartition]:
+def partitions_of(runs: list[Run], options: Options) -> list[ArrowPartition]:
     """A batch's messages in id order, in up to ``numPartitions`` Arrow batches of at
-    least 1,000 rows (each taken into buffers of its own: a partition is pickled whole)."""
+    least 1,000 rows, each in buffers of its own (a partition is pickled whole). Runs are
+    each in id order as a receive delivers them: sorted by their first ids they are
+    usually the batch in id order, and each partition is then its runs' slices
+    concatenated (one copy); otherwise the rows are taken in id order."""
+    runs = sorted((run for run in runs if len(run)), key=lambda run: int(run.ids[0]))
     if not runs:
         return []
-    rows = pa.concat_batches([run.rows for run in runs])
-    order = np.argsort(np.concatenate([run.ids for run in runs]), kind="stable")
-    n = len(order)
+    ids = np.concatenate([run.ids for run in runs])
+    n = len(ids)
     parts = max(1, min(options.num_partitions, n // 1000 or 1))
     size = -(-n // parts)
-    return [ArrowPartition(rows.take(pa.array(order[i : i + size]))) for i in range(0, n, size)]
+    bounds = range(0, n, size)
+    if np.any(ids[1:] <= ids[:-1]):
+        rows = pa.concat_batches([run.rows for run in runs])
+        order = pa.array(np.argsort(ids, kind="stable"))
+        return [ArrowPartition(rows.take(order[at : at + size])) for at in bounds]
+    starts = np.cumsum([0, *map(len, runs)]).tolist()
+    out = []
+    for at in bounds:
+        until = min(at + size, n)
+        pieces = [
+            run.rows.slice(max(at - first, 0), min(until, first + len(run)) - max(at, first))
+            for run, first in zip(runs, starts, strict=False)
+            if first < until and first + len(run) > at
+        ]
+        out.append(ArrowPartition(pa.concat_batches(pieces)))
+    return out
 
 
 def _slices(items: list[str]) -> Iterator[list[str]]:
