@@ -45,6 +45,15 @@ answered later; only the acks of the batch ending at ``start`` may still be unan
 while the next batch is planned: after a crash, a restarted query knows exactly that
 offset's ids from the offset log, and drops their redeliveries as done.
 
+**Columns, not objects.** The reader consumes with ``columns`` (columnar deliver
+frames, ``quorra.client.DeliveredColumns``): each frame becomes one ``Run``, its Arrow
+rows built from the frame's buffers, and the books (spare, planned batches, held and
+done ids, leases, the connection to ack on) are kept per run with set and numpy
+operations, so a message costs no Python object or step of its own on the way to
+Spark; only a run with a redelivered message (a lease ran out, a connection dropped)
+is looked at message by message. A batch's partitions are its runs' rows in id order,
+concatenated once per partition.
+
 **A failed micro-batch gets the same messages.** Within one run, ``partitions(start,
 end)`` serves the batch from memory. After a failure that stops the query, ``stop()``
 closes the connections, which returns every held, unsettled message to the queue; the
