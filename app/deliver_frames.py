@@ -18,6 +18,13 @@ uint32, a receipt as str8): a decoder reads the same values as from ``msgpack.pa
 which picks the shortest form; ``tests/app/test_deliver_frames.py`` decodes both and
 compares. A batch where some message has headers writes those maps with msgpack, in a
 chunk of their own.
+
+``deliver_column_chunks(batch)`` writes the columnar form a consumer asks for with
+``"columns": true`` in its ``consume`` frame (README.md, "Streams"): one map of packed
+little-endian arrays, a column each, its last field ``bodies`` the bodies concatenated
+(each body again a chunk of its own, after the map's other fields in one chunk). A
+reader builds its columns from a few buffers (an Arrow column straight from
+``body_offsets`` and ``bodies``), with no map or object per message.
 """
 
 from __future__ import annotations
@@ -138,6 +145,68 @@ def deliver_chunks(batch: ReceivedBatch) -> FrameChunks:
     return FrameChunks(chunks, size)
 
 
+_COLUMNS_HEAD = b"\xa2op\xa7deliver\xa7columns\xc3"
+"""The first two fields of a columnar deliver frame (``op``, ``columns`` true)."""
+_BODIES_KEY = b"\xa6bodies\xc6"  # bin32, its length next
+_LE_U32 = np.dtype("<u4")
+_BODY_BYTES_MAX = (1 << 31) - 1
+"""Arrow's 32-bit offsets: a frame's bodies stay under 2 GiB (far above a batch's size)."""
+
+
+def deliver_column_chunks(batch: ReceivedBatch) -> FrameChunks:
+    """The columnar ``deliver`` frame of a received batch: ``count``, ``ids`` (uint64),
+    ``receipts`` (64 ASCII bytes each, back to back), ``priorities`` (uint8),
+    ``delivery_counts`` (uint64), ``published_at_ms`` (uint64), ``lease_expires_at_ms``
+    (one integer), ``body_offsets`` (uint32, ``count + 1`` of them from 0: body ``k`` is
+    ``bodies[body_offsets[k]:body_offsets[k + 1]]``), with headers (only when some
+    message has any) ``header_offsets`` (uint32, ``count + 1``: message ``k``'s pairs are
+    ``header_keys[o[k]:o[k + 1]]`` and ``header_values`` the same), then ``bodies``.
+    Arrays are little-endian, packed, as MessagePack bin."""
+    n = len(batch.ids)
+    assert 1 <= n <= _U32_MAX
+    _check(batch)
+    bodies = batch.bodies
+    offsets = np.zeros(n + 1, np.int64)
+    np.cumsum(np.fromiter(map(len, bodies), np.int64, n), out=offsets[1:])
+    total = int(offsets[-1])
+    assert total <= _BODY_BYTES_MAX, "a frame's bodies under 2 GiB"
+    fields: dict[str, object] = {
+        "count": n,
+        "ids": np.array(batch.ids, "<u8").tobytes(),
+        "receipts": "".join(batch.receipts).encode("ascii"),
+        "priorities": np.array(batch.priorities, "u1").tobytes(),
+        "delivery_counts": np.array(batch.delivery_counts, "<u8").tobytes(),
+        "published_at_ms": np.array(batch.published_at_ms, "<u8").tobytes(),
+        "lease_expires_at_ms": batch.lease_expires_at_ms,
+        "body_offsets": offsets.astype(_LE_U32).tobytes(),
+    }
+    if any(batch.headers):
+        keys: list[str] = []
+        values: list[str] = []
+        counts = np.zeros(n + 1, np.int64)
+        for k, headers in enumerate(batch.headers, 1):
+            if headers:
+                keys.extend(headers)
+                values.extend(headers.values())
+            counts[k] = len(keys)
+        fields["header_offsets"] = counts.astype(_LE_U32).tobytes()
+        fields["header_keys"] = keys
+        fields["header_values"] = values
+    packer = msgpack.Packer(use_bin_type=True)
+    head = [_map_head(len(fields) + 3), _COLUMNS_HEAD]
+    for key, value in fields.items():
+        head.append(packer.pack(key))
+        head.append(packer.pack(value))
+    head.append(_BODIES_KEY + _ARRAY_LEN.pack(total))
+    first = b"".join(head)
+    return FrameChunks([first, *bodies], len(first) + total)
+
+
+def _map_head(size: int) -> bytes:
+    """A MessagePack map's header for ``size`` entries (fixmap or map16)."""
+    return bytes([0x80 | size]) if size < 16 else b"\xde" + size.to_bytes(2)
+
+
 def _with_headers(batch: ReceivedBatch) -> FrameChunks:
     """The frame of a batch where some message has headers: per message, its map up
     to the body, the body, and the rest with the headers packed by msgpack."""
@@ -173,4 +242,4 @@ def _check(batch: ReceivedBatch) -> None:
     assert set(map(len, batch.receipts)) == {_RECEIPT_BYTES}, "receipts of 64 characters"
 
 
-__all__ = ["FrameChunks", "deliver_chunks"]
+__all__ = ["FrameChunks", "deliver_chunks", "deliver_column_chunks"]

@@ -47,7 +47,7 @@ from pyspark.sql.types import StructType
 
 from pipeline import queues
 from pipeline.options import Options
-from quorra.client import Client, Delivery, Stream
+from quorra.client import Client, DeliveredColumns, Delivery, Stream
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -71,6 +71,7 @@ ARROW_READ_SCHEMA = pa.schema(
 )
 ARROW_SHIPPED_SCHEMA = ARROW_READ_SCHEMA.remove(2)
 _CURSOR_POS_BITS = 48
+INT32_MAX = (1 << 31) - 1
 
 
 class QuorraDataSource(DataSource):
@@ -125,6 +126,38 @@ def to_record_batch(messages: list[Delivery], text: bool = True) -> pa.RecordBat
         schema=ARROW_SHIPPED_SCHEMA,
     )
     return with_text(batch) if text else batch
+
+
+def columns_record_batch(columns: DeliveredColumns) -> pa.RecordBatch:
+    """A columnar deliver frame as one Arrow batch of the shipped schema (no
+    ``body_text``), built from its arrays and its one buffer of bodies: no Python object
+    per message."""
+    n = len(columns)
+    body = pa.Array.from_buffers(
+        pa.binary(),
+        n,
+        [None, pa.py_buffer(columns.body_offsets.astype(np.int32)), pa.py_buffer(columns.bodies)],
+    )
+    header_offsets = columns.header_offsets
+    headers = pa.MapArray.from_arrays(
+        pa.array(
+            np.zeros(n + 1, np.int32) if header_offsets is None else header_offsets.astype(np.int32)
+        ),
+        pa.array(columns.header_keys, pa.string()),
+        pa.array(columns.header_values, pa.string()),
+        type=ARROW_READ_SCHEMA[3].type,
+    )
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array(columns.ids.astype(np.int64)),
+            body,
+            headers,
+            pa.array(columns.priorities.astype(np.int32)),
+            pa.array(np.minimum(columns.delivery_counts, INT32_MAX).astype(np.int32)),
+            pa.array(columns.published_at_ms.astype(np.int64) * 1000, ARROW_READ_SCHEMA[6].type),
+        ],
+        schema=ARROW_SHIPPED_SCHEMA,
+    )
 
 
 def headers_array(messages: list[Delivery]) -> pa.MapArray:

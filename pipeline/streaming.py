@@ -45,6 +45,15 @@ answered later; only the acks of the batch ending at ``start`` may still be unan
 while the next batch is planned: after a crash, a restarted query knows exactly that
 offset's ids from the offset log, and drops their redeliveries as done.
 
+**Columns, not objects.** The reader consumes with ``columns`` (columnar deliver
+frames, ``quorra.client.DeliveredColumns``): each frame becomes one ``Run``, its Arrow
+rows built from the frame's buffers, and the books (spare, planned batches, held and
+done ids, leases, the connection to ack on) are kept per run with set and numpy
+operations, so a message costs no Python object or step of its own on the way to
+Spark; only a run with a redelivered message (a lease ran out, a connection dropped)
+is looked at message by message. A batch's partitions are its runs' rows in id order,
+concatenated once per partition.
+
 **A failed micro-batch gets the same messages.** Within one run, ``partitions(start,
 end)`` serves the batch from memory. After a failure that stops the query, ``stop()``
 closes the connections, which returns every held, unsettled message to the queue; the
@@ -70,19 +79,20 @@ import logging
 import math
 import threading
 import time
-from collections import OrderedDict, defaultdict
+from collections import defaultdict, deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 
-from pipeline.offsets import make_offset, offset_ids
+from pipeline.offsets import id_array_runs, make_offset, offset_id_array
 from pipeline.options import BATCH_MESSAGES_MAX, Options
-from pipeline.source import to_record_batch, with_text
-from quorra.client import Delivery, Problem, Settled, Stream
+from pipeline.source import columns_record_batch, with_text
+from quorra.client import DeliveredColumns, Problem, Settled, Stream
 
 log = logging.getLogger("quorra.pipeline.streaming")
 DONE_IDS_MAX = 1_000_000
@@ -99,12 +109,60 @@ RECONNECT_S = 1.0
 ACK_WAIT_S = 300.0
 """How long planning waits for the acks of older batches before going on anyway."""
 STOP_ACK_WAIT_S = 30.0
-SPARE = -1
+IdArray = np.ndarray[Any, np.dtype[np.int64]]
 
 
 @dataclass(frozen=True)
 class ArrowPartition(InputPartition):
     batch: pa.RecordBatch
+
+
+@dataclass(eq=False)
+class Run:
+    """Messages delivered together on one connection (a deliver frame, or a part of
+    one), as columns: their ids, receipts and Arrow rows, and the connection and time
+    of their current lease. The reader's books are runs, not an object per message."""
+
+    ids: IdArray
+    receipts: list[str]
+    rows: pa.RecordBatch
+    via: int
+    """The connection that delivered the current receipts (acks and nacks must go
+    there: they give that connection's credit back)."""
+    leased_at: float
+    """Monotonic time the current leases began (delivery or extend)."""
+
+    @staticmethod
+    def of(columns: DeliveredColumns, via: int, now: float) -> Run:
+        return Run(
+            columns.ids.astype(np.int64),
+            columns.receipt_list(),
+            columns_record_batch(columns),
+            via,
+            now,
+        )
+
+    def __len__(self) -> int:
+        return len(self.receipts)
+
+    def select(self, keep: np.ndarray[Any, np.dtype[np.bool_]]) -> Run:
+        """The messages where ``keep`` is true."""
+        at = np.flatnonzero(keep)
+        receipts = self.receipts
+        return Run(
+            self.ids[at],
+            [receipts[i] for i in at.tolist()],
+            self.rows.take(pa.array(at)),
+            self.via,
+            self.leased_at,
+        )
+
+    def split(self, k: int) -> tuple[Run, Run]:
+        """The first ``k`` messages and the rest."""
+        return (
+            Run(self.ids[:k], self.receipts[:k], self.rows.slice(0, k), self.via, self.leased_at),
+            Run(self.ids[k:], self.receipts[k:], self.rows.slice(k), self.via, self.leased_at),
+        )
 
 
 def stream_count(credit: int, prefetch_max: int) -> int:
@@ -130,17 +188,18 @@ class LeaseStreamReader(DataSourceStreamReader):
         """Notified when deliveries or settle answers arrived."""
         self._streams: list[Stream | None] = []
         self._prefetch = 0
-        self._batches: dict[int, list[Delivery]] = {}
+        self._batches: dict[int, list[Run]] = {}
         """Planned, unsettled batches by end seq; receipts kept current by the readers."""
-        self._spare: list[Delivery] = []
-        self._held: dict[int, int] = {}
-        """Message id -> end seq of its batch (``SPARE`` when not in a batch yet)."""
-        self._via: dict[int, int] = {}
-        """Message id -> the connection that delivered its current receipt (acks and
-        nacks must go there: they give that connection's credit back)."""
-        self._done: OrderedDict[int, None] = OrderedDict()
-        self._lease_start: dict[int, float] = {}
-        """Message id -> monotonic time its current lease began (delivery or extend)."""
+        self._batch_runs: dict[int, list[list[int]]] = {}
+        """The id runs of each planned batch's offset."""
+        self._spare: list[Run] = []
+        """Delivered messages not in a batch yet, the first delivered first."""
+        self._spare_count = 0
+        self._held: set[int] = set()
+        """Ids of the messages in ``_batches`` and ``_spare``."""
+        self._done: set[int] = set()
+        self._done_order: deque[list[int]] = deque()
+        """The ids added to ``_done``, oldest first (the oldest are forgotten first)."""
         self._settled_seq = -1
         self._refs = itertools.count(1)
         self._unanswered: dict[int, int] = {}
@@ -162,15 +221,15 @@ class LeaseStreamReader(DataSourceStreamReader):
         self._settle_through(start)
         want = ALL_AVAILABLE_MAX if isinstance(limit, ReadAllAvailable) else _max_rows(limit)
         self._start_consumers()
-        messages = self._take(want)
-        if not messages:
+        runs = self._take(want)
+        if not runs:
             return start
-        end_seq = int(start["seq"]) + len(messages)
+        ids = np.concatenate([run.ids for run in runs])
+        end_seq, id_runs = int(start["seq"]) + len(ids), id_array_runs(ids)
         with self._lock:
-            self._batches[end_seq] = messages
-            for m in messages:
-                self._held[m.id] = end_seq
-        return make_offset(end_seq, (m.id for m in messages))
+            self._batches[end_seq] = runs
+            self._batch_runs[end_seq] = id_runs
+        return {"seq": end_seq, "runs": id_runs}
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[ArrowPartition]:
         self._settle_through(start)
@@ -178,11 +237,11 @@ class LeaseStreamReader(DataSourceStreamReader):
         if end_seq == int(start["seq"]):
             return []
         with self._lock:
-            messages = self._batches.get(end_seq)
-        if messages is None or [m.id for m in messages] != offset_ids(end):
-            messages = self._recover(end)
-        chunks = _chunks(messages, self.options)
-        return [ArrowPartition(to_record_batch(chunk, text=False)) for chunk in chunks]
+            runs = self._batches.get(end_seq)
+            planned = self._batch_runs.get(end_seq)
+        if runs is None or planned != _runs_of(end):
+            runs = self._recover(end)
+        return partitions_of(runs, self.options)
 
     def read(self, partition: ArrowPartition) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
         if partition.batch.num_rows:
@@ -202,10 +261,10 @@ class LeaseStreamReader(DataSourceStreamReader):
         with self._lock:
             streams, self._streams = self._streams, []
             self._batches.clear()
+            self._batch_runs.clear()
             self._spare = []
+            self._spare_count = 0
             self._held.clear()
-            self._via.clear()
-            self._lease_start.clear()
         for stream in streams:
             if stream is not None:
                 stream.close()
@@ -215,7 +274,7 @@ class LeaseStreamReader(DataSourceStreamReader):
     def _open(self) -> Stream:
         stream = Stream(self.options.url, self.options.token, self.options.queue)
         if self._prefetch:
-            stream.consume(self._prefetch, lease_ms=self.options.lease_ms)
+            stream.consume(self._prefetch, lease_ms=self.options.lease_ms, columns=True)
         return stream
 
     def _start_consumers(self) -> None:
@@ -229,7 +288,7 @@ class LeaseStreamReader(DataSourceStreamReader):
         credit = 2 * self.options.max_messages_per_trigger
         count = stream_count(credit, prefetch_max)
         self._prefetch = min(prefetch_max, math.ceil(credit / count))
-        first.consume(self._prefetch, lease_ms=self.options.lease_ms)
+        first.consume(self._prefetch, lease_ms=self.options.lease_ms, columns=True)
         self._streams = [first, *(self._open() for _ in range(count - 1))]
         for i in range(count):
             self._threads.append(threading.Thread(target=self._read_loop, args=(i,), daemon=True))
@@ -267,32 +326,32 @@ class LeaseStreamReader(DataSourceStreamReader):
 
     def _absorb(self, index: int, stream: Stream) -> None:
         """Take what the frame brought: deliveries (keeping only messages not already
-        held or done) and the answers of acks."""
+        held or done) and the answers of acks. A run of messages none of which is held
+        or done (every run but after a lease ran out or a connection dropped) is kept
+        whole, with no step per message in Python."""
         ledger = stream.ledger
-        deliveries = list(ledger.deliveries)
-        ledger.deliveries.clear()
+        delivered = list(ledger.delivered_columns)
+        ledger.delivered_columns.clear()
         answers = list(ledger.answers.items())
         ledger.answers.clear()
-        if not deliveries and not answers:
+        if not delivered and not answers:
             return
+        now = time.monotonic()
+        runs = [Run.of(columns, index, now) for columns in delivered if len(columns)]
         redelivered_done: list[str] = []
         replaced: dict[int, list[str]] = defaultdict(list)
-        now = time.monotonic()
         with self._changed:
             for ref, answer in answers:
                 self._unanswered.pop(int(ref), None)
                 _report(answer)
-            for m in deliveries:
-                if m.id in self._done:
-                    redelivered_done.append(m.receipt)
-                    continue
-                if m.id in self._held:
-                    replaced[self._via[m.id]].append(self._replace_receipt(m))
+            for run in runs:
+                ids = run.ids.tolist()
+                if self._held.isdisjoint(ids) and self._done.isdisjoint(ids):
+                    self._held.update(ids)
+                    self._spare.append(run)
+                    self._spare_count += len(run)
                 else:
-                    self._held[m.id] = SPARE
-                    self._spare.append(m)
-                self._via[m.id] = index
-                self._lease_start[m.id] = now
+                    redelivered_done += self._absorb_again(run, ids, replaced)
             self._changed.notify_all()
         if redelivered_done:
             log.warning("dropping %d redelivered messages already settled", len(redelivered_done))
@@ -301,55 +360,97 @@ class LeaseStreamReader(DataSourceStreamReader):
             # The old receipts are stale; acking them gives their connection's credit back.
             self._send_settle("ack", via, receipts)
 
-    def _replace_receipt(self, m: Delivery) -> str:
-        """Put the new delivery of a held message in its place; the old receipt."""
-        seq = self._held[m.id]
-        batch = self._spare if seq == SPARE else self._batches.get(seq, [])
-        for i, old in enumerate(batch):
-            if old.id == m.id:
-                batch[i] = m
-                return old.receipt
-        return ""
+    def _absorb_again(self, run: Run, ids: list[int], replaced: dict[int, list[str]]) -> list[str]:
+        """A run with messages already held or done (lock held): a done one is to be
+        acked and dropped (its receipt returned), a held one takes the new delivery's
+        place where the old one was (the old receipt goes into ``replaced`` under its
+        connection), the others go to spare."""
+        done = np.fromiter((i in self._done for i in ids), bool, len(ids))
+        held = np.fromiter((i in self._held for i in ids), bool, len(ids)) & ~done
+        for k in np.flatnonzero(held).tolist():
+            self._replace(run.select(run.ids == ids[k]), replaced)
+        fresh = ~(done | held)
+        if fresh.any():
+            kept = run.select(fresh)
+            self._held.update(kept.ids.tolist())
+            self._spare.append(kept)
+            self._spare_count += len(kept)
+        return [run.receipts[k] for k in np.flatnonzero(done).tolist()]
 
-    def _take(self, want: int) -> list[Delivery]:
-        """Up to ``want`` delivered messages, the first delivered, in id order (each
-        receive on a connection delivers a run of ids: sorted, a batch is about one run
-        per receive in its offset); waits up to ``waitMs`` for a full batch."""
+    def _replace(self, new: Run, replaced: dict[int, list[str]]) -> None:
+        """Put the new delivery of a held message (a run of one) where the old one is, in
+        spare or in its batch; the old receipt into ``replaced``."""
+        id_ = int(new.ids[0])
+        for place in [self._spare, *self._batches.values()]:
+            for i, old in enumerate(place):
+                at = np.flatnonzero(old.ids == id_)
+                if len(at):
+                    replaced[old.via].append(old.receipts[int(at[0])])
+                    rest = old.select(old.ids != id_)
+                    place[i : i + 1] = [rest] if len(rest) else []
+                    place.append(new)
+                    return
+
+    def _take(self, want: int) -> list[Run]:
+        """Up to ``want`` delivered messages, the first delivered (``partitions`` orders
+        a batch by id: each receive on a connection delivers a run of ids, so a batch's
+        offset is about one run of ids per receive); waits up to ``waitMs`` for a full
+        batch."""
+        out: list[Run] = []
         with self._changed:
-            self._changed.wait_for(lambda: len(self._spare) >= want, self.options.wait_ms / 1000)
-            out, self._spare = self._spare[:want], self._spare[want:]
-        return sorted(out, key=_id)
+            self._changed.wait_for(lambda: self._spare_count >= want, self.options.wait_ms / 1000)
+            got = 0
+            while self._spare and got < want:
+                run = self._spare[0]
+                if got + len(run) <= want:
+                    out.append(self._spare.pop(0))
+                    got += len(run)
+                else:
+                    first, self._spare[0] = run.split(want - got)
+                    out.append(first)
+                    got = want
+            self._spare_count -= got
+        return out
 
-    def _recover(self, end: dict[str, Any]) -> list[Delivery]:
+    def _recover(self, end: dict[str, Any]) -> list[Run]:
         """The messages of a batch planned by an earlier run, by id: that run's
         connections closed, so the server returned them, and they are delivered again."""
-        wanted = offset_ids(end)
-        wanted_set = set(wanted)
+        wanted = offset_id_array(end)
         end_seq = int(end["seq"])
         self._start_consumers()
         deadline = time.monotonic() + self.options.recover_timeout_ms / 1000
 
-        def found() -> dict[int, Delivery]:
-            held = [m for batch in self._batches.values() for m in batch] + self._spare
-            return {m.id: m for m in held if m.id in wanted_set}
+        def places() -> list[list[Run]]:
+            return [self._spare, *self._batches.values()]
+
+        def found() -> int:
+            return sum(int(np.isin(r.ids, wanted).sum()) for p in places() for r in p)
 
         with self._changed:
-            while len(found()) < len(wanted) and (left := deadline - time.monotonic()) > 0:
+            while found() < len(wanted) and (left := deadline - time.monotonic()) > 0:
                 self._changed.wait(min(left, 1.0))
-            have = found()
-            messages = [have[i] for i in wanted if i in have]
-            self._spare = [m for m in self._spare if m.id not in have]
-            for seq, batch in list(self._batches.items()):
-                self._batches[seq] = [m for m in batch if m.id not in have]
-            self._batches[end_seq] = messages
-            for m in messages:
-                self._held[m.id] = end_seq
-        missing = len(wanted) - len(messages)
+            runs: list[Run] = []
+            for place in places():
+                kept: list[Run] = []
+                for run in place:
+                    mask = np.isin(run.ids, wanted)
+                    if not mask.any():
+                        kept.append(run)
+                        continue
+                    runs.append(run.select(mask))
+                    if place is self._spare:
+                        self._spare_count -= int(mask.sum())
+                    if not mask.all():
+                        kept.append(run.select(~mask))
+                place[:] = kept
+            self._batches[end_seq] = runs
+            self._batch_runs[end_seq] = _runs_of(end)
+        missing = len(wanted) - sum(map(len, runs))
         if missing:
             log.warning(
                 "batch %d: %d messages did not come back (dead-lettered?)", end_seq, missing
             )
-        return messages
+        return runs
 
     # --- settling and leases ------------------------------------------------------------
 
@@ -360,19 +461,16 @@ class LeaseStreamReader(DataSourceStreamReader):
             return
         by_stream: dict[int, list[str]] = defaultdict(list)
         with self._lock:
-            seqs = sorted(s for s in self._batches if s <= seq)
-            messages = [m for s in seqs for m in self._batches.pop(s)]
-            for m in messages:
-                self._held.pop(m.id, None)
-                self._lease_start.pop(m.id, None)
-                by_stream[self._via.pop(m.id, 0)].append(m.receipt)
+            for s in sorted(s for s in self._batches if s <= seq):
+                self._batch_runs.pop(s, None)
+                for run in self._batches.pop(s):
+                    by_stream[run.via].extend(run.receipts)
+                    ids = run.ids.tolist()
+                    self._held.difference_update(ids)
+                    self._remember_done(ids)
             # Ids of the offset from an earlier run: those messages came back when its
             # connections closed; a redelivery of one is acked and dropped.
-            ids = {m.id for m in messages}.union(offset_ids(offset))
-            for i in ids:
-                self._done[i] = None
-            while len(self._done) > DONE_IDS_MAX:
-                self._done.popitem(last=False)
+            self._remember_done(offset_id_array(offset).tolist())
             self._settled_seq = seq
         older = self._previous_acks
         self._previous_acks = {
@@ -383,6 +481,13 @@ class LeaseStreamReader(DataSourceStreamReader):
         with self._changed:
             if not self._changed.wait_for(lambda: older.isdisjoint(self._unanswered), ACK_WAIT_S):
                 log.warning("acks of an older batch not answered in %s s", ACK_WAIT_S)
+
+    def _remember_done(self, ids: list[int]) -> None:
+        """Add ``ids`` to the done ids, forgetting the oldest past ``DONE_IDS_MAX``."""
+        self._done.update(ids)
+        self._done_order.append(ids)
+        while len(self._done) > DONE_IDS_MAX and len(self._done_order) > 1:
+            self._done.difference_update(self._done_order.popleft())
 
     def _acks(self, via: int, receipts: list[str]) -> list[int]:
         """Ack ``receipts`` on connection ``via``; the refs of the frames."""
@@ -421,11 +526,11 @@ class LeaseStreamReader(DataSourceStreamReader):
         due_s = self.options.lease_ms / 2000
         by_stream: dict[int, list[str]] = defaultdict(list)
         with self._lock:
-            held = [m for batch in self._batches.values() for m in batch] + self._spare
-            for m in held:
-                if now - self._lease_start.get(m.id, now) > due_s:
-                    by_stream[self._via.get(m.id, 0)].append(m.receipt)
-                    self._lease_start[m.id] = now
+            for place in [self._spare, *self._batches.values()]:
+                for run in place:
+                    if now - run.leased_at > due_s:
+                        by_stream[run.via].extend(run.receipts)
+                        run.leased_at = now
         for via, receipts in by_stream.items():
             for chunk in _slices(receipts):
                 self._send_settle("extend", via, chunk)
@@ -438,20 +543,48 @@ def _report(answer: Settled | Problem) -> None:
         log.info("%d receipts were stale; redeliveries of those are dropped", len(answer.stale))
 
 
-def _id(m: Delivery) -> int:
-    return m.id
-
-
 def _max_rows(limit: ReadLimit) -> int:
     if isinstance(limit, ReadMaxRows):
         return max(1, int(limit.max_rows))
     return ALL_AVAILABLE_MAX
 
 
-def _chunks(messages: list[Delivery], options: Options) -> list[list[Delivery]]:
-    parts = max(1, min(options.num_partitions, len(messages) // 1000 or 1))
-    size = -(-len(messages) // parts)
-    return [messages[i : i + size] for i in range(0, len(messages), size)]
+def _runs_of(offset: dict[str, Any]) -> list[list[int]]:
+    """An offset's id runs (an old offset's id list made runs)."""
+    if "runs" in offset:
+        return [[int(first), int(last)] for first, last in offset["runs"]]
+    return id_array_runs(offset_id_array(offset))
+
+
+def partitions_of(runs: list[Run], options: Options) -> list[ArrowPartition]:
+    """A batch's messages in id order, in up to ``numPartitions`` Arrow batches of at
+    least 1,000 rows, each in buffers of its own (a partition is pickled whole). Runs are
+    each in id order as a receive delivers them: sorted by their first ids they are
+    usually the batch in id order, and each partition is then its runs' slices
+    concatenated (one copy); otherwise the rows are taken in id order."""
+    runs = sorted((run for run in runs if len(run)), key=lambda run: int(run.ids[0]))
+    if not runs:
+        return []
+    ids = np.concatenate([run.ids for run in runs])
+    n = len(ids)
+    parts = max(1, min(options.num_partitions, n // 1000 or 1))
+    size = -(-n // parts)
+    bounds = range(0, n, size)
+    if np.any(ids[1:] <= ids[:-1]):
+        rows = pa.concat_batches([run.rows for run in runs])
+        order = pa.array(np.argsort(ids, kind="stable"))
+        return [ArrowPartition(rows.take(order[at : at + size])) for at in bounds]
+    starts = np.cumsum([0, *map(len, runs)]).tolist()
+    out = []
+    for at in bounds:
+        until = min(at + size, n)
+        pieces = [
+            run.rows.slice(max(at - first, 0), min(until, first + len(run)) - max(at, first))
+            for run, first in zip(runs, starts, strict=False)
+            if first < until and first + len(run) > at
+        ]
+        out.append(ArrowPartition(pa.concat_batches(pieces)))
+    return out
 
 
 def _slices(items: list[str]) -> Iterator[list[str]]:

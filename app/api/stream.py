@@ -97,8 +97,9 @@ as HTTP instead of the upgrade (401; 403 without `write` or `read` on the queue;
 | server | `ready`: `window_messages`, `window_bytes`, `prefetch_max`, `batch_messages_max` (first) |
 | client | `publish`: `seq` (above the last), `messages` (as a publish body, bodies as bytes), optional `dedup_id` (the frame's); needs `write` |
 | server | `confirm`: `seq`; every publish up to it without its own `error` is durable on a quorum |
-| client | `consume`: `prefetch` (0 pauses), `lease_ms`, `consumer`; needs `read` |
+| client | `consume`: `prefetch` (0 pauses), `lease_ms`, `consumer`, `columns`; needs `read` |
 | server | `deliver`: `messages` (`id`, `receipt`, `body`, `headers`, `priority`, `delivery_count`, `published_at_ms`, `lease_expires_at_ms`) |
+| server | `deliver` with `columns: true` (asked for by `consume`): `count` and a packed little-endian binary per column (`ids`, `receipts`, `priorities`, `delivery_counts`, `published_at_ms`, `body_offsets`, `header_offsets`), `header_keys`, `header_values`, `lease_expires_at_ms`, `bodies` (concatenated) |
 | client | `ack`, `nack` (`requeue`), `extend` (`lease_ms`): `receipts`, `ref`; ack and nack give credit back |
 | server | `settled`: `of`, `settled`, `stale`, `ref` |
 | server | `error`: `type`, `title`, `status`, `detail` (RFC 9457), `of`, `seq` or `ref` |

@@ -29,7 +29,7 @@ from app.api import message_bodies
 from app.api.queue_schemas import CONSUMER_CHARS_MAX
 from app.api.stream_frames import FrameError, error_frame, forbidden, ref_of, refusal
 from app.auth import Principal
-from app.deliver_frames import FrameChunks, deliver_chunks
+from app.deliver_frames import FrameChunks, deliver_chunks, deliver_column_chunks
 from engine.errors import QuorraError, ValidationFailed
 from engine.limits import Limits
 from engine.queue.receipts import ReceiptSeal, SealedReceipts
@@ -37,7 +37,7 @@ from engine.runtime.api import QueueEngine, SettleResult
 
 log = logging.getLogger("quorra.app")
 
-CONSUME_KEYS = frozenset({"op", "prefetch", "lease_ms", "consumer"})
+CONSUME_KEYS = frozenset({"op", "prefetch", "lease_ms", "consumer", "columns"})
 RETRY_S_DEFAULT = 1.0
 """How long a consumer waits after an engine error without a ``Retry-After``."""
 
@@ -86,6 +86,8 @@ class StreamConsumer:
         self.prefetch = 0
         self.lease_ms: int | None = None
         self.consumer = who.token_id or who.name
+        self.columns = False
+        """Deliver frames in the columnar form (``consume`` with ``columns``: true)."""
         self.outstanding: dict[str, ReceiptSeal | None] = {}
         """By receipt: the seal that made it (None: one of a peer's, not known here)."""
         self.credit = asyncio.Event()
@@ -106,7 +108,7 @@ class StreamConsumer:
             raise FrameError(forbidden(self.who, self.name, "read"), of="consume")
         limits = self.limits
         prefetch, lease_ms = frame.get("prefetch"), frame.get("lease_ms")
-        consumer = frame.get("consumer")
+        consumer, columns = frame.get("consumer"), frame.get("columns", False)
         if not CONSUME_KEYS.issuperset(frame):
             unknown = sorted(str(k) for k in frame if k not in CONSUME_KEYS)
             raise FrameError(ValidationFailed(f"unknown fields {unknown}"), of="consume")
@@ -131,7 +133,9 @@ class StreamConsumer:
                 ValidationFailed(f"consumer must be text of 1..{CONSUMER_CHARS_MAX} characters"),
                 of="consume",
             )
-        self.prefetch, self.lease_ms = prefetch, lease_ms
+        if type(columns) is not bool:
+            raise FrameError(ValidationFailed("columns must be true or false"), of="consume")
+        self.prefetch, self.lease_ms, self.columns = prefetch, lease_ms, columns
         if consumer is not None:
             self.consumer = consumer
         self.credit.set()
@@ -172,7 +176,8 @@ class StreamConsumer:
                 return
             if batch.ids:
                 self.outstanding.update(dict.fromkeys(batch.receipts, _seal_of(batch.receipts)))
-                await self.link.send_packed(deliver_chunks(batch))
+                frame = deliver_column_chunks(batch) if self.columns else deliver_chunks(batch)
+                await self.link.send_packed(frame)
 
     async def _consume_failed(self, e: QuorraError) -> None:
         """Tell the client; wait and try again after a passing error (no leader, full),

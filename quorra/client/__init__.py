@@ -17,6 +17,7 @@
 are ``Problem`` (its RFC 9457 fields); refused publishes of a stream ``PublishFailed``.
 """
 
+from quorra.client._columns import DeliveredColumns
 from quorra.client._ledger import PublishFailed
 from quorra.client._rest import AsyncClient, Client
 from quorra.client._stream import AsyncStream, Stream
@@ -26,6 +27,7 @@ __all__ = [
     "AsyncClient",
     "AsyncStream",
     "Client",
+    "DeliveredColumns",
     "Delivery",
     "Message",
     "Problem",

@@ -15,6 +15,7 @@ from typing import Any
 
 import msgpack
 
+from quorra.client._columns import DeliveredColumns
 from quorra.client._types import (
     Delivery,
     Problem,
@@ -90,6 +91,8 @@ class Ledger:
         self.confirmed_seq = 0
         self.failures: dict[int, Problem] = {}
         self.deliveries: deque[Delivery] = deque()
+        self.delivered_columns: deque[DeliveredColumns] = deque()
+        """Columnar deliver frames (``consume`` with ``columns``), until taken."""
         self.problems: deque[Problem] = deque(maxlen=PROBLEMS_KEPT)
         self.settled = 0
         self.stale: deque[str] = deque(maxlen=PROBLEMS_KEPT)
@@ -128,7 +131,10 @@ class Ledger:
     def on_frame(self, frame: dict[str, Any]) -> None:
         op = frame.get("op")
         if op == "deliver":
-            self.deliveries.extend(deliveries_of(frame["messages"]))
+            if frame.get("columns"):
+                self.delivered_columns.append(DeliveredColumns.of(frame))
+            else:
+                self.deliveries.extend(deliveries_of(frame["messages"]))
         elif op == "confirm":
             self._confirm(int(frame["seq"]))
         elif op == "settled":
@@ -195,8 +201,12 @@ class Ledger:
         return pack(frame)
 
 
-def consume_frame(prefetch: int, lease_ms: int | None, consumer: str | None) -> bytes:
+def consume_frame(
+    prefetch: int, lease_ms: int | None, consumer: str | None, columns: bool = False
+) -> bytes:
     frame: dict[str, object] = {"op": "consume", "prefetch": prefetch}
+    if columns:
+        frame["columns"] = True
     if lease_ms is not None:
         frame["lease_ms"] = lease_ms
     if consumer is not None:

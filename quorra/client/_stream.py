@@ -135,10 +135,17 @@ class Stream:
     # --- consuming ------------------------------------------------------------------
 
     def consume(
-        self, prefetch: int, *, lease_ms: int | None = None, consumer: str | None = None
+        self,
+        prefetch: int,
+        *,
+        lease_ms: int | None = None,
+        consumer: str | None = None,
+        columns: bool = False,
     ) -> None:
-        """Ask for deliveries, at most ``prefetch`` unsettled at a time (0 stops)."""
-        self._send(consume_frame(prefetch, lease_ms, consumer))
+        """Ask for deliveries, at most ``prefetch`` unsettled at a time (0 stops). With
+        ``columns``, each deliver frame comes columnar and lands in
+        ``ledger.delivered_columns`` (``DeliveredColumns``), not in ``receive``'s list."""
+        self._send(consume_frame(prefetch, lease_ms, consumer, columns))
 
     def receive(self, timeout_s: float | None = None) -> list[Delivery]:
         """The deliveries read so far, waiting up to ``timeout_s`` for the first."""

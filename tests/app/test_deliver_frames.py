@@ -11,8 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.deliver_frames import FrameChunks, deliver_chunks
+from app.deliver_frames import FrameChunks, deliver_chunks, deliver_column_chunks
 from engine.runtime.api import ReceivedBatch, SettleResult
+from quorra.client import DeliveredColumns, Delivery, Problem
 
 U64 = st.integers(0, (1 << 64) - 1)
 RECEIPTS = st.text("0123456789abcdef", min_size=64, max_size=64)
@@ -127,3 +128,32 @@ def test_a_value_a_field_cannot_hold_is_refused(
 def test_a_receipt_that_is_not_64_ascii_characters_is_refused(receipt: str) -> None:
     with pytest.raises((AssertionError, UnicodeEncodeError)):
         deliver_chunks(one(receipts=[receipt]))
+
+
+@given(batches(HEADERS))
+def test_a_columnar_frame_reads_back_as_its_batch(batch: ReceivedBatch) -> None:
+    frame = deliver_column_chunks(batch)
+    joined = frame.joined()
+    assert frame.size == len(joined)
+    assert all(type(chunk) is bytes for chunk in frame.chunks)
+    assert all(any(chunk is body for chunk in frame.chunks) for body in batch.bodies)
+    decoded = msgpack.unpackb(joined, raw=False, strict_map_key=True)
+    assert decoded["op"] == "deliver"
+    assert decoded["columns"] is True
+    assert ("header_offsets" in decoded) == any(batch.headers)
+    columns = DeliveredColumns.of(decoded)
+    assert len(columns) == len(batch.ids)
+    assert columns.receipt_list() == batch.receipts
+    assert columns.deliveries() == [
+        Delivery(m.id, m.receipt, m.body, m.headers, m.priority, m.delivery_count,
+                 m.published_at_ms, m.lease_expires_at_ms)
+        for m in batch.messages
+    ]  # fmt: skip
+
+
+@given(batches(st.just({})), st.sampled_from(["ids", "receipts", "body_offsets", "count"]))
+def test_a_columnar_frame_with_a_short_column_is_refused(batch: ReceivedBatch, key: str) -> None:
+    decoded = msgpack.unpackb(deliver_column_chunks(batch).joined(), raw=False)
+    decoded[key] = decoded[key] + 1 if key == "count" else decoded[key][:-1]
+    with pytest.raises(Problem):
+        DeliveredColumns.of(decoded)

@@ -24,6 +24,7 @@ from app.settings import Settings
 from quorra.client import (
     AsyncClient,
     Client,
+    Delivery,
     Message,
     Problem,
     PublishFailed,
@@ -242,6 +243,8 @@ def test_bad_frames_get_error_frames_and_change_nothing(
         refused(pack({"op": "consume", "prefetch": 10**6}), 422, "validation-failed",
                 of="consume")  # fmt: skip
         refused(pack({"op": "consume", "prefetch": 1, "lease_ms": 0}), 422, "validation-failed")
+        refused(pack({"op": "consume", "prefetch": 1, "columns": "yes"}), 422, "validation-failed",
+                of="consume")  # fmt: skip
         refused(pack({"op": "ack", "receipts": ["nope"], "ref": 9}), 422, "validation-failed",
                 of="ack", ref=9)  # fmt: skip
         refused(pack({"op": "extend", "receipts": [RECEIPT_LIKE]}), 422, "validation-failed")
@@ -608,6 +611,34 @@ def test_client_rest_and_stream_round_trip(srv: StreamServer, token: str, queue:
         with pytest.raises(Problem) as denied:
             Stream(srv.url, "qra_wrong", queue)
         assert denied.value.status == 401
+
+
+def test_a_consumer_asking_for_columns_gets_columnar_deliver_frames(
+    srv: StreamServer, token: str, queue: str
+) -> None:
+    sent = [Message(b"plain"), Message(b"with", headers={"k": "v", "k2": "w"})]
+    sent += [Message(f"m{i}".encode()) for i in range(8)]
+    with Client(srv.url, token) as client, client.stream(queue) as stream:
+        for at in range(0, len(sent), 4):  # the test server's batches hold 4
+            client.publish(queue, sent[at : at + 4])
+        stream.consume(min(100, stream.ledger.prefetch_max), columns=True)
+        got: list[Delivery] = []
+        refs: list[int] = []
+        deadline = time.monotonic() + 10
+        while len(got) < len(sent) and time.monotonic() < deadline:
+            stream.read(1.0)
+            while stream.ledger.delivered_columns:
+                columns = stream.ledger.delivered_columns.popleft()
+                got += columns.deliveries()
+                refs.append(len(refs))
+                stream.ack(columns.receipt_list(), ref=refs[-1])
+        assert not stream.ledger.deliveries  # nothing came as maps
+        assert [(d.body, d.headers) for d in got] == [(m.body, m.headers) for m in sent]
+        assert all(d.delivery_count == 1 and d.lease_expires_at_ms > 0 for d in got)
+        while len(stream.ledger.answers) < len(refs) and stream.read(5.0):
+            pass
+        answers = [stream.ledger.answers[ref] for ref in refs]
+        assert sum(a.settled for a in answers if isinstance(a, Settled)) == len(sent)
 
 
 def test_async_client_and_stream(srv: StreamServer, token: str, queue: str) -> None:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import itertools
 import json
 
+import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.offsets import id_runs, make_offset, offset_ids
+from pipeline.offsets import id_array_runs, id_runs, make_offset, offset_id_array, offset_ids
 
 IDS = st.lists(st.integers(min_value=0, max_value=2**62), max_size=200)
 CLUSTERED = st.lists(st.integers(min_value=0, max_value=300), max_size=300)
@@ -37,3 +38,11 @@ def test_consecutive_ids_are_one_run() -> None:
 def test_an_offset_written_before_runs_is_read() -> None:
     assert offset_ids({"seq": 3, "ids": [9, 4, 5]}) == [4, 5, 9]
     assert offset_ids({"seq": 0}) == []
+
+
+@given(st.one_of(IDS, CLUSTERED))
+def test_runs_of_an_array_are_the_runs_of_its_ids(ids: list[int]) -> None:
+    runs = id_array_runs(np.array(ids, np.int64))
+    assert runs == id_runs(ids)
+    assert offset_id_array({"seq": 0, "runs": runs}).tolist() == sorted(set(ids))
+    assert offset_id_array({"seq": 0, "ids": ids}).tolist() == offset_ids({"ids": ids})

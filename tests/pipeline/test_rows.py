@@ -8,8 +8,17 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.source import ARROW_READ_SCHEMA, body_views, headers_array, outgoing
-from quorra.client import Delivery
+from app.deliver_frames import deliver_column_chunks
+from engine.runtime.api import ReceivedBatch, SettleResult
+from pipeline.source import (
+    ARROW_READ_SCHEMA,
+    body_views,
+    columns_record_batch,
+    headers_array,
+    outgoing,
+    to_record_batch,
+)
+from quorra.client import DeliveredColumns, Delivery
 
 BODY_TYPES = [pa.binary(), pa.string(), pa.large_binary(), pa.large_string()]
 bodies = st.lists(st.one_of(st.none(), st.binary(max_size=40)), max_size=30)
@@ -67,3 +76,37 @@ def test_headers_column_equals_the_pairs_of_each_message(
     built = headers_array(messages)
     pairs = pa.array([list(h.items()) for h in per_message], ARROW_READ_SCHEMA[3].type)
     assert built.type == pairs.type and built.equals(pairs)
+
+
+RECEIPT = st.text("0123456789abcdef", min_size=64, max_size=64)
+DELIVERY = st.builds(
+    Delivery,
+    id=st.integers(0, 2**62),
+    receipt=RECEIPT,
+    body=st.binary(max_size=40),
+    headers=st.dictionaries(st.text(max_size=6), st.text(max_size=6), max_size=3),
+    priority=st.integers(0, 255),
+    delivery_count=st.integers(0, 1000),
+    published_at_ms=st.integers(0, 2**42),
+    lease_expires_at_ms=st.just(2**41),
+)
+
+
+@settings(deadline=None)
+@given(st.lists(DELIVERY, min_size=1, max_size=30, unique_by=lambda d: d.id))
+def test_a_columnar_frame_makes_the_rows_its_deliveries_make(messages: list[Delivery]) -> None:
+    batch = ReceivedBatch(
+        SettleResult(0, ()),
+        [m.id for m in messages],
+        [m.receipt for m in messages],
+        [m.body for m in messages],
+        [m.headers for m in messages],
+        [m.priority for m in messages],
+        [m.delivery_count for m in messages],
+        [m.published_at_ms for m in messages],
+        messages[0].lease_expires_at_ms,
+    )
+    frame = msgpack.unpackb(deliver_column_chunks(batch).joined(), raw=False)
+    rows = columns_record_batch(DeliveredColumns.of(frame))
+    rows.validate(full=True)
+    assert rows.equals(to_record_batch(messages, text=False))
