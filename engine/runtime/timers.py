@@ -40,6 +40,10 @@ class Timers:
 
     def __init__(self, ctx: NodeContext) -> None:
         self.ctx = ctx
+        # Bound once: a bound method made at each arming is one more object per armed
+        # replica that the timer holds until it fires.
+        self._on_tick = self.on_tick
+        self._on_expire = self.on_expire
 
     def arm_tick(self, rep: Replica) -> None:
         due = rep.raft.next_deadline_ms()
@@ -50,7 +54,7 @@ class Timers:
         if rep.tick_handle is not None:
             rep.tick_handle.cancel()
         rep.tick_due_ms = due
-        rep.tick_handle = self.call_at_ms(due - self.ctx.clock.monotonic_ms(), self.on_tick, rep)
+        rep.tick_handle = self.call_at_ms(due - self.ctx.clock.monotonic_ms(), self._on_tick, rep)
 
     def on_tick(self, rep: Replica) -> None:
         rep.tick_handle = None
@@ -113,7 +117,7 @@ class Timers:
         rep.expire_due_ms = due
         # The machine's deadlines are leader times, stamped from the wall clock.
         delay_ms = due - self.ctx.clock.wall_ms()
-        rep.expire_handle = self.call_at_ms(delay_ms, self.on_expire, rep)
+        rep.expire_handle = self.call_at_ms(delay_ms, self._on_expire, rep)
 
     def on_expire(self, rep: Replica) -> None:
         rep.expire_handle = None

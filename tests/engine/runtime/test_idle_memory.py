@@ -116,10 +116,10 @@ def test_an_idle_queue_costs_the_node_a_bounded_few_kilobytes(tmp_path: Path) ->
 
 WOKEN_TRACKED_OBJECTS_MAX = 60
 """Objects the garbage collector tracks for each queue a receive woke (what its machine,
-Raft core, driver, log and lease hold): about 58 (65 before its lanes without warm pages,
+Raft core, driver, log and lease hold): about 57 (65 before its lanes without warm pages,
 its driver with nothing waiting on a write and its Raft log with nothing unstable shared
-one empty list, its timer the context it runs in, and its pager held its machine instead
-of two bound methods). A restart with 10,000 sleeping queues wakes them all within
+one empty list, its timer the context it runs in and the node's one bound callback, and
+its pager held its machine instead of two bound methods). A restart with 10,000 sleeping queues wakes them all within
 seconds, and every young and middle collection walks what they keep."""
 WOKEN = 40
 
