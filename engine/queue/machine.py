@@ -173,8 +173,7 @@ class QueueMachine:
             self.pager.close()
         paging = self._paging
         if paging is not None:
-            rebuild = self._rebuild_page if paging.read_log is not None else None
-            self.pager = QueuePager.from_limits(paging, self._limits, self._summarize, rebuild)
+            self.pager = QueuePager.from_limits(paging, self._limits, self)
         self._lanes = Lanes(self.policy.priorities, self._limits.page_refs, self.pager)
         self._fallback = FallbackTable()
         self._pending = Pending(self._limits.page_refs)
@@ -552,13 +551,16 @@ class QueueMachine:
 
     # === paging ====================================================================
 
-    def _summarize(self, page: U64) -> tuple[int, int, int, bytes]:
+    def describe_page(self, page: U64) -> tuple[int, int, int, bytes]:
+        """``QueuePager``'s summary of a page it stores (the machine is its ``PageHost``)."""
         return summarize(page, self._fallback)
 
-    def _rebuild_page(self, lane_no: int, page: SpilledPage) -> U64:
+    def rebuild_page(self, lane_no: int, page: SpilledPage) -> U64 | None:
         """A damaged page of lane ``lane_no``, from its entries in the log
-        (``engine.queue.page_rebuild``): possible for main lanes only."""
-        assert self._paging is not None and self._paging.read_log is not None
+        (``engine.queue.page_rebuild``): possible for main lanes only; None without a
+        log to read."""
+        if self._paging is None or self._paging.read_log is None:
+            return None
         if lane_no % 2 == 0:
             raise PageDamaged(
                 f"page {page.handle} of a returns lane cannot be rebuilt", handle=page.handle

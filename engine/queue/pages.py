@@ -82,6 +82,10 @@ few messages holds 128 bytes of refs, not a page of 32 KiB)."""
 
 _NO_PAGES: list[Page] = []
 """The pages of every empty FIFO: never appended to (``RefFifo._append_page``)."""
+_NO_WARM: list[int] = []
+"""The warm pages of every FIFO that has none (a FIFO of one or two pages, the usual
+queue): never added to, so that a woken queue's two lanes keep no empty list each for
+the collector to walk."""
 """Loads the refs of a spilled page for one read, without making it resident."""
 
 
@@ -172,7 +176,7 @@ class RefFifo:
         self.head_pos = 0
         self._first_no = 0
         """Absolute number of ``_pages[0]``: pages are numbered in the order made."""
-        self._warm: list[int] = []
+        self._warm: list[int] = _NO_WARM
         """With a pager: the numbers of the resident pages strictly between the head page
         and the tail page, ascending: the pages the pager may spill."""
         self._cold = 0
@@ -201,6 +205,8 @@ class RefFifo:
         self._tail = 0
         if self._pager is not None:
             if len(self._pages) >= 3:
+                if self._warm is _NO_WARM:
+                    self._warm = []
                 self._warm.append(self._first_no + len(self._pages) - 2)
                 self._pager.note(resident=1, warm=1)
             else:
@@ -315,7 +321,7 @@ class RefFifo:
                 n
                 for n, p in enumerate(between, 1)
                 if not isinstance(p, SpilledPage) or p.resident is not None
-            ]
+            ] or _NO_WARM
             self._pager.note(resident=pages - self._cold, warm=len(self._warm))
 
     def _adopt_run(self, run: U64, last: bool) -> None:
@@ -458,6 +464,8 @@ class RefFifo:
         self._cold -= 1
         warm = 0
         if 0 < i < len(self._pages) - 1:
+            if self._warm is _NO_WARM:
+                self._warm = []
             bisect.insort(self._warm, n)
             warm = 1
         pager.note(resident=1, warm=warm)
@@ -486,7 +494,7 @@ class RefFifo:
             pager.note(resident=-self.resident_pages(), warm=-len(self._warm))
         self._first_no += len(self._pages)
         self._pages = _NO_PAGES
-        self._warm.clear()
+        self._warm = _NO_WARM
         self._head = self._tail = self._len = self._cold = 0
         return chunks, unread, unread_bytes
 
@@ -536,7 +544,7 @@ class RefFifo:
         total = sum(len(c) for c in self.chunks())
         assert total == self._len, (total, self._len)
         assert (self._len == 0) == (not self._pages)
-        assert not _NO_PAGES, "the shared empty list was appended to"
+        assert not _NO_PAGES and not _NO_WARM, "a shared empty list was appended to"
         assert not self._pages or self._pages is not _NO_PAGES
         for page in list(self._pages)[:-1]:
             assert isinstance(page, SpilledPage) or _page_len(page) == self._page_refs

@@ -68,13 +68,24 @@ U64 = npt.NDArray[np.uint64]
 PageSummary = tuple[int, int, int, bytes]
 """What a spilled page keeps of its refs: byte total, lowest and highest Raft index, and
 the serialized set of its Raft indexes."""
-Describe = Callable[[U64], PageSummary]
-Rebuild = Callable[[int, SpilledPage], U64]
-"""The refs of a damaged page of lane number ``n`` (``PageDamaged`` if they cannot be
-found again)."""
 LogReader = Callable[[list[int]], Iterable[tuple[int, bytes]]]
 """``(index, command)`` of the log entries at the given indexes, ascending (those the log
 still holds)."""
+
+
+class PageHost(Protocol):
+    """What a pager asks of its queue's machine. One reference to the machine, not two
+    bound methods: those were two objects more for the collector to walk per awake queue
+    (10,000 queues woken at once after a restart)."""
+
+    def describe_page(self, page: U64) -> PageSummary:
+        """The summary of a page about to be stored (``summarize``)."""
+        ...
+
+    def rebuild_page(self, lane_no: int, page: SpilledPage) -> U64 | None:
+        """The refs of a damaged page of lane number ``lane_no`` (``PageDamaged`` if they
+        cannot be found again); None where the queue cannot read its log."""
+        ...
 
 
 class PageSpill(Protocol):
@@ -156,6 +167,22 @@ def summarize(page: U64, table: FallbackTable) -> PageSummary:
 def summarize_compact(page: U64) -> PageSummary:
     """``summarize`` for refs that are all in a compact form (no fallback table)."""
     return summarize(page, FallbackTable())
+
+
+class _CompactHost:
+    """The host of a pager without a machine (the tests'): refs all in compact form, and
+    no log to rebuild a page from."""
+
+    __slots__ = ()
+
+    def describe_page(self, page: U64) -> PageSummary:
+        return summarize_compact(page)
+
+    def rebuild_page(self, lane_no: int, page: SpilledPage) -> U64 | None:
+        return None
+
+
+COMPACT_HOST: PageHost = _CompactHost()
 
 
 def page_bytes(limits: Limits) -> int:
@@ -266,9 +293,8 @@ class QueuePager:
 
     # Slots: one per queue, thousands on a node (no instance dict each).
     __slots__ = (
-        "_describe",
+        "_host",
         "_key",
-        "_rebuild",
         "lanes",
         "node",
         "page_loads",
@@ -291,16 +317,14 @@ class QueuePager:
         node: NodePages,
         pages_max: int,
         read_ahead_pages: int,
-        describe: Describe = summarize_compact,
-        rebuild: Rebuild | None = None,
+        host: PageHost = COMPACT_HOST,
     ) -> None:
         assert pages_max >= 1 and read_ahead_pages >= 0
         self.spill = spill
         self.node = node
         self.pages_max = pages_max
         self.read_ahead_pages = read_ahead_pages
-        self._describe = describe
-        self._rebuild = rebuild
+        self._host = host
         self.lanes: tuple[RefFifo, ...] = ()
         """The lanes in delivery order (``engine.queue.lanes``), set once they exist."""
         self.resident = 0
@@ -311,15 +335,13 @@ class QueuePager:
         self._key = node.join(self)
 
     @classmethod
-    def from_limits(
-        cls, paging: Paging, limits: Limits, describe: Describe, rebuild: Rebuild | None
-    ) -> QueuePager:
+    def from_limits(cls, paging: Paging, limits: Limits, host: PageHost) -> QueuePager:
         pages_max = max(1, limits.paged_index_bytes_per_queue_max // page_bytes(limits))
-        return cls(paging.spill, paging.node, pages_max, limits.page_read_ahead, describe, rebuild)
+        return cls(paging.spill, paging.node, pages_max, limits.page_read_ahead, host)
 
     def close(self) -> None:
         """The queue is gone or replaced: its pages no longer count against the node.
-        Its links to the machine (the bound ``describe`` and ``rebuild``) and to the lanes
+        Its links to the machine (its ``host``) and to the lanes
         (whose pages point back at it) go too: those are reference cycles, and a machine
         left in one waited for the collector's oldest generation instead of being freed
         when its queue fell asleep (thousands of dropped machines raised the peak that
@@ -327,8 +349,7 @@ class QueuePager:
         self.note(resident=-self.resident, warm=-self.warm)
         self.node.leave(self._key)
         self.lanes = ()
-        self._describe = summarize_compact
-        self._rebuild = None
+        self._host = COMPACT_HOST
 
     # --- what the lanes call ------------------------------------------------------------
 
@@ -371,7 +392,7 @@ class QueuePager:
         """Store a page; what stands for it in its lane from then on."""
         refs = hot(page)
         data = encode_page(page)
-        size_bytes, lo, hi, indexes = self._describe(refs)
+        size_bytes, lo, hi, indexes = self._host.describe_page(refs)
         handle = self.spill.store(data)
         self.page_writes += 1
         first, last = int(refs[0]), int(refs[-1])
@@ -402,9 +423,9 @@ class QueuePager:
             return self._checked(page, self.spill.load(page.handle))
         except PageDamaged:
             lane_no = next((n for n, lane in enumerate(self.lanes) if lane.holds(page)), None)
-            if self._rebuild is None or lane_no is None:
+            refs = None if lane_no is None else self._host.rebuild_page(lane_no, page)
+            if refs is None:
                 raise
-            refs = self._rebuild(lane_no, page)
             self.pages_rebuilt += 1
             return refs
 
@@ -503,18 +524,18 @@ class QueuePager:
 
 
 __all__ = [
+    "COMPACT_HOST",
     "NOT_PAGED",
-    "Describe",
     "LogReader",
     "MemorySpill",
     "NodePages",
+    "PageHost",
     "PageLoad",
     "PageSpill",
     "PageSummary",
     "Paging",
     "PagingStats",
     "QueuePager",
-    "Rebuild",
     "load_plan",
     "page_bytes",
     "summarize",

@@ -9,6 +9,7 @@ Rules: indexes are contiguous from ``snapshot_index + 1`` to ``last_index()``; e
 from __future__ import annotations
 
 from engine.raft.entry import Entry, LogStore
+from engine.shared_empty import EMPTY_LIST
 
 
 class RaftLog:
@@ -27,7 +28,9 @@ class RaftLog:
         self.snapshot_index = snapshot_index
         self.snapshot_term = snapshot_term
         last = max(store.last_index(), snapshot_index)
-        self.unstable: list[Entry] = []
+        self.unstable: list[Entry] = EMPTY_LIST
+        """The shared empty list while nothing is unstable (an idle replica's usual
+        state): one list fewer per replica for the collector to walk."""
         self.offset = last + 1
         """Index of ``unstable[0]``; always ``stable end + 1`` of the logical log."""
         self.handed_out = self.offset
@@ -102,8 +105,11 @@ class RaftLog:
         first = entries[0].index
         assert self.snapshot_index < first <= self.last_index() + 1
         if first >= self.offset:
-            del self.unstable[first - self.offset :]
-            self.unstable.extend(entries)
+            if self.unstable is EMPTY_LIST:
+                self.unstable = list(entries)
+            else:
+                del self.unstable[first - self.offset :]
+                self.unstable.extend(entries)
         else:
             self.unstable = list(entries)
             self.offset = first
@@ -126,13 +132,16 @@ class RaftLog:
             return False
         self.stable_last = index
         if index >= self.offset:
-            del self.unstable[: index - self.offset + 1]
+            if index == self.last_index():
+                self.unstable = EMPTY_LIST
+            else:
+                del self.unstable[: index - self.offset + 1]
             self.offset = index + 1
         return True
 
     def restore(self, index: int, term: int) -> None:
         """Discard the whole log in favour of a snapshot at ``index``."""
-        self.unstable = []
+        self.unstable = EMPTY_LIST
         self.offset = self.handed_out = index + 1
         self.snapshot_index, self.snapshot_term = index, term
         self.stable_last = index

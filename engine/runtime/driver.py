@@ -42,6 +42,7 @@ from engine.raft.replication import supersedes
 from engine.raft.server import RaftServer, Role
 from engine.raft.snapshot import Snapshot
 from engine.raft.state_machine import ApplyMeta, Machine, MachineEffect
+from engine.shared_empty import EMPTY_LIST
 
 M = TypeVar("M", bound=Machine)
 
@@ -132,9 +133,10 @@ class ReplicaDriver(Generic[M]):
         """(term, vote) last queued for writing."""
         self.ops_submitted = 0
         self.ops_done = 0
-        self.after_persist: list[tuple[int, list[Message]]] = []
+        self.after_persist: list[tuple[int, list[Message]]] = EMPTY_LIST
         """Messages to send once this many operations are durable, oldest first (a
-        list: an idle replica's empty deque would hold 760 bytes)."""
+        list: an idle replica's empty deque would hold 760 bytes; the shared empty one
+        while none wait, as a lone voter's never do)."""
         self.repair_done_at_op = 0
         """The core left repair mode: once this many operations are durable (its hard
         state among them), storage's repair marker may go."""
@@ -197,6 +199,8 @@ class ReplicaDriver(Generic[M]):
                 for message in rd.messages_after_persist:
                     host.send(message)
             else:
+                if self.after_persist is EMPTY_LIST:
+                    self.after_persist = []
                 self.after_persist.append((self.ops_submitted, rd.messages_after_persist))
 
     def _apply(self, entries: list[Entry]) -> None:
@@ -238,7 +242,10 @@ class ReplicaDriver(Generic[M]):
         if not k:
             return
         released = waiting[0][1] if k == 1 else _superseded_dropped(waiting[:k])
-        del waiting[:k]
+        if k == len(waiting):
+            self.after_persist = EMPTY_LIST
+        else:
+            del waiting[:k]
         for message in released:
             self.host.send(message)
 
