@@ -26,6 +26,7 @@ class ProgressState(IntEnum):
 class Progress:
     __slots__ = (
         "append_sent_ms",
+        "heard_ms",
         "inflight",
         "inflight_bytes",
         "last_match_ms",
@@ -54,6 +55,11 @@ class Progress:
         """(last index, bytes) of each append message not yet acknowledged."""
         self.inflight_bytes = 0
         self.recent_active = True
+        """Answered since the last check of the quorum (which clears it on every peer)."""
+        self.heard_ms = now_ms
+        """When the follower last answered (a new progress counts as an answer): unlike
+        ``recent_active``, not cleared by the checks of the quorum, so a follower that
+        answers does not look silent in the moment after each."""
         self.read_acked = 0
         self.last_match_ms = now_ms
         """When the match last advanced."""

@@ -595,10 +595,12 @@ class RaftServer:
 
     def heard_from_follower(self, peer: ServerId) -> Progress | None:
         """The progress of ``peer``, which answered this leader: marked active (check-quorum
-        counts it). None if ``peer`` is no longer a member (the answer is then ignored)."""
+        counts it) and heard now. None if ``peer`` is no longer a member (the answer is
+        then ignored)."""
         pr = self.progress.get(peer)
         if pr is not None:
             pr.recent_active = True
+            pr.heard_ms = self.now_ms
         return pr
 
     # --- apply and compaction ---------------------------------------------------------

@@ -10,12 +10,12 @@ yet stays: an initial member is known before its ``AddNode`` applies).
 On the metadata group's leader, a pass (with each reconcile pass: after every change
 and every ``Limits.reconcile_interval_ms``) makes the group's configuration follow the
 records, one Raft change at a time, as ``engine.cluster.meta_voters.next_change``
-decides: forgotten members removed once they stopped, joined nodes added as learners,
-learners promoted while there are fewer voters than ``Limits.meta_voters_max`` (so a
-learner takes a forgotten voter's place), a draining voter's vote handed to a learner
-(the learner promoted, then the draining voter demoted, after a transfer of the
-leadership if it leads). A change that fails (a
-learner not caught up, leadership lost) is tried again by a later pass.
+decides: forgotten members removed once they stopped (no answer to the leader for
+the longest election timeout), joined nodes added as learners, learners promoted while
+there are fewer voters than ``Limits.meta_voters_max`` (so a learner takes a forgotten
+voter's place), a draining voter's vote handed to a learner (the learner promoted, then
+the draining voter demoted, after a transfer of the leadership if it leads). A change
+that fails (a learner not caught up, leadership lost) is tried again by a later pass.
 """
 
 from __future__ import annotations
@@ -79,7 +79,12 @@ class MetaMembers(Passes):
             return False
         raft = group.raft
         config = raft.config
-        heard = [node_of(s) for s, pr in raft.progress.items() if pr.recent_active]
+        # Heard: answered within the longest election timeout (a follower that is up
+        # answers a few heartbeats in it). Not ``recent_active``, which each check of the
+        # quorum clears: in the moment after it, a forgotten node that is up but has not
+        # applied the entry that forgot it yet would be removed, and never be told.
+        since = raft.now_ms - ctx.limits.election_timeout_ms_max
+        heard = [node_of(s) for s, pr in raft.progress.items() if pr.heard_ms >= since]
         change = next_change(
             group.machine.nodes,
             [node_of(s) for s in config.voters],

@@ -12,6 +12,7 @@ from typing import TypeVar
 from engine.cluster import meta_commands as mc
 from engine.errors import NoLeader, QueueConflict, QueueNotFound
 from engine.limits import Limits
+from engine.raft.server import Role
 from engine.runtime import InMemoryNetwork, Node
 from engine.runtime.api import QueueArgs
 from engine.runtime.meta import QueueMeta
@@ -367,6 +368,49 @@ def test_a_drain_interrupted_by_a_crash_is_finished_from_the_metadata(tmp_path: 
             await stop_all(nodes)
 
     run(body(), timeout_s=90)
+
+
+def test_a_forgotten_node_that_still_answers_stays_in_the_metadata_group(
+    tmp_path: Path,
+) -> None:
+    """A forgotten node learns it by applying the entry that forgot it: the metadata
+    group's leader removes it only once it no longer hears from it (it stopped), not in
+    the moment after each check of its quorum, when no follower has answered yet; were
+    it removed before it applied that entry, nothing would tell it."""
+    limits = dataclasses.replace(LIMITS, reconcile_interval_ms=20)
+
+    async def body() -> None:
+        network = InMemoryNetwork(NAMES)
+        nodes = {name: node_on(tmp_path, name, network, limits) for name in NAMES}
+        await asyncio.gather(*(n.start() for n in nodes.values()))
+        try:
+            await eventually(lambda: all(group(n).caught_up() for n in nodes.values()))
+            leader = await retrying(lambda: meta_leader(nodes))
+            gone = next(n for n in NAMES if n != leader)
+            await retrying(lambda: nodes[leader].set_node_state(gone, "lost"))
+            await eventually(lambda: nodes[gone].forgotten, what="the node told")
+
+            def member() -> bool:
+                return gone in {node_of(s) for s in group(nodes[leader]).raft.config.members}
+
+            # Many passes of the leader's (every 20 ms) while the node still answers.
+            for _ in range(60):
+                assert member(), "removed while it still answers"
+                await asyncio.sleep(0.02)
+            assert group(nodes[leader]).raft.role is Role.LEADER
+            await nodes[gone].stop()
+            await eventually(lambda: not member(), what="the stopped node removed")
+        finally:
+            await asyncio.gather(*(n.stop() for n in nodes.values() if n.context.running))
+
+    run(body())
+
+
+async def meta_leader(nodes: dict[str, Node]) -> str:
+    for name, node in nodes.items():
+        if group(node).raft.role is Role.LEADER:
+            return name
+    raise NoLeader("no metadata leader yet")
 
 
 async def leader_of(nodes: dict[str, Node], name: str) -> str:
