@@ -37,12 +37,6 @@ if TYPE_CHECKING:
     from engine.runtime.context import NodeContext
 
 
-BULK_FREE_TRIM_MIN = 100
-"""Logs flushed or queues put to sleep at once that ``MemoryWatch.freed_in_bulk`` trims
-after: a trim walks the allocator's free chunks (milliseconds for tens of MiB), so it
-follows bulk frees only, not every flush of a busy node's few logs."""
-
-
 class MemoryWatch:
     """The last sum of the node's engine memory, and whether it raised the alarm."""
 
@@ -63,8 +57,9 @@ class MemoryWatch:
 
     def freed_in_bulk(self, objects: int) -> None:
         """``objects`` (logs flushed, queues put to sleep) were just dropped: trim on a
-        worker if they are at least ``BULK_FREE_TRIM_MIN`` and no trim is running."""
-        if self.trim is None or objects < BULK_FREE_TRIM_MIN or self.trim_running:
+        worker if they are at least ``Limits.bulk_free_trim_min`` and no trim is running."""
+        least = self.ctx.limits.bulk_free_trim_min
+        if self.trim is None or objects < least or self.trim_running:
             return
         self.trim_running = True
         self.ctx.spawn(self._trimming(self.trim))
@@ -126,4 +121,4 @@ class MemoryWatch:
             ctx.storage.cache.blocks.shrink_to(room)
 
 
-__all__ = ["BULK_FREE_TRIM_MIN", "MemoryWatch"]
+__all__ = ["MemoryWatch"]
