@@ -33,6 +33,7 @@ import anyio
 from app.cluster_settings import ClusterSettings, format_address
 from app.db import repo
 from app.db.session import Database
+from app.memory_trim import malloc_trim
 from app.queue_admin import mirror_definition
 from app.settings import Settings
 from engine.ids import NodeName
@@ -72,18 +73,23 @@ def make_node(settings: Settings) -> QueueEngine | None:
 
     cluster = settings.cluster
     if cluster is None:
-        return Node(settings.data_dir, node_name=settings.node_name, limits=settings.limits)
-    return Node(
-        settings.data_dir,
-        node_name=cluster.node_id,
-        limits=settings.limits,
-        transport=tcp_transport(cluster, settings),
-        # Any member may lead a queue after a failover, and the new leader settles the
-        # receipts the old one sealed: the key comes from the secret the cluster shares,
-        # not from this node's own secret.key.
-        receipt_key=derive_key(cluster.secret, RECEIPT_KEY_LABEL),
-        cluster=meta_bootstrap(cluster),
-    )
+        node = Node(settings.data_dir, node_name=settings.node_name, limits=settings.limits)
+    else:
+        node = Node(
+            settings.data_dir,
+            node_name=cluster.node_id,
+            limits=settings.limits,
+            transport=tcp_transport(cluster, settings),
+            # Any member may lead a queue after a failover, and the new leader settles the
+            # receipts the old one sealed: the key comes from the secret the cluster shares,
+            # not from this node's own secret.key.
+            receipt_key=derive_key(cluster.secret, RECEIPT_KEY_LABEL),
+            cluster=meta_bootstrap(cluster),
+        )
+    trim = malloc_trim()
+    if trim is not None:
+        node.trim_memory_with(trim)
+    return node
 
 
 def meta_bootstrap(cluster: ClusterSettings) -> MetaBootstrap:

@@ -83,6 +83,17 @@ class Limits:
     two fsyncs per segment. A flush of 10,000 logs of one entry each took 10.6 s (8.4 s
     of CPU) on 16 threads and 8.2 s (7.3 s) so: most of it is the kernel making 10,000
     files (about 0.5 ms each on ext4 here), which ``wal_carry_*`` spares idle logs."""
+    bulk_free_trim_min: int = 100
+    """Logs flushed or queues put to sleep at once after which the node gives the C
+    allocator's free memory back (``MemoryWatch.freed_in_bulk``): a trim walks the free
+    chunks (milliseconds for tens of MiB), so it follows bulk frees only, not every
+    flush of a busy node's few logs."""
+    segment_flush_logs_max: int = 512
+    """Logs one segment flush takes (``plan_segment_flush``): a WAL file whose rows are
+    of more logs is flushed in several, its file deleted after the last. The logs of
+    sleeping queues are unpacked for the flush and packed again after it, and each
+    one's entries and encoded segment are held until it is shown: 10,000 at once held
+    their peak in the server's RSS after they were freed (see ``ServerLogs``)."""
     read_run_bytes_max: int = 4 * MIB
     """A receive reads the entries of its messages a run of consecutive indexes at a
     time, one ``pread`` per segment; a run longer than this is read in several (each at
@@ -351,7 +362,8 @@ class Limits:
         assert self.read_cache_bytes_max >= 0
         assert self.segment_flush_writers_max >= 1
         assert self.wal_carry_entries_max >= 0 and self.wal_carry_log_bytes_max >= 0
-        assert self.segment_flush_batch_plans_min >= 1
+        assert self.segment_flush_batch_plans_min >= 1 and self.segment_flush_logs_max >= 1
+        assert self.bulk_free_trim_min >= 1
         assert self.batch_bytes_max <= self.entry_bytes_max
         assert self.message_bytes_max <= self.message_bytes_max_ceiling <= self.batch_bytes_max
         assert self.batch_messages_max >= 1 and self.receive_messages_max >= 1

@@ -102,8 +102,10 @@ class Hibernation:
             wait_ms = limits.queue_sleep_sweep_ms
             if not ctx.running or ctx.stopping:
                 continue
-            if self.sweep(ctx.clock.monotonic_ms()) >= limits.queue_sleep_sweep_max:
+            slept = self.sweep(ctx.clock.monotonic_ms())
+            if slept >= limits.queue_sleep_sweep_max:
                 wait_ms = catch_up_ms  # more are idle: see ``Limits.queue_sleep_catch_up_ms``
+            ctx.memory.freed_in_bulk(slept)
 
     def sweep(self, now_ms: int) -> int:
         """Look at the next few replicas: those idle long enough fall asleep, those that

@@ -461,16 +461,19 @@ class Hosting:
     async def flush_segments(self) -> None:
         ctx = self.ctx
         storage = ctx.storage
+        flushed = 0
         try:
             while (flush := storage.prepare_segment_flush(self.follows)) is not None:
                 await ctx.in_worker(flush.write)
                 storage.finish_segment_flush(flush)
+                flushed += len(flush.written)
         except StorageFailed as e:
             # Nothing is lost: the entries stay in the mem tables and the WAL file stays;
             # the next finished WAL batch tries again.
             log.error("segment flush failed: %s", e.detail)
         finally:
             self.flush_task = None
+            ctx.memory.freed_in_bulk(flushed)
 
     def follows(self, uid: str) -> bool:
         """Whether this node holds a follower's copy of queue ``uid``: nothing reads its

@@ -17,10 +17,18 @@ the mem tables flushed at the WAL's roll, which a refused publish asks for) find
 alarm cleared, within one interval. Like RabbitMQ's memory alarm, only publishes are
 refused: consuming, acknowledging and purging are what bring the memory down. On the
 node's loop only.
+
+The node also gives the C allocator's free memory back (``trim``, glibc's
+``malloc_trim`` where the app provides it) right after it freed much at once: a segment
+flush of many logs (their entries, encoded segments and unpacked logs are dropped when it
+is shown) or a sweep that put many queues to sleep. The app trims every 10 s anyway
+(``app/memory_trim.py``), but until then the server's RSS showed the flush's peak: 2,000
+idle queues read 7.8 KiB each 7 s after their publish, 6.6 KiB after the trim.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from engine.errors import MemoryAlarm
@@ -41,6 +49,27 @@ class MemoryWatch:
         """What the last sum took (``monotonic_ms`` before and after it)."""
         self.refused = 0
         """Publishes refused since the node started."""
+        self.trim: Callable[[], object] | None = None
+        """Gives the C allocator's free memory back (``Node.trim_memory_with``), or None."""
+        self.trims = 0
+        """Trims run after bulk frees (``freed_in_bulk``)."""
+        self.trim_running = False
+
+    def freed_in_bulk(self, objects: int) -> None:
+        """``objects`` (logs flushed, queues put to sleep) were just dropped: trim on a
+        worker if they are at least ``Limits.bulk_free_trim_min`` and no trim is running."""
+        least = self.ctx.limits.bulk_free_trim_min
+        if self.trim is None or objects < least or self.trim_running:
+            return
+        self.trim_running = True
+        self.ctx.spawn(self._trimming(self.trim))
+
+    async def _trimming(self, trim: Callable[[], object]) -> None:
+        try:
+            await self.ctx.in_worker(trim)
+            self.trims += 1
+        finally:
+            self.trim_running = False
 
     def sum_engine_bytes(self) -> int:
         """The engine's memory but the read cache's (which is given back on demand)."""

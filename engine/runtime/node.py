@@ -258,6 +258,11 @@ class Node:
         assert not self.context.has_storage, "trace_publishes before start"
         self.context.trace = trace
 
+    def trim_memory_with(self, trim: Callable[[], object]) -> None:
+        """Call ``trim`` (on a worker) to give the C allocator's free memory back after
+        the node freed much at once (``MemoryWatch.freed_in_bulk``)."""
+        self.context.memory.trim = trim
+
     def set_history_source(self, source: HistorySource | None) -> None:
         """Where this node reads the history its peers ask of it (``HistoryCall``)."""
         self.context.checkpoints.history = source

@@ -38,6 +38,7 @@ from engine.storage.segment import (
     segment_info_of,
     segment_path,
 )
+from engine.storage.server_log import ServerLog
 from engine.storage.server_logs import ServerLogs
 
 _DATA = attrgetter("data")
@@ -57,6 +58,12 @@ class SegmentFlush:
     dead entries are left out, the first segment still answers from the first index. An
     uncached log's segments leave the page cache once written, but for their headers and
     indexes (``plan_segment_flush``)."""
+    covered: list[str] = field(default_factory=list)
+    """The logs whose rows of the file this flush takes: those of ``plans`` and those
+    whose rows were all dead (``show_segment_flush`` drops their rows, and no other's)."""
+    last: bool = True
+    """Whether it takes the file's last rows (then the file may go once it is shown):
+    a file of more logs than ``Limits.segment_flush_logs_max`` takes several flushes."""
     written: list[tuple[str, int, list[SegmentInfo]]] = field(default_factory=list)
 
     def write(self) -> None:
@@ -182,21 +189,51 @@ def plan_segment_flush(
     on a virtual machine that gives memory freed a while ago back to its host, each new
     page of cache costs a fault in the host, and the segments of all three copies of a
     queue kept there took a fifth of a three-node cluster's CPU; dropped, their pages
-    are reused by the next writes before they go back to the host."""
-    plans = []
-    for uid, log in sorted(logs.items(), key=itemgetter(0)):  # packed logs have no entries
-        entries = log.mem.flushable(wal_seq)
-        if not entries:
-            continue
-        first = entries[0].index
-        if first <= log.snapshot_index():
-            # Entries that died before reaching a segment are never written.
-            entries = [e for e in entries if not log.is_dead(e.index)]
-        if entries:
-            cold = uncached is not None and uncached(uid)
-            plans.append((uid, logs.generation(uid), log.next_segment_seq, entries, first, cold))
-            log.next_segment_seq += len(segment_chunks(entries, limits))
-    return SegmentFlush(disk, limits, wal_seq, plans)
+    are reused by the next writes before they go back to the host.
+
+    It takes at most ``Limits.segment_flush_logs_max`` logs: those awake first, then as
+    many packed ones as fit, unpacked for it (``ServerLogs.rows_to_flush``); the file's
+    other logs wait for the next flush of it (``SegmentFlush.last``), so that what a
+    flush holds at once (unpacked logs, entries, encoded segments) is a group's."""
+    room = limits.segment_flush_logs_max
+    flush = SegmentFlush(disk, limits, wal_seq, [])
+    # Packed logs have no entries here; sorted, for the simulator's sake.
+    awake = sorted(logs.items(), key=itemgetter(0))
+    for uid, log in awake:
+        if log.mem.flushable(wal_seq):
+            if len(flush.covered) == room:
+                flush.last = False
+                break
+            _plan(flush, logs, uid, log, uncached)
+    if flush.last:
+        unpacked = logs.rows_to_flush(wal_seq, room - len(flush.covered))
+        for uid in unpacked:
+            found = logs.find_for_flush(uid)
+            assert found is not None
+            if found.mem.flushable(wal_seq):
+                _plan(flush, logs, uid, found, uncached)
+        flush.last = not logs.packed_rows_due(wal_seq)
+    return flush
+
+
+def _plan(
+    flush: SegmentFlush,
+    logs: ServerLogs,
+    uid: str,
+    log: ServerLog,
+    uncached: Callable[[str], bool] | None,
+) -> None:
+    """The rows of WAL file ``flush.wal_seq`` of ``log`` (it has some) into ``flush``."""
+    entries = log.mem.flushable(flush.wal_seq)
+    flush.covered.append(uid)
+    first = entries[0].index
+    if first <= log.snapshot_index():
+        # Entries that died before reaching a segment are never written.
+        entries = [e for e in entries if not log.is_dead(e.index)]
+    if entries:
+        cold = uncached is not None and uncached(uid)
+        flush.plans.append((uid, logs.generation(uid), log.next_segment_seq, entries, first, cold))
+        log.next_segment_seq += len(segment_chunks(entries, flush.limits))
 
 
 def show_segment_flush(flush: SegmentFlush, logs: ServerLogs, reaper: Reaper) -> None:
@@ -211,8 +248,10 @@ def show_segment_flush(flush: SegmentFlush, logs: ServerLogs, reaper: Reaper) ->
         for info in infos:
             for hidden in log.add_segment(info):
                 reaper.retire(hidden)
-    for _, log in logs.items():
-        log.drop_flushed(flush.wal_seq)
+    for uid in flush.covered:
+        covered = logs.find_for_flush(uid)
+        if covered is not None:
+            covered.drop_flushed(flush.wal_seq)
 
 
 __all__ = [

@@ -260,16 +260,18 @@ class NodeStorage:
         assert self._owned(), _NOT_OWNER
         if not self._rolled:
             return None
-        self._logs.rows_to_flush(self._rolled[0])
         return plan_segment_flush(self.disk, self.limits, self._logs, self._rolled[0], uncached)
 
     def finish_segment_flush(self, flush: SegmentFlush) -> None:
         """Put the written segments in the views, drop the flushed entries from the mem
-        tables, then delete the WAL file."""
+        tables, then delete the WAL file if no other log holds rows of it (else the next
+        flush takes the next group of its logs)."""
         assert self._owned(), _NOT_OWNER
         assert self._rolled and self._rolled[0] == flush.wal_seq
         show_segment_flush(flush, self._logs, self._reaper)
         self._logs.repack()
+        if not flush.last:
+            return  # the file's other logs: the next flush (``plan_segment_flush``)
         self.disk.remove(wal_path(flush.wal_seq))
         self.disk.sync_dir("wal")
         self._rolled.pop(0)

@@ -88,12 +88,21 @@ class ServerLogs:
                 self._packed_rows[uid] = (log.mem.first_wal_seq, log.mem.bytes)
         return True
 
-    def rows_to_flush(self, wal_seq: int) -> None:
+    def rows_to_flush(self, wal_seq: int, most: int | None = None) -> list[str]:
         """Unpack the packed logs with rows of WAL files up to ``wal_seq`` (its flush is
-        being planned: it looks at unpacked logs only); ``repack`` packs them again."""
+        being planned: it looks at unpacked logs only), at most ``most`` of them (a
+        flush takes a bounded group of logs, ``Limits.segment_flush_logs_max``); their
+        uids. ``repack`` packs them again."""
         due = [uid for uid, (seq, _) in self._packed_rows.items() if seq <= wal_seq]
+        if most is not None:
+            del due[most:]
         for uid in due:
             self.find_for_flush(uid)
+        return due
+
+    def packed_rows_due(self, wal_seq: int) -> bool:
+        """Whether a packed log holds rows of WAL files up to ``wal_seq``."""
+        return any(seq <= wal_seq for seq, _ in self._packed_rows.values())
 
     def find_for_flush(self, uid: str) -> ServerLog | None:
         """``find`` for the flush: a packed log it unpacks is packed again after it."""

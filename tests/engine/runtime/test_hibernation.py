@@ -303,3 +303,28 @@ def test_a_sweep_that_hit_its_cap_runs_again_soon(tmp_path: Path) -> None:
             await node.stop()
 
     run(body())
+
+
+@pytest.mark.parametrize("least", [3, 100])
+def test_queues_falling_asleep_together_are_followed_by_a_trim(tmp_path: Path, least: int) -> None:
+    """A sweep that put at least ``bulk_free_trim_min`` queues to sleep has the C
+    allocator's free memory given back at once (``Node.trim_memory_with``); fewer do not."""
+    limits = dataclasses.replace(SLEEPY, bulk_free_trim_min=least, queue_sleep_sweep_ms=1_000)
+    names = [f"q{n}" for n in range(4)]
+
+    async def body() -> None:
+        node = await started(tmp_path, limits)
+        trims: list[int] = []
+        node.trim_memory_with(lambda: trims.append(1))
+        try:
+            await filled(node, names)
+            await all_asleep(node, names)
+            await asyncio.sleep(0.1)  # the trim runs on a worker
+            if least == 3:
+                await eventually(lambda: len(trims) >= 1, what="a trim")
+            else:
+                assert trims == []
+        finally:
+            await node.stop()
+
+    run(body())

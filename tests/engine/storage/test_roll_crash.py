@@ -33,6 +33,9 @@ def _filled(limits: Limits) -> tuple[CrashingDisk, NodeStorage, dict[str, list[E
         written[uid] = entries(1, 1 if k % 2 == 0 else 3, size=24, tag=uid)
         storage.append(uid, written[uid])
     storage.sync()
+    if limits.segment_flush_logs_max < SERVERS:
+        for k in range(0, SERVERS, 2):  # their queues sleep: unpacked for the flush
+            assert storage.pack_log(f"s{k}")
     return disk, storage, written
 
 
@@ -54,6 +57,9 @@ CASES = {
     "carry": small_limits(wal_file_bytes_max=1 << 16, wal_carry_entries_max=2),
     "batched flush": small_limits(
         wal_file_bytes_max=1 << 16, wal_carry_entries_max=0, segment_flush_batch_plans_min=2
+    ),
+    "flush in groups": small_limits(
+        wal_file_bytes_max=1 << 16, wal_carry_entries_max=0, segment_flush_logs_max=2
     ),
 }
 
@@ -143,3 +149,34 @@ def test_a_carried_run_is_what_the_file_wrote_to_the_log(
         if len(expected) > entries_max:
             gone = True
         assert runs.runs["q"] == (None if gone else expected)
+
+
+def test_a_file_of_more_logs_than_a_flush_takes_is_flushed_in_groups() -> None:
+    """Six logs, half of them packed, two a flush: three flushes of the file, which
+    stays until the last; the packed logs are packed again after theirs; a log unpacked
+    from outside during a flush that does not take it keeps its rows."""
+    limits = CASES["flush in groups"]
+    disk, storage, written = _filled(limits)
+    batch = storage.wal.roll_if_written()
+    assert batch is not None
+    storage.complete(batch)
+    (rolled,) = storage.rolled_wal_files()
+    groups: list[list[str]] = []
+    while (flush := storage.prepare_segment_flush()) is not None:
+        groups.append(sorted(uid for uid, *_ in flush.plans))
+        assert len(flush.plans) <= 2
+        if len(groups) == 1:
+            taken = {uid for uid, *_ in flush.plans}
+            woken = next(f"s{k}" for k in range(0, SERVERS, 2) if f"s{k}" not in taken)
+            assert len(storage.log(woken).mem) == 1  # unpacked for good, rows unflushed
+        flush.write()
+        storage.finish_segment_flush(flush)
+        if len(groups) < 3:
+            assert storage.rolled_wal_files() == [rolled], groups
+    assert len(groups) == 3 and sorted(uid for group in groups for uid in group) == sorted(written)
+    assert storage.rolled_wal_files() == []
+    packed = [uid for uid in written if storage.log_packed(uid)]
+    assert len(packed) == 2 and woken not in packed
+    _assert_whole(storage, written)
+    storage.close()
+    _assert_whole(NodeStorage.open(disk, limits), written)
