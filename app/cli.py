@@ -185,3 +185,7 @@ register_queue_commands(cli)
 
 def main() -> None:
     cli()
+
+
+if __name__ == "__main__":  # python -m app.cli, as well as the quorra script
+    main()
