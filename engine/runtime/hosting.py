@@ -398,23 +398,10 @@ class Hosting:
     def on_wal_batch(self, batch: WalBatch) -> None:
         ctx = self.ctx
         storage = ctx.storage
-        events = storage.complete(batch)
-        only = events[0] if len(events) == 1 else None
-        if type(only) is Persisted:
-            # One append of one group (one publish at a time): what the loop below does
-            # with it, without gathering it first.
-            group = ctx.meta_group
-            rep = ctx.by_uid.get(only.uid)
-            if rep is not None and not rep.closed and (group is None or only.uid != group.uid):
-                rep.driver.written_all((RaftPersisted(only.index, only.term),))
-                if not rep.scheduled:
-                    self.process(rep)
-                self.maybe_flush()
-                return
         # Each replica's operations the batch made durable go to its driver in one call
         # (``written_all``), which merges their append acknowledgements.
         durable: dict[str, tuple[Replica, list[Event | None]]] = {}
-        for event in events:
+        for event in storage.complete(batch):
             if isinstance(event, Removed):
                 waiter = ctx.removed.get(event.uid)
                 if waiter is not None and not waiter.done():
@@ -450,12 +437,7 @@ class Hosting:
             rep = entry[0]
             if not rep.scheduled:
                 self.process(rep)
-        self.maybe_flush()
-
-    def maybe_flush(self) -> None:
-        """Flush the rolled WAL files to segments, unless a flush runs already."""
-        ctx = self.ctx
-        if ctx.storage.rolled_wal_files() and self.flush_task is None and ctx.running:
+        if storage.rolled_wal_files() and self.flush_task is None and ctx.running:
             self.flush_task = ctx.loop.create_task(self.flush_segments())
 
     async def flush_segments(self) -> None:
