@@ -26,7 +26,9 @@ missing is counted in ``lost_messages`` (a confirmed message must survive any ki
 Three processes and the generators share this machine's cores: ``phases`` gives each
 phase's CPU seconds per wall second summed over the three servers
 (``server_cpu_per_wall``) and over the generators (``client_cpu_per_wall``), so a rate can be
-read against what the processes could get.
+read against what the processes could get, and each server's CPU microseconds per message
+(``server_cpu_us_per_msg_by_node``, the queue's leader at the phase's start in
+``leader_before``).
 
 JSON keys (``JSON_KEYS``; the headline is ``failover_ms``):
 
@@ -42,6 +44,10 @@ JSON keys (``JSON_KEYS``; the headline is ``failover_ms``):
 * ``publish_p50_ms``: median latency of a paced publish at ``--rate`` through the leader;
 * ``publish_p99_ms``: its 99th percentile;
 * ``paced_rate_msgs_per_s``: the rate asked for;
+* ``publish_server_cpu_us_per_msg``: CPU microseconds per message of the publish
+  through the leader, split by server (``cpu_split``): ``leader``, ``followers`` (each, by
+  node name), ``all`` (their sum), and ``single_node`` (the single-node server's, for
+  comparison): what replication costs each process;
 * ``single_node_publish_msgs_per_s``: batches of 100 on a single-node server;
 * ``publish_ratio_to_single_node``: ``publish_msgs_per_s`` over that;
 * ``failover_ms``: the headline: median over the kills, kill -9 of the leader to the first
@@ -93,6 +99,7 @@ JSON_KEYS = (
     "consume_via_follower_msgs_per_s",
     "publish_p50_ms",
     "publish_p99_ms",
+    "publish_server_cpu_us_per_msg",
     "paced_rate_msgs_per_s",
     "single_node_publish_msgs_per_s",
     "publish_ratio_to_single_node",
@@ -204,12 +211,16 @@ class ClusterProcesses:
 
     def cpu_s(self) -> float:
         """User + system CPU seconds of every live server (``bench.rest.CpuClock``)."""
-        total = 0.0
-        for proc in self.procs.values():
+        return sum(self.cpu_by_node().values())
+
+    def cpu_by_node(self) -> dict[str, float]:
+        """User + system CPU seconds of each live server, by node name."""
+        by_node: dict[str, float] = {}
+        for name, proc in self.procs.items():
             with open(f"/proc/{proc.pid}/stat", encoding="ascii") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        return total
+            by_node[name] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return by_node
 
     def log_tail(self, name: str) -> str:
         return (self.root / f"{name}.log").read_text(errors="replace")[-3000:]
@@ -277,14 +288,57 @@ class ClusterProcesses:
 # --- the measurements ------------------------------------------------------------------
 
 
+class NodeClocks:
+    """The ``bench.rest.CpuClock`` of a phase: the cluster's CPU seconds, each server's
+    kept at every reading (``run_phase`` reads at the phase's start and end)."""
+
+    def __init__(self, cluster: ClusterProcesses) -> None:
+        self.cluster = cluster
+        self.readings: list[dict[str, float]] = []
+
+    def cpu_s(self) -> float:
+        by_node = self.cluster.cpu_by_node()
+        self.readings.append(by_node)
+        return sum(by_node.values())
+
+    def us_per_msg(self, messages: int) -> dict[str, float | None]:
+        """Each server's CPU microseconds per message between the first and last reading
+        (None for one that was not up at both)."""
+        first, last = self.readings[0], self.readings[-1]
+        return {
+            name: round((last[name] - first[name]) * 1e6 / messages, 1)
+            if messages and name in last
+            else None
+            for name in first
+        }
+
+
+def cpu_split(
+    by_node: dict[str, float | None], leader: str, single_node: float | None
+) -> dict[str, Any]:
+    """A phase's ``server_cpu_us_per_msg_by_node`` as the leader's, each follower's, their
+    sum and the single node's (``publish_server_cpu_us_per_msg``)."""
+    known = [v for v in by_node.values() if v is not None]
+    return {
+        "leader": by_node.get(leader),
+        "followers": {n: v for n, v in sorted(by_node.items()) if n != leader},
+        "all": round(sum(known), 1) if len(known) == len(by_node) else None,
+        "single_node": single_node,
+    }
+
+
 def _phase(
     cluster: ClusterProcesses, via: str, spec: dict[str, Any], args: argparse.Namespace
 ) -> dict[str, Any]:
     node = cluster.node(via)
     base = rest.server_spec(node.url, cluster.token(via), args.seconds)
     delay_s = QUICK_START_DELAY_S if args.quick else rest.START_DELAY_S
-    phase = rest.run_phase(cluster, base | spec, args.procs, delay_s)
+    leader = cluster.leader(QUEUE)
+    clocks = NodeClocks(cluster)
+    phase = rest.run_phase(clocks, base | spec, args.procs, delay_s)
+    phase["server_cpu_us_per_msg_by_node"] = clocks.us_per_msg(phase["messages"])
     phase["via"] = via
+    phase["leader_before"] = leader
     # Which node led the queue once the phase was over: a "leader" phase whose via is not
     # it measured forwarded publishes (a stale answer, or leadership moved under load).
     phase["leader_after"] = cluster.leader(QUEUE)
@@ -448,6 +502,11 @@ def measure(root: Path, args: argparse.Namespace) -> dict[str, Any]:
         "consume_via_follower_msgs_per_s": phases["consume_follower"]["msgs_per_s"],
         "publish_p50_ms": _percentile(paced, 0.50),
         "publish_p99_ms": _percentile(paced, 0.99),
+        "publish_server_cpu_us_per_msg": cpu_split(
+            phases["publish_leader"]["server_cpu_us_per_msg_by_node"],
+            phases["publish_leader"]["leader_before"],
+            single["server_cpu_us_per_msg"],
+        ),
         "paced_rate_msgs_per_s": args.rate,
         "single_node_publish_msgs_per_s": single["msgs_per_s"],
         "publish_ratio_to_single_node": round(publish / single["msgs_per_s"], 3),
