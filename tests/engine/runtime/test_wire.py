@@ -243,6 +243,37 @@ def test_chunks_leave_large_bytes_out_of_the_document_and_decode_back(value: obj
         assert document == wire.encode(value)
 
 
+def _reference_document(value: object) -> bytes:
+    """The document of ``wire.encode_chunks`` by its rule, built without the module: a
+    dataclass as ``[name, [fields...]]`` in a ``DATACLASS`` extension, a byte string of
+    at least ``CHUNK_BYTES_MIN`` as a ``BLOB`` extension holding its length."""
+
+    def tree(v: object) -> object:
+        if type(v) is bytes and len(v) >= wire.CHUNK_BYTES_MIN:
+            return msgpack.ExtType(wire.BLOB, len(v).to_bytes(4, "big"))
+        if isinstance(v, list):
+            return [tree(item) for item in v]
+        if dataclasses.is_dataclass(v) and not isinstance(v, type):
+            fields = [tree(getattr(v, f.name)) for f in dataclasses.fields(v)]
+            inner = msgpack.packb([type(v).__name__, fields], use_bin_type=True)
+            return msgpack.ExtType(wire.DATACLASS, inner)
+        return v
+
+    document: bytes = msgpack.packb(tree(value), use_bin_type=True)
+    return document
+
+
+@settings(max_examples=300, deadline=None)
+@given(_APPENDS)
+def test_an_append_is_encoded_by_the_rule_of_chunks(value: AppendRequest) -> None:
+    chunks = wire.encode_chunks(value)
+    assert chunks.joined() == _reference_document(value)
+    assert chunks.document_bytes == len(chunks.joined())
+    large = [e.data for e in value.entries if len(e.data) >= wire.CHUNK_BYTES_MIN]
+    assert all(blob is data for blob, data in zip(chunks.blobs, large, strict=True))
+    assert chunks.blobs_bytes == sum(map(len, large))
+
+
 def test_blobs_are_taken_each_once_and_only_from_a_frame_of_blobs() -> None:
     data = b"\x01" * wire.CHUNK_BYTES_MIN
     entry = Entry(index=1, term=1, kind=EntryKind.COMMAND, now_ms=0, data=data)
