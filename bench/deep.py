@@ -85,6 +85,11 @@ full depth):
 * ``restart_ms_default_sleep``: the same restart once more, the server with the default
   idle time (``QUORRA_QUEUE_SLEEP_IDLE_MS`` unset, 30 s): no queue falls asleep again
   during the round;
+* ``restart_cpu_ms``: the CPU time (user and system) the restarted server of
+  ``restart_ms`` had used when the last queue's receive returned: it counts no time spent
+  waiting for a CPU, so on a loaded machine its difference to ``empty_restart_cpu_ms``
+  shows what the Q queues cost a restart where that of the wall times is noise;
+* ``empty_restart_cpu_ms``: the same of ``empty_restart_ms``;
 * ``restart_sleep_idle_ms``: the idle time of ``restart_ms`` (and of the memory
   readings), ``SLEEP_IDLE_MS``;
 * ``rss_wait_s``: the idle wait before each memory reading (the many-queues server
@@ -148,6 +153,8 @@ JSON_KEYS: tuple[str, ...] = (
     "empty_restart_ms",
     "restart_ms",
     "restart_ms_default_sleep",
+    "restart_cpu_ms",
+    "empty_restart_cpu_ms",
     "restart_sleep_idle_ms",
     "rss_wait_s",
     "sleep_wait_s",
@@ -523,13 +530,15 @@ def _acker(receipts: dict[str, str]) -> Callable[[httpx.AsyncClient, str], Await
 
 def _restart_until_received(server: DeepServer, token: str, names: list[str]) -> float:
     """SIGTERM, exec again, and receive a message from every queue; milliseconds from
-    the exec until the last of them answered. The messages are then acknowledged
-    (untimed), so that the queues are idle again, without a lease, when memory is read."""
+    the exec until the last of them answered (the server's CPU time then is kept in
+    ``receive_cpu_ms``). The messages are then acknowledged (untimed), so that the queues
+    are idle again, without a lease, when memory is read."""
     server.stop(signal.SIGTERM)
     server.start()
     receipts: dict[str, str] = {}
     asyncio.run(_receive_each(server.url, token, names, receipts))
     elapsed = server.since_start_ms()
+    server.receive_cpu_ms = server.cpu_ms()
     asyncio.run(_each_queue(server.url, token, names, _acker(receipts)))
     return elapsed
 
@@ -559,6 +568,7 @@ def measure_queues(server: DeepServer, args: argparse.Namespace) -> dict[str, An
     asyncio.run(_each_queue(server.url, token, names[:1], _create))
     asyncio.run(_each_queue(server.url, token, names[:1], _publisher(body)))
     empty_restart_ms = _restart_until_received(server, token, names[:1])
+    empty_restart_cpu_ms = server.receive_cpu_ms
     time.sleep(wait_s)
     rss_one = server.vm_rss_bytes()
 
@@ -570,6 +580,7 @@ def measure_queues(server: DeepServer, args: argparse.Namespace) -> dict[str, An
     rss_all = server.vm_rss_bytes()
 
     restart_ms = _restart_until_received(server, token, names)
+    restart_cpu_ms = server.receive_cpu_ms
     time.sleep(wait_s)
     rss_restarted = server.vm_rss_bytes()
     sleeping = _sleeping(server, token)
@@ -588,6 +599,8 @@ def measure_queues(server: DeepServer, args: argparse.Namespace) -> dict[str, An
         empty_restart_ms=round(empty_restart_ms, 1),
         restart_ms=round(restart_ms, 1),
         restart_ms_default_sleep=round(restart_default_ms, 1),
+        restart_cpu_ms=round(restart_cpu_ms, 1),
+        empty_restart_cpu_ms=round(empty_restart_cpu_ms, 1),
         restart_sleep_idle_ms=SLEEP_IDLE_MS,
     )
 

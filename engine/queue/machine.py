@@ -357,6 +357,13 @@ class QueueMachine:
         c = self._counters
         return c[PUBLISHED], c[DELIVERED], c[ACKED]
 
+    def held(self) -> int:
+        """Messages it holds in any state (ready, delayed, leased, awaiting their dead
+        letter's confirm): the sum of those ``stats`` counts, without building the
+        stats (their memory use, consumers and paging), which a queue's live set asks
+        for whenever it is rebuilt, once for each queue falling asleep."""
+        return self._ready + len(self._delayed) + len(self._pending) + len(self._dead_letters)
+
     def at_rest(self) -> bool:
         """Nothing in it waits on time or on a consumer: no lease out, no delayed or
         expiring message, no dead letter awaiting its target queue (what a queue needs

@@ -108,9 +108,7 @@ def _built_off_loop(rep: Replica) -> bool:
     build runs); False for a queue shallow enough to build it here."""
     if rep.live_build is not None:
         return True
-    s = rep.machine.stats()
-    held = s.messages_ready + s.messages_unacked + s.messages_delayed
-    if held + s.messages_dead_lettering <= LIVE_SET_INLINE_MAX:
+    if rep.machine.held() <= LIVE_SET_INLINE_MAX:
         return False
     frozen = rep.machine.freeze()
     rep.live_build = (rep.machine, rep.applied_index, _workers().submit(_timed_build, frozen))

@@ -319,6 +319,8 @@ class QueueMachineVsModel(RuleBasedStateMachine):
         assert s.messages_delayed == len(model.delayed)
         assert s.messages_unacked == len(model.pending)
         assert s.messages_dead_lettering == len(model.dlx)
+        held = len(ready) + len(model.delayed) + len(model.pending) + len(model.dlx)
+        assert m.held() == held
         assert s.bytes_ready == sum(model.msgs[mid].size for mid, _l, _d in ready)
         assert s.bytes_unacked == sum(model.msgs[x.mid].size for x in model.pending.values())
         assert s.consumers == model.consumers()

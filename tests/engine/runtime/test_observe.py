@@ -20,7 +20,7 @@ from tests.engine.runtime.util import msgs, run, started
 class _Machine:
     def __init__(self, held: int = 0) -> None:
         self.builds = 0
-        self.held = held
+        self.messages = held
         self.frozen_builds: list[threading.Thread] = []
         self.release = threading.Event()
         self.release.set()
@@ -29,9 +29,12 @@ class _Machine:
         self.builds += 1
         return BitMap64([self.builds])
 
+    def held(self) -> int:
+        return self.messages
+
     def stats(self) -> Any:
         return SimpleNamespace(
-            messages_ready=self.held,
+            messages_ready=self.messages,
             messages_unacked=0,
             messages_delayed=0,
             messages_dead_lettering=0,
