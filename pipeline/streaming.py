@@ -52,7 +52,9 @@ done ids, leases, the connection to ack on) are kept per run with set and numpy
 operations, so a message costs no Python object or step of its own on the way to
 Spark; only a run with a redelivered message (a lease ran out, a connection dropped)
 is looked at message by message. A batch's partitions are its runs' rows in id order,
-concatenated once per partition.
+concatenated once per partition, holding only the columns the query reads (a schema
+given to ``readStream``: ``pipeline.source.read_columns``); ``body_text`` is computed
+where the partition is read, never shipped.
 
 **A failed micro-batch gets the same messages.** Within one run, ``partitions(start,
 end)`` serves the batch from memory. After a failure that stops the query, ``stop()``
