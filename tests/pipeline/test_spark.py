@@ -154,8 +154,8 @@ def test_a_stream_read_with_a_schema_of_some_columns_gets_those_and_acks_all(
     result = spark.read.parquet(str(tmp_path / "out"))
     assert result.columns == ["body_text", "id"]
     assert sorted(r.body_text for r in result.collect()) == sorted(f"s-{i}" for i in range(total))
-    narrow = read_queue(spark, options).schema("id long, priority int").load()
-    assert narrow.columns == ["id", "priority"]
+    narrow = spark.read.format("quorra").options(**options).schema("id long, priority int")
+    assert narrow.load().columns == ["id", "priority"]
 
 
 def test_stream_copy_between_queues_is_exactly_once(
