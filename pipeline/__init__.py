@@ -26,6 +26,10 @@ Use from PySpark::
 
 Read schema: ``id long, body binary, body_text string (null unless UTF-8),
 headers map<string,string>, priority int, delivery_count int, published_at timestamp``.
+A query may read fewer of them by giving a schema of some (``spark.readStream
+.format("quorra").schema("id long, body binary")``, any order, the same types): the
+reader then builds and ships only those (and ``body`` for ``body_text``), so Spark's JVM
+converts no column the query does not use; old queries, without a schema, are unchanged.
 Write columns: ``body`` (binary or string, required), ``headers`` (map), ``priority``
 (int), ``dedup_id`` (string). Without a ``dedup_id`` column each publish frame gets one
 id derived from job/batch, partition and its first row (the frame's, for all its rows:

@@ -43,7 +43,16 @@ from pyspark.sql.datasource import (
     InputPartition,
     WriterCommitMessage,
 )
-from pyspark.sql.types import StructType
+from pyspark.sql.types import (
+    BinaryType,
+    DataType,
+    IntegerType,
+    LongType,
+    MapType,
+    StringType,
+    StructType,
+    TimestampType,
+)
 
 from pipeline import queues
 from pipeline.options import Options
@@ -70,6 +79,7 @@ ARROW_READ_SCHEMA = pa.schema(
     ]
 )
 ARROW_SHIPPED_SCHEMA = ARROW_READ_SCHEMA.remove(2)
+READ_COLUMNS = tuple(ARROW_READ_SCHEMA.names)
 _CURSOR_POS_BITS = 48
 INT32_MAX = (1 << 31) - 1
 
@@ -85,7 +95,7 @@ class QuorraDataSource(DataSource):
         return READ_SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return BrowseReader(Options.parse(self.options))
+        return BrowseReader(Options.parse(self.options), read_columns(schema))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceArrowWriter:
         return PublishWriter(Options.parse(self.options), schema)
@@ -96,10 +106,47 @@ class QuorraDataSource(DataSource):
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         from pipeline.streaming import LeaseStreamReader
 
-        return LeaseStreamReader(Options.parse(self.options))
+        return LeaseStreamReader(Options.parse(self.options), read_columns(schema))
 
 
 # --- rows ------------------------------------------------------------------------------
+
+
+def read_types() -> dict[str, DataType]:
+    """``READ_SCHEMA``'s columns and their Spark types (built here: parsing DDL needs a
+    SparkSession, which Spark's Python workers do not have)."""
+    return {
+        "id": LongType(),
+        "body": BinaryType(),
+        "body_text": StringType(),
+        "headers": MapType(StringType(), StringType()),
+        "priority": IntegerType(),
+        "delivery_count": IntegerType(),
+        "published_at": TimestampType(),
+    }
+
+
+def read_columns(schema: StructType) -> tuple[str, ...]:
+    """The columns a read produces, in the order of ``schema``: the read schema
+    (``READ_SCHEMA``) or a schema the query gave (``.schema(...)``) naming some of its
+    columns with their types. Fewer columns cost less: ``body_text`` is a second copy of
+    every body, and each column goes through Spark's JVM row by row."""
+    types = read_types()
+    names = tuple(field.name for field in schema.fields)
+    for field in schema.fields:
+        if field.name not in types:
+            raise ValueError(
+                f"quorra data source: no column {field.name!r} to read "
+                f"(the columns are {', '.join(READ_COLUMNS)})"
+            )
+        if field.dataType != types[field.name]:
+            raise ValueError(
+                f"quorra data source: column {field.name!r} is "
+                f"{types[field.name].simpleString()}, not {field.dataType.simpleString()}"
+            )
+    if len(set(names)) != len(names) or not names:
+        raise ValueError("quorra data source: the read schema needs distinct column names")
+    return names
 
 
 def text_or_none(body: bytes | None) -> str | None:
@@ -181,13 +228,33 @@ def headers_array(messages: list[Delivery]) -> pa.MapArray:
 
 def with_text(batch: pa.RecordBatch) -> pa.RecordBatch:
     """Add ``body_text``: the body as a string where it is valid UTF-8, else null."""
-    bodies = batch.column(1)
+    return project(batch, READ_COLUMNS)
+
+
+def body_text(bodies: pa.Array) -> pa.Array:
+    """The bodies as strings where they are valid UTF-8, else null."""
     try:
-        text = bodies.cast(pa.string())  # validates the whole column at C speed
+        return bodies.cast(pa.string())  # validates the whole column at C speed
     except pa.ArrowInvalid:
-        text = pa.array([text_or_none(b) for b in bodies.to_pylist()], pa.string())
-    columns = [*batch.columns[:2], text, *batch.columns[2:]]
-    return pa.RecordBatch.from_arrays(columns, schema=ARROW_READ_SCHEMA)
+        return pa.array([text_or_none(b) for b in bodies.to_pylist()], pa.string())
+
+
+def shipped(batch: pa.RecordBatch, columns: tuple[str, ...]) -> pa.RecordBatch:
+    """The columns of a shipped batch (no ``body_text``) that ``columns`` need: the
+    body for ``body_text``, no column a query does not read."""
+    wanted = set(columns) | ({"body"} if "body_text" in columns else set())
+    return batch.select([name for name in batch.schema.names if name in wanted])
+
+
+def project(batch: pa.RecordBatch, columns: tuple[str, ...]) -> pa.RecordBatch:
+    """A batch holding the shipped columns ``columns`` need as the rows of ``columns``
+    (in their order), ``body_text`` computed here where it is asked for."""
+    arrays = [
+        body_text(batch.column("body")) if name == "body_text" else batch.column(name)
+        for name in columns
+    ]
+    schema = pa.schema([ARROW_READ_SCHEMA.field(name) for name in columns])
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
 # --- batch read ------------------------------------------------------------------------
@@ -202,8 +269,9 @@ class CursorRange(InputPartition):
 
 
 class BrowseReader(DataSourceReader):
-    def __init__(self, options: Options) -> None:
+    def __init__(self, options: Options, columns: tuple[str, ...] = READ_COLUMNS) -> None:
         self.options = options
+        self.columns = columns
 
     def partitions(self) -> list[CursorRange]:
         return plan_cursor_ranges(self.options)
@@ -211,7 +279,7 @@ class BrowseReader(DataSourceReader):
     def read(self, partition: CursorRange) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
         with queues.connect(self.options.url, self.options.token) as client:
             for page in browse_range(client, self.options, partition):
-                yield to_record_batch(page)
+                yield project(to_record_batch(page, text=False), self.columns)
 
 
 def plan_cursor_ranges(options: Options) -> list[CursorRange]:

@@ -52,7 +52,9 @@ done ids, leases, the connection to ack on) are kept per run with set and numpy
 operations, so a message costs no Python object or step of its own on the way to
 Spark; only a run with a redelivered message (a lease ran out, a connection dropped)
 is looked at message by message. A batch's partitions are its runs' rows in id order,
-concatenated once per partition.
+concatenated once per partition, holding only the columns the query reads (a schema
+given to ``readStream``: ``pipeline.source.read_columns``); ``body_text`` is computed
+where the partition is read, never shipped.
 
 **A failed micro-batch gets the same messages.** Within one run, ``partitions(start,
 end)`` serves the batch from memory. After a failure that stops the query, ``stop()``
@@ -91,7 +93,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMa
 
 from pipeline.offsets import id_array_runs, make_offset, offset_id_array
 from pipeline.options import BATCH_MESSAGES_MAX, Options
-from pipeline.source import columns_record_batch, with_text
+from pipeline.source import READ_COLUMNS, columns_record_batch, project, shipped
 from quorra.client import DeliveredColumns, Problem, Settled, Stream
 
 log = logging.getLogger("quorra.pipeline.streaming")
@@ -171,18 +173,20 @@ def stream_count(credit: int, prefetch_max: int) -> int:
 
 
 class LeaseStreamReader(DataSourceStreamReader):
-    def __init__(self, options: Options) -> None:
-        self._setup(options)
+    def __init__(self, options: Options, columns: tuple[str, ...] = READ_COLUMNS) -> None:
+        self._setup(options, columns)
 
-    def __getstate__(self) -> dict[str, Options]:
+    def __getstate__(self) -> dict[str, Any]:
         # Spark pickles the reader to run ``read`` on executors: only the options go.
-        return {"options": self.options}
+        return {"options": self.options, "columns": self.columns}
 
-    def __setstate__(self, state: dict[str, Options]) -> None:
-        self._setup(state["options"])
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._setup(state["options"], state.get("columns", READ_COLUMNS))
 
-    def _setup(self, options: Options) -> None:
+    def _setup(self, options: Options, columns: tuple[str, ...]) -> None:
         self.options = options
+        self.columns = columns
+        """The query's columns (``pipeline.source.read_columns``)."""
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         """Notified when deliveries or settle answers arrived."""
@@ -241,11 +245,11 @@ class LeaseStreamReader(DataSourceStreamReader):
             planned = self._batch_runs.get(end_seq)
         if runs is None or planned != _runs_of(end):
             runs = self._recover(end)
-        return partitions_of(runs, self.options)
+        return partitions_of(runs, self.options, self.columns)
 
     def read(self, partition: ArrowPartition) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
         if partition.batch.num_rows:
-            yield with_text(partition.batch)
+            yield project(partition.batch, self.columns)
 
     def commit(self, end: dict[str, Any]) -> None:
         self._settle_through(end)
@@ -556,9 +560,12 @@ def _runs_of(offset: dict[str, Any]) -> list[list[int]]:
     return id_array_runs(offset_id_array(offset))
 
 
-def partitions_of(runs: list[Run], options: Options) -> list[ArrowPartition]:
+def partitions_of(
+    runs: list[Run], options: Options, columns: tuple[str, ...] = READ_COLUMNS
+) -> list[ArrowPartition]:
     """A batch's messages in id order, in up to ``numPartitions`` Arrow batches of at
-    least 1,000 rows, each in buffers of its own (a partition is pickled whole). Runs are
+    least 1,000 rows, each in buffers of its own (a partition is pickled whole) and with
+    only the shipped columns that ``columns`` need. Runs are
     each in id order as a receive delivers them: sorted by their first ids they are
     usually the batch in id order, and each partition is then its runs' slices
     concatenated (one copy); otherwise the rows are taken in id order."""
@@ -571,7 +578,7 @@ def partitions_of(runs: list[Run], options: Options) -> list[ArrowPartition]:
     size = -(-n // parts)
     bounds = range(0, n, size)
     if np.any(ids[1:] <= ids[:-1]):
-        rows = pa.concat_batches([run.rows for run in runs])
+        rows = pa.concat_batches([shipped(run.rows, columns) for run in runs])
         order = pa.array(np.argsort(ids, kind="stable"))
         return [ArrowPartition(rows.take(order[at : at + size])) for at in bounds]
     starts = np.cumsum([0, *map(len, runs)]).tolist()
@@ -579,7 +586,9 @@ def partitions_of(runs: list[Run], options: Options) -> list[ArrowPartition]:
     for at in bounds:
         until = min(at + size, n)
         pieces = [
-            run.rows.slice(max(at - first, 0), min(until, first + len(run)) - max(at, first))
+            shipped(run.rows, columns).slice(
+                max(at - first, 0), min(until, first + len(run)) - max(at, first)
+            )
             for run, first in zip(runs, starts, strict=False)
             if first < until and first + len(run) > at
         ]

@@ -5,17 +5,23 @@ from __future__ import annotations
 
 import msgpack
 import pyarrow as pa
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
 from app.deliver_frames import deliver_column_chunks
 from engine.runtime.api import ReceivedBatch, SettleResult
 from pipeline.source import (
     ARROW_READ_SCHEMA,
+    READ_COLUMNS,
     body_views,
     columns_record_batch,
     headers_array,
     outgoing,
+    project,
+    read_columns,
+    shipped,
     to_record_batch,
 )
 from quorra.client import DeliveredColumns, Delivery
@@ -110,3 +116,29 @@ def test_a_columnar_frame_makes_the_rows_its_deliveries_make(messages: list[Deli
     rows = columns_record_batch(DeliveredColumns.of(frame))
     rows.validate(full=True)
     assert rows.equals(to_record_batch(messages, text=False))
+
+
+@settings(deadline=None)
+@given(
+    st.lists(DELIVERY, max_size=20, unique_by=lambda d: d.id),
+    st.permutations(READ_COLUMNS).flatmap(
+        lambda cols: st.integers(1, len(cols)).map(lambda k: tuple(cols[:k]))
+    ),
+)
+def test_a_read_of_some_columns_gets_those_of_the_full_rows_and_ships_no_other(
+    messages: list[Delivery], columns: tuple[str, ...]
+) -> None:
+    full = to_record_batch(messages)
+    sent = shipped(to_record_batch(messages, text=False), columns)
+    needed = set(columns) - {"body_text"} | ({"body"} if "body_text" in columns else set())
+    assert set(sent.schema.names) == needed
+    assert project(sent, columns).equals(full.select(list(columns)))
+
+
+def test_a_schema_names_read_columns_with_their_types() -> None:
+    given = StructType([StructField("body_text", StringType()), StructField("id", LongType())])
+    assert read_columns(given) == ("body_text", "id")
+    with pytest.raises(ValueError, match="no column 'bodytext'"):
+        read_columns(StructType([StructField("bodytext", StringType())]))
+    with pytest.raises(ValueError, match="'id' is bigint, not int"):
+        read_columns(StructType([StructField("id", IntegerType())]))

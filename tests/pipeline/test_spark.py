@@ -132,6 +132,32 @@ def test_failed_micro_batch_is_replayed_and_output_is_exactly_once(
     assert bodies == sorted(f"m-{i}" for i in range(total))
 
 
+def test_a_stream_read_with_a_schema_of_some_columns_gets_those_and_acks_all(
+    spark: Any, client: Client, options: dict[str, str], tmp_path: Path
+) -> None:
+    queue, total = options["queue"], 2_000
+    client.publish(queue, [b"s-%d" % i for i in range(1000)])
+    client.publish(queue, [b"s-%d" % i for i in range(1000, total)])
+    query = (
+        spark.readStream.format("quorra")
+        .options(**options, maxMessagesPerTrigger="1000")
+        .schema("body_text string, id long")
+        .load()
+        .writeStream.format("parquet")
+        .option("path", str(tmp_path / "out"))
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(processingTime="100 milliseconds")
+        .start()
+    )
+    run_stream_until_drained(client, queue, query)
+    assert query.exception() is None
+    result = spark.read.parquet(str(tmp_path / "out"))
+    assert result.columns == ["body_text", "id"]
+    assert sorted(r.body_text for r in result.collect()) == sorted(f"s-{i}" for i in range(total))
+    narrow = spark.read.format("quorra").options(**options).schema("id long, priority int")
+    assert narrow.load().columns == ["id", "priority"]
+
+
 def test_stream_copy_between_queues_is_exactly_once(
     spark: Any, client: Client, options: dict[str, str], tmp_path: Path
 ) -> None:

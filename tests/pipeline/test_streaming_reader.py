@@ -81,6 +81,22 @@ def test_batches_are_acked_once_spark_moves_past_them(
     assert now["acked"] == 20 and stats(client, queue)["messages_unacked"] == 0
 
 
+def test_a_reader_of_some_columns_ships_and_reads_only_those(
+    quorra_server: LocalServer, client: Client, queue: str, readers: list[LeaseStreamReader]
+) -> None:
+    publish(client, queue, 20)
+    raw = {"url": quorra_server.url, "token": quorra_server.token, "queue": queue}
+    r = LeaseStreamReader(Options.parse(raw | {"waitMs": "2000"}), ("body_text", "id"))
+    readers.append(r)
+    start = r.initialOffset()
+    end = r.latestOffset(start, ReadMaxRows(20))
+    partitions = r.partitions(start, end)
+    assert all(p.batch.schema.names == ["id", "body"] for p in partitions)  # no headers
+    rows = [row for p in partitions for batch in r.read(p) for row in batch.to_pylist()]
+    assert [sorted(row) for row in rows] == [["body_text", "id"]] * 20
+    assert sorted(row["body_text"] for row in rows) == sorted(f"m-{i}" for i in range(20))
+
+
 def test_the_credit_covers_two_micro_batches() -> None:
     assert stream_count(20_000, 10_000) == 2
     assert stream_count(100, 10_000) == 1
