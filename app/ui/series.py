@@ -129,24 +129,47 @@ def _same_figures(a: Sample, b: Sample) -> bool:
 
 class _Run:
     """Samples of consecutive rounds with the same figures: one ``Sample`` for them all
-    (an idle queue's ring is one run, not ``SAMPLES_MAX`` samples)."""
+    (an idle queue's ring is one run, not ``SAMPLES_MAX`` samples). A queue's ring is
+    its newest run, each run naming the one before (``older``), and the newest how many
+    samples the ring holds (``held``): no list beside them, which cost an idle queue
+    more than its runs (about 120 bytes a queue)."""
 
-    __slots__ = ("first", "last", "sample")
+    __slots__ = ("first", "held", "last", "older", "sample")
+    first: int
+    last: int
+    held: int
+    sample: Sample
+    older: _Run | None
 
-    def __init__(self, seq: int, sample: Sample) -> None:
+    def __init__(self, seq: int, sample: Sample, older: _Run | None) -> None:
         self.first = seq
         self.last = seq
         self.sample = sample
+        self.older = older
+        self.held = (older.held if older is not None else 0) + 1
 
 
-class _Ring(list[_Run]):
-    """A queue's runs, oldest first, and how many samples they hold."""
+def _oldest_first(newest: _Run) -> list[_Run]:
+    runs = []
+    run: _Run | None = newest
+    while run is not None:
+        runs.append(run)
+        run = run.older
+    runs.reverse()
+    return runs
 
-    __slots__ = ("held",)
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.held = 0
+def _drop_oldest(newest: _Run) -> None:
+    """Drop the oldest sample of the ring ending with ``newest``. Walks the runs: none
+    but the newest knows the ring (an idle queue's has one or two; a busy queue's up to
+    ``samples_max``, a few microseconds)."""
+    newer, oldest = newest, newest
+    while oldest.older is not None:
+        newer, oldest = oldest, oldest.older
+    oldest.first += 1
+    if oldest.first > oldest.last:  # never the newest: it holds the sample just added
+        newer.older = None
+    newest.held -= 1
 
 
 class SeriesStore:
@@ -163,7 +186,8 @@ class SeriesStore:
     def __init__(self, samples_max: int = SAMPLES_MAX) -> None:
         assert samples_max >= 2
         self.samples_max = samples_max
-        self._queues: dict[str, _Ring] = {}
+        self._queues: dict[str, _Run] = {}
+        """The newest run of each queue's ring."""
         self._round_ats: dict[int, int] = {}
         """at_ms of each round still named by a run, by round number."""
         self._round = -1
@@ -183,30 +207,23 @@ class SeriesStore:
 
     def _forget_rounds(self) -> None:
         """Drop the rounds no run names any more (every ``samples_max`` rounds)."""
-        oldest = min((runs[0].first for runs in self._queues.values() if runs), default=None)
+        oldest = min((_oldest_first(run)[0].first for run in self._queues.values()), default=None)
         for seq in [n for n in self._round_ats if oldest is None or n < oldest]:
             if seq != self._round:
                 del self._round_ats[seq]
 
     def add(self, name: str, sample: Sample) -> None:
-        runs = self._queues.get(name)
-        if runs is None:
-            if len(self._queues) >= QUEUES_TRACKED_MAX:
-                return
-            runs = self._queues[name] = _Ring()
+        last = self._queues.get(name)
+        if last is None and len(self._queues) >= QUEUES_TRACKED_MAX:
+            return
         seq = self._round_of(sample.at_ms)
-        last = runs[-1] if runs else None
         if last is not None and last.last == seq - 1 and _same_figures(sample, last.sample):
             last.last = seq
+            last.held += 1
         else:
-            runs.append(_Run(seq, self._shared_sample(sample)))
-        runs.held += 1
-        while runs.held > self.samples_max:
-            first = runs[0]
-            first.first += 1
-            runs.held -= 1
-            if first.first > first.last:
-                del runs[0]
+            last = self._queues[name] = _Run(seq, self._shared_sample(sample), last)
+        if last.held > self.samples_max:
+            _drop_oldest(last)
 
     def _shared_sample(self, sample: Sample) -> Sample:
         """An equal sample another run of this round keeps, else ``sample``."""
@@ -227,24 +244,23 @@ class SeriesStore:
         ]
 
     def queue(self, name: str) -> list[Sample]:
-        return [s for run in self._queues.get(name, ()) for s in self._samples(run)]
+        newest = self._queues.get(name)
+        if newest is None:
+            return []
+        return [s for run in _oldest_first(newest) for s in self._samples(run)]
 
     def latest(self) -> list[tuple[str, Sample]]:
         """The newest sample of every queue."""
         out = []
-        for name, runs in self._queues.items():
-            if runs:
-                run = runs[-1]
-                at_ms = self._round_ats[run.last]
-                sample = run.sample
-                out.append(
-                    (
-                        name,
-                        sample
-                        if sample.at_ms == at_ms
-                        else dataclasses.replace(sample, at_ms=at_ms),
-                    )
+        for name, run in self._queues.items():
+            at_ms = self._round_ats[run.last]
+            sample = run.sample
+            out.append(
+                (
+                    name,
+                    sample if sample.at_ms == at_ms else dataclasses.replace(sample, at_ms=at_ms),
                 )
+            )
         return out
 
     def forget_except(self, names: set[str]) -> None:

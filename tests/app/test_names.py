@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import re
+import tracemalloc
 
 import pytest
 from hypothesis import given
@@ -98,3 +100,38 @@ def test_the_guard_remembers_only_valid_segments_and_a_bounded_number() -> None:
     assert [p.split("/")[4] for p in passed] == ["a", "a", "b", "c", "d", "d"]
     assert [m["status"] for m in sent if m["type"] == "http.response.start"] == [422] * 3
     assert len(guard._valid) <= guard.NAMES_MAX and b".." not in guard._valid
+
+
+def test_the_guard_remembers_a_bounded_few_names() -> None:
+    """Thousands of queues named once each (idle queues, each created and published
+    to) leave the guard holding a few hundred names, not one for each queue."""
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        return None
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": b""}
+
+    async def send(message: Message) -> None:
+        return None
+
+    guard = QueueNameGuard(app)
+
+    async def requests(names: list[str]) -> None:
+        for name in names:
+            path = f"/api/v1/queues/{name}/messages"
+            scope = {"type": "http", "path": path, "raw_path": path.encode(), "headers": []}
+            await guard(scope, receive, send)
+
+    asyncio.run(requests(["warm"]))
+    names = [f"bench-idle-{n:05d}" for n in range(3_000)]
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        asyncio.run(requests(names))
+        gc.collect()
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert kept < 60_000, kept  # 256 names at most; 278 KB of these 3,000 when 4,096 were kept

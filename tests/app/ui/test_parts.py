@@ -117,7 +117,8 @@ def test_idle_queues_rings_stay_small() -> None:
     finally:
         tracemalloc.stop()
     per_queue = sum(s.size_diff for s in after.compare_to(before, "filename")) / len(names)
-    assert per_queue < 400, per_queue  # 356: the runs share their sample (500 each apart)
+    # 275: the runs share their sample (500 each apart); 355 while a list held the runs
+    assert per_queue < 300, per_queue
     assert len(store.queue("q7")) == 180
     assert store.queue("q7")[-1].at_ms == 359 * 5000
 
