@@ -389,18 +389,21 @@ class Hosting:
 
     def write_lone(self, rep: Replica) -> None:
         """The turn after a lone proposal of ``rep`` was submitted to an idle WAL with
-        its writer held (``NodeContext.propose``): if nothing joined it (``rep`` not
-        scheduled again, no batch of the thread's waiting), write and sync it here, on
+        its writer held (``NodeContext.propose``): if nothing came after it (``rep`` not
+        scheduled again, no publish group gathering its next entry, no batch of the
+        thread's waiting), write and sync it here, on
         the loop (``WalWriter.write_now``), and complete it at once; else, or when the
         writer declines, let the thread write it. Meanwhile the loop does nothing else:
         no socket is read and no timer runs for the length of one small sync, after
-        which what came meanwhile is read and goes to the writer thread together."""
+        which what came meanwhile is read and goes to the writer thread together. Work
+        seen waiting goes to the thread, whose sync it overlaps: under load the loop
+        then keeps preparing the next batch while the disk writes this one."""
         ctx = self.ctx
         writer = ctx.writer
         assert writer is not None
         batch = None
         try:
-            if not rep.scheduled and not self.batches:
+            if not rep.scheduled and rep.publish_group is None and not self.batches:
                 batch = writer.write_now(self._in_order)
         finally:
             writer.release()
