@@ -11,6 +11,15 @@ After ``wal_idle_roll_ms`` with nothing to write, it rolls a file that holds any
 segments and leave the mem tables, so an idle node holds no message bodies in memory
 and the memory alarm, which counts them, clears by itself.
 
+A lone small write of a one-member queue on an idle WAL skips the thread: the loop
+``hold``s the writer (no wake-up), and at its next turn, if nothing else came, writes and
+syncs it itself (``write_now``), the loop blocked for that one sync; else ``release``
+wakes the thread. One writer at a time holds the writer's turn (a lock the loop only
+tries), so batches stay in order. With one publish outstanding at a time this spares
+the wake-up of the thread, the GIL handed to it and back and the wake-up of the loop:
+on tmpfs 2.3 to 0.1 voluntary context switches and about a quarter of the server's
+CPU per publish.
+
 ``stop`` writes what is pending and returns; ``stop(abandon=True)`` drops it, as a crash
 would (the in-process failover tests use it).
 
