@@ -46,7 +46,7 @@ from engine.runtime.replica import Proposal, Replica
 from engine.runtime.routing import Router
 from engine.runtime.timers import Timers
 from engine.runtime.transport import Transport
-from engine.runtime.wal_writer import WalWriter
+from engine.runtime.wal_writer import LONE_BATCH_BYTES_MAX, WalWriter
 from engine.storage import NodeStorage
 
 T = TypeVar("T")
@@ -204,9 +204,11 @@ class NodeContext:
                 # The disk is free: write this entry now rather than at the next turn
                 # of the loop. Proposals made while it is written wait for the next
                 # turn and go together, in the batch after this one (group commit).
-                if _lone(rep):
+                if len(command) <= LONE_BATCH_BYTES_MAX and _lone(rep):
                     # No peer to send it to first: the loop may sync it itself, at the
                     # next turn if nothing joined it by then (``Hosting.write_lone``).
+                    # Not a larger entry, which the loop would not write: its thread
+                    # is woken now, to start as soon as the loop lets the GIL go.
                     writer.hold()
                     try:
                         self.hosting.process(rep, proposed=True)
