@@ -11,7 +11,8 @@ each row is one publish; a ``RECEIVED`` while a row is open drops that row
 
 The stages are stamped where the publish passes: the stream endpoint (``RECEIVED``,
 ``SENT``), ``NodeContext.propose`` (``PROPOSED``, ``RESUMED``), the WAL (``SUBMITTED``
-on the loop; ``TAKEN``, ``WRITTEN``, ``SYNCED`` in its writer thread), ``Hosting``
+on the loop; ``TAKEN``, ``WRITTEN``, ``SYNCED`` in its writer thread, or on the loop
+when it writes a lone publish itself: ``WalWriter.write_now``), ``Hosting``
 (``ON_LOOP``: the loop took the finished batch) and ``Effects`` (``APPLIED``). The writer
 thread stamps while the loop may open the next row: the worst a race does is drop a
 stamp, and then the row, never misplace one.

@@ -46,7 +46,7 @@ from engine.runtime.replica import Proposal, Replica
 from engine.runtime.routing import Router
 from engine.runtime.timers import Timers
 from engine.runtime.transport import Transport
-from engine.runtime.wal_writer import WalWriter
+from engine.runtime.wal_writer import LONE_BATCH_BYTES_MAX, WalWriter
 from engine.storage import NodeStorage
 
 T = TypeVar("T")
@@ -204,7 +204,18 @@ class NodeContext:
                 # The disk is free: write this entry now rather than at the next turn
                 # of the loop. Proposals made while it is written wait for the next
                 # turn and go together, in the batch after this one (group commit).
-                self.hosting.process(rep, proposed=True)
+                if len(command) <= LONE_BATCH_BYTES_MAX and _lone(rep):
+                    # No peer to send it to first: the loop may sync it itself, at the
+                    # next turn if nothing joined it by then (``Hosting.write_lone``).
+                    # Not a larger entry, which the loop would not write: its thread
+                    # is woken now, to start as soon as the loop lets the GIL go.
+                    writer.hold()
+                    try:
+                        self.hosting.process(rep, proposed=True)
+                    finally:
+                        self.loop.call_soon(self.hosting.write_lone, rep)
+                else:
+                    self.hosting.process(rep, proposed=True)
             else:
                 self.hosting.schedule(rep)
             reply = await future
@@ -297,3 +308,10 @@ def _no_quorum_in_time(name: str) -> NoLeader:
 
 
 __all__ = ["Admission", "NodeContext"]
+
+
+def _lone(rep: Replica) -> bool:
+    """The replica's group is itself alone: a write of its leader goes to no peer, so its
+    own sync is all a commit waits for."""
+    config = rep.raft.config
+    return len(config.voters) == 1 and not config.learners

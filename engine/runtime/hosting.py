@@ -387,6 +387,36 @@ class Hosting:
         with contextlib.suppress(RuntimeError):  # the loop closed after a halt
             loop.call_soon_threadsafe(self.drain_batches)
 
+    def write_lone(self, rep: Replica) -> None:
+        """The turn after a lone proposal of ``rep`` was submitted to an idle WAL with
+        its writer held (``NodeContext.propose``): if nothing came after it (``rep`` not
+        scheduled again, no publish group gathering its next entry, no batch of the
+        thread's waiting), write and sync it here, on
+        the loop (``WalWriter.write_now``), and complete it at once; else, or when the
+        writer declines, let the thread write it. Meanwhile the loop does nothing else:
+        no socket is read and no timer runs for the length of one small sync, after
+        which what came meanwhile is read and goes to the writer thread together. Work
+        seen waiting goes to the thread, whose sync it overlaps: under load the loop
+        then keeps preparing the next batch while the disk writes this one."""
+        ctx = self.ctx
+        writer = ctx.writer
+        assert writer is not None
+        batch = None
+        try:
+            if not rep.scheduled and rep.publish_group is None and not self.batches:
+                batch = writer.write_now(self._in_order)
+        finally:
+            writer.release()
+        if batch is not None:
+            trace = ctx.trace
+            if trace is not None:
+                trace.stamp(Stage.ON_LOOP)
+            self.on_wal_batch(batch)
+
+    def _in_order(self) -> bool:
+        """No batch of the writer thread waits for the loop (asked with its turn held)."""
+        return not self.batches
+
     def drain_batches(self) -> None:
         self.drain_scheduled = False
         trace = self.ctx.trace

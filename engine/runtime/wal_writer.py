@@ -11,6 +11,15 @@ After ``wal_idle_roll_ms`` with nothing to write, it rolls a file that holds any
 segments and leave the mem tables, so an idle node holds no message bodies in memory
 and the memory alarm, which counts them, clears by itself.
 
+A lone small write of a one-member queue on an idle WAL skips the thread: the loop
+``hold``s the writer (no wake-up), and at its next turn, if nothing else came, writes and
+syncs it itself (``write_now``), the loop blocked for that one sync; else ``release``
+wakes the thread. One writer at a time holds the writer's turn (a lock the loop only
+tries), so batches stay in order. With one publish outstanding at a time this spares
+the wake-up of the thread, the GIL handed to it and back and the wake-up of the loop:
+on tmpfs 2.3 to 0.1 voluntary context switches and about a quarter of the server's
+CPU per publish.
+
 ``stop`` writes what is pending and returns; ``stop(abandon=True)`` drops it, as a crash
 would (the in-process failover tests use it).
 
@@ -147,6 +156,12 @@ class LoopWakeup:
         self._wakeup.close()
 
 
+LONE_BATCH_BYTES_MAX = 16 * 1024
+"""At most this many bytes pending for ``write_now`` to write them on the loop: a sync of
+a few kilobytes takes as long as one of a few hundred bytes, a larger batch is the sign
+of concurrent callers, whose work the writer thread's sync would overlap."""
+
+
 class WalWriter:
     def __init__(self, wal: Wal, on_batch: Callable[[WalBatch], None]) -> None:
         self._wal = wal
@@ -156,6 +171,12 @@ class WalWriter:
         self._abandon = False
         self._roll_wanted = False
         self._writing = False
+        self._turn = threading.Lock()
+        """Held by whoever writes the WAL (the thread, or the loop in ``write_now``) from
+        its ``write_batch`` or roll until the batch is handed on: one writer at a time,
+        and the batches reach the loop in the order they were written."""
+        self._held = False
+        """Set by ``hold``: a submit does not wake the thread until ``release``."""
         self._thread = threading.Thread(target=self._run, name="quorra-wal", daemon=True)
         wal.waker = self.wake  # a submit that finds nothing pending (also from storage) wakes it
 
@@ -174,9 +195,48 @@ class WalWriter:
         thread is awake and looks at what is pending once it is done (``_writing`` is
         cleared only after that batch is handed on), so the wake-up, a system call, is
         not needed then: under load each batch's first submit came while the one
-        before was being synced."""
-        if not self._writing:
+        before was being synced. While held (``hold``), ``release`` wakes it instead."""
+        if not self._writing and not self._held:
             self._wakeup.set()
+
+    def hold(self) -> None:
+        """On the loop, before a lone submit that ``write_now`` may write itself: the
+        thread is not woken for it (a wake-up, and the GIL handed to the thread and back,
+        for nothing) until ``release``, which must follow in the same or the next turn
+        of the loop. The thread may still take what is pending meanwhile (after its idle
+        wait), as it would anyway."""
+        self._held = True
+
+    def release(self) -> None:
+        """End a ``hold``: wake the thread for whatever is pending."""
+        self._held = False
+        if self._wal.pending():
+            self._wakeup.set()
+
+    def write_now(self, in_order: Callable[[], bool]) -> WalBatch | None:
+        """On the loop: write and sync what is pending here, with the loop blocked for
+        it, and return the batch (durable unless its ``error`` is set) for the caller
+        to complete; or None, leaving it to the thread, when the thread is writing,
+        nothing is pending, more than ``LONE_BATCH_BYTES_MAX`` bytes are, or
+        ``in_order`` (asked once the writer's turn is taken) says a batch the thread
+        handed over is not yet taken by the loop.
+
+        For a lone small write on an idle WAL: the thread's way costs a wake-up of the
+        thread, the GIL handed to it and back, and a wake-up of the loop, several
+        hundred microseconds when the sync itself takes a few hundred."""
+        wal = self._wal
+        if self._writing or self._stopping or not wal.pending():
+            return None
+        if wal.pending_bytes() > LONE_BATCH_BYTES_MAX:
+            return None
+        if not self._turn.acquire(blocking=False):
+            return None
+        try:
+            if not wal.pending() or not in_order():
+                return None
+            return wal.write_batch()
+        finally:
+            self._turn.release()
 
     def request_roll(self) -> None:
         """Roll the current file once what is pending is written, as after an idle
@@ -219,20 +279,23 @@ class WalWriter:
             roll = idle and not wal.pending()
             if roll:
                 self._roll_wanted = False
-            else:
-                self._writing = True
-            if not roll:
-                batch = self._wal.write_batch()
-                # Cleared before the batch goes back, while the loop waits for it: after
-                # the hand-over the loop runs, and a read then would give it the GIL
-                # and wait for it back before this thread could sleep. Nothing set it
-                # meanwhile but a wake-up the pending checks below see anyway.
-                wakeup.clear()
-                cleared = True
-                self._on_batch(batch)
-                self._writing = False
-            elif (rolled := self._wal.roll_if_written()) is not None:
-                self._on_batch(rolled)
+            with self._turn:
+                if not roll:
+                    if not wal.pending():  # the loop wrote it (``write_now``)
+                        continue
+                    self._writing = True
+                    batch = self._wal.write_batch()
+                    # Cleared before the batch goes back, while the loop waits for it:
+                    # after the hand-over the loop runs, and a read then would give it
+                    # the GIL and wait for it back before this thread could sleep.
+                    # Nothing set it meanwhile but a wake-up the pending checks below
+                    # see anyway.
+                    wakeup.clear()
+                    cleared = True
+                    self._on_batch(batch)
+                    self._writing = False
+                elif (rolled := self._wal.roll_if_written()) is not None:
+                    self._on_batch(rolled)
 
 
 __all__ = ["LoopWakeup", "Wakeup", "WalWriter"]

@@ -300,6 +300,10 @@ class Wal:
     def pending(self) -> bool:
         return bool(self._pending)
 
+    def pending_bytes(self) -> int:
+        """What the pending operations count for against ``wal_batch_bytes_max``."""
+        return self._pending_bytes
+
     def stats(self) -> WalStats:
         """Counts and sync times of the group commits so far; safe from any thread."""
         return self.times.stats(self._seq)

@@ -2,7 +2,8 @@
 
 Prints ``P <body>`` for each message whose publish returned (confirmed), ``R <body>`` for
 each one received and ``A <body>`` for each whose ack returned, flushing after every
-line, until it is killed.
+line, until it is killed. Given ``lone`` after the data directory, it only publishes,
+one message at a time (each written to the WAL alone, by the loop itself).
 """
 
 from __future__ import annotations
@@ -30,6 +31,16 @@ async def publisher(node: Node, worker: int) -> None:
         say([f"P {b}" for b in bodies])
 
 
+async def lone_publisher(node: Node) -> None:
+    """One message at a time, nothing else running: each goes to the WAL alone."""
+    n = 0
+    while True:
+        body = f"lone-{n}"
+        n += 1
+        await node.publish("crash", [OutgoingMessage(body.encode())])
+        say([f"P {body}"])
+
+
 async def consumer(node: Node) -> None:
     while True:
         got = await node.receive("crash", consumer="c", max_messages=20, wait_ms=100, lease_ms=None)
@@ -39,13 +50,15 @@ async def consumer(node: Node) -> None:
             say([f"A {m.body.decode()}" for m in got])
 
 
-async def main(data_dir: Path) -> None:
+async def main(data_dir: Path, mode: str) -> None:
     node = Node(data_dir, limits=FAST)
     await node.start()
     await node.create_queue("crash", QueueArgs(lease_ms=300))
     say(["READY"])
+    if mode == "lone":
+        await lone_publisher(node)
     await asyncio.gather(*(publisher(node, w) for w in range(4)), consumer(node))
 
 
 if __name__ == "__main__":
-    asyncio.run(main(Path(sys.argv[1])))
+    asyncio.run(main(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else "load"))

@@ -10,15 +10,19 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from engine.runtime import Node
 from tests.engine.runtime.util import FAST, run
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def test_kill_9_under_load_loses_nothing_confirmed(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["load", "lone"])
+def test_kill_9_under_load_loses_nothing_confirmed(tmp_path: Path, mode: str) -> None:
+    """``lone``: one publish at a time and nothing else, each synced by the loop."""
     child = subprocess.Popen(
-        [sys.executable, "-m", "tests.engine.runtime.crash_child", str(tmp_path)],
+        [sys.executable, "-m", "tests.engine.runtime.crash_child", str(tmp_path), mode],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         text=True,
@@ -28,7 +32,8 @@ def test_kill_9_under_load_loses_nothing_confirmed(tmp_path: Path) -> None:
     deadline = time.monotonic() + 30
     try:
         assert child.stdout.readline().strip() == "READY"
-        while sum(1 for x in lines if x.startswith("A ")) < 300:
+        done = "P " if mode == "lone" else "A "
+        while sum(1 for x in lines if x.startswith(done)) < 300:
             line = child.stdout.readline()
             assert line, "the child died by itself"
             lines.append(line.strip())

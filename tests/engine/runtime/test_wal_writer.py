@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import queue
+import random
 import threading
 import time
 from collections import deque
@@ -13,7 +14,7 @@ from collections.abc import Callable
 import pytest
 import uvloop
 
-from engine.runtime.wal_writer import LoopWakeup, Wakeup, WalWriter
+from engine.runtime.wal_writer import LONE_BATCH_BYTES_MAX, LoopWakeup, Wakeup, WalWriter
 from engine.storage import FakeDisk, NodeStorage, Persisted, WalBatch
 from engine.storage.wal import AppendOp
 from tests.engine.storage.conftest import entries, small_limits
@@ -189,3 +190,101 @@ def test_stop_writes_what_is_pending_first() -> None:
     assert [op for b in batches for op in b.ops] == [AppendOp("q", tuple(entries(1, 2)))]
     assert not storage.wal.pending() and storage.wal.waker is None
     writer.stop()  # a second stop does nothing
+
+
+def test_a_held_lone_write_is_written_by_the_caller_and_the_thread_stays_asleep() -> None:
+    storage = _storage(wal_idle_roll_ms=60_000)
+    batches: queue.Queue[WalBatch] = queue.Queue()
+    writer = WalWriter(storage.wal, batches.put)
+    writer.start()
+    time.sleep(0.2)  # the thread asleep: one woken now would take what is pending itself
+    try:
+        for k in range(1, 21):
+            writer.hold()
+            storage.append("q", entries(k, 1))
+            assert not writer.idle
+            batch = writer.write_now(lambda: True)
+            writer.release()
+            assert batch is not None and batch.error is None
+            assert storage.complete(batch) == [Persisted("q", k, 1)]
+            assert writer.idle
+        time.sleep(0.05)
+        assert batches.empty()  # the thread wrote nothing and handed nothing over
+        # Not held: the submit wakes the thread, as before.
+        storage.append("q", entries(21, 1))
+        assert storage.complete(batches.get(timeout=WAIT_S)) == [Persisted("q", 21, 1)]
+    finally:
+        writer.stop()
+
+
+def test_write_now_leaves_a_large_or_out_of_order_batch_to_the_thread() -> None:
+    storage = _storage(wal_idle_roll_ms=60_000, wal_batch_bytes_max=1 << 20)
+    batches: queue.Queue[WalBatch] = queue.Queue()
+    writer = WalWriter(storage.wal, batches.put)
+    writer.start()
+    time.sleep(0.2)  # the thread asleep: one woken now would take what is pending itself
+    try:
+        # Held, the thread is not woken: the pending write waits for the release.
+        writer.hold()
+        storage.append("q", entries(1, 1))
+        time.sleep(0.05)
+        assert batches.empty() and storage.wal.pending()
+        assert writer.write_now(lambda: False) is None  # a batch of the thread waits
+        writer.release()
+        assert storage.complete(batches.get(timeout=WAIT_S)) == [Persisted("q", 1, 1)]
+        # Above LONE_BATCH_BYTES_MAX pending: concurrent writers; the thread writes it.
+        writer.hold()
+        big = entries(2, 40, size=500)
+        assert sum(len(e.data) for e in big) > LONE_BATCH_BYTES_MAX
+        storage.append("q", big)
+        assert writer.write_now(lambda: True) is None
+        writer.release()
+        assert storage.complete(batches.get(timeout=WAIT_S)) == [Persisted("q", 41, 1)]
+        assert writer.write_now(lambda: True) is None  # nothing pending
+    finally:
+        writer.stop()
+
+
+def test_writes_by_the_caller_and_by_the_thread_come_back_in_order_once_each() -> None:
+    """The caller (the loop) writes lone appends itself while the thread writes the
+    others, racing it: every entry is persisted once, in order, when the caller takes
+    the thread's batches in order and writes only with none of them waiting."""
+    storage = _storage(wal_idle_roll_ms=60_000, wal_batch_bytes_max=1 << 20)
+    handed: deque[WalBatch] = deque()
+    writer = WalWriter(storage.wal, handed.append)
+    writer.start()
+    persisted: list[int] = []
+    expected: list[int] = []  # the last index of each append, as its Persisted says
+    rng = random.Random(16)
+
+    def take_handed() -> None:
+        while handed:
+            persisted.extend(e.index for e in storage.complete(handed.popleft()))  # type: ignore[attr-defined]
+
+    try:
+        index = 1
+        for _ in range(600):
+            take_handed()
+            if rng.random() < 0.5:
+                writer.hold()
+                storage.append("q", entries(index, 1))
+                expected.append(index)
+                batch = writer.write_now(lambda: not handed)
+                writer.release()
+                if batch is not None:
+                    take_handed()  # none can have come in between: write_now checked
+                    persisted.extend(e.index for e in storage.complete(batch))  # type: ignore[attr-defined]
+                index += 1
+            else:
+                n = rng.randint(1, 3)
+                storage.append("q", entries(index, n))
+                index += n
+                expected.append(index - 1)
+        deadline = time.monotonic() + WAIT_S
+        while len(persisted) < len(expected) and time.monotonic() < deadline:
+            take_handed()
+            time.sleep(0.001)
+    finally:
+        writer.stop()
+    take_handed()
+    assert persisted == expected
