@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
@@ -56,7 +57,7 @@ from pyspark.sql.types import (
 
 from pipeline import queues
 from pipeline.options import Options
-from quorra.client import Client, DeliveredColumns, Delivery, Stream
+from quorra.client import BODY_MAP_HEAD, Client, DeliveredColumns, Delivery, Stream
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -402,40 +403,107 @@ def _items(
     return list(pairs.items()) if isinstance(pairs, dict) else list(pairs)
 
 
+def packed_bodies(column: pa.Array) -> tuple[memoryview, list[int]] | None:
+    """A column of bodies as the MessagePack of each row's message ``{"body": ...}``, one
+    after another in one buffer (``BODY_MAP_HEAD``, the length, the body: the bodies of
+    ``body_views``), and where each row's ends (``n + 1`` offsets from 0); made at C
+    speed, no Python object per row. ``None`` for a type ``body_views`` reads through
+    Python objects."""
+    if column.type not in _OFFSET_TYPES:
+        return None
+    n = len(column)
+    if column.null_count:
+        column = pc.fill_null(column, b"" if column.type in _BINARY_TYPES else "")
+    column = column.cast(pa.large_binary() if column.type in _LARGE_TYPES else pa.binary())
+    _, offset_buffer, _ = column.buffers()
+    width = _OFFSET_TYPES[column.type]
+    offsets = np.frombuffer(offset_buffer, dtype=width)[column.offset : column.offset + n + 1]
+    heads = np.empty((n, _HEAD_BYTES), np.uint8)
+    heads[:, : len(BODY_MAP_HEAD)] = np.frombuffer(BODY_MAP_HEAD, np.uint8)
+    heads[:, len(BODY_MAP_HEAD) :] = np.diff(offsets).astype(">u4").view(np.uint8).reshape(n, 4)
+    head_offsets = np.arange(0, _HEAD_BYTES * (n + 1), _HEAD_BYTES, dtype=width)
+    head_column = pa.Array.from_buffers(
+        column.type, n, [None, pa.py_buffer(head_offsets), pa.py_buffer(heads)]
+    )
+    joined = pc.binary_join_element_wise(head_column, column, pa.scalar(b"", column.type))
+    ends = (offsets - offsets[0] + head_offsets).tolist()
+    data = joined.buffers()[2]
+    return memoryview(data if data is not None else b"")[: ends[-1]], ends
+
+
+def bodies_alone(batch: pa.RecordBatch) -> bool:
+    """Whether each row's message is its body alone: a ``body`` column, and none of the
+    other columns a message takes from (``WRITE_COLUMNS``)."""
+    names = set(batch.schema.names)
+    return "body" in names and names.isdisjoint(WRITE_COLUMNS[1:])
+
+
+_HEAD_BYTES = len(BODY_MAP_HEAD) + 4
+_BINARY_TYPES = (pa.binary(), pa.large_binary())
+_LARGE_TYPES = (pa.large_binary(), pa.large_string())
+
+
 def publish_all(options: Options, batches: Iterator[pa.RecordBatch], dedup_base: str) -> int:
     """Publish every row on one stream, ``batchSize`` per frame, as many frames
     unconfirmed as the server's window holds; returns the row count once every frame is
     confirmed (``PublishFailed`` if one was refused). A frame of rows without ids of
-    their own has the id ``<dedup_base>-f<its first row>``."""
+    their own has the id ``<dedup_base>-f<its first row>``. Rows that are their bodies
+    alone (a DataFrame of a ``body`` column only) are packed a batch at a time
+    (``packed_bodies``); frames are cut at the same rows either way."""
     from pyspark import TaskContext
 
     context = TaskContext.get()
     fail_after = options.fail_first_attempt_after_rows
     if context is None or context.attemptNumber() > 0:
         fail_after = None
+    size = options.batch_size
     queued = 0
     sent = 0
     pending: list[Wire] = []
+    pieces: list[memoryview] = []
     with Stream(options.url, options.token, options.queue) as stream:
 
-        def send(chunk: list[Wire]) -> None:
+        def sent_rows(count: int) -> None:
             nonlocal sent
-            framed = "dedup_id" not in chunk[0]
-            stream.publish_maps(chunk, dedup_id=f"{dedup_base}-f{sent}" if framed else None)
-            sent += len(chunk)
-            if fail_after is not None and queued - len(pending) >= fail_after:
+            sent += count
+            if fail_after is not None and sent >= fail_after:
                 stream.flush()
                 raise RuntimeError(f"injected failure after {fail_after} rows (first attempt)")
 
+        def send(chunk: list[Wire]) -> None:
+            framed = "dedup_id" not in chunk[0]
+            stream.publish_maps(chunk, dedup_id=f"{dedup_base}-f{sent}" if framed else None)
+            sent_rows(len(chunk))
+
+        def send_packed() -> None:
+            count = queued - sent
+            stream.publish_packed(count, pieces, dedup_id=f"{dedup_base}-f{sent}")
+            pieces.clear()
+            sent_rows(count)
+
         for batch in batches:
-            pending.extend(outgoing(batch, dedup_base, queued))
-            queued += batch.num_rows
-            while len(pending) >= options.batch_size:
-                chunk, pending = pending[: options.batch_size], pending[options.batch_size :]
-                send(chunk)
+            packed = packed_bodies(batch.column("body")) if bodies_alone(batch) else None
+            if packed is None:
+                pending.extend(outgoing(batch, dedup_base, queued))
+                queued += batch.num_rows
+                while len(pending) >= size:
+                    chunk, pending = pending[:size], pending[size:]
+                    send(chunk)
+                continue
+            data, ends = packed
+            at = 0
+            while at < batch.num_rows:
+                take = min(size - (queued - sent), batch.num_rows - at)
+                pieces.append(data[ends[at] : ends[at + take]])
+                queued += take
+                at += take
+                if queued - sent == size:
+                    send_packed()
         if pending:
             chunk, pending = pending, []
             send(chunk)
+        if pieces:
+            send_packed()
         stream.flush()
     return queued
 

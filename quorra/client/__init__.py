@@ -18,12 +18,13 @@ are ``Problem`` (its RFC 9457 fields); refused publishes of a stream ``PublishFa
 """
 
 from quorra.client._columns import DeliveredColumns
-from quorra.client._ledger import PublishFailed
+from quorra.client._ledger import BODY_MAP_HEAD, PublishFailed
 from quorra.client._rest import AsyncClient, Client
 from quorra.client._stream import AsyncStream, Stream
 from quorra.client._types import Delivery, Message, Problem, Publishable, Settled
 
 __all__ = [
+    "BODY_MAP_HEAD",
     "AsyncClient",
     "AsyncStream",
     "Client",

@@ -30,6 +30,10 @@ PROBLEMS_KEPT = 100
 ANSWERS_KEPT = 10_000
 """Answers to settle frames sent with a ``ref``, kept until taken (the oldest dropped)."""
 SETTLE_OPS = frozenset({"ack", "nack", "extend"})
+BODY_MAP_HEAD = b"\x81\xa4body\xc6"
+"""The MessagePack of a message that is its body alone, up to the body's length: a map of
+one entry, the key "body", and a bin 32 (the body's length, a big-endian u32, follows)."""
+_ARRAY_32 = b"\xdd"
 
 
 def stream_url(base_url: str, queue: str) -> str:
@@ -127,6 +131,29 @@ class Ledger:
             out["dedup_id"] = dedup_id
         frame = pack(out)
         return self.seq, frame
+
+    def publish_frame_of_packed(
+        self, count: int, packed: Sequence[bytes | memoryview], dedup_id: str | None = None
+    ) -> tuple[int, bytes]:
+        """As ``publish_frame_of_maps`` for ``count`` messages already packed: the pieces
+        ``packed``, joined, are the MessagePack encodings of the messages' maps one after
+        another (a map ``{"body": bin}`` is ``BODY_MAP_HEAD``, the body's length as a
+        big-endian u32, then the body). A batch writer packs a column of bodies at once
+        (``pipeline.source``), without an object per message; the server reads the frame
+        as any other."""
+        if not 1 <= count <= self.batch_messages_max:
+            raise ValueError(f"a publish holds 1..{self.batch_messages_max} messages")
+        self.seq += 1
+        self.outstanding[self.seq] = count
+        self.outstanding_messages += count
+        fields: list[object] = ["op", "publish", "seq", self.seq]
+        if dedup_id is not None:
+            fields += ["dedup_id", dedup_id]
+        # The frame's map: its fields, then "messages": an array (32-bit count) of them.
+        packer = _PACKER.packer
+        head = [packer.pack_map_header(len(fields) // 2 + 1), *map(packer.pack, fields)]
+        head += [packer.pack("messages"), _ARRAY_32 + count.to_bytes(4, "big")]
+        return self.seq, b"".join([*head, *packed])
 
     def on_frame(self, frame: dict[str, Any]) -> None:
         op = frame.get("op")

@@ -117,6 +117,17 @@ class Stream:
         self._send(frame)
         return seq
 
+    def publish_packed(
+        self, count: int, packed: Sequence[bytes | memoryview], *, dedup_id: str | None = None
+    ) -> int:
+        """As ``publish`` for ``count`` messages already packed
+        (``Ledger.publish_frame_of_packed``)."""
+        while not self.ledger.room_for(count):
+            self.read(None)
+        seq, frame = self.ledger.publish_frame_of_packed(count, packed, dedup_id)
+        self._send(frame)
+        return seq
+
     def wait(self, seq: int, timeout_s: float | None = None) -> None:
         """Until publish ``seq`` is confirmed; ``PublishFailed`` if it was refused."""
         while not self.ledger.done(seq):

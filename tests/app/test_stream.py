@@ -22,6 +22,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from app.settings import Settings
 from quorra.client import (
+    BODY_MAP_HEAD,
     AsyncClient,
     Client,
     Delivery,
@@ -793,6 +794,25 @@ def test_a_frame_resent_with_its_dedup_id_is_confirmed_and_enqueues_nothing(
             assert answer["op"] == "error" and answer["seq"] == seq, answer
             assert answer["status"] == 422 and "dedup_id" in answer["detail"], answer
     assert depth(api, queue) == 5
+
+
+def test_packed_frames_publish_their_bodies_and_dedup_by_frame_id(
+    srv: StreamServer, token: str, api: httpx.Client, queue: str
+) -> None:
+    """``Stream.publish_packed``: messages packed by the caller (``BODY_MAP_HEAD``, the
+    length, the body), in pieces cut anywhere between messages, are published as the
+    maps they encode; the same frame id sent again enqueues nothing."""
+
+    def packed(*bodies: bytes) -> bytes:
+        return b"".join(BODY_MAP_HEAD + len(b).to_bytes(4, "big") + b for b in bodies)
+
+    with Stream(srv.url, token, queue) as stream:
+        stream.publish_packed(3, [packed(b"a1"), packed(b"", b"a3")], dedup_id="task-1-f0")
+        stream.publish_packed(3, [packed(b"a1", b"", b"a3")], dedup_id="task-1-f0")
+        stream.publish_packed(1, [packed(b"b1")])
+        stream.flush()
+    bodies = [m["body"] for m in api.get(f"/api/v1/queues/{queue}/messages").json()["messages"]]
+    assert bodies == ["a1", "", "a3", "b1"]
 
 
 def test_a_frame_id_is_remembered_across_a_restart(tmp_path: Path) -> None:

@@ -10,21 +10,27 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
+from app.api.stream import publish_frame
 from app.deliver_frames import deliver_column_chunks
+from app.negotiation import unpackb
+from engine.limits import Limits
 from engine.runtime.api import ReceivedBatch, SettleResult
 from pipeline.source import (
     ARROW_READ_SCHEMA,
     READ_COLUMNS,
+    bodies_alone,
     body_views,
     columns_record_batch,
     headers_array,
     outgoing,
+    packed_bodies,
     project,
     read_columns,
     shipped,
     to_record_batch,
 )
 from quorra.client import DeliveredColumns, Delivery
+from quorra.client._ledger import Ledger
 
 BODY_TYPES = [pa.binary(), pa.string(), pa.large_binary(), pa.large_string()]
 bodies = st.lists(st.one_of(st.none(), st.binary(max_size=40)), max_size=30)
@@ -68,6 +74,58 @@ def test_wire_maps_carry_body_dedup_id_and_only_set_fields() -> None:
     assert only_body == [{"body": b"a"}, {"body": b""}, {"body": b"c"}]
     no_ids = msgpack.unpackb(msgpack.packb(outgoing(batch.select([0, 2]), "job-0", 0)))
     assert no_ids == [{"body": b"a", "priority": 3}, {"body": b""}, {"body": b"c"}]
+
+
+def ledger() -> Ledger:
+    ready = {"op": "ready", "window_messages": 10_000, "batch_messages_max": 1000,
+             "prefetch_max": 100}  # fmt: skip
+    return Ledger(ready, None)
+
+
+@settings(deadline=None)
+@given(
+    bodies.filter(len),
+    st.sampled_from(BODY_TYPES),
+    st.integers(0, 30),
+    st.integers(1, 30),
+    st.integers(1, 29),
+    st.one_of(st.none(), st.text(min_size=1, max_size=20)),
+)
+def test_packed_bodies_make_the_frame_the_wire_maps_make(
+    values: list[bytes | None],
+    type_: pa.DataType,
+    start: int,
+    length: int,
+    cut: int,
+    dedup_id: str | None,
+) -> None:
+    """A body column packed at once, cut in two pieces anywhere between rows, is the
+    frame its wire maps make: the server reads the same messages from either."""
+    column = as_type(values, type_).slice(min(start, len(values) - 1), length)
+    packed = packed_bodies(column)
+    assert packed is not None
+    data, ends = packed
+    assert len(ends) == len(column) + 1 and ends[0] == 0 and ends[-1] == len(data)
+    at = ends[min(cut, len(column))]
+    pieces = [data[:at], data[at:]]
+    batch = pa.RecordBatch.from_arrays([column], names=["body"])
+    assert bodies_alone(batch)
+    seq, frame = ledger().publish_frame_of_packed(len(column), pieces, dedup_id)
+    expected_seq, expected = ledger().publish_frame_of_maps(outgoing(batch, "p", 0), dedup_id)
+    assert seq == expected_seq == 1
+    assert msgpack.unpackb(frame) == msgpack.unpackb(expected)
+    read = publish_frame(dict(unpackb(frame)), 0, Limits())  # type: ignore[arg-type]
+    assert read == publish_frame(dict(unpackb(expected)), 0, Limits())  # type: ignore[arg-type]
+
+
+def test_only_a_body_column_is_packed() -> None:
+    body = pa.array([b"a"])
+    assert bodies_alone(pa.RecordBatch.from_arrays([body, pa.array([1])], names=["body", "n"]))
+    for other in ("headers", "priority", "dedup_id"):
+        batch = pa.RecordBatch.from_arrays([body, pa.array([None])], names=["body", other])
+        assert not bodies_alone(batch)
+    assert packed_bodies(pa.array([b"a"], pa.binary_view())) is None
+    assert packed_bodies(pa.array(["a"]).dictionary_encode()) is None
 
 
 headers = st.dictionaries(st.text(max_size=5), st.text(max_size=5), max_size=3)

@@ -69,6 +69,25 @@ def test_retried_write_task_does_not_duplicate(
     assert sorted(int(b) for b in bodies) == list(range(rows))
 
 
+def test_retried_write_of_frames_across_arrow_batches_does_not_duplicate(
+    spark: Any, client: Client, options: dict[str, str]
+) -> None:
+    rows = 2_000
+    # Arrow batches of 70 rows into frames of 100: most frames hold rows of two batches,
+    # and the retry must cut them at the same rows to give them the same ids.
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "70")
+    try:
+        df = spark.range(0, rows, numPartitions=2).selectExpr("cast(id as string) as body")
+        df.write.format("quorra").options(
+            **options, batchSize="100", testFailFirstAttemptAfterRows="250"
+        ).mode("append").save()
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+    assert ready(client, options["queue"]) == rows
+    bodies = [r.body_text for r in read_queue(spark, options).select("body_text").collect()]
+    assert sorted(int(b) for b in bodies) == list(range(rows))
+
+
 def run_stream_until_drained(
     client: Client, queue: str, query: Any, timeout_s: float = DRAIN_TIMEOUT_S
 ) -> None:
