@@ -246,53 +246,12 @@ def walked_chunks(value: object) -> Chunks:
     """``encode_chunks`` of a ``value`` that ``blob_free`` refused, walked field by field
     (for a caller that asked ``blob_free`` already: an append of many small entries is
     walked by it to the end)."""
-    if type(value) is AppendRequest:
-        return _append_chunks(value)
     parts: list[bytes] = []
     blobs: list[bytes] = []
     packer = _take_packer()
     size = _chunk(value, parts, blobs, packer.pack, inner=False)
     _give_packer(packer, 0)
     return Chunks(coalesced(parts), size, blobs, sum(len(b) for b in blobs))
-
-
-def _dataclass_head(cls: type[Any]) -> bytes:
-    """What the body of ``cls``'s extension starts with: ``[name, [`` and the field
-    count's array header."""
-    shape = _BY_CLASS[cls]
-    return b"\x92" + encode(shape.name) + array_header(len(shape.fields))
-
-
-def _append_chunks(value: AppendRequest) -> Chunks:
-    """``walked_chunks`` of an append, the bytes the walk makes, built directly: an
-    entry's leading fields (and the request's) packed by one call, the walk's fourteen
-    calls and the join of their parts per append left out (an append was encoded once
-    per follower on the leader of every replicated publish). The document is short (a
-    blob stands for each large entry's data), so it is one buffer."""
-    packer = _take_packer()
-    pack = packer.pack
-    doc = [b"", _APPEND_HEAD]
-    # A list of n < 16 items packs as one header byte and the items: the items alone.
-    doc.append(pack([value.src, value.dst, value.term, value.prev_index, value.prev_term])[1:])
-    entries = value.entries
-    doc.append(array_header(len(entries)))
-    blobs: list[bytes] = []
-    for entry in entries:
-        data = entry.data
-        if len(data) < CHUNK_BYTES_MIN:
-            doc.append(pack(entry))
-            continue
-        ints = pack([entry.index, entry.term, entry.kind, entry.now_ms])
-        length = len(_ENTRY_HEAD) + len(ints) - 1 + len(_BLOB_HEADER) + 4
-        doc += (_ext_header(length), _ENTRY_HEAD, ints[1:], _BLOB_HEADER)
-        doc.append(len(data).to_bytes(4, "big"))
-        blobs.append(data)
-    doc.append(pack(value.commit))
-    _give_packer(packer, 0)
-    body_bytes = sum(map(len, doc))
-    doc[0] = _ext_header(body_bytes)
-    document = b"".join(doc)
-    return Chunks([document], len(document), blobs, sum(map(len, blobs)))
 
 
 def blob_free(value: object) -> bool:
@@ -387,14 +346,6 @@ def _ext_header(length: int) -> bytes:
     if length < 1 << 16:
         return b"\xc8" + length.to_bytes(2, "big") + bytes([DATACLASS])
     return b"\xc9" + length.to_bytes(4, "big") + bytes([DATACLASS])
-
-
-_APPEND_HEAD = _dataclass_head(AppendRequest)
-_ENTRY_HEAD = _dataclass_head(Entry)
-assert [f for f, _ in _BY_CLASS[AppendRequest].fields] == [
-    "src", "dst", "term", "prev_index", "prev_term", "entries", "commit"
-]  # fmt: skip
-assert [f for f, _ in _BY_CLASS[Entry].fields] == ["index", "term", "kind", "now_ms", "data"]
 
 
 class Codec:
