@@ -108,6 +108,15 @@ class Ledger:
         nothing is outstanding)."""
         return not self.outstanding or self.outstanding_messages + count <= self.window
 
+    def _next_publish(self, count: int) -> None:
+        """Number the next publish frame, of ``count`` messages, and count them
+        outstanding until confirmed."""
+        if not 1 <= count <= self.batch_messages_max:
+            raise ValueError(f"a publish holds 1..{self.batch_messages_max} messages")
+        self.seq += 1
+        self.outstanding[self.seq] = count
+        self.outstanding_messages += count
+
     def publish_frame(
         self, messages: Sequence[Publishable], dedup_id: str | None = None
     ) -> tuple[int, bytes]:
@@ -121,11 +130,7 @@ class Ledger:
         callers with many messages skip a ``Message`` per message. The server validates
         each map as it does any frame. A ``dedup_id`` is the frame's, for all its
         messages (which then have none of their own)."""
-        if not 1 <= len(maps) <= self.batch_messages_max:
-            raise ValueError(f"a publish holds 1..{self.batch_messages_max} messages")
-        self.seq += 1
-        self.outstanding[self.seq] = len(maps)
-        self.outstanding_messages += len(maps)
+        self._next_publish(len(maps))
         out: dict[str, object] = {"op": "publish", "seq": self.seq, "messages": maps}
         if dedup_id is not None:
             out["dedup_id"] = dedup_id
@@ -141,11 +146,7 @@ class Ledger:
         big-endian u32, then the body). A batch writer packs a column of bodies at once
         (``pipeline.source``), without an object per message; the server reads the frame
         as any other."""
-        if not 1 <= count <= self.batch_messages_max:
-            raise ValueError(f"a publish holds 1..{self.batch_messages_max} messages")
-        self.seq += 1
-        self.outstanding[self.seq] = count
-        self.outstanding_messages += count
+        self._next_publish(count)
         fields: list[object] = ["op", "publish", "seq", self.seq]
         if dedup_id is not None:
             fields += ["dedup_id", dedup_id]
