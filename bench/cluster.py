@@ -1,7 +1,7 @@
 """Throughput, latency, failover and catch-up of a three-node cluster of real processes.
 
 ``quorra bench cluster [--json] [--quick] [--seconds S] [--procs P] [--kills K]
-[--catch-up-messages N]``: starts three ``quorra serve`` processes of one cluster on
+[--catch-up-messages N] [--paced-only]``: starts three ``quorra serve`` processes of one cluster on
 127.0.0.1 (temporary data directories, free ports, the cluster flags of ``quorra
 dev-cluster``), creates a queue with 3 replicas, and drives it with the load generators of
 ``bench rest`` (1 KiB messages, JSON bodies, separate processes):
@@ -20,6 +20,10 @@ dev-cluster``), creates a queue with 3 replicas, and drives it with the load gen
   ``--catch-up-messages`` messages are published, the node restarted, and the time from its
   exec until the leader counts it within ``CAUGHT_UP_LAG_MAX`` entries is taken (it may
   come by snapshot when compaction moved on).
+
+``--paced-only`` runs the paced phase alone (after the cluster's start and the queue's
+creation): no batch phases, failovers, catch-up or single node, whose figures are then
+null; a short run for the cost of a one-message entry.
 
 Every message confirmed during the failovers is then received from the queue: one that is
 missing is counted in ``lost_messages`` (a confirmed message must survive any kill).
@@ -44,6 +48,8 @@ JSON keys (``JSON_KEYS``; the headline is ``failover_ms``):
 * ``publish_p50_ms``: median latency of a paced publish at ``--rate`` through the leader;
 * ``publish_p99_ms``: its 99th percentile;
 * ``paced_rate_msgs_per_s``: the rate asked for;
+* ``paced_server_cpu_us_per_msg``: the same split (``cpu_split``) for the paced publish, a
+  one-message entry each, against ``single_node`` null;
 * ``publish_server_cpu_us_per_msg``: CPU microseconds per message of the publish
   through the leader, split by server (``cpu_split``): ``leader``, ``followers`` (each, by
   node name), ``all`` (their sum), and ``single_node`` (the single-node server's, for
@@ -101,6 +107,7 @@ JSON_KEYS = (
     "publish_p99_ms",
     "publish_server_cpu_us_per_msg",
     "paced_rate_msgs_per_s",
+    "paced_server_cpu_us_per_msg",
     "single_node_publish_msgs_per_s",
     "publish_ratio_to_single_node",
     "failover_ms",
@@ -345,18 +352,29 @@ def _phase(
     return phase
 
 
+def phase_plan(
+    args: argparse.Namespace, leader: str, follower: str
+) -> dict[str, tuple[str, dict[str, Any]]]:
+    """The load phases to run, in order: each one's name, the node it goes through and
+    its spec (``bench.rest.run_phase``); only the paced one with ``--paced-only``."""
+    batch = {"queue": QUEUE, "batch": 100, "clients": args.batch_clients}
+    paced = {"queue": QUEUE, "batch": 1, "clients": 1, "kind": "paced", "rate": args.rate}
+    if args.paced_only:
+        return {"publish_paced": (leader, paced)}
+    return {
+        "publish_leader": (leader, batch | {"kind": "publish"}),
+        "publish_follower": (follower, batch | {"kind": "publish"}),
+        "consume_leader": (leader, batch | {"kind": "consume"}),
+        "consume_follower": (follower, batch | {"kind": "consume"}),
+        "publish_paced": (leader, paced),
+    }
+
+
 def load_phases(cluster: ClusterProcesses, args: argparse.Namespace) -> dict[str, Any]:
     leader = cluster.leader(QUEUE)
     follower = next(n for n in cluster.live() if n != leader)
-    batch = {"queue": QUEUE, "batch": 100, "clients": args.batch_clients}
-    paced = {"queue": QUEUE, "batch": 1, "clients": 1, "kind": "paced", "rate": args.rate}
-    return {
-        "publish_leader": _phase(cluster, leader, batch | {"kind": "publish"}, args),
-        "publish_follower": _phase(cluster, follower, batch | {"kind": "publish"}, args),
-        "consume_leader": _phase(cluster, leader, batch | {"kind": "consume"}, args),
-        "consume_follower": _phase(cluster, follower, batch | {"kind": "consume"}, args),
-        "publish_paced": _phase(cluster, leader, paced, args),
-    }
+    plan = phase_plan(args, leader, follower)
+    return {name: _phase(cluster, via, spec, args) for name, (via, spec) in plan.items()}
 
 
 def _publish_one(cluster: ClusterProcesses, via: str, body: str) -> bool:
@@ -478,17 +496,25 @@ def measure(root: Path, args: argparse.Namespace) -> dict[str, Any]:
         for queue in (QUEUE, FAILOVER_QUEUE):
             cluster.create_queue(queue)
         phases = load_phases(cluster, args)
-        runs = failovers(cluster, args.kills, confirmed)
-        lost_messages = lost(cluster, confirmed)
-        catch_up_s = catch_up(cluster, args.catch_up_messages)
+        if not args.paced_only:
+            runs = failovers(cluster, args.kills, confirmed)
+            lost_messages = lost(cluster, confirmed)
+            catch_up_s = catch_up(cluster, args.catch_up_messages)
     except BaseException:
         for name in cluster.live():
             print(f"--- {name}\n{cluster.log_tail(name)}", file=sys.stderr)
         raise
     finally:
         cluster.stop()
-    single = single_node_publish(root / "single", args)
     paced = phases["publish_paced"].pop("latencies_ms")
+    paced_split = cpu_split(
+        phases["publish_paced"]["server_cpu_us_per_msg_by_node"],
+        phases["publish_paced"]["leader_before"],
+        None,
+    )
+    if args.paced_only:
+        return paced_only_report(args, phases, paced, paced_split)
+    single = single_node_publish(root / "single", args)
     for phase in phases.values():
         phase.pop("latencies_ms", None)
     publish = phases["publish_leader"]["msgs_per_s"]
@@ -508,6 +534,7 @@ def measure(root: Path, args: argparse.Namespace) -> dict[str, Any]:
             single["server_cpu_us_per_msg"],
         ),
         "paced_rate_msgs_per_s": args.rate,
+        "paced_server_cpu_us_per_msg": paced_split,
         "single_node_publish_msgs_per_s": single["msgs_per_s"],
         "publish_ratio_to_single_node": round(publish / single["msgs_per_s"], 3),
         "failover_ms": statistics.median(runs) if runs else None,
@@ -528,11 +555,47 @@ def measure(root: Path, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def paced_only_report(
+    args: argparse.Namespace,
+    phases: dict[str, Any],
+    paced: list[float],
+    paced_split: dict[str, Any],
+) -> dict[str, Any]:
+    """``measure``'s figures with ``--paced-only``: the paced phase's, every other null."""
+    return {
+        "nodes": NODES,
+        "replicas": NODES,
+        "message_bytes": rest.MESSAGE_BYTES,
+        "publish_msgs_per_s": None,
+        "publish_via_follower_msgs_per_s": None,
+        "consume_msgs_per_s": None,
+        "consume_via_follower_msgs_per_s": None,
+        "publish_p50_ms": _percentile(paced, 0.50),
+        "publish_p99_ms": _percentile(paced, 0.99),
+        "publish_server_cpu_us_per_msg": None,
+        "paced_rate_msgs_per_s": args.rate,
+        "paced_server_cpu_us_per_msg": paced_split,
+        "single_node_publish_msgs_per_s": None,
+        "publish_ratio_to_single_node": None,
+        "failover_ms": None,
+        "failover_ms_max": None,
+        "failover_runs_ms": [],
+        "catch_up_s": None,
+        "catch_up_messages": 0,
+        "lost_messages": None,
+        "seconds_per_phase": args.seconds,
+        "load_procs": args.procs,
+        "phases": phases,
+        "targets": {},
+    }
+
+
 def _without_latencies(phase: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in phase.items() if k != "latencies_ms"}
 
 
-def main(argv: list[str]) -> int:
+def arguments(argv: list[str]) -> argparse.Namespace:
+    """The command line of ``quorra bench cluster`` (``--quick`` applied)."""
     parser = bench.parser("cluster", __doc__)
     parser.add_argument("--seconds", type=float, default=5.0, help="length of each load phase")
     parser.add_argument("--procs", type=int, default=2, help="load-generator processes")
@@ -542,10 +605,20 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--catch-up-messages", type=int, default=1_000_000, help="how far a follower falls behind"
     )
+    parser.add_argument(
+        "--paced-only",
+        action="store_true",
+        help="only the paced publish through the leader; the other figures are null",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.seconds, args.procs, args.kills = QUICK_SECONDS, 1, 1
         args.catch_up_messages = QUICK_CATCH_UP_MESSAGES
+    return args
+
+
+def main(argv: list[str]) -> int:
+    args = arguments(argv)
     report: Callable[[dict[str, Any]], str] = json.dumps if args.json else _indented
     header = bench.header("cluster")
     with tempfile.TemporaryDirectory(prefix="quorra-bench-cluster-") as tmp:
