@@ -18,7 +18,12 @@ PYTEST_ARGS ?= --durations=25
 run: $(VENV)/.stamp-base $(HTMX)
 	$(VENV)/bin/quorra serve --data-dir $(DATA_DIR) --host $(HOST) --port $(PORT)
 
+# The suite starts many Python processes (servers, CLI commands, bench runs) that
+# import app/ and engine/: compiled once here, they read the bytecode instead of each
+# compiling ~200 modules again (~0.6 s of CPU of a server's ~2.6 s start) when none is
+# cached, as on a clean checkout or under PYTHONDONTWRITEBYTECODE (py_compile writes it).
 test: lint $(VENV)/.stamp-dev $(HTMX) system-test-deps
+	$(PY) -m compileall -q app engine bench pipeline
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: $(VENV)/.stamp-dev

@@ -33,7 +33,6 @@ from fastapi import FastAPI
 from fastapi._body_limit import AppBodyLimitMiddleware
 from fastapi.staticfiles import StaticFiles
 from fastapi.telemetry._asgi import ExceptionTelemetryMiddleware
-from fastapi.templating import Jinja2Templates
 from starlette.datastructures import State
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.errors import ServerErrorMiddleware
@@ -464,11 +463,7 @@ def create_app(
     app.state.metrics = AppMetrics()
     app.state.login_throttle = FailureThrottle()
     app.state.token_cache = TokenCache()
-    app.state.templates = Jinja2Templates(directory=settings.templates_dir)
     app.state.publish_trace = PublishTrace() if settings.trace_publish_file else None
-    # Templates are part of the release: checking each file's mtime on every render
-    # (Jinja's default) costs a system call per page and per included template.
-    app.state.templates.env.auto_reload = False
     app.state.ready, app.state.node, app.state.engine_status, app.state.migrations = (
         False,
         None,
