@@ -157,10 +157,11 @@ class QueueCollector(Collector):
             return
         names = sorted(q.name for q in node.queues())
         # Each queue's figures are read out of its stats at once, and the stats dropped:
-        # a scrape holding the stats of 2,000 sleeping queues until the last family was
-        # written raised the server's peak RSS by about 20 MB (10 KB a queue), some of it
-        # kept after the scrape. A queue's figures are one array of floats and a mask of
-        # those its stats lack (about 0.5 KB).
+        # with the stats of 2,000 sleeping queues held until the last family was written,
+        # a scrape raised the server's peak RSS by 12.2 KB a queue and three scrapes left
+        # 5.1 KB a queue resident; with their figures only, 9.6 and 3.2 KB (the rest is
+        # the text, a string per line until it is joined). A queue's figures are an
+        # array of floats and a mask of those its stats lack (about 0.5 KB).
         paths = [path for _m, _t, path in GAUGES] + [path for _m, _t, path in COUNTERS]
         figures: list[tuple[str, array[float], int]] = []
         for name in names:
