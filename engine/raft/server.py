@@ -318,9 +318,12 @@ class RaftServer:
                 replication.broadcast_append(self)
         rd = self._rd if self._rd is not None else Ready()
         self._rd = None
-        hs = HardState(self.term, self.vote, self.commit)
-        if hs != self.hard_state_out:
-            rd.hard_state = self.hard_state_out = hs
+        out = self.hard_state_out
+        # Compared field by field, as ``has_ready`` does: most calls find it unchanged,
+        # and a ``HardState`` made and compared (its ``__eq__``) only to be thrown away
+        # was two calls more on every Ready.
+        if (out.term, out.vote, out.commit) != (self.term, self.vote, self.commit):
+            rd.hard_state = self.hard_state_out = HardState(self.term, self.vote, self.commit)
         if self.pending_install is not None:
             rd.snapshot_to_install, rd.snapshot_entries = self.pending_install
             self.pending_install = None
@@ -452,7 +455,7 @@ class RaftServer:
 
     def _on_propose(self, event: Propose) -> None:
         reason = self.proposal_refusal()
-        size = sum(len(c) for c in event.commands)
+        size = sum(map(len, event.commands))
         if reason is None and not event.commands:
             reason = "bad_request"
         elif reason is None and self.uncommitted_bytes + size > self.limits.uncommitted_bytes_max:
