@@ -329,7 +329,7 @@ class ResponseHeadersMiddleware:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                extra = self.HEADERS
+                extra: tuple[tuple[bytes, bytes], ...] = self.HEADERS
                 if name:
                     node = node_or_none(self.state)
                     leader = None if node is None else node.leader_of(name)
