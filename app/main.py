@@ -311,8 +311,9 @@ class ResponseHeadersMiddleware:
         self.app = app
         self.state = state
         self.http = metrics.http
-        self._leader_lines: dict[str, tuple[bytes, bytes]] = {}
-        """Leader's name -> its header line, made once: the same few on every answer."""
+        self._leader_lines: dict[str, tuple[tuple[bytes, bytes], ...]] = {}
+        """Leader's name -> ``HEADERS`` and its header line, made once: the same few on
+        every answer."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -327,13 +328,13 @@ class ResponseHeadersMiddleware:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                headers = [*message.get("headers", ()), *self.HEADERS]
+                extra: tuple[tuple[bytes, bytes], ...] = self.HEADERS
                 if name:
                     node = node_or_none(self.state)
                     leader = None if node is None else node.leader_of(name)
                     if leader is not None:
-                        headers.append(self._leader_line(leader))
-                message["headers"] = headers
+                        extra = self._lines_with(leader)
+                message["headers"] = [*message.get("headers", ()), *extra]
             await send(message)
 
         try:
@@ -343,13 +344,15 @@ class ResponseHeadersMiddleware:
             template = getattr(route, "path", None) or UNMATCHED_ROUTE
             self.http.observe(scope["method"], template, status, time.perf_counter() - started)
 
-    def _leader_line(self, leader: str) -> tuple[bytes, bytes]:
-        line = self._leader_lines.get(leader)
-        if line is None:
+    def _lines_with(self, leader: str) -> tuple[tuple[bytes, bytes], ...]:
+        """``HEADERS`` and the leader's line, made once per leader."""
+        lines = self._leader_lines.get(leader)
+        if lines is None:
             if len(self._leader_lines) >= self.LEADER_LINES_MAX:
                 self._leader_lines.clear()
-            line = self._leader_lines[leader] = (b"quorra-leader", leader.encode())
-        return line
+            lines = (*self.HEADERS, (b"quorra-leader", leader.encode()))
+            self._leader_lines[leader] = lines
+        return lines
 
 
 def _framing(scope: Scope) -> tuple[bytes | None, bool]:

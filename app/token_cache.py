@@ -39,6 +39,9 @@ class TokenCache:
         """Counts ``clear``: a lookup that began before one is not kept."""
         self._digests: dict[str, str] = {}
         """Tokens seen lately -> their digest (``digest_of``)."""
+        self._headers: dict[str, str] = {}
+        """``Authorization`` headers seen lately -> their bearer token's digest
+        (``header_digest``)."""
 
     def digest_of(self, token: str) -> str:
         """``token_digest(token)``, remembered: a client sends the same token on every
@@ -52,6 +55,24 @@ class TokenCache:
             if len(digests) >= self.entries_max:
                 digests.clear()
             digest = digests[token] = token_digest(token)
+        return digest
+
+    def header_digest(self, header: str, token_of: Callable[[str], str | None]) -> str | None:
+        """The digest of the token that the ``Authorization`` header ``header`` carries
+        (``token_of`` finds it, None when there is none), remembered by the header's
+        whole value: a client sends the same header on every request, and taking the
+        token out of it (the scheme split off, compared and stripped) cost as much as
+        the lookup it leads to. At most ``entries_max`` are remembered, then forgotten
+        together; like a digest, what a header carries does not change on ``clear``."""
+        headers = self._headers
+        digest = headers.get(header)
+        if digest is None:
+            token = token_of(header)
+            if token is None:
+                return None
+            if len(headers) >= self.entries_max:
+                headers.clear()
+            digest = headers[header] = self.digest_of(token)
         return digest
 
     def get(self, digest: str) -> Principal | None:

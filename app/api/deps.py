@@ -130,11 +130,13 @@ def cached_bearer_principal(state: State, authorization: str) -> Principal | Non
     """``bearer_principal``'s answer when the token cache holds it, else None (then ask
     ``bearer_principal``): a plain call, where the coroutine made and awaited for the
     usual hit was a cost on every message request."""
-    token = _credentials(authorization, "Bearer")
-    if token is None:
-        return None
     cache = token_cache_of(state)
-    return cache.get(cache.digest_of(token))
+    digest = cache.header_digest(authorization, _bearer_token)
+    return None if digest is None else cache.get(digest)
+
+
+def _bearer_token(authorization: str) -> str | None:
+    return _credentials(authorization, "Bearer")
 
 
 def _token_principal(session: Session, digest: str) -> Principal:

@@ -88,20 +88,24 @@ class MessageDispatch:
             self.routes[tail] = route
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        route = self._match(scope)
-        if route is None:
+        matched = self._match(scope)
+        if matched is None:
             await self.app(scope, receive, send)
             return
+        route, name = matched
         request = Request(scope, receive, send)
         try:
-            response = await route.serve(request)
+            # The endpoint itself, with the name just matched: what ``route.serve`` does,
+            # without its coroutine and the read of ``path_params`` back from the scope.
+            endpoint: MessageEndpoint = route.endpoint
+            response = await endpoint(name, request)
         except Exception as e:
             response = problem_of(request, e)
         await response(scope, receive, send)
 
-    def _match(self, scope: Scope) -> MessageRoute | None:
-        """The route the router would choose, or None when the router should choose
-        (another method, another path, a mounted app)."""
+    def _match(self, scope: Scope) -> tuple[MessageRoute, str] | None:
+        """The route the router would choose and the queue's name, or None when the
+        router should choose (another method, another path, a mounted app)."""
         if scope["type"] != "http" or scope["method"] != "POST" or scope.get("root_path"):
             return None
         path: str = scope["path"]
@@ -113,7 +117,7 @@ class MessageDispatch:
             return None
         scope["route"] = route
         scope["path_params"] = {"name": name}
-        return route
+        return route, name
 
 
 async def _body(request: Request) -> bytes:

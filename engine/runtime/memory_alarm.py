@@ -118,7 +118,9 @@ class MemoryWatch:
             )
         if ctx.has_storage:
             room = limits.engine_memory_bytes_max - self.engine_bytes - size
-            ctx.storage.cache.blocks.shrink_to(room)
+            blocks = ctx.storage.cache.blocks
+            if blocks.bytes > room:  # else ``shrink_to`` evicts nothing (most publishes)
+                blocks.shrink_to(room)
 
 
 __all__ = ["MemoryWatch"]

@@ -112,7 +112,9 @@ class QueueOps:
     ) -> list[int]:
         """``QueueEngine.publish``: ``on_durable`` runs only when led here."""
         ctx = self.ctx
-        ctx.router.check_known(name)
+        rep = ctx.replicas.get(name)
+        if rep is None:  # a replica here is known: ``check_known`` would pass it
+            ctx.router.check_known(name)
         _check_publish(len(messages), ctx.limits)  # what ``check`` checks of a PublishCall
         with ctx.admit():
             rep = ctx.replicas.get(name)

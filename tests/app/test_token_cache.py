@@ -131,3 +131,23 @@ def test_a_flush_touching_users_or_tokens_empties_it(tmp_path: Path) -> None:
         assert cache.get("dg") is None
     finally:
         db.dispose()
+
+
+def test_header_digest_is_the_carried_tokens_digest_and_bounded() -> None:
+    cache = TokenCache(entries_max=2)
+    seen: list[str] = []
+
+    def token_of(header: str) -> str | None:
+        seen.append(header)
+        scheme, _, token = header.partition(" ")
+        return token if scheme == "Bearer" and token else None
+
+    assert cache.header_digest("Bearer t1", token_of) == cache.digest_of("t1")
+    assert cache.header_digest("Bearer t1", token_of) == cache.digest_of("t1")
+    assert seen == ["Bearer t1"]  # the second ask is remembered
+    assert cache.header_digest("Basic dTpw", token_of) is None
+    assert cache.header_digest("Bearer t2", token_of) == cache.digest_of("t2")
+    assert cache.header_digest("Bearer t3", token_of) == cache.digest_of("t3")  # over the bound
+    cache.clear()  # a digest says nothing of validity: kept across a clear
+    assert cache.header_digest("Bearer t3", token_of) == cache.digest_of("t3")
+    assert seen.count("Bearer t3") == 1
