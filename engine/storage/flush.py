@@ -40,6 +40,7 @@ from engine.storage.segment import (
 )
 from engine.storage.server_log import ServerLog
 from engine.storage.server_logs import ServerLogs
+from engine.storage.wal import WAL_DIR, wal_path
 
 _DATA = attrgetter("data")
 _ROW_DATA = itemgetter(3)
@@ -139,6 +140,22 @@ class SegmentFlush:
             infos.append(info)
             seq += 1
         return uid, generation, infos
+
+    def remove_wal_file(self) -> None:
+        """Delete the flushed WAL file and sync its directory: once the flush is shown
+        and it took the file's last rows (``NodeStorage.show_flushed``), so its segments
+        are durable and in the views. Touches the disk only, so it may run in a worker
+        thread: the directory sync held the event loop for up to several milliseconds
+        per flush on a disk. A file already gone (a delete interrupted before it was
+        recorded) is not an error. On a disk error, ``StorageFailed``: the file stays
+        rolled, and the next flush of it (nothing left to write) tries again."""
+        path = wal_path(self.wal_seq)
+        try:
+            if self.disk.exists(path):
+                self.disk.remove(path)
+            self.disk.sync_dir(WAL_DIR)
+        except OSError as exc:
+            raise StorageFailed(f"delete of flushed WAL file {self.wal_seq} failed: {exc}") from exc
 
 
 @dataclass(eq=False, slots=True)
