@@ -477,8 +477,12 @@ class Hosting:
         try:
             while (flush := storage.prepare_segment_flush(self.follows)) is not None:
                 await ctx.in_worker(flush.write)
-                storage.finish_segment_flush(flush)
                 flushed += len(flush.written)
+                if storage.show_flushed(flush):
+                    # The WAL file's delete and its directory's sync, off the loop: the
+                    # file stays rolled until both are done.
+                    await ctx.in_worker(flush.remove_wal_file)
+                    storage.wal_file_removed(flush)
         except StorageFailed as e:
             # Nothing is lost: the entries stay in the mem tables and the WAL file stays;
             # the next finished WAL batch tries again.

@@ -29,7 +29,10 @@ node wakes it with ``wal_writer.LoopWakeup``; ``loop.call_soon_threadsafe`` serv
 and call ``storage.complete(batch)`` there (mem tables change only there; a submit that
 finds nothing pending wakes the writer through ``Wal.waker``). When ``rolled_wal_files()`` is non-empty:
 ``flush = storage.prepare_segment_flush()`` on the loop, ``flush.write()`` in a worker,
-``storage.finish_segment_flush(flush)`` back on the loop.
+``storage.finish_segment_flush(flush)`` back on the loop; or, to keep the WAL file's
+delete and directory sync off the loop too: ``storage.show_flushed(flush)`` and, when it
+says the file may go, ``flush.remove_wal_file()`` in a worker, then
+``storage.wal_file_removed(flush)`` on the loop.
 
 Machine effects: ``CheckpointRequest`` -> ``write_checkpoint(uid, Checkpoint(...))``
 (the log is kept); ``ReleaseCursor`` -> ``release_cursor(uid, index)`` (promotes the

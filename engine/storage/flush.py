@@ -12,7 +12,7 @@ segments: they are deleted instead.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from operator import attrgetter, itemgetter
@@ -28,21 +28,23 @@ from engine.storage.disk import (
     write_file_atomic,
     write_files_atomic,
 )
+from engine.storage.mem_table import MemRow
 from engine.storage.reaper import Reaper
 from engine.storage.segment import (
     OVERWRITES,
     SegmentInfo,
-    encode_segment,
-    encode_segment_parts,
+    encode_segment_rows,
     read_segment_info,
     segment_info_of,
     segment_path,
 )
 from engine.storage.server_log import ServerLog
 from engine.storage.server_logs import ServerLogs
+from engine.storage.wal import WAL_DIR, wal_path
 
 _DATA = attrgetter("data")
-_Plan = tuple[str, int, int, list[Entry], int, bool]
+_ROW_DATA = itemgetter(3)
+_Plan = tuple[str, int, int, Sequence[int], list[MemRow], int, bool]
 
 
 @dataclass(slots=True)
@@ -54,8 +56,9 @@ class SegmentFlush:
     limits: Limits
     wal_seq: int
     plans: list[_Plan]
-    """(uid, log generation, first segment seq, entries, first index flushed, uncached):
-    dead entries are left out, the first segment still answers from the first index. An
+    """(uid, log generation, first segment seq, the entries' indexes (a ``range`` while
+    none is left out), their mem-table rows, first index flushed, uncached): dead
+    entries are left out, the first segment still answers from the first index. An
     uncached log's segments leave the page cache once written, but for their headers and
     indexes (``plan_segment_flush``)."""
     covered: list[str] = field(default_factory=list)
@@ -101,12 +104,15 @@ class SegmentFlush:
         each a quarter MiB on average, whose new pages cost little next to the syncs."""
         files: list[tuple[str, bytes]] = []
         written: list[tuple[str, int, list[SegmentInfo]]] = []
-        for uid, generation, seq, entries, first, _ in self.plans:
+        for uid, generation, seq, indexes, rows, first, _ in self.plans:
             infos: list[SegmentInfo] = []
             lo: int | None = first
-            for chunk in segment_chunks(entries, self.limits):
+            for start, stop in _row_chunks(rows, self.limits):
                 path = segment_path(uid, seq)
-                data = encode_segment(seq, chunk, OVERWRITES, lo)
+                parts = encode_segment_rows(
+                    seq, indexes[start:stop], rows[start:stop], OVERWRITES, lo
+                )
+                data = b"".join(parts)
                 files.append((path, data))
                 infos.append(segment_info_of(path, data))
                 lo = None
@@ -117,14 +123,16 @@ class SegmentFlush:
 
     def _write_plan(self, plan: _Plan, paths: list[str]) -> tuple[str, int, list[SegmentInfo]]:
         """The segments of one log, in order."""
-        uid, generation, seq, entries, first, uncached = plan
+        uid, generation, seq, indexes, rows, first, uncached = plan
         infos: list[SegmentInfo] = []
         lo: int | None = first
-        for chunk in segment_chunks(entries, self.limits):
+        for start, stop in _row_chunks(rows, self.limits):
             path = segment_path(uid, seq)
             paths.append(path)
             ensure_dir(self.disk, parent(path))
-            head, *payloads = encode_segment_parts(seq, chunk, OVERWRITES, lo)
+            head, *payloads = encode_segment_rows(
+                seq, indexes[start:stop], rows[start:stop], OVERWRITES, lo
+            )
             write_file_atomic(self.disk, path, head, payloads, cached=not uncached)
             lo = None
             info = read_segment_info(self.disk, path)
@@ -132,6 +140,22 @@ class SegmentFlush:
             infos.append(info)
             seq += 1
         return uid, generation, infos
+
+    def remove_wal_file(self) -> None:
+        """Delete the flushed WAL file and sync its directory: once the flush is shown
+        and it took the file's last rows (``NodeStorage.show_flushed``), so its segments
+        are durable and in the views. Touches the disk only, so it may run in a worker
+        thread: the directory sync held the event loop for up to several milliseconds
+        per flush on a disk. A file already gone (a delete interrupted before it was
+        recorded) is not an error. On a disk error, ``StorageFailed``: the file stays
+        rolled, and the next flush of it (nothing left to write) tries again."""
+        path = wal_path(self.wal_seq)
+        try:
+            if self.disk.exists(path):
+                self.disk.remove(path)
+            self.disk.sync_dir(WAL_DIR)
+        except OSError as exc:
+            raise StorageFailed(f"delete of flushed WAL file {self.wal_seq} failed: {exc}") from exc
 
 
 @dataclass(eq=False, slots=True)
@@ -153,27 +177,36 @@ class CheckpointWrite:
 def segment_chunks(entries: list[Entry], limits: Limits) -> list[list[Entry]]:
     """``entries`` cut into segments of at most ``segment_entries_max`` entries and
     ``segment_file_bytes_max`` bytes of data (an entry alone may be larger)."""
+    sizes = list(map(len, map(_DATA, entries)))
+    return [entries[start:stop] for start, stop in chunk_bounds(sizes, limits)]
+
+
+def chunk_bounds(sizes: list[int], limits: Limits) -> list[tuple[int, int]]:
+    """``segment_chunks`` of entries of data ``sizes``, as (start, stop) positions."""
+    count = len(sizes)
     if (
-        entries
-        and len(entries) <= limits.segment_entries_max
-        and sum(map(len, map(_DATA, entries))) <= limits.segment_file_bytes_max
+        count
+        and count <= limits.segment_entries_max
+        and sum(sizes) <= limits.segment_file_bytes_max
     ):
-        return [entries]  # the common case, without a step per entry on the node's thread
-    out: list[list[Entry]] = []
-    current: list[Entry] = []
-    size = 0
-    for e in entries:
-        if current and (
-            len(current) >= limits.segment_entries_max
-            or size + len(e.data) > limits.segment_file_bytes_max
+        return [(0, count)]  # the common case, without a step per entry on the node's thread
+    out: list[tuple[int, int]] = []
+    start = size = 0
+    for k, length in enumerate(sizes):
+        if k > start and (
+            k - start >= limits.segment_entries_max or size + length > limits.segment_file_bytes_max
         ):
-            out.append(current)
-            current, size = [], 0
-        current.append(e)
-        size += len(e.data)
-    if current:
-        out.append(current)
+            out.append((start, k))
+            start, size = k, 0
+        size += length
+    if start < count:
+        out.append((start, count))
     return out
+
+
+def _row_chunks(rows: list[MemRow], limits: Limits) -> list[tuple[int, int]]:
+    """``chunk_bounds`` of mem-table rows."""
+    return chunk_bounds(list(map(len, map(_ROW_DATA, rows))), limits)
 
 
 def plan_segment_flush(
@@ -200,7 +233,7 @@ def plan_segment_flush(
     # Packed logs have no entries here; sorted, for the simulator's sake.
     awake = sorted(logs.items(), key=itemgetter(0))
     for uid, log in awake:
-        if log.mem.flushable(wal_seq):
+        if log.mem.flushable_count(wal_seq):
             if len(flush.covered) == room:
                 flush.last = False
                 break
@@ -210,7 +243,7 @@ def plan_segment_flush(
         for uid in unpacked:
             found = logs.find_for_flush(uid)
             assert found is not None
-            if found.mem.flushable(wal_seq):
+            if found.mem.flushable_count(wal_seq):
                 _plan(flush, logs, uid, found, uncached)
         flush.last = not logs.packed_rows_due(wal_seq)
     return flush
@@ -223,17 +256,21 @@ def _plan(
     log: ServerLog,
     uncached: Callable[[str], bool] | None,
 ) -> None:
-    """The rows of WAL file ``flush.wal_seq`` of ``log`` (it has some) into ``flush``."""
-    entries = log.mem.flushable(flush.wal_seq)
+    """The rows of WAL file ``flush.wal_seq`` of ``log`` (it has some) into ``flush``,
+    as the mem table holds them: no ``Entry`` is made for them on the node's thread."""
+    rows = log.mem.flushable_rows(flush.wal_seq)
     flush.covered.append(uid)
-    first = entries[0].index
+    first = log.mem.lo
+    indexes: Sequence[int] = range(first, first + len(rows))
     if first <= log.snapshot_index():
         # Entries that died before reaching a segment are never written.
-        entries = [e for e in entries if not log.is_dead(e.index)]
-    if entries:
+        kept = [k for k in range(len(rows)) if not log.is_dead(first + k)]
+        indexes, rows = [first + k for k in kept], [rows[k] for k in kept]
+    if rows:
         cold = uncached is not None and uncached(uid)
-        flush.plans.append((uid, logs.generation(uid), log.next_segment_seq, entries, first, cold))
-        log.next_segment_seq += len(segment_chunks(entries, flush.limits))
+        seq = log.next_segment_seq
+        flush.plans.append((uid, logs.generation(uid), seq, indexes, rows, first, cold))
+        log.next_segment_seq += len(_row_chunks(rows, flush.limits))
 
 
 def show_segment_flush(flush: SegmentFlush, logs: ServerLogs, reaper: Reaper) -> None:
@@ -257,6 +294,7 @@ def show_segment_flush(flush: SegmentFlush, logs: ServerLogs, reaper: Reaper) ->
 __all__ = [
     "CheckpointWrite",
     "SegmentFlush",
+    "chunk_bounds",
     "plan_segment_flush",
     "segment_chunks",
     "show_segment_flush",

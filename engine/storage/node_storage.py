@@ -265,15 +265,28 @@ class NodeStorage:
     def finish_segment_flush(self, flush: SegmentFlush) -> None:
         """Put the written segments in the views, drop the flushed entries from the mem
         tables, then delete the WAL file if no other log holds rows of it (else the next
-        flush takes the next group of its logs)."""
+        flush takes the next group of its logs): ``show_flushed``, then
+        ``flush.remove_wal_file()`` and ``wal_file_removed``, all on this thread."""
+        if self.show_flushed(flush):
+            flush.remove_wal_file()
+            self.wal_file_removed(flush)
+
+    def show_flushed(self, flush: SegmentFlush) -> bool:
+        """Put the written segments in the views and drop the flushed entries from the
+        mem tables. Returns whether the WAL file may go now (no other log holds rows of
+        it): then ``flush.remove_wal_file()`` (disk only: in a worker thread if need
+        be), then ``wal_file_removed(flush)`` back on this thread. Until then the file
+        stays rolled (``rolled_wal_files``), and a repair waiting for it stays."""
         assert self._owned(), _NOT_OWNER
         assert self._rolled and self._rolled[0] == flush.wal_seq
         show_segment_flush(flush, self._logs, self._reaper)
         self._logs.repack()
-        if not flush.last:
-            return  # the file's other logs: the next flush (``plan_segment_flush``)
-        self.disk.remove(wal_path(flush.wal_seq))
-        self.disk.sync_dir("wal")
+        return flush.last  # else the file's other logs: the next flush
+
+    def wal_file_removed(self, flush: SegmentFlush) -> None:
+        """``flush.remove_wal_file()`` deleted the WAL file ``show_flushed`` let go."""
+        assert self._owned(), _NOT_OWNER
+        assert self._rolled and self._rolled[0] == flush.wal_seq and flush.last
         self._rolled.pop(0)
         self._repairs.drop_done(self._oldest_wal_seq())
 

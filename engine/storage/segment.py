@@ -28,6 +28,7 @@ checks it, and checks each entry's data on read.
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -70,6 +71,8 @@ _INDEX_TERM = struct.Struct("<QQ")
 """A row's first two fields: index, term."""
 SMALL_RUN_ROWS = 32
 """Up to this many index rows, a run's bounds are found in Python (``_small_run``)."""
+_CRC_HELD = functools.partial(crc32c.crc32c, gil_release_mode=0)
+"""The CRC32C of an entry's data, the GIL held (a call per entry: no thread switch)."""
 HEAD_READ_BYTES = 4096
 """What recovery reads of a segment's start: the header, and the index when it fits
 (a segment of up to 82 rows)."""
@@ -127,28 +130,50 @@ def encode_segment_parts(
     joining them: a segment's bytes joined were a fresh mapping of its size (up to
     ``segment_file_bytes_max``) on every flush, each page of it faulted in to copy
     every payload once more."""
-    assert entries
-    lo = entries[0].index if lo is None else lo
-    assert 1 <= lo <= entries[0].index
-    count = len(entries)
+    return encode_segment_rows(
+        seq,
+        [e.index for e in entries],
+        [(e.term, int(e.kind), e.now_ms, e.data) for e in entries],
+        flags,
+        lo,
+    )
+
+
+def encode_segment_rows(
+    seq: int,
+    indexes: Sequence[int],
+    rows: Sequence[tuple[int, int, int, bytes]],
+    flags: int,
+    lo: int | None = None,
+) -> list[bytes]:
+    """``encode_segment_parts`` of the entries ``indexes`` (sorted) whose (term, kind,
+    now_ms, data) are ``rows``, as a mem table holds them (``MemTable.flushable_rows``):
+    a segment flush encodes them without an ``Entry`` made for each. ``indexes`` may be
+    a ``range`` (a dense run)."""
+    assert rows and len(indexes) == len(rows)
+    lo = indexes[0] if lo is None else lo
+    assert 1 <= lo <= indexes[0]
+    count = len(rows)
+    terms, kinds, nows, datas = zip(*rows, strict=True)
     index = np.zeros(count, dtype=INDEX_DTYPE)
     data_offset = HEADER_BYTES + count * INDEX_DTYPE.itemsize
-    lengths = np.fromiter((len(e.data) for e in entries), dtype=np.uint64, count=count)
+    lengths = np.fromiter(map(len, datas), dtype=np.uint64, count=count)
     offsets = data_offset + np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.uint64)
-    index["index"] = np.fromiter((e.index for e in entries), dtype=np.uint64, count=count)
-    index["term"] = np.fromiter((e.term for e in entries), dtype=np.uint64, count=count)
-    index["now_ms"] = np.fromiter((e.now_ms for e in entries), dtype=np.uint64, count=count)
+    if isinstance(indexes, range) and indexes.step == 1:
+        index["index"] = np.arange(indexes.start, indexes.stop, dtype=np.uint64)
+    else:
+        index["index"] = np.array(indexes, dtype=np.uint64)
+    index["term"] = np.array(terms, dtype=np.uint64)
+    index["now_ms"] = np.array(nows, dtype=np.uint64)
     index["offset"] = offsets
     index["length"] = lengths
     # The GIL stays held over each entry's CRC, as in the WAL (``wal._record``).
-    index["crc"] = np.fromiter(
-        (crc32c.crc32c(e.data, gil_release_mode=0) for e in entries), np.uint32, count
-    )
-    index["kind"] = np.fromiter((int(e.kind) for e in entries), dtype=np.uint8, count=count)
+    index["crc"] = np.fromiter(map(_CRC_HELD, datas), np.uint32, count)
+    index["kind"] = np.array(kinds, dtype=np.uint8)
     assert bool(np.all(np.diff(index["index"].astype(np.int64)) > 0)), "unsorted entries"
     index_bytes = index.tobytes()
-    head = encode_header(seq, flags, count, lo, entries[-1].index, data_offset, index_bytes, 1)
-    return [b"".join([head, bytes(SLOT_BYTES), index_bytes]), *[e.data for e in entries]]
+    head = encode_header(seq, flags, count, lo, indexes[-1], data_offset, index_bytes, 1)
+    return [b"".join([head, bytes(SLOT_BYTES), index_bytes]), *datas]
 
 
 def encode_header(
@@ -527,6 +552,7 @@ __all__ = [
     "encode_header",
     "encode_segment",
     "encode_segment_parts",
+    "encode_segment_rows",
     "read_segment_info",
     "segment_dir",
     "segment_info_of",
