@@ -8,7 +8,7 @@ import errno
 import pytest
 
 from engine.errors import StorageFailed
-from engine.storage import HardState, NodeStorage
+from engine.storage import HardState, NodeStorage, SegmentFlush
 from engine.storage.disk import FakeDisk
 from engine.storage.wal import wal_path
 from tests.engine.storage.conftest import entries, small_limits
@@ -25,14 +25,20 @@ def _rolled_storage(disk: FakeDisk) -> NodeStorage:
     return storage
 
 
-def test_the_wal_file_stays_until_its_delete_is_done_and_recorded() -> None:
-    disk = FakeDisk()
+def _shown_flush(disk: FakeDisk) -> tuple[NodeStorage, int, SegmentFlush]:
+    """A storage whose first rolled WAL file's segments are written and shown."""
     storage = _rolled_storage(disk)
     seq = storage.rolled_wal_files()[0]
     flush = storage.prepare_segment_flush()
     assert flush is not None
     flush.write()
     assert storage.show_flushed(flush)
+    return storage, seq, flush
+
+
+def test_the_wal_file_stays_until_its_delete_is_done_and_recorded() -> None:
+    disk = FakeDisk()
+    storage, seq, flush = _shown_flush(disk)
     # Shown: the entries read from segments, the file still on disk and rolled.
     assert storage.log("q").entries(1, 7, 1 << 20) == entries(1, 6, size=300)
     assert disk.exists(wal_path(seq)) and storage.rolled_wal_files()[0] == seq
@@ -45,12 +51,7 @@ def test_the_wal_file_stays_until_its_delete_is_done_and_recorded() -> None:
 
 def test_a_failed_delete_leaves_the_file_rolled_and_the_next_flush_deletes_it() -> None:
     disk = FakeDisk()
-    storage = _rolled_storage(disk)
-    seq = storage.rolled_wal_files()[0]
-    flush = storage.prepare_segment_flush()
-    assert flush is not None
-    flush.write()
-    assert storage.show_flushed(flush)
+    storage, seq, flush = _shown_flush(disk)
     disk.fail_errno = errno.EIO
     with pytest.raises(StorageFailed):
         flush.remove_wal_file()
