@@ -87,7 +87,11 @@ class EnqueueTimes:
     def note(self, index: int, now_ms: int) -> None:
         """An enqueue entry at ``index`` (increasing) applied with leader time ``now_ms``."""
         if self._open_ms is not None and now_ms < self._open_ms + self.resolution_ms:
-            self._ms[-1] = max(self._ms[-1], now_ms - self._base_ms)
+            if now_ms - self._base_ms > self._ms[-1]:
+                # The interval's latest time may pass the narrow offsets' range even
+                # though its opening time did not.
+                self._fit(self._base_index, now_ms)
+                self._ms[-1] = now_ms - self._base_ms
             return
         self._open_ms = now_ms
         # Latest times never decrease (leader time does not); only the first interval
@@ -100,13 +104,18 @@ class EnqueueTimes:
             self._index, self._ms = array("I"), array("I")
         if not self._index:
             self._base_index, self._base_ms = index, ms
+        self._fit(index, ms)
+        self._index.append(index - self._base_index)
+        self._ms.append(ms - self._base_ms)
+
+    def _fit(self, index: int, ms: int) -> None:
+        """Make the arrays able to hold the offsets of ``index`` and ``ms``: rebased
+        when that is enough, else widened to 8-byte values."""
         if not self.wide and max(index - self._base_index, ms - self._base_ms) > _NARROW_MAX:
             self._rebase()
             if max(index - self._base_index, ms - self._base_ms) > _NARROW_MAX:
                 self._index = array("q", self._index)
                 self._ms = array("q", self._ms)
-        self._index.append(index - self._base_index)
-        self._ms.append(ms - self._base_ms)
 
     def bound_ms(self, index: int) -> int:
         """Latest leader time at which the enqueue entry ``index`` can have been proposed."""

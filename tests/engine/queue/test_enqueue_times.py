@@ -77,6 +77,18 @@ def test_offsets_widen_when_the_kept_samples_span_more_than_32_bits() -> None:
     assert len(times) == 1 and times.bound_ms(2) == 1 << 33
 
 
+def test_an_open_interval_whose_latest_time_passes_32_bits_widens() -> None:
+    """The interval opened within the narrow offsets' range; a later entry of the same
+    interval is past it (an OverflowError in the apply before)."""
+    times = EnqueueTimes(10)
+    times.note(1, 1_000)
+    times.note(2, 1_000 + (1 << 32) - 1)
+    assert not times.wide
+    times.note(3, 1_000 + (1 << 32))
+    assert times.wide
+    assert times.bound_ms(1) == 1_000 and times.bound_ms(3) == 1_000 + (1 << 32)
+
+
 def test_format_1_samples_keep_their_bound() -> None:
     index, ms = array("q", [3, 7]), array("q", [1_000, 2_500])
     times = EnqueueTimes.from_samples_v1(10, 1000, index.tobytes(), ms.tobytes())
