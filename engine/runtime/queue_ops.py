@@ -117,7 +117,6 @@ class QueueOps:
             ctx.router.check_known(name)
         _check_publish(len(messages), ctx.limits)  # what ``check`` checks of a PublishCall
         with ctx.admit():
-            rep = ctx.replicas.get(name)
             if rep is not None and rep.raft.role is Role.LEADER:
                 # Led here (always, on a single node): ``route`` would find the same.
                 return await self.publish_local(rep, messages, on_durable)
